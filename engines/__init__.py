@@ -1,0 +1,1 @@
+"""specrt.engines: TensorRT engines built from a bundle, cached per GPU and TensorRT version."""

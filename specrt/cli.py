@@ -1,0 +1,54 @@
+"""The `specrt` command line: a thin click layer over specrt.export, .runtime, .engines, .bench.
+
+Every subcommand lives in specrt/commands/<name>.py and maps its flags onto one Python API
+call. User mistakes raise SpecrtError, printed here as one line with exit code 2.
+"""
+import sys
+
+import click
+
+from specrt import __version__
+from specrt.commands import bench, build, demo, export, generate, inspect
+from specrt.errors import SpecrtError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="specrt")
+def cli() -> None:
+    """specrt: ONNX/TensorRT deployment of autoregressive image generators with speculative decoding.
+
+    \b
+    Typical flow:
+      specrt export --out bundle          # PyTorch models -> ONNX graphs + manifest.json
+      specrt inspect bundle               # print the manifest, lint the graphs for TensorRT
+      specrt build bundle                 # TensorRT engines (on the deployment GPU)
+      specrt generate bundle --method cool-sd --class 3 --out img.png
+      specrt bench                        # every method's speed and fidelity, one run
+
+    With no model arguments every command uses the embedded demo models.
+    """
+
+
+for command in (export.command, build.command, generate.command, bench.command, inspect.command, demo.group):
+    cli.add_command(command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the CLI, turning SpecrtError into one line on stderr and exit code 2."""
+    try:
+        cli.main(args=argv, prog_name="specrt", standalone_mode=False)
+    except SpecrtError as exc:
+        click.echo(f"specrt: error: {exc}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("specrt: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

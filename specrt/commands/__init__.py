@@ -1,0 +1,1 @@
+"""One module per CLI subcommand, so each can grow without touching the others."""

@@ -1,0 +1,9 @@
+"""The one exception type for mistakes a user can make.
+
+The CLI turns a SpecrtError into one line on stderr and exit code 2; anything else is an
+internal bug and keeps its traceback, so the two are never confused.
+"""
+
+
+class SpecrtError(Exception):
+    """A user-facing error: bad input, a missing file, an optional dependency not installed."""
