@@ -7,3 +7,7 @@ internal bug and keeps its traceback, so the two are never confused.
 
 class SpecrtError(Exception):
     """A user-facing error: bad input, a missing file, an optional dependency not installed."""
+
+
+class MissingDependency(SpecrtError):
+    """An optional dependency a feature needs (torch, TensorRT, ...) is not installed."""

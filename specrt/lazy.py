@@ -7,7 +7,7 @@ install when they are missing.
 import importlib
 from types import ModuleType
 
-from specrt.errors import SpecrtError
+from specrt.errors import MissingDependency
 
 _EXTRA_FOR = {
     "torch": "pip install 'specrt[export]' (GPU users: install a CUDA build of torch first)",
@@ -22,13 +22,13 @@ _EXTRA_FOR = {
 
 
 def require(module_name: str, feature: str) -> ModuleType:
-    """Import `module_name` or raise a SpecrtError saying which feature needs it and how to install it."""
+    """Import `module_name` or raise MissingDependency (a SpecrtError) saying which feature needs it and how to install it."""
     try:
         return importlib.import_module(module_name)
     except ImportError as exc:
         top = module_name.split(".")[0]
         hint = _EXTRA_FOR.get(top, f"pip install {top}")
-        raise SpecrtError(f"{feature} needs {top}, which is not installed: {hint}") from exc
+        raise MissingDependency(f"{feature} needs {top}, which is not installed: {hint}") from exc
 
 
 def available(module_name: str) -> bool:
