@@ -1,0 +1,80 @@
+"""The Python side of the C API (runtime/include/specrt.h).
+
+The C++ library embeds CPython and calls only these functions, so the ABI stays small and
+everything it needs to know about the runtime lives here, in Python, where it is tested.
+Errors are classified here into the C status codes (`status_of`), so the C++ layer never
+has to understand Python exception types.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from specrt.errors import MissingDependency, SpecrtError
+
+# Mirrors `specrt_status` in specrt.h.
+OK, INVALID_ARGUMENT, NOT_FOUND, BUFFER_TOO_SMALL, RUNTIME, INTERNAL = range(6)
+
+STATS_FIELDS = (
+    "tokens", "target_forwards", "draft_forwards", "mean_accepted_length",
+    "seconds_total", "seconds_target", "seconds_draft", "seconds_verify", "seconds_cache",
+    "seconds_decode",
+)
+
+
+class BundleNotFound(SpecrtError):
+    """The bundle directory does not exist or holds no manifest.json."""
+
+
+def open_pipeline(bundle_dir: str, backend: str | None) -> Any:
+    """Open a Pipeline for the C API; `backend` None means onnxruntime on the CPU."""
+    if not os.path.isfile(os.path.join(bundle_dir, "manifest.json")):
+        raise BundleNotFound(f"no specrt bundle at {bundle_dir!r} (manifest.json not found)")
+    from specrt.runtime.pipeline import Pipeline
+
+    return Pipeline.from_bundle(bundle_dir, backend=backend or "ort")
+
+
+def image_size(pipe: Any) -> tuple[int, int]:
+    """(height, width) in pixels of one generated image."""
+    height, width = pipe.image_size
+    return int(height), int(width)
+
+
+def parse_params(params_json: str | None) -> dict[str, Any]:
+    """The JSON parameter string of specrt_generate -> keyword arguments (a JSON object)."""
+    if not params_json:
+        return {}
+    try:
+        params = json.loads(params_json)
+    except json.JSONDecodeError as exc:
+        raise SpecrtError(f"params_json is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(params, dict):
+        raise SpecrtError(f"params_json must be a JSON object, got {type(params).__name__}")
+    return params
+
+
+def generate_rgb8(pipe: Any, class_ids: list[int], method: str, params_json: str | None,
+                  seed: int) -> tuple[bytes, dict[str, float]]:
+    """Generate images; return their RGB8 bytes (image after image) and the call's statistics."""
+    result = pipe.generate(list(class_ids), method=method, seed=int(seed), **parse_params(params_json))
+    pixels = np.ascontiguousarray(result.images, dtype=np.uint8)
+    stats = result.stats.as_dict() if hasattr(result.stats, "as_dict") else dict(result.stats)
+    return pixels.tobytes(), {name: float(stats.get(name, 0.0)) for name in STATS_FIELDS}
+
+
+def status_of(exc: BaseException) -> tuple[int, str]:
+    """Map an exception raised by the functions above to (specrt_status, one-line message)."""
+    if isinstance(exc, BundleNotFound):
+        return NOT_FOUND, str(exc)
+    if isinstance(exc, MissingDependency):
+        return RUNTIME, str(exc)
+    if isinstance(exc, ImportError):
+        return RUNTIME, f"the specrt runtime could not be imported: {exc}"
+    if isinstance(exc, SpecrtError):
+        return INVALID_ARGUMENT, str(exc)
+    first_line = (str(exc).splitlines() or [""])[0]
+    return INTERNAL, f"{type(exc).__name__}: {first_line}"
