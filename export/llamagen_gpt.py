@@ -277,7 +277,7 @@ class GPT(nn.Module):
                past_kv: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run all layers on h [B,W,dim] at `positions` [B,W]; returns (logits, hidden, present_kv)."""
         positions = positions.clamp(0, self.config.seq_len - 1)  # padding slots past the end reuse the last row
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        cos, sin = F.embedding(positions, self.rope_cos), F.embedding(positions, self.rope_sin)  # Gather, int32-safe
         h = self.tok_dropout(h)
         present = []
         for i, layer in enumerate(self.layers):
