@@ -1,0 +1,250 @@
+"""Read and validate a bundle's manifest.json (format "specrt-bundle", version 1).
+
+The manifest is the only place the runtime, the engine builder and `specrt inspect` learn a
+bundle's graphs, their I/O names, symbolic dims and optimization profiles (docs/contracts.md).
+This module is pure json + hashlib on purpose: it must import on a Jetson that has numpy and
+onnxruntime or TensorRT but no torch and no onnx package.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+from specrt.errors import SpecrtError
+
+FORMAT = "specrt-bundle"
+VERSION = 1
+MANIFEST_NAME = "manifest.json"
+ROLES = ("target", "draft", "vq")
+KINDS = ("prefill", "step", "decode")
+DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "bool")
+
+Dim = Union[int, str]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output: name, dtype name (numpy spelling) and dims (int or symbolic)."""
+
+    name: str
+    dtype: str
+    shape: tuple[Dim, ...]
+
+    @property
+    def symbolic_dims(self) -> tuple[str, ...]:
+        return tuple(d for d in self.shape if isinstance(d, str))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """One ONNX graph of the bundle with its I/O and the min/opt/max of every symbolic dim."""
+
+    name: str
+    file: str
+    role: str
+    kind: str
+    opset: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    profile: dict[str, dict[str, int]]
+    external_data: str | None = None
+
+    def input(self, name: str) -> TensorSpec:
+        return _find(self.inputs, name, f"input of graph {self.name}")
+
+    def output(self, name: str) -> TensorSpec:
+        return _find(self.outputs, name, f"output of graph {self.name}")
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.outputs)
+
+    def shape_at(self, tensor: TensorSpec, level: str, **overrides: int) -> tuple[int, ...]:
+        """Concrete shape of `tensor` at profile level 'min' | 'opt' | 'max'; `overrides` pin dims.
+
+        Consistency of derived dims (total_len = cache_len + window) is the caller's job when
+        it overrides only some of them.
+        """
+        return tuple(overrides.get(d, self.profile[d][level]) if isinstance(d, str) else d for d in tensor.shape)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "file": self.file, "role": self.role, "kind": self.kind, "opset": self.opset,
+            "inputs": [t.to_json() for t in self.inputs],
+            "outputs": [t.to_json() for t in self.outputs],
+            "profile": self.profile,
+        }
+        if self.external_data:
+            out["external_data"] = self.external_data
+        return out
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated manifest.json; `root` is the bundle directory the file names are relative to."""
+
+    root: Path
+    models: dict[str, Any]
+    graphs: dict[str, GraphSpec]
+    limits: dict[str, int]
+    sampling_defaults: dict[str, float]
+    neighbours: dict[str, Any] | None
+    files: dict[str, dict[str, Any]]
+    raw: dict[str, Any] = field(repr=False)
+
+    def graph(self, name: str) -> GraphSpec:
+        try:
+            return self.graphs[name]
+        except KeyError:
+            raise SpecrtError(f"bundle {self.root} has no graph {name!r} (it has: {', '.join(self.graphs)})") from None
+
+    def graph_path(self, name: str) -> Path:
+        return self.root / self.graph(name).file
+
+    @property
+    def neighbours_path(self) -> Path | None:
+        return self.root / self.neighbours["file"] if self.neighbours else None
+
+
+def _find(specs: tuple[TensorSpec, ...], name: str, what: str) -> TensorSpec:
+    for spec in specs:
+        if spec.name == name:
+            return spec
+    raise SpecrtError(f"no {what} named {name!r} (has: {', '.join(s.name for s in specs)})")
+
+
+def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
+    """Hex sha256 of a file, read in chunks so multi-GB external weights do not load into memory."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    """The manifest's `files` entry for one file: its sha256 and size in bytes."""
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+def check_profile(graph: str, profile: dict[str, dict[str, int]]) -> None:
+    """Raise SpecrtError unless every dim has 1 <= min <= opt <= max and, where a graph has
+    cache_len, window and total_len, total_len = cache_len + window at min, opt and max."""
+    for dim, levels in profile.items():
+        try:
+            lo, opt, hi = int(levels["min"]), int(levels["opt"]), int(levels["max"])
+        except (KeyError, TypeError, ValueError):
+            raise SpecrtError(f"manifest: graph {graph}: profile of {dim!r} needs integer min/opt/max") from None
+        if not 0 <= lo <= opt <= hi:
+            raise SpecrtError(f"manifest: graph {graph}: profile of {dim!r} is not min <= opt <= max: {levels}")
+    if {"cache_len", "window", "total_len"} <= profile.keys():
+        for level in ("min", "opt", "max"):
+            total = profile["total_len"][level]
+            parts = profile["cache_len"][level] + profile["window"][level]
+            if total != parts:
+                raise SpecrtError(
+                    f"manifest: graph {graph}: profile {level} has total_len {total} != cache_len + window = {parts}")
+
+
+def _tensor(graph: str, raw: Any) -> TensorSpec:
+    try:
+        name, dtype, shape = raw["name"], raw["dtype"], raw["shape"]
+    except (KeyError, TypeError):
+        raise SpecrtError(f"manifest: graph {graph}: tensor entry needs name, dtype and shape, got {raw!r}") from None
+    if dtype not in DTYPES:
+        raise SpecrtError(f"manifest: graph {graph}: tensor {name} has unknown dtype {dtype!r}")
+    if not all(isinstance(d, (int, str)) and not isinstance(d, bool) for d in shape):
+        raise SpecrtError(f"manifest: graph {graph}: tensor {name} has a dim that is neither int nor name: {shape}")
+    return TensorSpec(name=name, dtype=dtype, shape=tuple(shape))
+
+
+def parse_graph(name: str, raw: dict[str, Any]) -> GraphSpec:
+    """Validate one `graphs` entry: known role/kind, typed I/O, a profile for every symbolic dim."""
+    try:
+        spec = GraphSpec(
+            name=name, file=raw["file"], role=raw["role"], kind=raw["kind"], opset=int(raw["opset"]),
+            inputs=tuple(_tensor(name, t) for t in raw["inputs"]),
+            outputs=tuple(_tensor(name, t) for t in raw["outputs"]),
+            profile={d: dict(v) for d, v in raw.get("profile", {}).items()},
+            external_data=raw.get("external_data"),
+        )
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise SpecrtError(f"manifest: graph {name} is missing or has a malformed field: {exc}") from None
+    if spec.role not in ROLES or spec.kind not in KINDS:
+        raise SpecrtError(f"manifest: graph {name} has role {spec.role!r} / kind {spec.kind!r}; "
+                          f"expected role in {ROLES}, kind in {KINDS}")
+    for tensor in spec.inputs + spec.outputs:
+        missing = [d for d in tensor.symbolic_dims if d not in spec.profile]
+        if missing:
+            raise SpecrtError(f"manifest: graph {name}: dims {missing} of {tensor.name} have no profile")
+    check_profile(name, spec.profile)
+    return spec
+
+
+def parse_manifest(raw: dict[str, Any], root: Path) -> Manifest:
+    """Validate a manifest's structure (not the files it names) and wrap it."""
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise SpecrtError(f"{root / MANIFEST_NAME} is not a specrt bundle manifest (format must be {FORMAT!r})")
+    if raw.get("version") != VERSION:
+        raise SpecrtError(f"bundle manifest version {raw.get('version')!r} is not supported; "
+                          f"this specrt reads version {VERSION} (re-export the bundle)")
+    for key in ("models", "graphs", "files"):
+        if not isinstance(raw.get(key), dict):
+            raise SpecrtError(f"manifest: missing or malformed {key!r} section")
+    graphs = {name: parse_graph(name, g) for name, g in raw["graphs"].items()}
+    return Manifest(
+        root=root, models=raw["models"], graphs=graphs, limits=dict(raw.get("limits", {})),
+        sampling_defaults=dict(raw.get("sampling_defaults", {})), neighbours=raw.get("neighbours"),
+        files=raw["files"], raw=raw,
+    )
+
+
+def verify_files(manifest: Manifest, check_hashes: bool = True) -> None:
+    """Every file the manifest names exists, is listed under `files`, and matches its size and sha256."""
+    named = [g.file for g in manifest.graphs.values()]
+    named += [g.external_data for g in manifest.graphs.values() if g.external_data]
+    if manifest.neighbours:
+        named.append(manifest.neighbours["file"])
+    unlisted = sorted(set(named) - manifest.files.keys())
+    if unlisted:
+        raise SpecrtError(f"manifest: files {unlisted} are used but have no hash under 'files'")
+    for rel, record in manifest.files.items():
+        path = manifest.root / rel
+        if not path.is_file():
+            raise SpecrtError(f"bundle {manifest.root}: file {rel} is missing")
+        if path.stat().st_size != record.get("bytes"):
+            raise SpecrtError(f"bundle {manifest.root}: {rel} has {path.stat().st_size} bytes, "
+                              f"manifest says {record.get('bytes')} (corrupt or modified bundle)")
+        if check_hashes and sha256_file(path) != record.get("sha256"):
+            raise SpecrtError(f"bundle {manifest.root}: sha256 of {rel} does not match the manifest "
+                              "(corrupt or modified bundle)")
+
+
+def read_manifest(path: str | Path, check_hashes: bool = True) -> Manifest:
+    """Load a bundle's manifest (`path` is the bundle directory or its manifest.json), validate
+    version, structure and profiles, and check every listed file's size and sha256.
+
+    Raises SpecrtError with one line saying what is wrong. check_hashes=False skips only the
+    sha256 pass (sizes are still checked) for callers that re-open a bundle they just verified.
+    """
+    path = Path(path)
+    manifest_path = path / MANIFEST_NAME if path.is_dir() else path
+    if not manifest_path.is_file():
+        raise SpecrtError(f"{path} is not a specrt bundle: {manifest_path.name} not found")
+    try:
+        raw = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SpecrtError(f"{manifest_path} is not valid JSON: {exc}") from None
+    manifest = parse_manifest(raw, manifest_path.parent)
+    verify_files(manifest, check_hashes=check_hashes)
+    return manifest
