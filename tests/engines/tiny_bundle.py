@@ -1,0 +1,197 @@
+"""Small ONNX graphs in the contract's layout, built with onnx.helper, plus a manifest.
+
+They stand in for an exported bundle in the engine tests: a one-layer transformer step
+(int32 ids and positions, bool mask, past_kv, RMSNorm written out as Pow/ReduceMean/Add/
+Sqrt/Div and once with Reciprocal, Softmax attention, a -3.4e38 mask fill) and a tiny VQ
+decoder (a LayerNorm chain with Sub/Pow/Div, nearest Resize with its float32 scales, Conv).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+N_LAYER, N_HEAD, HEAD_DIM, DIM, VOCAB = 1, 2, 8, 16, 32
+CAPACITY = 12
+GRID, CODE_DIM = 4, 8
+OPSET = 18
+
+
+def _init(name: str, array: np.ndarray) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(array), name)
+
+
+def step_graph(seed: int = 0) -> onnx.ModelProto:
+    """target_step: input_ids, positions, attention_mask, past_kv -> logits, present_kv."""
+    rng = np.random.default_rng(seed)
+    w = lambda *shape, scale=0.3: (rng.standard_normal(shape) * scale).astype(np.float32)  # noqa: E731
+    inits = [
+        _init("emb", w(VOCAB, DIM, scale=1.0)), _init("norm1_w", 1 + w(DIM, scale=0.1)),
+        _init("wq", w(DIM, DIM)), _init("wk", w(DIM, DIM)), _init("wv", w(DIM, DIM)), _init("wo", w(DIM, DIM)),
+        _init("norm2_w", 1 + w(DIM, scale=0.1)), _init("wout", w(DIM, VOCAB)), _init("pos_scale", w(DIM, scale=0.01)),
+        _init("two", np.float32(2.0)), _init("eps", np.float32(1e-5)),
+        _init("sqrt_d", np.float32(np.sqrt(HEAD_DIM))), _init("neg_big", np.float32(-3.4e38)),
+        _init("axis_last", np.array([-1], np.int64)), _init("ax0", np.array([0], np.int64)), _init("ax1", np.array([1], np.int64)),
+        _init("i0", np.array(0, np.int64)), _init("i1", np.array(1, np.int64)),
+        _init("bwhd", np.array([0, 0, N_HEAD, HEAD_DIM], np.int64)), _init("bwd", np.array([0, 0, DIM], np.int64)),
+    ]
+    n = helper.make_node
+    nodes = [
+        n("Gather", ["emb", "input_ids"], ["tok"]),
+        n("Cast", ["positions"], ["pos_f"], to=TensorProto.FLOAT),
+        n("Unsqueeze", ["pos_f", "axis_last"], ["pos_u"]),
+        n("Mul", ["pos_u", "pos_scale"], ["pos_emb"]),
+        n("Add", ["tok", "pos_emb"], ["x"]),
+        # RMSNorm, Div form
+        n("Pow", ["x", "two"], ["x_sq"]),
+        n("ReduceMean", ["x_sq", "axis_last"], ["ms"], keepdims=1),
+        n("Add", ["ms", "eps"], ["ms_eps"]),
+        n("Sqrt", ["ms_eps"], ["rms"]),
+        n("Div", ["x", "rms"], ["xn"]),
+        n("Mul", ["xn", "norm1_w"], ["h"]),
+    ]
+    for name in ("q", "k", "v"):
+        nodes += [n("MatMul", ["h", f"w{name}"], [f"{name}_flat"]),
+                  n("Reshape", [f"{name}_flat", "bwhd"], [f"{name}_4d"]),
+                  n("Transpose", [f"{name}_4d"], [name], perm=[0, 2, 1, 3])]  # [B, H, W, D]
+    nodes += [
+        n("Gather", ["past_kv", "i0"], ["past0"], axis=0),          # [2, B, H, C, D]
+        n("Gather", ["past0", "i0"], ["past_k"], axis=0),           # [B, H, C, D]
+        n("Gather", ["past0", "i1"], ["past_v"], axis=0),
+        n("Concat", ["past_k", "k"], ["k_all"], axis=2),
+        n("Concat", ["past_v", "v"], ["v_all"], axis=2),
+        n("Transpose", ["k_all"], ["k_t"], perm=[0, 1, 3, 2]),
+        n("MatMul", ["q", "k_t"], ["scores"]),
+        n("Div", ["scores", "sqrt_d"], ["scaled"]),
+        n("Unsqueeze", ["attention_mask", "ax1"], ["mask4"]),
+        n("Where", ["mask4", "scaled", "neg_big"], ["masked"]),
+        n("Softmax", ["masked"], ["probs"], axis=-1),
+        n("MatMul", ["probs", "v_all"], ["attn"]),
+        n("Transpose", ["attn"], ["attn_t"], perm=[0, 2, 1, 3]),
+        n("Reshape", ["attn_t", "bwd"], ["attn_flat"]),
+        n("MatMul", ["attn_flat", "wo"], ["o"]),
+        n("Add", ["x", "o"], ["x2"]),
+        # RMSNorm, Reciprocal form
+        n("Pow", ["x2", "two"], ["x2_sq"]),
+        n("ReduceMean", ["x2_sq", "axis_last"], ["ms2"], keepdims=1),
+        n("Add", ["ms2", "eps"], ["ms2_eps"]),
+        n("Sqrt", ["ms2_eps"], ["rms2"]),
+        n("Reciprocal", ["rms2"], ["inv_rms2"]),
+        n("Mul", ["x2", "inv_rms2"], ["x2n"]),
+        n("Mul", ["x2n", "norm2_w"], ["h2"]),
+        n("MatMul", ["h2", "wout"], ["logits"]),
+        n("Unsqueeze", ["k", "ax0"], ["k5"]),
+        n("Unsqueeze", ["v", "ax0"], ["v5"]),
+        n("Concat", ["k5", "v5"], ["kv5"], axis=0),
+        n("Unsqueeze", ["kv5", "ax0"], ["present_kv"]),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch", "window"]),
+        helper.make_tensor_value_info("positions", TensorProto.INT32, ["batch", "window"]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.BOOL, ["batch", "window", "total_len"]),
+        helper.make_tensor_value_info("past_kv", TensorProto.FLOAT, [N_LAYER, 2, "batch", N_HEAD, "cache_len", HEAD_DIM]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "window", VOCAB]),
+        helper.make_tensor_value_info("present_kv", TensorProto.FLOAT, [N_LAYER, 2, "batch", N_HEAD, "window", HEAD_DIM]),
+    ]
+    graph = helper.make_graph(nodes, "target_step", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    return model
+
+
+def vq_graph(seed: int = 1) -> onnx.ModelProto:
+    """vq_decode: codes int32 [batch, grid, grid] -> image [batch, 3, 2*grid, 2*grid]."""
+    rng = np.random.default_rng(seed)
+    inits = [
+        _init("codebook", rng.standard_normal((VOCAB, CODE_DIM)).astype(np.float32)),
+        _init("ax1", np.array([1], np.int64)), _init("two", np.float32(2.0)), _init("eps", np.float32(1e-6)),
+        _init("scales", np.array([1, 1, 2, 2], np.float32)),
+        _init("conv_w", (rng.standard_normal((3, CODE_DIM, 1, 1)) * 0.3).astype(np.float32)),
+        _init("conv_b", np.zeros(3, np.float32)),
+    ]
+    n = helper.make_node
+    nodes = [
+        n("Gather", ["codebook", "codes"], ["z_bhwc"]),
+        n("Transpose", ["z_bhwc"], ["z"], perm=[0, 3, 1, 2]),
+        # LayerNorm over channels, decomposed
+        n("ReduceMean", ["z", "ax1"], ["mean"], keepdims=1),
+        n("Sub", ["z", "mean"], ["centred"]),
+        n("Pow", ["centred", "two"], ["sq"]),
+        n("ReduceMean", ["sq", "ax1"], ["var"], keepdims=1),
+        n("Add", ["var", "eps"], ["var_eps"]),
+        n("Sqrt", ["var_eps"], ["std"]),
+        n("Div", ["centred", "std"], ["zn"]),
+        n("Resize", ["zn", "", "scales"], ["up"], mode="nearest"),
+        n("Conv", ["up", "conv_w", "conv_b"], ["image"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "vq_decode",
+        [helper.make_tensor_value_info("codes", TensorProto.INT32, ["batch", GRID, GRID])],
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 3, 2 * GRID, 2 * GRID])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    return model
+
+
+def step_entry(file: str = "target_step.onnx") -> dict:
+    return {
+        "file": file, "role": "target", "kind": "step", "opset": OPSET,
+        "inputs": [
+            {"name": "input_ids", "dtype": "int32", "shape": ["batch", "window"]},
+            {"name": "positions", "dtype": "int32", "shape": ["batch", "window"]},
+            {"name": "attention_mask", "dtype": "bool", "shape": ["batch", "window", "total_len"]},
+            {"name": "past_kv", "dtype": "float32", "shape": [N_LAYER, 2, "batch", N_HEAD, "cache_len", HEAD_DIM]},
+        ],
+        "outputs": [
+            {"name": "logits", "dtype": "float32", "shape": ["batch", "window", VOCAB]},
+            {"name": "present_kv", "dtype": "float32", "shape": [N_LAYER, 2, "batch", N_HEAD, "window", HEAD_DIM]},
+        ],
+        "profile": {"batch": {"min": 1, "opt": 2, "max": 4},
+                    "window": {"min": 1, "opt": 4, "max": 8},
+                    "cache_len": {"min": CAPACITY, "opt": CAPACITY, "max": CAPACITY},
+                    "total_len": {"min": CAPACITY + 1, "opt": CAPACITY + 4, "max": CAPACITY + 8}},
+    }
+
+
+def vq_entry() -> dict:
+    return {
+        "file": "vq_decode.onnx", "role": "vq", "kind": "decode", "opset": OPSET,
+        "inputs": [{"name": "codes", "dtype": "int32", "shape": ["batch", GRID, GRID]}],
+        "outputs": [{"name": "image", "dtype": "float32", "shape": ["batch", 3, 2 * GRID, 2 * GRID]}],
+        "profile": {"batch": {"min": 1, "opt": 1, "max": 4}},
+    }
+
+
+def write_bundle(root: Path) -> Path:
+    """A two-graph bundle (target_step, vq_decode) in `root`; returns its path."""
+    root.mkdir(parents=True, exist_ok=True)
+    onnx.save(step_graph(), root / "target_step.onnx")
+    onnx.save(vq_graph(), root / "vq_decode.onnx")
+    manifest = {
+        "format": "specrt-bundle", "version": 1, "created_by": "specrt tests",
+        "models": {}, "limits": {"max_window": 8, "max_batch": 4},
+        "graphs": {"target_step": step_entry(), "vq_decode": vq_entry()},
+    }
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return root
+
+
+def step_feeds(batch: int = 2, window: int = 3, length: int = 5, seed: int = 0) -> dict[str, np.ndarray]:
+    """Valid inputs for step_graph: `length` committed cache rows, a causal window after them."""
+    rng = np.random.default_rng(seed)
+    mask = np.zeros((batch, window, CAPACITY + window), dtype=bool)
+    mask[:, :, :length] = True
+    mask[:, :, CAPACITY:] = np.tril(np.ones((window, window), dtype=bool))
+    return {
+        "input_ids": rng.integers(0, VOCAB, (batch, window)).astype(np.int32),
+        "positions": (length + np.arange(window, dtype=np.int32))[None].repeat(batch, 0),
+        "attention_mask": mask,
+        "past_kv": rng.standard_normal((N_LAYER, 2, batch, N_HEAD, CAPACITY, HEAD_DIM)).astype(np.float32),
+    }
