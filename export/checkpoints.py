@@ -1,0 +1,263 @@
+"""Read LlamaGen-layout checkpoints (.pt/.pth pickles or .safetensors) into our models.
+
+Weights cannot be downloaded here and users bring files from many training setups, so the
+loaders accept the usual wrappings (`model` / `module` / `state_dict` / `ema` sections,
+DDP `module.` and torch.compile `_orig_mod.` prefixes) and, when a file does not fit the
+requested architecture, say in one line what is missing, what is extra, and which
+architecture the shapes actually point to.
+"""
+import argparse
+import re
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+
+from specrt.errors import SpecrtError
+from specrt.export.llamagen_gpt import GPT, GPT_ARCHS, T2I_COND_LEN, GPTConfig, gpt_config
+from specrt.export.llamagen_vq import VQ_ARCHS, VQConfig, VQDecoder, VQModel
+
+StateDict = dict[str, torch.Tensor]
+SECTIONS = ("model", "module", "state_dict", "ema")
+PREFIXES = ("module.", "_orig_mod.")
+# Runtime-only tensors LlamaGen sometimes leaves in a state_dict (caches set up before saving).
+IGNORED_KEY = re.compile(r"(^|\.)(kv_cache\.[kv]_cache|causal_mask|freqs_cis)$")
+MAX_MESSAGE = 600
+MAX_LISTED = 3
+
+
+def load_state_dict(path: Union[str, Path], section: Optional[str] = None, allow_pickle: bool = False) -> StateDict:
+    """Tensors of a checkpoint file, unwrapped and with training prefixes stripped.
+
+    `section` picks a top-level entry explicitly (e.g. "ema"); otherwise the first of
+    model / module / state_dict / ema that exists is used, or the top level itself.
+    `allow_pickle` permits full unpickling (arbitrary code!) for files that need it.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise SpecrtError(f"checkpoint not found: {path}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            raw = load_file(str(path))
+        except Exception as exc:  # safetensors raises its own error types
+            raise SpecrtError(f"cannot read {path} as safetensors: {_short(exc)}") from exc
+    else:
+        raw = _torch_load(path, allow_pickle)
+    return _normalise(_pick_section(raw, section, path))
+
+
+def _torch_load(path: Path, allow_pickle: bool) -> object:
+    if allow_pickle:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        # LlamaGen's training checkpoints carry the argparse Namespace of the run.
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        if "weights_only" in str(exc) or "Unpickler" in str(exc) or "global" in str(exc).lower():
+            raise SpecrtError(
+                f"{path} holds Python objects beyond tensors; re-save it with only the state_dict, "
+                f"or allow full unpickling if you trust the file") from exc
+        raise SpecrtError(f"cannot read {path} as a torch checkpoint: {_short(exc)}") from exc
+
+
+def _pick_section(raw: object, section: Optional[str], path: Path) -> dict:
+    if not isinstance(raw, dict):
+        raise SpecrtError(f"{path} holds a {type(raw).__name__}, not a state_dict")
+    if section is not None:
+        if section not in raw:
+            raise SpecrtError(f"{path} has no section {section!r}; top-level keys: {_listing(list(raw))}")
+        return raw[section]
+    if _is_tensor_dict(raw):
+        return raw
+    for name in SECTIONS:
+        if isinstance(raw.get(name), dict):
+            return raw[name]
+    raise SpecrtError(f"{path} has no model weights (looked for {', '.join(SECTIONS)}); top-level keys: {_listing(list(raw))}")
+
+
+def _is_tensor_dict(d: dict) -> bool:
+    return bool(d) and all(isinstance(v, torch.Tensor) for v in d.values())
+
+
+def _normalise(state: dict) -> StateDict:
+    out: StateDict = {}
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        for prefix in PREFIXES:
+            while key.startswith(prefix):
+                key = key[len(prefix):]
+        if not IGNORED_KEY.search(key):
+            out[key] = value
+    if not out:
+        raise SpecrtError("checkpoint section holds no tensors")
+    return out
+
+
+# ---- GPT ------------------------------------------------------------------------------
+
+
+def infer_gpt_config(state: StateDict, grid_size: int = 16) -> GPTConfig:
+    """The GPTConfig the tensor shapes describe.
+
+    The grid (image size) is not in the weights, so it is taken from `grid_size`; the head
+    count is not either: it comes from LlamaGen's arch table when (dim, n_layer) is a known
+    size, else head_dim 64 (every LlamaGen size but 3B/7B) is assumed.
+    """
+    if "tok_embeddings.weight" not in state:
+        raise SpecrtError("not a LlamaGen GPT checkpoint: no tok_embeddings.weight")
+    vocab_size, dim = state["tok_embeddings.weight"].shape
+    layer_ids = {int(m.group(1)) for k in state if (m := re.match(r"layers\.(\d+)\.", k))}
+    n_layer = max(layer_ids) + 1 if layer_ids else 0
+    n_head = next((h for d, n, h in GPT_ARCHS.values() if (d, n) == (dim, n_layer)), max(dim // 64, 1))
+    head_dim = dim // n_head
+    n_kv_head = n_head
+    if "layers.0.attention.wqkv.weight" in state:
+        rows = state["layers.0.attention.wqkv.weight"].shape[0]
+        n_kv_head = max((rows - dim) // (2 * head_dim), 1)
+    fields = dict(dim=dim, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head, vocab_size=vocab_size, grid_size=grid_size)
+    if "cls_embedding.embedding_table.weight" in state:
+        fields.update(model_type="c2i", num_classes=state["cls_embedding.embedding_table.weight"].shape[0] - 1)
+    elif "cls_embedding.cap_proj.fc1.weight" in state:
+        fields.update(model_type="t2i", caption_dim=state["cls_embedding.cap_proj.fc1.weight"].shape[1])
+        uncond = state.get("cls_embedding.uncond_embedding")
+        fields["cond_len"] = uncond.shape[0] if uncond is not None else T2I_COND_LEN
+    try:
+        return GPTConfig(**fields)
+    except ValueError as exc:
+        raise SpecrtError(f"checkpoint shapes do not form a LlamaGen GPT: {exc}") from exc
+
+
+def describe_gpt(config: GPTConfig) -> str:
+    """'GPT-B c2i (dim 768, 12 layers, 12 heads, vocab 16384, 1000 classes)' or a custom size."""
+    name = next((n for n, arch in GPT_ARCHS.items() if arch == (config.dim, config.n_layer, config.n_head)), "custom GPT")
+    extra = f"{config.num_classes} classes" if config.model_type == "c2i" else f"{config.cond_len}x{config.caption_dim} captions"
+    kv = f", {config.n_kv_head} kv heads" if config.n_kv_head != config.n_head else ""
+    return (f"{name} {config.model_type} (dim {config.dim}, {config.n_layer} layers, {config.n_head} heads{kv}, "
+            f"vocab {config.vocab_size}, {extra})")
+
+
+def load_gpt(source: Union[str, Path, StateDict], config: Union[GPTConfig, str, None] = None,
+             image_size: int = 256, downsample: int = 16, **load_kwargs) -> GPT:
+    """A GPT in eval mode with the checkpoint's weights (float32).
+
+    `config` is a GPTConfig, an arch name ("GPT-B"; model type, vocab and classes then come
+    from the weights, the grid from image_size // downsample), or None to infer everything.
+    """
+    state = source if isinstance(source, dict) else load_state_dict(source, **load_kwargs)
+    grid = image_size // downsample
+    inferred = infer_gpt_config(state, grid_size=grid)
+    if config is None:
+        config = inferred
+    elif isinstance(config, str):
+        try:
+            config = gpt_config(config, model_type=inferred.model_type, image_size=image_size, downsample=downsample,
+                                vocab_size=inferred.vocab_size, num_classes=inferred.num_classes,
+                                caption_dim=inferred.caption_dim, cond_len=inferred.cond_len)
+        except ValueError as exc:
+            raise SpecrtError(str(exc)) from exc
+    model = GPT(config)
+    _load_into(model, state, what=describe_gpt(config), hint=lambda: f"the weights look like {describe_gpt(inferred)}")
+    return model.eval()
+
+
+# ---- VQ -------------------------------------------------------------------------------
+
+
+def infer_vq_config(state: StateDict, norm_groups: int = 32) -> VQConfig:
+    """The VQConfig the tensor shapes describe (norm_groups is not in the weights)."""
+    try:
+        codebook_size, embed_dim = state["quantize.embedding.weight"].shape
+        z_channels = state["post_quant_conv.weight"].shape[0]
+        ch = state["decoder.conv_out.weight"].shape[1]
+    except KeyError as exc:
+        raise SpecrtError(f"not a LlamaGen VQ checkpoint: no {exc.args[0]}") from exc
+    levels = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"decoder\.conv_blocks\.(\d+)\.", k)))
+    # decoder.conv_blocks.{i} runs from the lowest resolution (level levels-1) upwards.
+    ch_mult = tuple(state[f"decoder.conv_blocks.{levels - 1 - level}.res.0.conv1.weight"].shape[0] // ch for level in range(levels))
+    dec_res = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"decoder\.conv_blocks\.0\.res\.(\d+)\.", k)))
+    return VQConfig(codebook_size=codebook_size, codebook_embed_dim=embed_dim, ch=ch, ch_mult=ch_mult,
+                    z_channels=z_channels, num_res_blocks=dec_res - 1, norm_groups=norm_groups,
+                    codebook_show_usage="quantize.codebook_used" in state)
+
+
+def describe_vq(config: VQConfig) -> str:
+    return (f"VQ (codebook {config.codebook_size}x{config.codebook_embed_dim}, ch {config.ch}, "
+            f"ch_mult {list(config.ch_mult)}, z {config.z_channels}, downsample {config.downsample})")
+
+
+def load_vq(source: Union[str, Path, StateDict], config: Union[VQConfig, str, None] = None,
+            decoder_only: bool = False, **load_kwargs) -> Union[VQModel, VQDecoder]:
+    """A VQModel (or only its VQDecoder) in eval mode; config None infers it from the shapes.
+
+    With decoder_only, encoder / quant_conv weights in the file are ignored (and may be absent).
+    """
+    state = source if isinstance(source, dict) else load_state_dict(source, **load_kwargs)
+    if isinstance(config, str):
+        if config not in VQ_ARCHS:
+            raise SpecrtError(f"unknown VQ arch {config!r}; known: {', '.join(VQ_ARCHS)}")
+        config = VQ_ARCHS[config]
+    inferred: Optional[VQConfig] = None
+
+    def hint() -> str:
+        try:
+            return f"the weights look like {describe_vq(infer_vq_config(state))}"
+        except (SpecrtError, KeyError, ValueError):
+            return "the weights do not look like a LlamaGen VQ"
+
+    if config is None:
+        inferred = infer_vq_config(state)
+        config = inferred
+    if "quantize.codebook_used" not in state and config.codebook_show_usage:
+        config = replace(config, codebook_show_usage=False)  # the usage monitor is optional
+    model: Union[VQModel, VQDecoder] = VQDecoder(config) if decoder_only else VQModel(config)
+    if decoder_only:
+        state = {k: v for k, v in state.items() if not k.startswith(("encoder.", "quant_conv."))}
+    _load_into(model, state, what=describe_vq(config), hint=hint)
+    return model.eval()
+
+
+# ---- shared -----------------------------------------------------------------------------
+
+
+def _load_into(model: torch.nn.Module, state: StateDict, what: str, hint) -> None:
+    """Strict load with a one-line, bounded SpecrtError on any mismatch."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    wrong = [k for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k].shape)]
+    if not (missing or unexpected or wrong):
+        model.load_state_dict(state, strict=True)
+        return
+    parts = []
+    if wrong:
+        shown = ", ".join(f"{k}: file {list(state[k].shape)} vs model {list(expected[k].shape)}" for k in wrong[:2])
+        parts.append(f"{len(wrong)} shape mismatches ({shown}{', ...' if len(wrong) > 2 else ''})")
+    if missing:
+        parts.append(f"{len(missing)} missing keys ({_listing(missing)})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected keys ({_listing(unexpected)})")
+    message = f"checkpoint does not fit {what}: {'; '.join(parts)}; {hint()}"
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 3] + "..."
+    raise SpecrtError(message)
+
+
+def _listing(keys: list) -> str:
+    shown = ", ".join(str(k) for k in keys[:MAX_LISTED])
+    return shown + (f", +{len(keys) - MAX_LISTED} more" if len(keys) > MAX_LISTED else "")
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text[:200]
+
+
+def config_dict(config: Union[GPTConfig, VQConfig]) -> dict:
+    """Plain-JSON view of a config (for manifests and logs)."""
+    d = asdict(config)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
