@@ -1,0 +1,208 @@
+"""Write a bundle: the five ONNX graphs, the LANTERN neighbour table and manifest.json.
+
+The bundle is assembled in a hidden temporary directory next to the destination and
+renamed into place only when every file and the manifest are written, so an interrupted or
+failed export never leaves a directory that looks complete (a directory is a bundle exactly
+when it has a manifest.json whose hashes match).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch.nn as nn
+
+from specrt import __version__
+from specrt.errors import SpecrtError
+from specrt.export import onnx_export
+from specrt.export.neighbours import codebook_neighbours
+from specrt.export.onnx_export import GraphLimits, capacity_for
+from specrt.manifest import FORMAT, MANIFEST_NAME, VERSION, GraphSpec, Manifest, file_record, read_manifest
+from specrt.runtime.sampling import SamplingParams
+
+NEIGHBOURS_FILE = "neighbours.npy"
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """Everything about a bundle that is not the weights. Each field is one CLI flag."""
+
+    opset: int = onnx_export.DEFAULT_OPSET
+    max_window: int = 64
+    max_batch: int = 8
+    target_hidden: bool = True
+    neighbours_k: int = 32
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    def __post_init__(self) -> None:
+        if self.opset not in onnx_export.SUPPORTED_OPSETS:
+            raise SpecrtError(f"--opset must be one of {onnx_export.SUPPORTED_OPSETS}, got {self.opset}")
+        if self.max_window < 1:
+            raise SpecrtError(f"--max-window must be >= 1, got {self.max_window}")
+        if self.max_batch < 1:
+            raise SpecrtError(f"--max-batch must be >= 1, got {self.max_batch}")
+        if self.neighbours_k < 1:
+            raise SpecrtError(f"--neighbours must be >= 1, got {self.neighbours_k}")
+
+
+@dataclass
+class ModelSet:
+    """The three PyTorch models a bundle is exported from (eval mode, float32).
+
+    sources: free-form provenance per role (checkpoint path, "demo", "random") for the manifest.
+    """
+
+    target: nn.Module
+    draft: nn.Module
+    vq: nn.Module
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def grid_size(self) -> int:
+        return self.target.config.grid_size
+
+    @property
+    def image_size(self) -> int:
+        return self.grid_size * self.vq.config.downsample
+
+
+def check_compatible(models: ModelSet) -> None:
+    """The draft must speak the target's token language and the VQ must decode it; say which
+    number disagrees otherwise (one line, SpecrtError)."""
+    target, draft, vq = models.target.config, models.draft.config, models.vq.config
+    if target.model_type != "c2i" or draft.model_type != "c2i":
+        raise SpecrtError("export supports class-conditional (c2i) models only for now")
+    for what, t_value, d_value in (("vocab size", target.vocab_size, draft.vocab_size),
+                                   ("grid size", target.grid_size, draft.grid_size),
+                                   ("condition length", target.cond_len, draft.cond_len),
+                                   ("number of classes", target.num_classes, draft.num_classes)):
+        if t_value != d_value:
+            raise SpecrtError(f"draft {what} {d_value} != target {what} {t_value}: the draft must share the target's tokenizer")
+    if vq.codebook_size != target.vocab_size:
+        raise SpecrtError(f"VQ codebook size {vq.codebook_size} != GPT vocab size {target.vocab_size}")
+
+
+def _model_entry(config, capacity: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "family": "llamagen", "model_type": config.model_type, "vocab_size": config.vocab_size,
+        "grid_size": config.grid_size, "cond_len": config.cond_len, "num_classes": config.num_classes,
+        "null_class": config.num_classes, "n_layer": config.n_layer, "n_head": config.n_head,
+        "n_kv_head": config.n_kv_head, "head_dim": config.head_dim, "dim": config.dim, "capacity": capacity,
+        **extra,
+    }
+
+
+def _vq_entry(models: ModelSet) -> dict[str, Any]:
+    vq = models.vq.config
+    return {"codebook_size": vq.codebook_size, "codebook_embed_dim": vq.codebook_embed_dim,
+            "downsample": vq.downsample, "image_size": models.image_size, "grid_size": models.grid_size}
+
+
+def build_manifest(models: ModelSet, options: ExportOptions, graphs: list[GraphSpec], out_dir: Path) -> dict[str, Any]:
+    """The manifest.json content for files already written to out_dir (hashes computed here)."""
+    capacity = capacity_for(models.target.config, options.max_window)
+    sources = models.sources
+    files = [g.file for g in graphs] + [g.external_data for g in graphs if g.external_data] + [NEIGHBOURS_FILE]
+    s = options.sampling
+    return {
+        "format": FORMAT, "version": VERSION, "created_by": f"specrt {__version__}",
+        "models": {
+            "target": _model_entry(models.target.config, capacity, source=sources.get("target", "")),
+            "draft": _model_entry(models.draft.config, capacity, kind="independent", source=sources.get("draft", "")),
+            "vq": {**_vq_entry(models), "source": sources.get("vq", "")},
+        },
+        "sampling_defaults": {"cfg_scale": s.cfg_scale, "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p},
+        "limits": {"max_window": options.max_window, "max_batch": options.max_batch},
+        "graphs": {g.name: g.to_json() for g in graphs},
+        "neighbours": {"file": NEIGHBOURS_FILE, "k": options.neighbours_k, "metric": "euclidean",
+                       "codebook": "l2-normalised" if models.vq.config.codebook_l2_norm else "raw"},
+        "files": {name: file_record(out_dir / name) for name in files},
+    }
+
+
+def _graph_jobs(models: ModelSet, options: ExportOptions, limits: GraphLimits) -> list[tuple[str, Callable[[Path], GraphSpec]]]:
+    """(graph name, export function of the work directory), in manifest order."""
+    opset = options.opset
+    return [
+        ("target_prefill", lambda d: onnx_export.export_prefill(models.target, "target", limits, d, opset, options.target_hidden)),
+        ("target_step", lambda d: onnx_export.export_step(models.target, "target", limits, d, opset, options.target_hidden)),
+        ("draft_prefill", lambda d: onnx_export.export_prefill(models.draft, "draft", limits, d, opset, False)),
+        ("draft_step", lambda d: onnx_export.export_step(models.draft, "draft", limits, d, opset, False)),
+        ("vq_decode", lambda d: onnx_export.export_vq_decode(models.vq, models.grid_size, limits, d, opset)),
+    ]
+
+
+def _refuse_existing(out: Path, force: bool) -> None:
+    if (out.exists() or out.is_symlink()) and not force:
+        raise SpecrtError(f"{out} already exists; pass --force to replace it")
+
+
+def _codebook(vq: nn.Module) -> np.ndarray:
+    """The codebook as used at lookup (L2-normalised for LlamaGen's VQ)."""
+    return vq.quantize.codebook().detach().float().cpu().numpy()
+
+
+def write_bundle(models: ModelSet, out: str | Path, options: ExportOptions | None = None, force: bool = False,
+                 progress: Progress | None = None) -> Manifest:
+    """Export every graph, the neighbour table and the manifest to `out`, atomically.
+
+    Refuses an existing `out` unless force. Work happens in a hidden sibling directory that
+    is removed on any failure; only a complete bundle is renamed to `out`. Returns the
+    manifest as read back (hashes verified).
+    """
+    options = options or ExportOptions()
+    out = Path(out).absolute()
+    say = progress or (lambda _msg: None)
+    _refuse_existing(out, force)
+    check_compatible(models)
+    limits = GraphLimits(capacity=capacity_for(models.target.config, options.max_window),
+                         max_window=options.max_window, opt_window=min(16, options.max_window),
+                         max_batch=options.max_batch, opt_batch=min(2, options.max_batch))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
+    work.mkdir()
+    try:
+        jobs = _graph_jobs(models, options, limits)
+        total = len(jobs) + 2
+        graphs = []
+        for i, (name, export) in enumerate(jobs, start=1):
+            started = time.monotonic()
+            say(f"[{i}/{total}] {name}.onnx ...")
+            spec = export(work)
+            size = sum((work / f).stat().st_size for f in (spec.file, spec.external_data) if f)
+            say(f"[{i}/{total}] {name}.onnx  {size / 1e6:.1f} MB in {time.monotonic() - started:.1f} s")
+            graphs.append(spec)
+        say(f"[{total - 1}/{total}] {NEIGHBOURS_FILE} (k={options.neighbours_k}) ...")
+        np.save(work / NEIGHBOURS_FILE, codebook_neighbours(_codebook(models.vq), options.neighbours_k))
+        say(f"[{total}/{total}] {MANIFEST_NAME}")
+        manifest = build_manifest(models, options, graphs, work)
+        (work / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+        read_manifest(work)  # never rename something we could not read back
+        _move_into_place(work, out, force)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return read_manifest(out, check_hashes=False)
+
+
+def _move_into_place(work: Path, out: Path, force: bool) -> None:
+    """Rename work -> out; with force, the old `out` is moved aside first and deleted after."""
+    _refuse_existing(out, force)  # it may have appeared while we exported
+    old = None
+    if out.exists() or out.is_symlink():
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(out, old)
+    os.replace(work, out)
+    if old is not None:
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink()

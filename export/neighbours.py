@@ -1,0 +1,40 @@
+"""LANTERN's latent-proximity table: the k nearest VQ codewords of every token.
+
+LANTERN relaxes acceptance by pooling target probability over tokens whose codewords sit
+close together in latent space (paper 004). The table is computed once at export from the
+codebook *as used at lookup* (L2-normalised for LlamaGen's VQ), with Euclidean distance,
+and shipped in the bundle so the runtime needs no VQ weights and no torch.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from specrt.errors import SpecrtError
+
+
+def codebook_neighbours(codebook: np.ndarray, k: int, chunk_rows: int = 1024) -> np.ndarray:
+    """int32 [V, k]: row v lists the k codewords nearest to codeword v, nearest first.
+
+    A token is never its own neighbour (even when another codeword is an exact duplicate,
+    the duplicate is listed, v itself is not). The result is deterministic; equal distances
+    among the selected neighbours are ordered by token id. Distances are computed in float64 in row chunks, so a 16384-entry
+    codebook needs ~130 MB at a time instead of a full V×V matrix.
+    """
+    codebook = np.asarray(codebook, dtype=np.float64)
+    if codebook.ndim != 2:
+        raise SpecrtError(f"codebook must be [V, dim], got shape {codebook.shape}")
+    vocab = codebook.shape[0]
+    if not 1 <= k < vocab:
+        raise SpecrtError(f"neighbour count k must be in 1..{vocab - 1} for a {vocab}-entry codebook, got {k}")
+    squared_norms = (codebook**2).sum(axis=1)
+    table = np.empty((vocab, k), dtype=np.int32)
+    for start in range(0, vocab, chunk_rows):
+        rows = np.arange(start, min(start + chunk_rows, vocab))
+        sq_dist = squared_norms[rows, None] + squared_norms[None, :] - 2.0 * codebook[rows] @ codebook.T
+        np.maximum(sq_dist, 0.0, out=sq_dist)
+        sq_dist[np.arange(len(rows)), rows] = np.inf  # a token is not its own neighbour
+        candidates = np.argpartition(sq_dist, k, axis=1)[:, : k + 1]
+        cand_dist = np.take_along_axis(sq_dist, candidates, axis=1)
+        order = np.lexsort((candidates, cand_dist), axis=1)  # by distance, then token id
+        table[rows] = np.take_along_axis(candidates, order, axis=1)[:, :k]
+    return table

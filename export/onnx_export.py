@@ -1,0 +1,283 @@
+"""PyTorch models -> the ONNX graphs of a bundle (docs/contracts.md, "Graphs of a bundle").
+
+Each graph is a thin wrapper around one entry point of the PyTorch model (GPT.prefill,
+GPT.step, VQ decode), so the torch backend and the graphs cannot drift apart. The wrappers
+only adapt dtypes: the graphs take int32 ids/positions (what TensorRT wants) and cast to
+int64 inside, where torch needs it.
+
+Why the export looks the way it does (DESIGN.md, pitfalls):
+- torch.onnx.export's dynamo path with `dynamic_shapes`; example sizes are >= 2 and pairwise
+  different for every dynamic dim, or torch.export specialises or merges them.
+- The mask has its own dim `total_len` (exporters reject the derived cache_len + window).
+- After export we stamp our symbolic dim names on every graph input and output and check
+  names, dtypes and static dims against the GraphSpec the manifest will carry, so a
+  contract break fails the export rather than the runtime.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from specrt.errors import SpecrtError
+from specrt.lazy import require
+from specrt.manifest import GraphSpec, TensorSpec
+
+BATCH, WINDOW, CACHE_LEN, TOTAL_LEN = "batch", "window", "cache_len", "total_len"
+DEFAULT_OPSET = 18
+SUPPORTED_OPSETS = (17, 18, 19, 20, 23)
+EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; keep a margin for the graph itself
+
+# Example sizes used while tracing: >= 2 and all different (see module docstring).
+_EXAMPLE = {BATCH: 2, WINDOW: 3, CACHE_LEN: 5}
+
+
+@dataclass(frozen=True)
+class GraphLimits:
+    """The sizes the graphs' optimization profiles are made for.
+
+    capacity: KV buffer length = cond_len + grid² + max_window (docs/contracts.md).
+    """
+
+    capacity: int
+    max_window: int = 64
+    opt_window: int = 16
+    max_batch: int = 8
+    opt_batch: int = 2
+
+    def __post_init__(self) -> None:
+        if self.max_window < 1:
+            raise SpecrtError(f"--max-window must be >= 1, got {self.max_window}")
+        if self.max_batch < 1:
+            raise SpecrtError(f"--max-batch must be >= 1, got {self.max_batch}")
+        if not 1 <= self.opt_window <= self.max_window or not 1 <= self.opt_batch <= self.max_batch:
+            raise SpecrtError("optimization profile needs 1 <= opt <= max for window and batch")
+
+    def batch_profile(self) -> dict[str, int]:
+        return {"min": 1, "opt": self.opt_batch, "max": self.max_batch}
+
+    def step_profile(self) -> dict[str, dict[str, int]]:
+        """window, cache_len (pinned to capacity: the runtime always binds the whole buffer) and
+        total_len = cache_len + window at every level."""
+        window = {"min": 1, "opt": self.opt_window, "max": self.max_window}
+        cache = {level: self.capacity for level in ("min", "opt", "max")}
+        return {BATCH: self.batch_profile(), WINDOW: window, CACHE_LEN: cache,
+                TOTAL_LEN: {level: cache[level] + window[level] for level in window}}
+
+
+def capacity_for(config, max_window: int) -> int:
+    """KV buffer length of a model: every condition and image token plus one full window."""
+    return config.cond_len + config.grid_size**2 + max_window
+
+
+# ---- wrappers: the graphs' exact signatures ---------------------------------------------
+
+
+class _PrefillGraph(nn.Module):
+    def __init__(self, gpt: nn.Module, with_hidden: bool):
+        super().__init__()
+        self.gpt, self.with_hidden = gpt, with_hidden
+
+    def forward(self, class_ids: torch.Tensor):
+        logits, hidden, present_kv = self.gpt.prefill(class_ids.long())
+        return (logits, hidden, present_kv) if self.with_hidden else (logits, present_kv)
+
+
+class _StepGraph(nn.Module):
+    def __init__(self, gpt: nn.Module, with_hidden: bool):
+        super().__init__()
+        self.gpt, self.with_hidden = gpt, with_hidden
+
+    def forward(self, input_ids, positions, attention_mask, past_kv):
+        logits, hidden, present_kv = self.gpt.step(input_ids.long(), positions.long(), attention_mask, past_kv)
+        return (logits, hidden, present_kv) if self.with_hidden else (logits, present_kv)
+
+
+class _VQDecodeGraph(nn.Module):
+    def __init__(self, vq: nn.Module):
+        super().__init__()
+        self.vq = vq
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.vq.decode_codes(codes.long()) if hasattr(self.vq, "decode_codes") else self.vq(codes.long())
+
+
+# ---- graph specs (what the manifest says about each graph) -----------------------------
+
+
+def _kv_shape(config, batch: str, length) -> tuple:
+    return (config.n_layer, 2, batch, config.n_kv_head, length, config.head_dim)
+
+
+def prefill_spec(name: str, role: str, config, limits: GraphLimits, opset: int, with_hidden: bool) -> GraphSpec:
+    if config.model_type != "c2i":
+        raise SpecrtError(f"exporting {config.model_type} models is not supported yet (c2i only)")
+    outputs = [TensorSpec("logits", "float32", (BATCH, 1, config.vocab_size))]
+    if with_hidden:
+        outputs.append(TensorSpec("hidden", "float32", (BATCH, 1, config.dim)))
+    outputs.append(TensorSpec("present_kv", "float32", _kv_shape(config, BATCH, config.cond_len)))
+    return GraphSpec(name=name, file=f"{name}.onnx", role=role, kind="prefill", opset=opset,
+                     inputs=(TensorSpec("class_ids", "int32", (BATCH,)),), outputs=tuple(outputs),
+                     profile={BATCH: limits.batch_profile()})
+
+
+def step_spec(name: str, role: str, config, limits: GraphLimits, opset: int, with_hidden: bool) -> GraphSpec:
+    inputs = (
+        TensorSpec("input_ids", "int32", (BATCH, WINDOW)),
+        TensorSpec("positions", "int32", (BATCH, WINDOW)),
+        TensorSpec("attention_mask", "bool", (BATCH, WINDOW, TOTAL_LEN)),
+        TensorSpec("past_kv", "float32", _kv_shape(config, BATCH, CACHE_LEN)),
+    )
+    outputs = [TensorSpec("logits", "float32", (BATCH, WINDOW, config.vocab_size))]
+    if with_hidden:
+        outputs.append(TensorSpec("hidden", "float32", (BATCH, WINDOW, config.dim)))
+    outputs.append(TensorSpec("present_kv", "float32", _kv_shape(config, BATCH, WINDOW)))
+    return GraphSpec(name=name, file=f"{name}.onnx", role=role, kind="step", opset=opset,
+                     inputs=inputs, outputs=tuple(outputs), profile=limits.step_profile())
+
+
+def vq_decode_spec(grid: int, image_size: int, limits: GraphLimits, opset: int) -> GraphSpec:
+    return GraphSpec(name="vq_decode", file="vq_decode.onnx", role="vq", kind="decode", opset=opset,
+                     inputs=(TensorSpec("codes", "int32", (BATCH, grid, grid)),),
+                     outputs=(TensorSpec("image", "float32", (BATCH, 3, image_size, image_size)),),
+                     profile={BATCH: limits.batch_profile()})
+
+
+# ---- examples for tracing -----------------------------------------------------------------
+
+
+def _example_inputs(spec: GraphSpec, config, grid: int | None = None) -> tuple[torch.Tensor, ...]:
+    """Small valid inputs with the example sizes: ids in range, positions past the condition,
+    a causal mask that gives every window slot some visible columns."""
+    gen = torch.Generator().manual_seed(0)
+    size = dict(_EXAMPLE, **{TOTAL_LEN: _EXAMPLE[CACHE_LEN] + _EXAMPLE[WINDOW]})
+    tensors = []
+    for t in spec.inputs:
+        shape = tuple(size[d] if isinstance(d, str) else d for d in t.shape)
+        if t.name == "class_ids":
+            tensors.append(torch.randint(0, config.num_classes, shape, generator=gen, dtype=torch.int32))
+        elif t.name == "input_ids":
+            tensors.append(torch.randint(0, config.vocab_size, shape, generator=gen, dtype=torch.int32))
+        elif t.name == "positions":
+            start = config.cond_len + 1
+            tensors.append((start + torch.arange(shape[1], dtype=torch.int32)).expand(shape).contiguous())
+        elif t.name == "attention_mask":
+            cache, window = size[CACHE_LEN], size[WINDOW]
+            mask = torch.zeros(shape, dtype=torch.bool)
+            mask[..., : config.cond_len + 1] = True
+            mask[..., cache:] = torch.ones(window, window, dtype=torch.bool).tril()
+            tensors.append(mask)
+        elif t.name == "past_kv":
+            tensors.append(torch.randn(shape, generator=gen))
+        elif t.name == "codes":
+            tensors.append(torch.randint(0, config.codebook_size, shape, generator=gen, dtype=torch.int32))
+        else:  # pragma: no cover - a new input needs an example here
+            raise AssertionError(f"no example for input {t.name}")
+    return tuple(tensors)
+
+
+def _dynamic_shapes(spec: GraphSpec) -> dict[str, dict[int, object]]:
+    # No upper bounds: the profile's max is TensorRT's business; onnxruntime may go beyond it.
+    dims = {d: torch.export.Dim(d, min=2 if d == TOTAL_LEN else 1) for d in spec.profile}
+    return {t.name: {axis: dims[d] for axis, d in enumerate(t.shape) if isinstance(d, str)} for t in spec.inputs}
+
+
+# ---- export + contract check -----------------------------------------------------------
+
+
+def _parameter_bytes(module: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def _export(module: nn.Module, spec: GraphSpec, examples: tuple[torch.Tensor, ...], out_dir: Path) -> GraphSpec:
+    """Trace `module` to out_dir/spec.file, stamp dim names, check I/O against `spec`."""
+    onnx = require("onnx", "ONNX export")
+    require("onnxscript", "ONNX export")
+    path = out_dir / spec.file
+    external = _parameter_bytes(module) > EXTERNAL_DATA_BYTES
+    module = module.eval()
+    quiet = io.StringIO()
+    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(quiet), _quiet_torch_logs():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module, examples, str(path), dynamo=True, opset_version=spec.opset,
+            input_names=list(spec.input_names), output_names=list(spec.output_names),
+            dynamic_shapes=_dynamic_shapes(spec), external_data=external, optimize=True, verbose=False,
+        )
+    model = onnx.load(str(path), load_external_data=False)
+    _stamp_and_check(model, spec)
+    if external:
+        data_name = f"{spec.file}.data"
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data_name)
+        return GraphSpec(**{**spec.__dict__, "external_data": data_name})
+    onnx.save_model(model, str(path))
+    return spec
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs():
+    """torch.onnx logs every stage at WARNING/INFO; our progress lines say the same in one line."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+_ONNX_DTYPES = {"float32": 1, "int32": 6, "int64": 7, "bool": 9, "float16": 10, "bfloat16": 16}
+
+
+def _stamp_and_check(model, spec: GraphSpec) -> None:
+    """Write our symbolic names onto the graph's I/O dims; raise if the traced graph's I/O
+    differs from the contract in names, order, dtype, rank or a static dim."""
+    for kind, values, specs in (("input", model.graph.input, spec.inputs), ("output", model.graph.output, spec.outputs)):
+        names = [v.name for v in values]
+        if names != [s.name for s in specs]:
+            raise AssertionError(f"{spec.name}: traced {kind}s {names} != contract {[s.name for s in specs]}")
+        for value, tspec in zip(values, specs):
+            ttype = value.type.tensor_type
+            if ttype.elem_type != _ONNX_DTYPES[tspec.dtype]:
+                raise AssertionError(f"{spec.name}.{value.name}: ONNX elem_type {ttype.elem_type}, contract {tspec.dtype}")
+            dims = ttype.shape.dim
+            if len(dims) != len(tspec.shape):
+                raise AssertionError(f"{spec.name}.{value.name}: rank {len(dims)}, contract {tspec.shape}")
+            for dim, want in zip(dims, tspec.shape):
+                if isinstance(want, str):
+                    dim.Clear()
+                    dim.dim_param = want
+                elif dim.HasField("dim_value") and dim.dim_value != want:
+                    raise AssertionError(f"{spec.name}.{value.name}: static dim {dim.dim_value}, contract {want}")
+                else:
+                    dim.Clear()
+                    dim.dim_value = want
+
+
+def export_prefill(gpt: nn.Module, role: str, limits: GraphLimits, out_dir: Path, opset: int = DEFAULT_OPSET,
+                   with_hidden: bool = True) -> GraphSpec:
+    """Export `<role>_prefill`: class_ids -> logits/hidden of the last condition token + its KV."""
+    spec = prefill_spec(f"{role}_prefill", role, gpt.config, limits, opset, with_hidden)
+    return _export(_PrefillGraph(gpt, with_hidden), spec, _example_inputs(spec, gpt.config), out_dir)
+
+
+def export_step(gpt: nn.Module, role: str, limits: GraphLimits, out_dir: Path, opset: int = DEFAULT_OPSET,
+                with_hidden: bool = True) -> GraphSpec:
+    """Export `<role>_step`: a window of W tokens against the caller-owned KV buffer."""
+    spec = step_spec(f"{role}_step", role, gpt.config, limits, opset, with_hidden)
+    return _export(_StepGraph(gpt, with_hidden), spec, _example_inputs(spec, gpt.config), out_dir)
+
+
+def export_vq_decode(vq: nn.Module, grid: int, limits: GraphLimits, out_dir: Path, opset: int = DEFAULT_OPSET) -> GraphSpec:
+    """Export `vq_decode`: codes int32 [B, grid, grid] -> image [B, 3, H, W]."""
+    image_size = grid * vq.config.downsample
+    spec = vq_decode_spec(grid, image_size, limits, opset)
+    return _export(_VQDecodeGraph(vq), spec, _example_inputs(spec, vq.config), out_dir)
