@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specrt.errors import SpecrtError
 
@@ -76,33 +76,6 @@ def file_sha256(path: str | Path) -> str:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def onnx_sha256(onnx_path: str | Path) -> str:
-    """Hash of an ONNX graph together with its external-data files, when it has any.
-
-    Weights stored beside the graph (graphs over 2 GB) change the engine as much as the
-    graph does, so they are part of the hash; their names come from the graph itself.
-    """
-    onnx_path = Path(onnx_path)
-    digest = hashlib.sha256(file_sha256(onnx_path).encode())
-    for location in sorted(_external_data_files(onnx_path)):
-        data_path = onnx_path.parent / location
-        if data_path.is_file():
-            digest.update(location.encode() + file_sha256(data_path).encode())
-    return digest.hexdigest()
-
-
-def _external_data_files(onnx_path: Path) -> set[str]:
-    from specrt.lazy import require
-
-    onnx = require("onnx", "hashing an ONNX graph for the engine cache")
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    locations = set()
-    for tensor in model.graph.initializer:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            locations.update(e.value for e in tensor.external_data if e.key == "location")
-    return locations
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -161,18 +134,6 @@ class EngineCache:
                    "engine_bytes": len(engine_bytes), "build_seconds": build_seconds}
         atomic_write_bytes(self.sidecar_path(key.graph, key.precision), json.dumps(sidecar, indent=2).encode())
         return engine
-
-    def get_or_build(self, key: EngineKey, build: Callable[[], bytes], force: bool = False) -> tuple[Path, bool]:
-        """(engine path, True when it was built now); `build` runs only on a miss or with `force`."""
-        if not force:
-            hit = self.lookup(key)
-            if hit is not None:
-                return hit, False
-        import time
-
-        start = time.perf_counter()
-        engine_bytes = build()
-        return self.store(key, engine_bytes, round(time.perf_counter() - start, 3)), True
 
     def load_timing_cache(self) -> bytes:
         """Serialized timing cache from earlier builds on this GPU + TensorRT, or b'' for a fresh one."""

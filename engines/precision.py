@@ -20,6 +20,7 @@ What the converter does (`convert_float_graph`):
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -234,3 +235,31 @@ def _convert_constant(node: Any, low: int, precision: str, wants: dict, numpy_he
             attr.t.CopyFrom(_to_low(numpy_helper.to_array(attr.t), attr.t.name, precision, numpy_helper))
         elif attr.name in ("value_float", "value_floats"):
             raise SpecrtError(f"Constant {node.name!r} uses {attr.name}; fold it into a tensor value before converting")
+
+
+def write_converted(onnx_path: str | Path, source_sha256: str, precision: str, out_dir: str | Path) -> Path:
+    """Convert `onnx_path` to `precision` into `out_dir`/<stem>.<precision>.onnx, reusing a fresh earlier copy.
+
+    A stamp file beside it records the source hash and converter version; either changing
+    makes the copy stale. Graphs under 2 GB are written through one atomic rename; larger
+    ones are saved with external data (weights in <name>.data beside the graph).
+    """
+    import json
+
+    from .cache import atomic_write_bytes
+
+    onnx = require("onnx", "converting a graph to fp16/bf16")
+    onnx_path, out_dir = Path(onnx_path), Path(out_dir)
+    target = out_dir / f"{onnx_path.stem}.{precision}.onnx"
+    stamp_path = target.with_suffix(".json")
+    stamp = {"source_sha256": source_sha256, "precision": precision, "converter": CONVERTER_VERSION}
+    if target.is_file() and stamp_path.is_file() and json.loads(stamp_path.read_text()) == stamp:
+        return target
+    model = convert_float_graph(onnx.load(str(onnx_path)), precision)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if model.ByteSize() < (2 << 30) - (64 << 20):
+        atomic_write_bytes(target, model.SerializeToString())
+    else:
+        onnx.save(model, str(target), save_as_external_data=True, location=f"{target.name}.data")
+    atomic_write_bytes(stamp_path, json.dumps(stamp).encode())
+    return target

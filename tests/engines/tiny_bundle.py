@@ -14,6 +14,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from specrt.manifest import file_record
+
 N_LAYER, N_HEAD, HEAD_DIM, DIM, VOCAB = 1, 2, 8, 16, 32
 CAPACITY = 12
 GRID, CODE_DIM = 4, 8
@@ -178,6 +180,7 @@ def write_bundle(root: Path) -> Path:
         "format": "specrt-bundle", "version": 1, "created_by": "specrt tests",
         "models": {}, "limits": {"max_window": 8, "max_batch": 4},
         "graphs": {"target_step": step_entry(), "vq_decode": vq_entry()},
+        "files": {name: file_record(root / name) for name in ("target_step.onnx", "vq_decode.onnx")},
     }
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return root
