@@ -174,15 +174,21 @@ def infer_vq_config(state: StateDict, norm_groups: int = 32) -> VQConfig:
         codebook_size, embed_dim = state["quantize.embedding.weight"].shape
         z_channels = state["post_quant_conv.weight"].shape[0]
         ch = state["decoder.conv_out.weight"].shape[1]
+        levels = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"decoder\.conv_blocks\.(\d+)\.", k)))
+        # decoder.conv_blocks.{i} runs from the lowest resolution (level levels-1) upwards.
+        ch_mult = tuple(state[f"decoder.conv_blocks.{levels - 1 - level}.res.0.conv1.weight"].shape[0] // ch
+                        for level in range(levels))
+        dec_res = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"decoder\.conv_blocks\.0\.res\.(\d+)\.", k)))
     except KeyError as exc:
         raise SpecrtError(f"not a LlamaGen VQ checkpoint: no {exc.args[0]}") from exc
-    levels = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"decoder\.conv_blocks\.(\d+)\.", k)))
-    # decoder.conv_blocks.{i} runs from the lowest resolution (level levels-1) upwards.
-    ch_mult = tuple(state[f"decoder.conv_blocks.{levels - 1 - level}.res.0.conv1.weight"].shape[0] // ch for level in range(levels))
-    dec_res = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"decoder\.conv_blocks\.0\.res\.(\d+)\.", k)))
-    return VQConfig(codebook_size=codebook_size, codebook_embed_dim=embed_dim, ch=ch, ch_mult=ch_mult,
-                    z_channels=z_channels, num_res_blocks=dec_res - 1, norm_groups=norm_groups,
-                    codebook_show_usage="quantize.codebook_used" in state)
+    except ValueError as exc:  # max() of nothing: no decoder blocks at all
+        raise SpecrtError("not a LlamaGen VQ checkpoint: no decoder.conv_blocks") from exc
+    try:
+        return VQConfig(codebook_size=codebook_size, codebook_embed_dim=embed_dim, ch=ch, ch_mult=ch_mult,
+                        z_channels=z_channels, num_res_blocks=dec_res - 1, norm_groups=norm_groups,
+                        codebook_show_usage="quantize.codebook_used" in state)
+    except ValueError as exc:
+        raise SpecrtError(f"VQ checkpoint shapes do not form a valid config: {exc}") from exc
 
 
 def describe_vq(config: VQConfig) -> str:
@@ -191,8 +197,9 @@ def describe_vq(config: VQConfig) -> str:
 
 
 def load_vq(source: Union[str, Path, StateDict], config: Union[VQConfig, str, None] = None,
-            decoder_only: bool = False, **load_kwargs) -> Union[VQModel, VQDecoder]:
-    """A VQModel (or only its VQDecoder) in eval mode; config None infers it from the shapes.
+            decoder_only: bool = False, norm_groups: int = 32, **load_kwargs) -> Union[VQModel, VQDecoder]:
+    """A VQModel (or only its VQDecoder) in eval mode; config None infers it from the shapes
+    (with `norm_groups` GroupNorm groups, which the weights cannot tell).
 
     With decoder_only, encoder / quant_conv weights in the file are ignored (and may be absent).
     """
@@ -201,17 +208,15 @@ def load_vq(source: Union[str, Path, StateDict], config: Union[VQConfig, str, No
         if config not in VQ_ARCHS:
             raise SpecrtError(f"unknown VQ arch {config!r}; known: {', '.join(VQ_ARCHS)}")
         config = VQ_ARCHS[config]
-    inferred: Optional[VQConfig] = None
 
     def hint() -> str:
         try:
-            return f"the weights look like {describe_vq(infer_vq_config(state))}"
+            return f"the weights look like {describe_vq(infer_vq_config(state, norm_groups))}"
         except (SpecrtError, KeyError, ValueError):
             return "the weights do not look like a LlamaGen VQ"
 
     if config is None:
-        inferred = infer_vq_config(state)
-        config = inferred
+        config = infer_vq_config(state, norm_groups)
     if "quantize.codebook_used" not in state and config.codebook_show_usage:
         config = replace(config, codebook_show_usage=False)  # the usage monitor is optional
     model: Union[VQModel, VQDecoder] = VQDecoder(config) if decoder_only else VQModel(config)

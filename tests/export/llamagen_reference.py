@@ -152,3 +152,54 @@ class ReferenceLlamaGen:
             h = h + ffn @ w[p + "feed_forward.w2.weight"].T
         h = _rms_norm(h, w["norm.weight"], self.eps)
         return h @ w["output.weight"].T
+
+
+# ---- VQ decoder ---------------------------------------------------------------------------
+
+
+def reference_vq_decode(state: dict[str, torch.Tensor], codes: torch.Tensor, levels: int, res_per_level: int,
+                        groups: int = 32) -> torch.Tensor:
+    """LlamaGen's VQ decode_code written as plain functions over the state_dict.
+
+    Codebook rows are L2-normalised at lookup; decoder.conv_blocks.0 is the lowest resolution.
+    """
+    w = state
+
+    def conv(x, name, padding):
+        return F.conv2d(x, w[name + ".weight"], w[name + ".bias"], padding=padding)
+
+    def norm(x, name):
+        return F.group_norm(x, groups, w[name + ".weight"], w[name + ".bias"], eps=1e-6)
+
+    def swish(x):
+        return x * torch.sigmoid(x)
+
+    def resnet(x, name):
+        h = conv(swish(norm(x, name + ".norm1")), name + ".conv1", 1)
+        h = conv(swish(norm(h, name + ".norm2")), name + ".conv2", 1)
+        if name + ".nin_shortcut.weight" in w:
+            x = conv(x, name + ".nin_shortcut", 0)
+        return x + h
+
+    def attention(x, name):
+        b, c, hh, ww = x.shape
+        n = norm(x, name + ".norm")
+        q, k, v = (conv(n, f"{name}.{p}", 0).reshape(b, c, hh * ww) for p in "qkv")
+        weights = torch.softmax(torch.einsum("bci,bcj->bij", q, k) / math.sqrt(c), dim=-1)
+        out = torch.einsum("bij,bcj->bci", weights, v).reshape(b, c, hh, ww)
+        return x + conv(out, name + ".proj_out", 0)
+
+    codebook = w["quantize.embedding.weight"]
+    codebook = codebook / codebook.norm(dim=1, keepdim=True)
+    z = codebook[codes.long()].permute(0, 3, 1, 2)
+    h = conv(conv(z, "post_quant_conv", 0), "decoder.conv_in", 1)
+    h = attention(resnet(h, "decoder.mid.0"), "decoder.mid.1")
+    h = resnet(h, "decoder.mid.2")
+    for index in range(levels):
+        for r in range(res_per_level):
+            h = resnet(h, f"decoder.conv_blocks.{index}.res.{r}")
+            if index == 0:
+                h = attention(h, f"decoder.conv_blocks.{index}.attn.{r}")
+        if index != levels - 1:
+            h = conv(h.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3), f"decoder.conv_blocks.{index}.upsample.conv", 1)
+    return conv(swish(norm(h, "decoder.norm_out")), "decoder.conv_out", 1)
