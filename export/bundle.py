@@ -40,7 +40,7 @@ class ExportOptions:
     max_batch: int = 8
     target_hidden: bool = True
     neighbours_k: int = 32
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    sampling: SamplingParams | None = None  # None: the models' own defaults (ModelSet.sampling)
 
     def __post_init__(self) -> None:
         if self.opset not in onnx_export.SUPPORTED_OPSETS:
@@ -58,12 +58,14 @@ class ModelSet:
     """The three PyTorch models a bundle is exported from (eval mode, float32).
 
     sources: free-form provenance per role (checkpoint path, "demo", "random") for the manifest.
+    sampling: the sampling defaults the models were tuned for (the manifest's sampling_defaults).
     """
 
     target: nn.Module
     draft: nn.Module
     vq: nn.Module
     sources: dict[str, str] = field(default_factory=dict)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
 
     @property
     def grid_size(self) -> int:
@@ -111,7 +113,7 @@ def build_manifest(models: ModelSet, options: ExportOptions, graphs: list[GraphS
     capacity = capacity_for(models.target.config, options.max_window)
     sources = models.sources
     files = [g.file for g in graphs] + [g.external_data for g in graphs if g.external_data] + [NEIGHBOURS_FILE]
-    s = options.sampling
+    s = options.sampling or models.sampling
     return {
         "format": FORMAT, "version": VERSION, "created_by": f"specrt {__version__}",
         "models": {

@@ -239,8 +239,10 @@ def read_manifest(path: str | Path, check_hashes: bool = True) -> Manifest:
     """
     path = Path(path)
     manifest_path = path / MANIFEST_NAME if path.is_dir() else path
+    if not path.exists():
+        raise SpecrtError(f"bundle {path} does not exist")
     if not manifest_path.is_file():
-        raise SpecrtError(f"{path} is not a specrt bundle: {manifest_path.name} not found")
+        raise SpecrtError(f"{path} is not a specrt bundle: it has no {MANIFEST_NAME}")
     try:
         raw = json.loads(manifest_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

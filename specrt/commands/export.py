@@ -1,11 +1,77 @@
-"""`specrt export`."""
+"""`specrt export`: PyTorch models -> a bundle directory (ONNX graphs + neighbours + manifest).
+
+Flags map onto specrt.export.sources (which models), ExportOptions (what graphs) and
+write_bundle / verify_bundle (where, and whether to check them in onnxruntime).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
 import click
 
-from specrt.commands._pending import not_yet
+from specrt.errors import SpecrtError
 
 
-@click.command(name="export", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def command(args: tuple[str, ...]) -> None:
-    """Export target, draft and VQ decoder to an ONNX bundle."""
-    raise not_yet("specrt export", 4)
+def _models(target, draft, vq, arch, draft_arch, vq_arch, image_size, random_weights, demo_path):
+    from specrt.export import sources
+
+    given = [name for name, value in (("--target", target), ("--draft", draft), ("--vq", vq)) if value]
+    if random_weights:
+        if given:
+            raise SpecrtError(f"--random-weights makes its own weights; drop {', '.join(given)}")
+        return sources.random_models(arch or "GPT-B", draft_arch or "GPT-B", vq_arch or "VQ-16", image_size)
+    if given:
+        missing = [n for n in ("--target", "--draft", "--vq") if n not in given]
+        if missing:
+            raise SpecrtError(f"exporting checkpoints needs --target, --draft and --vq; missing {', '.join(missing)}")
+        return sources.checkpoint_models(Path(target), Path(draft), Path(vq), arch, draft_arch, vq_arch, image_size)
+    return sources.demo_models(demo_path)
+
+
+@click.command(name="export")
+@click.option("--out", "out", type=click.Path(path_type=Path), default=Path("bundle"), show_default=True,
+              help="Bundle directory to write (refused if it exists, unless --force).")
+@click.option("--force", is_flag=True, help="Replace an existing --out (only once the new bundle is complete).")
+@click.option("--target", type=click.Path(dir_okay=False, path_type=Path), help="LlamaGen GPT checkpoint (target model).")
+@click.option("--draft", type=click.Path(dir_okay=False, path_type=Path), help="LlamaGen GPT checkpoint (draft model).")
+@click.option("--vq", type=click.Path(dir_okay=False, path_type=Path), help="LlamaGen VQ checkpoint (decoder and codebook).")
+@click.option("--arch", help="Target size (GPT-B, GPT-L, GPT-XL, ...); inferred from --target when omitted.")
+@click.option("--draft-arch", help="Draft size; inferred from --draft when omitted.")
+@click.option("--vq-arch", help="VQ layout (VQ-16, VQ-8); inferred from --vq when omitted.")
+@click.option("--image-size", type=int, default=256, show_default=True, help="Image size the GPTs generate (checkpoints, random weights).")
+@click.option("--random-weights", is_flag=True, help="Random weights in the --arch / --draft-arch / --vq-arch layouts (real dims, no checkpoint).")
+@click.option("--demo-weights", type=click.Path(file_okay=False, path_type=Path),
+              help="A `specrt demo train` output folder instead of the packaged demo weights.")
+@click.option("--max-window", type=int, default=64, show_default=True, help="Largest step window W (profile max).")
+@click.option("--max-batch", type=int, default=8, show_default=True, help="Largest batch (CFG doubles it) (profile max).")
+@click.option("--opset", type=int, default=18, show_default=True,
+              help="ONNX opset: 18 (TensorRT 10.3, attention as MatMul/Softmax) or 23 (ONNX Attention, newer stacks).")
+@click.option("--no-hidden", is_flag=True, help="Drop the target's `hidden` output (only EAGLE-style drafts need it).")
+@click.option("--neighbours", "neighbours_k", type=int, default=32, show_default=True, help="LANTERN neighbours per token.")
+@click.option("--verify", is_flag=True, help="Afterwards run every graph in onnxruntime against PyTorch (exit 1 above tolerance).")
+@click.option("--threads", type=int, default=2, show_default=True, help="CPU threads for torch and onnxruntime.")
+@click.pass_context
+def command(ctx: click.Context, out, force, target, draft, vq, arch, draft_arch, vq_arch, image_size, random_weights,
+            demo_weights, max_window, max_batch, opset, no_hidden, neighbours_k, verify, threads) -> None:
+    """Export target, draft and VQ decoder to an ONNX bundle (the embedded demo by default)."""
+    from specrt.lazy import require
+
+    torch = require("torch", "specrt export")
+    from specrt.export.bundle import ExportOptions, write_bundle
+
+    torch.set_num_threads(max(threads, 1))
+    options = ExportOptions(opset=opset, max_window=max_window, max_batch=max_batch,
+                            target_hidden=not no_hidden, neighbours_k=neighbours_k)
+    if out.exists() and not force:  # refuse before loading multi-GB checkpoints
+        raise SpecrtError(f"{out} already exists; pass --force to replace it")
+    models = _models(target, draft, vq, arch, draft_arch, vq_arch, image_size, random_weights, demo_weights)
+    manifest = write_bundle(models, out, options, force=force, progress=click.echo)
+    click.echo(f"wrote bundle {manifest.root} ({len(manifest.graphs)} graphs); check it with: specrt inspect {out}")
+    if verify:
+        from specrt.export.verify import verify_bundle
+
+        click.echo("verifying graphs in onnxruntime (CPU) against PyTorch ...")
+        report = verify_bundle(manifest, models, threads=threads)
+        click.echo(report.format())
+        if not report.passed:
+            ctx.exit(1)

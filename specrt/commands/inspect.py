@@ -1,11 +1,84 @@
-"""`specrt inspect`."""
+"""`specrt inspect BUNDLE`: print a bundle's manifest readably and lint its graphs for TensorRT.
+
+Exit code 0 when the lint finds no errors (warnings allowed), 1 when it finds errors, 2 for
+a bundle that cannot be read (SpecrtError: missing files, bad hashes, wrong version).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
 import click
 
-from specrt.commands._pending import not_yet
+from specrt.manifest import GraphSpec, Manifest, read_manifest
 
 
-@click.command(name="inspect", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def command(args: tuple[str, ...]) -> None:
-    """Print a bundle's manifest and lint its graphs for TensorRT."""
-    raise not_yet("specrt inspect", 4)
+def _dims(shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _model_line(role: str, entry: dict) -> str:
+    if role == "vq":
+        return (f"  vq      codebook {entry['codebook_size']}x{entry['codebook_embed_dim']}, downsample "
+                f"{entry['downsample']}, image {entry['image_size']}px, grid {entry['grid_size']}")
+    kind = f" ({entry['kind']})" if "kind" in entry else ""
+    return (f"  {role:<7} {entry['family']} {entry['model_type']}{kind}: dim {entry['dim']}, {entry['n_layer']} layers, "
+            f"{entry['n_head']} heads ({entry['n_kv_head']} kv) x {entry['head_dim']}, vocab {entry['vocab_size']}, "
+            f"grid {entry['grid_size']}, cond_len {entry['cond_len']}, classes {entry['num_classes']}, "
+            f"KV capacity {entry['capacity']}")
+
+
+def _graph_lines(manifest: Manifest, spec: GraphSpec) -> list[str]:
+    size = sum(manifest.files[f]["bytes"] for f in (spec.file, spec.external_data) if f)
+    external = f" + {spec.external_data}" if spec.external_data else ""
+    lines = [f"  {spec.name}  ({spec.file}{external}, {size / 1e6:.1f} MB, opset {spec.opset})"]
+    width = max(len(t.name) for t in spec.inputs + spec.outputs)
+    lines += [f"    in   {t.name:<{width}}  {t.dtype:<8} {_dims(t.shape)}" for t in spec.inputs]
+    lines += [f"    out  {t.name:<{width}}  {t.dtype:<8} {_dims(t.shape)}" for t in spec.outputs]
+    profile = "  ".join(f"{d} {p['min']}/{p['opt']}/{p['max']}" for d, p in spec.profile.items())
+    lines.append(f"    profile (min/opt/max)  {profile}")
+    return lines
+
+
+def format_manifest(manifest: Manifest) -> str:
+    """The manifest as a human reads it: models, sampling defaults, limits, graphs with I/O and profiles."""
+    raw = manifest.raw
+    lines = [f"bundle {manifest.root}  ({raw['format']} v{raw['version']}, {raw.get('created_by', '?')})", "models:"]
+    lines += [_model_line(role, entry) for role, entry in manifest.models.items()]
+    sources = {role: e.get("source") for role, e in manifest.models.items() if e.get("source")}
+    if sources:
+        lines.append("  sources: " + ", ".join(f"{r} = {s}" for r, s in sources.items()))
+    if manifest.sampling_defaults:
+        lines.append("sampling defaults: " + ", ".join(f"{k} {v}" for k, v in manifest.sampling_defaults.items()))
+    if manifest.limits:
+        lines.append("limits: " + ", ".join(f"{k} {v}" for k, v in manifest.limits.items()))
+    if manifest.neighbours:
+        n = manifest.neighbours
+        lines.append(f"neighbours: {n['file']} (k = {n['k']}, {n.get('metric', '?')})")
+    lines.append("graphs:")
+    for spec in manifest.graphs.values():
+        lines += _graph_lines(manifest, spec)
+    return "\n".join(lines)
+
+
+@click.command(name="inspect")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--lint/--no-lint", default=True, show_default=True, help="Check the graphs against TensorRT 10.3's ONNX parser.")
+@click.option("--max-opset", type=int, default=20, show_default=True,
+              help="Newest opset the target TensorRT parses (20 for TensorRT 10.3; raise it for newer stacks).")
+@click.pass_context
+def command(ctx: click.Context, bundle: Path, lint: bool, max_opset: int) -> None:
+    """Print a bundle's manifest and lint its graphs for TensorRT (exit 1 on lint errors)."""
+    manifest = read_manifest(bundle)
+    click.echo(format_manifest(manifest))
+    if not lint:
+        return
+    from specrt.export.lint import ERROR, lint_bundle
+    from specrt.export.trt_ops import TRT_VERSION
+
+    findings = lint_bundle(manifest, max_opset=max_opset)
+    errors = sum(f.severity == ERROR for f in findings)
+    click.echo(f"lint (TensorRT {TRT_VERSION}, opset <= {max_opset}): {errors} error(s), {len(findings) - errors} warning(s)")
+    for finding in findings:
+        click.echo(f"  {finding}")
+    if errors:
+        ctx.exit(1)
