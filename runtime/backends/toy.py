@@ -1,0 +1,102 @@
+"""A toy backend: context-dependent random logits over a tiny vocabulary, behind the real interface.
+
+Why: the losslessness tests need a model whose exact sequence distribution can be enumerated,
+that is cheap enough to sample 20,000 images, and that still exercises the KV/mask/position
+protocol. The toy "KV cache" stores token ids; a step rebuilds each slot's context from the
+cache columns and window slots its mask allows, and checks that the slot's position equals
+the context length, so a wrong mask, position or commit changes the distribution and the
+tests notice.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from specrt.runtime.runner import ModelRunner, ModelSpec, VQDecoder
+
+
+class ToyLM:
+    """logits(context) for a context (class id, image tokens...), deterministic per seed.
+
+    A draft LM is built from a target with `base=target, noise=σ`: its logits are the target's
+    plus independent noise, so it agrees with the target only partly, like a real draft.
+    """
+
+    def __init__(self, vocab_size: int, seed: int, scale: float = 1.5, base: Optional["ToyLM"] = None,
+                 noise: float = 1.0):
+        self.vocab_size, self.seed, self.scale, self.base, self.noise = vocab_size, seed, scale, base, noise
+        self._table: dict[tuple[int, ...], np.ndarray] = {}
+
+    def logits(self, context: tuple[int, ...]) -> np.ndarray:
+        row = self._table.get(context)
+        if row is None:
+            rng = np.random.default_rng([self.seed, len(context), *context])
+            own = rng.normal(size=self.vocab_size)
+            row = self.scale * own if self.base is None else self.base.logits(context) + self.noise * own
+            self._table[context] = row
+        return row
+
+
+class ToyRunner(ModelRunner):
+    """A ModelRunner over a ToyLM; its KV buffer is an int64 token table [B, capacity]."""
+
+    def __init__(self, lm: ToyLM, spec: ModelSpec, max_window: int = 16):
+        super().__init__(spec, max_window)
+        self.lm = lm
+        self._kv = np.zeros((0, 0), dtype=np.int64)
+        self._present = np.zeros((0, 0), dtype=np.int64)
+
+    def _allocate_kv(self, batch: int, capacity: int) -> None:
+        self._kv = np.full((batch, capacity), -1, dtype=np.int64)
+        self._present = np.zeros((batch, self.max_window), dtype=np.int64)
+        self._out = np.zeros((batch, self.max_window, self.spec.vocab_size))
+
+    @property
+    def kv_buffer(self) -> np.ndarray:
+        return self._kv
+
+    def _prefill(self, class_ids: np.ndarray) -> np.ndarray:
+        self._kv[:, 0] = class_ids
+        out = self._out[:, :1]
+        for b, cls in enumerate(class_ids):
+            out[b, 0] = self.lm.logits((int(cls),))
+        return out
+
+    def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        batch, size = ids.shape
+        self._present[:, :size] = ids
+        out = self._out[:, :size]
+        for b in range(batch):
+            for w in range(size):
+                cached = self._kv[b, np.flatnonzero(mask[b, w, : self.capacity])]
+                local = ids[b, np.flatnonzero(mask[b, w, self.capacity:])]
+                context = tuple(int(t) for t in cached) + tuple(int(t) for t in local)
+                if positions[b, w] != len(context) - 1:
+                    raise AssertionError(f"slot {w} at position {positions[b, w]} sees {len(context)} tokens")
+                out[b, w] = self.lm.logits(context)
+        return out
+
+    def _write_kv(self, slots: Sequence[int], start: int) -> None:
+        self._kv[:, start:start + len(slots)] = self._present[:, slots]
+
+
+class ToyVQ(VQDecoder):
+    """Paints each token as a flat grey level: enough for the pipeline's image plumbing."""
+
+    def __init__(self, vocab_size: int, patch: int = 2):
+        self.vocab_size, self.patch = vocab_size, patch
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        level = codes.astype(np.float64) / max(self.vocab_size - 1, 1) * 2.0 - 1.0
+        image = np.repeat(np.repeat(level, self.patch, axis=1), self.patch, axis=2)
+        return np.repeat(image[:, None], 3, axis=1)
+
+
+def toy_models(vocab_size: int = 3, grid_size: int = 2, num_classes: int = 2, seed: int = 0,
+               draft_noise: float = 1.0, max_window: int = 16) -> tuple[ToyRunner, ToyRunner, ToyVQ]:
+    """A (target, draft, vq) toy family sharing one spec."""
+    spec = ModelSpec(vocab_size=vocab_size, grid_size=grid_size, num_classes=num_classes)
+    target_lm = ToyLM(vocab_size, seed)
+    draft_lm = ToyLM(vocab_size, seed + 1, base=target_lm, noise=draft_noise)
+    return (ToyRunner(target_lm, spec, max_window), ToyRunner(draft_lm, spec, max_window), ToyVQ(vocab_size))

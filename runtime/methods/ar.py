@@ -1,0 +1,33 @@
+"""AR: one target forward per token, for a whole batch of class ids at once (the baseline)."""
+from __future__ import annotations
+
+import numpy as np
+
+from specrt.runtime.methods.base import Decoding, Method
+from specrt.runtime.window import Window
+
+
+class Autoregressive(Method):
+    """Plain sampling from P, token by token; every image of the batch advances together."""
+
+    name = "ar"
+
+    def generate(self, ctx: Decoding, class_ids: np.ndarray) -> np.ndarray:
+        target = ctx.target
+        target.truncate(0)
+        probs = ctx.probabilities(target.prefill(ctx.condition_rows(class_ids)))[:, 0]
+        tokens = np.zeros((len(class_ids), ctx.num_image_tokens), dtype=np.int64)
+        tokens[:, 0] = ctx.sample(probs)
+        ctx.stats.record_round(1, len(class_ids))
+        for k in range(1, ctx.num_image_tokens):
+            # every row feeds its own token at the same position: a per-row window of one slot
+            logits = target.step(Window.chain([0]), _rows(tokens[:, k - 1], ctx)[:, None])
+            target.commit([0])
+            tokens[:, k] = ctx.sample(ctx.probabilities(logits)[:, 0])
+            ctx.stats.record_round(1, len(class_ids))
+        return tokens
+
+
+def _rows(image_tokens: np.ndarray, ctx: Decoding) -> np.ndarray:
+    """Token ids per model row: the image tokens, repeated for the uncond half under CFG."""
+    return np.concatenate([image_tokens, image_tokens]) if ctx.sampling.uses_cfg else image_tokens

@@ -1,0 +1,144 @@
+"""Draft-free Jacobi methods: SJD and SJD-PAC (adaptive continuation + proactive drafting).
+
+The proposal carried between iterations is a list of levels after the pending token: level d
+holds the candidate token(s) for depth d and the distribution q they were drawn from. A chain
+level has one candidate; a proactive-drafting level has K candidates drawn without replacement,
+all children of the first candidate of the level above ("the first path is extended"), so the
+window is a tree whose spine is a chain. One iteration:
+
+1. the target scores [pending, all candidates] in one forward with a tree mask;
+2. the levels are verified from the top (runtime.verification.verify_siblings: exact rejection
+   sampling, sequential without replacement across siblings); the accepted prefix plus the token
+   sampled at the first rejection (or a bonus token from P at a leaf) are committed;
+3. the next proposal is built from this iteration's own target rows along the spine, which
+   are stale past the first rejection: SJD samples fresh drafts from them (q = that row);
+   adaptive continuation instead rejection-samples the old draft token against them; proactive
+   drafting turns the first D levels into K-candidate levels; slots past the last row start
+   from uniform random tokens (q uniform).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specrt.errors import SpecrtError
+from specrt.runtime.methods.base import Decoding, OneImageAtATime
+from specrt.runtime.verification import draw_without_replacement, verify_position, verify_siblings
+from specrt.runtime.window import Window
+
+
+@dataclass
+class Level:
+    """Candidates for one depth (first = the spine) and the row q they were drawn from."""
+
+    candidates: list[int]
+    q: np.ndarray
+
+
+def build_window(pending: int, levels: list[Level]) -> tuple[Window, list[list[int]]]:
+    """The tree window [pending, level 1..., level 2..., ...] and each level's slot indices."""
+    ids, parents, slots = [pending], [-1], []
+    parent = 0
+    for level in levels:
+        first = len(ids)
+        slots.append(list(range(first, first + len(level.candidates))))
+        ids += level.candidates
+        parents += [parent] * len(level.candidates)
+        parent = first
+    return Window.tree(ids, parents), slots
+
+
+class JacobiDecoding(OneImageAtATime):
+    """SJD with optional adaptive continuation and proactive drafting (SJD-PAC, `003` Alg. 1)."""
+
+    name = "sjd"
+    PARAMS = {"window": (int, 16), "adaptive_continuation": (bool, False), "proactive_drafting": (bool, False),
+              "branching": (int, 4), "tree_depth": (int, 3)}
+
+    def validate(self) -> None:
+        if self.window < 2:
+            raise SpecrtError(f"{self.name} window must be >= 2 (pending token + drafts), got {self.window}")
+        if self.branching < 1 or self.tree_depth < 0:
+            raise SpecrtError(f"{self.name} needs branching (K) >= 1 and tree_depth (D) >= 0")
+
+    @property
+    def max_window(self) -> int:
+        return self.window
+
+    def generate_one(self, ctx: Decoding, class_id: int) -> np.ndarray:
+        target = ctx.target
+        vocab = target.spec.vocab_size
+        uniform = np.full(vocab, 1.0 / vocab)
+        tokens = [int(ctx.sample(self.start(ctx, target, class_id)))]
+        ctx.stats.record_round(1)
+        levels: list[Level] = []
+        while len(tokens) < ctx.num_image_tokens:
+            levels = self._fill(ctx, levels, ctx.num_image_tokens - len(tokens) - 1, uniform)
+            window, slots = build_window(tokens[-1], levels)
+            p_rows = ctx.probabilities(target.step(window))[0]
+            with ctx.stats.timing("verification"):
+                accepted, path, next_token, rejected = self._verify(ctx, p_rows, levels, slots)
+                spine_rows = [p_rows[0]] + [p_rows[s[0]] for s in slots]  # row d predicts depth d+1
+                levels = self._next_levels(ctx, levels, spine_rows, len(accepted), rejected)
+            target.commit(path)
+            tokens += accepted + [next_token]
+            ctx.stats.record_round(len(accepted) + 1)
+        return np.asarray(tokens, dtype=np.int64)
+
+    # ---- one iteration's pieces ----------------------------------------------------------------
+
+    def _verify(self, ctx: Decoding, p_rows: np.ndarray, levels: list[Level], slots: list[list[int]]):
+        """Walk the levels: (accepted tokens, committed slots, next token, stopped by a rejection?)."""
+        accepted, path = [], [0]
+        for level, level_slots in zip(levels, slots):
+            index, token = verify_siblings(p_rows[path[-1]], level.q, level.candidates, ctx.rng)
+            if index is None:
+                return accepted, path, token, True
+            accepted.append(token)
+            path.append(level_slots[index])
+            if index != 0:  # only the first candidate has children: a leaf, take a bonus token
+                break
+        return accepted, path, int(ctx.sample(p_rows[path[-1]])), False
+
+    def _next_levels(self, ctx: Decoding, levels: list[Level], spine_rows: list[np.ndarray],
+                     accepted: int, rejected: bool) -> list[Level]:
+        """Drafts for the depths after the new pending token (old depth accepted + 1)."""
+        new: list[Level] = []
+        # new level j sits at old depth e = accepted + 1 + j; its stale row is spine_rows[e - 1]
+        for e in range(accepted + 2, len(spine_rows) + 1):
+            row = spine_rows[e - 1]
+            old = levels[e - 1] if e - 1 < len(levels) else None
+            if self.adaptive_continuation and old is not None:
+                token = verify_position(row, old.q, old.candidates[0], ctx.rng)[1]
+            else:
+                token = int(ctx.sample(row))
+            new.append(Level([token], row))
+        if self.proactive_drafting and rejected:
+            for level in new[: self.tree_depth]:
+                level.candidates = draw_without_replacement(level.q, self.branching, ctx.rng,
+                                                            first=level.candidates[0])
+        return new
+
+    def _fill(self, ctx: Decoding, levels: list[Level], max_depth: int, uniform: np.ndarray) -> list[Level]:
+        """Cut the proposal to the window budget and the image end; pad with uniform random tokens."""
+        budget = self.window - 1
+        kept: list[Level] = []
+        for level in levels[:max_depth]:
+            if budget <= 0:
+                break
+            level = Level(level.candidates[:budget], level.q)
+            kept.append(level)
+            budget -= len(level.candidates)
+        while budget > 0 and len(kept) < max_depth:
+            kept.append(Level([int(ctx.rng.integers(len(uniform)))], uniform))
+            budget -= 1
+        return kept
+
+
+class SJDPAC(JacobiDecoding):
+    """SJD-PAC defaults: both parts on, K = 4, D = 3, window L = 64."""
+
+    name = "sjd-pac"
+    PARAMS = {**JacobiDecoding.PARAMS, "window": (int, 64), "adaptive_continuation": (bool, True),
+              "proactive_drafting": (bool, True)}

@@ -1,0 +1,127 @@
+"""Draft-then-verify methods: SD, Cool-SD (and UniformRSD), LANTERN.
+
+One round (Cool-SD Alg. 1): the draft model proposes L tokens autoregressively, the target
+scores [pending, x̃_1..x̃_L] in one forward, runtime.verification accepts a prefix and samples
+one more token. The three methods differ only in the AcceptanceRule they verify with.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from specrt.errors import SpecrtError
+from specrt.runtime.methods.base import Decoding, OneImageAtATime
+from specrt.runtime.verification import (
+    SCHEDULES, AcceptanceRule, CoolRule, LanternRule, VanillaRule, relaxation_schedule, theorem2_along_path,
+    verify_chain,
+)
+from specrt.runtime.window import Window
+
+
+class DraftThenVerify(OneImageAtATime):
+    """Speculative decoding with a draft model; subclasses choose the acceptance rule."""
+
+    needs_draft = True
+    PARAMS = {"draft_len": (int, 4)}
+    estimate_theorem2 = False
+
+    def validate(self) -> None:
+        if self.draft_len < 1:
+            raise SpecrtError(f"draft_len must be >= 1, got {self.draft_len}")
+
+    @property
+    def max_window(self) -> int:
+        return self.draft_len + 1
+
+    def rule(self, ctx: Decoding) -> AcceptanceRule:
+        return VanillaRule()
+
+    def generate_one(self, ctx: Decoding, class_id: int) -> np.ndarray:
+        target, draft, cond_len = ctx.target, ctx.draft, ctx.target.spec.cond_len
+        rule = self.rule(ctx)
+        tokens = [int(ctx.sample(self.start(ctx, target, class_id)))]
+        self.start(ctx, draft, class_id)
+        ctx.stats.record_round(1)
+        while len(tokens) < ctx.num_image_tokens:
+            draft_len = min(self.draft_len, ctx.num_image_tokens - len(tokens) - 1)
+            drafts, q_rows = [], []
+            for _ in range(draft_len):
+                # the draft catches up on every token it has not cached yet (pending + drafts)
+                window = Window.chain((tokens + drafts)[draft.length - cond_len:])
+                q = ctx.probabilities(draft.step(window))[0, -1]
+                draft.commit(range(len(window)))
+                drafts.append(int(ctx.sample(q)))
+                q_rows.append(q)
+            p_rows = ctx.probabilities(target.step(Window.chain([tokens[-1], *drafts])))[0]
+            with ctx.stats.timing("verification"):
+                outcome = verify_chain(p_rows, q_rows, drafts, rule, ctx.rng)
+                if self.estimate_theorem2 and drafts:
+                    estimate = theorem2_along_path(p_rows, q_rows, drafts, rule)
+                    ctx.stats.theorem2_accepted_length.append(estimate.expected_accepted_length)
+                    ctx.stats.theorem2_tv_bound.append(estimate.tv_bound)
+            target.commit(range(outcome.accepted_length + 1))
+            tokens += drafts[: outcome.accepted_length] + [outcome.next_token]
+            draft.truncate(cond_len + len(tokens) - 1)
+            ctx.stats.record_round(outcome.accepted_length + 1)
+        return np.asarray(tokens, dtype=np.int64)
+
+
+class SpeculativeDecoding(DraftThenVerify):
+    """Vanilla SD: lossless."""
+
+    name = "sd"
+
+
+class CoolSD(DraftThenVerify):
+    """Cool-SD: annealed relaxation ω_i (schedule 'exp', 'linear' or 'uniform' = UniformRSD), G* resampling."""
+
+    name = "cool-sd"
+    PARAMS = {**DraftThenVerify.PARAMS, "relaxation_budget": (float, 2.0), "schedule": (str, "exp"),
+              "decay": (float, 0.7), "slope_len": (int, 8)}
+    estimate_theorem2 = True
+
+    def validate(self) -> None:
+        super().validate()
+        if self.relaxation_budget < 1.0:
+            raise SpecrtError(f"cool-sd needs relaxation_budget (δ) >= 1, got {self.relaxation_budget}")
+        if self.schedule not in SCHEDULES:
+            raise SpecrtError(f"unknown Cool-SD schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        if self.decay <= 0:
+            raise SpecrtError(f"cool-sd needs decay (ν) > 0, got {self.decay}")
+
+    def weights(self) -> np.ndarray:
+        """ω_1..ω_L for the configured draft length (positions of a shorter last round use the first ones)."""
+        return relaxation_schedule(self.schedule, self.draft_len, self.relaxation_budget, self.decay, self.slope_len)
+
+    def rule(self, ctx: Decoding) -> AcceptanceRule:
+        return CoolRule(self.weights())
+
+
+class Lantern(DraftThenVerify):
+    """LANTERN (tvd_budget δ) or LANTERN++ (ratio λ) over the VQ codebook's neighbour table."""
+
+    name = "lantern"
+    PARAMS = {**DraftThenVerify.PARAMS, "tvd_budget": (float, None), "ratio": (float, None),
+              "neighbours_k": (int, 0), "resampling": (str, "lantern")}
+    estimate_theorem2 = True
+    neighbours: Optional[np.ndarray] = None  # set by the pipeline from the bundle / VQ codebook
+
+    def validate(self) -> None:
+        super().validate()
+        if self.tvd_budget is None and self.ratio is None:
+            self.tvd_budget = 0.1
+        if self.tvd_budget is not None and self.ratio is not None:
+            raise SpecrtError("lantern takes either tvd_budget (δ, LANTERN) or ratio (λ, LANTERN++), not both")
+        if self.tvd_budget is not None and not 0.0 <= self.tvd_budget <= 1.0:
+            raise SpecrtError(f"lantern tvd_budget (δ) must be in [0, 1], got {self.tvd_budget}")
+        if self.ratio is not None and self.ratio < 1.0:
+            raise SpecrtError(f"lantern ratio (λ) must be >= 1, got {self.ratio}")
+        if self.resampling not in ("lantern", "gstar"):
+            raise SpecrtError(f"lantern resampling must be 'lantern' or 'gstar', got {self.resampling!r}")
+
+    def rule(self, ctx: Decoding) -> AcceptanceRule:
+        if self.neighbours is None:
+            raise SpecrtError("lantern needs a codebook neighbour table (bundle neighbours.npy or a VQ model)")
+        table = self.neighbours if not self.neighbours_k else self.neighbours[:, : self.neighbours_k]
+        return LanternRule(table, tvd_budget=self.tvd_budget, ratio=self.ratio, resampling=self.resampling)

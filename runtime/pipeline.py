@@ -1,0 +1,126 @@
+"""The user-facing API: a Pipeline holds the runners and VQ decoder; generate() runs one method.
+
+    pipe = Pipeline.from_bundle("bundle/")                 # onnxruntime over the bundle's graphs
+    pipe = Pipeline.from_torch(target_gpt, draft_gpt, vq)  # PyTorch modules (CPU or CUDA)
+    result = pipe.generate([207, 360], method="cool-sd", seed=0, relaxation_budget=2.0)
+    result.images  # uint8 [N, H, W, 3]; result.tokens [N, grid, grid]; result.stats.summary()
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from specrt.errors import SpecrtError
+from specrt.runtime.methods import Decoding, Method, make_method
+from specrt.runtime.methods.base import OneImageAtATime
+from specrt.runtime.methods.speculative import Lantern
+from specrt.runtime.runner import ModelRunner, VQDecoder
+from specrt.runtime.sampling import SamplingParams
+from specrt.runtime.stats import Stats
+
+SAMPLING_KEYS = ("cfg_scale", "temperature", "top_k", "top_p")
+
+
+@dataclass
+class GenerationResult:
+    tokens: np.ndarray  # int64 [N, grid, grid]
+    images: np.ndarray  # uint8 [N, H, W, 3]
+    stats: Stats
+
+
+def to_uint8(images: np.ndarray) -> np.ndarray:
+    """[N, 3, H, W] in about [−1, 1] -> uint8 [N, H, W, 3] with x·127.5 + 128, clamped (LlamaGen)."""
+    return np.clip(np.asarray(images, dtype=np.float32) * 127.5 + 128.0, 0, 255).astype(np.uint8).transpose(0, 2, 3, 1)
+
+
+class Pipeline:
+    """Target (+ optional draft) runners, a VQ decoder and the sampling defaults of a model family."""
+
+    def __init__(self, target: ModelRunner, vq: VQDecoder, draft: Optional[ModelRunner] = None,
+                 neighbours: Optional[np.ndarray] = None, sampling_defaults: Optional[dict] = None,
+                 max_batch: Optional[int] = None):
+        self.target, self.draft, self.vq = target, draft, vq
+        self.neighbours = neighbours
+        self.sampling_defaults = dict(sampling_defaults or {})
+        self.max_batch = max_batch
+
+    # ---- constructors ------------------------------------------------------------------------
+
+    @classmethod
+    def from_bundle(cls, path: str | Path, backend: str = "ort", providers: Optional[Sequence[Any]] = None) -> "Pipeline":
+        """A bundle directory (manifest.json + ONNX graphs) on onnxruntime ('ort')."""
+        if backend != "ort":
+            raise SpecrtError(f"bundles run on the 'ort' backend here, not {backend!r} (torch needs checkpoints)")
+        from specrt.runtime.backends.ort import pipeline_parts_from_bundle
+        return cls(**pipeline_parts_from_bundle(path, providers))
+
+    @classmethod
+    def from_torch(cls, target_gpt: Any, draft_gpt: Any, vq: Any, neighbours: Optional[np.ndarray] = None,
+                   max_window: int = 64, device: Optional[str] = None) -> "Pipeline":
+        """PyTorch GPT modules (specrt.export.llamagen_gpt.GPT) and a VQModel; draft may be None."""
+        from specrt.runtime.backends.torch import TorchRunner, TorchVQ, model_spec
+        target = TorchRunner(target_gpt, max_window, device)
+        draft = TorchRunner(draft_gpt, max_window, device) if draft_gpt is not None else None
+        if neighbours is None:
+            neighbours = TorchVQ.neighbours_of(vq)
+        return cls(target, TorchVQ(vq, device), draft, neighbours=neighbours)
+
+    # ---- generation ----------------------------------------------------------------------------
+
+    def generate(self, class_ids: Sequence[int] | int, method: str | Method = "ar", seed: int = 0,
+                 **params: Any) -> GenerationResult:
+        """Images for `class_ids` with a decoding method; `params` mix sampling keys
+        (cfg_scale, temperature, top_k, top_p) and the method's own parameters. A Method
+        instance may be passed instead of a name (tests inject deliberately broken variants)."""
+        class_ids = np.atleast_1d(np.asarray(class_ids, dtype=np.int64))
+        spec = self.target.spec
+        if class_ids.size == 0:
+            raise SpecrtError("no class ids given")
+        bad = class_ids[(class_ids < 0) | (class_ids >= spec.num_classes)]
+        if bad.size:
+            raise SpecrtError(f"class id {int(bad[0])} out of range: this model has classes 0..{spec.num_classes - 1}")
+        sampling = SamplingParams(**{**self.sampling_defaults, **{k: params.pop(k) for k in SAMPLING_KEYS if k in params}})
+        if isinstance(method, Method) and params:
+            raise SpecrtError(f"parameters {', '.join(params)} go to make_method, not to a Method instance")
+        decoder = method if isinstance(method, Method) else make_method(method, **params)
+        method = decoder.name
+        if decoder.needs_draft and self.draft is None:
+            raise SpecrtError(f"method {method!r} needs a draft model, and this pipeline has none")
+        if isinstance(decoder, Lantern):
+            decoder.neighbours = self.neighbours
+        if decoder.max_window > self.target.max_window:
+            raise SpecrtError(f"method {method!r} needs a window of {decoder.max_window} tokens; "
+                              f"this model allows at most {self.target.max_window}")
+
+        stats = Stats()
+        start = time.perf_counter()
+        rows_per_image = 2 if sampling.uses_cfg else 1
+        images_per_pass = 1 if isinstance(decoder, OneImageAtATime) else len(class_ids)
+        if self.max_batch and images_per_pass * rows_per_image > self.max_batch:
+            raise SpecrtError(f"{len(class_ids)} images need a batch of {images_per_pass * rows_per_image} rows; "
+                              f"the bundle allows {self.max_batch}")
+        runners = [r for r in (self.target, self.draft if decoder.needs_draft else None) if r is not None]
+        for runner in runners:
+            runner.allocate(images_per_pass * rows_per_image)
+            runner.reset_counters()
+        ctx = Decoding(self.target, self.draft if decoder.needs_draft else None, sampling,
+                       np.random.default_rng(seed), stats)
+        tokens = decoder.generate(ctx, class_ids)
+
+        with stats.timing("vq_decode"):
+            grid = spec.grid_size
+            tokens = tokens.reshape(len(class_ids), grid, grid)
+            images = to_uint8(self.vq.decode(tokens))
+        stats.tokens = int(tokens.size)
+        stats.target_forwards = self.target.forwards * images_per_pass
+        stats.seconds["target_forward"] = self.target.forward_seconds
+        stats.seconds["cache"] = sum(r.cache_seconds for r in runners)
+        if decoder.needs_draft:
+            stats.draft_forwards = self.draft.forwards
+            stats.seconds["draft_forward"] = self.draft.forward_seconds
+        stats.seconds["total"] = time.perf_counter() - start
+        return GenerationResult(tokens, images, stats)

@@ -1,0 +1,159 @@
+"""The narrow backend interface: one runner per model role (target, draft) over preallocated buffers.
+
+A runner owns its KV buffer [L, 2, B, Hkv, capacity, D] and the step inputs (ids, positions,
+mask) sized for the largest window, all allocated once per generate call. `step` runs one
+window and keeps the window's present rows; `commit(slots)` writes the rows of accepted
+slots at the committed length (docs/contracts.md), so rejecting tokens costs nothing, and
+`truncate` rolls a runner back. Backends (torch, onnxruntime, the toy used by the tests)
+implement four small hooks; everything else, including timing, lives here once.
+"""
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from specrt.errors import SpecrtError
+from specrt.runtime.window import Window, fill_step_inputs
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the runtime needs to know about a model (manifest 'models.<role>' keys)."""
+
+    vocab_size: int
+    grid_size: int
+    num_classes: int
+    cond_len: int = 1
+
+    @property
+    def null_class(self) -> int:
+        """The CFG unconditional class id (LlamaGen: the extra embedding row after the classes)."""
+        return self.num_classes
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.grid_size * self.grid_size
+
+
+class ModelRunner(ABC):
+    """Runs one model's prefill and step graphs on buffers it allocated once.
+
+    Counters: `forwards` (graph runs), `forward_seconds` (time inside the graph calls),
+    `cache_seconds` (input preparation, KV commits): the Stats time breakdown reads them.
+    """
+
+    def __init__(self, spec: ModelSpec, max_window: int):
+        self.spec = spec
+        self.max_window = max_window
+        self.batch = 0
+        self.capacity = 0
+        self.length = 0
+        self.forwards = 0
+        self.forward_seconds = 0.0
+        self.cache_seconds = 0.0
+        self._ids = self._positions = self._mask = np.zeros(0)
+
+    # ---- hooks a backend implements -----------------------------------------------------
+
+    @abstractmethod
+    def _allocate_kv(self, batch: int, capacity: int) -> None:
+        """Allocate the KV buffer (and any output buffers) for this batch and capacity."""
+
+    @abstractmethod
+    def _prefill(self, class_ids: np.ndarray) -> np.ndarray:
+        """Run the condition tokens, write their KV rows at [0, cond_len); return logits [B,1,V]."""
+
+    @abstractmethod
+    def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Run a window (inputs [B,W], [B,W], [B,W,capacity+W]); keep present rows; return logits [B,W,V]."""
+
+    @abstractmethod
+    def _write_kv(self, slots: Sequence[int], start: int) -> None:
+        """kv[:, :, :, :, start:start+n] = present[:, :, :, :, slots] for the last step's window."""
+
+    @property
+    @abstractmethod
+    def kv_buffer(self) -> object:
+        """The KV buffer object (tests check it is the same object for a whole generate call)."""
+
+    # ---- the interface the decoding methods use ----------------------------------------------
+
+    def default_capacity(self) -> int:
+        return self.spec.cond_len + self.spec.num_image_tokens + self.max_window
+
+    def allocate(self, batch: int, capacity: int | None = None) -> None:
+        """Allocate the KV buffer and step inputs for a generate call; length back to 0."""
+        capacity = capacity or self.default_capacity()
+        if batch != self.batch or capacity != self.capacity:
+            self.batch, self.capacity = batch, capacity
+            self._ids = np.zeros(batch * self.max_window, dtype=np.int32)
+            self._positions = np.zeros(batch * self.max_window, dtype=np.int32)
+            self._mask = np.zeros(batch * self.max_window * (capacity + self.max_window), dtype=bool)
+            self._allocate_kv(batch, capacity)
+        self.length = 0
+
+    def prefill(self, class_ids: np.ndarray) -> np.ndarray:
+        """Condition tokens -> logits of image token 0 [B,1,V]; their KV rows are committed."""
+        class_ids = np.asarray(class_ids, dtype=np.int32)
+        if class_ids.shape != (self.batch,):
+            raise ValueError(f"prefill expects {self.batch} class ids, got shape {class_ids.shape}")
+        start = time.perf_counter()
+        logits = self._prefill(class_ids)
+        self.forward_seconds += time.perf_counter() - start
+        self.forwards += 1
+        self.length = self.spec.cond_len
+        return logits
+
+    def step(self, window: Window, row_ids: np.ndarray | None = None) -> np.ndarray:
+        """Run `window` after the committed cache; logits [B,W,V] (slot w's row predicts the token after it).
+
+        Every batch row gets the window's ids unless `row_ids` [B, W] gives each row its own
+        (the AR baseline decodes different images in one batch).
+        """
+        size = len(window)
+        if size > self.max_window:
+            raise SpecrtError(f"window of {size} tokens exceeds this model's max_window {self.max_window}")
+        if self.length + size > self.capacity:
+            raise ValueError(f"window of {size} at length {self.length} overflows capacity {self.capacity}")
+        start = time.perf_counter()
+        total = self.capacity + size
+        ids = self._ids[: self.batch * size].reshape(self.batch, size)
+        positions = self._positions[: self.batch * size].reshape(self.batch, size)
+        mask = self._mask[: self.batch * size * total].reshape(self.batch, size, total)
+        fill_step_inputs(window, self.length, self.capacity, ids, positions, mask)
+        if row_ids is not None:
+            ids[:] = row_ids
+        ready = time.perf_counter()
+        logits = self._step(ids, positions, mask)
+        self.cache_seconds += ready - start
+        self.forward_seconds += time.perf_counter() - ready
+        self.forwards += 1
+        return logits
+
+    def commit(self, slots: Sequence[int]) -> None:
+        """Append the KV rows of the last window's `slots` (in order) at the committed length."""
+        if not len(slots):
+            return
+        start = time.perf_counter()
+        self._write_kv(list(slots), self.length)
+        self.length += len(slots)
+        self.cache_seconds += time.perf_counter() - start
+
+    def truncate(self, length: int) -> None:
+        """Roll back to `length` committed rows: free, the stale rows are masked out and overwritten."""
+        self.length = min(self.length, length)
+
+    def reset_counters(self) -> None:
+        self.forwards, self.forward_seconds, self.cache_seconds = 0, 0.0, 0.0
+
+
+class VQDecoder(ABC):
+    """codes [N, grid, grid] -> images float [N, 3, H, W] in about [−1, 1]."""
+
+    @abstractmethod
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        ...

@@ -1,0 +1,69 @@
+"""What a generate call reports: token and forward counts, accepted lengths, a time breakdown.
+
+Forward and cache times come from the runners' own counters; verification/sampling time is
+measured by the methods around their sampling and acceptance code; VQ decode by the pipeline.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+
+@dataclass
+class Stats:
+    """Per generate call. `accepted_lengths` holds tokens produced per target forward (prefill included)."""
+
+    tokens: int = 0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    accepted_lengths: Counter = field(default_factory=Counter)
+    seconds: dict = field(default_factory=lambda: dict.fromkeys(
+        ("target_forward", "draft_forward", "verification", "cache", "vq_decode", "total"), 0.0))
+    theorem2_accepted_length: list = field(default_factory=list)
+    theorem2_tv_bound: list = field(default_factory=list)
+
+    @contextmanager
+    def timing(self, part: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[part] += time.perf_counter() - start
+
+    def record_round(self, produced: int, images: int = 1) -> None:
+        """One target forward produced `produced` tokens (its accepted length) for each of `images`."""
+        self.accepted_lengths[produced] += images
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens per target forward (the paper's 'step compression' / accepted length)."""
+        return self.tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def overhead_share(self) -> float:
+        """Share of the total time spent outside model forwards and VQ decode."""
+        total = self.seconds["total"]
+        forward = self.seconds["target_forward"] + self.seconds["draft_forward"] + self.seconds["vq_decode"]
+        return (total - forward) / total if total else 0.0
+
+    def summary(self) -> dict:
+        """JSON-ready numbers (bench and the CLI print these)."""
+        out = {
+            "tokens": self.tokens,
+            "target_forwards": self.target_forwards,
+            "draft_forwards": self.draft_forwards,
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "accepted_length_histogram": {int(k): int(v) for k, v in sorted(self.accepted_lengths.items())},
+            "seconds": {k: round(v, 6) for k, v in self.seconds.items()},
+            "overhead_share": round(self.overhead_share, 4),
+        }
+        if self.theorem2_accepted_length:
+            out["theorem2_expected_accepted_length"] = float(np.mean(self.theorem2_accepted_length))
+            out["theorem2_tv_bound_per_round"] = float(np.nanmean(self.theorem2_tv_bound)) \
+                if not np.all(np.isnan(self.theorem2_tv_bound)) else None
+        return out

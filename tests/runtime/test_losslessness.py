@@ -1,0 +1,83 @@
+"""Lossless methods reproduce the target's exact sequence distribution (chi-square, 20,000 images).
+
+The toy family (vocab 3, 2x2 grid = 4 tokens) is small enough to enumerate P over all 81
+sequences. Each method samples 20,000 images with a fixed seed; the chi-square statistic must
+stay under the 1 − 1e-4 quantile. The same check must flag deliberately broken variants,
+injected as Method subclasses, so a pass means something.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from _toy_exact import chi_square, exact_distribution
+from specrt.runtime.backends.toy import toy_models
+from specrt.runtime.methods.jacobi import JacobiDecoding
+from specrt.runtime.methods.speculative import SpeculativeDecoding
+from specrt.runtime.pipeline import Pipeline
+from specrt.runtime.sampling import SamplingParams
+from specrt.runtime.verification import VanillaRule
+
+SAMPLES = 20_000
+CLASS_ID = 1
+
+
+def run(method, sampling: SamplingParams, **params) -> tuple[float, float]:
+    target, draft, vq = toy_models(vocab_size=3, grid_size=2, num_classes=2, seed=3)
+    pipe = Pipeline(target, vq, draft, sampling_defaults=vars(sampling))
+    tokens = pipe.generate([CLASS_ID] * SAMPLES, method=method, seed=11, **params).tokens
+    exact = exact_distribution(target.lm, CLASS_ID, 2, 3, 4, sampling)
+    assert abs(sum(exact.values()) - 1) < 1e-9
+    return chi_square(tokens, exact)
+
+
+PLAIN = SamplingParams(cfg_scale=1.0)
+GUIDED = SamplingParams(cfg_scale=2.0, temperature=0.9, top_k=2)
+
+LOSSLESS = [
+    ("sd", {"draft_len": 2}, PLAIN),
+    ("sd", {"draft_len": 3}, GUIDED),
+    ("cool-sd", {"relaxation_budget": 1.0, "schedule": "uniform", "draft_len": 2}, PLAIN),
+    ("sjd", {"window": 3}, PLAIN),
+    ("sjd", {"window": 4}, GUIDED),
+    ("sjd-pac", {"window": 6, "branching": 2, "tree_depth": 2}, PLAIN),
+    ("sjd-pac", {"window": 6, "branching": 2, "tree_depth": 2}, GUIDED),
+    ("sjd-pac", {"window": 4, "proactive_drafting": False}, PLAIN),
+    ("sjd-pac", {"window": 6, "branching": 3, "tree_depth": 1, "adaptive_continuation": False}, PLAIN),
+]
+
+
+@pytest.mark.parametrize("method,params,sampling", LOSSLESS,
+                         ids=[f"{m}-{'-'.join(f'{k}{v}' for k, v in p.items())}-{'cfg' if s.uses_cfg else 'plain'}"
+                              for m, p, s in LOSSLESS])
+def test_lossless_methods_match_the_exact_target_distribution(method, params, sampling):
+    statistic, critical = run(method, sampling, **params)
+    assert statistic < critical, f"{method} {params}: chi2 {statistic:.1f} >= {critical:.1f}"
+
+
+class ResampleFromTarget(VanillaRule):
+    """Broken on purpose: resample from P instead of the residual Norm([P − Q]_+)."""
+
+    def resample(self, p, q, token, position):
+        return p
+
+
+class BrokenSD(SpeculativeDecoding):
+    def rule(self, ctx):
+        return ResampleFromTarget()
+
+
+class BrokenJacobi(JacobiDecoding):
+    """Broken on purpose: after a rejection the walk goes on with the next level as if accepted."""
+
+    def _verify(self, ctx, p_rows, levels, slots):
+        accepted, path, token, rejected = super()._verify(ctx, p_rows, levels, slots)
+        if rejected and len(accepted) + 1 < len(levels):
+            return accepted + [token], path + [slots[len(accepted)][0]], int(ctx.sample(p_rows[path[-1]])), True
+        return accepted, path, token, rejected
+
+
+@pytest.mark.parametrize("broken", [BrokenSD(draft_len=2), BrokenJacobi(window=3)], ids=["sd-resample-from-P", "sjd-skip-rejection"])
+def test_the_check_flags_broken_variants(broken):
+    statistic, critical = run(broken, PLAIN)
+    assert statistic > critical, f"broken {broken.name} passed: chi2 {statistic:.1f} < {critical:.1f}"
