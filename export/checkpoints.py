@@ -57,11 +57,11 @@ def _torch_load(path: Path, allow_pickle: bool) -> object:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        if "weights_only" in str(exc) or "Unpickler" in str(exc) or "global" in str(exc).lower():
+        if "Unsupported global" in str(exc):  # a class outside torch's weights-only allowlist
             raise SpecrtError(
                 f"{path} holds Python objects beyond tensors; re-save it with only the state_dict, "
                 f"or allow full unpickling if you trust the file") from exc
-        raise SpecrtError(f"cannot read {path} as a torch checkpoint: {_short(exc)}") from exc
+        raise SpecrtError(f"cannot read {path} as a torch checkpoint ({type(exc).__name__})") from exc
 
 
 def _pick_section(raw: object, section: Optional[str], path: Path) -> dict:
@@ -211,7 +211,7 @@ def load_vq(source: Union[str, Path, StateDict], config: Union[VQConfig, str, No
 
     def hint() -> str:
         try:
-            return f"the weights look like {describe_vq(infer_vq_config(state, norm_groups))}"
+            return f"the weights look like {describe_vq(infer_vq_config(state, norm_groups=1))}"  # groups do not show
         except (SpecrtError, KeyError, ValueError):
             return "the weights do not look like a LlamaGen VQ"
 
@@ -246,10 +246,12 @@ def _load_into(model: torch.nn.Module, state: StateDict, what: str, hint) -> Non
         parts.append(f"{len(missing)} missing keys ({_listing(missing)})")
     if unexpected:
         parts.append(f"{len(unexpected)} unexpected keys ({_listing(unexpected)})")
-    message = f"checkpoint does not fit {what}: {'; '.join(parts)}; {hint()}"
-    if len(message) > MAX_MESSAGE:
-        message = message[: MAX_MESSAGE - 3] + "..."
-    raise SpecrtError(message)
+    head, tail = f"checkpoint does not fit {what}: ", f"; {hint()}"
+    body = "; ".join(parts)
+    room = max(MAX_MESSAGE - len(head) - len(tail), 40)
+    if len(body) > room:  # shorten the details, never the hint
+        body = body[: room - 3] + "..."
+    raise SpecrtError((head + body + tail)[:MAX_MESSAGE])
 
 
 def _listing(keys: list) -> str:

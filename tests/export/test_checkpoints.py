@@ -1,0 +1,138 @@
+"""Checkpoint loading: file formats and wrappings, and one-line errors that say what is wrong."""
+import argparse
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from specrt.errors import SpecrtError
+from specrt.export.checkpoints import MAX_MESSAGE, infer_gpt_config, load_gpt, load_state_dict, load_vq
+from specrt.export.llamagen_gpt import GPTConfig
+from specrt.export.llamagen_vq import VQConfig, VQModel
+
+from llamagen_reference import llamagen_gpt_shapes, random_state_dict
+
+SMALL = dict(dim=64, n_layer=2, n_head=4, vocab_size=100, num_classes=10, grid_size=4)
+
+
+def _small_state(**overrides) -> dict[str, torch.Tensor]:
+    fields = dict(dim=64, n_layer=2, n_head=4, n_kv_head=4, vocab_size=100, num_classes=10)
+    fields.update(overrides)
+    return random_state_dict(llamagen_gpt_shapes(**fields))
+
+
+def _empty_state(shapes) -> dict[str, torch.Tensor]:
+    """Right shapes, uninitialised memory: enough for shape checks of big architectures."""
+    return {k: torch.empty(s) for k, s in shapes.items()}
+
+
+def _one_line(exc_info) -> str:
+    message = str(exc_info.value)
+    assert "\n" not in message and len(message) <= MAX_MESSAGE
+    return message
+
+
+@pytest.mark.parametrize("wrap", ["model", "module", "state_dict", "ema", None])
+def test_sections_and_prefixes_are_unwrapped(tmp_path, wrap):
+    state = _small_state()
+    prefixed = {f"module._orig_mod.{k}": v for k, v in state.items()}
+    prefixed["layers.0.attention.kv_cache.k_cache"] = torch.zeros(1)  # left behind by setup_caches
+    payload = prefixed if wrap is None else {wrap: prefixed, "steps": 10, "args": argparse.Namespace(lr=1e-4)}
+    path = tmp_path / "ckpt.pth"
+    torch.save(payload, path)
+    loaded = load_state_dict(path)
+    assert set(loaded) == set(state)
+    assert all(torch.equal(loaded[k], state[k]) for k in state)
+
+
+def test_explicit_section_and_safetensors(tmp_path):
+    state = _small_state()
+    path = tmp_path / "both.pt"
+    torch.save({"model": _small_state(dim=32, n_head=2), "ema": state}, path)
+    assert torch.equal(load_state_dict(path, section="ema")["norm.weight"], state["norm.weight"])
+    with pytest.raises(SpecrtError, match="no section 'average'") as exc:
+        load_state_dict(path, section="average")
+    _one_line(exc)
+    st_path = tmp_path / "w.safetensors"
+    save_file(state, str(st_path))
+    model = load_gpt(st_path, GPTConfig(**SMALL))
+    assert torch.equal(model.tok_embeddings.weight, state["tok_embeddings.weight"])
+
+
+class _Opaque:
+    pass
+
+
+def test_unreadable_files_raise_one_line_errors(tmp_path):
+    with pytest.raises(SpecrtError, match="not found"):
+        load_state_dict(tmp_path / "missing.pt")
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(SpecrtError, match="cannot read") as exc:
+        load_state_dict(garbage)
+    _one_line(exc)
+    pickled = tmp_path / "objects.pt"
+    torch.save({"model": _small_state(), "thing": _Opaque()}, pickled)
+    with pytest.raises(SpecrtError, match="Python objects") as exc:
+        load_state_dict(pickled)
+    _one_line(exc)
+    assert "norm.weight" in load_state_dict(pickled, allow_pickle=True)
+    listing = tmp_path / "list.pt"
+    torch.save([1, 2], listing)
+    with pytest.raises(SpecrtError, match="not a state_dict"):
+        load_state_dict(listing)
+    nothing = tmp_path / "nothing.pt"
+    torch.save({"optimizer": {"lr": 1.0}}, nothing)
+    with pytest.raises(SpecrtError, match="no model weights.*optimizer"):
+        load_state_dict(nothing)
+
+
+def test_infer_gpt_config_reads_shapes():
+    gpt_b = infer_gpt_config(_empty_state(llamagen_gpt_shapes(768, 12, 12, 12, 16384)), grid_size=24)
+    assert (gpt_b.dim, gpt_b.n_layer, gpt_b.n_head, gpt_b.num_classes, gpt_b.grid_size) == (768, 12, 12, 1000, 24)
+    gqa = infer_gpt_config(_small_state(n_head=4, n_kv_head=2, dim=256))
+    assert (gqa.n_head, gqa.n_kv_head, gqa.head_dim) == (4, 2, 64)
+    t2i = infer_gpt_config(_small_state(model_type="t2i", caption_dim=32, cond_len=7))
+    assert (t2i.model_type, t2i.cond_len, t2i.caption_dim) == ("t2i", 7, 32)
+
+
+def test_wrong_arch_names_the_arch_the_weights_point_to():
+    gpt_b = _empty_state(llamagen_gpt_shapes(768, 12, 12, 12, 16384))
+    with pytest.raises(SpecrtError) as exc:
+        load_gpt(gpt_b, GPTConfig(dim=128, n_layer=2, n_head=2))
+    message = _one_line(exc)
+    assert "does not fit custom GPT c2i (dim 128, 2 layers" in message
+    assert "18 shape mismatches (cls_embedding.embedding_table.weight: file [1001, 768] vs model [1001, 128]" in message
+    assert "unexpected keys (layers.2." in message
+    assert "look like GPT-B c2i (dim 768, 12 layers, 12 heads, vocab 16384, 1000 classes)" in message
+
+
+def test_arch_name_takes_vocab_and_classes_from_the_weights(tmp_path):
+    state = _small_state()
+    with pytest.raises(SpecrtError, match="does not fit GPT-B.*look like custom GPT c2i \\(dim 64, 2 layers"):
+        load_gpt(state, "GPT-B")
+    with pytest.raises(SpecrtError, match="unknown GPT arch 'GPT-Q'"):
+        load_gpt(state, "GPT-Q")
+
+
+def test_missing_and_unexpected_keys_are_listed():
+    state = _small_state()
+    state = {k: v for k, v in state.items() if not k.startswith("layers.1.feed_forward")}
+    state["extra.head.weight"] = torch.zeros(3)
+    with pytest.raises(SpecrtError) as exc:
+        load_gpt(state, GPTConfig(**SMALL))
+    message = _one_line(exc)
+    assert "3 missing keys (layers.1.feed_forward.w1.weight" in message
+    assert "1 unexpected keys (extra.head.weight)" in message
+
+
+def test_vq_mismatch_reports_inferred_config():
+    source = VQModel(VQConfig(codebook_size=32, codebook_embed_dim=4, ch=16, ch_mult=(1, 2), z_channels=16, norm_groups=8))
+    with pytest.raises(SpecrtError) as exc:
+        load_vq(source.state_dict(), VQConfig(codebook_size=64, codebook_embed_dim=4, ch=16, ch_mult=(1, 2),
+                                               z_channels=16, norm_groups=8))
+    message = _one_line(exc)
+    assert "quantize.embedding.weight: file [32, 4] vs model [64, 4]" in message
+    assert "codebook 32x4" in message
+    with pytest.raises(SpecrtError, match="not a LlamaGen VQ checkpoint"):
+        load_vq(_small_state())
