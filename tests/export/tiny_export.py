@@ -1,0 +1,61 @@
+"""Tiny random-weight models and one exported bundle shared by the export tests.
+
+Exporting five graphs costs tens of seconds on a shared 2-core machine, so the bundle is
+built once per test process (cached) and read-only for the tests; tests that need to break
+or rewrite a bundle copy it first.
+"""
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from specrt.export.bundle import ExportOptions, ModelSet, write_bundle
+from specrt.export.llamagen_gpt import GPT, GPTConfig
+from specrt.export.llamagen_vq import VQConfig, VQModel
+from specrt.manifest import Manifest
+
+VOCAB, CLASSES, GRID = 96, 5, 4
+MAX_WINDOW = 20  # > 17, so W = 1, 5, 17 all run within the profile
+NEIGHBOURS_K = 6
+
+
+def tiny_target_config(**overrides) -> GPTConfig:
+    fields = dict(dim=32, n_layer=2, n_head=4, n_kv_head=2, vocab_size=VOCAB, num_classes=CLASSES, grid_size=GRID,
+                  multiple_of=16)
+    return GPTConfig(**{**fields, **overrides})
+
+
+def tiny_draft_config(**overrides) -> GPTConfig:
+    fields = dict(dim=16, n_layer=1, n_head=2, vocab_size=VOCAB, num_classes=CLASSES, grid_size=GRID, multiple_of=16)
+    return GPTConfig(**{**fields, **overrides})
+
+
+def tiny_vq_config(**overrides) -> VQConfig:
+    fields = dict(codebook_size=VOCAB, codebook_embed_dim=4, ch=8, ch_mult=(1, 2), z_channels=8, num_res_blocks=1,
+                  norm_groups=4, codebook_show_usage=False)
+    return VQConfig(**{**fields, **overrides})
+
+
+def tiny_models(seed: int = 0) -> ModelSet:
+    torch.manual_seed(seed)
+    return ModelSet(target=GPT(tiny_target_config()).eval(), draft=GPT(tiny_draft_config()).eval(),
+                    vq=VQModel(tiny_vq_config()).eval(), sources={"target": "random", "draft": "random", "vq": "random"})
+
+
+TINY_OPTIONS = ExportOptions(max_window=MAX_WINDOW, max_batch=4, neighbours_k=NEIGHBOURS_K)
+
+
+@lru_cache(maxsize=None)
+def tiny_bundle() -> tuple[Manifest, ModelSet]:
+    """(manifest, models) of a bundle exported once per process; do not modify its files."""
+    torch.set_num_threads(2)
+    models = tiny_models()
+    root = Path(tempfile.mkdtemp(prefix="specrt-tiny-bundle-"))
+    atexit.register(shutil.rmtree, root, True)
+    manifest = write_bundle(models, root / "bundle", TINY_OPTIONS)
+    return manifest, models
