@@ -55,14 +55,14 @@ class Pipeline:
         """A bundle directory (manifest.json + ONNX graphs) on onnxruntime ('ort')."""
         if backend != "ort":
             raise SpecrtError(f"bundles run on the 'ort' backend here, not {backend!r} (torch needs checkpoints)")
-        from specrt.runtime.backends.ort import pipeline_parts_from_bundle
+        from specrt.runtime.backends.ort_backend import pipeline_parts_from_bundle
         return cls(**pipeline_parts_from_bundle(path, providers))
 
     @classmethod
     def from_torch(cls, target_gpt: Any, draft_gpt: Any, vq: Any, neighbours: Optional[np.ndarray] = None,
                    max_window: int = 64, device: Optional[str] = None) -> "Pipeline":
         """PyTorch GPT modules (specrt.export.llamagen_gpt.GPT) and a VQModel; draft may be None."""
-        from specrt.runtime.backends.torch import TorchRunner, TorchVQ, model_spec
+        from specrt.runtime.backends.torch_backend import TorchRunner, TorchVQ, model_spec
         target = TorchRunner(target_gpt, max_window, device)
         draft = TorchRunner(draft_gpt, max_window, device) if draft_gpt is not None else None
         if neighbours is None:

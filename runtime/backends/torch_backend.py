@@ -1,0 +1,119 @@
+"""The PyTorch backend: runs specrt.export's GPT.prefill / GPT.step and VQModel.decode_codes.
+
+torch is imported here only (lazily, through specrt.lazy), so the runtime imports without it.
+The KV buffer and the step inputs live on the model's device, allocated once per generate
+call; on CPU the numpy step inputs are shared with torch without copies.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from specrt.lazy import require
+from specrt.runtime.runner import ModelRunner, ModelSpec, VQDecoder
+
+
+def _torch():
+    return require("torch", "the torch backend")
+
+
+def model_spec(gpt: Any) -> ModelSpec:
+    """The runtime's view of a specrt.export GPT (GPTConfig field names)."""
+    cfg = gpt.config
+    return ModelSpec(vocab_size=cfg.vocab_size, grid_size=cfg.grid_size, num_classes=cfg.num_classes,
+                     cond_len=cfg.cond_len)
+
+
+class TorchRunner(ModelRunner):
+    """A ModelRunner over a GPT module (eval mode, inference_mode, its own device and dtype)."""
+
+    def __init__(self, gpt: Any, max_window: int = 64, device: Optional[str] = None):
+        super().__init__(model_spec(gpt), max_window)
+        torch = _torch()
+        self.torch = torch
+        self.gpt = gpt.eval()
+        if device is not None:
+            self.gpt.to(device)
+        self.device = next(self.gpt.parameters()).device
+        self.dtype = next(self.gpt.parameters()).dtype
+        cfg = gpt.config
+        self._kv_shape = (cfg.n_layer, 2, 0, cfg.n_kv_head, 0, cfg.head_dim)
+        self._kv = None
+        self._present = None
+
+    def _allocate_kv(self, batch: int, capacity: int) -> None:
+        torch = self.torch
+        layers, two, _, heads, _, head_dim = self._kv_shape
+        self._kv = torch.zeros((layers, two, batch, heads, capacity, head_dim), dtype=self.dtype, device=self.device)
+        if self.device.type != "cpu":  # device-side twins of the host step inputs
+            self._ids_dev = torch.zeros(self._ids.shape, dtype=torch.int32, device=self.device)
+            self._pos_dev = torch.zeros(self._positions.shape, dtype=torch.int32, device=self.device)
+            self._mask_dev = torch.zeros(self._mask.shape, dtype=torch.bool, device=self.device)
+
+    @property
+    def kv_buffer(self) -> Any:
+        return self._kv
+
+    def _to_device(self, host: np.ndarray, flat_dev: Any) -> Any:
+        """A device tensor with host's shape, backed by the preallocated flat device buffer."""
+        tensor = self.torch.from_numpy(host)
+        if self.device.type == "cpu":
+            return tensor
+        view = flat_dev[: host.size].view(host.shape)
+        view.copy_(tensor, non_blocking=False)
+        return view
+
+    def _prefill(self, class_ids: np.ndarray) -> np.ndarray:
+        torch = self.torch
+        with torch.inference_mode():
+            cond = torch.from_numpy(class_ids.astype(np.int64)).to(self.device)
+            logits, _hidden, present = self.gpt.prefill(cond)
+            self._kv[:, :, :, :, : present.shape[4]] = present.to(self.dtype)
+        return logits.float().cpu().numpy()
+
+    def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        torch = self.torch
+        with torch.inference_mode():
+            ids_t = self._to_device(ids, getattr(self, "_ids_dev", None))
+            pos_t = self._to_device(positions, getattr(self, "_pos_dev", None))
+            mask_t = self._to_device(mask, getattr(self, "_mask_dev", None))
+            logits, _hidden, self._present = self.gpt.step(ids_t, pos_t, mask_t, self._kv)
+        return logits.float().cpu().numpy()
+
+    def _write_kv(self, slots: Sequence[int], start: int) -> None:
+        count = len(slots)
+        with self.torch.inference_mode():
+            if list(slots) == list(range(slots[0], slots[0] + count)):  # a chain: one slice copy
+                rows = self._present[:, :, :, :, slots[0]:slots[0] + count]
+            else:
+                rows = self._present[:, :, :, :, list(slots)]
+            self._kv[:, :, :, :, start:start + count] = rows.to(self.dtype)
+
+
+class TorchVQ(VQDecoder):
+    """VQModel.decode_codes on the model's device."""
+
+    def __init__(self, vq: Any, device: Optional[str] = None):
+        self.torch = _torch()
+        self.vq = vq.eval()
+        if device is not None:
+            self.vq.to(device)
+        self.device = next(self.vq.parameters()).device
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        with self.torch.inference_mode():
+            images = self.vq.decode_codes(self.torch.from_numpy(np.asarray(codes, dtype=np.int64)).to(self.device))
+        return images.float().cpu().numpy()
+
+    @staticmethod
+    def neighbours_of(vq: Any, k: int = 32) -> Optional[np.ndarray]:
+        """LANTERN's neighbour table from the codebook as used at lookup (None if it has none)."""
+        from specrt.export.neighbours import codebook_neighbours
+        torch = _torch()
+        quantize = getattr(vq, "quantize", None)
+        if quantize is None or not hasattr(quantize, "codebook"):
+            return None
+        with torch.no_grad():
+            codebook = quantize.codebook().float().cpu().numpy()
+        return codebook_neighbours(codebook, min(k, codebook.shape[0] - 1))
