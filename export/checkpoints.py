@@ -141,14 +141,25 @@ def describe_gpt(config: GPTConfig) -> str:
             f"vocab {config.vocab_size}, {extra})")
 
 
+def image_size_from_name(path: Union[str, Path]) -> Optional[int]:
+    """LlamaGen names files by resolution (c2i_XL_384.pt, t2i_XL_stage2_512.pt); the
+    weights themselves do not know their grid, so the name is the only other witness."""
+    found = re.findall(r"(?<![0-9])(256|384|448|512|768|1024)(?![0-9])", Path(path).stem)
+    return int(found[-1]) if found else None
+
+
 def load_gpt(source: Union[str, Path, StateDict], config: Union[GPTConfig, str, None] = None,
-             image_size: int = 256, downsample: int = 16, **load_kwargs) -> GPT:
+             image_size: Optional[int] = None, downsample: int = 16, **load_kwargs) -> GPT:
     """A GPT in eval mode with the checkpoint's weights (float32).
 
     `config` is a GPTConfig, an arch name ("GPT-B"; model type, vocab and classes then come
-    from the weights, the grid from image_size // downsample), or None to infer everything.
+    from the weights), or None to infer everything. Without a GPTConfig the grid is
+    image_size // downsample, image_size defaulting to the resolution in the file name
+    (LlamaGen's convention), else 256.
     """
     state = source if isinstance(source, dict) else load_state_dict(source, **load_kwargs)
+    if image_size is None:
+        image_size = (None if isinstance(source, dict) else image_size_from_name(source)) or 256
     grid = image_size // downsample
     inferred = infer_gpt_config(state, grid_size=grid)
     if config is None:

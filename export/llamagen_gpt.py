@@ -238,9 +238,18 @@ class GPT(nn.Module):
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         cos, sin = rope_2d_tables(config.grid_size, config.head_dim, config.cond_len, config.rope_base)
-        self.register_buffer("rope_cos", cos, persistent=False)  # [seq_len, head_dim//2]
+        self.register_buffer("rope_cos", cos, persistent=False)  # [seq_len, head_dim//2], always float32
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init_weights)
+
+    def _apply(self, fn, recurse=True):
+        # .half() / .to(dtype) would coarsen the rotary tables; LlamaGen keeps them in fp32.
+        super()._apply(fn, recurse)
+        if self.rope_cos.dtype != torch.float32:
+            c = self.config
+            cos, sin = rope_2d_tables(c.grid_size, c.head_dim, c.cond_len, c.rope_base)
+            self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
+        return self
 
     def _init_weights(self, module: nn.Module) -> None:
         # LlamaGen's init, except that the output head is not zeroed: a freshly built model
@@ -276,7 +285,6 @@ class GPT(nn.Module):
     def _trunk(self, h: torch.Tensor, positions: torch.Tensor, mask: Optional[torch.Tensor],
                past_kv: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run all layers on h [B,W,dim] at `positions` [B,W]; returns (logits, hidden, present_kv)."""
-        positions = positions.clamp(0, self.config.seq_len - 1)  # padding slots past the end reuse the last row
         cos, sin = F.embedding(positions, self.rope_cos), F.embedding(positions, self.rope_sin)  # Gather, int32-safe
         h = self.tok_dropout(h)
         present = []
@@ -326,7 +334,8 @@ class GPT(nn.Module):
 
         input_ids, positions: int [B,W] (positions are absolute sequence positions);
         attention_mask: bool [B,W,C+W] (columns < C: cache slots, then window slots);
-        past_kv: [L,2,B,Hkv,C,D]. Every window slot must be allowed at least one column.
+        past_kv: [L,2,B,Hkv,C,D]. Every window slot must be allowed at least one column, and
+        positions must be < seq_len (padding slots may repeat any valid position).
         Returns logits [B,W,V], hidden [B,W,dim] (final-norm output) and present_kv
         [L,2,B,Hkv,W,D] holding only the window's new keys/values.
         """

@@ -6,7 +6,8 @@ import torch
 from safetensors.torch import save_file
 
 from specrt.errors import SpecrtError
-from specrt.export.checkpoints import MAX_MESSAGE, infer_gpt_config, load_gpt, load_state_dict, load_vq
+from specrt.export.checkpoints import (MAX_MESSAGE, image_size_from_name, infer_gpt_config, load_gpt, load_state_dict,
+                                       load_vq)
 from specrt.export.llamagen_gpt import GPTConfig
 from specrt.export.llamagen_vq import VQConfig, VQModel
 
@@ -136,3 +137,14 @@ def test_vq_mismatch_reports_inferred_config():
     assert "codebook 32x4" in message
     with pytest.raises(SpecrtError, match="not a LlamaGen VQ checkpoint"):
         load_vq(_small_state())
+
+
+def test_grid_comes_from_the_file_name_unless_given(tmp_path):
+    assert image_size_from_name("/ckpt/c2i_XL_384.pt") == 384
+    assert image_size_from_name("t2i_XL_stage2_512.pt") == 512
+    assert image_size_from_name("gpt_b.pt") is None
+    path = tmp_path / "c2i_custom_384.pt"
+    torch.save({"model": _small_state()}, path)
+    assert load_gpt(path).config.grid_size == 24
+    assert load_gpt(path, image_size=256).config.grid_size == 16
+    assert load_gpt(path, GPTConfig(**SMALL)).config.grid_size == 4
