@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from specrt.manifest import file_record
 
-N_LAYER, N_HEAD, HEAD_DIM, DIM, VOCAB = 1, 2, 8, 16, 32
+N_LAYER, N_HEAD, HEAD_DIM, DIM, VOCAB, NUM_CLASSES = 1, 2, 8, 16, 32, 4
 CAPACITY = 12
 GRID, CODE_DIM = 4, 8
 OPSET = 18
@@ -107,6 +107,30 @@ def step_graph(seed: int = 0) -> onnx.ModelProto:
     return model
 
 
+def prefill_graph(seed: int = 2) -> onnx.ModelProto:
+    """target_prefill: class_ids int32 [batch] -> logits [batch, 1, vocab], present_kv [L, 2, batch, H, 1, D]."""
+    rng = np.random.default_rng(seed)
+    w = lambda *shape: (rng.standard_normal(shape) * 0.3).astype(np.float32)  # noqa: E731
+    inits = [_init("cls_emb", w(NUM_CLASSES + 1, DIM)), _init("wk", w(DIM, DIM)), _init("wv", w(DIM, DIM)),
+             _init("wout", w(DIM, VOCAB)), _init("ax0", np.array([0], np.int64)), _init("ax1", np.array([1], np.int64)),
+             _init("b1hd", np.array([0, 1, N_HEAD, HEAD_DIM], np.int64))]
+    n = helper.make_node
+    nodes = [n("Gather", ["cls_emb", "class_ids"], ["c"]), n("Unsqueeze", ["c", "ax1"], ["x"]),
+             n("MatMul", ["x", "wout"], ["logits"])]
+    for name in ("k", "v"):
+        nodes += [n("MatMul", ["x", f"w{name}"], [f"{name}_flat"]), n("Reshape", [f"{name}_flat", "b1hd"], [f"{name}_4d"]),
+                  n("Transpose", [f"{name}_4d"], [name], perm=[0, 2, 1, 3]), n("Unsqueeze", [name, "ax0"], [f"{name}5"])]
+    nodes += [n("Concat", ["k5", "v5"], ["kv5"], axis=0), n("Unsqueeze", ["kv5", "ax0"], ["present_kv"])]
+    graph = helper.make_graph(
+        nodes, "target_prefill", [helper.make_tensor_value_info("class_ids", TensorProto.INT32, ["batch"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1, VOCAB]),
+         helper.make_tensor_value_info("present_kv", TensorProto.FLOAT, [N_LAYER, 2, "batch", N_HEAD, 1, HEAD_DIM])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    return model
+
+
 def vq_graph(seed: int = 1) -> onnx.ModelProto:
     """vq_decode: codes int32 [batch, grid, grid] -> image [batch, 3, 2*grid, 2*grid]."""
     rng = np.random.default_rng(seed)
@@ -171,16 +195,32 @@ def vq_entry() -> dict:
     }
 
 
-def write_bundle(root: Path) -> Path:
-    """A two-graph bundle (target_step, vq_decode) in `root`; returns its path."""
+def prefill_entry() -> dict:
+    return {
+        "file": "target_prefill.onnx", "role": "target", "kind": "prefill", "opset": OPSET,
+        "inputs": [{"name": "class_ids", "dtype": "int32", "shape": ["batch"]}],
+        "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", 1, VOCAB]},
+                    {"name": "present_kv", "dtype": "float32", "shape": [N_LAYER, 2, "batch", N_HEAD, 1, HEAD_DIM]}],
+        "profile": {"batch": {"min": 1, "opt": 2, "max": 4}},
+    }
+
+
+def write_bundle(root: Path, with_prefill: bool = False) -> Path:
+    """A bundle of target_step and vq_decode (and target_prefill first, if asked) in `root`; returns its path."""
     root.mkdir(parents=True, exist_ok=True)
-    onnx.save(step_graph(), root / "target_step.onnx")
-    onnx.save(vq_graph(), root / "vq_decode.onnx")
+    graphs = {"target_step": (step_graph(), step_entry()), "vq_decode": (vq_graph(), vq_entry())}
+    if with_prefill:
+        graphs = {"target_prefill": (prefill_graph(), prefill_entry()), **graphs}
+    for model, entry in graphs.values():
+        onnx.save(model, root / entry["file"])
     manifest = {
         "format": "specrt-bundle", "version": 1, "created_by": "specrt tests",
-        "models": {}, "limits": {"max_window": 8, "max_batch": 4},
-        "graphs": {"target_step": step_entry(), "vq_decode": vq_entry()},
-        "files": {name: file_record(root / name) for name in ("target_step.onnx", "vq_decode.onnx")},
+        "models": {"target": {"vocab_size": VOCAB, "grid_size": GRID, "cond_len": 1, "num_classes": NUM_CLASSES,
+                              "null_class": NUM_CLASSES, "n_layer": N_LAYER, "n_head": N_HEAD, "n_kv_head": N_HEAD,
+                              "head_dim": HEAD_DIM, "dim": DIM, "capacity": CAPACITY}},
+        "limits": {"max_window": 8, "max_batch": 4},
+        "graphs": {name: entry for name, (_, entry) in graphs.items()},
+        "files": {entry["file"]: file_record(root / entry["file"]) for _, entry in graphs.values()},
     }
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return root

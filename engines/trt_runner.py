@@ -1,0 +1,272 @@
+"""TensorRT runtime backend: a ModelRunner over engines built by `specrt build`.
+
+Written against the documented TensorRT 10/11 Python API and cuda-python's runtime API;
+NOT executed where it was written (no TensorRT, no GPU). tests/engines/test_tensorrt.py
+runs it when both are present.
+
+Why it looks like this (DESIGN.md's per-step budget):
+- every device buffer is allocated once per generate call for the largest window: step
+  inputs, outputs, and the KV buffer [L, 2, B, Hkv, capacity, D] that the step engine reads
+  *in place* as `past_kv` (its tensor address is the KV buffer itself, no copy);
+- a step copies ids/positions/mask to the device, calls set_input_shape for the actual
+  window, execute_async_v3 on one stream, and copies the logits back;
+- `commit` moves the accepted slots' rows from `present_kv` into the KV buffer on the
+  device: one strided 2D copy per run of consecutive slots, nothing through the host.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from specrt.errors import SpecrtError
+from specrt.runtime.runner import ModelRunner, ModelSpec, VQDecoder
+
+from .build import require_tensorrt
+
+
+def _cudart() -> Any:
+    try:
+        from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
+    except ImportError:
+        try:
+            from cuda import cudart  # older cuda-python
+        except ImportError:
+            raise SpecrtError("the TensorRT backend needs cuda-python: pip install 'specrt[trt]'") from None
+    return cudart
+
+
+def _check(result: tuple) -> Any:
+    """cuda-python calls return (error, *values); raise on an error, return the value(s)."""
+    err, *values = result
+    if int(err) != 0:
+        raise RuntimeError(f"CUDA error {err}")
+    return values[0] if len(values) == 1 else tuple(values) or None
+
+
+class DeviceBuffer:
+    """One cudaMalloc'd block; `ptr` never changes while it lives (tensor addresses are set once)."""
+
+    def __init__(self, nbytes: int):
+        self.cudart = _cudart()
+        self.nbytes = max(int(nbytes), 1)
+        self.ptr = int(_check(self.cudart.cudaMalloc(self.nbytes)))
+
+    def free(self) -> None:
+        if self.ptr:
+            _check(self.cudart.cudaFree(self.ptr))
+            self.ptr = 0
+
+    def __del__(self) -> None:
+        try:
+            self.free()
+        except Exception:
+            pass
+
+
+class TrtEngine:
+    """A deserialized engine with one execution context and one stream.
+
+    `allocate(max_shapes)` sizes a device buffer for every I/O tensor once; `bind(name, ptr)`
+    points a tensor at memory owned elsewhere (the KV buffer); `run` executes with the
+    shapes of the given host inputs.
+    """
+
+    def __init__(self, engine_path: str | Path, stream: Any = None):
+        self.trt = require_tensorrt()
+        self.cudart = _cudart()
+        self.logger = self.trt.Logger(self.trt.Logger.WARNING)
+        self.runtime = self.trt.Runtime(self.logger)
+        self.engine = self.runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
+        if self.engine is None:
+            raise SpecrtError(f"TensorRT could not load {engine_path} (built by another TensorRT version? rebuild it)")
+        self.context = self.engine.create_execution_context()
+        self.stream = stream if stream is not None else _check(self.cudart.cudaStreamCreate())
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == self.trt.TensorIOMode.INPUT]
+        self.outputs = [n for n in names if n not in self.inputs]
+        self.dtypes = {n: np.dtype(self.trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
+        self.buffers: dict[str, DeviceBuffer] = {}
+        self.addresses: dict[str, int] = {}
+
+    @property
+    def stream_handle(self) -> int:
+        return int(self.stream)
+
+    def max_profile_shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.engine.get_tensor_profile_shape(name, 0)[2])
+
+    def allocate(self, max_shapes: dict[str, tuple[int, ...]], skip: Sequence[str] = ()) -> None:
+        """Device buffers for every tensor at its largest shape (inputs from `max_shapes`,
+        outputs as TensorRT infers them from those); `skip` names tensors bound elsewhere."""
+        for name in self.inputs:
+            if not self.context.set_input_shape(name, max_shapes[name]):
+                raise SpecrtError(f"shape {max_shapes[name]} of {name} is outside the engine's profile "
+                                  f"(max {self.max_profile_shape(name)}): rebuild with a larger profile")
+        for buffer in self.buffers.values():
+            buffer.free()
+        self.buffers = {}
+        for name in self.inputs + self.outputs:
+            if name in skip:
+                continue
+            shape = max_shapes[name] if name in self.inputs else tuple(self.context.get_tensor_shape(name))
+            self.buffers[name] = DeviceBuffer(int(np.prod(shape)) * self.dtypes[name].itemsize)
+            self.bind(name, self.buffers[name].ptr)
+
+    def bind(self, name: str, ptr: int) -> None:
+        self.context.set_tensor_address(name, ptr)
+        self.addresses[name] = ptr
+
+    def run(self, host_inputs: dict[str, np.ndarray], device_shapes: dict[str, tuple[int, ...]] | None = None) -> None:
+        """Copy host inputs in, set every input's shape, execute (asynchronously, on the stream)."""
+        h2d = self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        for name, array in host_inputs.items():
+            array = np.ascontiguousarray(array, dtype=self.dtypes[name])
+            _check(self.cudart.cudaMemcpyAsync(self.addresses[name], array.ctypes.data, array.nbytes, h2d, self.stream))
+            self.context.set_input_shape(name, array.shape)
+        for name, shape in (device_shapes or {}).items():
+            self.context.set_input_shape(name, shape)
+        if not self.context.execute_async_v3(self.stream_handle):
+            raise RuntimeError("TensorRT execute_async_v3 failed (see the TensorRT log)")
+
+    def fetch(self, name: str, out: np.ndarray) -> np.ndarray:
+        """Copy output `name` (its current shape) into the front of the host array `out`; synchronizes."""
+        if out.dtype != self.dtypes[name]:
+            raise SpecrtError(f"engine output {name} is {self.dtypes[name]}, the host buffer is {out.dtype}")
+        shape = tuple(self.context.get_tensor_shape(name))
+        view = out.reshape(-1)[: int(np.prod(shape))].reshape(shape)
+        _check(self.cudart.cudaMemcpyAsync(view.ctypes.data, self.addresses[name], view.nbytes,
+                                           self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost, self.stream))
+        _check(self.cudart.cudaStreamSynchronize(self.stream))
+        return view
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """The manifest's KV geometry of one model role."""
+
+    n_layer: int
+    n_kv_head: int
+    head_dim: int
+
+
+class TrtRunner(ModelRunner):
+    """ModelRunner over a prefill and a step engine sharing one stream and one device KV buffer."""
+
+    def __init__(self, spec: ModelSpec, kv: KVLayout, prefill_engine: str | Path, step_engine: str | Path,
+                 max_window: int):
+        super().__init__(spec, max_window)
+        self.kv_layout = kv
+        self.prefill_engine = TrtEngine(prefill_engine)
+        self.step_engine = TrtEngine(step_engine, stream=self.prefill_engine.stream)
+        self.cudart = self.prefill_engine.cudart
+        self._kv: DeviceBuffer | None = None
+        self._logits = np.zeros(0, dtype=np.float32)
+        self._last_window = 0
+
+    def _kv_shape(self, batch: int, rows: int) -> tuple[int, ...]:
+        return (self.kv_layout.n_layer, 2, batch, self.kv_layout.n_kv_head, rows, self.kv_layout.head_dim)
+
+    def _allocate_kv(self, batch: int, capacity: int) -> None:
+        step, w = self.step_engine, self.max_window
+        self._kv = DeviceBuffer(int(np.prod(self._kv_shape(batch, capacity))) * step.dtypes["past_kv"].itemsize)
+        step.allocate({"input_ids": (batch, w), "positions": (batch, w), "attention_mask": (batch, w, capacity + w),
+                       "past_kv": self._kv_shape(batch, capacity)}, skip=("past_kv",))
+        step.bind("past_kv", self._kv.ptr)  # the engine reads the KV buffer in place
+        self.prefill_engine.allocate({"class_ids": (batch,)})
+        self._logits = np.empty(batch * w * self.spec.vocab_size, dtype=np.float32)
+
+    @property
+    def kv_buffer(self) -> DeviceBuffer | None:
+        return self._kv
+
+    def _prefill(self, class_ids: np.ndarray) -> np.ndarray:
+        engine = self.prefill_engine
+        engine.run({"class_ids": class_ids})
+        self._copy_rows(engine.addresses["present_kv"], self.spec.cond_len, list(range(self.spec.cond_len)), 0)
+        return engine.fetch("logits", self._logits)
+
+    def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        engine = self.step_engine
+        engine.run({"input_ids": ids, "positions": positions, "attention_mask": mask},
+                   device_shapes={"past_kv": self._kv_shape(self.batch, self.capacity)})
+        self._last_window = ids.shape[1]
+        return engine.fetch("logits", self._logits)
+
+    def _write_kv(self, slots: Sequence[int], start: int) -> None:
+        self._copy_rows(self.step_engine.addresses["present_kv"], self._last_window, slots, start)
+
+    def _copy_rows(self, present_ptr: int, window: int, slots: Sequence[int], start: int) -> None:
+        """kv[..., start+i, :] = present[..., slots[i], :] on the device: one 2D copy per run of consecutive slots.
+
+        Both tensors are [L, 2, B, Hkv, rows, D] row-major, so a run of rows is one strided
+        block per (layer, k/v, batch, head): rows of `run * D` elements, pitches of
+        `rows * D` elements on either side.
+        """
+        itemsize = self.step_engine.dtypes["past_kv"].itemsize
+        row = self.kv_layout.head_dim * itemsize
+        blocks = self.kv_layout.n_layer * 2 * self.batch * self.kv_layout.n_kv_head
+        d2d = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        i = 0
+        while i < len(slots):
+            run = 1
+            while i + run < len(slots) and slots[i + run] == slots[i] + run:
+                run += 1
+            _check(self.cudart.cudaMemcpy2DAsync(
+                self._kv.ptr + (start + i) * row, self.capacity * row,
+                present_ptr + slots[i] * row, window * row,
+                run * row, blocks, d2d, self.prefill_engine.stream))
+            i += run
+
+
+class TrtVQDecoder(VQDecoder):
+    """codes -> images through the vq_decode engine, buffers sized once for `max_batch`."""
+
+    def __init__(self, engine_path: str | Path, grid_size: int, max_batch: int):
+        self.engine = TrtEngine(engine_path)
+        self.grid_size, self.max_batch = grid_size, max_batch
+        self.engine.allocate({"codes": (max_batch, grid_size, grid_size)})
+        shape = tuple(self.engine.context.get_tensor_shape("image"))
+        self._image = np.empty(int(np.prod(shape)), dtype=np.float32)
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        images = []
+        for begin in range(0, len(codes), self.max_batch):
+            self.engine.run({"codes": np.asarray(codes[begin:begin + self.max_batch], dtype=np.int32)})
+            images.append(self.engine.fetch("image", self._image).copy())
+        return np.concatenate(images)
+
+
+def find_engines(bundle: str | Path, graphs: list[str], precision: str = "fp32",
+                 max_window: int | None = None) -> dict[str, Path]:
+    """Engines of `graphs` built by `specrt build` for this GPU + TensorRT, keys checked; SpecrtError if any is missing or stale."""
+    from .build import plan_jobs
+    from .cache import EngineCache, detect_device
+
+    trt = require_tensorrt()
+    device = detect_device()
+    cache = EngineCache(bundle, device, trt.__version__)
+    found = {}
+    for job in plan_jobs(bundle, precision, trt.__version__, device, max_window, graphs):
+        path = cache.lookup(job.key)
+        if path is None:
+            raise SpecrtError(f"no up-to-date {precision} engine for {job.entry.name} on {device.name} with TensorRT "
+                              f"{trt.__version__}: run `specrt build {bundle} --precision {precision}`")
+        found[job.entry.name] = path
+    return found
+
+
+def runner_from_bundle(bundle: str | Path, role: str, precision: str = "fp32", max_window: int | None = None) -> TrtRunner:
+    """A TrtRunner for `role` ('target' or 'draft') from a bundle whose engines are built."""
+    from specrt.manifest import read_manifest
+
+    manifest = read_manifest(bundle, check_hashes=False)
+    model = manifest.models[role]
+    window = max_window or int(manifest.limits.get("max_window", 64))
+    engines = find_engines(bundle, [f"{role}_prefill", f"{role}_step"], precision, max_window)
+    spec = ModelSpec(vocab_size=model["vocab_size"], grid_size=model["grid_size"], num_classes=model["num_classes"],
+                     cond_len=model.get("cond_len", 1))
+    kv = KVLayout(model["n_layer"], model["n_kv_head"], model["head_dim"])
+    return TrtRunner(spec, kv, engines[f"{role}_prefill"], engines[f"{role}_step"], window)

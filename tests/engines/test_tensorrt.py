@@ -1,0 +1,103 @@
+"""Real TensorRT builds and runs: need TensorRT, cuda-python and a CUDA GPU; skipped (with the reason) otherwise.
+
+They build the tiny bundle's engines through `build_bundle`, run them with TrtEngine /
+TrtRunner, and compare with onnxruntime on CPU.
+"""
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from specrt.lazy import available
+
+pytestmark = pytest.mark.trt
+
+
+def _gpu_reason() -> str | None:
+    if not available("tensorrt"):
+        return "TensorRT is not installed (pip install 'specrt[trt]'; on Jetson it comes with JetPack)"
+    if not (available("cuda.bindings") or available("cuda.cudart")):
+        return "cuda-python is not installed (pip install 'specrt[trt]')"
+    from specrt.engines.cache import detect_device
+    from specrt.errors import SpecrtError
+
+    try:
+        detect_device()
+    except SpecrtError as exc:
+        return str(exc)
+    return None
+
+
+REASON = _gpu_reason()
+if REASON:
+    pytest.skip(REASON, allow_module_level=True)
+
+from specrt.engines.build import build_bundle  # noqa: E402
+from specrt.engines.trt_runner import TrtEngine  # noqa: E402
+from tiny_bundle import CAPACITY, HEAD_DIM, N_HEAD, N_LAYER, VOCAB, step_feeds  # noqa: E402
+
+
+def _onnxruntime(bundle, graph, feeds):
+    session = ort.InferenceSession(str(bundle / f"{graph}.onnx"), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+@pytest.mark.parametrize("precision, atol", [("fp32", 1e-3), ("fp16", 5e-2)])
+def test_built_step_engine_matches_onnxruntime(bundle, precision, atol):
+    [step, _] = build_bundle(bundle, precision, workspace_bytes=1 << 30)
+    feeds = step_feeds(batch=2, window=3, length=5)
+    logits_ref, present_ref = _onnxruntime(bundle, "target_step", feeds)
+    engine = TrtEngine(step.engine_path)
+    engine.allocate({"input_ids": (4, 8), "positions": (4, 8), "attention_mask": (4, 8, CAPACITY + 8),
+                     "past_kv": (N_LAYER, 2, 4, N_HEAD, CAPACITY, HEAD_DIM)})
+    engine.run(feeds)
+    logits = engine.fetch("logits", np.empty(4 * 8 * VOCAB, np.float32))
+    present = engine.fetch("present_kv", np.empty(N_LAYER * 2 * 4 * N_HEAD * 8 * HEAD_DIM, np.float32))
+    np.testing.assert_allclose(logits, logits_ref, atol=atol)
+    np.testing.assert_allclose(present, present_ref, atol=atol)
+
+
+def test_second_build_reuses_engines_and_writes_a_timing_cache(bundle):
+    first = build_bundle(bundle, "fp32", workspace_bytes=1 << 30)
+    second = build_bundle(bundle, "fp32", workspace_bytes=1 << 30)
+    assert all(r.built for r in first) and not any(r.built for r in second)
+    assert (first[0].engine_path.parent / "timing.cache").stat().st_size > 0
+
+
+def test_vq_engine_matches_onnxruntime(bundle):
+    [vq] = build_bundle(bundle, "fp32", graphs=["vq_decode"], workspace_bytes=1 << 30)
+    codes = np.random.default_rng(0).integers(0, VOCAB, (2, 4, 4)).astype(np.int32)
+    [image_ref] = _onnxruntime(bundle, "vq_decode", {"codes": codes})
+    engine = TrtEngine(vq.engine_path)
+    engine.allocate({"codes": (4, 4, 4)})
+    engine.run({"codes": codes})
+    np.testing.assert_allclose(engine.fetch("image", np.empty(4 * 3 * 8 * 8, np.float32)), image_ref, atol=1e-3)
+
+
+def test_runner_commits_kv_rows_on_the_device(tmp_path):
+    """Prefill, then two steps through TrtRunner's device KV commits, against onnxruntime on a host KV copy."""
+    from specrt.engines.trt_runner import runner_from_bundle
+    from specrt.runtime.window import Window
+    from tiny_bundle import write_bundle
+
+    bundle = write_bundle(tmp_path / "bundle", with_prefill=True)
+    build_bundle(bundle, "fp32", workspace_bytes=1 << 30)
+    runner = runner_from_bundle(bundle, "target")
+    runner.allocate(batch=2, capacity=CAPACITY)
+    class_ids = np.array([1, 3], np.int32)
+    logits_ref, present_ref = _onnxruntime(bundle, "target_prefill", {"class_ids": class_ids})
+    np.testing.assert_allclose(runner.prefill(class_ids), logits_ref, atol=1e-3)
+    kv_host = np.zeros((N_LAYER, 2, 2, N_HEAD, CAPACITY, HEAD_DIM), np.float32)
+    kv_host[..., :1, :] = present_ref
+    for ids, accepted in (([3, 4, 5], [0, 1]), ([6, 7, 8, 9], [0, 2, 3])):
+        length = runner.length
+        logits = runner.step(Window.chain(ids)).copy()
+        mask = np.zeros((2, len(ids), CAPACITY + len(ids)), bool)
+        mask[:, :, :length] = True
+        mask[:, :, CAPACITY:] = np.tril(np.ones((len(ids), len(ids)), bool))
+        positions = np.repeat((length + np.arange(len(ids)))[None], 2, 0).astype(np.int32)
+        feeds = {"input_ids": np.array([ids, ids], np.int32), "positions": positions, "attention_mask": mask,
+                 "past_kv": kv_host}
+        logits_ref, present_ref = _onnxruntime(bundle, "target_step", feeds)
+        np.testing.assert_allclose(logits, logits_ref, atol=1e-3)  # reads the KV committed on the device so far
+        runner.commit(accepted)
+        kv_host[..., length:length + len(accepted), :] = present_ref[..., accepted, :]
