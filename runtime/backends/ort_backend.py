@@ -1,0 +1,147 @@
+"""The onnxruntime backend: a bundle's graphs run through IOBinding on buffers allocated once.
+
+Graph files, I/O names, dtypes and the KV capacity come only from manifest.json (read by
+specrt.manifest); the names looked up are the contract's (docs/contracts.md) and a bundle
+without them is refused with one line. Per generate call the runner allocates the KV buffer
+and flat host buffers for ids, positions, mask, logits and present rows sized for the
+largest window; each step binds OrtValues that view those buffers (no copies, no new
+buffers). `providers` is a provider list, or a function graph name -> provider list, so the
+CUDA and TensorRT execution-provider options of specrt.engines plug in unchanged.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, Union
+
+import numpy as np
+
+from specrt.errors import SpecrtError
+from specrt.lazy import require
+from specrt.manifest import GraphSpec, Manifest, read_manifest
+from specrt.runtime.runner import ModelRunner, ModelSpec, VQDecoder
+
+Providers = Union[None, Sequence[Any], Callable[[str], Sequence[Any]]]
+STEP_INPUTS = ("input_ids", "positions", "attention_mask", "past_kv")
+STEP_OUTPUTS = ("logits", "present_kv")
+PREFILL_INPUTS = ("class_ids",)
+
+
+def _ort():
+    return require("onnxruntime", "the onnxruntime backend")
+
+
+def _session(manifest: Manifest, graph: str, providers: Providers) -> Any:
+    ort = _ort()
+    chosen = providers(graph) if callable(providers) else providers
+    path = manifest.graph_path(graph)
+    try:
+        return ort.InferenceSession(str(path), providers=list(chosen or ["CPUExecutionProvider"]))
+    except Exception as exc:  # onnxruntime raises its own exception types
+        raise SpecrtError(f"onnxruntime could not load {path.name}: {str(exc).splitlines()[0]}") from exc
+
+
+def _check_io(spec: GraphSpec, inputs: Sequence[str], outputs: Sequence[str]) -> None:
+    missing = [n for n in inputs if n not in spec.input_names] + [n for n in outputs if n not in spec.output_names]
+    if missing:
+        raise SpecrtError(f"graph {spec.name} lacks {', '.join(missing)} (docs/contracts.md); re-export the bundle")
+
+
+def model_spec(entry: dict[str, Any]) -> ModelSpec:
+    """The runtime's view of a manifest 'models.<role>' entry."""
+    return ModelSpec(vocab_size=int(entry["vocab_size"]), grid_size=int(entry["grid_size"]),
+                     num_classes=int(entry["num_classes"]), cond_len=int(entry.get("cond_len", 1)))
+
+
+class OrtRunner(ModelRunner):
+    """A ModelRunner over `<role>_prefill` and `<role>_step` of a bundle."""
+
+    def __init__(self, manifest: Manifest, role: str, providers: Providers = None):
+        entry = manifest.models[role]
+        super().__init__(model_spec(entry), int(manifest.limits["max_window"]))
+        self.ort = _ort()
+        self.role = role
+        self.prefill_spec, self.step_spec = manifest.graph(f"{role}_prefill"), manifest.graph(f"{role}_step")
+        _check_io(self.prefill_spec, PREFILL_INPUTS, STEP_OUTPUTS)
+        _check_io(self.step_spec, STEP_INPUTS, STEP_OUTPUTS)
+        self.bundle_capacity = int(entry["capacity"])
+        self.kv_dtype = np.dtype(self.step_spec.input("past_kv").dtype)
+        self.logits_dtype = np.dtype(self.step_spec.output("logits").dtype)
+        self._input_dtypes = {n: np.dtype(self.step_spec.input(n).dtype) for n in STEP_INPUTS}
+        self.prefill_session = _session(manifest, self.prefill_spec.name, providers)
+        self.step_session = _session(manifest, self.step_spec.name, providers)
+        self.layers, self.kv_heads, self.head_dim = (int(entry[k]) for k in ("n_layer", "n_kv_head", "head_dim"))
+
+    def default_capacity(self) -> int:
+        return self.bundle_capacity
+
+    def allocate(self, batch: int, capacity: int | None = None) -> None:
+        if capacity not in (None, self.bundle_capacity):
+            raise SpecrtError(f"this bundle's graphs were built for a KV capacity of {self.bundle_capacity}, not {capacity}")
+        super().allocate(batch, self.bundle_capacity)
+
+    def _allocate_kv(self, batch: int, capacity: int) -> None:
+        rows = (self.layers, 2, batch, self.kv_heads)
+        self._kv = np.zeros((*rows, capacity, self.head_dim), dtype=self.kv_dtype)
+        self._kv_value = self.ort.OrtValue.ortvalue_from_numpy(self._kv)
+        self._logits = np.zeros(batch * self.max_window * self.spec.vocab_size, dtype=self.logits_dtype)
+        self._present_flat = np.zeros(int(np.prod(rows)) * self.max_window * self.head_dim, dtype=self.kv_dtype)
+        self._present = self._present_flat[:0]
+        self._binding = self.step_session.io_binding()
+        # the ids/positions buffers must carry the graph's integer dtype (int32 by contract)
+        self._ids = self._ids.astype(self._input_dtypes["input_ids"])
+        self._positions = self._positions.astype(self._input_dtypes["positions"])
+
+    @property
+    def kv_buffer(self) -> np.ndarray:
+        return self._kv
+
+    def _prefill(self, class_ids: np.ndarray) -> np.ndarray:
+        feeds = {"class_ids": class_ids.astype(np.dtype(self.prefill_spec.input("class_ids").dtype))}
+        logits, present = self.prefill_session.run(list(STEP_OUTPUTS), feeds)
+        self._kv[:, :, :, :, : present.shape[4]] = present
+        return logits
+
+    def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        batch, size = ids.shape
+        logits = self._logits[: batch * size * self.spec.vocab_size].reshape(batch, size, self.spec.vocab_size)
+        rows = (self.layers, 2, batch, self.kv_heads)
+        self._present = self._present_flat[: int(np.prod(rows)) * size * self.head_dim].reshape(*rows, size, self.head_dim)
+        value = self.ort.OrtValue.ortvalue_from_numpy
+        binding = self._binding
+        binding.bind_ortvalue_input("input_ids", value(ids))
+        binding.bind_ortvalue_input("positions", value(positions))
+        binding.bind_ortvalue_input("attention_mask", value(mask))
+        binding.bind_ortvalue_input("past_kv", self._kv_value)
+        binding.bind_ortvalue_output("logits", value(logits))
+        binding.bind_ortvalue_output("present_kv", value(self._present))
+        self.step_session.run_with_iobinding(binding)
+        return logits
+
+    def _write_kv(self, slots: Sequence[int], start: int) -> None:
+        self._kv[:, :, :, :, start:start + len(slots)] = self._present[:, :, :, :, list(slots)]
+
+
+class OrtVQ(VQDecoder):
+    """The bundle's vq_decode graph."""
+
+    def __init__(self, manifest: Manifest, providers: Providers = None):
+        self.spec = manifest.graph("vq_decode")
+        _check_io(self.spec, ("codes",), ("image",))
+        self.session = _session(manifest, "vq_decode", providers)
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        codes = np.asarray(codes).astype(np.dtype(self.spec.input("codes").dtype))
+        return self.session.run(["image"], {"codes": codes})[0]
+
+
+def pipeline_parts_from_bundle(path: str | Path, providers: Providers = None) -> dict[str, Any]:
+    """Keyword arguments of Pipeline(...) for a bundle directory."""
+    manifest = read_manifest(path)
+    draft = OrtRunner(manifest, "draft", providers) if "draft_step" in manifest.graphs else None
+    neighbours_path: Optional[Path] = manifest.neighbours_path
+    neighbours = np.load(neighbours_path) if neighbours_path is not None and neighbours_path.exists() else None
+    return {
+        "target": OrtRunner(manifest, "target", providers), "draft": draft, "vq": OrtVQ(manifest, providers),
+        "neighbours": neighbours, "sampling_defaults": dict(manifest.sampling_defaults),
+        "max_batch": int(manifest.limits.get("max_batch", 0)) or None,
+    }
