@@ -80,16 +80,44 @@ class CreateConfig:
         trt = require_tensorrt()
         config = builder.create_builder_config()
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, self.workspace_bytes)
-        for flag in builder_flag_names(self.precision, self.trt_version):
+        flags = builder_flag_names(self.precision, self.trt_version)
+        for flag in flags:
             if not hasattr(trt.BuilderFlag, flag):
                 raise SpecrtError(f"TensorRT {self.trt_version} has no BuilderFlag.{flag}; this GPU/TensorRT cannot build {self.precision}")
             config.set_flag(getattr(trt.BuilderFlag, flag))
+        if flags:  # weakly typed TensorRT 10: ask for the same fp32 islands the TensorRT 11 converter makes
+            keep_sensitive_layers_fp32(trt, network)
+            config.set_flag(trt.BuilderFlag.PREFER_PRECISION_CONSTRAINTS)
         optimization_profile = builder.create_optimization_profile()
         for item in self.profile.dynamic_inputs:
             optimization_profile.set_shape(item.name, item.min, item.opt, item.max)
         config.add_optimization_profile(optimization_profile)
         config.set_timing_cache(config.create_timing_cache(self.timing_cache), False)
         return config
+
+
+def keep_sensitive_layers_fp32(trt: Any, network: Any) -> int:
+    """Pin softmax, reductions, normalisation, sqrt/reciprocal and pow layers to fp32; returns how many.
+
+    With BuilderFlag.FP16 alone TensorRT 10 may run an RMSNorm's x² and mean in fp16 (x² of
+    an activation above 256 overflows); this mirrors precision.FP32_OPS at the layer level.
+    """
+    unary = {trt.UnaryOperation.SQRT, trt.UnaryOperation.RECIP}
+    pinned = 0
+    for index in range(network.num_layers):
+        layer = network.get_layer(index)
+        kind = layer.type
+        sensitive = kind in (trt.LayerType.SOFTMAX, trt.LayerType.REDUCE, trt.LayerType.NORMALIZATION)
+        if kind == trt.LayerType.UNARY:
+            layer.__class__ = trt.IUnaryLayer
+            sensitive = layer.op in unary
+        elif kind == trt.LayerType.ELEMENTWISE:
+            layer.__class__ = trt.IElementWiseLayer
+            sensitive = layer.op == trt.ElementWiseOperation.POW
+        if sensitive:
+            layer.precision = trt.float32
+            pinned += 1
+    return pinned
 
 
 class EngineBytes:
