@@ -1,11 +1,111 @@
-"""`specrt generate`."""
+"""`specrt generate`: one image per class id with a decoding method, saved as PNG.
+
+Flags map onto specrt.runtime.Pipeline: a BUNDLE runs on onnxruntime (from_bundle); --target
+and --vq checkpoints run on PyTorch (from_torch with specrt.export.checkpoints loaders); with
+no model arguments the embedded demo models run on PyTorch. Method parameters go through
+--param key=value (e.g. --param relaxation_budget=2 --param draft_len=4).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
 import click
+import numpy as np
 
-from specrt.commands._pending import not_yet
+from specrt.errors import SpecrtError
+
+METHOD_NAMES = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
 
 
-@click.command(name="generate", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def command(args: tuple[str, ...]) -> None:
-    """Generate images for class ids (demo models by default)."""
-    raise not_yet("specrt generate", 2)
+def parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
+    """--param key=value pairs; values stay strings and the method converts them to its types."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SpecrtError(f"--param needs key=value, got {pair!r}")
+        out[key.strip().replace("-", "_")] = value.strip()
+    return out
+
+
+def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optional[Path], draft: Optional[Path],
+                   vq: Optional[Path], arch: Optional[str], draft_arch: Optional[str], image_size: Optional[int],
+                   max_window: int, device: Optional[str]) -> Any:
+    """The Pipeline the flags describe (bundle on ort, checkpoints or the demo on torch)."""
+    from specrt.runtime.pipeline import Pipeline
+
+    if bundle is not None:
+        if target or draft or vq:
+            raise SpecrtError("give either a BUNDLE or --target/--vq checkpoints, not both")
+        return Pipeline.from_bundle(bundle, backend=backend or "ort")
+    if backend == "ort":
+        raise SpecrtError("--backend ort needs a BUNDLE directory (export one with `specrt export`)")
+    if target or vq:
+        if not (target and vq):
+            raise SpecrtError("checkpoints need both --target and --vq (and --draft for draft-model methods)")
+        from specrt.export.checkpoints import load_gpt, load_vq
+
+        target_gpt = load_gpt(target, arch, image_size=image_size)
+        draft_gpt = load_gpt(draft, draft_arch, image_size=image_size) if draft else None
+        return Pipeline.from_torch(target_gpt, draft_gpt, load_vq(vq), max_window=max_window, device=device)
+    # ---- embedded demo hook: specrt.export.demo.load_demo() returns .target/.draft/.vq ----
+    from specrt.export.demo import load_demo
+
+    demo = load_demo()
+    pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq, max_window=max_window, device=device)
+    sampling = getattr(demo, "sampling", None)
+    if sampling is not None:
+        pipe.sampling_defaults = dict(vars(sampling))
+    return pipe
+
+
+def save_images(images: np.ndarray, out: Path, count: int) -> list[Path]:
+    """img.png for one image; img_0.png, img_1.png, ... for several."""
+    from PIL import Image
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    paths = [out] if count == 1 else [out.with_name(f"{out.stem}_{i}{out.suffix or '.png'}") for i in range(count)]
+    for image, path in zip(images, paths):
+        Image.fromarray(image).save(path)
+    return paths
+
+
+@click.command(name="generate")
+@click.argument("bundle", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--method", "-m", type=click.Choice(METHOD_NAMES), default="ar", show_default=True, help="Decoding method.")
+@click.option("--class", "class_ids", type=int, multiple=True, default=(0,), show_default=True,
+              help="Class id (repeat for several images).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed: same seed, same image.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("img.png"), show_default=True,
+              help="PNG to write (numbered when several classes are given).")
+@click.option("--backend", type=click.Choice(["torch", "ort"]), help="Default: ort for a BUNDLE, torch for checkpoints/demo.")
+@click.option("--target", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="LlamaGen GPT checkpoint (target).")
+@click.option("--draft", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="LlamaGen GPT checkpoint (draft).")
+@click.option("--vq", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="LlamaGen VQ checkpoint.")
+@click.option("--arch", help="Target size (GPT-B, GPT-XL, ...); inferred from the checkpoint when omitted.")
+@click.option("--draft-arch", help="Draft size; inferred when omitted.")
+@click.option("--image-size", type=int, help="Image size of the checkpoints (default: from the file name, else 256).")
+@click.option("--device", help="torch device (cpu, cuda); default: where the weights are.")
+@click.option("--max-window", type=int, default=64, show_default=True, help="torch backend: largest step window.")
+@click.option("--cfg-scale", type=float, help="Classifier-free guidance scale (default: the models' own).")
+@click.option("--temperature", type=float, help="Sampling temperature (0 = greedy).")
+@click.option("--top-k", type=int, help="Top-k filter (0 disables).")
+@click.option("--top-p", type=float, help="Top-p filter (1 disables).")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Method parameter, e.g. relaxation_budget=2.")
+@click.option("--stats", "stats_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write the stats as JSON here.")
+def command(bundle, method, class_ids, seed, out, backend, target, draft, vq, arch, draft_arch, image_size, device,
+            max_window, cfg_scale, temperature, top_k, top_p, params, stats_path) -> None:
+    """Generate images for class ids (the embedded demo models by default)."""
+    pipe = build_pipeline(bundle, backend, target, draft, vq, arch, draft_arch, image_size, max_window, device)
+    sampling = {k: v for k, v in (("cfg_scale", cfg_scale), ("temperature", temperature), ("top_k", top_k),
+                                  ("top_p", top_p)) if v is not None}
+    result = pipe.generate(list(class_ids), method=method, seed=seed, **sampling, **parse_params(params))
+    paths = save_images(result.images, out, len(class_ids))
+    summary = result.stats.summary()
+    if stats_path:
+        stats_path.write_text(json.dumps(summary, indent=2) + "\n")
+    click.echo(f"wrote {', '.join(str(p) for p in paths)}  ({method}: {summary['tokens']} tokens, "
+               f"{summary['target_forwards']} target forwards, mean accepted length {summary['mean_accepted_length']:.2f}, "
+               f"{summary['seconds']['total']:.2f} s)")
