@@ -69,6 +69,12 @@ class Pipeline:
             neighbours = TorchVQ.neighbours_of(vq)
         return cls(target, TorchVQ(vq, device), draft, neighbours=neighbours)
 
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """(height, width) in pixels of one generated image."""
+        side = self.target.spec.grid_size * self.vq.downsample
+        return side, side
+
     # ---- generation ----------------------------------------------------------------------------
 
     def generate(self, class_ids: Sequence[int] | int, method: str | Method = "ar", seed: int = 0,

@@ -152,7 +152,9 @@ class ModelRunner(ABC):
 
 
 class VQDecoder(ABC):
-    """codes [N, grid, grid] -> images float [N, 3, H, W] in about [−1, 1]."""
+    """codes [N, grid, grid] -> images float [N, 3, H, W] in about [−1, 1]; H = grid · downsample."""
+
+    downsample: int = 16
 
     @abstractmethod
     def decode(self, codes: np.ndarray) -> np.ndarray:

@@ -51,6 +51,14 @@ class Stats:
         forward = self.seconds["target_forward"] + self.seconds["draft_forward"] + self.seconds["vq_decode"]
         return (total - forward) / total if total else 0.0
 
+    def as_dict(self) -> dict:
+        """Flat numbers for the C API (runtime/embedding.py STATS_FIELDS)."""
+        s = self.seconds
+        return {"tokens": self.tokens, "target_forwards": self.target_forwards, "draft_forwards": self.draft_forwards,
+                "mean_accepted_length": self.mean_accepted_length, "seconds_total": s["total"],
+                "seconds_target": s["target_forward"], "seconds_draft": s["draft_forward"],
+                "seconds_verify": s["verification"], "seconds_cache": s["cache"], "seconds_decode": s["vq_decode"]}
+
     def summary(self) -> dict:
         """JSON-ready numbers (bench and the CLI print these)."""
         out = {

@@ -128,6 +128,7 @@ class OrtVQ(VQDecoder):
         self.spec = manifest.graph("vq_decode")
         _check_io(self.spec, ("codes",), ("image",))
         self.session = _session(manifest, "vq_decode", providers)
+        self.downsample = int(manifest.models["vq"]["downsample"])
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         codes = np.asarray(codes).astype(np.dtype(self.spec.input("codes").dtype))

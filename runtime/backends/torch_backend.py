@@ -100,6 +100,7 @@ class TorchVQ(VQDecoder):
         if device is not None:
             self.vq.to(device)
         self.device = next(self.vq.parameters()).device
+        self.downsample = int(vq.config.downsample)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         with self.torch.inference_mode():

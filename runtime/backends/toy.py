@@ -86,6 +86,7 @@ class ToyVQ(VQDecoder):
 
     def __init__(self, vocab_size: int, patch: int = 2):
         self.vocab_size, self.patch = vocab_size, patch
+        self.downsample = patch
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         level = codes.astype(np.float64) / max(self.vocab_size - 1, 1) * 2.0 - 1.0
