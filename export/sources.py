@@ -16,7 +16,6 @@ from specrt.runtime.sampling import SamplingParams
 
 # DESIGN.md, LlamaGen c2i sampling defaults.
 LLAMAGEN_C2I_SAMPLING = SamplingParams(cfg_scale=4.0, temperature=1.0, top_k=2000, top_p=1.0)
-LLAMAGEN_DOWNSAMPLE = 16
 
 
 def demo_models(path: str | Path | None = None) -> ModelSet:
@@ -35,10 +34,10 @@ def checkpoint_models(target: Path, draft: Path, vq: Path, arch: str | None, dra
     draft's size is inferred unless draft_arch is given; only the VQ decoder is loaded."""
     from specrt.export.checkpoints import load_gpt, load_vq
 
-    if image_size % LLAMAGEN_DOWNSAMPLE:
-        raise SpecrtError(f"--image-size must be a multiple of {LLAMAGEN_DOWNSAMPLE}, got {image_size}")
     vq_model = load_vq(vq, config=vq_arch, decoder_only=True)
     downsample = vq_model.config.downsample
+    if image_size % downsample:
+        raise SpecrtError(f"--image-size must be a multiple of the VQ's downsampling {downsample}, got {image_size}")
     target_model = load_gpt(target, config=arch, image_size=image_size, downsample=downsample)
     draft_model = load_gpt(draft, config=draft_arch, image_size=image_size, downsample=downsample)
     return ModelSet(target=target_model, draft=draft_model, vq=vq_model, sampling=LLAMAGEN_C2I_SAMPLING,

@@ -75,6 +75,12 @@ class StepCase:
     attention_mask: np.ndarray
 
 
+def _positions(config, positions: np.ndarray) -> np.ndarray:
+    """Slots past the last image token (a window longer than what is left) are padding:
+    they repeat the last valid position, as the runtime does (GPT.step needs positions < seq_len)."""
+    return np.minimum(positions, config.cond_len + config.grid_size**2 - 1)
+
+
 def causal_case(name: str, rng: np.random.Generator, config, capacity: int, batch: int, window: int, length: int,
                 cfg: bool = False) -> StepCase:
     """A plain window after `length` committed tokens; with cfg the second half of the batch
@@ -83,7 +89,7 @@ def causal_case(name: str, rng: np.random.Generator, config, capacity: int, batc
     ids = rng.integers(0, config.vocab_size, size=(rows, window))
     if cfg:
         ids = np.concatenate([ids, ids])
-    positions = np.broadcast_to(length + np.arange(window), (batch, window))
+    positions = np.broadcast_to(_positions(config, length + np.arange(window)), (batch, window))
     mask = np.zeros((batch, window, capacity + window), dtype=bool)
     mask[:, :, :length] = True
     mask[:, :, capacity:] = np.tril(np.ones((window, window), dtype=bool))
@@ -105,7 +111,7 @@ def tree_case(name: str, rng: np.random.Generator, config, capacity: int, window
     mask[0, :, :length] = True
     mask[0, :, capacity:] = window_mask
     ids = rng.integers(0, config.vocab_size, size=(1, window)).astype(np.int32)
-    return StepCase(name, ids, (length + depth)[None].astype(np.int32), mask)
+    return StepCase(name, ids, _positions(config, length + depth)[None].astype(np.int32), mask)
 
 
 def step_cases(config, capacity: int, max_window: int, seed: int = 0) -> list[StepCase]:
@@ -115,8 +121,8 @@ def step_cases(config, capacity: int, max_window: int, seed: int = 0) -> list[St
     cases = []
     windows = sorted({w for w in (1, 3, 16, max_window) if w <= max_window})
     for window in windows:
-        # just after the prefill, mid-image, and a window running past the last image token
-        for length in sorted({config.cond_len, (config.cond_len + seq_end) // 2, seq_end - 1}):
+        # just after the prefill, mid-image, and the window that ends on the last image token
+        for length in sorted({config.cond_len, (config.cond_len + seq_end) // 2, max(config.cond_len, seq_end - window)}):
             cases.append(causal_case(f"W={window} past={length}", rng, config, capacity, 1, window, length))
     mid = (config.cond_len + seq_end) // 2
     cases.append(causal_case(f"CFG batch 4 W={min(5, max_window)} past={mid}", rng, config, capacity, 4,

@@ -109,7 +109,9 @@ def test_one_step_graph_runs_any_window_and_batch(bundle, window, batch):
     rng = np.random.default_rng(window * 10 + batch)
     length = 4
     ids = rng.integers(0, manifest.models["target"]["vocab_size"], size=(batch, window)).astype(np.int32)
-    positions = np.broadcast_to(length + np.arange(window), (batch, window)).astype(np.int32)
+    seq_len = manifest.models["target"]["cond_len"] + manifest.models["target"]["grid_size"] ** 2
+    positions = np.minimum(length + np.arange(window), seq_len - 1)  # slots past the image repeat the last position
+    positions = np.broadcast_to(positions, (batch, window)).astype(np.int32)
     mask = np.zeros((batch, window, capacity + window), dtype=bool)
     mask[:, :, :length] = True
     mask[:, :, capacity:] = np.tril(np.ones((window, window), dtype=bool))

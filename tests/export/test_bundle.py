@@ -1,0 +1,221 @@
+"""Bundle writing: manifest content and validation, neighbour table, atomic write, bad input."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from specrt.cli import main
+from specrt.errors import SpecrtError
+from specrt.export import onnx_export
+from specrt.export.bundle import ExportOptions, ModelSet, check_compatible, write_bundle
+from specrt.export.llamagen_gpt import GPT
+from specrt.export.llamagen_vq import VQModel
+from specrt.export.neighbours import codebook_neighbours
+from specrt.export.verify import verify_bundle
+from specrt.manifest import read_manifest
+from tiny_export import (NEIGHBOURS_K, VOCAB, tiny_bundle, tiny_draft_config, tiny_models, tiny_target_config,
+                         tiny_vq_config)
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return tiny_bundle()
+
+
+def _copy(manifest, tmp_path: Path) -> Path:
+    copy = tmp_path / "copy"
+    shutil.copytree(manifest.root, copy)
+    return copy
+
+
+# ---- manifest -------------------------------------------------------------------------
+
+
+def test_manifest_lists_every_graph_and_hashes_every_file(bundle):
+    manifest, _ = bundle
+    assert list(manifest.graphs) == ["target_prefill", "target_step", "draft_prefill", "draft_step", "vq_decode"]
+    on_disk = {p.name for p in manifest.root.iterdir()} - {"manifest.json"}
+    assert set(manifest.files) == on_disk
+    assert all(len(r["sha256"]) == 64 and r["bytes"] > 0 for r in manifest.files.values())
+    target = manifest.models["target"]
+    assert target["capacity"] == target["cond_len"] + target["grid_size"] ** 2 + manifest.limits["max_window"]
+    assert manifest.models["draft"]["kind"] == "independent"
+    assert manifest.models["vq"]["codebook_size"] == target["vocab_size"]
+    assert set(manifest.sampling_defaults) == {"cfg_scale", "temperature", "top_k", "top_p"}
+    for graph in manifest.graphs.values():
+        for tensor in graph.inputs + graph.outputs:
+            assert set(tensor.symbolic_dims) <= set(graph.profile)
+
+
+def test_read_manifest_rejects_a_modified_file(bundle, tmp_path):
+    manifest, _ = bundle
+    copy = _copy(manifest, tmp_path)
+    path = copy / "target_step.onnx"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(SpecrtError, match="sha256 of target_step.onnx"):
+        read_manifest(copy)
+    (copy / "neighbours.npy").unlink()
+    with pytest.raises(SpecrtError, match="missing"):
+        read_manifest(copy, check_hashes=False)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.update(version=2), "version 2 is not supported"),
+    (lambda m: m.update(format="other"), "not a specrt bundle manifest"),
+    (lambda m: m["graphs"]["target_step"]["profile"]["total_len"].update(max=1000), "total_len"),
+    (lambda m: m["graphs"]["target_step"]["profile"].pop("window"), "no profile"),
+])
+def test_read_manifest_rejects_bad_manifests(bundle, tmp_path, edit, message):
+    manifest, _ = bundle
+    copy = _copy(manifest, tmp_path)
+    raw = json.loads((copy / "manifest.json").read_text())
+    edit(raw)
+    (copy / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(SpecrtError, match=message):
+        read_manifest(copy)
+
+
+def test_manifest_reader_imports_without_torch_or_onnx():
+    import subprocess
+    import sys
+
+    code = ("import sys; import specrt.manifest; "
+            "bad = [m for m in ('torch', 'onnx', 'onnxruntime') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---- neighbours -----------------------------------------------------------------------
+
+
+def test_neighbour_table_is_nearest_first_without_self(bundle):
+    manifest, models = bundle
+    table = np.load(manifest.neighbours_path)
+    assert table.dtype == np.int32 and table.shape == (VOCAB, NEIGHBOURS_K)
+    assert manifest.neighbours["k"] == NEIGHBOURS_K
+    codebook = torch.nn.functional.normalize(models.vq.quantize.embedding.weight.detach(), dim=-1).double().numpy()
+    distances = np.linalg.norm(codebook[:, None] - codebook[None], axis=-1)
+    np.fill_diagonal(distances, np.inf)
+    brute = np.argsort(distances, axis=1, kind="stable")[:, :NEIGHBOURS_K]
+    assert (table != np.arange(VOCAB)[:, None]).all()
+    np.testing.assert_array_equal(table, brute)
+
+
+def test_neighbours_list_a_duplicate_codeword_but_never_the_token_itself():
+    codebook = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+    table = codebook_neighbours(codebook, k=2)
+    assert table[0].tolist() == [1, 2] and table[1].tolist() == [0, 2]
+    with pytest.raises(SpecrtError, match="neighbour count"):
+        codebook_neighbours(codebook, k=4)
+
+
+# ---- verification ---------------------------------------------------------------------
+
+
+def test_verify_passes_on_the_exported_models_and_fails_on_different_ones(bundle):
+    manifest, models = bundle
+    report = verify_bundle(manifest, models, threads=1)
+    assert report.passed, report.format()
+    worst = report.worst()
+    assert worst[("target_step", "logits")].max_abs_diff < 1e-4
+    cases = {c.case for c in report.comparisons if c.graph == "target_step"}
+    assert {"W=1 past=1", "W=3 past=1", "W=16 past=1", "W=20 past=1"} <= cases
+    assert any(c.startswith("tree") for c in cases) and any(c.startswith("CFG") for c in cases)
+
+    other = tiny_models(seed=1)
+    other.vq = models.vq
+    broken = verify_bundle(manifest, other, threads=1)
+    assert not broken.passed
+    assert "SOME ABOVE TOLERANCE" in broken.format()
+
+
+# ---- bad input ------------------------------------------------------------------------
+
+
+def test_incompatible_models_are_refused():
+    models = tiny_models()
+    models.draft = GPT(tiny_draft_config(vocab_size=VOCAB + 1))
+    with pytest.raises(SpecrtError, match="draft vocab size 97 != target vocab size 96"):
+        check_compatible(models)
+    models = tiny_models()
+    models.vq = VQModel(tiny_vq_config(codebook_size=VOCAB * 2))
+    with pytest.raises(SpecrtError, match="VQ codebook size 192 != GPT vocab size 96"):
+        check_compatible(models)
+
+
+def test_existing_output_is_refused_without_force(tmp_path):
+    (tmp_path / "bundle").mkdir()
+    with pytest.raises(SpecrtError, match="already exists; pass --force"):
+        write_bundle(tiny_models(), tmp_path / "bundle")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-window", "0"], "--max-window must be >= 1"),
+    (["--opset", "21"], "--opset must be one of"),
+    (["--target", "t.pt"], "missing --draft, --vq"),
+])
+def test_cli_bad_arguments_exit_2_with_one_line(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["export", "--out", str(tmp_path / "b"), *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+    assert not (tmp_path / "b").exists()
+
+
+def test_checkpoint_not_matching_arch_exits_2(tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    models = tiny_models()
+    models.vq = VQModel(tiny_vq_config(ch=32, norm_groups=32))  # loadable with the default 32 GroupNorm groups
+    for role in ("target", "draft", "vq"):
+        save_file(getattr(models, role).state_dict(), str(tmp_path / f"{role}.safetensors"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["export", "--out", str(tmp_path / "b"), "--arch", "GPT-B", "--image-size", "8",
+              "--target", str(tmp_path / "target.safetensors"), "--draft", str(tmp_path / "draft.safetensors"),
+              "--vq", str(tmp_path / "vq.safetensors")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specrt: error:") and "GPT-B" in err and "\n" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft.safetensors", "target.safetensors", "vq.safetensors"]
+
+
+# ---- atomic write ---------------------------------------------------------------------
+
+
+def test_failure_mid_export_leaves_nothing(tmp_path, monkeypatch):
+    calls = []
+    real_export_prefill = onnx_export.export_prefill
+
+    def export_prefill_then_fail(gpt, role, *args, **kwargs):
+        calls.append(role)
+        if role == "draft":
+            raise RuntimeError("simulated crash while exporting draft_prefill")
+        return real_export_prefill(gpt, role, *args, **kwargs)
+
+    monkeypatch.setattr(onnx_export, "export_prefill", export_prefill_then_fail)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        write_bundle(tiny_models(), tmp_path / "bundle", ExportOptions(max_window=2, neighbours_k=2))
+    assert calls == ["target", "draft"]  # target_prefill and target_step were written before the crash
+    assert list(tmp_path.iterdir()) == []  # no bundle, no partial directory
+
+
+def test_failed_forced_export_keeps_the_old_bundle(tmp_path, monkeypatch):
+    out = tmp_path / "bundle"
+    out.mkdir()
+    (out / "old.txt").write_text("previous export")
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(onnx_export, "export_prefill", fail)
+    with pytest.raises(RuntimeError, match="boom"):
+        write_bundle(tiny_models(), out, ExportOptions(max_window=2, neighbours_k=2), force=True)
+    assert (out / "old.txt").read_text() == "previous export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]
