@@ -285,6 +285,8 @@ class GPT(nn.Module):
     def _trunk(self, h: torch.Tensor, positions: torch.Tensor, mask: Optional[torch.Tensor],
                past_kv: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run all layers on h [B,W,dim] at `positions` [B,W]; returns (logits, hidden, present_kv)."""
+        # Padding slots past the end of the image reuse the last row (ONNX Min, TensorRT-friendly).
+        positions = torch.minimum(positions, positions.new_tensor(self.config.seq_len - 1))
         cos, sin = F.embedding(positions, self.rope_cos), F.embedding(positions, self.rope_sin)  # Gather, int32-safe
         h = self.tok_dropout(h)
         present = []
@@ -334,8 +336,8 @@ class GPT(nn.Module):
 
         input_ids, positions: int [B,W] (positions are absolute sequence positions);
         attention_mask: bool [B,W,C+W] (columns < C: cache slots, then window slots);
-        past_kv: [L,2,B,Hkv,C,D]. Every window slot must be allowed at least one column, and
-        positions must be < seq_len (padding slots may repeat any valid position).
+        past_kv: [L,2,B,Hkv,C,D]. Every window slot must be allowed at least one column;
+        positions past seq_len - 1 (padding slots) use the last RoPE row.
         Returns logits [B,W,V], hidden [B,W,dim] (final-norm output) and present_kv
         [L,2,B,Hkv,W,D] holding only the window's new keys/values.
         """

@@ -218,3 +218,17 @@ def test_step_exports_to_onnx_as_matmul_softmax(tmp_path):
         want = model.step(*feed)
     for name, g, w in zip(["logits", "hidden", "present_kv"], got, want):
         _assert_close(torch.from_numpy(g), w, f"onnx {name}")
+
+
+def test_positions_past_the_image_reuse_the_last_rope_row():
+    """Window padding slots beyond cond_len + grid² must not index out of the table."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=20, num_classes=3, grid_size=2)).eval()
+    kv = torch.randn(1, 2, 1, 2, 4, 16)
+    mask = torch.ones(1, 1, 5, dtype=torch.bool)
+    with torch.no_grad():
+        past_end, _, _ = model.step(torch.tensor([[7]]), torch.tensor([[model.config.seq_len + 3]]), mask, kv)
+        last, _, _ = model.step(torch.tensor([[7]]), torch.tensor([[model.config.seq_len - 1]]), mask, kv)
+        other, _, _ = model.step(torch.tensor([[7]]), torch.tensor([[model.config.seq_len - 2]]), mask, kv)
+    torch.testing.assert_close(past_end, last, atol=0, rtol=0)
+    assert not torch.allclose(last, other)
