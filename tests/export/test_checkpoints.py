@@ -148,3 +148,21 @@ def test_grid_comes_from_the_file_name_unless_given(tmp_path):
     assert load_gpt(path).config.grid_size == 24
     assert load_gpt(path, image_size=256).config.grid_size == 16
     assert load_gpt(path, GPTConfig(**SMALL)).config.grid_size == 4
+
+
+def test_half_precision_checkpoints_load_into_float32(tmp_path):
+    state = {k: v.to(torch.bfloat16) for k, v in _small_state().items()}
+    path = tmp_path / "bf16.pt"
+    torch.save(state, path)
+    model = load_gpt(path, GPTConfig(**SMALL))
+    assert model.output.weight.dtype == torch.float32
+    assert torch.equal(model.output.weight, state["output.weight"].float())
+
+
+def test_decoder_only_vq_file_loads_without_encoder():
+    config = VQConfig(codebook_size=32, codebook_embed_dim=4, ch=16, ch_mult=(1, 2), z_channels=16, norm_groups=8)
+    state = {k: v for k, v in VQModel(config).state_dict().items() if not k.startswith(("encoder.", "quant_conv."))}
+    decoder = load_vq(state, decoder_only=True, norm_groups=8)
+    assert decoder.config == config
+    with pytest.raises(SpecrtError, match="missing keys \\(encoder"):
+        load_vq(state, norm_groups=8)
