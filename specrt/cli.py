@@ -36,7 +36,10 @@ for command in (export.command, build.command, generate.command, bench.command, 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning SpecrtError into one line on stderr and exit code 2."""
     try:
-        cli.main(args=argv, prog_name="specrt", standalone_mode=False)
+        # With standalone_mode=False click returns ctx.exit(code)'s code instead of exiting.
+        code = cli.main(args=argv, prog_name="specrt", standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except SpecrtError as exc:
         click.echo(f"specrt: error: {exc}", err=True)
         sys.exit(2)

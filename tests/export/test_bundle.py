@@ -190,19 +190,16 @@ def test_checkpoint_not_matching_arch_exits_2(tmp_path, capsys):
 
 
 def test_failure_mid_export_leaves_nothing(tmp_path, monkeypatch):
-    calls = []
-    real_export_prefill = onnx_export.export_prefill
+    written_before_crash = []
 
-    def export_prefill_then_fail(gpt, role, *args, **kwargs):
-        calls.append(role)
-        if role == "draft":
-            raise RuntimeError("simulated crash while exporting draft_prefill")
-        return real_export_prefill(gpt, role, *args, **kwargs)
+    def export_step_crashes(gpt, role, limits, work_dir, *args, **kwargs):
+        written_before_crash.extend(p.name for p in Path(work_dir).iterdir())
+        raise RuntimeError("simulated crash while exporting target_step")
 
-    monkeypatch.setattr(onnx_export, "export_prefill", export_prefill_then_fail)
+    monkeypatch.setattr(onnx_export, "export_step", export_step_crashes)
     with pytest.raises(RuntimeError, match="simulated crash"):
         write_bundle(tiny_models(), tmp_path / "bundle", ExportOptions(max_window=2, neighbours_k=2))
-    assert calls == ["target", "draft"]  # target_prefill and target_step were written before the crash
+    assert written_before_crash == ["target_prefill.onnx"]
     assert list(tmp_path.iterdir()) == []  # no bundle, no partial directory
 
 
