@@ -51,12 +51,14 @@ class Pipeline:
     # ---- constructors ------------------------------------------------------------------------
 
     @classmethod
-    def from_bundle(cls, path: str | Path, backend: str = "ort", providers: Optional[Sequence[Any]] = None) -> "Pipeline":
-        """A bundle directory (manifest.json + ONNX graphs) on onnxruntime ('ort')."""
+    def from_bundle(cls, path: str | Path, backend: str = "ort", providers: Optional[Sequence[Any]] = None,
+                    threads: Optional[int] = None) -> "Pipeline":
+        """A bundle directory (manifest.json + ONNX graphs) on onnxruntime ('ort'); `threads`
+        caps onnxruntime's intra-op threads per session (None: its default)."""
         if backend != "ort":
             raise SpecrtError(f"bundles run on the 'ort' backend here, not {backend!r} (torch needs checkpoints)")
         from specrt.runtime.backends.ort_backend import pipeline_parts_from_bundle
-        return cls(**pipeline_parts_from_bundle(path, providers))
+        return cls(**pipeline_parts_from_bundle(path, providers, threads))
 
     @classmethod
     def from_torch(cls, target_gpt: Any, draft_gpt: Any, vq: Any, neighbours: Optional[np.ndarray] = None,
