@@ -40,6 +40,9 @@ def acceptance(target_mass: float | np.ndarray, draft_mass: float | np.ndarray) 
     Where the draft has no mass the draft never proposes the token, so f there is irrelevant
     for the sampled path; it is set to 1, which makes Q·f = 0 in residuals as it must.
     """
+    if np.ndim(target_mass) == 0 and np.ndim(draft_mass) == 0:  # the per-token hot path
+        draft = float(draft_mass)
+        return np.float64(1.0 if draft <= 0 else min(1.0, max(0.0, float(target_mass) / draft)))
     target_mass = np.asarray(target_mass, dtype=np.float64)
     draft_mass = np.asarray(draft_mass, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):

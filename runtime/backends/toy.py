@@ -67,11 +67,15 @@ class ToyRunner(ModelRunner):
         batch, size = ids.shape
         self._present[:, :size] = ids
         out = self._out[:, :size]
+        cap = self.capacity
         for b in range(batch):
+            # every (slot, column) the mask allows, in column order: cache rows first, then window slots
+            slot, column = np.nonzero(mask[b])
+            seen = np.where(column < cap, self._kv[b, np.minimum(column, cap - 1)], ids[b, np.maximum(column - cap, 0)])
+            ends = np.cumsum(np.bincount(slot, minlength=size))
+            seen, ends, starts = seen.tolist(), ends.tolist(), [0, *ends[:-1].tolist()]
             for w in range(size):
-                cached = self._kv[b, np.flatnonzero(mask[b, w, : self.capacity])]
-                local = ids[b, np.flatnonzero(mask[b, w, self.capacity:])]
-                context = tuple(int(t) for t in cached) + tuple(int(t) for t in local)
+                context = tuple(seen[starts[w]:ends[w]])
                 if positions[b, w] != len(context) - 1:
                     raise AssertionError(f"slot {w} at position {positions[b, w]} sees {len(context)} tokens")
                 out[b, w] = self.lm.logits(context)

@@ -24,7 +24,7 @@ class DraftThenVerify(OneImageAtATime):
 
     needs_draft = True
     PARAMS = {"draft_len": (int, 4)}
-    estimate_theorem2 = False
+    theorem2 = False  # relaxed methods: report Theorem-2 estimates per round (Stats)
 
     def validate(self) -> None:
         if self.draft_len < 1:
@@ -56,7 +56,7 @@ class DraftThenVerify(OneImageAtATime):
             p_rows = ctx.probabilities(target.step(Window.chain([tokens[-1], *drafts])))[0]
             with ctx.stats.timing("verification"):
                 outcome = verify_chain(p_rows, q_rows, drafts, rule, ctx.rng)
-                if self.estimate_theorem2 and drafts:
+                if self.theorem2 and drafts:
                     estimate = theorem2_along_path(p_rows, q_rows, drafts, rule)
                     ctx.stats.theorem2_accepted_length.append(estimate.expected_accepted_length)
                     ctx.stats.theorem2_tv_bound.append(estimate.tv_bound)
@@ -78,8 +78,7 @@ class CoolSD(DraftThenVerify):
 
     name = "cool-sd"
     PARAMS = {**DraftThenVerify.PARAMS, "relaxation_budget": (float, 2.0), "schedule": (str, "exp"),
-              "decay": (float, 0.7), "slope_len": (int, 8)}
-    estimate_theorem2 = True
+              "decay": (float, 0.7), "slope_len": (int, 8), "theorem2": (bool, True)}
 
     def validate(self) -> None:
         super().validate()
@@ -103,8 +102,8 @@ class Lantern(DraftThenVerify):
 
     name = "lantern"
     PARAMS = {**DraftThenVerify.PARAMS, "tvd_budget": (float, None), "ratio": (float, None),
-              "neighbours_k": (int, 0), "resampling": (str, "lantern")}
-    estimate_theorem2 = True
+              "neighbours_k": (int, 0), "resampling": (str, "lantern"),
+              "theorem2": (bool, False)}  # p̃ at every token costs V·k per position: opt-in
     neighbours: Optional[np.ndarray] = None  # set by the pipeline from the bundle / VQ codebook
 
     def validate(self) -> None:

@@ -22,11 +22,11 @@ SAMPLES = 20_000
 CLASS_ID = 1
 
 
-def run(method, sampling: SamplingParams, **params) -> tuple[float, float]:
-    target, draft, vq = toy_models(vocab_size=3, grid_size=2, num_classes=2, seed=3)
+def run(method, sampling: SamplingParams, vocab: int = 3, grid: int = 2, **params) -> tuple[float, float]:
+    target, draft, vq = toy_models(vocab_size=vocab, grid_size=grid, num_classes=2, seed=3)
     pipe = Pipeline(target, vq, draft, sampling_defaults=vars(sampling))
     tokens = pipe.generate([CLASS_ID] * SAMPLES, method=method, seed=11, **params).tokens
-    exact = exact_distribution(target.lm, CLASS_ID, 2, 3, 4, sampling)
+    exact = exact_distribution(target.lm, CLASS_ID, 2, vocab, grid * grid, sampling)
     assert abs(sum(exact.values()) - 1) < 1e-9
     return chi_square(tokens, exact)
 
@@ -35,12 +35,11 @@ PLAIN = SamplingParams(cfg_scale=1.0)
 GUIDED = SamplingParams(cfg_scale=2.0, temperature=0.9, top_k=2)
 
 LOSSLESS = [
-    ("sd", {"draft_len": 2}, PLAIN),
     ("sd", {"draft_len": 3}, GUIDED),
     ("cool-sd", {"relaxation_budget": 1.0, "schedule": "uniform", "draft_len": 2}, PLAIN),
     ("sjd", {"window": 3}, PLAIN),
-    ("sjd", {"window": 4}, GUIDED),
-    ("sjd-pac", {"window": 6, "branching": 2, "tree_depth": 2}, PLAIN),
+    # 9 binary tokens: deep proactive-drafting trees (spine + siblings) and chains behind them
+    ("sjd-pac", {"window": 8, "branching": 2, "tree_depth": 2, "vocab": 2, "grid": 3}, PLAIN),
     ("sjd-pac", {"window": 6, "branching": 2, "tree_depth": 2}, GUIDED),
     ("sjd-pac", {"window": 4, "proactive_drafting": False}, PLAIN),
     ("sjd-pac", {"window": 6, "branching": 3, "tree_depth": 1, "adaptive_continuation": False}, PLAIN),
@@ -68,16 +67,17 @@ class BrokenSD(SpeculativeDecoding):
 
 
 class BrokenJacobi(JacobiDecoding):
-    """Broken on purpose: after a rejection the walk goes on with the next level as if accepted."""
+    """Broken on purpose: drafts taken from stale rows claim a uniform proposal q."""
 
-    def _verify(self, ctx, p_rows, levels, slots):
-        accepted, path, token, rejected = super()._verify(ctx, p_rows, levels, slots)
-        if rejected and len(accepted) + 1 < len(levels):
-            return accepted + [token], path + [slots[len(accepted)][0]], int(ctx.sample(p_rows[path[-1]])), True
-        return accepted, path, token, rejected
+    def _next_levels(self, ctx, levels, spine_rows, accepted, rejected):
+        new = super()._next_levels(ctx, levels, spine_rows, accepted, rejected)
+        vocab = len(spine_rows[0])
+        for level in new:
+            level.q = np.full(vocab, 1.0 / vocab)
+        return new
 
 
-@pytest.mark.parametrize("broken", [BrokenSD(draft_len=2), BrokenJacobi(window=3)], ids=["sd-resample-from-P", "sjd-skip-rejection"])
+@pytest.mark.parametrize("broken", [BrokenSD(draft_len=2), BrokenJacobi(window=3)], ids=["sd-resample-from-P", "sjd-wrong-proposal-q"])
 def test_the_check_flags_broken_variants(broken):
     statistic, critical = run(broken, PLAIN)
     assert statistic > critical, f"broken {broken.name} passed: chi2 {statistic:.1f} < {critical:.1f}"
