@@ -1,7 +1,15 @@
-"""`specrt demo ...`: the embedded demo model family."""
-import click
+"""`specrt demo ...`: the embedded demo model family (train it, report on its quality).
 
-from specrt.commands._pending import not_yet
+Thin layer: each flag is one argument of specrt.export.demo's train_demo / quality_summary.
+torch is imported only when a subcommand runs, so `specrt --help` stays fast and works
+without the export extra.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
 
 
 @click.group(name="demo")
@@ -9,8 +17,61 @@ def group() -> None:
     """Train and evaluate the embedded demo models (digits, LlamaGen architecture)."""
 
 
-@group.command(name="train", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def train(args: tuple[str, ...]) -> None:
-    """Train the demo tokenizer, target, draft and evaluator from scratch."""
-    raise not_yet("specrt demo train", 3)
+@group.command(name="train")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for the safetensors weights and demo.json.")
+@click.option("--seed", default=0, show_default=True, help="Seed for every model's initialisation and batches.")
+@click.option("--steps-scale", default=1.0, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
+              help="Multiply every model's training steps (e.g. 0.05 for a quick smoke run).")
+@click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1),
+              help="torch CPU threads (use 1 on a machine other jobs keep busy).")
+@click.option("--no-eval", is_flag=True, help="Skip the sampling-quality summary at the end.")
+def train(out_dir: Path, seed: int, steps_scale: float, threads: int, no_eval: bool) -> None:
+    """Train the demo tokenizer, target, draft and evaluator from scratch (CPU, ~30 min)."""
+    from specrt.export.demo.pipeline import train_demo
+
+    models = train_demo(out_dir, seed=seed, steps_scale=steps_scale, evaluate=not no_eval, threads=threads)
+    click.echo(f"wrote {out_dir} (training took {models.config['training']['seconds']['total']:.0f} s)")
+    if "quality" in models.config:
+        from specrt.export.demo.report import format_summary
+
+        click.echo(format_summary(models.config["quality"]))
+
+
+@group.command(name="report")
+@click.option("--weights", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="A `specrt demo train` output folder (default: the packaged demo weights).")
+@click.option("--per-class", default=18, show_default=True, type=click.IntRange(min=2),
+              help="AR samples per digit class.")
+@click.option("--grid", "grid_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the samples as a PNG grid, one row per class.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--cfg-scale", type=float, default=None, help="Override the demo's tuned CFG scale.")
+@click.option("--temperature", type=float, default=None, help="Override the demo's tuned temperature.")
+@click.option("--top-k", type=int, default=None, help="Override the demo's top-k (0 = off).")
+@click.option("--draft-len", default=4, show_default=True, type=click.IntRange(min=1),
+              help="Draft length for the speculative-decoding acceptance measurement.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the numbers as JSON.")
+def report(weights: Path | None, per_class: int, grid_path: Path | None, seed: int, cfg_scale: float | None,
+           temperature: float | None, top_k: int | None, draft_len: int, json_path: Path | None) -> None:
+    """Sample per class, print evaluator accuracy, Fréchet distances and SD accepted length."""
+    import dataclasses
+
+    import torch
+
+    from specrt.export.demo import demo_dataset, load_demo
+    from specrt.export.demo.report import format_summary, quality_summary
+
+    torch.set_num_threads(2)
+    models = load_demo(weights)
+    overrides = {k: v for k, v in (("cfg_scale", cfg_scale), ("temperature", temperature), ("top_k", top_k))
+                 if v is not None}
+    params = dataclasses.replace(models.sampling_defaults, **overrides)
+    summary = quality_summary(models, demo_dataset(), per_class, seed=seed, params=params, draft_len=draft_len,
+                              grid_path=grid_path)
+    click.echo(format_summary(summary))
+    if grid_path is not None:
+        click.echo(f"wrote {grid_path}")
+    if json_path is not None:
+        json_path.write_text(json.dumps(summary, indent=2) + "\n")
