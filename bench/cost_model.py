@@ -101,15 +101,21 @@ def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, 
 
 
 def window_cost(method: str, params: dict[str, Any]) -> tuple[int, int]:
-    """(target window per forward, draft forwards per iteration) of a method's setting."""
-    draft_len = int(params.get("draft_len", 4))
+    """(target window per forward, draft forwards per iteration) of a method's setting.
+
+    Parameters a setting leaves out take the runtime's defaults (the method's PARAMS).
+    """
+    from specrt.runtime.methods import METHODS
+
+    if method not in METHODS:
+        raise SpecrtError(f"no cost model for method {method!r}")
+    defaults = {key: default for key, (_kind, default) in METHODS[method].PARAMS.items()}
+    params = {**defaults, **params}
     if method == "ar":
         return 1, 0
-    if method in ("sd", "cool-sd", "lantern"):
-        return draft_len + 1, draft_len
-    if method in ("sjd", "sjd-pac"):
-        return int(params.get("window", 16 if method == "sjd" else 64)), 0
-    raise SpecrtError(f"no cost model for method {method!r}")
+    if "draft_len" in params:
+        return int(params["draft_len"]) + 1, int(params["draft_len"])
+    return int(params["window"]), 0
 
 
 def predicted_speedup(latency: StepLatency, method: str, params: dict[str, Any], accepted_length: float) -> float:
@@ -117,3 +123,79 @@ def predicted_speedup(latency: StepLatency, method: str, params: dict[str, Any],
     window, drafts = window_cost(method, params)
     per_iteration = latency.target(window) + drafts * latency.draft_s
     return accepted_length * latency.target(1) / per_iteration
+
+
+def parse_windows(text: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4), sorted; SpecrtError for anything that is not positive integers."""
+    try:
+        windows = sorted({int(w) for w in text.split(",") if w.strip()})
+    except ValueError:
+        raise SpecrtError(f"--windows {text!r}: expected comma-separated integers") from None
+    if not windows or windows[0] < 1:
+        raise SpecrtError(f"--windows {text!r}: expected positive integers")
+    return tuple(windows)
+
+
+def prediction_table(latency: StepLatency, measured: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """The t(W) table and, per measured bench result, its window cost and predicted speed-up."""
+    lines = ["W      " + "  ".join(f"{w:>7d}" for w in latency.windows),
+             "t(W) ms" + "  ".join(f"{1000 * t:7.1f}" for t in latency.target_s),
+             "t(W)/t(1)" + "  ".join(f"{t / latency.target_s[0]:7.2f}" for t in latency.target_s)[2:],
+             f"draft step (1 layer, W=1): {1000 * latency.draft_s:.1f} ms", ""]
+    predictions = []
+    for result in measured:
+        window, drafts = window_cost(result["method"], result.get("params", {}))
+        speedup = predicted_speedup(latency, result["method"], result.get("params", {}),
+                                    result["mean_accepted_length"])
+        predictions.append({"label": result.get("label", result["method"]), "method": result["method"],
+                            "params": result.get("params", {}), "window": window, "draft_forwards": drafts,
+                            "mean_accepted_length": result["mean_accepted_length"],
+                            "measured_speedup": result.get("speedup_vs_ar"), "predicted_speedup": speedup})
+    width = max(len(p["label"]) for p in predictions) if predictions else 7
+    lines.append(f"{'setting':<{width}}  acc.len  W    drafts  predicted speed-up  (measured on the bench's device)")
+    for p in predictions:
+        measured_speedup = p["measured_speedup"]
+        lines.append(f"{p['label']:<{width}}  {p['mean_accepted_length']:7.2f}  {p['window']:<3d}  {p['draft_forwards']:<6d}  "
+                     f"{p['predicted_speedup']:17.2f}x  ({measured_speedup:.2f}x)" if measured_speedup is not None
+                     else f"{p['label']:<{width}}  {p['mean_accepted_length']:7.2f}  {p['window']:<3d}  "
+                          f"{p['draft_forwards']:<6d}  {p['predicted_speedup']:17.2f}x")
+    return "\n".join(lines), predictions
+
+
+def write_profile_plot(path: str, latency: StepLatency, predictions: list[dict[str, Any]], title: str) -> None:
+    """Left: t(W)/t(1) with the break-even line W (perfect scaling); right: predicted vs measured speed-up."""
+    import os
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
+    base = latency.target_s[0]
+    left.plot(latency.windows, [t / base for t in latency.target_s], marker="o", label="measured t(W) / t(1)")
+    left.plot(latency.windows, latency.windows, ls="--", color="gray", label="linear in W (compute-bound)")
+    left.axhline(1.0, ls=":", color="gray", label="flat (launch/memory-bound: W is free)")
+    left.set_xscale("log", base=2)
+    left.set_yscale("log", base=2)
+    left.set_xlabel("window W (tokens verified per target forward)")
+    left.set_ylabel("target step latency relative to W = 1")
+    left.legend(fontsize=8)
+    left.grid(alpha=0.3)
+    labels = [p["label"] for p in predictions]
+    ys = range(len(predictions))
+    right.barh([y + 0.2 for y in ys], [p["predicted_speedup"] for p in predictions], height=0.4,
+               label=f"predicted on {latency.arch}")
+    right.barh([y - 0.2 for y in ys], [p["measured_speedup"] or 0.0 for p in predictions], height=0.4,
+               label="measured on the demo (bench JSON)")
+    right.set_yticks(list(ys), labels, fontsize=8)
+    right.invert_yaxis()
+    right.axvline(1.0, color="gray", ls="--", lw=0.8)
+    right.set_xlabel("speed-up vs ar")
+    right.legend(fontsize=8)
+    right.grid(alpha=0.3, axis="x")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)

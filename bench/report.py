@@ -39,9 +39,9 @@ class MethodResult:
 
 
 def latency_summary(latencies: list[float]) -> dict[str, float]:
-    """Median and 90th percentile of per-image latencies, in seconds."""
+    """Median and 90th percentile (and mean, for the breakdown) of per-image latencies, in seconds."""
     values = np.asarray(latencies, dtype=np.float64)
-    return {"median": float(np.median(values)), "p90": float(np.percentile(values, 90))}
+    return {"median": float(np.median(values)), "p90": float(np.percentile(values, 90)), "mean": float(values.mean())}
 
 
 def attach_speedups(results: list[MethodResult]) -> None:
@@ -64,15 +64,16 @@ def _fmt(value: Any, digits: int = 2) -> str:
 
 def format_table(results: list[MethodResult]) -> str:
     """A fixed-width table: one row per setting, speed first, then fidelity."""
-    headers = ["setting", "acc.len", "tgt fwd/img", "drf fwd/img", "lat med s", "lat p90 s", "speed-up",
+    headers = ["setting", "acc.len", "tgt fwd/img", "drf fwd/img", "lat med ms", "lat p90 ms", "speed-up",
                "class acc", "FD", "TV bound"]
     rows = []
     for r in results:
         rows.append([
             r.label, _fmt(r.mean_accepted_length), _fmt(r.target_forwards_per_image, 1),
-            _fmt(r.draft_forwards_per_image, 1), _fmt(r.latency_s["median"], 3), _fmt(r.latency_s["p90"], 3),
+            _fmt(r.draft_forwards_per_image, 1), _fmt(1000 * r.latency_s["median"], 1),
+            _fmt(1000 * r.latency_s["p90"], 1),
             _fmt(r.speedup_vs_ar) + ("x" if r.speedup_vs_ar is not None else ""),
-            _fmt(r.quality.get("class_accuracy"), 3), _fmt(r.quality.get("frechet_distance"), 1),
+            _fmt(r.quality.get("class_accuracy"), 3), _fmt(r.quality.get("frechet_distance"), 2),
             _fmt(r.theory.get("tv_bound"), 3),
         ])
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
@@ -83,13 +84,15 @@ def format_table(results: list[MethodResult]) -> str:
 
 
 def format_breakdown(results: list[MethodResult]) -> str:
-    """Where each setting's time goes, per image, in milliseconds."""
-    headers = ["setting"] + [k for k in BREAKDOWN_KEYS] + ["other"]
+    """Where each setting's time goes: mean per image, in milliseconds; `other` is the rest of the
+    mean latency (Python orchestration of the method between model calls)."""
+    headers = ["setting"] + [k for k in BREAKDOWN_KEYS] + ["other", "total"]
     rows = []
     for r in results:
         parts = [r.breakdown_s.get(k, 0.0) for k in BREAKDOWN_KEYS]
-        other = max(r.latency_s["median"] - sum(parts), 0.0)
-        rows.append([r.label] + [f"{1000 * p:.1f}" for p in parts] + [f"{1000 * other:.1f}"])
+        other = max(r.latency_s.get("mean", r.latency_s["median"]) - sum(parts), 0.0)
+        total = r.latency_s.get("mean", r.latency_s["median"])
+        rows.append([r.label] + [f"{1000 * p:.1f}" for p in parts] + [f"{1000 * other:.1f}", f"{1000 * total:.1f}"])
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
     line = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
                                    for i, (c, w) in enumerate(zip(cells, widths)))
@@ -128,46 +131,75 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
     _atomic_write(path, (json.dumps(payload, indent=2, sort_keys=False) + "\n").encode())
 
 
-def write_plot(path: str, results: list[MethodResult], title: str) -> None:
+def _point_label(result: MethodResult) -> str:
+    """'delta=2.5' for a swept point (the label's parameter part), Greek where the paper uses it."""
+    inner = result.label[len(result.method) + 1:-1] if result.params else ""
+    return inner.replace("delta=", "δ=").replace("lambda=", "λ=").replace("nu=", "ν=")
+
+
+def write_plot(path: str, results: list[MethodResult], title: str, fd_floor: float | None = None) -> None:
     """Speed–quality trade-off like the Cool-SD paper's Figure 3: one curve per method family.
 
     Left: speed-up against `ar` over Fréchet distance; right: mean accepted length over
-    Fréchet distance. Points of one family (a sweep) are joined in sweep order.
+    Fréchet distance. Points of one family (a sweep) are joined in sweep order; a dotted
+    vertical line marks the real-vs-real Fréchet distance at the same sample size (the
+    floor: differences left of it are noise). Without fidelity numbers (a bundle with no
+    evaluator) the plot is speed-up over accepted length.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     families: dict[str, list[MethodResult]] = {}
     for r in results:
         families.setdefault(r.method, []).append(r)
-    for ax, key, ylabel in ((axes[0], "speedup", "speed-up vs ar (wall clock)"),
-                            (axes[1], "accepted", "mean accepted length (tokens / target forward)")):
+    has_fd = any(r.quality.get("frechet_distance") is not None for r in results)
+    if has_fd:
+        panels = (("frechet_distance", "speedup", "speed-up vs ar (wall clock, same run)"),
+                  ("frechet_distance", "accepted", "mean accepted length (tokens / target forward)"))
+    else:
+        panels = (("accepted", "speedup", "speed-up vs ar (wall clock, same run)"),)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.6), squeeze=False)
+
+    def value(r: MethodResult, key: str):
+        if key == "speedup":
+            return r.speedup_vs_ar
+        if key == "accepted":
+            return r.mean_accepted_length
+        return r.quality.get(key)
+
+    for ax, (xkey, ykey, ylabel) in zip(axes[0], panels):
         for method, members in families.items():
-            pts = [(m.quality.get("frechet_distance"), m.speedup_vs_ar if key == "speedup" else m.mean_accepted_length, m)
-                   for m in members]
+            pts = [(value(m, xkey), value(m, ykey), m) for m in members]
             pts = [p for p in pts if p[0] is not None and p[1] is not None]
             if not pts:
                 continue
-            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-            marker = "*" if method == "ar" else "o"
-            ax.plot(xs, ys, marker=marker, markersize=11 if method == "ar" else 6, label=method)
+            ar = method == "ar"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="*" if ar else "o",
+                    markersize=13 if ar else 6, label=method, color="black" if ar else None)
             if len(pts) > 1:
                 for x, y, m in pts:
-                    short = ",".join(f"{v}" for v in m.params.values())
-                    ax.annotate(short, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-        ax.set_xlabel("Fréchet distance to held-out real images (lower is better)")
+                    ax.annotate(_point_label(m), (x, y), textcoords="offset points", xytext=(5, 3), fontsize=8)
+        if xkey == "frechet_distance" and fd_floor is not None:
+            ax.axvline(fd_floor, color="gray", lw=1.0, ls=":", label="real vs real (noise floor)")
+        if ykey == "speedup":
+            ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+        ax.set_xlabel("Fréchet distance to held-out real images (lower is better)" if xkey == "frechet_distance"
+                      else "mean accepted length (tokens / target forward)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    axes[0].axhline(1.0, color="gray", lw=0.8, ls="--")
-    axes[1].legend(fontsize=8, loc="best")
+    axes[0][-1].legend(fontsize=8, loc="best")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, ".tmp-" + os.path.basename(path))
-    fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,44 +1,64 @@
 """Which methods and parameter settings a benchmark run measures.
 
-`--methods ar,sd,cool-sd` names the methods at their default parameters; each
-`--sweep cool-sd:relaxation_budget=1.1,2,3` replaces that method's single setting with one
-setting per value (several keys give their cross product). `ar` is always measured, first,
-because every speed-up is a ratio against it from the same run.
+`--methods ar,sd,cool-sd` names the methods at their runtime defaults; each
+`--sweep cool-sd:delta=1.5,2,3` replaces that method's single setting with one setting per
+value (several keys, separated by ';', give their cross product). Keys are the runtime's
+parameter names (specrt.runtime.methods, each method's PARAMS) or the papers' symbols
+(delta, nu, lambda, L, K, D), which mean different parameters for different methods.
+`ar` is always measured, first, because every speed-up is a ratio against it from the same
+run. Every setting is checked by constructing its runtime method object, so a misspelt key
+or an out-of-range value fails before anything is measured.
 """
 from __future__ import annotations
 
 import itertools
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from specrt.errors import SpecrtError
+from specrt.runtime.methods import METHODS, make_method
 
 DEFAULT_METHODS = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
 
-# Short names accepted in --sweep (the papers' symbols) -> runtime parameter names.
-PARAM_ALIASES = {
-    "delta": "relaxation_budget",
-    "nu": "decay",
-    "L": "draft_len",
-    "k": "k",
-    "lambda": "lam",
+# The default run sweeps Cool-SD's relaxation budget δ so that its speed–fidelity trade-off
+# (accepted length up with δ, Fréchet distance not better) is visible in one run.
+DEFAULT_SWEEPS = ("cool-sd:delta=1.5,2.5,4",)
+
+_DRAFTED = {"L": "draft_len"}
+_JACOBI = {"L": "window", "K": "branching", "D": "tree_depth"}
+# Paper symbols -> runtime parameter names, per method (δ is Cool-SD's budget but LANTERN's TVD budget).
+PARAM_ALIASES: dict[str, dict[str, str]] = {
+    "ar": {},
+    "sd": dict(_DRAFTED),
+    "cool-sd": {**_DRAFTED, "delta": "relaxation_budget", "nu": "decay"},
+    "lantern": {**_DRAFTED, "delta": "tvd_budget", "lambda": "ratio", "k": "neighbours_k"},
+    "sjd": dict(_JACOBI),
+    "sjd-pac": dict(_JACOBI),
 }
+
+
+def _symbol(method: str, param: str) -> str:
+    """The short name a parameter is shown with (its paper symbol when it has one)."""
+    for short, name in PARAM_ALIASES.get(method, {}).items():
+        if name == param:
+            return short
+    return param
 
 
 @dataclass(frozen=True)
 class Setting:
-    """One row of the benchmark: a method and the parameters it runs with."""
+    """One row of the benchmark: a method and the parameters it runs with (runtime names)."""
 
     method: str
     params: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
-        """Human-readable name, e.g. `cool-sd(relaxation_budget=2)`."""
+        """Human-readable name, e.g. `cool-sd(delta=2)`."""
         if not self.params:
             return self.method
-        inner = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()))
+        inner = ",".join(f"{_symbol(self.method, k)}={v}" for k, v in sorted(self.params.items()))
         return f"{self.method}({inner})"
 
     def __hash__(self) -> int:
@@ -47,15 +67,15 @@ class Setting:
 
 def _parse_value(text: str) -> Any:
     """'2' -> 2, '1.1' -> 1.1, 'true' -> True, anything else stays a string."""
-    lowered = text.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
+    text = text.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
     for cast in (int, float):
         try:
             return cast(text)
         except ValueError:
             pass
-    return text.strip()
+    return text
 
 
 def parse_sweep(spec: str) -> tuple[str, list[dict[str, Any]]]:
@@ -67,32 +87,41 @@ def parse_sweep(spec: str) -> tuple[str, list[dict[str, Any]]]:
     method = method.strip()
     if not sep or not method or not rest.strip():
         raise SpecrtError(f"--sweep {spec!r}: expected METHOD:KEY=V1,V2[;KEY=V1,V2]")
+    if method not in METHODS:
+        raise SpecrtError(f"--sweep {spec!r}: unknown method {method!r}; choose from {', '.join(METHODS)}")
     axes: list[tuple[str, list[Any]]] = []
     for part in rest.split(";"):
         key, eq, values = part.partition("=")
         key = key.strip()
-        if not eq or not key or not values.strip():
-            raise SpecrtError(f"--sweep {spec!r}: {part!r} is not KEY=V1,V2")
-        axes.append((PARAM_ALIASES.get(key, key), [_parse_value(v) for v in values.split(",") if v.strip()]))
+        parsed = [_parse_value(v) for v in values.split(",") if v.strip()]
+        if not eq or not key or not parsed:
+            raise SpecrtError(f"--sweep {spec!r}: {part.strip()!r} is not KEY=V1,V2")
+        name = PARAM_ALIASES.get(method, {}).get(key, key)
+        if name not in METHODS[method].PARAMS:
+            known = sorted(set(METHODS[method].PARAMS) | set(PARAM_ALIASES.get(method, {})))
+            raise SpecrtError(f"--sweep {spec!r}: {method} has no parameter {key!r} (known: {', '.join(known) or 'none'})")
+        axes.append((name, parsed))
     keys = [k for k, _ in axes]
     return method, [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in axes))]
 
 
-def build_settings(methods: str | list[str] | tuple[str, ...], sweeps: list[str] | tuple[str, ...] = (),
-                   known_methods: tuple[str, ...] = DEFAULT_METHODS) -> list[Setting]:
-    """The ordered list of settings for a run; `ar` first, sweeps expanded in place."""
+def build_settings(methods: str | Sequence[str] = DEFAULT_METHODS, sweeps: Sequence[str] = ()) -> list[Setting]:
+    """The ordered list of settings for a run: `ar` first, sweeps expanded in place, each validated."""
     names = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
-    unknown = [m for m in names if m not in known_methods]
-    swept = dict(parse_sweep(s) for s in sweeps)
-    unknown += [m for m in swept if m not in known_methods]
+    unknown = sorted({m for m in names if m not in METHODS})
     if unknown:
-        raise SpecrtError(f"unknown method(s) {', '.join(sorted(set(unknown)))}; choose from {', '.join(known_methods)}")
-    for method in swept:
-        if method not in names:
-            names.append(method)
-    if "ar" in names:
-        names.remove("ar")
+        raise SpecrtError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+    swept: dict[str, list[dict[str, Any]]] = {}
+    for spec in sweeps:
+        method, params = parse_sweep(spec)
+        swept.setdefault(method, []).extend(params)
+    names += [m for m in swept if m not in names]
     settings = [Setting("ar")]
-    for name in names:
+    for name in dict.fromkeys(n for n in names if n != "ar"):
         settings += [Setting(name, p) for p in swept[name]] if name in swept else [Setting(name)]
+    for setting in settings:
+        try:
+            make_method(setting.method, **setting.params)
+        except SpecrtError as exc:
+            raise SpecrtError(f"setting {setting.label}: {exc}") from None
     return settings

@@ -1,0 +1,80 @@
+"""Fidelity of generated images: evaluator class accuracy and Fréchet distance to real images.
+
+The evaluator, its feature space and the Fréchet distance are the demo's own single
+implementation (specrt.export.demo.evaluator); this module only decides which image sets
+are compared. The held-out real digits are split into two class-interleaved halves: half A
+is the reference every setting is measured against, and half B gives the noise floor, the
+distance a perfect generator would score at the same sample size (Fréchet distances are
+biased upwards by small samples, so only same-size comparisons are meaningful).
+Generated and real images both go through the same uint8 pixel mapping before the
+evaluator sees them, so quantisation cannot separate them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from specrt.runtime.pipeline import to_uint8
+
+
+def pixels_to_model_range(images: np.ndarray) -> np.ndarray:
+    """uint8 [N, H, W, 3] (the pipeline's output) -> float32 [N, 3, H, W] in about [−1, 1]."""
+    return ((np.asarray(images, dtype=np.float32) - 128.0) / 127.5).transpose(0, 3, 1, 2)
+
+
+class FidelityJudge:
+    """Scores image sets against a fixed reference half of real images."""
+
+    def __init__(self, evaluator: Any, reference_images: np.ndarray, spare_real_images: np.ndarray,
+                 real_accuracy: float | None = None):
+        from specrt.export.demo.evaluator import embed, frechet_distance
+
+        self._embed, self._frechet = embed, frechet_distance
+        self.evaluator = evaluator
+        self.reference_features = embed(evaluator, pixels_to_model_range(to_uint8(reference_images)))[0]
+        self.spare_features = embed(evaluator, pixels_to_model_range(to_uint8(spare_real_images)))[0]
+        self.real_accuracy = real_accuracy
+
+    @classmethod
+    def from_demo(cls, demo_weights: Any = None) -> "FidelityJudge":
+        """The demo evaluator with the held-out real digits (halves A and B)."""
+        from specrt.export.demo import demo_dataset, load_demo
+
+        split = demo_dataset()
+        evaluator = load_demo(demo_weights).evaluator
+        judge = cls(evaluator, *split.held_out_halves())
+        judge.real_accuracy = judge.score(to_uint8(split.held_out_images), split.held_out_labels)["class_accuracy"]
+        return judge
+
+    @property
+    def reference_size(self) -> int:
+        return len(self.reference_features)
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.reference_features.shape[1])
+
+    def score(self, images: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+        """Class accuracy (evaluator agrees with the requested class) and Fréchet distance to half A."""
+        features, predicted = self._embed(self.evaluator, pixels_to_model_range(images))
+        return {
+            "class_accuracy": float(np.mean(predicted == np.asarray(labels))),
+            "frechet_distance": self._distance(features),
+        }
+
+    def _distance(self, features: np.ndarray) -> float:
+        """Fréchet distance to half A; scipy's singular-matrix warning is expected for small sets
+        (the demo implementation regularises those) and would only clutter the report."""
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*singular.*")
+            return self._frechet(features, self.reference_features)
+
+    def noise_floor(self, n: int) -> dict[str, Any]:
+        """Fréchet distance of n real held-out images (half B) to half A: the floor at this size."""
+        n = min(n, len(self.spare_features))
+        return {"frechet_distance": self._distance(self.spare_features[:n]),
+                "images": n, "reference_images": self.reference_size,
+                "real_class_accuracy": self.real_accuracy}

@@ -1,0 +1,132 @@
+"""The measurement loop: every setting generates the same images, interleaved image by image.
+
+Image i asks for class i mod num_classes with seed base_seed + i, for every setting. The
+settings run in a fresh random order for each image, so slow phases of a shared machine
+(other processes, thermal changes) fall on all settings alike instead of on whichever
+method happened to run during them. Each setting runs one untimed warm-up image first
+(session start-up, first-touch allocations). Latency is wall-clock time around
+Pipeline.generate for one image (its CFG pair included), VQ decode included.
+"""
+from __future__ import annotations
+
+import gc
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from specrt.bench.report import MethodResult, latency_summary
+from specrt.bench.settings import Setting
+from specrt.runtime.pipeline import Pipeline
+
+WARMUP_SEED = 1_000_003
+# runtime Stats.seconds keys -> the benchmark's breakdown keys (report.BREAKDOWN_KEYS)
+BREAKDOWN_FROM_STATS = {"target_forward": "target_forward", "draft_forward": "draft_forward",
+                        "verification": "verify_sample", "cache": "cache", "vq_decode": "vq_decode"}
+LOSSLESS = ("ar", "sd", "sjd", "sjd-pac")
+
+
+@dataclass
+class SettingRecords:
+    """Everything measured for one setting, one entry per image."""
+
+    setting: Setting
+    latencies: list[float] = field(default_factory=list)
+    tokens: int = 0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    seconds: Counter = field(default_factory=Counter)
+    histogram: Counter = field(default_factory=Counter)
+    theorem2_lengths: list[float] = field(default_factory=list)
+    theorem2_tv: list[float] = field(default_factory=list)
+    theorem2_tv_per_image: list[float] = field(default_factory=list)
+    images: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, latency: float, result) -> None:
+        stats = result.stats
+        self.latencies.append(latency)
+        self.tokens += stats.tokens
+        self.target_forwards += stats.target_forwards
+        self.draft_forwards += stats.draft_forwards
+        for key, value in stats.seconds.items():
+            self.seconds[key] += value
+        self.histogram.update(stats.accepted_lengths)
+        self.theorem2_lengths += stats.theorem2_accepted_length
+        self.theorem2_tv += stats.theorem2_tv_bound
+        if stats.theorem2_tv_bound:
+            self.theorem2_tv_per_image.append(float(np.sum(stats.theorem2_tv_bound)))
+        self.images.append(result.images[0])
+
+
+def image_plan(count: int, num_classes: int, base_seed: int) -> list[tuple[int, int]]:
+    """(class id, seed) of each benchmark image: classes cycle so every class is equally used."""
+    return [(i % num_classes, base_seed + i) for i in range(count)]
+
+
+def run_settings(pipe: Pipeline, settings: Sequence[Setting], images: int, seed: int = 0,
+                 on_image: Optional[Callable[[Setting], None]] = None) -> tuple[list[SettingRecords], np.ndarray]:
+    """Generate `images` images with every setting, interleaved; returns records and the class labels."""
+    plan = image_plan(images, pipe.target.spec.num_classes, seed)
+    records = [SettingRecords(s) for s in settings]
+    for record in records:  # warm-up, untimed
+        pipe.generate([0], method=record.setting.method, seed=WARMUP_SEED, **record.setting.params)
+    order_rng = np.random.default_rng(seed + 7919)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a collection inside one method's timing would bias it; collect between images instead
+    try:
+        for class_id, image_seed in plan:
+            for index in order_rng.permutation(len(records)):
+                record = records[index]
+                start = time.perf_counter()
+                result = pipe.generate([class_id], method=record.setting.method, seed=image_seed,
+                                       **record.setting.params)
+                record.add(time.perf_counter() - start, result)
+                if on_image:
+                    on_image(record.setting)
+            gc.collect()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return records, np.array([c for c, _ in plan], dtype=np.int64)
+
+
+def _theory(record: SettingRecords) -> dict:
+    """Cool-SD Theorem 2 (Eq. 7, Eq. 8-9) estimates averaged over rounds; 0 TV for lossless methods."""
+    method = record.setting.method
+    if method in LOSSLESS:
+        return {"lossless": True, "tv_bound": 0.0}
+    if not record.theorem2_lengths:
+        return {"lossless": False}
+    tv = np.asarray(record.theorem2_tv, dtype=np.float64)
+    finite = bool(np.isfinite(tv).any())
+    return {
+        "lossless": False,
+        "expected_accepted_length": float(np.mean(record.theorem2_lengths)),
+        "tv_bound": float(np.nanmean(tv)) if finite else None,
+        "tv_bound_per_image": float(np.nanmean(record.theorem2_tv_per_image)) if finite else None,
+        "rounds": len(tv),
+        "note": "TV bound per verification round (Eq. 8-9), one-sample estimates along the drafted path"
+                + ("" if finite else "; not computable: LANTERN's Eq. 6 resampling depends on the rejected token"),
+    }
+
+
+def summarise(record: SettingRecords) -> MethodResult:
+    """One setting's records -> its MethodResult (speed-up and quality attached later)."""
+    count = len(record.latencies)
+    breakdown = {name: record.seconds[key] / count for key, name in BREAKDOWN_FROM_STATS.items()}
+    return MethodResult(
+        method=record.setting.method,
+        params=dict(record.setting.params),
+        label=record.setting.label,
+        images=count,
+        mean_accepted_length=record.tokens / record.target_forwards if record.target_forwards else 0.0,
+        target_forwards_per_image=record.target_forwards / count,
+        draft_forwards_per_image=record.draft_forwards / count,
+        latency_s=latency_summary(record.latencies),
+        speedup_vs_ar=None,
+        breakdown_s=breakdown,
+        accepted_length_histogram={str(k): int(v) for k, v in sorted(record.histogram.items())},
+        theory=_theory(record),
+    )

@@ -1,0 +1,132 @@
+"""What a benchmark runs on: a Pipeline on a backend, and (for the demo) its fidelity judge.
+
+Default: the embedded demo, exported once into a cache directory and run on onnxruntime,
+because a bundle on onnxruntime is what specrt deploys — measuring the PyTorch modules
+would time a path no user ships. The export takes about a minute on a 2-core CPU and is
+keyed by a digest of the demo weights, so retrained weights get a fresh bundle. `torch`
+runs the demo's PyTorch modules directly (no export) for comparison.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from specrt.errors import SpecrtError
+from specrt.runtime.pipeline import Pipeline
+
+BACKENDS = ("ort", "torch")
+Progress = Callable[[str], None]
+
+
+@dataclass
+class BenchModels:
+    """The pipeline under test, how to name it in a report, and how to judge its images."""
+
+    pipeline: Pipeline
+    backend: str
+    bundle: str
+    judge: Optional[Any] = None  # bench.fidelity.FidelityJudge when an evaluator exists for these models
+
+
+def cache_root() -> Path:
+    """$SPECRT_CACHE_DIR, else $XDG_CACHE_HOME/specrt, else ~/.cache/specrt."""
+    if os.environ.get("SPECRT_CACHE_DIR"):
+        return Path(os.environ["SPECRT_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "specrt"
+
+
+def demo_weights_dir(demo_weights: Optional[Path]) -> Path:
+    from specrt.export.demo import packaged_weights_dir
+
+    return Path(demo_weights) if demo_weights is not None else packaged_weights_dir()
+
+
+def weights_digest(folder: Path) -> str:
+    """Short sha256 over a demo weights folder's files (demo.json and the safetensors)."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors"))
+    if not files:
+        raise SpecrtError(f"no demo weights in {folder} (train them with `specrt demo train --out DIR`)")
+    for path in files:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def demo_bundle(demo_weights: Optional[Path] = None, cache_dir: Optional[Path] = None,
+                progress: Optional[Progress] = None) -> Path:
+    """The demo exported to <cache>/bench/demo-<digest>/, exporting it on first use."""
+    from specrt.manifest import MANIFEST_NAME
+
+    weights = demo_weights_dir(demo_weights)
+    out = Path(cache_dir or cache_root() / "bench") / f"demo-{weights_digest(weights)}"
+    if (out / MANIFEST_NAME).is_file():
+        return out
+    from specrt.export.bundle import ExportOptions, write_bundle
+    from specrt.export.sources import demo_models
+
+    say = progress or (lambda _msg: None)
+    say(f"exporting the demo bundle once to {out} (about a minute on a 2-core CPU) ...")
+    try:
+        write_bundle(demo_models(demo_weights), out, ExportOptions(), progress=say)
+    except SpecrtError:
+        if not (out / MANIFEST_NAME).is_file():  # another process may have just finished the same export
+            raise
+    return out
+
+
+def _judge_for_bundle(bundle: Path) -> Optional[Any]:
+    """The demo's fidelity judge when the bundle was exported from demo weights, else None."""
+    from specrt.manifest import read_manifest
+
+    source = str(read_manifest(bundle, check_hashes=False).models["target"].get("source", ""))
+    where, sep, _role = source.rpartition(":")
+    if not sep:
+        return None
+    if where == "demo":
+        weights = None
+    elif (Path(where) / "demo.json").is_file():
+        weights = Path(where)
+    else:
+        return None
+    from specrt.bench.fidelity import FidelityJudge
+
+    return FidelityJudge.from_demo(weights)
+
+
+def open_models(bundle: Optional[Path] = None, backend: str = "ort", demo_weights: Optional[Path] = None,
+                threads: Optional[int] = 1, cache_dir: Optional[Path] = None, judge: bool = True,
+                progress: Optional[Progress] = None) -> BenchModels:
+    """A BUNDLE on onnxruntime, or the demo on onnxruntime (cached export) or PyTorch."""
+    if backend not in BACKENDS:
+        raise SpecrtError(f"unknown --backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    if bundle is not None:
+        if demo_weights is not None:
+            raise SpecrtError("give either a BUNDLE or --demo-weights, not both")
+        if backend != "ort":
+            raise SpecrtError("a BUNDLE runs on the ort backend; --backend torch benchmarks the demo's PyTorch modules")
+        pipe = Pipeline.from_bundle(bundle, threads=threads)
+        return BenchModels(pipe, "ort", str(bundle), _judge_for_bundle(bundle) if judge else None)
+
+    from specrt.bench.fidelity import FidelityJudge
+
+    fidelity = FidelityJudge.from_demo(demo_weights) if judge else None
+    where = "demo" if demo_weights is None else f"demo weights {demo_weights}"
+    if backend == "ort":
+        path = demo_bundle(demo_weights, cache_dir, progress)
+        return BenchModels(Pipeline.from_bundle(path, threads=threads), "ort", f"{where} (exported to {path})", fidelity)
+
+    from specrt.export.demo import load_demo
+    from specrt.lazy import require
+
+    torch = require("torch", "--backend torch")
+    if threads:
+        torch.set_num_threads(threads)
+    demo = load_demo(demo_weights)
+    pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq)
+    pipe.sampling_defaults = dict(demo.config["sampling_defaults"])
+    return BenchModels(pipe, "torch", f"{where} (PyTorch modules)", fidelity)

@@ -1,0 +1,1 @@
+"""Committed outputs of the default `specrt bench` run on the demo (read by --profile-arch)."""

@@ -1,0 +1,77 @@
+"""One benchmark run end to end: measure every setting, judge fidelity, attach speed-ups.
+
+    models = open_models()                      # the demo on onnxruntime (bench.models)
+    run = benchmark(models, build_settings(...), images=200)
+    print(format_table(run.results)); write_json(path, run.payload)
+
+Everything a reader needs to trust a number goes into the payload: device, backend,
+bundle, thread count, image count and seeds, sampling parameters, the Fréchet-distance
+noise floor at the run's sample size, and the wall time of the whole run.
+"""
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from specrt.bench.device import device_name
+from specrt.bench.measure import run_settings, summarise
+from specrt.bench.models import BenchModels
+from specrt.bench.report import MethodResult, attach_speedups, to_json_object
+from specrt.bench.settings import Setting
+
+
+@dataclass
+class BenchRun:
+    results: list[MethodResult]
+    payload: dict[str, Any]
+
+    @property
+    def fd_floor(self) -> Optional[float]:
+        floor = self.payload["settings"].get("fd_noise_floor")
+        return floor["frechet_distance"] if floor else None
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in ("numpy", "onnxruntime", "torch"):
+        try:
+            out[name] = __import__(name).__version__
+        except ImportError:
+            pass
+    return out
+
+
+def benchmark(models: BenchModels, settings: Sequence[Setting], images: int, seed: int = 0,
+              threads: Optional[int] = None, on_image: Optional[Callable[[Setting], None]] = None) -> BenchRun:
+    """Measure `settings` on `images` images each (interleaved), judge them, and build the JSON payload."""
+    started = time.perf_counter()
+    records, labels = run_settings(models.pipeline, settings, images, seed, on_image)
+    results = [summarise(r) for r in records]
+    floor = None
+    if models.judge is not None:
+        import numpy as np
+
+        for result, record in zip(results, records):
+            result.quality = {**models.judge.score(np.stack(record.images), labels), "images": len(record.images)}
+        floor = models.judge.noise_floor(images)
+        floor["feature_dim"] = models.judge.feature_dim
+    attach_speedups(results)
+    settings_info = {
+        "images_per_setting": images,
+        "seed": seed,
+        "image_plan": "image i: class i mod num_classes, seed + i; settings run in a fresh random order per image",
+        "threads": threads,
+        "sampling": dict(models.pipeline.sampling_defaults),
+        "settings": [{"method": s.method, "params": s.params, "label": s.label} for s in settings],
+        "speedup": "median latency of ar / median latency of the setting, same run",
+        "fd_noise_floor": floor,
+        "fd_reference": "held-out real digits, half A (class-interleaved); floor = half B's first N images vs half A",
+        "wall_time_s": None,
+        "versions": _versions(),
+    }
+    payload = to_json_object(results, device=device_name(models.backend), backend=models.backend,
+                             bundle=models.bundle, settings=settings_info)
+    settings_info["wall_time_s"] = round(time.perf_counter() - started, 1)
+    return BenchRun(results, payload)
