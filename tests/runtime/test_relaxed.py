@@ -137,3 +137,30 @@ def test_path_estimates_average_to_theorem2():
         tvs.append(estimate.tv_bound)
     assert np.mean(lengths) == pytest.approx(length, abs=4 * np.std(lengths) / np.sqrt(4000))
     assert np.mean(tvs) == pytest.approx(bound, abs=4 * np.std(tvs) / np.sqrt(4000) + 1e-9)
+
+
+@pytest.mark.parametrize("method,params", [("cool-sd", {"relaxation_budget": 1.0, "schedule": "uniform"}),
+                                           ("lantern", {"tvd_budget": 0.0}), ("lantern", {"ratio": 1.0, "resampling": "gstar"})])
+def test_relaxations_at_zero_budget_are_exactly_sd(method, params):
+    """δ = 1 (UniformRSD) and an empty LANTERN neighbourhood consume the random stream like SD
+    and accept/resample identically, so the same seed gives the same tokens."""
+    from specrt.runtime.backends.toy import toy_models
+    from specrt.runtime.pipeline import Pipeline
+
+    target, draft, vq = toy_models(vocab_size=4, grid_size=3, seed=2)
+    neighbours = np.array([[1, 2], [0, 2], [3, 1], [2, 0]])
+    pipe = Pipeline(target, vq, draft, neighbours=neighbours, sampling_defaults={"cfg_scale": 1.0})
+    reference = pipe.generate([0] * 200, method="sd", seed=4, draft_len=3).tokens
+    np.testing.assert_array_equal(pipe.generate([0] * 200, method=method, seed=4, draft_len=3, **params).tokens, reference)
+
+
+def test_lantern_accepts_more_as_the_budget_grows():
+    from specrt.runtime.backends.toy import toy_models
+    from specrt.runtime.pipeline import Pipeline
+
+    target, draft, vq = toy_models(vocab_size=4, grid_size=3, seed=2)
+    neighbours = np.array([[1, 2], [0, 2], [3, 1], [2, 0]])
+    pipe = Pipeline(target, vq, draft, neighbours=neighbours, sampling_defaults={"cfg_scale": 1.0})
+    lengths = [pipe.generate([0] * 300, method="lantern", seed=0, draft_len=3, tvd_budget=budget).stats.mean_accepted_length
+               for budget in (0.0, 0.2, 0.6)]
+    assert lengths[0] < lengths[1] < lengths[2]

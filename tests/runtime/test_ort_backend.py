@@ -1,0 +1,76 @@
+"""The onnxruntime backend against the torch backend on one exported tiny bundle.
+
+Exporting takes tens of seconds on a shared CPU, so the bundle is built once per module and
+the file is marked slow (it still runs in CI).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specrt.errors import SpecrtError
+from specrt.runtime.pipeline import Pipeline
+from specrt.runtime.window import Window
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def pipelines(tmp_path_factory):
+    from specrt.export.bundle import ExportOptions, ModelSet, write_bundle
+    from specrt.export.llamagen_gpt import GPT, GPTConfig
+    from specrt.export.llamagen_vq import VQConfig, VQModel
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    target = GPT(GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=32, num_classes=4, grid_size=3, initializer_range=0.3))
+    draft = GPT(GPTConfig(dim=16, n_layer=1, n_head=2, vocab_size=32, num_classes=4, grid_size=3, initializer_range=0.3))
+    vq = VQModel(VQConfig(codebook_size=32, ch=16, ch_mult=(1, 2), z_channels=16, norm_groups=8, codebook_show_usage=False))
+    bundle = tmp_path_factory.mktemp("ort") / "bundle"
+    write_bundle(ModelSet(target, draft, vq), bundle, ExportOptions(max_window=8, max_batch=4, neighbours_k=4))
+    return Pipeline.from_torch(target, draft, vq, max_window=8), Pipeline.from_bundle(bundle)
+
+
+def test_step_logits_match_torch_on_a_tree_window(pipelines):
+    torch_pipe, ort_pipe = pipelines
+    window = Window.tree([3, 7, 9, 1, 4], [-1, 0, 0, 1, 1])
+    out = []
+    for runner in (torch_pipe.target, ort_pipe.target):
+        runner.allocate(2)
+        runner.prefill(np.array([1, 4]))
+        out.append(runner.step(window).copy())
+        runner.commit([0, 2])
+        out.append(runner.step(Window.chain([5, 6])).copy())
+    np.testing.assert_allclose(out[2], out[0], atol=1e-4)
+    np.testing.assert_allclose(out[3], out[1], atol=1e-4)
+
+
+@pytest.mark.parametrize("method,params", [("ar", {}), ("sd", {"draft_len": 3}), ("lantern", {"draft_len": 3, "tvd_budget": 0.5}),
+                                           ("sjd-pac", {"window": 8, "branching": 2, "tree_depth": 2})])
+def test_greedy_images_match_torch(pipelines, method, params):
+    torch_pipe, ort_pipe = pipelines
+    a = torch_pipe.generate([0, 3], method=method, seed=0, temperature=0.0, cfg_scale=2.0, **params)
+    b = ort_pipe.generate([0, 3], method=method, seed=0, temperature=0.0, cfg_scale=2.0, **params)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    assert np.abs(a.images.astype(int) - b.images.astype(int)).max() <= 1
+
+
+def test_kv_buffer_and_binding_survive_the_whole_call(pipelines):
+    _, ort_pipe = pipelines
+    runner = ort_pipe.target
+    ort_pipe.generate([1], method="sjd", seed=0, window=6)
+    kv, binding = runner.kv_buffer, runner._binding
+    ort_pipe.generate([2], method="sjd", seed=1, window=6)
+    assert runner.kv_buffer is kv and runner._binding is binding
+
+
+def test_bundle_limits_are_user_errors(pipelines):
+    _, ort_pipe = pipelines
+    with pytest.raises(SpecrtError, match="at most 8"):
+        ort_pipe.generate([0], method="sjd-pac")  # default window 64
+    with pytest.raises(SpecrtError, match="allows 4"):
+        ort_pipe.generate([0, 1, 2], method="ar", cfg_scale=2.0)
+    with pytest.raises(SpecrtError, match="out of range"):
+        ort_pipe.generate([4])
