@@ -111,8 +111,9 @@ def lantern_neighbourhood(p: np.ndarray, neighbours: np.ndarray, token: int, *,
                           tvd_budget: Optional[float] = None, ratio: Optional[float] = None) -> np.ndarray:
     """A^{k,δ}(x̃) \\ {x̃}: the largest prefix of x̃'s k nearest neighbours whose mass stays in budget.
 
-    LANTERN: cumulative neighbour mass ≤ δ (a TVD bound); LANTERN++: < (λ − 1)·p(x̃)...
-    here ≤ (λ − 1)·p(x̃), the same boundary up to ties. Exactly one of the two is given.
+    LANTERN: cumulative neighbour mass ≤ δ (a TVD bound); LANTERN++ (Cool-SD Eq. 4-5):
+    cumulative mass ≤ (λ − 1)·p(x̃), i.e. p̃(x̃) ≤ λ·p(x̃) (the paper's strict < differs only
+    on exact ties). Neighbours are taken nearest first. Exactly one of the two budgets is given.
     """
     nbrs = neighbours[token]
     cumulative = np.cumsum(p[nbrs])
