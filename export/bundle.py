@@ -166,8 +166,7 @@ def write_bundle(models: ModelSet, out: str | Path, options: ExportOptions | Non
     _refuse_existing(out, force)
     check_compatible(models)
     limits = GraphLimits(capacity=capacity_for(models.target.config, options.max_window),
-                         max_window=options.max_window, opt_window=min(16, options.max_window),
-                         max_batch=options.max_batch, opt_batch=min(2, options.max_batch))
+                         max_window=options.max_window, max_batch=options.max_batch)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
     work.mkdir()

@@ -47,11 +47,15 @@ class GraphLimits:
 
     capacity: int
     max_window: int = 64
-    opt_window: int = 16
+    opt_window: int | None = None  # None: min(16, max_window)
     max_batch: int = 8
-    opt_batch: int = 2
+    opt_batch: int | None = None  # None: min(2, max_batch)
 
     def __post_init__(self) -> None:
+        if self.opt_window is None:
+            object.__setattr__(self, "opt_window", min(16, self.max_window))
+        if self.opt_batch is None:
+            object.__setattr__(self, "opt_batch", min(2, self.max_batch))
         if self.max_window < 1:
             raise SpecrtError(f"--max-window must be >= 1, got {self.max_window}")
         if self.max_batch < 1:
@@ -202,6 +206,7 @@ def _export(module: nn.Module, spec: GraphSpec, examples: tuple[torch.Tensor, ..
     path = out_dir / spec.file
     external = _parameter_bytes(module) > EXTERNAL_DATA_BYTES
     module = module.eval()
+    existing = set(out_dir.iterdir())
     quiet = io.StringIO()
     with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(quiet), _quiet_torch_logs():
         warnings.simplefilter("ignore")
@@ -210,14 +215,20 @@ def _export(module: nn.Module, spec: GraphSpec, examples: tuple[torch.Tensor, ..
             input_names=list(spec.input_names), output_names=list(spec.output_names),
             dynamic_shapes=_dynamic_shapes(spec), external_data=external, optimize=True, verbose=False,
         )
-    model = onnx.load(str(path), load_external_data=False)
+    if not external:
+        model = onnx.load(str(path))
+        _stamp_and_check(model, spec)
+        onnx.save_model(model, str(path))
+        return spec
+    # Weights > 2 GB: load them back, remove whatever data files the exporter wrote, and
+    # write exactly one `<graph>.onnx.data` that the manifest can name and hash.
+    model = onnx.load(str(path), load_external_data=True)
+    for written in set(out_dir.iterdir()) - existing - {path}:
+        written.unlink()
     _stamp_and_check(model, spec)
-    if external:
-        data_name = f"{spec.file}.data"
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data_name)
-        return GraphSpec(**{**spec.__dict__, "external_data": data_name})
-    onnx.save_model(model, str(path))
-    return spec
+    data_name = f"{spec.file}.data"
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data_name)
+    return GraphSpec(**{**spec.__dict__, "external_data": data_name})
 
 
 @contextlib.contextmanager
