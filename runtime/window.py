@@ -29,7 +29,8 @@ class Window:
     @classmethod
     def tree(cls, ids: Sequence[int], parents: Sequence[int]) -> "Window":
         parents = np.asarray(parents, dtype=np.int64)
-        if len(parents) and (parents[0] != -1 or np.any(parents[1:] >= np.arange(1, len(parents))) or np.any(parents[1:] < 0)):
+        later = parents[1:]
+        if len(parents) and (parents[0] != -1 or np.any(later < 0) or np.any(later >= np.arange(1, len(parents)))):
             raise ValueError("tree windows need parents[0] == -1 and 0 <= parents[w] < w")
         return cls(np.asarray(ids, dtype=np.int64), parents)
 
