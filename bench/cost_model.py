@@ -138,10 +138,11 @@ def parse_windows(text: str) -> tuple[int, ...]:
 
 def prediction_table(latency: StepLatency, measured: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
     """The t(W) table and, per measured bench result, its window cost and predicted speed-up."""
-    lines = ["W      " + "  ".join(f"{w:>7d}" for w in latency.windows),
-             "t(W) ms" + "  ".join(f"{1000 * t:7.1f}" for t in latency.target_s),
-             "t(W)/t(1)" + "  ".join(f"{t / latency.target_s[0]:7.2f}" for t in latency.target_s)[2:],
-             f"draft step (1 layer, W=1): {1000 * latency.draft_s:.1f} ms", ""]
+    row = lambda name, cells: f"{name:<10}" + "".join(f"{c:>8}" for c in cells)  # noqa: E731
+    lines = [row("W", latency.windows),
+             row("t(W) ms", [f"{1000 * t:.1f}" for t in latency.target_s]),
+             row("t(W)/t(1)", [f"{t / latency.target_s[0]:.2f}" for t in latency.target_s]),
+             f"draft step (1 layer of the target's width, W=1): {1000 * latency.draft_s:.1f} ms", ""]
     predictions = []
     for result in measured:
         window, drafts = window_cost(result["method"], result.get("params", {}))
@@ -151,14 +152,12 @@ def prediction_table(latency: StepLatency, measured: list[dict[str, Any]]) -> tu
                             "params": result.get("params", {}), "window": window, "draft_forwards": drafts,
                             "mean_accepted_length": result["mean_accepted_length"],
                             "measured_speedup": result.get("speedup_vs_ar"), "predicted_speedup": speedup})
-    width = max(len(p["label"]) for p in predictions) if predictions else 7
-    lines.append(f"{'setting':<{width}}  acc.len  W    drafts  predicted speed-up  (measured on the bench's device)")
+    width = max([len(p["label"]) for p in predictions] + [7])
+    lines.append(f"{'setting':<{width}}  acc.len    W  drafts  predicted  measured on the bench's device")
     for p in predictions:
-        measured_speedup = p["measured_speedup"]
-        lines.append(f"{p['label']:<{width}}  {p['mean_accepted_length']:7.2f}  {p['window']:<3d}  {p['draft_forwards']:<6d}  "
-                     f"{p['predicted_speedup']:17.2f}x  ({measured_speedup:.2f}x)" if measured_speedup is not None
-                     else f"{p['label']:<{width}}  {p['mean_accepted_length']:7.2f}  {p['window']:<3d}  "
-                          f"{p['draft_forwards']:<6d}  {p['predicted_speedup']:17.2f}x")
+        measured_speedup = "-" if p["measured_speedup"] is None else f"{p['measured_speedup']:.2f}x"
+        lines.append(f"{p['label']:<{width}}  {p['mean_accepted_length']:7.2f}  {p['window']:3d}  {p['draft_forwards']:6d}"
+                     f"  {p['predicted_speedup']:8.2f}x  {measured_speedup}")
     return "\n".join(lines), predictions
 
 

@@ -55,7 +55,7 @@ class FidelityJudge:
     def feature_dim(self) -> int:
         return int(self.reference_features.shape[1])
 
-    def score(self, images: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    def score(self, images: np.ndarray, labels: np.ndarray) -> dict[str, float | None]:
         """Class accuracy (evaluator agrees with the requested class) and Fréchet distance to half A."""
         features, predicted = self._embed(self.evaluator, pixels_to_model_range(images))
         return {
@@ -63,11 +63,13 @@ class FidelityJudge:
             "frechet_distance": self._distance(features),
         }
 
-    def _distance(self, features: np.ndarray) -> float:
-        """Fréchet distance to half A; scipy's singular-matrix warning is expected for small sets
-        (the demo implementation regularises those) and would only clutter the report."""
+    def _distance(self, features: np.ndarray) -> float | None:
+        """Fréchet distance to half A (None below 2 images: no covariance); scipy's singular-matrix
+        warning is expected for small sets (the demo implementation regularises those)."""
         import warnings
 
+        if len(features) < 2:
+            return None
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*singular.*")
             return self._frechet(features, self.reference_features)

@@ -19,9 +19,11 @@ import numpy as np
 
 from specrt.bench.report import MethodResult, latency_summary
 from specrt.bench.settings import Setting
+from specrt.runtime.methods import METHODS
 from specrt.runtime.pipeline import Pipeline
 
 WARMUP_SEED = 1_000_003
+THEORY_IMAGES = 24  # images per relaxed setting in the untimed Theorem-2 pass
 # runtime Stats.seconds keys -> the benchmark's breakdown keys (report.BREAKDOWN_KEYS)
 BREAKDOWN_FROM_STATS = {"target_forward": "target_forward", "draft_forward": "draft_forward",
                         "verification": "verify_sample", "cache": "cache", "vq_decode": "vq_decode"}
@@ -65,13 +67,28 @@ def image_plan(count: int, num_classes: int, base_seed: int) -> list[tuple[int, 
     return [(i % num_classes, base_seed + i) for i in range(count)]
 
 
+def timed_params(setting: Setting) -> dict:
+    """The setting's parameters with Theorem-2 bookkeeping off (unless asked for): it is
+    instrumentation, and timing it would charge the relaxed methods for work a deployment skips."""
+    params = dict(setting.params)
+    if "theorem2" in METHODS[setting.method].PARAMS:
+        params.setdefault("theorem2", False)
+    return params
+
+
+def has_theory(setting: Setting) -> bool:
+    """Whether the runtime can estimate Theorem 2 for this setting (relaxed draft-and-verify methods)."""
+    return "theorem2" in METHODS[setting.method].PARAMS
+
+
 def run_settings(pipe: Pipeline, settings: Sequence[Setting], images: int, seed: int = 0,
                  on_image: Optional[Callable[[Setting], None]] = None) -> tuple[list[SettingRecords], np.ndarray]:
     """Generate `images` images with every setting, interleaved; returns records and the class labels."""
     plan = image_plan(images, pipe.target.spec.num_classes, seed)
     records = [SettingRecords(s) for s in settings]
-    for record in records:  # warm-up, untimed
-        pipe.generate([0], method=record.setting.method, seed=WARMUP_SEED, **record.setting.params)
+    params = [timed_params(s) for s in settings]
+    for record, kwargs in zip(records, params):  # warm-up, untimed
+        pipe.generate([0], method=record.setting.method, seed=WARMUP_SEED, **kwargs)
     order_rng = np.random.default_rng(seed + 7919)
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a collection inside one method's timing would bias it; collect between images instead
@@ -80,8 +97,7 @@ def run_settings(pipe: Pipeline, settings: Sequence[Setting], images: int, seed:
             for index in order_rng.permutation(len(records)):
                 record = records[index]
                 start = time.perf_counter()
-                result = pipe.generate([class_id], method=record.setting.method, seed=image_seed,
-                                       **record.setting.params)
+                result = pipe.generate([class_id], method=record.setting.method, seed=image_seed, **params[index])
                 record.add(time.perf_counter() - start, result)
                 if on_image:
                     on_image(record.setting)
@@ -92,12 +108,32 @@ def run_settings(pipe: Pipeline, settings: Sequence[Setting], images: int, seed:
     return records, np.array([c for c, _ in plan], dtype=np.int64)
 
 
-def _theory(record: SettingRecords) -> dict:
+def theory_pass(pipe: Pipeline, settings: Sequence[Setting], images: int = THEORY_IMAGES, seed: int = 0,
+                on_image: Optional[Callable[[Setting], None]] = None) -> dict[Setting, SettingRecords]:
+    """Untimed re-run of the first images of each relaxed setting with Theorem-2 estimates on.
+
+    The estimates consume no random numbers, so these are the same images as the timed run's.
+    """
+    plan = image_plan(images, pipe.target.spec.num_classes, seed)
+    out = {}
+    for setting in settings:
+        if not has_theory(setting):
+            continue
+        record = out[setting] = SettingRecords(setting)
+        params = {**setting.params, "theorem2": setting.params.get("theorem2", True)}
+        for class_id, image_seed in plan:
+            result = pipe.generate([class_id], method=setting.method, seed=image_seed, **params)
+            record.add(float("nan"), result)  # untimed
+            if on_image:
+                on_image(setting)
+    return out
+
+
+def _theory(record: Optional[SettingRecords], method: str) -> dict:
     """Cool-SD Theorem 2 (Eq. 7, Eq. 8-9) estimates averaged over rounds; 0 TV for lossless methods."""
-    method = record.setting.method
     if method in LOSSLESS:
         return {"lossless": True, "tv_bound": 0.0}
-    if not record.theorem2_lengths:
+    if record is None or not record.theorem2_lengths:
         return {"lossless": False}
     tv = np.asarray(record.theorem2_tv, dtype=np.float64)
     finite = bool(np.isfinite(tv).any())
@@ -107,13 +143,14 @@ def _theory(record: SettingRecords) -> dict:
         "tv_bound": float(np.nanmean(tv)) if finite else None,
         "tv_bound_per_image": float(np.nanmean(record.theorem2_tv_per_image)) if finite else None,
         "rounds": len(tv),
+        "images": len(record.latencies),
         "note": "TV bound per verification round (Eq. 8-9), one-sample estimates along the drafted path"
                 + ("" if finite else "; not computable: LANTERN's Eq. 6 resampling depends on the rejected token"),
     }
 
 
-def summarise(record: SettingRecords) -> MethodResult:
-    """One setting's records -> its MethodResult (speed-up and quality attached later)."""
+def summarise(record: SettingRecords, theory: Optional[SettingRecords] = None) -> MethodResult:
+    """One setting's records (and its Theorem-2 pass) -> its MethodResult (speed-up and quality attached later)."""
     count = len(record.latencies)
     breakdown = {name: record.seconds[key] / count for key, name in BREAKDOWN_FROM_STATS.items()}
     return MethodResult(
@@ -128,5 +165,5 @@ def summarise(record: SettingRecords) -> MethodResult:
         speedup_vs_ar=None,
         breakdown_s=breakdown,
         accepted_length_histogram={str(k): int(v) for k, v in sorted(record.histogram.items())},
-        theory=_theory(record),
+        theory=_theory(theory, record.setting.method),
     )

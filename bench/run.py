@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from specrt.bench.device import device_name
-from specrt.bench.measure import run_settings, summarise
+from specrt.bench.measure import THEORY_IMAGES, has_theory, run_settings, summarise, theory_pass
 from specrt.bench.models import BenchModels
 from specrt.bench.report import MethodResult, attach_speedups, to_json_object
 from specrt.bench.settings import Setting
@@ -43,12 +43,19 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def planned_images(settings: Sequence[Setting], images: int) -> int:
+    """How many images a run generates (timed run + Theorem-2 pass), for a progress bar."""
+    return images * len(settings) + min(images, THEORY_IMAGES) * sum(map(has_theory, settings))
+
+
 def benchmark(models: BenchModels, settings: Sequence[Setting], images: int, seed: int = 0,
               threads: Optional[int] = None, on_image: Optional[Callable[[Setting], None]] = None) -> BenchRun:
     """Measure `settings` on `images` images each (interleaved), judge them, and build the JSON payload."""
     started = time.perf_counter()
     records, labels = run_settings(models.pipeline, settings, images, seed, on_image)
-    results = [summarise(r) for r in records]
+    theory_images = min(images, THEORY_IMAGES)
+    theory = theory_pass(models.pipeline, settings, theory_images, seed, on_image)
+    results = [summarise(r, theory.get(r.setting)) for r in records]
     floor = None
     if models.judge is not None:
         import numpy as np
@@ -66,6 +73,8 @@ def benchmark(models: BenchModels, settings: Sequence[Setting], images: int, see
         "sampling": dict(models.pipeline.sampling_defaults),
         "settings": [{"method": s.method, "params": s.params, "label": s.label} for s in settings],
         "speedup": "median latency of ar / median latency of the setting, same run",
+        "theorem2": f"relaxed settings re-run untimed on the first {theory_images} images with the runtime's "
+                    "Theorem-2 estimates on (timed runs have them off)",
         "fd_noise_floor": floor,
         "fd_reference": "held-out real digits, half A (class-interleaved); floor = half B's first N images vs half A",
         "wall_time_s": None,

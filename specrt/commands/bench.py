@@ -27,10 +27,15 @@ def _committed_results() -> Path:
 
 def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int, device: str,
              threads: int, json_path: Optional[Path], plot_path: Optional[Path]) -> None:
-    from specrt.bench.cost_model import measure_step_latency, parse_windows, prediction_table, write_profile_plot
+    from specrt.bench.cost_model import (
+        PROFILE_ARCHS, measure_step_latency, parse_windows, prediction_table, write_profile_plot,
+    )
     from specrt.bench.device import device_name
     from specrt.lazy import require
 
+    if arch not in PROFILE_ARCHS:
+        raise SpecrtError(f"unknown --profile-arch {arch!r}; choose from {', '.join(PROFILE_ARCHS)}")
+    window_list = parse_windows(windows)
     results_path = results_path or _committed_results()
     if not results_path.is_file():
         raise SpecrtError(f"no bench results at {results_path}; run `specrt bench --json FILE` first")
@@ -40,7 +45,7 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
     except (ValueError, KeyError) as exc:
         raise SpecrtError(f"{results_path} is not a `specrt bench --json` file") from exc
     require("torch", "specrt bench --profile-arch").set_num_threads(threads)
-    latency = measure_step_latency(arch, parse_windows(windows), repeats=repeats, device=device,
+    latency = measure_step_latency(arch, window_list, repeats=repeats, device=device,
                                    progress=lambda msg: click.echo(msg, err=True))
     where = device_name("torch-cuda" if device.startswith("cuda") else "torch")
     table, predictions = prediction_table(latency, measured)
@@ -97,7 +102,7 @@ def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, 
         return
     from specrt.bench.models import open_models
     from specrt.bench.report import format_breakdown, format_table, write_json, write_plot
-    from specrt.bench.run import benchmark
+    from specrt.bench.run import benchmark, planned_images
     from specrt.bench.settings import DEFAULT_METHODS, DEFAULT_SWEEPS, build_settings
 
     started = time.perf_counter()
@@ -109,7 +114,7 @@ def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, 
 
     from tqdm import tqdm
 
-    bar = tqdm(total=images * len(settings), unit="img", disable=not progress, dynamic_ncols=True, leave=False,
+    bar = tqdm(total=planned_images(settings, images), unit="img", disable=not progress, dynamic_ncols=True, leave=False,
                mininterval=0.5)
     def tick(setting) -> None:
         bar.set_description(setting.label, refresh=False)
@@ -125,7 +130,7 @@ def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, 
     click.echo(f"{images} images per setting, interleaved in random order; speed-up = median latency of ar / setting")
     click.echo(format_table(run.results))
     floor = info["settings"]["fd_noise_floor"]
-    if floor:
+    if floor and floor["frechet_distance"] is not None:
         acc = floor.get("real_class_accuracy")
         click.echo(f"FD noise floor (real vs real, {floor['images']} vs {floor['reference_images']} images, "
                    f"{floor['feature_dim']}-d evaluator features): {floor['frechet_distance']:.2f}"

@@ -1,0 +1,140 @@
+"""`specrt bench` end to end on a tiny random-weight demo: table, JSON schema, plot, errors.
+
+One run (PyTorch backend, 3 images per setting, every method plus a Cool-SD sweep) is shared
+by the schema tests; it takes a few seconds. The onnxruntime path with its cached export is
+tested once (slow: exporting five graphs costs ~40 s on a shared 2-core CPU).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from specrt.bench.settings import DEFAULT_METHODS
+from specrt.cli import main
+from tiny_demo import GRID, write_tiny_demo
+
+TOKENS = GRID * GRID
+IMAGES = 3
+RESULT_KEYS = {"method", "params", "mean_accepted_length", "target_forwards_per_image", "latency_s", "speedup_vs_ar",
+               "breakdown_s", "quality"}
+BREAKDOWN = {"target_forward", "draft_forward", "verify_sample", "cache", "vq_decode"}
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory):
+    return write_tiny_demo(tmp_path_factory.mktemp("tiny_demo"))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(demo_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    argv = ["bench", "--backend", "torch", "--demo-weights", str(demo_dir), "--images", str(IMAGES),
+            "--sweep", "cool-sd:delta=1.5,3", "--methods", ",".join(DEFAULT_METHODS), "--no-progress",
+            "--json", str(out / "r.json"), "--plot", str(out / "r.png")]
+    try:
+        main(argv)
+    except SystemExit as exc:
+        assert not exc.code, f"specrt bench exited {exc.code}"
+    return out, json.loads((out / "r.json").read_text())
+
+
+def test_json_has_every_field_for_every_setting(tiny_run):
+    _, payload = tiny_run
+    assert {"device", "backend", "bundle", "settings", "results"} <= set(payload)
+    assert payload["backend"] == "torch" and payload["device"]
+    labels = [r["label"] for r in payload["results"]]
+    assert labels == ["ar", "sd", "cool-sd(delta=1.5)", "cool-sd(delta=3)", "lantern", "sjd", "sjd-pac"]
+    for result in payload["results"]:
+        assert RESULT_KEYS <= set(result), result["label"]
+        assert set(result["breakdown_s"]) == BREAKDOWN
+        assert all(v >= 0 for v in result["breakdown_s"].values())
+        assert result["latency_s"]["p90"] >= result["latency_s"]["median"] > 0
+        assert {"class_accuracy", "frechet_distance"} <= set(result["quality"])
+        assert 0.0 <= result["quality"]["class_accuracy"] <= 1.0
+        assert result["images"] == IMAGES
+        # every image has TOKENS tokens: accepted length x target forwards must give them back
+        assert result["mean_accepted_length"] * result["target_forwards_per_image"] == pytest.approx(TOKENS)
+
+
+def test_numbers_are_consistent_with_the_methods(tiny_run):
+    _, payload = tiny_run
+    by_label = {r["label"]: r for r in payload["results"]}
+    ar = by_label["ar"]
+    assert ar["speedup_vs_ar"] == 1.0 and ar["mean_accepted_length"] == 1.0
+    assert ar["target_forwards_per_image"] == TOKENS and ar["breakdown_s"]["draft_forward"] == 0.0
+    for label in ("sd", "cool-sd(delta=1.5)", "lantern"):
+        assert by_label[label]["draft_forwards_per_image"] > 0
+    for label, result in by_label.items():
+        expected = ar["latency_s"]["median"] / result["latency_s"]["median"]
+        assert result["speedup_vs_ar"] == pytest.approx(expected)
+    # Theorem 2: lossless methods have zero TV; Cool-SD gets positive estimates from the runtime
+    assert by_label["sjd-pac"]["theory"]["tv_bound"] == 0.0
+    cool = by_label["cool-sd(delta=3)"]["theory"]
+    assert cool["tv_bound"] > 0 and cool["expected_accepted_length"] >= 1.0
+    floor = payload["settings"]["fd_noise_floor"]
+    assert floor["images"] == IMAGES and np.isfinite(floor["frechet_distance"])
+
+
+def test_plot_is_a_png(tiny_run):
+    out, _ = tiny_run
+    with Image.open(out / "r.png") as image:
+        assert image.format == "PNG" and image.width > 600 and image.height > 300
+
+
+def test_interleaving_does_not_change_images(demo_dir):
+    """Same seed, same image: a setting's images do not depend on which settings ran around it."""
+    from specrt.bench.measure import run_settings
+    from specrt.bench.models import open_models
+    from specrt.bench.settings import build_settings
+
+    models = open_models(backend="torch", demo_weights=demo_dir, judge=False)
+    alone, _ = run_settings(models.pipeline, build_settings("sd"), images=2, seed=5)
+    mixed, _ = run_settings(models.pipeline, build_settings("sd,sjd-pac,cool-sd"), images=2, seed=5)
+    for a, b in zip(alone[1].images, mixed[1].images):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["bench", "--methods", "ar,medusa"], "unknown method(s) medusa"),
+    (["bench", "--sweep", "cool-sd:delta"], "is not KEY=V1,V2"),
+    (["bench", "--sweep", "sd:delta=2"], "sd has no parameter 'delta'"),
+    (["bench", "--profile-arch", "llamagen-c2i-Q"], "unknown --profile-arch"),
+    (["bench", "--profile-arch", "llamagen-c2i-B", "--windows", "0,4"], "positive integers"),
+])
+def test_user_errors_exit_2_with_one_line(argv, fragment, capsys):
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2
+    assert err.startswith("specrt: error:") and fragment in err
+    assert err.count("\n") == 1 and out == ""
+
+
+def test_bundle_with_torch_backend_is_refused(tmp_path, capsys):
+    code, _, err = run_cli(["bench", str(tmp_path), "--backend", "torch"], capsys)
+    assert code == 2 and "ort backend" in err
+
+
+@pytest.mark.slow
+def test_ort_backend_exports_the_demo_once_into_the_cache(demo_dir, tmp_path, capsys):
+    argv = ["bench", "--demo-weights", str(demo_dir), "--cache-dir", str(tmp_path), "--images", "1",
+            "--methods", "sd", "--json", str(tmp_path / "r.json")]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 0 and "exporting the demo bundle" in err
+    bundles = [p for p in tmp_path.iterdir() if p.name.startswith("demo-")]
+    assert len(bundles) == 1 and (bundles[0] / "manifest.json").is_file()
+    payload = json.loads((tmp_path / "r.json").read_text())
+    assert payload["backend"] == "ort" and [r["method"] for r in payload["results"]] == ["ar", "sd"]
+    code, _, err = run_cli(argv, capsys)  # second run: the cached bundle, no export
+    assert code == 0 and "exporting" not in err

@@ -1,0 +1,51 @@
+"""The --profile-arch cost model: window costs from runtime defaults, predicted speed-ups, output."""
+from __future__ import annotations
+
+import pytest
+from PIL import Image
+
+from specrt.bench.cost_model import StepLatency, parse_windows, prediction_table, predicted_speedup, window_cost, \
+    write_profile_plot
+from specrt.errors import SpecrtError
+
+FLAT = StepLatency("test", "cpu", [1, 8, 64], [0.010, 0.010, 0.010], draft_s=0.001)
+LINEAR = StepLatency("test", "cpu", [1, 8, 64], [0.010, 0.080, 0.640], draft_s=0.001)
+
+
+def test_window_cost_uses_the_runtime_defaults():
+    assert window_cost("ar", {}) == (1, 0)
+    assert window_cost("sd", {}) == (5, 4)  # draft_len 4: target sees pending + 4 drafts
+    assert window_cost("cool-sd", {"relaxation_budget": 3, "draft_len": 6}) == (7, 6)
+    assert window_cost("sjd", {}) == (16, 0)
+    assert window_cost("sjd-pac", {}) == (64, 0)
+    with pytest.raises(SpecrtError):
+        window_cost("medusa", {})
+
+
+def test_predicted_speedup_on_flat_and_linear_step_costs():
+    # flat t(W): the speed-up is the accepted length, less the draft's share
+    assert predicted_speedup(FLAT, "ar", {}, 1.0) == pytest.approx(1.0)
+    assert predicted_speedup(FLAT, "sjd-pac", {}, 6.0) == pytest.approx(6.0)
+    assert predicted_speedup(FLAT, "sd", {}, 3.0) == pytest.approx(3.0 * 0.010 / (0.010 + 4 * 0.001))
+    # compute-bound t(W) ∝ W: a window of 64 needs an accepted length above 64 to break even
+    assert predicted_speedup(LINEAR, "sjd-pac", {}, 6.0) == pytest.approx(6.0 / 64)
+    assert LINEAR.target(4) == pytest.approx(0.010 + 3 / 7 * 0.070)  # interpolated between measured windows
+
+
+def test_prediction_table_and_plot(tmp_path):
+    measured = [{"method": "ar", "params": {}, "label": "ar", "mean_accepted_length": 1.0, "speedup_vs_ar": 1.0},
+                {"method": "sjd-pac", "params": {}, "label": "sjd-pac", "mean_accepted_length": 6.0,
+                 "speedup_vs_ar": None}]
+    text, predictions = prediction_table(FLAT, measured)
+    assert "sjd-pac" in text and "6.00x" in text
+    assert [p["predicted_speedup"] for p in predictions] == pytest.approx([1.0, 6.0])
+    write_profile_plot(str(tmp_path / "p.png"), FLAT, predictions, "test")
+    with Image.open(tmp_path / "p.png") as image:
+        assert image.format == "PNG"
+
+
+def test_parse_windows():
+    assert parse_windows("8,1, 4,4") == (1, 4, 8)
+    for bad in ("", "a,b", "0,2"):
+        with pytest.raises(SpecrtError):
+            parse_windows(bad)
