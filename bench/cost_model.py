@@ -47,36 +47,41 @@ class StepLatency:
         return float(np.interp(window, self.windows, self.target_s))
 
 
-def _time(fn: Callable[[], Any], repeats: int, sync: Callable[[], None]) -> float:
-    fn()
-    sync()  # warm-up
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def _interleaved_medians(fns: list[Callable[[], Any]], repeats: int, sync: Callable[[], None],
+                         progress: Callable[[int], None] | None = None) -> list[float]:
+    """Median latency of each fn, timed round-robin (in a fresh random order every round) so
+    that a busy phase of a shared machine is spread over all windows instead of hitting one."""
+    import random
+
+    for fn in fns:  # warm-up: allocator, first-touch pages, kernel selection
         fn()
         sync()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    samples: list[list[float]] = [[] for _ in fns]
+    order = list(range(len(fns)))
+    rng = random.Random(0)
+    for round_index in range(repeats):
+        rng.shuffle(order)
+        for i in order:
+            start = time.perf_counter()
+            fns[i]()
+            sync()
+            samples[i].append(time.perf_counter() - start)
+        if progress:
+            progress(round_index + 1)
+    return [statistics.median(s) for s in samples]
 
 
-def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, repeats: int = 5,
-                         device: str = "cpu", progress: Callable[[str], None] | None = None) -> StepLatency:
-    """Time target steps at each window (past half full) and one draft-head step, random weights."""
-    if arch not in PROFILE_ARCHS:
-        raise SpecrtError(f"unknown --profile-arch {arch!r}; choose from {', '.join(PROFILE_ARCHS)}")
+def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] = DEFAULT_WINDOWS, repeats: int = 5,
+                   device: str = "cpu", progress: Callable[[str], None] | None = None) -> StepLatency:
+    """t(W) of a target GPT (CFG pair, past half full) at each window, and t_draft(1) of a draft GPT."""
     torch = require("torch", "specrt bench --profile-arch")
-    from specrt.export.llamagen_gpt import GPT, gpt_config
-
-    name, image_size = PROFILE_ARCHS[arch]
-    torch.manual_seed(0)
-    config = gpt_config(name, image_size=image_size)
-    draft_config = gpt_config(name, image_size=image_size, n_layer=1)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    config = target.config
+    capacity = config.seq_len + max(windows)
+    past_len = config.cond_len + config.num_image_tokens // 2
 
-    def step_fn(model, cfg, window: int) -> Callable[[], Any]:
-        capacity = cfg.seq_len + max(windows)
-        past_len = cfg.cond_len + cfg.num_image_tokens // 2
-        kv = torch.zeros(cfg.n_layer, 2, 2, cfg.n_kv_head, capacity, cfg.head_dim, device=device)
+    def step_fn(model, window: int, kv) -> Callable[[], Any]:
+        """One CFG-pair step of `window` tokens after a half-full cache (the KV buffer is shared)."""
         ids = torch.zeros(2, window, dtype=torch.long, device=device)
         positions = (past_len + torch.arange(window, device=device))[None].expand(2, window)
         mask = torch.zeros(2, window, capacity + window, dtype=torch.bool, device=device)
@@ -88,16 +93,37 @@ def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, 
                 return model.step(ids, positions, mask, kv)
         return run
 
-    target = GPT(config).to(device).eval()
-    target_s = []
-    for window in windows:
-        if progress:
-            progress(f"{arch}: target step, W={window}")
-        target_s.append(_time(step_fn(target, config, window), repeats, sync))
-    del target
-    draft = GPT(draft_config).to(device).eval()
-    draft_s = _time(step_fn(draft, draft_config, 1), repeats, sync)
-    return StepLatency(arch, device, list(windows), target_s, draft_s)
+    def kv_for(cfg):
+        return torch.zeros(cfg.n_layer, 2, 2, cfg.n_kv_head, capacity, cfg.head_dim, device=device)
+
+    target = target.to(device).eval()
+    kv = kv_for(config)
+    fns = [step_fn(target, window, kv) for window in windows]
+    report = (lambda done: progress(f"{name}: round {done}/{repeats} over W={','.join(map(str, windows))}")) \
+        if progress else None
+    target_s = _interleaved_medians(fns, repeats, sync, report)
+    del kv, fns
+    draft = draft.to(device).eval()
+    draft_s = _interleaved_medians([step_fn(draft, 1, kv_for(draft.config))], repeats, sync)[0]
+    return StepLatency(name, device, list(windows), target_s, draft_s)
+
+
+def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, repeats: int = 5,
+                         device: str = "cpu", progress: Callable[[str], None] | None = None) -> StepLatency:
+    """measure_models on a LlamaGen architecture with random weights and a one-layer draft of its width."""
+    if arch not in PROFILE_ARCHS:
+        raise SpecrtError(f"unknown --profile-arch {arch!r}; choose from {', '.join(PROFILE_ARCHS)}")
+    torch = require("torch", "specrt bench --profile-arch")
+    from specrt.export.llamagen_gpt import GPT, gpt_config
+
+    name, image_size = PROFILE_ARCHS[arch]
+    torch.manual_seed(0)
+    config = gpt_config(name, image_size=image_size)
+    if progress:
+        progress(f"{arch}: random weights ({config.n_layer} layers, dim {config.dim}, {config.num_image_tokens} "
+                 f"tokens) on {device}")
+    draft = GPT(gpt_config(name, image_size=image_size, n_layer=1))
+    return measure_models(arch, GPT(config), draft, windows, repeats, device, progress)
 
 
 def window_cost(method: str, params: dict[str, Any]) -> tuple[int, int]:
@@ -136,33 +162,44 @@ def parse_windows(text: str) -> tuple[int, ...]:
     return tuple(windows)
 
 
-def prediction_table(latency: StepLatency, measured: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
-    """The t(W) table and, per measured bench result, its window cost and predicted speed-up."""
-    row = lambda name, cells: f"{name:<10}" + "".join(f"{c:>8}" for c in cells)  # noqa: E731
-    lines = [row("W", latency.windows),
-             row("t(W) ms", [f"{1000 * t:.1f}" for t in latency.target_s]),
-             row("t(W)/t(1)", [f"{t / latency.target_s[0]:.2f}" for t in latency.target_s]),
-             f"draft step (1 layer of the target's width, W=1): {1000 * latency.draft_s:.1f} ms", ""]
+def prediction_table(latency: StepLatency, measured: list[dict[str, Any]],
+                     reference: StepLatency | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """The t(W) table and, per measured bench result, its window cost and predicted speed-up
+    on `latency`'s architecture (and on `reference`, the demo's own models, when given)."""
+    row = lambda name, cells: f"{name:<16}" + "".join(f"{c:>8}" for c in cells)  # noqa: E731
+    lines = [row("W", latency.windows)]
+    for curve in filter(None, (latency, reference)):
+        lines += [curve.arch,
+                  row("  t(W) ms", [f"{1000 * t:.1f}" for t in curve.target_s]),
+                  row("  t(W)/t(1)", [f"{t / curve.target_s[0]:.2f}" for t in curve.target_s]),
+                  f"  draft step (W=1): {1000 * curve.draft_s:.1f} ms = {curve.draft_s / curve.target_s[0]:.2f} t(1)"]
     predictions = []
     for result in measured:
-        window, drafts = window_cost(result["method"], result.get("params", {}))
-        speedup = predicted_speedup(latency, result["method"], result.get("params", {}),
-                                    result["mean_accepted_length"])
-        predictions.append({"label": result.get("label", result["method"]), "method": result["method"],
-                            "params": result.get("params", {}), "window": window, "draft_forwards": drafts,
-                            "mean_accepted_length": result["mean_accepted_length"],
-                            "measured_speedup": result.get("speedup_vs_ar"), "predicted_speedup": speedup})
+        params = result.get("params", {})
+        window, drafts = window_cost(result["method"], params)
+        entry = {"label": result.get("label", result["method"]), "method": result["method"], "params": params,
+                 "window": window, "draft_forwards": drafts, "mean_accepted_length": result["mean_accepted_length"],
+                 "measured_speedup": result.get("speedup_vs_ar"),
+                 "predicted_speedup": predicted_speedup(latency, result["method"], params, result["mean_accepted_length"])}
+        if reference is not None:
+            entry["predicted_speedup_reference"] = predicted_speedup(reference, result["method"], params,
+                                                                     result["mean_accepted_length"])
+        predictions.append(entry)
     width = max([len(p["label"]) for p in predictions] + [7])
-    lines.append(f"{'setting':<{width}}  acc.len    W  drafts  predicted  measured on the bench's device")
+    ref_head = f"  {reference.arch[:10]:>10}" if reference is not None else ""
+    lines += ["", f"{'setting':<{width}}  acc.len    W  drafts  {latency.arch[:16]:>16}{ref_head}  measured (bench run)"]
     for p in predictions:
         measured_speedup = "-" if p["measured_speedup"] is None else f"{p['measured_speedup']:.2f}x"
+        ref_cell = f"  {p['predicted_speedup_reference']:9.2f}x" if reference is not None else ""
         lines.append(f"{p['label']:<{width}}  {p['mean_accepted_length']:7.2f}  {p['window']:3d}  {p['draft_forwards']:6d}"
-                     f"  {p['predicted_speedup']:8.2f}x  {measured_speedup}")
+                     f"  {p['predicted_speedup']:15.2f}x{ref_cell}  {measured_speedup}")
     return "\n".join(lines), predictions
 
 
-def write_profile_plot(path: str, latency: StepLatency, predictions: list[dict[str, Any]], title: str) -> None:
-    """Left: t(W)/t(1) with the break-even line W (perfect scaling); right: predicted vs measured speed-up."""
+def write_profile_plot(path: str, latency: StepLatency, predictions: list[dict[str, Any]], title: str,
+                       reference: StepLatency | None = None) -> None:
+    """Left: t(W)/t(1) (and the demo target's, when given) between the flat and linear extremes;
+    right: predicted vs measured speed-up per setting."""
     import os
 
     import matplotlib
@@ -172,7 +209,12 @@ def write_profile_plot(path: str, latency: StepLatency, predictions: list[dict[s
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
     base = latency.target_s[0]
-    left.plot(latency.windows, [t / base for t in latency.target_s], marker="o", label="measured t(W) / t(1)")
+    left.plot(latency.windows, [t / base for t in latency.target_s], marker="o",
+              label=f"{latency.arch}: t(1) = {1000 * base:.1f} ms, draft {1000 * latency.draft_s:.1f} ms")
+    if reference is not None:
+        ref = reference.target_s[0]
+        left.plot(reference.windows, [t / ref for t in reference.target_s], marker="s",
+                  label=f"{reference.arch}: t(1) = {1000 * ref:.1f} ms, draft {1000 * reference.draft_s:.1f} ms")
     left.plot(latency.windows, latency.windows, ls="--", color="gray", label="linear in W (compute-bound)")
     left.axhline(1.0, ls=":", color="gray", label="flat (launch/memory-bound: W is free)")
     left.set_xscale("log", base=2)

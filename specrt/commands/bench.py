@@ -26,9 +26,9 @@ def _committed_results() -> Path:
 
 
 def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int, device: str,
-             threads: int, json_path: Optional[Path], plot_path: Optional[Path]) -> None:
+             threads: int, json_path: Optional[Path], plot_path: Optional[Path], demo_weights: Optional[Path]) -> None:
     from specrt.bench.cost_model import (
-        PROFILE_ARCHS, measure_step_latency, parse_windows, prediction_table, write_profile_plot,
+        PROFILE_ARCHS, measure_models, measure_step_latency, parse_windows, prediction_table, write_profile_plot,
     )
     from specrt.bench.device import device_name
     from specrt.lazy import require
@@ -45,22 +45,32 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
     except (ValueError, KeyError) as exc:
         raise SpecrtError(f"{results_path} is not a `specrt bench --json` file") from exc
     require("torch", "specrt bench --profile-arch").set_num_threads(threads)
-    latency = measure_step_latency(arch, window_list, repeats=repeats, device=device,
-                                   progress=lambda msg: click.echo(msg, err=True))
+    say = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    latency = measure_step_latency(arch, window_list, repeats=repeats, device=device, progress=say)
+    # the demo's own models through the same harness: why its speed-ups differ from the architecture's
+    from specrt.export.demo import load_demo
+
+    demo = load_demo(demo_weights)
+    reference = measure_models("demo", demo.target, demo.draft, window_list, repeats, device, say)
     where = device_name("torch-cuda" if device.startswith("cuda") else "torch")
-    table, predictions = prediction_table(latency, measured)
-    click.echo(f"\n{arch} (random weights, PyTorch, batch 2 = CFG pair, past half full) on {where}, {threads} thread(s)")
-    click.echo("accepted lengths from " + f"{results_path} ({bench.get('device', '?')}, {bench.get('backend', '?')})")
+    table, predictions = prediction_table(latency, measured, reference)
+    click.echo(f"\nstep latency, PyTorch, batch 2 (CFG pair), cache half full, on {where}, {threads} thread(s); "
+               f"{arch} has random weights")
     click.echo(table)
+    click.echo(f"predicted speed-up = accepted length x t(1) / (t(W) + drafts x t_draft); accepted lengths from "
+               f"{results_path} ({bench.get('device', '?')}, {bench.get('backend', '?')})")
     if json_path:
         from specrt.bench.report import write_json
 
-        write_json(str(json_path), {"device": where, "arch": arch, "threads": threads, "accepted_lengths_from": str(results_path),
-                                    "windows": latency.windows, "target_step_s": latency.target_s,
-                                    "draft_step_s": latency.draft_s, "predictions": predictions})
+        write_json(str(json_path), {"device": where, "arch": arch, "threads": threads,
+                                    "accepted_lengths_from": str(results_path), "windows": latency.windows,
+                                    "target_step_s": latency.target_s, "draft_step_s": latency.draft_s,
+                                    "demo_target_step_s": reference.target_s, "demo_draft_step_s": reference.draft_s,
+                                    "predictions": predictions})
         click.echo(f"wrote {json_path}")
     if plot_path:
-        write_profile_plot(str(plot_path), latency, predictions, f"{arch} step latency on {where}")
+        write_profile_plot(str(plot_path), latency, predictions, f"target step latency against W on {where}",
+                           reference)
         click.echo(f"wrote {plot_path}")
 
 
@@ -98,7 +108,7 @@ def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, 
             profile_arch, results_path, windows, repeats, device, progress) -> None:
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
     if profile_arch:
-        _profile(profile_arch, results_path, windows, repeats, device, threads, json_path, plot_path)
+        _profile(profile_arch, results_path, windows, repeats, device, threads, json_path, plot_path, demo_weights)
         return
     from specrt.bench.models import open_models
     from specrt.bench.report import format_breakdown, format_table, write_json, write_plot
