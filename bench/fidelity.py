@@ -55,12 +55,15 @@ class FidelityJudge:
     def feature_dim(self) -> int:
         return int(self.reference_features.shape[1])
 
-    def score(self, images: np.ndarray, labels: np.ndarray) -> dict[str, float | None]:
-        """Class accuracy (evaluator agrees with the requested class) and Fréchet distance to half A."""
+    def score(self, images: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
+        """Class accuracy (evaluator agrees with the requested class) over all images, and the
+        Fréchet distance to half A of the first images, as many as the noise floor can use."""
         features, predicted = self._embed(self.evaluator, pixels_to_model_range(images))
+        fd_images = min(len(features), len(self.spare_features))  # the size the noise floor can match
         return {
             "class_accuracy": float(np.mean(predicted == np.asarray(labels))),
-            "frechet_distance": self._distance(features),
+            "frechet_distance": self._distance(features[:fd_images]),
+            "fd_images": fd_images,
         }
 
     def _distance(self, features: np.ndarray) -> float | None:
