@@ -98,12 +98,24 @@ def _judge_for_bundle(bundle: Path) -> Optional[Any]:
     return FidelityJudge.from_demo(weights)
 
 
+def _limit_torch_threads(threads: Optional[int]) -> None:
+    """torch runs the export, the evaluator and the torch backend: same thread budget as onnxruntime."""
+    if not threads:
+        return
+    try:
+        import torch
+    except ImportError:  # a bundle on onnxruntime needs no torch
+        return
+    torch.set_num_threads(threads)
+
+
 def open_models(bundle: Optional[Path] = None, backend: str = "ort", demo_weights: Optional[Path] = None,
                 threads: Optional[int] = 1, cache_dir: Optional[Path] = None, judge: bool = True,
                 progress: Optional[Progress] = None) -> BenchModels:
     """A BUNDLE on onnxruntime, or the demo on onnxruntime (cached export) or PyTorch."""
     if backend not in BACKENDS:
         raise SpecrtError(f"unknown --backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    _limit_torch_threads(threads)
     if bundle is not None:
         if demo_weights is not None:
             raise SpecrtError("give either a BUNDLE or --demo-weights, not both")
@@ -121,11 +133,7 @@ def open_models(bundle: Optional[Path] = None, backend: str = "ort", demo_weight
         return BenchModels(Pipeline.from_bundle(path, threads=threads), "ort", f"{where} (exported to {path})", fidelity)
 
     from specrt.export.demo import load_demo
-    from specrt.lazy import require
 
-    torch = require("torch", "--backend torch")
-    if threads:
-        torch.set_num_threads(threads)
     demo = load_demo(demo_weights)
     pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq)
     pipe.sampling_defaults = dict(demo.config["sampling_defaults"])
