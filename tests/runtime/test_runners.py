@@ -110,3 +110,18 @@ def test_user_errors_are_one_line_specrt_errors():
         pipe.generate([0], method="lantern", draft_len=2)
     with pytest.raises(SpecrtError, match="needs a draft"):
         Pipeline(target, vq).generate([0], method="sd")
+
+
+def test_missing_backend_is_a_user_error(monkeypatch, tmp_path):
+    import sys
+
+    from specrt.errors import MissingDependency
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import now raises ImportError
+    (tmp_path / "manifest.json").write_text("{}")
+    from specrt.runtime.backends.ort_backend import _ort
+
+    with pytest.raises(MissingDependency, match="onnxruntime"):
+        _ort()
+    with pytest.raises(SpecrtError, match="ort"):
+        Pipeline.from_bundle(tmp_path, backend="tensorrt")
