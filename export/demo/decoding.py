@@ -4,7 +4,8 @@ Why here and not in specrt.runtime: the report and the acceptance-length check m
 while the runtime is being built, and training must not depend on it. Both loops follow
 docs/contracts.md exactly — one preallocated KV buffer per model, window steps through
 GPT.step with an explicit mask, commits of accepted rows only — and take their
-distributions from specrt.runtime.sampling, the single home of CFG/temperature/top-k.
+distributions from specrt.runtime.sampling (CFG/temperature/top-k) and their acceptance test
+from specrt.runtime.verification, so no formula is written twice.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from specrt.lazy import require
 from specrt.runtime.sampling import SamplingParams, sample, target_probabilities
+from specrt.runtime.verification import VanillaRule, verify_chain
 
 torch = require("torch", "demo decoding")
 
@@ -94,80 +96,73 @@ def ar_generate(model: GPT, class_ids: np.ndarray, params: SamplingParams, seed:
 
 @dataclass
 class SpeculativeStats:
-    """accepted_length: tokens committed per target verification (accepted drafts + 1), per call."""
+    """Counts of one speculative run, with the runtime's definition of accepted length."""
 
-    accepted_lengths: list[int]
-    drafted: int
-    accepted: int
+    tokens: int = 0
+    target_forwards: int = 0  # prefill included, as specrt.runtime.stats counts them
+    drafted: int = 0
+    accepted: int = 0
 
     @property
     def mean_accepted_length(self) -> float:
-        return float(np.mean(self.accepted_lengths))
+        """Tokens per target forward (1 for AR; at most draft_len + 1)."""
+        return self.tokens / max(1, self.target_forwards)
 
     @property
     def acceptance_rate(self) -> float:
+        """Fraction of drafted tokens the target kept."""
         return self.accepted / max(1, self.drafted)
 
 
 def speculative_generate(target: GPT, draft: GPT, class_ids: np.ndarray, params: SamplingParams, draft_len: int,
                          seed: int) -> tuple[np.ndarray, SpeculativeStats]:
-    """Vanilla speculative decoding (lossless): accept x̃_i if r_i ≤ min(1, P/Q); at the first
-    rejection sample Norm([P − Q]_+); if all are accepted take a bonus token from P.
+    """Vanilla speculative decoding (lossless), verified by specrt.runtime.verification's
+    verify_chain: accept x̃_i if r_i ≤ min(1, P/Q); at the first rejection sample
+    Norm([P − Q]_+); if all are accepted take a bonus token from P.
 
     Rows decode in lock-step windows but accept independently (per-row KV lengths).
     """
     rng = np.random.default_rng(seed)
+    rule = VanillaRule()
     n_tokens = target.config.num_image_tokens
     n_seq = len(class_ids)
+    rows = np.arange(n_seq)
     capacity = target.config.seq_len + draft_len + 1
-    t_cache = KVBuffer(target, 2 * n_seq if params.uses_cfg else n_seq, capacity)
-    d_cache = KVBuffer(draft, 2 * n_seq if params.uses_cfg else n_seq, capacity)
+    t_cache = KVBuffer(target, len(_rows(rows, params)), capacity)
+    d_cache = KVBuffer(draft, len(_rows(rows, params)), capacity)
     codes = np.zeros((n_seq, n_tokens), dtype=np.int64)
     codes[:, 0] = sample(target_probabilities(t_cache.prefill(_conditions(target, class_ids, params)), params), rng)
     d_cache.prefill(_conditions(draft, class_ids, params))
+    stats = SpeculativeStats(tokens=n_seq, target_forwards=n_seq)
     produced = np.ones(n_seq, dtype=np.int64)  # tokens known per row; the last one is not yet in either cache
-    stats = SpeculativeStats([], 0, 0)
-    rows = np.arange(n_seq)
     while (produced < n_tokens).any():
         last = codes[rows, produced - 1]
-        # draft: propose draft_len tokens, then feed the last proposal so the cache covers all of them
+        # draft: propose draft_len tokens, then feed the last proposal so its cache covers all of them
         drafts, q = np.zeros((n_seq, draft_len), dtype=np.int64), []
         x = last
         for i in range(draft_len + 1):
             logits, present = d_cache.step(_rows(x[:, None], params))
             d_cache.commit(present, np.ones(len(d_cache.length), dtype=np.int64))
-            if i == draft_len:
-                break
-            q.append(target_probabilities(logits[:, 0], params))
-            x = drafts[:, i] = sample(q[-1], rng)
-        # target: verify [last, x̃_1..x̃_L] in one window
-        window = np.concatenate([last[:, None], drafts], axis=1)
-        logits, present = t_cache.step(_rows(window, params))
-        p = target_probabilities(logits, params)  # [S, L+1, V]
-        n_accepted = np.zeros(n_seq, dtype=np.int64)
-        for s in range(n_seq):
-            if produced[s] >= n_tokens:
-                continue
-            limit = min(draft_len, n_tokens - produced[s] - 1)  # leave room for the final sampled token
-            new = []
-            for i in range(limit):
-                token = drafts[s, i]
-                if rng.random() <= min(1.0, p[s, i, token] / q[i][s, token]):
-                    new.append(token)
-                    continue
-                residual = np.maximum(p[s, i] - q[i][s], 0.0)
-                new.append(int(sample(residual[None] / residual.sum(), rng)[0]))
-                break
-            else:
-                new.append(int(sample(p[s, limit][None], rng)[0]))
+            if i < draft_len:
+                q.append(target_probabilities(logits[:, 0], params))
+                x = drafts[:, i] = sample(q[-1], rng)
+        q_rows = np.stack(q, axis=1)  # [S, L, V]
+        # target: verify [last, x̃_1..x̃_L] in one window; row i of p predicts x̃_(i+1)
+        logits, present = t_cache.step(_rows(np.concatenate([last[:, None], drafts], axis=1), params))
+        p_rows = target_probabilities(logits, params)  # [S, L+1, V]
+        n_new = np.zeros(n_seq, dtype=np.int64)
+        for s in np.nonzero(produced < n_tokens)[0]:
+            limit = min(draft_len, n_tokens - produced[s] - 1)  # leave room for the token sampled after them
+            outcome = verify_chain(p_rows[s, :limit + 1], q_rows[s, :limit], drafts[s, :limit], rule, rng)
+            new = [*drafts[s, :outcome.accepted_length], outcome.next_token]
             codes[s, produced[s]:produced[s] + len(new)] = new
-            n_accepted[s] = len(new) - 1
+            n_new[s] = len(new)
             stats.drafted += limit
-            stats.accepted += len(new) - 1
-            stats.accepted_lengths.append(len(new))
-        active = produced < n_tokens
-        commit = np.where(active, n_accepted + 1, 0)  # `last` plus the accepted drafts
-        t_cache.commit(present, _rows(commit, params))
-        d_cache.length -= _rows(draft_len + 1 - commit, params)  # roll back by moving the length: nothing to erase
-        produced += np.where(active, n_accepted + 1, 0)
+            stats.accepted += outcome.accepted_length
+            stats.tokens += len(new)
+            stats.target_forwards += 1
+        # commit `last` plus the accepted drafts; the draft rolls back by moving its length
+        t_cache.commit(present, _rows(n_new, params))
+        d_cache.length -= _rows(draft_len + 1 - n_new, params)
+        produced += n_new
     return codes, stats

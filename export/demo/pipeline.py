@@ -18,7 +18,7 @@ torch = require("torch", "demo training")
 from specrt import __version__  # noqa: E402
 from specrt.export.demo import configs, training  # noqa: E402
 from specrt.export.demo.dataset import HELD_OUT_FRACTION, SPLIT_SEED, DigitsSplit, load_split  # noqa: E402
-from specrt.export.demo.store import DemoModels, config_dicts, save_demo  # noqa: E402
+from specrt.export.demo.store import DemoModels, config_dicts, round_to_storage, save_demo  # noqa: E402
 from specrt.export.llamagen_gpt import GPTConfig, num_parameters  # noqa: E402
 from specrt.export.llamagen_vq import VQConfig  # noqa: E402
 
@@ -82,7 +82,7 @@ def train_demo(out_dir: str | Path | None, seed: int = 0, steps_scale: float = 1
         provenance={"created_by": f"specrt {__version__}", "torch": torch.__version__,
                     "python": platform.python_version(), "threads": threads},
     )
-    models = DemoModels(target, draft, vq, evaluator, config)
+    models = DemoModels(*(round_to_storage(m) for m in (target, draft, vq, evaluator)), config)
     if out_dir is not None:  # save before the (slow) quality summary, then again with it
         save_demo(models, out_dir)
     if evaluate:

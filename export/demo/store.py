@@ -50,6 +50,16 @@ class DemoModels:
         return SamplingParams(**self.config["sampling_defaults"])
 
 
+@torch.no_grad()
+def round_to_storage(model: "torch.nn.Module") -> "torch.nn.Module":
+    """Round float parameters to fp16 precision in place, so the in-memory model is exactly
+    what save_demo writes and load_demo reads back (metrics then describe the shipped weights)."""
+    for tensor in model.state_dict().values():
+        if tensor.is_floating_point():
+            tensor.copy_(tensor.to(torch.float16).float())
+    return model
+
+
 def _save_tensors(model: "torch.nn.Module", path: Path) -> None:
     state = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()
              if not k.endswith("codebook_used")}
@@ -65,6 +75,16 @@ def save_demo(models: DemoModels, out_dir: str | Path) -> Path:
     config = dict(models.config, format=FORMAT, version=VERSION, files=WEIGHT_FILES)
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=False) + "\n")
     return out
+
+
+def update_config(folder: str | Path, **entries: dict) -> Path:
+    """Replace top-level entries of a weights folder's demo.json (e.g. re-tuned sampling
+    defaults and the quality measured with them), leaving the weights untouched."""
+    path = Path(folder) / CONFIG_FILE
+    config = json.loads(path.read_text())
+    config.update(entries)
+    path.write_text(json.dumps(config, indent=2, sort_keys=False) + "\n")
+    return path
 
 
 def gpt_config_from_dict(d: dict) -> GPTConfig:

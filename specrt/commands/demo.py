@@ -11,6 +11,8 @@ from pathlib import Path
 
 import click
 
+from specrt.errors import SpecrtError
+
 
 @click.group(name="demo")
 def group() -> None:
@@ -53,8 +55,13 @@ def train(out_dir: Path, seed: int, steps_scale: float, threads: int, no_eval: b
               help="Draft length for the speculative-decoding acceptance measurement.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the numbers as JSON.")
+@click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1), help="torch CPU threads.")
+@click.option("--record", is_flag=True,
+              help="Store these sampling settings as the weights' defaults and the numbers as their "
+                   "\"quality\" entry in demo.json (needs --weights; for maintainers re-tuning the demo).")
 def report(weights: Path | None, per_class: int, grid_path: Path | None, seed: int, cfg_scale: float | None,
-           temperature: float | None, top_k: int | None, draft_len: int, json_path: Path | None) -> None:
+           temperature: float | None, top_k: int | None, draft_len: int, json_path: Path | None,
+           record: bool, threads: int) -> None:
     """Sample per class, print evaluator accuracy, Fréchet distances and SD accepted length."""
     import dataclasses
 
@@ -63,7 +70,9 @@ def report(weights: Path | None, per_class: int, grid_path: Path | None, seed: i
     from specrt.export.demo import demo_dataset, load_demo
     from specrt.export.demo.report import format_summary, quality_summary
 
-    torch.set_num_threads(2)
+    if record and weights is None:
+        raise SpecrtError("--record rewrites a weights folder's demo.json: name it with --weights DIR")
+    torch.set_num_threads(threads)
     models = load_demo(weights)
     overrides = {k: v for k, v in (("cfg_scale", cfg_scale), ("temperature", temperature), ("top_k", top_k))
                  if v is not None}
@@ -75,3 +84,7 @@ def report(weights: Path | None, per_class: int, grid_path: Path | None, seed: i
         click.echo(f"wrote {grid_path}")
     if json_path is not None:
         json_path.write_text(json.dumps(summary, indent=2) + "\n")
+    if record:
+        from specrt.export.demo.store import update_config
+
+        click.echo(f"updated {update_config(weights, sampling_defaults=summary['sampling'], quality=summary)}")

@@ -39,7 +39,7 @@ def test_speculative_decoding_with_the_target_as_draft_accepts_everything():
     model = tiny_gpt(0)
     _, stats = speculative_generate(model, model, np.array([0, 1, 2]), SamplingParams(cfg_scale=2.0), 4, seed=0)
     assert stats.acceptance_rate == 1.0
-    assert stats.mean_accepted_length == 5.0  # 1 prefill token + 3 windows of 4 accepted + 1 bonus = 16
+    assert stats.mean_accepted_length == 16 / 4  # prefill, then 3 windows of 4 accepted + 1 bonus = 16 tokens
 
 
 def exact_marginals(model: GPT, class_id: int, params: SamplingParams, vocab: int, length: int) -> np.ndarray:
