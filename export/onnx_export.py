@@ -103,13 +103,18 @@ class _StepGraph(nn.Module):
         return (logits, hidden, present_kv) if self.with_hidden else (logits, present_kv)
 
 
+def decode_codes(vq: nn.Module, codes: torch.Tensor) -> torch.Tensor:
+    """codes int [B,h,w] -> image, for a full VQModel (decode_codes) or a VQDecoder (forward)."""
+    return vq.decode_codes(codes.long()) if hasattr(vq, "decode_codes") else vq(codes.long())
+
+
 class _VQDecodeGraph(nn.Module):
     def __init__(self, vq: nn.Module):
         super().__init__()
         self.vq = vq
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
-        return self.vq.decode_codes(codes.long()) if hasattr(self.vq, "decode_codes") else self.vq(codes.long())
+        return decode_codes(self.vq, codes)
 
 
 # ---- graph specs (what the manifest says about each graph) -----------------------------

@@ -79,9 +79,9 @@ def torch_outputs(manifest: Manifest, graph_name: str, models, feeds: dict[str, 
     t = {name: torch.from_numpy(value) for name, value in feeds.items()}
     with torch.no_grad():
         if graph.role == "vq":
-            vq = models.vq
-            image = vq.decode_codes(t["codes"].long()) if hasattr(vq, "decode_codes") else vq(t["codes"].long())
-            produced = {"image": image}
+            from specrt.export.onnx_export import decode_codes
+
+            produced = {"image": decode_codes(models.vq, t["codes"])}
         else:
             model = models.target if graph.role == "target" else models.draft
             if graph.kind == "prefill":

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from specrt.export.bundle import ModelSet
+from specrt.export.onnx_export import decode_codes
 from specrt.lazy import require
 from specrt.manifest import GraphSpec, Manifest, read_manifest
 
@@ -186,7 +187,7 @@ def _verify_vq(manifest: Manifest, graph: GraphSpec, vq, seed: int, threads: int
         codes = rng.integers(0, vq.config.codebook_size, size=graph.shape_at(codes_spec, "min", batch=batch)).astype(np.int32)
         got = session.run(list(graph.output_names), {"codes": codes})
         with torch.no_grad():
-            image = vq.decode_codes(torch.from_numpy(codes).long()) if hasattr(vq, "decode_codes") else vq(torch.from_numpy(codes).long())
+            image = decode_codes(vq, torch.from_numpy(codes))
         yield from _compare(graph, f"batch {batch}", got, {"image": image})
 
 

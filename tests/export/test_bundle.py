@@ -12,14 +12,13 @@ import torch
 from specrt.cli import main
 from specrt.errors import SpecrtError
 from specrt.export import onnx_export
-from specrt.export.bundle import ExportOptions, ModelSet, check_compatible, write_bundle
+from specrt.export.bundle import ExportOptions, check_compatible, write_bundle
 from specrt.export.llamagen_gpt import GPT
 from specrt.export.llamagen_vq import VQModel
 from specrt.export.neighbours import codebook_neighbours
 from specrt.export.verify import verify_bundle
 from specrt.manifest import read_manifest
-from tiny_export import (NEIGHBOURS_K, VOCAB, tiny_bundle, tiny_draft_config, tiny_models, tiny_target_config,
-                         tiny_vq_config)
+from tiny_export import NEIGHBOURS_K, VOCAB, tiny_bundle, tiny_draft_config, tiny_models, tiny_vq_config
 
 
 @pytest.fixture(scope="module")
