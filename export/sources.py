@@ -29,13 +29,15 @@ def demo_models(path: str | Path | None = None) -> ModelSet:
 
 
 def checkpoint_models(target: Path, draft: Path, vq: Path, arch: str | None, draft_arch: str | None,
-                      vq_arch: str | None, image_size: int) -> ModelSet:
+                      vq_arch: str | None, image_size: int | None) -> ModelSet:
     """LlamaGen checkpoints: `arch` (e.g. GPT-B) pins the target's size, None infers it; the
-    draft's size is inferred unless draft_arch is given; only the VQ decoder is loaded."""
-    from specrt.export.checkpoints import load_gpt, load_vq
+    draft's size is inferred unless draft_arch is given; only the VQ decoder is loaded.
+    image_size None: the resolution in the target's file name (LlamaGen's naming), else 256."""
+    from specrt.export.checkpoints import image_size_from_name, load_gpt, load_vq
 
     vq_model = load_vq(vq, config=vq_arch, decoder_only=True)
     downsample = vq_model.config.downsample
+    image_size = image_size or image_size_from_name(target) or 256
     if image_size % downsample:
         raise SpecrtError(f"--image-size must be a multiple of the VQ's downsampling {downsample}, got {image_size}")
     target_model = load_gpt(target, config=arch, image_size=image_size, downsample=downsample)

@@ -19,7 +19,7 @@ def _models(target, draft, vq, arch, draft_arch, vq_arch, image_size, random_wei
     if random_weights:
         if given:
             raise SpecrtError(f"--random-weights makes its own weights; drop {', '.join(given)}")
-        return sources.random_models(arch or "GPT-B", draft_arch or "GPT-B", vq_arch or "VQ-16", image_size)
+        return sources.random_models(arch or "GPT-B", draft_arch or "GPT-B", vq_arch or "VQ-16", image_size or 256)
     if given:
         missing = [n for n in ("--target", "--draft", "--vq") if n not in given]
         if missing:
@@ -38,7 +38,8 @@ def _models(target, draft, vq, arch, draft_arch, vq_arch, image_size, random_wei
 @click.option("--arch", help="Target size (GPT-B, GPT-L, GPT-XL, ...); inferred from --target when omitted.")
 @click.option("--draft-arch", help="Draft size; inferred from --draft when omitted.")
 @click.option("--vq-arch", help="VQ layout (VQ-16, VQ-8); inferred from --vq when omitted.")
-@click.option("--image-size", type=int, default=256, show_default=True, help="Image size the GPTs generate (checkpoints, random weights).")
+@click.option("--image-size", type=int, default=None,
+              help="Image size the GPTs generate; default: from the checkpoint's file name (c2i_XL_384.pt), else 256.")
 @click.option("--random-weights", is_flag=True, help="Random weights in the --arch / --draft-arch / --vq-arch layouts (real dims, no checkpoint).")
 @click.option("--demo-weights", type=click.Path(file_okay=False, path_type=Path),
               help="A `specrt demo train` output folder instead of the packaged demo weights.")
