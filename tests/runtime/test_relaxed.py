@@ -164,3 +164,19 @@ def test_lantern_accepts_more_as_the_budget_grows():
     lengths = [pipe.generate([0] * 300, method="lantern", seed=0, draft_len=3, tvd_budget=budget).stats.mean_accepted_length
                for budget in (0.0, 0.2, 0.6)]
     assert lengths[0] < lengths[1] < lengths[2]
+
+
+def test_pipeline_reports_theorem2_estimates_on_request():
+    from specrt.runtime.backends.toy import toy_models
+    from specrt.runtime.pipeline import Pipeline
+
+    target, draft, vq = toy_models(vocab_size=4, grid_size=3, seed=2)
+    pipe = Pipeline(target, vq, draft, sampling_defaults={"cfg_scale": 1.0})
+    plain = pipe.generate([0] * 50, method="cool-sd", seed=0, relaxation_budget=2.0).stats.summary()
+    assert "theorem2_expected_accepted_length" not in plain
+    stats = pipe.generate([0] * 300, method="cool-sd", seed=0, relaxation_budget=2.0, draft_len=3, theorem2=True).stats
+    summary = stats.summary()
+    rounds = sum(v for k, v in stats.accepted_lengths.items()) - 300  # minus the prefill forwards
+    measured = (stats.tokens - 300) / rounds
+    assert summary["theorem2_expected_accepted_length"] == pytest.approx(measured, rel=0.1)
+    assert 0.0 < summary["theorem2_tv_bound_per_round"] < 1.0
