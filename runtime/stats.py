@@ -27,13 +27,22 @@ class Stats:
     theorem2_accepted_length: list = field(default_factory=list)
     theorem2_tv_bound: list = field(default_factory=list)
 
+    _timing_now: set = field(default_factory=set, repr=False, compare=False)
+
     @contextmanager
     def timing(self, part: str) -> Iterator[None]:
+        """Add the block's time to seconds[part]; a block nested in one of the same part (a sample
+        drawn inside verification) is already being timed and must not be counted twice."""
+        if part in self._timing_now:
+            yield
+            return
+        self._timing_now.add(part)
         start = time.perf_counter()
         try:
             yield
         finally:
             self.seconds[part] += time.perf_counter() - start
+            self._timing_now.discard(part)
 
     def record_round(self, produced: int, images: int = 1) -> None:
         """One target forward produced `produced` tokens (its accepted length) for each of `images`."""
