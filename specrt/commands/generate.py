@@ -55,9 +55,7 @@ def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optio
 
     demo = load_demo()
     pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq, max_window=max_window, device=device)
-    sampling = getattr(demo, "sampling", None)
-    if sampling is not None:
-        pipe.sampling_defaults = dict(vars(sampling))
+    pipe.sampling_defaults = dict(vars(demo.sampling_defaults))
     return pipe
 
 
