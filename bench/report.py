@@ -203,3 +203,25 @@ def write_plot(path: str, results: list[MethodResult], title: str, fd_floor: flo
         plt.close(fig)
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def format_markdown(payload: dict[str, Any]) -> str:
+    """The run as a Markdown table (for the README), with its device, backend and noise floor."""
+    settings = payload["settings"]
+    lines = ["| setting | accepted length | target fwd / image | latency median (ms) | p90 (ms) | speed-up vs ar "
+             "| class accuracy | Fréchet distance | TV bound / round |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in payload["results"]:
+        q, tv = r.get("quality", {}), r.get("theory", {}).get("tv_bound")
+        lines.append(f"| {r['label']} | {r['mean_accepted_length']:.2f} | {r['target_forwards_per_image']:.1f} "
+                     f"| {1000 * r['latency_s']['median']:.1f} | {1000 * r['latency_s']['p90']:.1f} "
+                     f"| {_fmt(r['speedup_vs_ar'])}x | {_fmt(q.get('class_accuracy'), 3)} "
+                     f"| {_fmt(q.get('frechet_distance'), 2)} | {_fmt(tv, 3)} |")
+    floor = settings.get("fd_noise_floor") or {}
+    notes = [f"{payload['device']}, {payload['backend']} backend, {settings.get('threads')} thread(s); "
+             f"{settings['images_per_setting']} images per setting, interleaved in random order."]
+    if floor.get("frechet_distance") is not None:
+        notes.append(f"Fréchet-distance noise floor (real vs real, {floor['images']} vs {floor['reference_images']} "
+                     f"images): {floor['frechet_distance']:.2f}; evaluator accuracy on real held-out digits: "
+                     f"{_fmt(floor.get('real_class_accuracy'), 3)}.")
+    return "\n".join(lines) + "\n\n" + " ".join(notes) + "\n"

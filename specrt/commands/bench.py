@@ -91,6 +91,8 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the results as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of the speed–fidelity trade-off (with --profile-arch: step latency against W).")
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the table as Markdown (for a README).")
 @click.option("--demo-weights", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="A `specrt demo train` folder instead of the packaged demo weights.")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -104,14 +106,15 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True, help="--profile-arch: timed repeats per W.")
 @click.option("--device", default="cpu", show_default=True, help="--profile-arch: torch device (cpu, cuda).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
-def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, plot_path, demo_weights, cache_dir,
+def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, plot_path, markdown_path, demo_weights,
+            cache_dir,
             profile_arch, results_path, windows, repeats, device, progress) -> None:
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
     if profile_arch:
         _profile(profile_arch, results_path, windows, repeats, device, threads, json_path, plot_path, demo_weights)
         return
     from specrt.bench.models import open_models
-    from specrt.bench.report import format_breakdown, format_table, write_json, write_plot
+    from specrt.bench.report import format_breakdown, format_markdown, format_table, write_json, write_plot
     from specrt.bench.run import benchmark, planned_images
     from specrt.bench.settings import DEFAULT_METHODS, DEFAULT_SWEEPS, build_settings
 
@@ -151,6 +154,10 @@ def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, 
     if json_path:
         write_json(str(json_path), run.payload)
         click.echo(f"wrote {json_path}")
+    if markdown_path:
+        markdown_path.parent.mkdir(parents=True, exist_ok=True)
+        markdown_path.write_text(format_markdown(run.payload), encoding="utf-8")
+        click.echo(f"wrote {markdown_path}")
     if plot_path:
         title = f"{info['bundle'].split(' (')[0]} on {info['backend']}, {info['device']}, {images} images/setting"
         write_plot(str(plot_path), run.results, title, fd_floor=run.fd_floor)

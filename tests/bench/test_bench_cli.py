@@ -43,7 +43,7 @@ def tiny_run(demo_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     argv = ["bench", "--backend", "torch", "--demo-weights", str(demo_dir), "--images", str(IMAGES),
             "--sweep", "cool-sd:delta=1.5,3", "--methods", ",".join(DEFAULT_METHODS), "--no-progress",
-            "--json", str(out / "r.json"), "--plot", str(out / "r.png")]
+            "--json", str(out / "r.json"), "--plot", str(out / "r.png"), "--markdown", str(out / "r.md")]
     try:
         main(argv)
     except SystemExit as exc:
@@ -88,8 +88,11 @@ def test_numbers_are_consistent_with_the_methods(tiny_run):
     assert floor["images"] == IMAGES and np.isfinite(floor["frechet_distance"])
 
 
-def test_plot_is_a_png(tiny_run):
-    out, _ = tiny_run
+def test_plot_is_a_png_and_markdown_has_every_row(tiny_run):
+    out, payload = tiny_run
+    markdown = (out / "r.md").read_text(encoding="utf-8").splitlines()
+    rows = [line for line in markdown if line.startswith("| ") and not line.startswith("| setting")]
+    assert [row.split("|")[1].strip() for row in rows] == [r["label"] for r in payload["results"]]
     with Image.open(out / "r.png") as image:
         assert image.format == "PNG" and image.width > 600 and image.height > 300
 
