@@ -94,7 +94,15 @@ SCHEDULES = ("exp", "linear", "uniform")
 
 def relaxation_schedule(name: str, draft_len: int, relaxation_budget: float, decay: float = 0.7,
                         slope_len: int = 8) -> np.ndarray:
-    """ω_1..ω_L for a schedule name ('exp', 'linear', 'uniform')."""
+    """ω_1..ω_L for a schedule name ('exp', 'linear', 'uniform').
+
+    δ = 1 is vanilla SD (DESIGN.md) under every schedule: ω ≡ 1. Taken literally, Eq. 16 at
+    δ = 1 would still move weight onto the first positions (ω_1 ≈ 2.1 for L = 4, ν = 0.7)
+    and so relax them; the budget δ is what says how much relaxation to spend, and at 1
+    there is none, so `cool-sd` with δ = 1 is exactly lossless.
+    """
+    if relaxation_budget == 1.0:
+        return np.ones(draft_len)
     if name == "exp":
         return exponential_schedule(draft_len, relaxation_budget, decay)
     if name == "linear":

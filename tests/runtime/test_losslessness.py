@@ -37,6 +37,7 @@ GUIDED = SamplingParams(cfg_scale=2.0, temperature=0.9, top_k=2)
 LOSSLESS = [
     ("sd", {"draft_len": 3}, GUIDED),
     ("cool-sd", {"relaxation_budget": 1.0, "schedule": "uniform", "draft_len": 2}, PLAIN),
+    ("cool-sd", {"relaxation_budget": 1.0, "draft_len": 3}, GUIDED),  # default exp schedule: δ = 1 is SD
     ("sjd", {"window": 3}, PLAIN),
     # 9 binary tokens: deep proactive-drafting trees (spine + siblings) and chains behind them
     ("sjd-pac", {"window": 8, "branching": 2, "tree_depth": 2, "vocab": 2, "grid": 3}, PLAIN),
