@@ -135,9 +135,30 @@ def lint_graph(path: Path, spec: GraphSpec, max_opset: int = trt_ops.MAX_OPSET) 
     return _check_ops(model, spec.name, max_opset) + _check_io(model, spec)
 
 
+def lint_neighbours(manifest: Manifest) -> list[Finding]:
+    """LANTERN's table must be int32 [vocab, k], in range, and never list a token as its own neighbour."""
+    import numpy as np
+
+    if manifest.neighbours is None:
+        return [Finding(WARNING, "neighbours", "bundle has no neighbour table; LANTERN cannot run on it")]
+    vocab, k = manifest.models["target"]["vocab_size"], manifest.neighbours["k"]
+    try:
+        table = np.load(manifest.neighbours_path, allow_pickle=False)
+    except ValueError as exc:
+        return [Finding(ERROR, "neighbours", f"{manifest.neighbours['file']} is not a plain .npy array: {exc}")]
+    if table.dtype != np.int32 or table.shape != (vocab, k):
+        return [Finding(ERROR, "neighbours", f"table is {table.dtype} {list(table.shape)}, expected int32 [{vocab}, {k}]")]
+    findings = []
+    if table.size and (table.min() < 0 or table.max() >= vocab):
+        findings.append(Finding(ERROR, "neighbours", f"token ids outside 0..{vocab - 1}"))
+    if (table == np.arange(vocab)[:, None]).any():
+        findings.append(Finding(ERROR, "neighbours", "some tokens are listed as their own neighbour"))
+    return findings
+
+
 def lint_bundle(manifest: Manifest, max_opset: int = trt_ops.MAX_OPSET) -> list[Finding]:
-    """Findings for every graph of a (read, verified) bundle, in manifest order."""
+    """Findings for every graph of a (read, verified) bundle, in manifest order, then the neighbour table."""
     findings = []
     for name, spec in manifest.graphs.items():
         findings += lint_graph(manifest.root / spec.file, spec, max_opset)
-    return findings
+    return findings + lint_neighbours(manifest)

@@ -155,3 +155,17 @@ def test_inspect_exits_1_when_the_lint_finds_errors(bundle, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "error: vq_decode: input codes is int64" in out
     assert ": 2 error(s), 0 warning(s)" in out  # int64 where int32 is bound, and the manifest's dtype differs
+
+
+def test_a_neighbour_table_listing_a_token_itself_fails_the_lint(bundle, tmp_path, capsys):
+    manifest, _ = bundle
+    copy = tmp_path / "copy"
+    shutil.copytree(manifest.root, copy)
+    table = np.load(copy / "neighbours.npy")
+    table[5, 0] = 5
+    np.save(copy / "neighbours.npy", table)
+    raw = json.loads((copy / "manifest.json").read_text())
+    raw["files"]["neighbours.npy"] = file_record(copy / "neighbours.npy")
+    (copy / "manifest.json").write_text(json.dumps(raw))
+    assert _exit_code(["inspect", str(copy)]) == 1
+    assert "error: neighbours: some tokens are listed as their own neighbour" in capsys.readouterr().out
