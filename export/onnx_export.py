@@ -31,7 +31,7 @@ from specrt.manifest import GraphSpec, TensorSpec
 
 BATCH, WINDOW, CACHE_LEN, TOTAL_LEN = "batch", "window", "cache_len", "total_len"
 DEFAULT_OPSET = 18
-SUPPORTED_OPSETS = (17, 18, 19, 20, 23)
+SUPPORTED_OPSETS = (18, 19, 20, 23)  # torch's dynamo exporter emits nothing older than 18
 EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; keep a margin for the graph itself
 
 # Example sizes used while tracing: >= 2 and all different (see module docstring).
@@ -255,7 +255,11 @@ _ONNX_DTYPES = {"float32": 1, "int32": 6, "int64": 7, "bool": 9, "float16": 10, 
 
 def _stamp_and_check(model, spec: GraphSpec) -> None:
     """Write our symbolic names onto the graph's I/O dims; raise if the traced graph's I/O
-    differs from the contract in names, order, dtype, rank or a static dim."""
+    differs from the contract in names, order, dtype, rank or a static dim, or its opset
+    is not the one the manifest will record."""
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if opset != spec.opset:
+        raise AssertionError(f"{spec.name}: exporter wrote opset {opset}, asked for {spec.opset}")
     for kind, values, specs in (("input", model.graph.input, spec.inputs), ("output", model.graph.output, spec.outputs)):
         names = [v.name for v in values]
         if names != [s.name for s in specs]:
