@@ -22,7 +22,13 @@ def demo_models(path: str | Path | None = None) -> ModelSet:
     """The trained demo family shipped with the package (or from a `specrt demo train` folder)."""
     from specrt.export.demo import load_demo
 
-    demo = load_demo(path)
+    try:
+        demo = load_demo(path)
+    except SpecrtError as exc:
+        if path is not None:
+            raise
+        raise SpecrtError(f"the packaged demo weights cannot be loaded ({exc}); export checkpoints with "
+                          "--target/--draft/--vq, or real-size random weights with --random-weights") from exc
     where = str(path) if path else "demo"
     return ModelSet(target=demo.target, draft=demo.draft, vq=demo.vq, sampling=demo.sampling_defaults,
                     sources={"target": f"{where}:target", "draft": f"{where}:draft", "vq": f"{where}:vq"})
