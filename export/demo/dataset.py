@@ -31,9 +31,14 @@ class DigitsSplit:
     held_out_labels: np.ndarray
 
     def held_out_halves(self) -> tuple[np.ndarray, np.ndarray]:
-        """Two disjoint, class-interleaved halves of the held-out images (for the reference FD)."""
+        """Two disjoint halves of the held-out images with the same class mix (for the reference FD).
+
+        Each half keeps the split's random order, so its first n images are a class-mixed
+        subset too (a class-sorted half truncated to n would hold only the low digits).
+        """
         order = np.argsort(self.held_out_labels, kind="stable")
-        return self.held_out_images[order[0::2]], self.held_out_images[order[1::2]]
+        half_a, half_b = np.sort(order[0::2]), np.sort(order[1::2])
+        return self.held_out_images[half_a], self.held_out_images[half_b]
 
 
 def upsample(digits_8x8: np.ndarray) -> np.ndarray:

@@ -7,6 +7,7 @@ which a Fréchet distance between sample and real image sets is meaningful.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -80,7 +81,9 @@ def frechet_distance(features_a: np.ndarray, features_b: np.ndarray) -> float:
     linalg = require("scipy.linalg", "the Fréchet distance")
     mu_a, mu_b = features_a.mean(0), features_b.mean(0)
     cov_a, cov_b = np.cov(features_a, rowvar=False), np.cov(features_b, rowvar=False)
-    covmean = linalg.sqrtm(cov_a @ cov_b)
+    with warnings.catch_warnings():  # dead ReLU features make Σ singular; handled just below
+        warnings.simplefilter("ignore", linalg.LinAlgWarning)
+        covmean = linalg.sqrtm(cov_a @ cov_b)
     if not np.isfinite(covmean).all():  # near-singular product: regularise, as the FID reference code does
         eps = 1e-6 * np.eye(len(cov_a))
         covmean = linalg.sqrtm((cov_a + eps) @ (cov_b + eps))
