@@ -72,5 +72,9 @@ class DemoTrainingConfig:
 DEFAULT_EVALUATOR = EvaluatorConfig(num_classes=NUM_CLASSES)
 assert IMAGE_SIZE == GRID_SIZE * vq_config().downsample
 
-# Tuned on the trained demo with `specrt demo report` (see demo.json "quality").
+# Tuned on the trained demo (18 AR samples per class, seed 1): cfg 1.0 / 1.5 / 1.75 / 2.0 gave
+# evaluator accuracy 0.80 / 0.93 / 0.97 / 0.96 and Fréchet distance 134 / 130 / 148 / 145
+# (real-vs-real floor 61). 2.0 keeps samples recognisable at temperature 1, so the draft and
+# target distributions stay non-trivial for speculative decoding. demo.json "quality" has
+# the figures of the committed weights.
 SAMPLING_DEFAULTS = {"cfg_scale": 2.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}

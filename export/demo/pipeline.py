@@ -9,8 +9,6 @@ import platform
 import time
 from pathlib import Path
 
-import numpy as np
-
 from specrt.lazy import require
 
 torch = require("torch", "demo training")
