@@ -64,6 +64,19 @@ def test_same_seed_gives_the_same_evaluator():
     assert not torch.equal(a.fc.weight, c.fc.weight)
 
 
+def test_same_seed_gives_the_same_gpt():
+    from specrt.export.demo.training import train_gpt
+
+    cfg = GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=16, num_classes=10, grid_size=4, multiple_of=32,
+                    dropout=0.1)
+    rng = np.random.default_rng(0)
+    codes, labels = rng.integers(0, 16, (40, 16)), rng.integers(0, 10, 40)
+    schedule = configs.Schedule(steps=3, batch_size=8, lr=1e-3, warmup=1)
+    a, _ = train_gpt(cfg, codes, labels, schedule, 0.1, seed=1, desc="a", progress=False)
+    b, _ = train_gpt(cfg, codes, labels, schedule, 0.1, seed=1, desc="b", progress=False)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
 def test_frechet_distance_is_zero_for_identical_sets_and_grows_with_a_mean_shift():
     rng = np.random.default_rng(0)
     feats = rng.normal(size=(500, 8))
