@@ -14,29 +14,18 @@ from pathlib import Path
 import numpy as np
 
 from specrt.lazy import require
+from specrt.runtime.pipeline import Pipeline, from_uint8, to_uint8
 from specrt.runtime.sampling import SamplingParams
 
 torch = require("torch", "the demo report")
 
 from specrt.export.demo.dataset import NUM_CLASSES, DigitsSplit  # noqa: E402
-from specrt.export.demo.decoding import ar_generate, speculative_generate  # noqa: E402
 from specrt.export.demo.evaluator import embed, frechet_distance  # noqa: E402
 from specrt.export.demo.store import DemoModels  # noqa: E402
 from specrt.export.llamagen_vq import VQModel  # noqa: E402
 
 SD_DRAFT_LEN = 4
 SD_SEQUENCES_PER_CLASS = 2
-
-
-@torch.no_grad()
-def decode_images(vq: VQModel, codes: np.ndarray, batch_size: int = 256) -> np.ndarray:
-    """Raster codes [N, grid²] -> images float32 [N, 3, H, W] clamped to [-1, 1]."""
-    grid = int(round(codes.shape[1] ** 0.5))
-    out = []
-    for start in range(0, len(codes), batch_size):
-        batch = torch.from_numpy(codes[start:start + batch_size]).reshape(-1, grid, grid)
-        out.append(vq.decode_codes(batch).clamp(-1, 1).numpy())
-    return np.concatenate(out)
 
 
 def save_grid(images: np.ndarray, rows: int, path: str | Path, scale: int = 2) -> Path:
@@ -56,11 +45,23 @@ def save_grid(images: np.ndarray, rows: int, path: str | Path, scale: int = 2) -
     return path
 
 
+def demo_pipeline(models: DemoModels) -> Pipeline:
+    """The runtime's PyTorch pipeline over the demo family (the same decoder users run)."""
+    return Pipeline.from_torch(models.target, models.draft, models.vq)
+
+
+def _sampling_kwargs(params: SamplingParams) -> dict:
+    return {"cfg_scale": params.cfg_scale, "temperature": params.temperature, "top_k": params.top_k,
+            "top_p": params.top_p}
+
+
 def sample_per_class(models: DemoModels, per_class: int, params: SamplingParams, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """AR samples, `per_class` for each digit in class order -> (images [10·N,3,32,32], labels)."""
+    """AR samples, `per_class` for each digit in class order -> (images [10·N,3,32,32] in [-1,1], labels).
+
+    The images go through the uint8 pixels a user gets, so the evaluator judges those."""
     labels = np.repeat(np.arange(NUM_CLASSES), per_class)
-    codes = ar_generate(models.target, labels, params, seed)
-    return decode_images(models.vq, codes), labels
+    result = demo_pipeline(models).generate(labels, method="ar", seed=seed, **_sampling_kwargs(params))
+    return from_uint8(result.images), labels
 
 
 def quality_summary(models: DemoModels, split: DigitsSplit, per_class: int, seed: int = 0,
@@ -72,15 +73,17 @@ def quality_summary(models: DemoModels, split: DigitsSplit, per_class: int, seed
     if grid_path is not None:
         save_grid(images, NUM_CLASSES, grid_path)
     feats, preds = embed(models.evaluator, images)
-    real_feats, real_preds = embed(models.evaluator, split.held_out_images)
+    as_pixels = lambda images: from_uint8(to_uint8(images))  # noqa: E731  real images, same uint8 path
+    real_feats, real_preds = embed(models.evaluator, as_pixels(split.held_out_images))
     half_a, half_b = split.held_out_halves()
-    feats_a, feats_b = embed(models.evaluator, half_a)[0], embed(models.evaluator, half_b)[0]
+    feats_a, feats_b = embed(models.evaluator, as_pixels(half_a))[0], embed(models.evaluator, as_pixels(half_b))[0]
     n = min(len(feats), len(feats_b))  # same set sizes on both sides: FD is biased by sample size
     real_accuracy = float(np.mean(real_preds == split.held_out_labels))
     ar_accuracy = float(np.mean(preds == labels))
 
     sd_labels = np.repeat(np.arange(NUM_CLASSES), SD_SEQUENCES_PER_CLASS)
-    _, stats = speculative_generate(models.target, models.draft, sd_labels, params, draft_len, seed + 1)
+    stats = demo_pipeline(models).generate(sd_labels, method="sd", seed=seed + 1, draft_len=draft_len,
+                                           **_sampling_kwargs(params)).stats
     return {
         "sampling": {"cfg_scale": params.cfg_scale, "temperature": params.temperature,
                      "top_k": params.top_k, "top_p": params.top_p},
@@ -94,7 +97,6 @@ def quality_summary(models: DemoModels, split: DigitsSplit, per_class: int, seed
         "sd_draft_len": draft_len,
         "sd_sequences": len(sd_labels),
         "sd_mean_accepted_length": stats.mean_accepted_length,
-        "sd_acceptance_rate": stats.acceptance_rate,
     }
 
 
@@ -110,7 +112,6 @@ def format_summary(summary: dict) -> str:
         f"Fréchet distance AR samples vs real      : {summary['fd_ar_vs_real']:.3f}  (sets {sizes[0]} vs {sizes[1]})",
         f"Fréchet distance real half vs real half  : {summary['fd_real_vs_real']:.3f}  (sets {sizes[0]} vs {sizes[1]})",
         f"speculative decoding, draft_len={summary['sd_draft_len']}: mean accepted length "
-        f"{summary['sd_mean_accepted_length']:.2f} tokens/target step, acceptance rate "
-        f"{summary['sd_acceptance_rate']:.2f} ({summary['sd_sequences']} sequences)",
+        f"{summary['sd_mean_accepted_length']:.2f} tokens/target step ({summary['sd_sequences']} sequences)",
     ]
     return "\n".join(lines)
