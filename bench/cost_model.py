@@ -108,6 +108,31 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
     return StepLatency(name, device, list(windows), target_s, draft_s)
 
 
+def measure_runners(name: str, target: Any, draft: Any, windows: tuple[int, ...] = DEFAULT_WINDOWS,
+                    repeats: int = 5) -> StepLatency:
+    """measure_models for runtime ModelRunners (e.g. the onnxruntime backend over a bundle): the
+    step cost the benchmark itself paid, input preparation included."""
+    import numpy as np
+
+    from specrt.runtime.window import Window
+
+    def prepared(runner: Any) -> Any:
+        runner.allocate(2)
+        runner.reset_counters()
+        runner.prefill(np.array([0, runner.spec.null_class], dtype=np.int32))
+        half = runner.spec.num_image_tokens // 2
+        runner.step(Window.chain([0] * half))
+        runner.commit(range(half))
+        return runner
+
+    target, draft = prepared(target), prepared(draft)
+    usable = [w for w in windows if w <= target.max_window]
+    step = lambda runner, w: (lambda: runner.step(Window.chain([0] * w)))  # noqa: E731  (never committed)
+    target_s = _interleaved_medians([step(target, w) for w in usable], repeats, lambda: None)
+    draft_s = _interleaved_medians([step(draft, 1)], repeats, lambda: None)[0]
+    return StepLatency(name, "cpu", usable, target_s, draft_s)
+
+
 def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, repeats: int = 5,
                          device: str = "cpu", progress: Callable[[str], None] | None = None) -> StepLatency:
     """measure_models on a LlamaGen architecture with random weights and a one-layer draft of its width."""

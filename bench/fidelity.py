@@ -17,6 +17,8 @@ import numpy as np
 
 from specrt.runtime.pipeline import to_uint8
 
+BOOTSTRAP_ROUNDS = 30
+
 
 def pixels_to_model_range(images: np.ndarray) -> np.ndarray:
     """uint8 [N, H, W, 3] (the pipeline's output) -> float32 [N, 3, H, W] in about [−1, 1]."""
@@ -63,8 +65,18 @@ class FidelityJudge:
         return {
             "class_accuracy": float(np.mean(predicted == np.asarray(labels))),
             "frechet_distance": self._distance(features[:fd_images]),
+            "frechet_distance_std": self._bootstrap_std(features[:fd_images]),
             "fd_images": fd_images,
         }
+
+    def _bootstrap_std(self, features: np.ndarray, rounds: int = BOOTSTRAP_ROUNDS) -> float | None:
+        """Spread of the Fréchet distance over resamplings of the image set (with replacement):
+        how far two settings' distances must differ before the difference means anything."""
+        if len(features) < 3:
+            return None
+        rng = np.random.default_rng(0)
+        values = [self._distance(features[rng.integers(0, len(features), len(features))]) for _ in range(rounds)]
+        return float(np.std(values))
 
     def _distance(self, features: np.ndarray) -> float | None:
         """Fréchet distance to half A (None below 2 images: no covariance); scipy's singular-matrix
@@ -81,5 +93,6 @@ class FidelityJudge:
         """Fréchet distance of n real held-out images (half B) to half A: the floor at this size."""
         n = min(n, len(self.spare_features))
         return {"frechet_distance": self._distance(self.spare_features[:n]),
+                "frechet_distance_std": self._bootstrap_std(self.spare_features[:n]),
                 "images": n, "reference_images": self.reference_size,
                 "real_class_accuracy": self.real_accuracy}

@@ -62,10 +62,18 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def format_fd(quality: dict[str, Any]) -> str:
+    """'146.2 ± 8.1': the Fréchet distance with its bootstrap spread, when there is one."""
+    fd, std = quality.get("frechet_distance"), quality.get("frechet_distance_std")
+    if fd is None:
+        return "-"
+    return f"{fd:.1f} ± {std:.1f}" if std is not None else f"{fd:.1f}"
+
+
 def format_table(results: list[MethodResult]) -> str:
     """A fixed-width table: one row per setting, speed first, then fidelity."""
     headers = ["setting", "acc.len", "tgt fwd/img", "drf fwd/img", "lat med ms", "lat p90 ms", "speed-up",
-               "class acc", "FD", "TV bound"]
+               "class acc", "FD ± boot. sd", "TV bound"]
     rows = []
     for r in results:
         rows.append([
@@ -73,7 +81,7 @@ def format_table(results: list[MethodResult]) -> str:
             _fmt(r.draft_forwards_per_image, 1), _fmt(1000 * r.latency_s["median"], 1),
             _fmt(1000 * r.latency_s["p90"], 1),
             _fmt(r.speedup_vs_ar) + ("x" if r.speedup_vs_ar is not None else ""),
-            _fmt(r.quality.get("class_accuracy"), 3), _fmt(r.quality.get("frechet_distance"), 2),
+            _fmt(r.quality.get("class_accuracy"), 3), format_fd(r.quality),
             _fmt(r.theory.get("tv_bound"), 3),
         ])
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
@@ -209,19 +217,19 @@ def format_markdown(payload: dict[str, Any]) -> str:
     """The run as a Markdown table (for the README), with its device, backend and noise floor."""
     settings = payload["settings"]
     lines = ["| setting | accepted length | target fwd / image | latency median (ms) | p90 (ms) | speed-up vs ar "
-             "| class accuracy | Fréchet distance | TV bound / round |",
+             "| class accuracy | Fréchet distance ± bootstrap sd | TV bound / round |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in payload["results"]:
         q, tv = r.get("quality", {}), r.get("theory", {}).get("tv_bound")
         lines.append(f"| {r['label']} | {r['mean_accepted_length']:.2f} | {r['target_forwards_per_image']:.1f} "
                      f"| {1000 * r['latency_s']['median']:.1f} | {1000 * r['latency_s']['p90']:.1f} "
                      f"| {_fmt(r['speedup_vs_ar'])}x | {_fmt(q.get('class_accuracy'), 3)} "
-                     f"| {_fmt(q.get('frechet_distance'), 2)} | {_fmt(tv, 3)} |")
+                     f"| {format_fd(q)} | {_fmt(tv, 3)} |")
     floor = settings.get("fd_noise_floor") or {}
     notes = [f"{payload['device']}, {payload['backend']} backend, {settings.get('threads')} thread(s); "
              f"{settings['images_per_setting']} images per setting, interleaved in random order."]
     if floor.get("frechet_distance") is not None:
         notes.append(f"Fréchet-distance noise floor (real vs real, {floor['images']} vs {floor['reference_images']} "
-                     f"images): {floor['frechet_distance']:.2f}; evaluator accuracy on real held-out digits: "
+                     f"images): {format_fd(floor)}; evaluator accuracy on real held-out digits: "
                      f"{_fmt(floor.get('real_class_accuracy'), 3)}.")
     return "\n".join(lines) + "\n\n" + " ".join(notes) + "\n"

@@ -28,7 +28,7 @@ def _committed_results() -> Path:
 def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int, device: str,
              threads: int, json_path: Optional[Path], plot_path: Optional[Path], demo_weights: Optional[Path]) -> None:
     from specrt.bench.cost_model import (
-        PROFILE_ARCHS, measure_models, measure_step_latency, parse_windows, prediction_table, write_profile_plot,
+        PROFILE_ARCHS, measure_runners, measure_step_latency, parse_windows, prediction_table, write_profile_plot,
     )
     from specrt.bench.device import device_name
     from specrt.lazy import require
@@ -47,15 +47,16 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
     require("torch", "specrt bench --profile-arch").set_num_threads(threads)
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
     latency = measure_step_latency(arch, window_list, repeats=repeats, device=device, progress=say)
-    # the demo's own models through the same harness: why its speed-ups differ from the architecture's
-    from specrt.export.demo import load_demo
+    # the demo's own graphs on onnxruntime, as the default bench runs them: why its speed-ups differ
+    from specrt.bench.models import demo_bundle
+    from specrt.runtime.pipeline import Pipeline
 
-    demo = load_demo(demo_weights)
-    reference = measure_models("demo", demo.target, demo.draft, window_list, repeats, device, say)
+    pipe = Pipeline.from_bundle(demo_bundle(demo_weights, progress=say), threads=threads)
+    reference = measure_runners("demo (ort)", pipe.target, pipe.draft, window_list, repeats)
     where = device_name("torch-cuda" if device.startswith("cuda") else "torch")
     table, predictions = prediction_table(latency, measured, reference)
-    click.echo(f"\nstep latency, PyTorch, batch 2 (CFG pair), cache half full, on {where}, {threads} thread(s); "
-               f"{arch} has random weights")
+    click.echo(f"\nstep latency, batch 2 (CFG pair), cache half full, on {where}, {threads} thread(s): {arch} "
+               f"(random weights) on PyTorch, the demo's exported graphs on onnxruntime")
     click.echo(table)
     click.echo(f"predicted speed-up = accepted length x t(1) / (t(W) + drafts x t_draft); accepted lengths from "
                f"{results_path} ({bench.get('device', '?')}, {bench.get('backend', '?')})")
@@ -114,7 +115,7 @@ def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, 
         _profile(profile_arch, results_path, windows, repeats, device, threads, json_path, plot_path, demo_weights)
         return
     from specrt.bench.models import open_models
-    from specrt.bench.report import format_breakdown, format_markdown, format_table, write_json, write_plot
+    from specrt.bench.report import format_breakdown, format_fd, format_markdown, format_table, write_json, write_plot
     from specrt.bench.run import benchmark, planned_images
     from specrt.bench.settings import DEFAULT_METHODS, DEFAULT_SWEEPS, build_settings
 
@@ -146,7 +147,7 @@ def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, 
     if floor and floor["frechet_distance"] is not None:
         acc = floor.get("real_class_accuracy")
         click.echo(f"FD noise floor (real vs real, {floor['images']} vs {floor['reference_images']} images, "
-                   f"{floor['feature_dim']}-d evaluator features): {floor['frechet_distance']:.2f}"
+                   f"{floor['feature_dim']}-d evaluator features): {format_fd(floor)}"
                    + (f"; evaluator accuracy on real held-out digits: {acc:.3f}" if acc is not None else ""))
     click.echo("\ntime per image, ms (means; other = Python orchestration between model calls)")
     click.echo(format_breakdown(run.results))
