@@ -52,7 +52,8 @@ def guided_logits(logits: np.ndarray, cfg_scale: float) -> np.ndarray:
     """
     if logits.shape[0] % 2:
         raise ValueError(f"CFG needs a [cond; uncond] batch of even size, got {logits.shape[0]}")
-    cond, uncond = np.split(logits, 2, axis=0)
+    half = logits.shape[0] // 2
+    cond, uncond = logits[:half], logits[half:]
     return uncond + (cond - uncond) * cfg_scale
 
 
@@ -86,14 +87,16 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     Rows sum to 1. Temperature 0 gives the one-hot argmax distribution, so every method
     decodes greedily and backends can be compared token for token.
     """
-    logits = np.asarray(logits, dtype=np.float64)
     if params.temperature == 0.0:
-        onehot = np.zeros_like(logits)
+        onehot = np.zeros(np.shape(logits), dtype=np.float64)
         np.put_along_axis(onehot, np.argmax(logits, axis=-1)[..., None], 1.0, axis=-1)
         return onehot
-    scaled = _keep_top_k(logits / params.temperature, params.top_k)
-    scaled = scaled - np.max(scaled, axis=-1, keepdims=True)
-    probs = np.exp(scaled)
+    scaled = np.array(logits, dtype=np.float64)  # our own copy: the steps below work in place
+    if params.temperature != 1.0:
+        scaled /= params.temperature
+    scaled = _keep_top_k(scaled, params.top_k)
+    scaled -= np.max(scaled, axis=-1, keepdims=True)
+    probs = np.exp(scaled, out=scaled)
     probs /= probs.sum(axis=-1, keepdims=True)
     if params.top_p < 1.0:
         probs = _keep_top_p(probs, params.top_p)
@@ -112,12 +115,15 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """One draw per row of probs [..., V] by inverse CDF with one uniform per row.
 
     Using exactly one uniform per draw keeps the random stream, and therefore the image,
-    identical across backends for the same seed.
+    identical across backends for the same seed. The drawn index is the first whose
+    cumulative mass exceeds u·total, so a zero-probability entry is never drawn.
     """
+    if probs.ndim == 1:  # the per-token hot path of the speculative methods
+        cdf = np.cumsum(probs)
+        index = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+        return np.int64(min(index, probs.shape[0] - 1))
     flat = probs.reshape(-1, probs.shape[-1])
     cdf = np.cumsum(flat, axis=-1)
     u = rng.random(flat.shape[0]) * cdf[:, -1]
     idx = np.minimum((cdf <= u[:, None]).sum(axis=-1), flat.shape[-1] - 1)
-    # never land on a zero-probability entry through floating-point ties at the edges
-    idx = np.where(flat[np.arange(flat.shape[0]), idx] > 0, idx, np.argmax(flat, axis=-1))
     return idx.reshape(probs.shape[:-1])

@@ -20,11 +20,12 @@ class Window:
 
     ids: np.ndarray      # int64 [W]
     parents: np.ndarray  # int64 [W]
+    is_chain: bool = False  # parents[w] == w − 1: depths and mask have closed forms (the hot path)
 
     @classmethod
     def chain(cls, ids: Sequence[int]) -> "Window":
         ids = np.asarray(ids, dtype=np.int64)
-        return cls(ids, np.arange(len(ids), dtype=np.int64) - 1)
+        return cls(ids, np.arange(len(ids), dtype=np.int64) - 1, is_chain=True)
 
     @classmethod
     def tree(cls, ids: Sequence[int], parents: Sequence[int]) -> "Window":
@@ -38,6 +39,8 @@ class Window:
         return len(self.ids)
 
     def depths(self) -> np.ndarray:
+        if self.is_chain:
+            return np.arange(len(self), dtype=np.int64)
         depth = np.zeros(len(self), dtype=np.int64)
         for w in range(1, len(self)):
             depth[w] = depth[self.parents[w]] + 1
@@ -45,6 +48,8 @@ class Window:
 
     def ancestry(self) -> np.ndarray:
         """bool [W, W]: row w true at w and at every ancestor of w (the in-window attention mask)."""
+        if self.is_chain:
+            return np.tri(len(self), dtype=bool)
         seen = np.eye(len(self), dtype=bool)
         for w in range(1, len(self)):
             seen[w] |= seen[self.parents[w]]

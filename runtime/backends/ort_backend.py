@@ -103,6 +103,8 @@ class OrtRunner(ModelRunner):
         self._present_flat = np.zeros(int(np.prod(rows)) * self.max_window * self.head_dim, dtype=self.kv_dtype)
         self._present = self._present_flat[:0]
         self._binding = self.step_session.io_binding()
+        self._bound_size = 0
+        self._values: dict[int, tuple[Any, ...]] = {}  # window size -> OrtValues over the buffers' views
         # the ids/positions buffers must carry the graph's integer dtype (int32 by contract)
         self._ids = self._ids.astype(self._input_dtypes["input_ids"])
         self._positions = self._positions.astype(self._input_dtypes["positions"])
@@ -122,15 +124,22 @@ class OrtRunner(ModelRunner):
         logits = self._logits[: batch * size * self.spec.vocab_size].reshape(batch, size, self.spec.vocab_size)
         rows = (self.layers, 2, batch, self.kv_heads)
         self._present = self._present_flat[: int(np.prod(rows)) * size * self.head_dim].reshape(*rows, size, self.head_dim)
-        value = self.ort.OrtValue.ortvalue_from_numpy
-        binding = self._binding
-        binding.bind_ortvalue_input("input_ids", value(ids))
-        binding.bind_ortvalue_input("positions", value(positions))
-        binding.bind_ortvalue_input("attention_mask", value(mask))
-        binding.bind_ortvalue_input("past_kv", self._kv_value)
-        binding.bind_ortvalue_output("logits", value(logits))
-        binding.bind_ortvalue_output("present_kv", value(self._present))
-        self.step_session.run_with_iobinding(binding)
+        if size != self._bound_size:
+            # OrtValues wrap the preallocated buffers' views for this window size; made once per
+            # size (the views of one size always cover the same memory), bound when W changes
+            if size not in self._values:
+                value = self.ort.OrtValue.ortvalue_from_numpy
+                self._values[size] = (value(ids), value(positions), value(mask), value(logits), value(self._present))
+            ids_v, positions_v, mask_v, logits_v, present_v = self._values[size]
+            binding = self._binding
+            binding.bind_ortvalue_input("input_ids", ids_v)
+            binding.bind_ortvalue_input("positions", positions_v)
+            binding.bind_ortvalue_input("attention_mask", mask_v)
+            binding.bind_ortvalue_input("past_kv", self._kv_value)
+            binding.bind_ortvalue_output("logits", logits_v)
+            binding.bind_ortvalue_output("present_kv", present_v)
+            self._bound_size = size
+        self.step_session.run_with_iobinding(self._binding)
         return logits
 
     def _write_kv(self, slots: Sequence[int], start: int) -> None:
