@@ -54,6 +54,12 @@ def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optio
     from specrt.export.demo import load_demo
 
     demo = load_demo()
+    if device in (None, "cpu"):
+        import torch
+
+        # the demo is tiny: intra-op threads only add synchronisation, and on a busy machine
+        # spinning OpenMP threads make it 100x slower
+        torch.set_num_threads(1)
     pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq, max_window=max_window, device=device)
     pipe.sampling_defaults = dict(vars(demo.sampling_defaults))
     return pipe
