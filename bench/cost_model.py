@@ -13,7 +13,6 @@ the target's width (that is what LANTERN and Cool-SD draft with).
 """
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -32,7 +31,7 @@ DEFAULT_WINDOWS = (1, 2, 4, 8, 16, 32, 64)
 
 @dataclass
 class StepLatency:
-    """Median latency of one target step per window size (seconds)."""
+    """Latency of one target step per window size (seconds; fastest of the timed repeats)."""
 
     arch: str
     device: str
@@ -47,10 +46,12 @@ class StepLatency:
         return float(np.interp(window, self.windows, self.target_s))
 
 
-def _interleaved_medians(fns: list[Callable[[], Any]], repeats: int, sync: Callable[[], None],
-                         progress: Callable[[int], None] | None = None) -> list[float]:
-    """Median latency of each fn, timed round-robin (in a fresh random order every round) so
-    that a busy phase of a shared machine is spread over all windows instead of hitting one."""
+def _interleaved_best(fns: list[Callable[[], Any]], repeats: int, sync: Callable[[], None],
+                      progress: Callable[[int], None] | None = None) -> list[float]:
+    """Fastest latency of each fn over `repeats` rounds, timed round-robin in a fresh random
+    order every round. Other processes on a shared machine only ever add time, so the fastest
+    repeat is the closest estimate of a step's own cost (the median still moved by 30% between
+    runs on the 2 shared cores here); the round-robin spreads busy phases over all windows."""
     import random
 
     for fn in fns:  # warm-up: allocator, first-touch pages, kernel selection
@@ -68,10 +69,10 @@ def _interleaved_medians(fns: list[Callable[[], Any]], repeats: int, sync: Calla
             samples[i].append(time.perf_counter() - start)
         if progress:
             progress(round_index + 1)
-    return [statistics.median(s) for s in samples]
+    return [min(s) for s in samples]
 
 
-def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] = DEFAULT_WINDOWS, repeats: int = 5,
+def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] = DEFAULT_WINDOWS, repeats: int = 7,
                    device: str = "cpu", progress: Callable[[str], None] | None = None) -> StepLatency:
     """t(W) of a target GPT (CFG pair, past half full) at each window, and t_draft(1) of a draft GPT."""
     torch = require("torch", "specrt bench --profile-arch")
@@ -101,15 +102,15 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
     fns = [step_fn(target, window, kv) for window in windows]
     report = (lambda done: progress(f"{name}: round {done}/{repeats} over W={','.join(map(str, windows))}")) \
         if progress else None
-    target_s = _interleaved_medians(fns, repeats, sync, report)
+    target_s = _interleaved_best(fns, repeats, sync, report)
     del kv, fns
     draft = draft.to(device).eval()
-    draft_s = _interleaved_medians([step_fn(draft, 1, kv_for(draft.config))], repeats, sync)[0]
+    draft_s = _interleaved_best([step_fn(draft, 1, kv_for(draft.config))], repeats, sync)[0]
     return StepLatency(name, device, list(windows), target_s, draft_s)
 
 
 def measure_runners(name: str, target: Any, draft: Any, windows: tuple[int, ...] = DEFAULT_WINDOWS,
-                    repeats: int = 5) -> StepLatency:
+                    repeats: int = 7) -> StepLatency:
     """measure_models for runtime ModelRunners (e.g. the onnxruntime backend over a bundle): the
     step cost the benchmark itself paid, input preparation included."""
     import numpy as np
@@ -128,12 +129,12 @@ def measure_runners(name: str, target: Any, draft: Any, windows: tuple[int, ...]
     target, draft = prepared(target), prepared(draft)
     usable = [w for w in windows if w <= target.max_window]
     step = lambda runner, w: (lambda: runner.step(Window.chain([0] * w)))  # noqa: E731  (never committed)
-    target_s = _interleaved_medians([step(target, w) for w in usable], repeats, lambda: None)
-    draft_s = _interleaved_medians([step(draft, 1)], repeats, lambda: None)[0]
+    target_s = _interleaved_best([step(target, w) for w in usable], repeats, lambda: None)
+    draft_s = _interleaved_best([step(draft, 1)], repeats, lambda: None)[0]
     return StepLatency(name, "cpu", usable, target_s, draft_s)
 
 
-def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, repeats: int = 5,
+def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, repeats: int = 7,
                          device: str = "cpu", progress: Callable[[str], None] | None = None) -> StepLatency:
     """measure_models on a LlamaGen architecture with random weights and a one-layer draft of its width."""
     if arch not in PROFILE_ARCHS:
@@ -210,15 +211,36 @@ def prediction_table(latency: StepLatency, measured: list[dict[str, Any]],
             entry["predicted_speedup_reference"] = predicted_speedup(reference, result["method"], params,
                                                                      result["mean_accepted_length"])
         predictions.append(entry)
+    _attach_run_costs(predictions, measured)
     width = max([len(p["label"]) for p in predictions] + [7])
     ref_head = f"  {reference.arch[:10]:>10}" if reference is not None else ""
-    lines += ["", f"{'setting':<{width}}  acc.len    W  drafts  {latency.arch[:16]:>16}{ref_head}  measured (bench run)"]
+    lines += ["", f"{'setting':<{width}}  acc.len    W  drafts  {latency.arch[:16]:>16}{ref_head}  measured"
+                  f"  | in the bench run: target fwd / AR's, draft call / AR's target fwd"]
     for p in predictions:
         measured_speedup = "-" if p["measured_speedup"] is None else f"{p['measured_speedup']:.2f}x"
         ref_cell = f"  {p['predicted_speedup_reference']:9.2f}x" if reference is not None else ""
+        run_cells = "".join("       -" if p.get(k) is None else f"  {p[k]:6.2f}"
+                            for k in ("run_target_forward_ratio", "run_draft_call_ratio"))
         lines.append(f"{p['label']:<{width}}  {p['mean_accepted_length']:7.2f}  {p['window']:3d}  {p['draft_forwards']:6d}"
-                     f"  {p['predicted_speedup']:15.2f}x{ref_cell}  {measured_speedup}")
+                     f"  {p['predicted_speedup']:15.2f}x{ref_cell}  {measured_speedup:>8}  |{run_cells}")
     return "\n".join(lines), predictions
+
+
+def _attach_run_costs(predictions: list[dict[str, Any]], measured: list[dict[str, Any]]) -> None:
+    """What one target forward and one draft call cost inside the bench run itself, relative to
+    an AR target forward (from the run's time breakdown): the demo's real t(W)/t(1)."""
+    def per_call(result: dict[str, Any], part: str, count: str) -> float | None:
+        calls = result.get(count) or 0.0
+        seconds = result.get("breakdown_s", {}).get(part)
+        return seconds / calls if calls and seconds is not None else None
+
+    ar = next((r for r in measured if r["method"] == "ar"), None)
+    base = per_call(ar, "target_forward", "target_forwards_per_image") if ar else None
+    for p, result in zip(predictions, measured):
+        target = per_call(result, "target_forward", "target_forwards_per_image")
+        draft = per_call(result, "draft_forward", "draft_forwards_per_image")
+        p["run_target_forward_ratio"] = target / base if base and target is not None else None
+        p["run_draft_call_ratio"] = draft / base if base and draft is not None else None
 
 
 def write_profile_plot(path: str, latency: StepLatency, predictions: list[dict[str, Any]], title: str,
@@ -232,7 +254,7 @@ def write_profile_plot(path: str, latency: StepLatency, predictions: list[dict[s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2))
     base = latency.target_s[0]
     left.plot(latency.windows, [t / base for t in latency.target_s], marker="o",
               label=f"{latency.arch}: t(1) = {1000 * base:.1f} ms, draft {1000 * latency.draft_s:.1f} ms")
@@ -250,15 +272,19 @@ def write_profile_plot(path: str, latency: StepLatency, predictions: list[dict[s
     left.grid(alpha=0.3)
     labels = [p["label"] for p in predictions]
     ys = range(len(predictions))
-    right.barh([y + 0.2 for y in ys], [p["predicted_speedup"] for p in predictions], height=0.4,
-               label=f"predicted on {latency.arch}")
-    right.barh([y - 0.2 for y in ys], [p["measured_speedup"] or 0.0 for p in predictions], height=0.4,
-               label="measured on the demo (bench JSON)")
+    bars = [("measured on the demo (bench run)", [p["measured_speedup"] or 0.0 for p in predictions])]
+    if reference is not None:
+        bars.append((f"predicted from {reference.arch} step costs alone (no per-round orchestration)",
+                     [p.get("predicted_speedup_reference", 0.0) for p in predictions]))
+    bars.append((f"predicted on {latency.arch}", [p["predicted_speedup"] for p in predictions]))
+    height = 0.8 / len(bars)
+    for k, (label, values) in enumerate(bars):
+        right.barh([y - 0.4 + height * (k + 0.5) for y in ys], values, height=height, label=label)
     right.set_yticks(list(ys), labels, fontsize=8)
     right.invert_yaxis()
     right.axvline(1.0, color="gray", ls="--", lw=0.8)
     right.set_xlabel("speed-up vs ar")
-    right.legend(fontsize=8)
+    right.legend(fontsize=7, loc="lower right")
     right.grid(alpha=0.3, axis="x")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()

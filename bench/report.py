@@ -151,8 +151,8 @@ def write_plot(path: str, results: list[MethodResult], title: str, fd_floor: flo
     Left: speed-up against `ar` over Fréchet distance; right: mean accepted length over
     Fréchet distance. Points of one family (a sweep) are joined in sweep order; a dotted
     vertical line marks the real-vs-real Fréchet distance at the same sample size (the
-    floor: differences left of it are noise). Without fidelity numbers (a bundle with no
-    evaluator) the plot is speed-up over accepted length.
+    floor); horizontal bars are each distance's bootstrap spread. Without fidelity numbers
+    (a bundle with no evaluator) the plot is speed-up over accepted length.
     """
     import matplotlib
 
@@ -184,8 +184,12 @@ def write_plot(path: str, results: list[MethodResult], title: str, fd_floor: flo
             if not pts:
                 continue
             ar = method == "ar"
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="*" if ar else "o",
-                    markersize=13 if ar else 6, label=method, color="black" if ar else None)
+            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="*" if ar else "o",
+                            markersize=13 if ar else 6, label=method, color="black" if ar else None)
+            spread = [m.quality.get("frechet_distance_std") for _, _, m in pts]
+            if xkey == "frechet_distance" and all(v is not None for v in spread):  # bootstrap sd of each FD
+                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], xerr=spread, fmt="none",
+                            ecolor=line.get_color(), alpha=0.35, capsize=2, lw=1)
             if len(pts) > 1:
                 for x, y, m in pts:
                     ax.annotate(_point_label(m), (x, y), textcoords="offset points", xytext=(5, 3), fontsize=8)

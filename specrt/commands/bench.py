@@ -104,7 +104,8 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
 @click.option("--results", "results_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="--profile-arch: bench JSON with the accepted lengths (default: the committed demo results).")
 @click.option("--windows", default="1,2,4,8,16,32,64", show_default=True, help="--profile-arch: windows W to time.")
-@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True, help="--profile-arch: timed repeats per W.")
+@click.option("--repeats", type=click.IntRange(min=1), default=7, show_default=True,
+              help="--profile-arch: timed rounds per W (the fastest counts).")
 @click.option("--device", default="cpu", show_default=True, help="--profile-arch: torch device (cpu, cuda).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, plot_path, markdown_path, demo_weights,
