@@ -110,14 +110,14 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
 @click.option("--device", default="cpu", show_default=True, help="--profile-arch: torch device (cpu, cuda).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, plot_path, markdown_path, demo_weights,
-            cache_dir,
-            profile_arch, results_path, windows, repeats, device, progress) -> None:
+            cache_dir, profile_arch, results_path, windows, repeats, device, progress) -> None:
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
     if profile_arch:
         _profile(profile_arch, results_path, windows, repeats, device, threads, json_path, plot_path, demo_weights)
         return
+    from tqdm import tqdm
+
     from specrt.bench.models import open_models
-    from specrt.bench.report import format_breakdown, format_fd, format_markdown, format_table, write_json, write_plot
     from specrt.bench.run import benchmark, planned_images
     from specrt.bench.settings import DEFAULT_METHODS, DEFAULT_SWEEPS, build_settings
 
@@ -127,11 +127,9 @@ def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, 
     settings = build_settings(methods or ",".join(DEFAULT_METHODS), sweeps)  # validate before loading anything
     say = (lambda msg: click.echo(msg, err=True)) if progress else None
     models = open_models(bundle, backend, demo_weights, threads, cache_dir, progress=say)
+    bar = tqdm(total=planned_images(settings, images), unit="img", disable=not progress, dynamic_ncols=True,
+               leave=False, mininterval=0.5)
 
-    from tqdm import tqdm
-
-    bar = tqdm(total=planned_images(settings, images), unit="img", disable=not progress, dynamic_ncols=True, leave=False,
-               mininterval=0.5)
     def tick(setting) -> None:
         bar.set_description(setting.label, refresh=False)
         bar.update()
@@ -140,12 +138,21 @@ def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, 
     finally:
         bar.close()
     run.payload["settings"]["wall_time_s"] = round(time.perf_counter() - started, 1)
+    _print_run(run)
+    _write_outputs(run, json_path, markdown_path, plot_path)
 
-    info = run.payload
-    click.echo(f"device: {info['device']}  backend: {info['backend']} ({threads} thread(s))  bundle: {info['bundle']}")
-    click.echo(f"{images} images per setting, interleaved in random order; speed-up = median latency of ar / setting")
+
+def _print_run(run) -> None:
+    """The final table, the noise floor, the time breakdown and the run time."""
+    from specrt.bench.report import format_breakdown, format_fd, format_table
+
+    info, settings = run.payload, run.payload["settings"]
+    click.echo(f"device: {info['device']}  backend: {info['backend']} ({settings['threads']} thread(s))  "
+               f"bundle: {info['bundle']}")
+    click.echo(f"{settings['images_per_setting']} images per setting, interleaved in random order; "
+               "speed-up = median latency of ar / setting")
     click.echo(format_table(run.results))
-    floor = info["settings"]["fd_noise_floor"]
+    floor = settings["fd_noise_floor"]
     if floor and floor["frechet_distance"] is not None:
         acc = floor.get("real_class_accuracy")
         click.echo(f"FD noise floor (real vs real, {floor['images']} vs {floor['reference_images']} images, "
@@ -153,15 +160,22 @@ def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, 
                    + (f"; evaluator accuracy on real held-out digits: {acc:.3f}" if acc is not None else ""))
     click.echo("\ntime per image, ms (means; other = Python orchestration between model calls)")
     click.echo(format_breakdown(run.results))
-    click.echo(f"\nrun time {info['settings']['wall_time_s']:.0f} s")
+    click.echo(f"\nrun time {settings['wall_time_s']:.0f} s")
+
+
+def _write_outputs(run, json_path: Optional[Path], markdown_path: Optional[Path], plot_path: Optional[Path]) -> None:
+    from specrt.bench.report import format_markdown, write_json, write_plot
+
+    info = run.payload
     if json_path:
-        write_json(str(json_path), run.payload)
+        write_json(str(json_path), info)
         click.echo(f"wrote {json_path}")
     if markdown_path:
         markdown_path.parent.mkdir(parents=True, exist_ok=True)
-        markdown_path.write_text(format_markdown(run.payload), encoding="utf-8")
+        markdown_path.write_text(format_markdown(info), encoding="utf-8")
         click.echo(f"wrote {markdown_path}")
     if plot_path:
-        title = f"{info['bundle'].split(' (')[0]} on {info['backend']}, {info['device']}, {images} images/setting"
+        title = (f"{info['bundle'].split(' (')[0]} on {info['backend']}, {info['device']}, "
+                 f"{info['settings']['images_per_setting']} images/setting")
         write_plot(str(plot_path), run.results, title, fd_floor=run.fd_floor)
         click.echo(f"wrote {plot_path}")
