@@ -33,7 +33,8 @@ class Window:
         later = parents[1:]
         if len(parents) and (parents[0] != -1 or np.any(later < 0) or np.any(later >= np.arange(1, len(parents)))):
             raise ValueError("tree windows need parents[0] == -1 and 0 <= parents[w] < w")
-        return cls(np.asarray(ids, dtype=np.int64), parents)
+        is_chain = bool(np.array_equal(parents, np.arange(len(parents)) - 1))
+        return cls(np.asarray(ids, dtype=np.int64), parents, is_chain=is_chain)
 
     def __len__(self) -> int:
         return len(self.ids)

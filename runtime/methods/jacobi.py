@@ -106,14 +106,24 @@ class JacobiDecoding(OneImageAtATime):
         """Drafts for the depths after the new pending token (old depth accepted + 1)."""
         new: list[Level] = []
         # new level j sits at old depth e = accepted + 1 + j; its stale row is spine_rows[e - 1]
-        for e in range(accepted + 2, len(spine_rows) + 1):
+        depths = range(accepted + 2, len(spine_rows) + 1)
+        if not self.adaptive_continuation:
+            # SJD: a fresh draw from every stale row, one uniform each, all rows at once
+            rows = [spine_rows[e - 1] for e in depths]
+            tokens = ctx.sample(np.stack(rows)) if rows else []
+            return self._proactive([Level([int(t)], row) for t, row in zip(tokens, rows)], ctx, rejected)
+        for e in depths:
             row = spine_rows[e - 1]
             old = levels[e - 1] if e - 1 < len(levels) else None
-            if self.adaptive_continuation and old is not None:
+            if old is not None:
                 token = verify_position(row, old.q, old.candidates[0], ctx.rng)[1]
             else:
                 token = int(ctx.sample(row))
             new.append(Level([token], row))
+        return self._proactive(new, ctx, rejected)
+
+    def _proactive(self, new: list[Level], ctx: Decoding, rejected: bool) -> list[Level]:
+        """Proactive drafting: after a rejection the first D levels get K candidates each."""
         if self.proactive_drafting and rejected:
             for level in new[: self.tree_depth]:
                 level.candidates = draw_without_replacement(level.q, self.branching, ctx.rng,
