@@ -5,19 +5,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specrt.cli import main
 from specrt.export.llamagen_gpt import GPT, GPTConfig
 from specrt.export.llamagen_vq import VQModel
 from specrt.manifest import read_manifest
-from tiny_export import CLASSES, VOCAB, tiny_vq_config
+from tiny_export import cli_exit_code as _exit_code, CLASSES, VOCAB, tiny_vq_config
 
-
-def _exit_code(argv: list[str]) -> int:
-    try:
-        main(argv)
-    except SystemExit as exc:
-        return exc.code
-    return 0
 
 
 @pytest.fixture(scope="module")

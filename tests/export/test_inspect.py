@@ -9,24 +9,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from specrt.cli import main
 from specrt.export.lint import ERROR, WARNING, lint_graph
 from specrt.manifest import GraphSpec, TensorSpec, file_record
-from tiny_export import tiny_bundle
+from tiny_export import cli_exit_code as _exit_code, tiny_bundle
 
 
 @pytest.fixture(scope="module")
 def bundle():
     return tiny_bundle()
 
-
-def _exit_code(argv: list[str]) -> int:
-    """Run the CLI as the `specrt` entry point would; 0 when it returns normally."""
-    try:
-        main(argv)
-    except SystemExit as exc:
-        return exc.code
-    return 0
 
 
 def test_inspect_prints_graphs_io_profiles_and_a_clean_lint(bundle, capsys):

@@ -59,3 +59,14 @@ def tiny_bundle() -> tuple[Manifest, ModelSet]:
     atexit.register(shutil.rmtree, root, True)
     manifest = write_bundle(models, root / "bundle", TINY_OPTIONS)
     return manifest, models
+
+
+def cli_exit_code(argv: list[str]) -> int:
+    """Run the CLI as the `specrt` entry point would; 0 when it returns normally."""
+    from specrt.cli import main
+
+    try:
+        main(argv)
+    except SystemExit as exc:
+        return exc.code
+    return 0
