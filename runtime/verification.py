@@ -265,6 +265,8 @@ def verify_position(p: np.ndarray, q: np.ndarray, token: int, rng: np.random.Gen
 
 def without_replacement(q: np.ndarray, taken: Sequence[int]) -> np.ndarray:
     """q^(k): the draft row with the already drawn candidates removed and renormalised (Eq. 7)."""
+    if not len(taken):
+        return q  # the first candidate is tested against q itself
     rest = q.copy()
     rest[list(taken)] = 0.0
     return normalise(rest, rest)
