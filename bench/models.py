@@ -17,7 +17,8 @@ from typing import Any, Callable, Optional
 from specrt.errors import SpecrtError
 from specrt.runtime.pipeline import Pipeline
 
-BACKENDS = ("ort", "torch")
+BUNDLE_BACKENDS = ("ort", "ort-cpu", "ort-cuda", "ort-trt", "trt")  # specrt.runtime.pipeline's
+BACKENDS = (*BUNDLE_BACKENDS, "torch")
 Progress = Callable[[str], None]
 
 
@@ -119,18 +120,20 @@ def open_models(bundle: Optional[Path] = None, backend: str = "ort", demo_weight
     if bundle is not None:
         if demo_weights is not None:
             raise SpecrtError("give either a BUNDLE or --demo-weights, not both")
-        if backend != "ort":
-            raise SpecrtError("a BUNDLE runs on the ort backend; --backend torch benchmarks the demo's PyTorch modules")
-        pipe = Pipeline.from_bundle(bundle, threads=threads)
-        return BenchModels(pipe, "ort", str(bundle), _judge_for_bundle(bundle) if judge else None)
+        if backend == "torch":
+            raise SpecrtError("a BUNDLE runs on a bundle backend (ort, ort-cuda, ort-trt, trt); "
+                              "--backend torch benchmarks the demo's PyTorch modules")
+        pipe = Pipeline.from_bundle(bundle, backend=backend, threads=threads)
+        return BenchModels(pipe, backend, str(bundle), _judge_for_bundle(bundle) if judge else None)
 
     from specrt.bench.fidelity import FidelityJudge
 
     fidelity = FidelityJudge.from_demo(demo_weights) if judge else None
     where = "demo" if demo_weights is None else f"demo weights {demo_weights}"
-    if backend == "ort":
+    if backend != "torch":
         path = demo_bundle(demo_weights, cache_dir, progress)
-        return BenchModels(Pipeline.from_bundle(path, threads=threads), "ort", f"{where} (exported to {path})", fidelity)
+        return BenchModels(Pipeline.from_bundle(path, backend=backend, threads=threads), backend,
+                           f"{where} (exported to {path})", fidelity)
 
     from specrt.export.demo import load_demo
 

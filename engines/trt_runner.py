@@ -224,7 +224,8 @@ class TrtRunner(ModelRunner):
 class TrtVQDecoder(VQDecoder):
     """codes -> images through the vq_decode engine, buffers sized once for `max_batch`."""
 
-    def __init__(self, engine_path: str | Path, grid_size: int, max_batch: int):
+    def __init__(self, engine_path: str | Path, grid_size: int, max_batch: int, downsample: int = 16):
+        self.downsample = downsample
         self.engine = TrtEngine(engine_path)
         self.grid_size, self.max_batch = grid_size, max_batch
         self.engine.allocate({"codes": (max_batch, grid_size, grid_size)})
@@ -270,3 +271,23 @@ def runner_from_bundle(bundle: str | Path, role: str, precision: str = "fp32", m
                      cond_len=model.get("cond_len", 1))
     kv = KVLayout(model["n_layer"], model["n_kv_head"], model["head_dim"])
     return TrtRunner(spec, kv, engines[f"{role}_prefill"], engines[f"{role}_step"], window)
+
+
+def pipeline_parts_from_bundle(bundle: str | Path, precision: str = "fp32") -> dict[str, Any]:
+    """Keyword arguments of runtime Pipeline(...) over the bundle's TensorRT engines (`--backend trt`).
+
+    The graphs' companions (neighbour table, sampling defaults, limits) come from the same
+    bundle as on onnxruntime, so only the runners and the VQ decoder differ between backends.
+    """
+    from specrt.manifest import read_manifest
+    from specrt.runtime.backends.ort_backend import bundle_companions
+
+    require_tensorrt()  # fail at once, with the install hint, before touching any engine
+    manifest = read_manifest(bundle, check_hashes=False)
+    vq = manifest.models["vq"]
+    max_batch = int(manifest.limits.get("max_batch", 8))
+    vq_engine = find_engines(bundle, ["vq_decode"], precision)["vq_decode"]
+    draft = runner_from_bundle(bundle, "draft", precision) if "draft_step" in manifest.graphs else None
+    return {"target": runner_from_bundle(bundle, "target", precision), "draft": draft,
+            "vq": TrtVQDecoder(vq_engine, int(vq["grid_size"]), max_batch, int(vq["downsample"])),
+            **bundle_companions(manifest)}

@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.stats import Stats
 
 SAMPLING_KEYS = ("cfg_scale", "temperature", "top_k", "top_p")
+BUNDLE_BACKENDS = ("ort", "ort-cpu", "ort-cuda", "ort-trt", "trt")
 
 
 @dataclass
@@ -58,11 +60,24 @@ class Pipeline:
 
     @classmethod
     def from_bundle(cls, path: str | Path, backend: str = "ort", providers: Optional[Sequence[Any]] = None,
-                    threads: Optional[int] = None) -> "Pipeline":
-        """A bundle directory (manifest.json + ONNX graphs) on onnxruntime ('ort'); `threads`
-        caps onnxruntime's intra-op threads per session (None: its default)."""
-        if backend != "ort":
-            raise SpecrtError(f"bundles run on the 'ort' backend here, not {backend!r} (torch needs checkpoints)")
+                    threads: Optional[int] = None, precision: str = "fp32") -> "Pipeline":
+        """A bundle directory (manifest.json + ONNX graphs) on one of BUNDLE_BACKENDS.
+
+        'ort' is onnxruntime with its default providers (CPU here); 'ort-cpu', 'ort-cuda' and
+        'ort-trt' pick onnxruntime's execution provider with the bundle's profiles and caches
+        (specrt.engines.ort_providers); 'trt' runs the engines `specrt build` made.
+        `threads` caps onnxruntime's intra-op threads per session (None: its default);
+        `precision` picks the engines ('trt') or TensorRT EP precision ('ort-trt').
+        """
+        if backend not in BUNDLE_BACKENDS:
+            hint = " (torch runs checkpoints or the demo, not bundles)" if backend == "torch" else ""
+            raise SpecrtError(f"unknown bundle backend {backend!r}{hint}; choose one of {', '.join(BUNDLE_BACKENDS)}")
+        if backend == "trt":
+            from specrt.engines.trt_runner import pipeline_parts_from_bundle as trt_parts
+            return cls(**trt_parts(path, precision))
+        if backend != "ort" and providers is None:
+            from specrt.engines.ort_providers import providers_for
+            providers = functools.partial(providers_for, backend, str(path), precision=precision)
         from specrt.runtime.backends.ort_backend import pipeline_parts_from_bundle
         return cls(**pipeline_parts_from_bundle(path, providers, threads))
 

@@ -160,16 +160,19 @@ class OrtVQ(VQDecoder):
         return self.session.run(["image"], {"codes": codes})[0]
 
 
+def bundle_companions(manifest: Manifest) -> dict[str, Any]:
+    """What a Pipeline takes from a bundle besides its runners: LANTERN's neighbour table, the
+    models' sampling defaults and the batch limit (the same for every backend)."""
+    neighbours_path: Optional[Path] = manifest.neighbours_path
+    neighbours = np.load(neighbours_path) if neighbours_path is not None and neighbours_path.exists() else None
+    return {"neighbours": neighbours, "sampling_defaults": dict(manifest.sampling_defaults),
+            "max_batch": int(manifest.limits.get("max_batch", 0)) or None}
+
+
 def pipeline_parts_from_bundle(path: str | Path, providers: Providers = None,
                                threads: Optional[int] = None) -> dict[str, Any]:
     """Keyword arguments of Pipeline(...) for a bundle directory (`threads`: see session_options)."""
     manifest = read_manifest(path)
     draft = OrtRunner(manifest, "draft", providers, threads) if "draft_step" in manifest.graphs else None
-    neighbours_path: Optional[Path] = manifest.neighbours_path
-    neighbours = np.load(neighbours_path) if neighbours_path is not None and neighbours_path.exists() else None
-    return {
-        "target": OrtRunner(manifest, "target", providers, threads), "draft": draft,
-        "vq": OrtVQ(manifest, providers, threads),
-        "neighbours": neighbours, "sampling_defaults": dict(manifest.sampling_defaults),
-        "max_batch": int(manifest.limits.get("max_batch", 0)) or None,
-    }
+    return {"target": OrtRunner(manifest, "target", providers, threads), "draft": draft,
+            "vq": OrtVQ(manifest, providers, threads), **bundle_companions(manifest)}

@@ -60,8 +60,9 @@ typedef struct specrt_stats {
     double seconds_decode;         /* VQ decode to pixels */
 } specrt_stats;
 
-/* Open a pipeline on a bundle directory. backend: "ort" (default when NULL), "ort-cuda",
- * "ort-trt", "trt" or "torch". On success *out holds the handle. */
+/* Open a pipeline on a bundle directory. backend: "ort" (default when NULL), "ort-cpu",
+ * "ort-cuda", "ort-trt" (onnxruntime execution providers) or "trt" (engines built by
+ * `specrt build`). On success *out holds the handle. */
 SPECRT_API specrt_status specrt_open(const char *bundle_dir, const char *backend, specrt_pipeline **out);
 
 /* Height and width in pixels of one generated image (3 channels, RGB8). */

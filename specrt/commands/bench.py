@@ -14,6 +14,7 @@ from typing import Optional
 
 import click
 
+from specrt.bench.models import BACKENDS
 from specrt.errors import SpecrtError
 
 DEFAULT_IMAGES = 180  # 18 per class; the FD noise floor can use 179 real images (half B)
@@ -82,8 +83,9 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
 @click.option("--sweep", "sweeps", multiple=True, metavar="METHOD:KEY=V1,V2",
               help="One setting per value, e.g. cool-sd:delta=1.5,2.5,4 (repeatable; KEY=..;KEY=.. crosses). "
                    "Default without --methods/--sweep: cool-sd:delta=1.5,2.5,4.")
-@click.option("--backend", type=click.Choice(["ort", "torch"]), default="ort", show_default=True,
-              help="ort: the bundle (demo: exported once into the cache) on onnxruntime; torch: the demo's PyTorch modules.")
+@click.option("--backend", type=click.Choice(BACKENDS), default="ort", show_default=True,
+              help="ort: the bundle (demo: exported once into the cache) on onnxruntime; ort-cuda / ort-trt: onnxruntime's "
+                   "CUDA / TensorRT providers; trt: engines from `specrt build`; torch: the demo's PyTorch modules.")
 @click.option("--images", type=click.IntRange(min=1), default=DEFAULT_IMAGES, show_default=True,
               help="Images per setting (classes cycle). The demo's FD noise floor has 179 real images to compare "
                    "at most; far fewer make Fréchet distances mostly noise.")

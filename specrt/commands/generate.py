@@ -15,6 +15,7 @@ import click
 import numpy as np
 
 from specrt.errors import SpecrtError
+from specrt.runtime.pipeline import BUNDLE_BACKENDS
 
 METHOD_NAMES = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
 
@@ -39,9 +40,11 @@ def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optio
     if bundle is not None:
         if target or draft or vq:
             raise SpecrtError("give either a BUNDLE or --target/--vq checkpoints, not both")
+        if backend == "torch":
+            raise SpecrtError("a BUNDLE runs on ort, ort-cpu, ort-cuda, ort-trt or trt; torch runs checkpoints or the demo")
         return Pipeline.from_bundle(bundle, backend=backend or "ort")
-    if backend == "ort":
-        raise SpecrtError("--backend ort needs a BUNDLE directory (export one with `specrt export`)")
+    if backend not in (None, "torch"):
+        raise SpecrtError(f"--backend {backend} needs a BUNDLE directory (export one with `specrt export`)")
     if target or vq:
         if not (target and vq):
             raise SpecrtError("checkpoints need both --target and --vq (and --draft for draft-model methods)")
@@ -84,7 +87,9 @@ def save_images(images: np.ndarray, out: Path, count: int) -> list[Path]:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed: same seed, same image.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("img.png"), show_default=True,
               help="PNG to write (numbered when several classes are given).")
-@click.option("--backend", type=click.Choice(["torch", "ort"]), help="Default: ort for a BUNDLE, torch for checkpoints/demo.")
+@click.option("--backend", type=click.Choice(["torch", *BUNDLE_BACKENDS]),
+              help="Default: ort for a BUNDLE, torch for checkpoints/demo. A BUNDLE also runs on ort-cuda / ort-trt "
+                   "(onnxruntime's CUDA / TensorRT providers) and trt (engines from `specrt build`).")
 @click.option("--target", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="LlamaGen GPT checkpoint (target).")
 @click.option("--draft", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="LlamaGen GPT checkpoint (draft).")
 @click.option("--vq", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="LlamaGen VQ checkpoint.")

@@ -101,3 +101,26 @@ def test_runner_commits_kv_rows_on_the_device(tmp_path):
         np.testing.assert_allclose(logits, logits_ref, atol=1e-3)  # reads the KV committed on the device so far
         runner.commit(accepted)
         kv_host[..., length:length + len(accepted), :] = present_ref[..., accepted, :]
+
+
+@pytest.fixture(scope="module")
+def built_demo_bundle(demo_bundle, tmp_path_factory):
+    """A private copy of the demo bundle (engines are written into it) with fp32 engines built."""
+    import shutil
+
+    copy = tmp_path_factory.mktemp("trt-demo") / "bundle"
+    shutil.copytree(demo_bundle, copy)
+    build_bundle(copy, "fp32", workspace_bytes=1 << 30)
+    return copy
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac"])
+def test_every_method_on_tensorrt_matches_onnxruntime_greedy(built_demo_bundle, method):
+    """The demo through `--backend trt` gives onnxruntime's tokens under greedy decoding."""
+    from specrt.runtime.pipeline import Pipeline
+
+    ids = [0, 4, 9]
+    on_trt = Pipeline.from_bundle(built_demo_bundle, backend="trt").generate(ids, method=method, seed=0, temperature=0.0)
+    on_ort = Pipeline.from_bundle(built_demo_bundle, backend="ort").generate(ids, method=method, seed=0, temperature=0.0)
+    np.testing.assert_array_equal(on_trt.tokens, on_ort.tokens)
+    assert on_trt.stats.target_forwards == on_ort.stats.target_forwards
