@@ -121,7 +121,7 @@ def open_models(bundle: Optional[Path] = None, backend: str = "ort", demo_weight
         if demo_weights is not None:
             raise SpecrtError("give either a BUNDLE or --demo-weights, not both")
         if backend == "torch":
-            raise SpecrtError("a BUNDLE runs on a bundle backend (ort, ort-cuda, ort-trt, trt); "
+            raise SpecrtError("a BUNDLE runs on the ort backend (or ort-cpu, ort-cuda, ort-trt, trt); "
                               "--backend torch benchmarks the demo's PyTorch modules")
         pipe = Pipeline.from_bundle(bundle, backend=backend, threads=threads)
         return BenchModels(pipe, backend, str(bundle), _judge_for_bundle(bundle) if judge else None)
