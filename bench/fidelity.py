@@ -15,14 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from specrt.runtime.pipeline import to_uint8
+from specrt.runtime.pipeline import from_uint8, to_uint8
 
 BOOTSTRAP_ROUNDS = 30
-
-
-def pixels_to_model_range(images: np.ndarray) -> np.ndarray:
-    """uint8 [N, H, W, 3] (the pipeline's output) -> float32 [N, 3, H, W] in about [−1, 1]."""
-    return ((np.asarray(images, dtype=np.float32) - 128.0) / 127.5).transpose(0, 3, 1, 2)
 
 
 class FidelityJudge:
@@ -34,8 +29,8 @@ class FidelityJudge:
 
         self._embed, self._frechet = embed, frechet_distance
         self.evaluator = evaluator
-        self.reference_features = embed(evaluator, pixels_to_model_range(to_uint8(reference_images)))[0]
-        self.spare_features = embed(evaluator, pixels_to_model_range(to_uint8(spare_real_images)))[0]
+        self.reference_features = embed(evaluator, from_uint8(to_uint8(reference_images)))[0]
+        self.spare_features = embed(evaluator, from_uint8(to_uint8(spare_real_images)))[0]
         self.real_accuracy = real_accuracy
 
     @classmethod
@@ -60,7 +55,7 @@ class FidelityJudge:
     def score(self, images: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
         """Class accuracy (evaluator agrees with the requested class) over all images, and the
         Fréchet distance to half A of the first images, as many as the noise floor can use."""
-        features, predicted = self._embed(self.evaluator, pixels_to_model_range(images))
+        features, predicted = self._embed(self.evaluator, from_uint8(images))
         fd_images = min(len(features), len(self.spare_features))  # the size the noise floor can match
         return {
             "class_accuracy": float(np.mean(predicted == np.asarray(labels))),

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from specrt.errors import SpecrtError
-from specrt.runtime.pipeline import Pipeline
+from specrt.runtime.pipeline import BUNDLE_BACKENDS, Pipeline
 
-BUNDLE_BACKENDS = ("ort", "ort-cpu", "ort-cuda", "ort-trt", "trt")  # specrt.runtime.pipeline's
 BACKENDS = (*BUNDLE_BACKENDS, "torch")
 Progress = Callable[[str], None]
 
