@@ -20,7 +20,7 @@ from specrt.runtime.methods import Decoding, Method, make_method
 from specrt.runtime.methods.base import OneImageAtATime
 from specrt.runtime.methods.speculative import Lantern
 from specrt.runtime.runner import ModelRunner, VQDecoder
-from specrt.runtime.sampling import SamplingParams
+from specrt.runtime.sampling import SamplingParams, guidance_mix
 from specrt.runtime.stats import Stats
 
 SAMPLING_KEYS = ("cfg_scale", "temperature", "top_k", "top_p")
@@ -133,8 +133,9 @@ class Pipeline:
             raise SpecrtError(f"{len(class_ids)} images need a batch of {images_per_pass * rows_per_image} rows; "
                               f"the bundle allows {self.max_batch}")
         runners = [r for r in (self.target, self.draft if decoder.needs_draft else None) if r is not None]
+        mix = guidance_mix(images_per_pass, sampling)
         for runner in runners:
-            runner.allocate(images_per_pass * rows_per_image)
+            runner.allocate(mix)
             runner.reset_counters()
         ctx = Decoding(self.target, self.draft if decoder.needs_draft else None, sampling,
                        np.random.default_rng(seed), stats)

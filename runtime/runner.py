@@ -1,18 +1,19 @@
 """The narrow backend interface: one runner per model role (target, draft) over preallocated buffers.
 
 A runner owns its KV buffer [L, 2, B, Hkv, capacity, D] and the step inputs (ids, positions,
-mask) sized for the largest window, all allocated once per generate call. `step` runs one
-window and keeps the window's present rows; `commit(slots)` writes the rows of accepted
-slots at the committed length (docs/contracts.md), so rejecting tokens costs nothing, and
-`truncate` rolls a runner back. Backends (torch, onnxruntime, the toy used by the tests)
-implement four small hooks; everything else, including timing, lives here once.
+mask, uniforms) sized for the largest window, all allocated once per generate call. `step`
+runs one window through the model and its sampling head (runtime/head.py) and keeps the
+window's present rows; `commit(slots)` writes the rows of accepted slots at the committed
+length (docs/contracts.md), so rejecting tokens costs nothing, and `truncate` rolls a runner
+back. Backends (torch, onnxruntime, TensorRT, the toy used by the tests) implement four small
+hooks; everything else, including timing, lives here once.
 """
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -39,6 +40,21 @@ class ModelSpec:
         return self.grid_size * self.grid_size
 
 
+@dataclass
+class StepOutput:
+    """What one prefill or step hands the host: the head's rows and one draw per row.
+
+    probs: [images, W, V] float32, indexable like numpy (a host array, or a device-resident
+      view whose rows are fetched only when read, see backends/torch_backend.DeviceRows).
+    draws: int [images, W] on the host, drawn with the uniforms the step was given.
+    Valid until the runner's second next step: backends alternate two output buffers, so the
+    previous step's rows (SJD's stale drafts) survive the current one.
+    """
+
+    probs: Any
+    draws: np.ndarray
+
+
 class ModelRunner(ABC):
     """Runs one model's prefill and step graphs on buffers it allocated once.
 
@@ -55,7 +71,8 @@ class ModelRunner(ABC):
         self.forwards = 0
         self.forward_seconds = 0.0
         self.cache_seconds = 0.0
-        self._ids = self._positions = self._mask = np.zeros(0)
+        self._ids = self._positions = self._mask = self._uniforms = np.zeros(0)
+        self.mix = np.zeros((0, 0), dtype=np.float32)
 
     # ---- hooks a backend implements -----------------------------------------------------
 
@@ -64,12 +81,13 @@ class ModelRunner(ABC):
         """Allocate the KV buffer (and any output buffers) for this batch and capacity."""
 
     @abstractmethod
-    def _prefill(self, class_ids: np.ndarray) -> np.ndarray:
-        """Run the condition tokens, write their KV rows at [0, cond_len); return logits [B,1,V]."""
+    def _prefill(self, class_ids: np.ndarray, uniforms: np.ndarray) -> StepOutput:
+        """Run the condition tokens, write their KV rows at [0, cond_len); the head's output [I,1,V]."""
 
     @abstractmethod
-    def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """Run a window (inputs [B,W], [B,W], [B,W,capacity+W]); keep present rows; return logits [B,W,V]."""
+    def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray) -> StepOutput:
+        """Run a window (inputs [B,W], [B,W], [B,W,capacity+W], uniforms [I,W]) and the head with
+        `self.mix`; keep the present rows; return the head's output [I,W,V]."""
 
     @abstractmethod
     def _write_kv(self, slots: Sequence[int], start: int) -> None:
@@ -85,31 +103,51 @@ class ModelRunner(ABC):
     def default_capacity(self) -> int:
         return self.spec.cond_len + self.spec.num_image_tokens + self.max_window
 
-    def allocate(self, batch: int, capacity: int | None = None) -> None:
-        """Allocate the KV buffer and step inputs for a generate call; length back to 0."""
+    @property
+    def images(self) -> int:
+        """Images per pass: the head's output rows (the batch is [cond; uncond] under CFG)."""
+        return self.mix.shape[0]
+
+    def allocate(self, mix: np.ndarray, capacity: int | None = None) -> None:
+        """Allocate the KV buffer and step inputs for a generate call; length back to 0.
+
+        mix [images, batch] is the sampling head's guidance matrix (sampling.guidance_mix);
+        its shape sets the model batch.
+        """
+        mix = np.ascontiguousarray(mix, dtype=np.float32)
+        images, batch = mix.shape
         capacity = capacity or self.default_capacity()
-        if batch != self.batch or capacity != self.capacity:
-            self.batch, self.capacity = batch, capacity
+        if batch != self.batch or capacity != self.capacity or images != self.images:
+            self.batch, self.capacity, self.mix = batch, capacity, mix
             self._ids = np.zeros(batch * self.max_window, dtype=np.int32)
             self._positions = np.zeros(batch * self.max_window, dtype=np.int32)
             self._mask = np.zeros(batch * self.max_window * (capacity + self.max_window), dtype=bool)
+            self._uniforms = np.zeros(images * self.max_window, dtype=np.float32)
             self._allocate_kv(batch, capacity)
+        else:
+            self.mix[...] = mix  # same shape: the backends' bound mix buffer takes the new values
         self.length = 0
 
-    def prefill(self, class_ids: np.ndarray) -> np.ndarray:
-        """Condition tokens -> logits of image token 0 [B,1,V]; their KV rows are committed."""
+    def _uniform_view(self, uniforms: np.ndarray, size: int) -> np.ndarray:
+        view = self._uniforms[: self.images * size].reshape(self.images, size)
+        view[...] = uniforms
+        return view
+
+    def prefill(self, class_ids: np.ndarray, uniforms: np.ndarray) -> StepOutput:
+        """Condition tokens -> the head's output for image token 0 [I,1,V]; their KV rows are committed."""
         class_ids = np.asarray(class_ids, dtype=np.int32)
         if class_ids.shape != (self.batch,):
             raise ValueError(f"prefill expects {self.batch} class ids, got shape {class_ids.shape}")
         start = time.perf_counter()
-        logits = self._prefill(class_ids)
+        out = self._prefill(class_ids, self._uniform_view(uniforms, 1))
         self.forward_seconds += time.perf_counter() - start
         self.forwards += 1
         self.length = self.spec.cond_len
-        return logits
+        return out
 
-    def step(self, window: Window, row_ids: np.ndarray | None = None) -> np.ndarray:
-        """Run `window` after the committed cache; logits [B,W,V] (slot w's row predicts the token after it).
+    def step(self, window: Window, uniforms: np.ndarray, row_ids: np.ndarray | None = None) -> StepOutput:
+        """Run `window` after the committed cache; the head's rows [I,W,V] (slot w's row predicts
+        the token after it) and a draw per row with `uniforms` [I,W].
 
         Every batch row gets the window's ids unless `row_ids` [B, W] gives each row its own
         (the AR baseline decodes different images in one batch).
@@ -127,12 +165,13 @@ class ModelRunner(ABC):
         fill_step_inputs(window, self.length, self.capacity, ids, positions, mask)
         if row_ids is not None:
             ids[:] = row_ids
+        uniforms = self._uniform_view(uniforms, size)
         ready = time.perf_counter()
-        logits = self._step(ids, positions, mask)
+        out = self._step(ids, positions, mask, uniforms)
         self.cache_seconds += ready - start
         self.forward_seconds += time.perf_counter() - ready
         self.forwards += 1
-        return logits
+        return out
 
     def commit(self, slots: Sequence[int]) -> None:
         """Append the KV rows of the last window's `slots` (in order) at the committed length."""

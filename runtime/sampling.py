@@ -1,10 +1,10 @@
-"""The target distribution every method samples from: CFG, temperature, top-k, top-p.
+"""The target distribution every method samples from: CFG, temperature, top-k, top-p (host side).
 
 DESIGN.md: all methods take CFG, temperature, top-k and top-p as the target model's sampling
-distribution, identically for P and Q. This module is the one place those formulas live;
-the PyTorch baseline, every runtime backend and every decoding method call it.
-Arrays are numpy; probabilities are float64 so acceptance ratios P/Q stay exact enough for
-the losslessness tests.
+distribution, identically for P and Q. CFG, temperature and the softmax run on the device, in
+the sampling head at the end of every graph (specrt.runtime.head), fed the `guidance_mix` made
+here; the host applies greedy/top-k/top-p to the rows it reads (`restrict`) and draws from
+residual rows (`sample`). Host arrays are numpy; restricted rows are float64.
 """
 from __future__ import annotations
 
@@ -45,24 +45,32 @@ class SamplingParams:
         return self.cfg_scale != 1.0
 
 
-def guided_logits(logits: np.ndarray, cfg_scale: float) -> np.ndarray:
-    """Combine a [cond; uncond] batch along axis 0: u + (c − u)·s, as LlamaGen does.
+def guidance_mix(images: int, params: SamplingParams) -> np.ndarray:
+    """The sampling head's `mix` [images, batch]: CFG and temperature as one linear map of the logits.
 
-    logits: [2B, ...] with the conditional half first. Returns [B, ...].
+    With CFG the model batch is [cond; uncond] and image i's guided logits are
+    s·cond_i + (1 − s)·uncond_i (LlamaGen's u + (c − u)·s); dividing by the temperature T is
+    linear too, so both fold into one matrix and the graph stays free of branches. Greedy
+    decoding (T = 0) runs the head at T = 1 and takes the argmax on the host (`restrict`).
     """
-    if logits.shape[0] % 2:
-        raise ValueError(f"CFG needs a [cond; uncond] batch of even size, got {logits.shape[0]}")
-    half = logits.shape[0] // 2
-    cond, uncond = logits[:half], logits[half:]
-    return uncond + (cond - uncond) * cfg_scale
+    scale = 1.0 / params.temperature if params.temperature > 0 else 1.0
+    eye = np.eye(images, dtype=np.float32)
+    if not params.uses_cfg:
+        return eye * np.float32(scale)
+    return np.concatenate([eye * params.cfg_scale, eye * (1.0 - params.cfg_scale)], axis=1).astype(np.float32) * np.float32(scale)
 
 
-def _keep_top_k(scaled: np.ndarray, top_k: int) -> np.ndarray:
-    """Mask (to -inf) everything below the k-th largest logit of each row."""
-    if top_k <= 0 or top_k >= scaled.shape[-1]:
-        return scaled
-    kth = np.partition(scaled, -top_k, axis=-1)[..., -top_k, None]
-    return np.where(scaled < kth, -np.inf, scaled)
+def needs_restriction(params: SamplingParams) -> bool:
+    """True when the head's softmax is not yet the distribution to sample (greedy, top-k, top-p)."""
+    return params.temperature == 0.0 or 0 < params.top_k or params.top_p < 1.0
+
+
+def _keep_top_k(probs: np.ndarray, top_k: int) -> np.ndarray:
+    """Zero everything below the k-th largest probability of each row (ranking = the logits')."""
+    if top_k <= 0 or top_k >= probs.shape[-1]:
+        return probs
+    kth = np.partition(probs, -top_k, axis=-1)[..., -top_k, None]
+    return np.where(probs < kth, 0.0, probs)
 
 
 def _keep_top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
@@ -81,49 +89,40 @@ def _keep_top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
     return np.where(keep, probs, 0.0)
 
 
-def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """Temperature, top-k and top-p applied to (already guided) logits [..., V] -> float64 probs.
+def restrict(probs: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The head's softmax rows [..., V] -> the distribution to sample: greedy, top-k, top-p (float64).
 
-    Rows sum to 1. Temperature 0 gives the one-hot argmax distribution, so every method
-    decodes greedily and backends can be compared token for token.
+    Masking softmax(l) to a set and renormalising is softmax of l restricted to that set, so
+    this equals filtering the logits first. Temperature 0 gives the one-hot argmax, so every
+    method decodes greedily and backends can be compared token for token.
     """
+    probs = np.asarray(probs, dtype=np.float64)
     if params.temperature == 0.0:
-        onehot = np.zeros(np.shape(logits), dtype=np.float64)
-        np.put_along_axis(onehot, np.argmax(logits, axis=-1)[..., None], 1.0, axis=-1)
+        onehot = np.zeros(probs.shape, dtype=np.float64)
+        np.put_along_axis(onehot, np.argmax(probs, axis=-1)[..., None], 1.0, axis=-1)
         return onehot
-    scaled = np.array(logits, dtype=np.float64)  # our own copy: the steps below work in place
-    if params.temperature != 1.0:
-        scaled /= params.temperature
-    scaled = _keep_top_k(scaled, params.top_k)
-    scaled -= np.max(scaled, axis=-1, keepdims=True)
-    probs = np.exp(scaled, out=scaled)
-    probs /= probs.sum(axis=-1, keepdims=True)
-    if params.top_p < 1.0:
-        probs = _keep_top_p(probs, params.top_p)
-        probs /= probs.sum(axis=-1, keepdims=True)
-    return probs
+    kept = _keep_top_p(_keep_top_k(probs, params.top_k), params.top_p)
+    return kept / kept.sum(axis=-1, keepdims=True)
 
 
-def target_probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """Raw model logits (a [cond; uncond] batch when CFG is on) -> the distribution to sample."""
-    if params.uses_cfg:
-        logits = guided_logits(logits, params.cfg_scale)
-    return probabilities(logits, params)
+def inverse_cdf(probs: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
+    """One draw per row of probs [..., V] with the given uniforms [...]: the number of CDF entries
+    at or below u·total, so a zero-probability entry is never drawn (the head's formula)."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    cdf = np.cumsum(flat, axis=-1)
+    u = np.reshape(uniforms, -1) * cdf[:, -1]
+    idx = np.minimum((cdf <= u[:, None]).sum(axis=-1), flat.shape[-1] - 1)
+    return idx.reshape(probs.shape[:-1])
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """One draw per row of probs [..., V] by inverse CDF with one uniform per row.
+    """One host draw per row of probs [..., V] with fresh uniforms (residual rows, restricted rows).
 
-    Using exactly one uniform per draw keeps the random stream, and therefore the image,
-    identical across backends for the same seed. The drawn index is the first whose
-    cumulative mass exceeds u·total, so a zero-probability entry is never drawn.
+    The same inverse CDF as the head's draws; one uniform per draw keeps the random stream,
+    and therefore the image, identical across backends for the same seed.
     """
-    if probs.ndim == 1:  # the per-token hot path of the speculative methods
+    if np.ndim(probs) == 1:  # the per-token hot path of the speculative methods
         cdf = np.cumsum(probs)
         index = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-        return np.int64(min(index, probs.shape[0] - 1))
-    flat = probs.reshape(-1, probs.shape[-1])
-    cdf = np.cumsum(flat, axis=-1)
-    u = rng.random(flat.shape[0]) * cdf[:, -1]
-    idx = np.minimum((cdf <= u[:, None]).sum(axis=-1), flat.shape[-1] - 1)
-    return idx.reshape(probs.shape[:-1])
+        return np.int64(min(index, cdf.shape[0] - 1))
+    return inverse_cdf(probs, rng.random(probs.shape[:-1]))

@@ -239,18 +239,19 @@ class ChainOutcome:
     next_token: int
 
 
-def verify_chain(p_rows: np.ndarray, q_rows: np.ndarray, drafts: Sequence[int], rule: AcceptanceRule,
-                 rng: np.random.Generator) -> ChainOutcome:
+def verify_chain(p_rows: np.ndarray, q_rows: Sequence[np.ndarray], drafts: Sequence[int], rule: AcceptanceRule,
+                 rng: np.random.Generator, bonus: int) -> ChainOutcome:
     """Cool-SD Alg. 1 lines 4-17: accept x̃_i while r_i ≤ f_i; at the first rejection sample G_i;
-    if all L are accepted sample the bonus token from P_{L+1}.
+    if all L are accepted the token after them is `bonus`, a draw from P_{L+1} (the head's).
 
-    p_rows [L+1, V] (row i predicts draft i; row L the bonus), q_rows [L, V].
+    p_rows [L+1, V] (row i predicts draft i; row L the bonus), q_rows [L, V]. Only the drafted
+    tokens' entries are read until a rejection needs the two rows of one position.
     """
     for i, token in enumerate(drafts):
         if rng.random() <= rule.accept_probability(p_rows[i], q_rows[i], int(token), i + 1):
             continue
         return ChainOutcome(i, int(sample(rule.resample(p_rows[i], q_rows[i], int(token), i + 1), rng)))
-    return ChainOutcome(len(drafts), int(sample(p_rows[len(drafts)], rng)))
+    return ChainOutcome(len(drafts), int(bonus))
 
 
 def verify_position(p: np.ndarray, q: np.ndarray, token: int, rng: np.random.Generator) -> tuple[bool, int]:

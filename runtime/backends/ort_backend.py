@@ -3,10 +3,12 @@
 Graph files, I/O names, dtypes and the KV capacity come only from manifest.json (read by
 specrt.manifest); the names looked up are the contract's (docs/contracts.md) and a bundle
 without them is refused with one line. Per generate call the runner allocates the KV buffer
-and flat host buffers for ids, positions, mask, logits and present rows sized for the
-largest window; each step binds OrtValues that view those buffers (no copies, no new
-buffers). `providers` is a provider list, or a function graph name -> provider list, so the
-CUDA and TensorRT execution-provider options of specrt.engines plug in unchanged.
+and flat host buffers for ids, positions, mask, uniforms, present rows and the sampling
+head's probs/draws, sized for the largest window; each step binds OrtValues that view those
+buffers (no copies, no new buffers). Only present_kv and the head's outputs are bound: the
+logits never leave the graph. probs/draws alternate between two buffers (runner.StepOutput).
+`providers` is a provider list, or a function graph name -> provider list, so the CUDA and
+TensorRT execution-provider options of specrt.engines plug in unchanged.
 """
 from __future__ import annotations
 
@@ -18,12 +20,14 @@ import numpy as np
 from specrt.errors import SpecrtError
 from specrt.lazy import require
 from specrt.manifest import GraphSpec, Manifest, read_manifest
-from specrt.runtime.runner import ModelRunner, ModelSpec, VQDecoder
+from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder
 
 Providers = Union[None, Sequence[Any], Callable[[str], Sequence[Any]]]
-STEP_INPUTS = ("input_ids", "positions", "attention_mask", "past_kv")
-STEP_OUTPUTS = ("logits", "present_kv")
-PREFILL_INPUTS = ("class_ids",)
+HEAD_INPUTS = ("mix", "uniforms")
+HEAD_OUTPUTS = ("probs", "draws")
+STEP_INPUTS = ("input_ids", "positions", "attention_mask", "past_kv", *HEAD_INPUTS)
+STEP_OUTPUTS = ("present_kv", *HEAD_OUTPUTS)
+PREFILL_INPUTS = ("class_ids", *HEAD_INPUTS)
 
 
 def _ort():
@@ -81,7 +85,6 @@ class OrtRunner(ModelRunner):
         _check_io(self.step_spec, STEP_INPUTS, STEP_OUTPUTS)
         self.bundle_capacity = int(entry["capacity"])
         self.kv_dtype = np.dtype(self.step_spec.input("past_kv").dtype)
-        self.logits_dtype = np.dtype(self.step_spec.output("logits").dtype)
         self._input_dtypes = {n: np.dtype(self.step_spec.input(n).dtype) for n in STEP_INPUTS}
         self.prefill_session = _session(manifest, self.prefill_spec.name, providers, threads)
         self.step_session = _session(manifest, self.step_spec.name, providers, threads)
@@ -90,21 +93,24 @@ class OrtRunner(ModelRunner):
     def default_capacity(self) -> int:
         return self.bundle_capacity
 
-    def allocate(self, batch: int, capacity: int | None = None) -> None:
+    def allocate(self, mix: np.ndarray, capacity: int | None = None) -> None:
         if capacity not in (None, self.bundle_capacity):
             raise SpecrtError(f"this bundle's graphs were built for a KV capacity of {self.bundle_capacity}, not {capacity}")
-        super().allocate(batch, self.bundle_capacity)
+        super().allocate(mix, self.bundle_capacity)
 
     def _allocate_kv(self, batch: int, capacity: int) -> None:
         rows = (self.layers, 2, batch, self.kv_heads)
         self._kv = np.zeros((*rows, capacity, self.head_dim), dtype=self.kv_dtype)
         self._kv_value = self.ort.OrtValue.ortvalue_from_numpy(self._kv)
-        self._logits = np.zeros(batch * self.max_window * self.spec.vocab_size, dtype=self.logits_dtype)
-        self._present_flat = np.zeros(int(np.prod(rows)) * self.max_window * self.head_dim, dtype=self.kv_dtype)
+        images, window, vocab = self.images, self.max_window, self.spec.vocab_size
+        self._probs = [np.zeros(images * window * vocab, dtype=np.float32) for _ in range(2)]
+        self._draws = [np.zeros(images * window, dtype=np.int32) for _ in range(2)]
+        self._present_flat = np.zeros(int(np.prod(rows)) * window * self.head_dim, dtype=self.kv_dtype)
         self._present = self._present_flat[:0]
-        self._binding = self.step_session.io_binding()
-        self._bound_size = 0
-        self._values: dict[int, tuple[Any, ...]] = {}  # window size -> OrtValues over the buffers' views
+        self._bindings = [self.step_session.io_binding() for _ in range(2)]
+        self._bound_size = [0, 0]
+        self._parity = 0
+        self._values: dict[tuple[int, int], tuple[Any, ...]] = {}  # (window, parity) -> OrtValues over views
         # the ids/positions buffers must carry the graph's integer dtype (int32 by contract)
         self._ids = self._ids.astype(self._input_dtypes["input_ids"])
         self._positions = self._positions.astype(self._input_dtypes["positions"])
@@ -113,37 +119,55 @@ class OrtRunner(ModelRunner):
     def kv_buffer(self) -> np.ndarray:
         return self._kv
 
-    def _prefill(self, class_ids: np.ndarray) -> np.ndarray:
-        feeds = {"class_ids": class_ids.astype(np.dtype(self.prefill_spec.input("class_ids").dtype))}
-        logits, present = self.prefill_session.run(list(STEP_OUTPUTS), feeds)
-        self._kv[:, :, :, :, : present.shape[4]] = present
-        return logits
+    def _outputs(self, size: int, parity: int) -> tuple[np.ndarray, np.ndarray]:
+        """Views [I, W, V] and [I, W] of one of the two probs/draws buffers."""
+        count = self.images * size
+        probs = self._probs[parity][: count * self.spec.vocab_size].reshape(self.images, size, self.spec.vocab_size)
+        return probs, self._draws[parity][:count].reshape(self.images, size)
 
-    def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _prefill(self, class_ids: np.ndarray, uniforms: np.ndarray) -> StepOutput:
+        feeds = {"class_ids": class_ids.astype(np.dtype(self.prefill_spec.input("class_ids").dtype)),
+                 "mix": self.mix, "uniforms": uniforms}
+        present, probs, draws = self.prefill_session.run(list(STEP_OUTPUTS), feeds)
+        self._kv[:, :, :, :, : present.shape[4]] = present
+        return StepOutput(probs, draws)
+
+    def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray) -> StepOutput:
         batch, size = ids.shape
-        logits = self._logits[: batch * size * self.spec.vocab_size].reshape(batch, size, self.spec.vocab_size)
         rows = (self.layers, 2, batch, self.kv_heads)
         self._present = self._present_flat[: int(np.prod(rows)) * size * self.head_dim].reshape(*rows, size, self.head_dim)
-        if size != self._bound_size:
+        parity = self._parity = 1 - self._parity
+        probs, draws = self._outputs(size, parity)
+        binding = self._bindings[parity]
+        if size != self._bound_size[parity]:
             # OrtValues wrap the preallocated buffers' views for this window size; made once per
-            # size (the views of one size always cover the same memory), bound when W changes
-            if size not in self._values:
+            # size and parity (the views always cover the same memory), bound when W changes
+            key = (size, parity)
+            if key not in self._values:
                 value = self.ort.OrtValue.ortvalue_from_numpy
-                self._values[size] = (value(ids), value(positions), value(mask), value(logits), value(self._present))
-            ids_v, positions_v, mask_v, logits_v, present_v = self._values[size]
-            binding = self._binding
+                self._values[key] = tuple(value(a) for a in (ids, positions, mask, uniforms, self.mix, probs, draws,
+                                                             self._present))
+            ids_v, positions_v, mask_v, uniforms_v, mix_v, probs_v, draws_v, present_v = self._values[key]
             binding.bind_ortvalue_input("input_ids", ids_v)
             binding.bind_ortvalue_input("positions", positions_v)
             binding.bind_ortvalue_input("attention_mask", mask_v)
             binding.bind_ortvalue_input("past_kv", self._kv_value)
-            binding.bind_ortvalue_output("logits", logits_v)
+            binding.bind_ortvalue_input("mix", mix_v)
+            binding.bind_ortvalue_input("uniforms", uniforms_v)
             binding.bind_ortvalue_output("present_kv", present_v)
-            self._bound_size = size
-        self.step_session.run_with_iobinding(self._binding)
-        return logits
+            binding.bind_ortvalue_output("probs", probs_v)
+            binding.bind_ortvalue_output("draws", draws_v)
+            self._bound_size[parity] = size
+        self.step_session.run_with_iobinding(binding)
+        return StepOutput(probs, draws)
 
     def _write_kv(self, slots: Sequence[int], start: int) -> None:
-        self._kv[:, :, :, :, start:start + len(slots)] = self._present[:, :, :, :, list(slots)]
+        count = len(slots)
+        if slots[-1] - slots[0] == count - 1:  # consecutive slots (every chain): one slice copy
+            rows = self._present[:, :, :, :, slots[0]:slots[0] + count]
+        else:
+            rows = self._present[:, :, :, :, list(slots)]
+        self._kv[:, :, :, :, start:start + count] = rows
 
 
 class OrtVQ(VQDecoder):

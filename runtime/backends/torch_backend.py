@@ -1,8 +1,11 @@
-"""The PyTorch backend: runs specrt.export's GPT.prefill / GPT.step and VQModel.decode_codes.
+"""The PyTorch backend: runs specrt.export's GPT.prefill / GPT.step, the sampling head, and VQModel.decode_codes.
 
 torch is imported here only (lazily, through specrt.lazy), so the runtime imports without it.
 The KV buffer and the step inputs live on the model's device, allocated once per generate
-call; on CPU the numpy step inputs are shared with torch without copies.
+call; on CPU the numpy step inputs are shared with torch without copies. The sampling head
+(runtime/head.py, the module every exported graph ends in) runs on the device too: per step
+the host receives the draws [I, W] and reads single probabilities or, at a rejection, one
+row through DeviceRows, so O(W + V) numbers cross instead of W·V logits.
 """
 from __future__ import annotations
 
@@ -11,11 +14,48 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from specrt.lazy import require
-from specrt.runtime.runner import ModelRunner, ModelSpec, VQDecoder
+from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder
 
 
 def _torch():
     return require("torch", "the torch backend")
+
+
+class DeviceRows:
+    """Device-resident probabilities [..., V] that cross to the host only as far as they are read.
+
+    Indexing down to rows stays on the device; an entry (`row[token]`) or a gather
+    (`row[tokens]`) of a row comes back as numbers; numpy functions see the whole row through
+    __array__ (a residual needs it). `copy()` clones on the device, so a kept row survives
+    the runner's next steps like a host copy would.
+    """
+
+    def __init__(self, tensor: Any):
+        self.tensor = tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.tensor.shape)
+
+    def __len__(self) -> int:
+        return int(self.tensor.shape[0])
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, np.ndarray):
+            index = _torch().from_numpy(np.asarray(index, dtype=np.int64)).to(self.tensor.device)
+        part = self.tensor[index]
+        if part.dim() == 0:
+            return float(part.item())
+        if self.tensor.dim() == 1:  # gathered entries of one row: a few numbers, to the host
+            return part.double().cpu().numpy()
+        return DeviceRows(part)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        host = self.tensor.double().cpu().numpy()
+        return host if dtype is None else host.astype(dtype)
+
+    def copy(self) -> "DeviceRows":
+        return DeviceRows(self.tensor.clone())
 
 
 def model_spec(gpt: Any) -> ModelSpec:
@@ -41,11 +81,15 @@ class TorchRunner(ModelRunner):
         self._kv_shape = (cfg.n_layer, 2, 0, cfg.n_kv_head, 0, cfg.head_dim)
         self._kv = None
         self._present = None
+        self._mix = None
+        self.keep_rows_on_device = self.device.type != "cpu"  # tests force True to check DeviceRows on CPU
 
     def _allocate_kv(self, batch: int, capacity: int) -> None:
         torch = self.torch
         layers, two, _, heads, _, head_dim = self._kv_shape
         self._kv = torch.zeros((layers, two, batch, heads, capacity, head_dim), dtype=self.dtype, device=self.device)
+        self._mix = torch.from_numpy(self.mix).to(self.device)  # self.mix is updated in place between calls
+        self._uniforms_dev = torch.zeros(self._uniforms.shape, dtype=torch.float32, device=self.device)
         if self.device.type != "cpu":  # device-side twins of the host step inputs
             self._ids_dev = torch.zeros(self._ids.shape, dtype=torch.int32, device=self.device)
             self._pos_dev = torch.zeros(self._positions.shape, dtype=torch.int32, device=self.device)
@@ -64,22 +108,29 @@ class TorchRunner(ModelRunner):
         view.copy_(tensor, non_blocking=False)
         return view
 
-    def _prefill(self, class_ids: np.ndarray) -> np.ndarray:
+    def _head(self, logits: Any, uniforms: np.ndarray) -> StepOutput:
+        from specrt.runtime.head import apply_head
+        mix = self._mix if self.device.type == "cpu" else self._to_device(self.mix, self._mix.view(-1))
+        probs, draws = apply_head(logits, mix, self._to_device(uniforms, self._uniforms_dev))
+        draws = draws.cpu().numpy()  # W numbers
+        return StepOutput(DeviceRows(probs) if self.keep_rows_on_device else probs.numpy(), draws)
+
+    def _prefill(self, class_ids: np.ndarray, uniforms: np.ndarray) -> StepOutput:
         torch = self.torch
         with torch.inference_mode():
             cond = torch.from_numpy(class_ids.astype(np.int64)).to(self.device)
             logits, _hidden, present = self.gpt.prefill(cond)
             self._kv[:, :, :, :, : present.shape[4]] = present.to(self.dtype)
-        return logits.float().cpu().numpy()
+            return self._head(logits, uniforms)
 
-    def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray) -> StepOutput:
         torch = self.torch
         with torch.inference_mode():
             ids_t = self._to_device(ids, getattr(self, "_ids_dev", None))
             pos_t = self._to_device(positions, getattr(self, "_pos_dev", None))
             mask_t = self._to_device(mask, getattr(self, "_mask_dev", None))
             logits, _hidden, self._present = self.gpt.step(ids_t, pos_t, mask_t, self._kv)
-        return logits.float().cpu().numpy()
+            return self._head(logits, uniforms)
 
     def _write_kv(self, slots: Sequence[int], start: int) -> None:
         count = len(slots)

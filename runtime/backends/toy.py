@@ -5,7 +5,8 @@ that is cheap enough to sample 20,000 images, and that still exercises the KV/ma
 protocol. The toy "KV cache" stores token ids; a step rebuilds each slot's context from the
 cache columns and window slots its mask allows, and checks that the slot's position equals
 the context length, so a wrong mask, position or commit changes the distribution and the
-tests notice.
+tests notice. Its logits go through the real sampling head (runtime/head.py, so the toy
+needs torch), which is what the exported graphs and the PyTorch backend end in.
 """
 from __future__ import annotations
 
@@ -13,7 +14,18 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from specrt.runtime.runner import ModelRunner, ModelSpec, VQDecoder
+from specrt.lazy import require
+from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder
+
+
+def head_rows(logits: np.ndarray, mix: np.ndarray, uniforms: np.ndarray) -> StepOutput:
+    """The sampling head over host logits [B, W, V]: what every real backend's graph ends in."""
+    torch = require("torch", "the toy backend")
+    from specrt.runtime.head import apply_head
+    probs, draws = apply_head(torch.from_numpy(np.asarray(logits, dtype=np.float32)),
+                              torch.from_numpy(np.asarray(mix, dtype=np.float32)),
+                              torch.from_numpy(np.asarray(uniforms, dtype=np.float32)))
+    return StepOutput(probs.numpy(), draws.numpy())
 
 
 class ToyLM:
@@ -56,14 +68,14 @@ class ToyRunner(ModelRunner):
     def kv_buffer(self) -> np.ndarray:
         return self._kv
 
-    def _prefill(self, class_ids: np.ndarray) -> np.ndarray:
+    def _prefill(self, class_ids: np.ndarray, uniforms: np.ndarray) -> StepOutput:
         self._kv[:, 0] = class_ids
         out = self._out[:, :1]
         for b, cls in enumerate(class_ids):
             out[b, 0] = self.lm.logits((int(cls),))
-        return out
+        return head_rows(out, self.mix, uniforms)
 
-    def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray) -> StepOutput:
         batch, size = ids.shape
         self._present[:, :size] = ids
         out = self._out[:, :size]
@@ -79,7 +91,7 @@ class ToyRunner(ModelRunner):
                 if positions[b, w] != len(context) - 1:
                     raise AssertionError(f"slot {w} at position {positions[b, w]} sees {len(context)} tokens")
                 out[b, w] = self.lm.logits(context)
-        return out
+        return head_rows(out, self.mix, uniforms)
 
     def _write_kv(self, slots: Sequence[int], start: int) -> None:
         self._kv[:, start:start + len(slots)] = self._present[:, slots]

@@ -15,15 +15,15 @@ class Autoregressive(Method):
     def generate(self, ctx: Decoding, class_ids: np.ndarray) -> np.ndarray:
         target = ctx.target
         target.truncate(0)
-        probs = ctx.probabilities(target.prefill(ctx.condition_rows(class_ids)))[:, 0]
         tokens = np.zeros((len(class_ids), ctx.num_image_tokens), dtype=np.int64)
-        tokens[:, 0] = ctx.sample(probs)
+        tokens[:, 0] = ctx.prefill(target, class_ids).draws[:, 0]
         ctx.stats.record_round(1, len(class_ids))
+        slot = Window.chain([0])
         for k in range(1, ctx.num_image_tokens):
             # every row feeds its own token at the same position: a per-row window of one slot
-            logits = target.step(Window.chain([0]), _rows(tokens[:, k - 1], ctx)[:, None])
+            out = ctx.run(target, slot, _rows(tokens[:, k - 1], ctx)[:, None])
             target.commit([0])
-            tokens[:, k] = ctx.sample(ctx.probabilities(logits)[:, 0])
+            tokens[:, k] = out.draws[:, 0]
             ctx.stats.record_round(1, len(class_ids))
         return tokens
 

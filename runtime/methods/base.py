@@ -12,9 +12,10 @@ from typing import Any, ClassVar, Optional
 import numpy as np
 
 from specrt.errors import SpecrtError
-from specrt.runtime.runner import ModelRunner
-from specrt.runtime.sampling import SamplingParams, sample, target_probabilities
+from specrt.runtime.runner import ModelRunner, StepOutput
+from specrt.runtime.sampling import SamplingParams, inverse_cdf, needs_restriction, restrict, sample
 from specrt.runtime.stats import Stats
+from specrt.runtime.window import Window
 
 
 @dataclass
@@ -34,12 +35,28 @@ class Decoding:
             return class_ids
         return np.concatenate([class_ids, np.full_like(class_ids, self.target.spec.null_class)])
 
-    def probabilities(self, logits: np.ndarray) -> np.ndarray:
-        """Raw logits [rows, W, V] -> the sampling distribution [images, W, V] (P and Q alike)."""
+    def prefill(self, runner: ModelRunner, class_ids: np.ndarray) -> StepOutput:
+        """The condition rows of these images through `runner`: image token 0's rows and draws."""
+        uniforms = self.rng.random((runner.images, 1))
+        return self._restricted(runner.prefill(self.condition_rows(class_ids), uniforms), uniforms)
+
+    def run(self, runner: ModelRunner, window: Window, row_ids: np.ndarray | None = None) -> StepOutput:
+        """One step of `runner` over `window`: the sampling distribution of every slot (P and Q
+        alike) and one draw per slot, made on the device with uniforms from this call's stream."""
+        uniforms = self.rng.random((runner.images, len(window)))
+        return self._restricted(runner.step(window, uniforms, row_ids), uniforms)
+
+    def _restricted(self, out: StepOutput, uniforms: np.ndarray) -> StepOutput:
+        """Greedy, top-k and top-p act on the host (sampling.restrict): they need whole rows, and
+        the draws are redone on the restricted rows with the same uniforms."""
+        if not needs_restriction(self.sampling):
+            return out
         with self.stats.timing("verification"):
-            return target_probabilities(logits, self.sampling)
+            probs = restrict(np.asarray(out.probs), self.sampling)
+            return StepOutput(probs, inverse_cdf(probs, uniforms))
 
     def sample(self, probs: np.ndarray) -> np.ndarray:
+        """A host draw (residual rows) from this call's random stream."""
         with self.stats.timing("verification"):
             return sample(probs, self.rng)
 
@@ -102,7 +119,7 @@ class OneImageAtATime(Method):
     def generate_one(self, ctx: Decoding, class_id: int) -> np.ndarray:
         """Tokens [grid²] of one image."""
 
-    def start(self, ctx: Decoding, runner: ModelRunner, class_id: int) -> np.ndarray:
-        """Reset `runner` to an empty cache and prefill; returns the distribution of image token 0 [V]."""
+    def start(self, ctx: Decoding, runner: ModelRunner, class_id: int) -> StepOutput:
+        """Reset `runner` to an empty cache and prefill; image token 0's row and draw ([1, 1, V], [1, 1])."""
         runner.truncate(0)
-        return ctx.probabilities(runner.prefill(ctx.condition_rows(np.array([class_id]))))[0, 0]
+        return ctx.prefill(runner, np.array([class_id]))

@@ -11,7 +11,8 @@ window is a tree whose spine is a chain. One iteration:
    sampling, sequential without replacement across siblings); the accepted prefix plus the token
    sampled at the first rejection (or a bonus token from P at a leaf) are committed;
 3. the next proposal is built from this iteration's own target rows along the spine, which
-   are stale past the first rejection: SJD samples fresh drafts from them (q = that row);
+   are stale past the first rejection: SJD takes fresh drafts from them (q = that row; the
+   draws come with the step, made by the sampling head);
    adaptive continuation instead rejection-samples the old draft token against them; proactive
    drafting turns the first D levels into K-candidate levels; slots past the last row start
    from uniform random tokens (q uniform).
@@ -70,17 +71,18 @@ class JacobiDecoding(OneImageAtATime):
         target = ctx.target
         vocab = target.spec.vocab_size
         uniform = np.full(vocab, 1.0 / vocab)
-        tokens = [int(ctx.sample(self.start(ctx, target, class_id)))]
+        tokens = [int(self.start(ctx, target, class_id).draws[0, 0])]
         ctx.stats.record_round(1)
         levels: list[Level] = []
         while len(tokens) < ctx.num_image_tokens:
             levels = self._fill(ctx, levels, ctx.num_image_tokens - len(tokens) - 1, uniform)
             window, slots = build_window(tokens[-1], levels)
-            p_rows = ctx.probabilities(target.step(window))[0]
+            out = ctx.run(target, window)
+            p_rows, draws = out.probs[0], out.draws[0]
             with ctx.stats.timing("verification"):
-                accepted, path, next_token, rejected = self._verify(ctx, p_rows, levels, slots)
-                spine_rows = [p_rows[0]] + [p_rows[s[0]] for s in slots]  # row d predicts depth d+1
-                levels = self._next_levels(ctx, levels, spine_rows, len(accepted), rejected)
+                accepted, path, next_token, rejected = self._verify(ctx, p_rows, draws, levels, slots)
+                spine = [0] + [s[0] for s in slots]  # the slot whose row predicts depth d + 1
+                levels = self._next_levels(ctx, levels, p_rows, draws, spine, len(accepted), rejected)
             target.commit(path)
             tokens += accepted + [next_token]
             ctx.stats.record_round(len(accepted) + 1)
@@ -88,7 +90,8 @@ class JacobiDecoding(OneImageAtATime):
 
     # ---- one iteration's pieces ----------------------------------------------------------------
 
-    def _verify(self, ctx: Decoding, p_rows: np.ndarray, levels: list[Level], slots: list[list[int]]):
+    def _verify(self, ctx: Decoding, p_rows: np.ndarray, draws: np.ndarray, levels: list[Level],
+                slots: list[list[int]]):
         """Walk the levels: (accepted tokens, committed slots, next token, stopped by a rejection?)."""
         accepted, path = [], [0]
         for level, level_slots in zip(levels, slots):
@@ -99,27 +102,24 @@ class JacobiDecoding(OneImageAtATime):
             path.append(level_slots[index])
             if index != 0:  # only the first candidate has children: a leaf, take a bonus token
                 break
-        return accepted, path, int(ctx.sample(p_rows[path[-1]])), False
+        return accepted, path, int(draws[path[-1]]), False  # the head's draw from the last row
 
-    def _next_levels(self, ctx: Decoding, levels: list[Level], spine_rows: list[np.ndarray],
-                     accepted: int, rejected: bool) -> list[Level]:
-        """Drafts for the depths after the new pending token (old depth accepted + 1)."""
+    def _next_levels(self, ctx: Decoding, levels: list[Level], p_rows: np.ndarray, draws: np.ndarray,
+                     spine: list[int], accepted: int, rejected: bool) -> list[Level]:
+        """Drafts for the depths after the new pending token (old depth accepted + 1).
+
+        New level j sits at old depth e = accepted + 1 + j; its stale row is that of spine slot
+        e − 1, whose draw the head already made (SJD's fresh draft). These rows stay readable
+        through the next step (the runner's outputs are double-buffered)."""
         new: list[Level] = []
-        # new level j sits at old depth e = accepted + 1 + j; its stale row is spine_rows[e - 1]
-        depths = range(accepted + 2, len(spine_rows) + 1)
-        if not self.adaptive_continuation:
-            # SJD: a fresh draw from every stale row, one uniform each, all rows at once
-            rows = [spine_rows[e - 1] for e in depths]
-            tokens = ctx.sample(np.stack(rows)) if rows else []
-            return self._proactive([Level([int(t)], row) for t, row in zip(tokens, rows)], ctx, rejected)
-        for e in depths:
-            row = spine_rows[e - 1]
-            old = levels[e - 1] if e - 1 < len(levels) else None
-            if old is not None:
-                token = verify_position(row, old.q, old.candidates[0], ctx.rng)[1]
+        for e in range(accepted + 2, len(spine) + 1):
+            slot = spine[e - 1]
+            old = levels[e - 1] if self.adaptive_continuation and e - 1 < len(levels) else None
+            if old is not None:  # adaptive continuation: keep the old draft if the new row accepts it
+                token = verify_position(p_rows[slot], old.q, old.candidates[0], ctx.rng)[1]
             else:
-                token = int(ctx.sample(row))
-            new.append(Level([token], row))
+                token = int(draws[slot])
+            new.append(Level([token], p_rows[slot]))
         return self._proactive(new, ctx, rejected)
 
     def _proactive(self, new: list[Level], ctx: Decoding, rejected: bool) -> list[Level]:

@@ -40,7 +40,7 @@ class DraftThenVerify(OneImageAtATime):
     def generate_one(self, ctx: Decoding, class_id: int) -> np.ndarray:
         target, draft, cond_len = ctx.target, ctx.draft, ctx.target.spec.cond_len
         rule = self.rule(ctx)
-        tokens = [int(ctx.sample(self.start(ctx, target, class_id)))]
+        tokens = [int(self.start(ctx, target, class_id).draws[0, 0])]
         self.start(ctx, draft, class_id)
         ctx.stats.record_round(1)
         while len(tokens) < ctx.num_image_tokens:
@@ -49,13 +49,14 @@ class DraftThenVerify(OneImageAtATime):
             for _ in range(draft_len):
                 # the draft catches up on every token it has not cached yet (pending + drafts)
                 window = Window.chain((tokens + drafts)[draft.length - cond_len:])
-                q = ctx.probabilities(draft.step(window))[0, -1]
+                out = ctx.run(draft, window)
                 draft.commit(range(len(window)))
-                drafts.append(int(ctx.sample(q)))
-                q_rows.append(q)
-            p_rows = ctx.probabilities(target.step(Window.chain([tokens[-1], *drafts])))[0]
+                drafts.append(int(out.draws[0, -1]))
+                q_rows.append(out.probs[0, -1].copy())  # the draft reuses this buffer two steps on
+            scored = ctx.run(target, Window.chain([tokens[-1], *drafts]))
+            p_rows = scored.probs[0]
             with ctx.stats.timing("verification"):
-                outcome = verify_chain(p_rows, q_rows, drafts, rule, ctx.rng)
+                outcome = verify_chain(p_rows, q_rows, drafts, rule, ctx.rng, bonus=int(scored.draws[0, len(drafts)]))
                 if self.theorem2:
                     estimate = theorem2_along_path(p_rows, q_rows, drafts, rule)
                     ctx.stats.theorem2_accepted_length.append(estimate.expected_accepted_length)

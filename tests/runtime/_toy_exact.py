@@ -6,8 +6,8 @@ import itertools
 import numpy as np
 from scipy import stats as scipy_stats
 
-from specrt.runtime.backends.toy import ToyLM
-from specrt.runtime.sampling import SamplingParams, target_probabilities
+from specrt.runtime.backends.toy import ToyLM, head_rows
+from specrt.runtime.sampling import SamplingParams, guidance_mix, needs_restriction, restrict
 
 
 def next_token_row(lm: ToyLM, class_id: int, null_class: int, prefix: tuple[int, ...], sampling: SamplingParams) -> np.ndarray:
@@ -15,7 +15,9 @@ def next_token_row(lm: ToyLM, class_id: int, null_class: int, prefix: tuple[int,
     rows = [lm.logits((class_id, *prefix))]
     if sampling.uses_cfg:
         rows.append(lm.logits((null_class, *prefix)))
-    return target_probabilities(np.stack(rows)[:, None], sampling)[0, 0]
+    probs = head_rows(np.stack(rows)[:, None], guidance_mix(1, sampling), np.zeros((1, 1))).probs
+    row = (restrict(probs, sampling) if needs_restriction(sampling) else probs.astype(np.float64))[0, 0]
+    return row / row.sum()  # the head's float32 rows sum to 1 within ~1e-7; enumeration wants exact
 
 
 def exact_distribution(lm: ToyLM, class_id: int, null_class: int, vocab: int, length: int,

@@ -70,9 +70,9 @@ class BrokenSD(SpeculativeDecoding):
 class BrokenJacobi(JacobiDecoding):
     """Broken on purpose: drafts taken from stale rows claim a uniform proposal q."""
 
-    def _next_levels(self, ctx, levels, spine_rows, accepted, rejected):
-        new = super()._next_levels(ctx, levels, spine_rows, accepted, rejected)
-        vocab = len(spine_rows[0])
+    def _next_levels(self, ctx, levels, p_rows, draws, spine, accepted, rejected):
+        new = super()._next_levels(ctx, levels, p_rows, draws, spine, accepted, rejected)
+        vocab = p_rows.shape[-1]
         for level in new:
             level.q = np.full(vocab, 1.0 / vocab)
         return new

@@ -16,7 +16,8 @@ import pytest
 from specrt.errors import SpecrtError
 from specrt.runtime.backends.toy import ToyLM
 from specrt.runtime.methods import make_method
-from specrt.runtime.sampling import SamplingParams, sample, target_probabilities
+from _toy_exact import next_token_row
+from specrt.runtime.sampling import SamplingParams, sample
 from specrt.runtime.verification import (
     CoolRule, VanillaRule, accepted_mass, exponential_schedule, linear_schedule, relaxation_schedule,
     theorem2_along_path, tv_bound_term, verify_chain,
@@ -30,7 +31,7 @@ DRAFT = ToyLM(VOCAB, seed=6, base=TARGET, noise=1.5)
 
 @functools.lru_cache(maxsize=None)
 def row(lm: ToyLM, prefix: tuple[int, ...]) -> np.ndarray:
-    return target_probabilities(lm.logits((0, *prefix))[None, None], SAMPLING)[0, 0]
+    return next_token_row(lm, 0, 1, prefix, SAMPLING)
 
 
 def exact_theorem2(rule) -> tuple[float, float]:
@@ -60,7 +61,7 @@ def sampled_round(rule, seed: int = 0) -> tuple[float, float, float]:
             q_rows.append(row(DRAFT, tuple(drafts)))
             drafts.append(int(sample(q_rows[-1], rng)))
         p_rows = np.stack([row(TARGET, tuple(drafts[:i])) for i in range(DRAFT_LEN + 1)])
-        out = verify_chain(p_rows, q_rows, drafts, rule, rng)
+        out = verify_chain(p_rows, q_rows, drafts, rule, rng, bonus=int(sample(p_rows[DRAFT_LEN], rng)))
         seq = drafts[: out.accepted_length] + [out.next_token]
         produced += len(seq)
         while len(seq) < DRAFT_LEN + 1:  # Theorem 2's virtual extension from P
