@@ -51,12 +51,17 @@ def acceptance(target_mass: float | np.ndarray, draft_mass: float | np.ndarray) 
 
 
 def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Vanilla SD resampling distribution G^van = Norm([P − Q]_+) (Cool-SD Eq. 2)."""
+    """Vanilla SD resampling distribution G^van = Norm([P − Q]_+) (Cool-SD Eq. 2).
+
+    One of the few places that reads whole rows: a device-resident row (DeviceRows) crosses
+    to the host here, at a rejection, and not before."""
+    p, q = np.asarray(p), np.asarray(q)
     return normalise(np.maximum(p - q, 0.0), p)
 
 
 def g_star(p: np.ndarray, q: np.ndarray, f: np.ndarray) -> np.ndarray:
     """Cool-SD's optimal resampling G* = Norm([P − Q·f(·)]_+) with f at every vocab entry (Eq. 10)."""
+    p, q = np.asarray(p), np.asarray(q)
     return normalise(np.maximum(p - q * f, 0.0), p)
 
 
@@ -140,8 +145,8 @@ def lantern_relaxed_mass(p: np.ndarray, neighbours: np.ndarray, *, tvd_budget: O
 
 def lantern_moved_target(p: np.ndarray, neighbourhood: np.ndarray, token: int) -> np.ndarray:
     """P^{k,λ} of Cool-SD Eq. 4: the neighbourhood's mass moved onto x̃ (for Eq. 6's residual)."""
-    moved = p.copy()
-    moved[token] = p[token] + p[neighbourhood].sum()
+    moved = np.array(p, dtype=np.float64)
+    moved[token] = moved[token] + moved[neighbourhood].sum()
     moved[neighbourhood] = 0.0
     return moved
 
@@ -176,7 +181,7 @@ class VanillaRule(AcceptanceRule):
     """Lossless SD: f = min(1, P/Q), G = Norm([P − Q]_+)."""
 
     def acceptance_row(self, p, q, position):
-        return acceptance(p, q)
+        return acceptance(np.asarray(p), np.asarray(q))
 
     def accept_probability(self, p, q, token, position):
         return float(acceptance(p[token], q[token]))
@@ -192,7 +197,7 @@ class CoolRule(AcceptanceRule):
     weights: np.ndarray  # ω_1..ω_L
 
     def acceptance_row(self, p, q, position):
-        return acceptance(self.weights[position - 1] * p, q)
+        return acceptance(self.weights[position - 1] * np.asarray(p), np.asarray(q))
 
     def accept_probability(self, p, q, token, position):
         return float(acceptance(self.weights[position - 1] * p[token], q[token]))
@@ -211,7 +216,7 @@ class LanternRule(AcceptanceRule):
         return {"tvd_budget": self.tvd_budget, "ratio": self.ratio}
 
     def acceptance_row(self, p, q, position):
-        return acceptance(lantern_relaxed_mass(p, self.neighbours, **self._budget()), q)
+        return acceptance(lantern_relaxed_mass(np.asarray(p), self.neighbours, **self._budget()), np.asarray(q))
 
     def accept_probability(self, p, q, token, position):
         hood = lantern_neighbourhood(p, self.neighbours, token, **self._budget())
@@ -268,7 +273,7 @@ def without_replacement(q: np.ndarray, taken: Sequence[int]) -> np.ndarray:
     """q^(k): the draft row with the already drawn candidates removed and renormalised (Eq. 7)."""
     if not len(taken):
         return q  # the first candidate is tested against q itself
-    rest = q.copy()
+    rest = np.array(q, dtype=np.float64)
     rest[list(taken)] = 0.0
     return normalise(rest, rest)
 
@@ -277,6 +282,7 @@ def draw_without_replacement(q: np.ndarray, count: int, rng: np.random.Generator
                              first: Optional[int] = None) -> list[int]:
     """`count` distinct candidates, candidate k drawn from q^(k); `first` fixes candidate 1 when the
     caller already holds a draw from q (SJD-PAC keeps its adaptive-continuation token there)."""
+    q = np.asarray(q)
     picked: list[int] = [] if first is None else [int(first)]
     while len(picked) < min(count, int(np.count_nonzero(q))):
         picked.append(int(sample(without_replacement(q, picked), rng)))
@@ -305,11 +311,12 @@ def verify_siblings(p: np.ndarray, q: np.ndarray, candidates: Sequence[int],
 
 def accepted_mass(q: np.ndarray, f: np.ndarray) -> float:
     """Σ_x Q(x)·f(x): the probability that one draft position is accepted (the inner sum of Eq. 7)."""
-    return float(np.dot(q, f))
+    return float(np.dot(np.asarray(q), f))
 
 
 def tv_bound_term(p: np.ndarray, q: np.ndarray, f: np.ndarray, g: np.ndarray) -> float:
     """½ Σ_x |Q(x)f(x) − P(x) + G(x)·Σ_y (1 − f(y))Q(y)| for one position (the summand of Eq. 8-9)."""
+    p, q = np.asarray(p), np.asarray(q)
     return 0.5 * float(np.abs(q * f - p + g * np.dot(1.0 - f, q)).sum())
 
 

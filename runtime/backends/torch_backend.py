@@ -30,12 +30,22 @@ class DeviceRows:
     the runner's next steps like a host copy would.
     """
 
-    def __init__(self, tensor: Any):
+    def __init__(self, tensor: Any, meter: Any = None):
         self.tensor = tensor
+        self.meter = meter  # the runner: its `host_numbers` counts every number read here
+
+    def _fetched(self, part: Any) -> np.ndarray:
+        if self.meter is not None:
+            self.meter.host_numbers += int(part.numel())
+        return part.double().cpu().numpy()
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.tensor.shape)
+
+    @property
+    def ndim(self) -> int:
+        return self.tensor.dim()
 
     def __len__(self) -> int:
         return int(self.tensor.shape[0])
@@ -45,17 +55,17 @@ class DeviceRows:
             index = _torch().from_numpy(np.asarray(index, dtype=np.int64)).to(self.tensor.device)
         part = self.tensor[index]
         if part.dim() == 0:
-            return float(part.item())
+            return float(self._fetched(part))
         if self.tensor.dim() == 1:  # gathered entries of one row: a few numbers, to the host
-            return part.double().cpu().numpy()
-        return DeviceRows(part)
+            return self._fetched(part)
+        return DeviceRows(part, self.meter)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        host = self.tensor.double().cpu().numpy()
+        host = self._fetched(self.tensor)
         return host if dtype is None else host.astype(dtype)
 
     def copy(self) -> "DeviceRows":
-        return DeviceRows(self.tensor.clone())
+        return DeviceRows(self.tensor.clone(), self.meter)
 
 
 def model_spec(gpt: Any) -> ModelSpec:
@@ -83,6 +93,7 @@ class TorchRunner(ModelRunner):
         self._present = None
         self._mix = None
         self.keep_rows_on_device = self.device.type != "cpu"  # tests force True to check DeviceRows on CPU
+        self.host_numbers = 0  # numbers read back from the device (draws and DeviceRows reads)
 
     def _allocate_kv(self, batch: int, capacity: int) -> None:
         torch = self.torch
@@ -113,7 +124,8 @@ class TorchRunner(ModelRunner):
         mix = self._mix if self.device.type == "cpu" else self._to_device(self.mix, self._mix.view(-1))
         probs, draws = apply_head(logits, mix, self._to_device(uniforms, self._uniforms_dev))
         draws = draws.cpu().numpy()  # W numbers
-        return StepOutput(DeviceRows(probs) if self.keep_rows_on_device else probs.numpy(), draws)
+        self.host_numbers += draws.size
+        return StepOutput(DeviceRows(probs, self) if self.keep_rows_on_device else probs.numpy(), draws)
 
     def _prefill(self, class_ids: np.ndarray, uniforms: np.ndarray) -> StepOutput:
         torch = self.torch
