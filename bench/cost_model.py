@@ -76,6 +76,8 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
                    device: str = "cpu", progress: Callable[[str], None] | None = None) -> StepLatency:
     """t(W) of a target GPT (CFG pair, past half full) at each window, and t_draft(1) of a draft GPT."""
     torch = require("torch", "specrt bench --profile-arch")
+    from specrt.runtime.head import apply_head
+
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     config = target.config
     capacity = config.seq_len + max(windows)
@@ -89,9 +91,12 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
         mask[:, :, :past_len] = True
         mask[:, :, capacity:] = torch.ones(window, window, dtype=torch.bool, device=device).tril()
 
+        mix = torch.tensor([[2.0, -1.0]], device=device)  # CFG scale 2 over the [cond; uncond] pair
+        uniforms = torch.full((1, window), 0.5, device=device)
+
         def run() -> Any:
-            with torch.inference_mode():
-                return model.step(ids, positions, mask, kv)
+            with torch.inference_mode():  # the model and the sampling head every step graph ends in
+                return apply_head(model.step(ids, positions, mask, kv)[0], mix, uniforms)
         return run
 
     def kv_for(cfg):
@@ -117,18 +122,20 @@ def measure_runners(name: str, target: Any, draft: Any, windows: tuple[int, ...]
 
     from specrt.runtime.window import Window
 
+    from specrt.runtime.sampling import SamplingParams, guidance_mix
+
     def prepared(runner: Any) -> Any:
-        runner.allocate(2)
+        runner.allocate(guidance_mix(1, SamplingParams(cfg_scale=2.0)))  # one image, its CFG pair
         runner.reset_counters()
-        runner.prefill(np.array([0, runner.spec.null_class], dtype=np.int32))
+        runner.prefill(np.array([0, runner.spec.null_class], dtype=np.int32), np.full((1, 1), 0.5))
         half = runner.spec.num_image_tokens // 2
-        runner.step(Window.chain([0] * half))
+        runner.step(Window.chain([0] * half), np.full((1, half), 0.5))
         runner.commit(range(half))
         return runner
 
     target, draft = prepared(target), prepared(draft)
     usable = [w for w in windows if w <= target.max_window]
-    step = lambda runner, w: (lambda: runner.step(Window.chain([0] * w)))  # noqa: E731  (never committed)
+    step = lambda runner, w: (lambda: runner.step(Window.chain([0] * w), np.full((1, w), 0.5)))  # noqa: E731
     target_s = _interleaved_best([step(target, w) for w in usable], repeats, lambda: None)
     draft_s = _interleaved_best([step(draft, 1)], repeats, lambda: None)[0]
     return StepLatency(name, "cpu", usable, target_s, draft_s)
