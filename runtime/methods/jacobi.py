@@ -39,6 +39,9 @@ class Level:
 
 def build_window(pending: int, levels: list[Level]) -> tuple[Window, list[list[int]]]:
     """The tree window [pending, level 1..., level 2..., ...] and each level's slot indices."""
+    if all(len(level.candidates) == 1 for level in levels):  # SJD and most SJD-PAC steps: a chain
+        return Window.chain([pending, *(level.candidates[0] for level in levels)]), \
+            [[slot] for slot in range(1, len(levels) + 1)]
     ids, parents, slots = [pending], [-1], []
     parent = 0
     for level in levels:

@@ -10,6 +10,7 @@ import pytest
 
 from specrt.errors import SpecrtError
 from specrt.runtime.pipeline import Pipeline
+from specrt.runtime.sampling import SamplingParams, guidance_mix, inverse_cdf
 from specrt.runtime.window import Window
 
 torch = pytest.importorskip("torch")
@@ -33,18 +34,29 @@ def pipelines(tmp_path_factory):
     return Pipeline.from_torch(target, draft, vq, max_window=8), Pipeline.from_bundle(bundle)
 
 
-def test_step_logits_match_torch_on_a_tree_window(pipelines):
+def test_step_rows_and_draws_match_torch_on_a_tree_window(pipelines):
+    """The head's rows after a tree window and a commit, CFG-mixed, from both backends; the
+    previous step's rows must survive the next step (double-buffered outputs)."""
     torch_pipe, ort_pipe = pipelines
     window = Window.tree([3, 7, 9, 1, 4], [-1, 0, 0, 1, 1])
-    out = []
+    mix = guidance_mix(1, SamplingParams(cfg_scale=2.5, temperature=0.8))
+    uniforms = np.random.default_rng(0).random((1, 5))
+    outs = []
     for runner in (torch_pipe.target, ort_pipe.target):
-        runner.allocate(2)
-        runner.prefill(np.array([1, 4]))
-        out.append(runner.step(window).copy())
+        runner.allocate(mix)
+        runner.prefill(np.array([1, 4]), uniforms[:, :1])
+        first = runner.step(window, uniforms)
+        kept = np.array(first.probs)
         runner.commit([0, 2])
-        out.append(runner.step(Window.chain([5, 6])).copy())
-    np.testing.assert_allclose(out[2], out[0], atol=1e-4)
-    np.testing.assert_allclose(out[3], out[1], atol=1e-4)
+        second = runner.step(Window.chain([5, 6]), uniforms[:, :2])
+        np.testing.assert_array_equal(np.asarray(first.probs), kept)  # still valid one step on
+        outs.append((kept, first.draws.copy(), np.array(second.probs)))
+    (t_rows, t_draws, t_next), (o_rows, o_draws, o_next) = outs
+    np.testing.assert_allclose(o_rows, t_rows, atol=1e-5)
+    np.testing.assert_allclose(o_next, t_next, atol=1e-5)
+    np.testing.assert_allclose(o_rows.sum(-1), 1.0, atol=1e-5)
+    np.testing.assert_array_equal(o_draws, t_draws)
+    np.testing.assert_array_equal(o_draws, inverse_cdf(o_rows.astype(np.float64), uniforms))
 
 
 @pytest.mark.parametrize("method,params", [("ar", {}), ("sd", {"draft_len": 3}), ("lantern", {"draft_len": 3, "tvd_budget": 0.5}),
@@ -61,9 +73,9 @@ def test_kv_buffer_and_binding_survive_the_whole_call(pipelines):
     _, ort_pipe = pipelines
     runner = ort_pipe.target
     ort_pipe.generate([1], method="sjd", seed=0, window=6)
-    kv, binding = runner.kv_buffer, runner._binding
+    kv, bindings = runner.kv_buffer, list(runner._bindings)
     ort_pipe.generate([2], method="sjd", seed=1, window=6)
-    assert runner.kv_buffer is kv and runner._binding is binding
+    assert runner.kv_buffer is kv and runner._bindings == bindings
 
 
 def test_bundle_limits_are_user_errors(pipelines):
