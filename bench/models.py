@@ -59,11 +59,14 @@ def weights_digest(folder: Path) -> str:
 
 def demo_bundle(demo_weights: Optional[Path] = None, cache_dir: Optional[Path] = None,
                 progress: Optional[Progress] = None) -> Path:
-    """The demo exported to <cache>/bench/demo-<digest>/, exporting it on first use."""
-    from specrt.manifest import MANIFEST_NAME
+    """The demo exported to <cache>/bench/demo-v<manifest version>-<digest>/, exporting it on first use.
+
+    The bundle format version is part of the name, so a specrt that changes the graphs' contract
+    exports afresh instead of refusing a cached bundle of the previous format."""
+    from specrt.manifest import MANIFEST_NAME, VERSION
 
     weights = demo_weights_dir(demo_weights)
-    out = Path(cache_dir or cache_root() / "bench") / f"demo-{weights_digest(weights)}"
+    out = Path(cache_dir or cache_root() / "bench") / f"demo-v{VERSION}-{weights_digest(weights)}"
     if (out / MANIFEST_NAME).is_file():
         return out
     from specrt.export.bundle import ExportOptions, write_bundle
