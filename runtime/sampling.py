@@ -121,7 +121,7 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     The same inverse CDF as the head's draws; one uniform per draw keeps the random stream,
     and therefore the image, identical across backends for the same seed.
     """
-    if np.ndim(probs) == 1:  # the per-token hot path of the speculative methods
+    if getattr(probs, "ndim", None) == 1:  # the per-token hot path of the speculative methods
         cdf = np.cumsum(probs)
         index = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
         return np.int64(min(index, cdf.shape[0] - 1))

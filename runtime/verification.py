@@ -31,7 +31,8 @@ def normalise(mass: np.ndarray, fallback: np.ndarray) -> np.ndarray:
     total = mass.sum()
     if total <= 1e-12:
         return fallback
-    return mass / total
+    mass /= total  # callers hand over a fresh array: normalise it in place
+    return mass
 
 
 def acceptance(target_mass: float | np.ndarray, draft_mass: float | np.ndarray) -> np.ndarray:
@@ -40,9 +41,11 @@ def acceptance(target_mass: float | np.ndarray, draft_mass: float | np.ndarray) 
     Where the draft has no mass the draft never proposes the token, so f there is irrelevant
     for the sampled path; it is set to 1, which makes Q·f = 0 in residuals as it must.
     """
-    if np.ndim(target_mass) == 0 and np.ndim(draft_mass) == 0:  # the per-token hot path
+    if not isinstance(target_mass, np.ndarray) and not isinstance(draft_mass, np.ndarray):
+        # the per-token hot path, in Python floats: a few numpy calls cost more than the
+        # arithmetic between two graph runs
         draft = float(draft_mass)
-        return np.float64(1.0 if draft <= 0 else min(1.0, max(0.0, float(target_mass) / draft)))
+        return 1.0 if draft <= 0 else min(1.0, max(0.0, float(target_mass) / draft))
     target_mass = np.asarray(target_mass, dtype=np.float64)
     draft_mass = np.asarray(draft_mass, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -55,14 +58,14 @@ def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
 
     One of the few places that reads whole rows: a device-resident row (DeviceRows) crosses
     to the host here, at a rejection, and not before."""
-    p, q = np.asarray(p), np.asarray(q)
-    return normalise(np.maximum(p - q, 0.0), p)
+    mass = np.subtract(p, q, dtype=np.float64)
+    return normalise(np.maximum(mass, 0.0, out=mass), p)
 
 
 def g_star(p: np.ndarray, q: np.ndarray, f: np.ndarray) -> np.ndarray:
     """Cool-SD's optimal resampling G* = Norm([P − Q·f(·)]_+) with f at every vocab entry (Eq. 10)."""
-    p, q = np.asarray(p), np.asarray(q)
-    return normalise(np.maximum(p - q * f, 0.0), p)
+    mass = np.subtract(p, np.multiply(q, f, dtype=np.float64), dtype=np.float64)
+    return normalise(np.maximum(mass, 0.0, out=mass), p)
 
 
 # ---- relaxation schedules (Cool-SD) --------------------------------------------------------

@@ -107,10 +107,8 @@ class OrtRunner(ModelRunner):
         self._draws = [np.zeros(images * window, dtype=np.int32) for _ in range(2)]
         self._present_flat = np.zeros(int(np.prod(rows)) * window * self.head_dim, dtype=self.kv_dtype)
         self._present = self._present_flat[:0]
-        self._bindings = [self.step_session.io_binding() for _ in range(2)]
-        self._bound_size = [0, 0]
+        self._bindings: dict[tuple[int, int], Any] = {}  # (window size, output buffer) -> IOBinding
         self._parity = 0
-        self._values: dict[tuple[int, int], tuple[Any, ...]] = {}  # (window, parity) -> OrtValues over views
         # the ids/positions buffers must carry the graph's integer dtype (int32 by contract)
         self._ids = self._ids.astype(self._input_dtypes["input_ids"])
         self._positions = self._positions.astype(self._input_dtypes["positions"])
@@ -138,26 +136,20 @@ class OrtRunner(ModelRunner):
         self._present = self._present_flat[: int(np.prod(rows)) * size * self.head_dim].reshape(*rows, size, self.head_dim)
         parity = self._parity = 1 - self._parity
         probs, draws = self._outputs(size, parity)
-        binding = self._bindings[parity]
-        if size != self._bound_size[parity]:
-            # OrtValues wrap the preallocated buffers' views for this window size; made once per
-            # size and parity (the views always cover the same memory), bound when W changes
-            key = (size, parity)
-            if key not in self._values:
-                value = self.ort.OrtValue.ortvalue_from_numpy
-                self._values[key] = tuple(value(a) for a in (ids, positions, mask, uniforms, self.mix, probs, draws,
-                                                             self._present))
-            ids_v, positions_v, mask_v, uniforms_v, mix_v, probs_v, draws_v, present_v = self._values[key]
-            binding.bind_ortvalue_input("input_ids", ids_v)
-            binding.bind_ortvalue_input("positions", positions_v)
-            binding.bind_ortvalue_input("attention_mask", mask_v)
+        key = (size, parity)
+        binding = self._bindings.get(key)
+        if binding is None:
+            # one IOBinding per window size and output buffer, made on first use: its OrtValues
+            # wrap views of the preallocated buffers, which for a given size always cover the
+            # same memory, so a decode loop that alternates sizes never rebinds
+            value = self.ort.OrtValue.ortvalue_from_numpy
+            binding = self._bindings[key] = self.step_session.io_binding()
+            for name, array in (("input_ids", ids), ("positions", positions), ("attention_mask", mask),
+                                ("mix", self.mix), ("uniforms", uniforms)):
+                binding.bind_ortvalue_input(name, value(array))
             binding.bind_ortvalue_input("past_kv", self._kv_value)
-            binding.bind_ortvalue_input("mix", mix_v)
-            binding.bind_ortvalue_input("uniforms", uniforms_v)
-            binding.bind_ortvalue_output("present_kv", present_v)
-            binding.bind_ortvalue_output("probs", probs_v)
-            binding.bind_ortvalue_output("draws", draws_v)
-            self._bound_size[parity] = size
+            for name, array in (("present_kv", self._present), ("probs", probs), ("draws", draws)):
+                binding.bind_ortvalue_output(name, value(array))
         self.step_session.run_with_iobinding(binding)
         return StepOutput(probs, draws)
 

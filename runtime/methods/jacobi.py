@@ -98,7 +98,11 @@ class JacobiDecoding(OneImageAtATime):
         """Walk the levels: (accepted tokens, committed slots, next token, stopped by a rejection?)."""
         accepted, path = [], [0]
         for level, level_slots in zip(levels, slots):
-            index, token = verify_siblings(p_rows[path[-1]], level.q, level.candidates, ctx.rng)
+            if len(level.candidates) == 1:  # a chain level: plain rejection sampling (= K of 1)
+                kept, token = verify_position(p_rows[path[-1]], level.q, level.candidates[0], ctx.rng)
+                index = 0 if kept else None
+            else:
+                index, token = verify_siblings(p_rows[path[-1]], level.q, level.candidates, ctx.rng)
             if index is None:
                 return accepted, path, token, True
             accepted.append(token)
@@ -140,7 +144,8 @@ class JacobiDecoding(OneImageAtATime):
         for level in levels[:max_depth]:
             if budget <= 0:
                 break
-            level = Level(level.candidates[:budget], level.q)
+            if len(level.candidates) > budget:
+                level = Level(level.candidates[:budget], level.q)
             kept.append(level)
             budget -= len(level.candidates)
         while budget > 0 and len(kept) < max_depth:
