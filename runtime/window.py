@@ -8,24 +8,30 @@ ancestors, which is the causal mask for a chain and the tree mask for a tree.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 from typing import Sequence
 
 import numpy as np
 
 
-@dataclass
 class Window:
-    """Token ids of the window slots and each slot's parent slot (−1 for slot 0)."""
+    """Token ids of the window slots and each slot's parent slot (−1 for slot 0).
 
-    ids: np.ndarray      # int64 [W]
-    parents: np.ndarray  # int64 [W]
-    is_chain: bool = False  # parents[w] == w − 1: depths and mask have closed forms (the hot path)
+    A chain (parents[w] == w − 1) has closed forms for depths, mask and paths; they are cached
+    per size, because a decode loop builds one window per model call and small numpy calls
+    cost more than the arithmetic they do at these sizes.
+    """
+
+    __slots__ = ("ids", "_parents", "is_chain")
+
+    def __init__(self, ids: np.ndarray, parents: np.ndarray | None = None):
+        self.ids = ids              # int64 [W]
+        self._parents = parents     # int64 [W]; None for a chain
+        self.is_chain = parents is None
 
     @classmethod
     def chain(cls, ids: Sequence[int]) -> "Window":
-        ids = np.asarray(ids, dtype=np.int64)
-        return cls(ids, np.arange(len(ids), dtype=np.int64) - 1, is_chain=True)
+        return cls(np.asarray(ids, dtype=np.int64))
 
     @classmethod
     def tree(cls, ids: Sequence[int], parents: Sequence[int]) -> "Window":
@@ -33,35 +39,52 @@ class Window:
         later = parents[1:]
         if len(parents) and (parents[0] != -1 or np.any(later < 0) or np.any(later >= np.arange(1, len(parents)))):
             raise ValueError("tree windows need parents[0] == -1 and 0 <= parents[w] < w")
-        is_chain = bool(np.array_equal(parents, np.arange(len(parents)) - 1))
-        return cls(np.asarray(ids, dtype=np.int64), parents, is_chain=is_chain)
+        if np.array_equal(parents, np.arange(len(parents)) - 1):
+            return cls(np.asarray(ids, dtype=np.int64))
+        return cls(np.asarray(ids, dtype=np.int64), parents)
 
     def __len__(self) -> int:
         return len(self.ids)
 
+    @property
+    def parents(self) -> np.ndarray:
+        return _chain_parts(len(self))[0] if self._parents is None else self._parents
+
     def depths(self) -> np.ndarray:
         if self.is_chain:
-            return np.arange(len(self), dtype=np.int64)
+            return _chain_parts(len(self))[1]
         depth = np.zeros(len(self), dtype=np.int64)
         for w in range(1, len(self)):
-            depth[w] = depth[self.parents[w]] + 1
+            depth[w] = depth[self._parents[w]] + 1
         return depth
 
     def ancestry(self) -> np.ndarray:
         """bool [W, W]: row w true at w and at every ancestor of w (the in-window attention mask)."""
         if self.is_chain:
-            return np.tri(len(self), dtype=bool)
+            return _chain_parts(len(self))[2]
         seen = np.eye(len(self), dtype=bool)
         for w in range(1, len(self)):
-            seen[w] |= seen[self.parents[w]]
+            seen[w] |= seen[self._parents[w]]
         return seen
 
     def path_to(self, slot: int) -> list[int]:
         """Slots from slot 0 down to `slot` (the KV rows to commit when `slot` is the last accepted)."""
+        if self.is_chain:
+            return list(range(slot + 1))
         path = [slot]
-        while self.parents[path[-1]] >= 0:
-            path.append(int(self.parents[path[-1]]))
+        while self._parents[path[-1]] >= 0:
+            path.append(int(self._parents[path[-1]]))
         return path[::-1]
+
+
+@functools.lru_cache(maxsize=None)
+def _chain_parts(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(parents, depths, ancestry) of a chain of `size` slots, made once per size (read-only)."""
+    depths = np.arange(size, dtype=np.int64)
+    parts = (depths - 1, depths, np.tri(size, dtype=bool))
+    for array in parts:
+        array.setflags(write=False)
+    return parts
 
 
 def fill_step_inputs(window: Window, length: int, capacity: int, ids: np.ndarray, positions: np.ndarray,
@@ -71,8 +94,8 @@ def fill_step_inputs(window: Window, length: int, capacity: int, ids: np.ndarray
     ids, positions: [B, W]; mask: bool [B, W, capacity + W] (cache columns, then window slots).
     """
     size = len(window)
-    ids[:] = window.ids[None, :]
-    positions[:] = (length + window.depths())[None, :]
-    mask[:] = False
+    ids[:] = window.ids
+    np.add(window.depths(), length, out=positions[:])
     mask[:, :, :length] = True
-    mask[:, :, capacity:capacity + size] = window.ancestry()[None]
+    mask[:, :, length:capacity] = False
+    mask[:, :, capacity:capacity + size] = window.ancestry()
