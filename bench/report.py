@@ -91,16 +91,26 @@ def format_table(results: list[MethodResult]) -> str:
     return "\n".join(out)
 
 
+def host_share(result: MethodResult) -> float:
+    """Share of the mean latency spent outside the model graphs (target, draft, VQ decode): the
+    verification/sampling, cache maintenance and orchestration the runtime adds (Stats.overhead_share)."""
+    total = result.latency_s.get("mean", result.latency_s["median"])
+    graphs = sum(result.breakdown_s.get(k, 0.0) for k in ("target_forward", "draft_forward", "vq_decode"))
+    return max(total - graphs, 0.0) / total if total else 0.0
+
+
 def format_breakdown(results: list[MethodResult]) -> str:
     """Where each setting's time goes: mean per image, in milliseconds; `other` is the rest of the
-    mean latency (Python orchestration of the method between model calls)."""
-    headers = ["setting"] + [k for k in BREAKDOWN_KEYS] + ["other", "total"]
+    mean latency (Python orchestration of the method between model calls); `host %` is everything
+    but the graphs (host_share)."""
+    headers = ["setting"] + [k for k in BREAKDOWN_KEYS] + ["other", "total", "host %"]
     rows = []
     for r in results:
         parts = [r.breakdown_s.get(k, 0.0) for k in BREAKDOWN_KEYS]
         other = max(r.latency_s.get("mean", r.latency_s["median"]) - sum(parts), 0.0)
         total = r.latency_s.get("mean", r.latency_s["median"])
-        rows.append([r.label] + [f"{1000 * p:.1f}" for p in parts] + [f"{1000 * other:.1f}", f"{1000 * total:.1f}"])
+        rows.append([r.label] + [f"{1000 * p:.1f}" for p in parts]
+                    + [f"{1000 * other:.1f}", f"{1000 * total:.1f}", f"{100 * host_share(r):.1f}"])
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
     line = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
                                    for i, (c, w) in enumerate(zip(cells, widths)))
