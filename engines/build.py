@@ -97,23 +97,39 @@ class CreateConfig:
 
 
 def keep_sensitive_layers_fp32(trt: Any, network: Any) -> int:
-    """Pin softmax, reductions, normalisation, sqrt/reciprocal and pow layers to fp32; returns how many.
+    """Pin softmax, reductions, normalisation, sqrt/reciprocal and pow layers, and every float
+    layer of the sampling head, to fp32; returns how many.
 
     With BuilderFlag.FP16 alone TensorRT 10 may run an RMSNorm's x² and mean in fp16 (x² of
-    an activation above 256 overflows); this mirrors precision.FP32_OPS at the layer level.
+    an activation above 256 overflows); the head's CDF and its count of CDF entries need
+    fp32 too (fp16 is exact only up to 2048). This mirrors precision.fp32_nodes at the layer
+    level: the head is every layer downstream of the network inputs `mix` and `uniforms`
+    (layers come in topological order).
     """
+    from .precision import FP32_FROM_INPUTS
+
     unary = {trt.UnaryOperation.SQRT, trt.UnaryOperation.RECIP}
+    head = {network.get_input(i).name for i in range(network.num_inputs)} & set(FP32_FROM_INPUTS)
+    sensitive_kinds = {trt.LayerType.SOFTMAX, trt.LayerType.REDUCE, trt.LayerType.NORMALIZATION}
+    if hasattr(trt.LayerType, "CUMULATIVE"):  # ICumulativeLayer (CumSum) on newer TensorRT 10
+        sensitive_kinds.add(trt.LayerType.CUMULATIVE)
     pinned = 0
     for index in range(network.num_layers):
         layer = network.get_layer(index)
         kind = layer.type
-        sensitive = kind in (trt.LayerType.SOFTMAX, trt.LayerType.REDUCE, trt.LayerType.NORMALIZATION)
+        in_head = any(layer.get_input(j) is not None and layer.get_input(j).name in head for j in range(layer.num_inputs))
+        outputs = [layer.get_output(j) for j in range(layer.num_outputs)]
+        if in_head:
+            head.update(t.name for t in outputs)
+        sensitive = kind in sensitive_kinds
         if kind == trt.LayerType.UNARY:
             layer.__class__ = trt.IUnaryLayer
             sensitive = layer.op in unary
         elif kind == trt.LayerType.ELEMENTWISE:
             layer.__class__ = trt.IElementWiseLayer
             sensitive = layer.op == trt.ElementWiseOperation.POW
+        if in_head and all(t.dtype == trt.float32 for t in outputs):  # not the bool compare or the int32 cast
+            sensitive = True
         if sensitive:
             layer.precision = trt.float32
             pinned += 1

@@ -10,6 +10,9 @@ What the converter does (`convert_float_graph`):
   decomposed RMSNorm/LayerNorm/GroupNorm chains (ReduceMean, Pow, Sqrt, Reciprocal, the
   Div by the root, and the Add/Sub/Mul in between whose inputs come from that chain), with
   Cast nodes inserted only where a tensor crosses between the two regions;
+- the sampling head (every node downstream of the graph inputs `mix` / `uniforms`) stays
+  fp32 as a whole: its CumSum runs over up to 16384 probabilities and its ReduceSum counts
+  up to the vocabulary size, and fp16 holds integers exactly only up to 2048;
 - graph inputs and outputs keep their fp32 types by default (`keep_io_types=True`) so the
   runtime's buffers and the contract (past_kv / logits f32) do not change; the casts at the
   boundary cost one pass over each I/O tensor per step. Pass False for fp16 I/O;
@@ -27,9 +30,10 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.lazy import require
+from specrt.manifest import HEAD_INPUTS
 
 PRECISIONS = ("fp32", "fp16", "bf16")
-CONVERTER_VERSION = "specrt-precision-1"  # part of engine cache keys: bump when the output changes
+CONVERTER_VERSION = "specrt-precision-2"  # part of engine cache keys: bump when the output changes
 
 # Ops that always compute in fp32: softmax and every piece of a normalisation.
 FP32_OPS = frozenset({
@@ -45,6 +49,8 @@ FP32_ONLY_INPUTS = frozenset({("Resize", 1), ("Resize", 2), ("Upsample", 1)})
 ATTR_TYPED_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                             "EyeLike", "Multinomial", "Bernoulli"})
 CONSTANT_OPS = frozenset({"Constant", "ConstantOfShape"})
+# Graph inputs whose every downstream node computes in fp32: the sampling head's (specrt.manifest).
+FP32_FROM_INPUTS = tuple(HEAD_INPUTS)
 FP16_MAX = 65504.0
 
 
@@ -82,8 +88,25 @@ def _onnx_types(onnx: Any, precision: str) -> tuple[int, int]:
     return onnx.TensorProto.FLOAT, low
 
 
+def downstream_nodes(graph: Any, sources: set[str]) -> set[int]:
+    """Indices of the nodes that (transitively) consume any tensor named in `sources`."""
+    consumers: dict[str, list[int]] = defaultdict(list)
+    for i, node in enumerate(graph.node):
+        for name in node.input:
+            consumers[name].append(i)
+    found: set[int] = set()
+    pending = list(sources)
+    while pending:
+        for i in consumers.get(pending.pop(), ()):
+            if i not in found:
+                found.add(i)
+                pending.extend(out for out in graph.node[i].output if out)
+    return found
+
+
 def fp32_nodes(graph: Any) -> set[int]:
-    """Indices of the nodes kept in fp32: FP32_OPS plus the norm-chain bridges around them.
+    """Indices of the nodes kept in fp32: FP32_OPS, the sampling head, and the norm-chain
+    bridges around them.
 
     A bridge op joins when it divides by an fp32 value (x / rms) or when it takes an fp32
     value and feeds only fp32 nodes (ms + eps before Sqrt; x - mean before Pow and Div).
@@ -96,6 +119,7 @@ def fp32_nodes(graph: Any) -> set[int]:
             consumers[name].append(i)
     graph_outputs = {o.name for o in graph.output}
     keep = {i for i, node in enumerate(graph.node) if node.op_type in FP32_OPS}
+    keep |= downstream_nodes(graph, {i.name for i in graph.input if i.name in FP32_FROM_INPUTS})
     changed = True
     while changed:
         changed = False

@@ -8,8 +8,13 @@ Why it looks like this (DESIGN.md's per-step budget):
 - every device buffer is allocated once per generate call for the largest window: step
   inputs, outputs, and the KV buffer [L, 2, B, Hkv, capacity, D] that the step engine reads
   *in place* as `past_kv` (its tensor address is the KV buffer itself, no copy);
-- a step copies ids/positions/mask to the device, calls set_input_shape for the actual
-  window, execute_async_v3 on one stream, and copies the logits back;
+- a step copies ids/positions/mask and the sampling head's mix/uniforms to the device, calls
+  set_input_shape for the actual window, execute_async_v3 on one stream, and copies back
+  only the head's draws [I, W] (int32). The logits never leave the device; the head's probs
+  [I, W, V] stay there too and are read through DeviceProbs, entry by entry or row by row,
+  as the host asks for them;
+- probs/draws alternate between two device buffers (both engines share the pair), so a
+  StepOutput stays valid until the runner's second next call (runtime/runner.StepOutput);
 - `commit` moves the accepted slots' rows from `present_kv` into the KV buffer on the
   device: one strided 2D copy per run of consecutive slots, nothing through the host.
 """
@@ -22,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from specrt.errors import SpecrtError
-from specrt.runtime.runner import ModelRunner, ModelSpec, VQDecoder
+from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder
 
 from .build import require_tensorrt
 
@@ -143,6 +148,55 @@ class TrtEngine:
         return view
 
 
+class DeviceProbs:
+    """The head's probabilities [..., V] in device memory, read only as far as the host indexes.
+
+    `read(offset, count)` copies `count` float32 values starting `offset` elements into the
+    buffer to a new host array (TrtRunner: one synchronous cudaMemcpy). Integer indices
+    narrow the view without any copy; a single entry is one 4-byte read; a gather of a
+    row (`row[tokens]`) or any other index reads the view once and indexes on the host;
+    numpy functions see the whole view through __array__. `copy()` is a host copy, so a
+    kept row outlives the device buffer's next reuse.
+    """
+
+    def __init__(self, read: Any, shape: tuple[int, ...], offset: int = 0):
+        self.read, self.shape, self.offset = read, tuple(int(d) for d in shape), int(offset)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: Any) -> Any:
+        parts = index if isinstance(index, tuple) else (index,)
+        offset, shape, used = self.offset, self.shape, 0
+        for part in parts:
+            if not shape or isinstance(part, (bool, np.bool_)) or not isinstance(part, (int, np.integer)):
+                break
+            position = int(part) + shape[0] if part < 0 else int(part)
+            if not 0 <= position < shape[0]:
+                raise IndexError(f"index {int(part)} is out of bounds for an axis of size {shape[0]}")
+            offset += position * int(np.prod(shape[1:], dtype=np.int64))
+            shape, used = shape[1:], used + 1
+        rest = parts[used:]
+        if not rest:
+            return float(self.read(offset, 1)[0]) if not shape else DeviceProbs(self.read, shape, offset)
+        return DeviceProbs(self.read, shape, offset).__array__()[rest]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        host = self.read(self.offset, self.size).reshape(self.shape)
+        return host if dtype is None else host.astype(dtype)
+
+    def copy(self) -> np.ndarray:
+        return self.__array__()
+
+
 @dataclass(frozen=True)
 class KVLayout:
     """The manifest's KV geometry of one model role."""
@@ -163,37 +217,70 @@ class TrtRunner(ModelRunner):
         self.step_engine = TrtEngine(step_engine, stream=self.prefill_engine.stream)
         self.cudart = self.prefill_engine.cudart
         self._kv: DeviceBuffer | None = None
-        self._logits = np.zeros(0, dtype=np.float32)
+        self._probs: list[DeviceBuffer] = []  # two of each: outputs alternate between calls
+        self._draws: list[DeviceBuffer] = []
+        self._draws_host = [np.zeros(0, dtype=np.int32)] * 2
+        self._parity = 0
         self._last_window = 0
+        self.host_numbers = 0  # numbers read back from the device (draws and DeviceProbs reads)
 
     def _kv_shape(self, batch: int, rows: int) -> tuple[int, ...]:
         return (self.kv_layout.n_layer, 2, batch, self.kv_layout.n_kv_head, rows, self.kv_layout.head_dim)
 
     def _allocate_kv(self, batch: int, capacity: int) -> None:
-        step, w = self.step_engine, self.max_window
+        """KV buffer, every engine I/O at its largest shape, and the two probs/draws buffers.
+
+        The base class has set self.mix [images, batch] before calling this.
+        """
+        step, w, images = self.step_engine, self.max_window, self.images
+        head = ("probs", "draws")
         self._kv = DeviceBuffer(int(np.prod(self._kv_shape(batch, capacity))) * step.dtypes["past_kv"].itemsize)
         step.allocate({"input_ids": (batch, w), "positions": (batch, w), "attention_mask": (batch, w, capacity + w),
-                       "past_kv": self._kv_shape(batch, capacity)}, skip=("past_kv",))
+                       "past_kv": self._kv_shape(batch, capacity), "mix": (images, batch), "uniforms": (images, w)},
+                      skip=("past_kv", *head))
         step.bind("past_kv", self._kv.ptr)  # the engine reads the KV buffer in place
-        self.prefill_engine.allocate({"class_ids": (batch,)})
-        self._logits = np.empty(batch * w * self.spec.vocab_size, dtype=np.float32)
+        self.prefill_engine.allocate({"class_ids": (batch,), "mix": (images, batch), "uniforms": (images, 1)}, skip=head)
+        rows = images * w
+        self._probs = [DeviceBuffer(rows * self.spec.vocab_size * step.dtypes["probs"].itemsize) for _ in range(2)]
+        self._draws = [DeviceBuffer(rows * step.dtypes["draws"].itemsize) for _ in range(2)]
+        self._draws_host = [np.zeros(rows, dtype=step.dtypes["draws"]) for _ in range(2)]
 
     @property
     def kv_buffer(self) -> DeviceBuffer | None:
         return self._kv
 
-    def _prefill(self, class_ids: np.ndarray) -> np.ndarray:
-        engine = self.prefill_engine
-        engine.run({"class_ids": class_ids})
-        self._copy_rows(engine.addresses["present_kv"], self.spec.cond_len, list(range(self.spec.cond_len)), 0)
-        return engine.fetch("logits", self._logits)
+    def _run_with_head(self, engine: TrtEngine, inputs: dict[str, np.ndarray], window: int,
+                       device_shapes: dict[str, tuple[int, ...]] | None = None) -> StepOutput:
+        """Run `engine` with the head writing into the next of the two output buffers; fetch the draws."""
+        self._parity = parity = 1 - self._parity
+        engine.bind("probs", self._probs[parity].ptr)
+        engine.bind("draws", self._draws[parity].ptr)
+        engine.run({**inputs, "mix": self.mix}, device_shapes)
+        draws = engine.fetch("draws", self._draws_host[parity])  # synchronizes: probs are ready too
+        self.host_numbers += draws.size
+        probs_ptr, itemsize = self._probs[parity].ptr, engine.dtypes["probs"].itemsize
+        return StepOutput(DeviceProbs(lambda offset, count: self._read(probs_ptr + offset * itemsize, count),
+                                      (self.images, window, self.spec.vocab_size)), draws)
 
-    def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        engine = self.step_engine
-        engine.run({"input_ids": ids, "positions": positions, "attention_mask": mask},
-                   device_shapes={"past_kv": self._kv_shape(self.batch, self.capacity)})
+    def _read(self, ptr: int, count: int) -> np.ndarray:
+        self.host_numbers += count
+        host = np.empty(count, dtype=np.float32)
+        _check(self.cudart.cudaMemcpyAsync(host.ctypes.data, ptr, host.nbytes,
+                                           self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost, self.prefill_engine.stream))
+        _check(self.cudart.cudaStreamSynchronize(self.prefill_engine.stream))
+        return host
+
+    def _prefill(self, class_ids: np.ndarray, uniforms: np.ndarray) -> StepOutput:
+        engine = self.prefill_engine
+        out = self._run_with_head(engine, {"class_ids": class_ids, "uniforms": uniforms}, 1)
+        self._copy_rows(engine.addresses["present_kv"], self.spec.cond_len, list(range(self.spec.cond_len)), 0)
+        return out
+
+    def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray) -> StepOutput:
         self._last_window = ids.shape[1]
-        return engine.fetch("logits", self._logits)
+        return self._run_with_head(self.step_engine,
+                                   {"input_ids": ids, "positions": positions, "attention_mask": mask, "uniforms": uniforms},
+                                   ids.shape[1], device_shapes={"past_kv": self._kv_shape(self.batch, self.capacity)})
 
     def _write_kv(self, slots: Sequence[int], start: int) -> None:
         self._copy_rows(self.step_engine.addresses["present_kv"], self._last_window, slots, start)

@@ -1,9 +1,11 @@
 """PyTorch models -> the ONNX graphs of a bundle (docs/contracts.md, "Graphs of a bundle").
 
 Each graph is a thin wrapper around one entry point of the PyTorch model (GPT.prefill,
-GPT.step, VQ decode), so the torch backend and the graphs cannot drift apart. The wrappers
-only adapt dtypes: the graphs take int32 ids/positions (what TensorRT wants) and cast to
-int64 inside, where torch needs it.
+GPT.step, VQ decode), so the torch backend and the graphs cannot drift apart. The prefill
+and step wrappers end in the runtime's own sampling head (specrt.runtime.head.SamplingHead:
+mix, uniforms -> probs, draws), the very module the PyTorch backend runs. Otherwise the
+wrappers only adapt dtypes: the graphs take int32 ids/positions (what TensorRT wants) and
+cast to int64 inside, where torch needs it.
 
 Why the export looks the way it does (DESIGN.md, pitfalls):
 - torch.onnx.export's dynamo path with `dynamic_shapes`; example sizes are >= 2 and pairwise
@@ -28,14 +30,16 @@ import torch.nn as nn
 from specrt.errors import SpecrtError
 from specrt.lazy import require
 from specrt.manifest import GraphSpec, TensorSpec
+from specrt.runtime.head import SamplingHead
 
-BATCH, WINDOW, CACHE_LEN, TOTAL_LEN = "batch", "window", "cache_len", "total_len"
+BATCH, WINDOW, CACHE_LEN, TOTAL_LEN, IMAGES = "batch", "window", "cache_len", "total_len", "images"
 DEFAULT_OPSET = 18
 SUPPORTED_OPSETS = (18, 19, 20, 23)  # torch's dynamo exporter emits nothing older than 18
 EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; keep a margin for the graph itself
 
-# Example sizes used while tracing: >= 2 and all different (see module docstring).
-_EXAMPLE = {BATCH: 2, WINDOW: 3, CACHE_LEN: 5}
+# Example sizes used while tracing: >= 2 and all different (see module docstring), total_len
+# = cache_len + window = 8 included; so images is 4 here, although a real call has images <= batch.
+_EXAMPLE = {BATCH: 2, WINDOW: 3, CACHE_LEN: 5, IMAGES: 4}
 
 
 @dataclass(frozen=True)
@@ -66,12 +70,20 @@ class GraphLimits:
     def batch_profile(self) -> dict[str, int]:
         return {"min": 1, "opt": self.opt_batch, "max": self.max_batch}
 
+    def images_profile(self) -> dict[str, int]:
+        """Images per pass (the head's output rows): batch / 2 with CFG, batch without; opt is
+        the CFG pair of the batch's opt (one image at the default opt batch 2)."""
+        return {"min": 1, "opt": max(1, self.opt_batch // 2), "max": self.max_batch}
+
+    def prefill_profile(self) -> dict[str, dict[str, int]]:
+        return {BATCH: self.batch_profile(), IMAGES: self.images_profile()}
+
     def step_profile(self) -> dict[str, dict[str, int]]:
-        """window, cache_len (pinned to capacity: the runtime always binds the whole buffer) and
-        total_len = cache_len + window at every level."""
+        """batch, images, window, cache_len (pinned to capacity: the runtime always binds the
+        whole buffer) and total_len = cache_len + window at every level."""
         window = {"min": 1, "opt": self.opt_window, "max": self.max_window}
         cache = {level: self.capacity for level in ("min", "opt", "max")}
-        return {BATCH: self.batch_profile(), WINDOW: window, CACHE_LEN: cache,
+        return {BATCH: self.batch_profile(), IMAGES: self.images_profile(), WINDOW: window, CACHE_LEN: cache,
                 TOTAL_LEN: {level: cache[level] + window[level] for level in window}}
 
 
@@ -83,24 +95,26 @@ def capacity_for(config, max_window: int) -> int:
 # ---- wrappers: the graphs' exact signatures ---------------------------------------------
 
 
-class _PrefillGraph(nn.Module):
+class _WithHead(nn.Module):
+    """The model's (logits, hidden, present_kv) followed by the sampling head's (probs, draws)."""
+
     def __init__(self, gpt: nn.Module, with_hidden: bool):
         super().__init__()
-        self.gpt, self.with_hidden = gpt, with_hidden
+        self.gpt, self.with_hidden, self.head = gpt, with_hidden, SamplingHead()
 
-    def forward(self, class_ids: torch.Tensor):
-        logits, hidden, present_kv = self.gpt.prefill(class_ids.long())
-        return (logits, hidden, present_kv) if self.with_hidden else (logits, present_kv)
+    def _outputs(self, logits, hidden, present_kv, mix, uniforms):
+        probs, draws = self.head(logits, mix, uniforms)
+        return (logits, hidden, present_kv, probs, draws) if self.with_hidden else (logits, present_kv, probs, draws)
 
 
-class _StepGraph(nn.Module):
-    def __init__(self, gpt: nn.Module, with_hidden: bool):
-        super().__init__()
-        self.gpt, self.with_hidden = gpt, with_hidden
+class _PrefillGraph(_WithHead):
+    def forward(self, class_ids: torch.Tensor, mix: torch.Tensor, uniforms: torch.Tensor):
+        return self._outputs(*self.gpt.prefill(class_ids.long()), mix, uniforms)
 
-    def forward(self, input_ids, positions, attention_mask, past_kv):
-        logits, hidden, present_kv = self.gpt.step(input_ids.long(), positions.long(), attention_mask, past_kv)
-        return (logits, hidden, present_kv) if self.with_hidden else (logits, present_kv)
+
+class _StepGraph(_WithHead):
+    def forward(self, input_ids, positions, attention_mask, past_kv, mix, uniforms):
+        return self._outputs(*self.gpt.step(input_ids.long(), positions.long(), attention_mask, past_kv), mix, uniforms)
 
 
 def decode_codes(vq: nn.Module, codes: torch.Tensor) -> torch.Tensor:
@@ -124,6 +138,17 @@ def _kv_shape(config, batch: str, length) -> tuple:
     return (config.n_layer, 2, batch, config.n_kv_head, length, config.head_dim)
 
 
+def head_inputs(window) -> tuple[TensorSpec, ...]:
+    """The sampling head's inputs: the guidance matrix and one uniform per output row."""
+    return (TensorSpec("mix", "float32", (IMAGES, BATCH)), TensorSpec("uniforms", "float32", (IMAGES, window)))
+
+
+def head_outputs(config, window) -> tuple[TensorSpec, ...]:
+    """The sampling head's outputs, after the model's: probabilities and one draw per row."""
+    return (TensorSpec("probs", "float32", (IMAGES, window, config.vocab_size)),
+            TensorSpec("draws", "int32", (IMAGES, window)))
+
+
 def prefill_spec(name: str, role: str, config, limits: GraphLimits, opset: int, with_hidden: bool) -> GraphSpec:
     if config.model_type != "c2i":
         raise SpecrtError(f"exporting {config.model_type} models is not supported yet (c2i only)")
@@ -132,8 +157,8 @@ def prefill_spec(name: str, role: str, config, limits: GraphLimits, opset: int, 
         outputs.append(TensorSpec("hidden", "float32", (BATCH, 1, config.dim)))
     outputs.append(TensorSpec("present_kv", "float32", _kv_shape(config, BATCH, config.cond_len)))
     return GraphSpec(name=name, file=f"{name}.onnx", role=role, kind="prefill", opset=opset,
-                     inputs=(TensorSpec("class_ids", "int32", (BATCH,)),), outputs=tuple(outputs),
-                     profile={BATCH: limits.batch_profile()})
+                     inputs=(TensorSpec("class_ids", "int32", (BATCH,)), *head_inputs(1)),
+                     outputs=(*outputs, *head_outputs(config, 1)), profile=limits.prefill_profile())
 
 
 def step_spec(name: str, role: str, config, limits: GraphLimits, opset: int, with_hidden: bool) -> GraphSpec:
@@ -142,13 +167,14 @@ def step_spec(name: str, role: str, config, limits: GraphLimits, opset: int, wit
         TensorSpec("positions", "int32", (BATCH, WINDOW)),
         TensorSpec("attention_mask", "bool", (BATCH, WINDOW, TOTAL_LEN)),
         TensorSpec("past_kv", "float32", _kv_shape(config, BATCH, CACHE_LEN)),
+        *head_inputs(WINDOW),
     )
     outputs = [TensorSpec("logits", "float32", (BATCH, WINDOW, config.vocab_size))]
     if with_hidden:
         outputs.append(TensorSpec("hidden", "float32", (BATCH, WINDOW, config.dim)))
     outputs.append(TensorSpec("present_kv", "float32", _kv_shape(config, BATCH, WINDOW)))
     return GraphSpec(name=name, file=f"{name}.onnx", role=role, kind="step", opset=opset,
-                     inputs=inputs, outputs=tuple(outputs), profile=limits.step_profile())
+                     inputs=inputs, outputs=(*outputs, *head_outputs(config, WINDOW)), profile=limits.step_profile())
 
 
 def vq_decode_spec(grid: int, image_size: int, limits: GraphLimits, opset: int) -> GraphSpec:
@@ -186,6 +212,10 @@ def _example_inputs(spec: GraphSpec, config, grid: int | None = None) -> tuple[t
             tensors.append(torch.randn(shape, generator=gen))
         elif t.name == "codes":
             tensors.append(torch.randint(0, config.codebook_size, shape, generator=gen, dtype=torch.int32))
+        elif t.name == "mix":
+            tensors.append(torch.randn(shape, generator=gen))
+        elif t.name == "uniforms":
+            tensors.append(torch.rand(shape, generator=gen))
         else:  # pragma: no cover - a new input needs an example here
             raise AssertionError(f"no example for input {t.name}")
     return tuple(tensors)
@@ -284,14 +314,15 @@ def _stamp_and_check(model, spec: GraphSpec) -> None:
 
 def export_prefill(gpt: nn.Module, role: str, limits: GraphLimits, out_dir: Path, opset: int = DEFAULT_OPSET,
                    with_hidden: bool = True) -> GraphSpec:
-    """Export `<role>_prefill`: class_ids -> logits/hidden of the last condition token + its KV."""
+    """Export `<role>_prefill`: class_ids, mix, uniforms -> logits/hidden of the last condition
+    token, its KV, and the head's probs/draws for image token 0."""
     spec = prefill_spec(f"{role}_prefill", role, gpt.config, limits, opset, with_hidden)
     return _export(_PrefillGraph(gpt, with_hidden), spec, _example_inputs(spec, gpt.config), out_dir)
 
 
 def export_step(gpt: nn.Module, role: str, limits: GraphLimits, out_dir: Path, opset: int = DEFAULT_OPSET,
                 with_hidden: bool = True) -> GraphSpec:
-    """Export `<role>_step`: a window of W tokens against the caller-owned KV buffer."""
+    """Export `<role>_step`: a window of W tokens against the caller-owned KV buffer, then the head."""
     spec = step_spec(f"{role}_step", role, gpt.config, limits, opset, with_hidden)
     return _export(_StepGraph(gpt, with_hidden), spec, _example_inputs(spec, gpt.config), out_dir)
 

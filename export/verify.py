@@ -5,7 +5,13 @@ several committed lengths, a speculative tree (each node sees its ancestors), a 
 ([cond; uncond] rows sharing the image tokens), the prefill with real and null classes and
 the VQ decoder. Graph inputs are named and shaped only from the manifest, so a manifest that
 lies fails here too. The reference calls GPT.step / GPT.prefill directly, not the export
-wrappers.
+wrappers, then the sampling head (specrt.runtime.head) on their logits.
+
+The head's `mix` is built here from the contract's definition (docs/contracts.md, "Sampling
+head"), not by the runtime: an identity (no CFG) at temperature 1 for most windows, at
+temperature 0.7 for the tree, and CFG with scale 2 at temperature 1 for the CFG batch and
+the CFG prefill. `probs` is compared like logits; `draws` must match exactly, with the
+uniforms placed away from CDF boundaries (see `uniforms_off_boundaries`).
 """
 from __future__ import annotations
 
@@ -20,19 +26,32 @@ from specrt.export.bundle import ModelSet
 from specrt.export.onnx_export import decode_codes
 from specrt.lazy import require
 from specrt.manifest import GraphSpec, Manifest, read_manifest
+from specrt.runtime.head import SamplingHead
 
 # Max |onnxruntime - torch| allowed per output, fp32 graphs. The VQ decoder is a deep conv
 # stack whose outputs are pixels in [-1, 1]: 1e-3 is far below one 8-bit level (7.8e-3).
-TOLERANCES = {"logits": 1e-4, "hidden": 1e-4, "present_kv": 1e-4, "image": 1e-3}
+# probs: the softmax of mix @ logits moves by at most about p·(Σ|mix|)·Δlogit, below the
+# logits' own tolerance for the mixes used here. draws: the count of differing draws.
+TOLERANCES = {"logits": 1e-4, "hidden": 1e-4, "present_kv": 1e-4, "probs": 1e-4, "draws": 0, "image": 1e-3}
+# How far (as a fraction of the CDF's total) a draw's threshold u·total is kept from every CDF
+# boundary. onnxruntime sums the CDF sequentially in float32, torch differently; over 16384
+# probabilities the two sums drift apart by a few 1e-6, so 2e-5 leaves a wide margin.
+BOUNDARY_MARGIN = 2e-5
+CFG_SCALE = 2.0  # CFG cases: guided = 2·cond − 1·uncond
 
 
 @dataclass(frozen=True)
 class Comparison:
+    """One output of one case. For `draws`, max_abs_diff is the number of draws that differ
+    and `compared` how many were compared (rows whose threshold could not be kept off a CDF
+    boundary are left out, which BOUNDARY_MARGIN makes rare)."""
+
     graph: str
     case: str
     output: str
     max_abs_diff: float
     tolerance: float
+    compared: int = 0
 
     @property
     def passed(self) -> bool:
@@ -56,10 +75,21 @@ class VerifyReport:
                 worst[key] = c
         return worst
 
+    def draw_counts(self, graph: str) -> tuple[int, int]:
+        """(draws that differ, draws compared) over every case of `graph`."""
+        draws = [c for c in self.comparisons if c.graph == graph and c.output == "draws"]
+        return int(sum(c.max_abs_diff for c in draws)), sum(c.compared for c in draws)
+
     def format(self) -> str:
         lines = [f"{'graph':<15} {'output':<11} {'max |diff|':>11} {'tolerance':>10}  worst case"]
         for (graph, output), c in self.worst().items():
             flag = "" if c.passed else "   FAIL"
+            if output == "draws":
+                differ, compared = self.draw_counts(graph)
+                where = f"  {c.case}" if differ else ""
+                lines.append(f"{graph:<15} {output:<11} {f'{differ}/{compared}':>11} {'exact':>10}  "
+                             f"draws that differ, all cases{where}{flag}")
+                continue
             lines.append(f"{graph:<15} {output:<11} {c.max_abs_diff:>11.3e} {c.tolerance:>10.0e}  {c.case}{flag}")
         n_cases = len({(c.graph, c.case) for c in self.comparisons})
         lines.append(f"{n_cases} cases: {'all within tolerance' if self.passed else 'SOME ABOVE TOLERANCE'}")
@@ -68,12 +98,56 @@ class VerifyReport:
 
 @dataclass(frozen=True)
 class StepCase:
-    """One step-graph input set: ids/positions [B,W], mask [B,W,C+W], past_kv for batch B."""
+    """One step-graph input set: ids/positions [B,W], mask [B,W,C+W], the head's mix [I,B]
+    (past_kv and the uniforms are drawn by the caller)."""
 
     name: str
     input_ids: np.ndarray
     positions: np.ndarray
     attention_mask: np.ndarray
+    mix: np.ndarray
+
+
+def guidance(images: int, cfg_scale: float | None = None, temperature: float = 1.0) -> np.ndarray:
+    """The head's mix [images, batch], written from docs/contracts.md: without CFG identity / T;
+    with CFG scale s, row i has s/T at cond row i and (1 − s)/T at uncond row images + i."""
+    eye = np.eye(images)
+    mix = eye if cfg_scale is None else np.concatenate([eye * cfg_scale, eye * (1.0 - cfg_scale)], axis=1)
+    return (mix / temperature).astype(np.float32)
+
+
+def uniforms_off_boundaries(probs: np.ndarray, rng: np.random.Generator,
+                            margin: float = BOUNDARY_MARGIN) -> tuple[np.ndarray, np.ndarray]:
+    """One float32 uniform per row of `probs` [..., V] whose threshold u·total keeps at least
+    `margin`·total from every CDF boundary; and a bool mask of the rows where that held.
+
+    Why: the head draws #{v : cdf_v <= u·cdf_V}. Two correct implementations sum the CDF in
+    a different order, so their boundaries differ by float32 rounding (~1e-7 per term), and
+    a threshold within that distance of a boundary may legitimately give draws one apart.
+    Such a tie says nothing about the graph. Rather than excuse mismatches near boundaries
+    after the fact (which, with 16384 narrow bins, would also excuse an off-by-one bug), the
+    uniforms are chosen so no tie can occur, and then draws must match exactly. A random
+    uniform whose threshold falls too close to a boundary is moved to the centre of the
+    row's most probable bin; a row whose bins are all narrower than 2·margin is not compared.
+    """
+    cdf = np.cumsum(probs.astype(np.float64), axis=-1)
+    cdf /= cdf[..., -1:]
+    uniforms = rng.random(probs.shape[:-1]).astype(np.float32)
+    usable = np.ones(uniforms.shape, dtype=bool)
+    for index in np.ndindex(uniforms.shape):
+        edges = cdf[index][:-1]  # the boundaries a threshold can cross (the last bin is clamped)
+        if not len(edges):
+            continue
+        u = float(uniforms[index])
+        if np.abs(edges - u).min() >= margin:
+            continue
+        widest = int(np.argmax(probs[index]))
+        low = edges[widest - 1] if widest > 0 else 0.0
+        high = edges[widest] if widest < len(edges) else 1.0
+        centre = np.float32((low + high) / 2)
+        uniforms[index] = centre
+        usable[index] = np.abs(edges - float(centre)).min() >= margin
+    return uniforms, usable
 
 
 def _positions(config, positions: np.ndarray) -> np.ndarray:
@@ -83,9 +157,10 @@ def _positions(config, positions: np.ndarray) -> np.ndarray:
 
 
 def causal_case(name: str, rng: np.random.Generator, config, capacity: int, batch: int, window: int, length: int,
-                cfg: bool = False) -> StepCase:
+                cfg: bool = False, temperature: float = 1.0) -> StepCase:
     """A plain window after `length` committed tokens; with cfg the second half of the batch
-    repeats the first half's tokens (the uncond rows of LlamaGen's CFG)."""
+    repeats the first half's tokens (the uncond rows of LlamaGen's CFG) and the mix guides
+    with CFG_SCALE, else it is the identity (both over `temperature`)."""
     rows = batch // 2 if cfg else batch
     ids = rng.integers(0, config.vocab_size, size=(rows, window))
     if cfg:
@@ -94,13 +169,15 @@ def causal_case(name: str, rng: np.random.Generator, config, capacity: int, batc
     mask = np.zeros((batch, window, capacity + window), dtype=bool)
     mask[:, :, :length] = True
     mask[:, :, capacity:] = np.tril(np.ones((window, window), dtype=bool))
-    return StepCase(name, ids.astype(np.int32), positions.astype(np.int32), mask)
+    mix = guidance(rows, CFG_SCALE if cfg else None, temperature)
+    return StepCase(name, ids.astype(np.int32), positions.astype(np.int32), mask, mix)
 
 
-def tree_case(name: str, rng: np.random.Generator, config, capacity: int, window: int, length: int) -> StepCase:
+def tree_case(name: str, rng: np.random.Generator, config, capacity: int, window: int, length: int,
+              temperature: float = 0.7) -> StepCase:
     """A random draft tree of `window` nodes in topological order: node i hangs under a random
     earlier node (or the committed prefix), sees itself and its ancestors, and sits at the
-    position of its depth."""
+    position of its depth. One image, no CFG, sampled at `temperature`."""
     parent = np.array([rng.integers(-1, i) for i in range(window)])
     depth = np.zeros(window, dtype=np.int64)
     window_mask = np.eye(window, dtype=bool)
@@ -112,7 +189,8 @@ def tree_case(name: str, rng: np.random.Generator, config, capacity: int, window
     mask[0, :, :length] = True
     mask[0, :, capacity:] = window_mask
     ids = rng.integers(0, config.vocab_size, size=(1, window)).astype(np.int32)
-    return StepCase(name, ids, _positions(config, length + depth)[None].astype(np.int32), mask)
+    return StepCase(name, ids, _positions(config, length + depth)[None].astype(np.int32), mask,
+                    guidance(1, None, temperature))
 
 
 def step_cases(config, capacity: int, max_window: int, seed: int = 0) -> list[StepCase]:
@@ -126,9 +204,10 @@ def step_cases(config, capacity: int, max_window: int, seed: int = 0) -> list[St
         for length in sorted({config.cond_len, (config.cond_len + seq_end) // 2, max(config.cond_len, seq_end - window)}):
             cases.append(causal_case(f"W={window} past={length}", rng, config, capacity, 1, window, length))
     mid = (config.cond_len + seq_end) // 2
-    cases.append(causal_case(f"CFG batch 4 W={min(5, max_window)} past={mid}", rng, config, capacity, 4,
+    cases.append(causal_case(f"CFG s={CFG_SCALE:g} batch 4 W={min(5, max_window)} past={mid}", rng, config, capacity, 4,
                              min(5, max_window), mid, cfg=True))
-    cases.append(tree_case(f"tree W={min(12, max_window)} past={mid}", rng, config, capacity, min(12, max_window), mid))
+    cases.append(tree_case(f"tree T=0.7 W={min(12, max_window)} past={mid}", rng, config, capacity,
+                           min(12, max_window), mid))
     return cases
 
 
@@ -140,11 +219,29 @@ def _session(path: Path, threads: int):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def _compare(graph: GraphSpec, case: str, got: list[np.ndarray], reference: dict[str, torch.Tensor]) -> Iterator[Comparison]:
+def head_reference(logits: torch.Tensor, mix: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, dict[str, torch.Tensor], np.ndarray]:
+    """(uniforms, {probs, draws} from the torch head, rows whose draws are compared) for one case."""
+    head = SamplingHead()
+    probs, _ = head(logits, torch.from_numpy(mix), torch.zeros(mix.shape[0], logits.shape[1]))
+    uniforms, usable = uniforms_off_boundaries(probs.numpy(), rng)
+    probs, draws = head(logits, torch.from_numpy(mix), torch.from_numpy(uniforms))
+    return uniforms, {"probs": probs, "draws": draws}, usable
+
+
+def _compare(graph: GraphSpec, case: str, got: list[np.ndarray], reference: dict[str, torch.Tensor],
+             usable: np.ndarray | None = None) -> Iterator[Comparison]:
     for spec, value in zip(graph.outputs, got):
-        expected = reference[spec.name].detach().float().numpy()
+        expected = reference[spec.name].detach()
+        expected = expected.numpy() if spec.name == "draws" else expected.float().numpy()
         if value.shape != expected.shape:
             raise AssertionError(f"{graph.name} {case}: {spec.name} shape {value.shape} != torch {expected.shape}")
+        if spec.name == "draws":
+            if value.dtype != np.int32:
+                raise AssertionError(f"{graph.name} {case}: draws are {value.dtype}, the contract says int32")
+            compared = usable if usable is not None else np.ones(value.shape, dtype=bool)
+            differ = int((value != expected)[compared].sum())
+            yield Comparison(graph.name, case, spec.name, float(differ), TOLERANCES["draws"], int(compared.sum()))
+            continue
         diff = float(np.abs(value.astype(np.float64) - expected).max()) if value.size else 0.0
         yield Comparison(graph.name, case, spec.name, diff, TOLERANCES.get(spec.name, 1e-4))
 
@@ -158,25 +255,34 @@ def _verify_step(manifest: Manifest, graph: GraphSpec, model, capacity: int, max
         batch = case.input_ids.shape[0]
         kv_shape = graph.shape_at(graph.input("past_kv"), "max", batch=batch)
         past_kv = rng.standard_normal(kv_shape).astype(np.float32)
-        feeds = {"input_ids": case.input_ids, "positions": case.positions,
-                 "attention_mask": case.attention_mask, "past_kv": past_kv}
-        got = session.run(list(graph.output_names), {name: feeds[name] for name in graph.input_names})
         with torch.no_grad():
             logits, hidden, present_kv = model.step(torch.from_numpy(case.input_ids).long(),
                                                     torch.from_numpy(case.positions).long(),
                                                     torch.from_numpy(case.attention_mask), torch.from_numpy(past_kv))
-        yield from _compare(graph, case.name, got, {"logits": logits, "hidden": hidden, "present_kv": present_kv})
+            uniforms, head, usable = head_reference(logits, case.mix, rng)
+        feeds = {"input_ids": case.input_ids, "positions": case.positions,
+                 "attention_mask": case.attention_mask, "past_kv": past_kv, "mix": case.mix, "uniforms": uniforms}
+        got = session.run(list(graph.output_names), {name: feeds[name] for name in graph.input_names})
+        yield from _compare(graph, case.name, got,
+                            {"logits": logits, "hidden": hidden, "present_kv": present_kv, **head}, usable)
 
 
-def _verify_prefill(manifest: Manifest, graph: GraphSpec, model, threads: int) -> Iterator[Comparison]:
+def _verify_prefill(manifest: Manifest, graph: GraphSpec, model, seed: int, threads: int) -> Iterator[Comparison]:
     session = _session(manifest.root / graph.file, threads)
     config = model.config
-    for name, classes in (("class 0", [0]), (f"CFG [{config.num_classes - 1}; null]", [config.num_classes - 1, config.num_classes])):
+    rng = np.random.default_rng(seed + 3)
+    cases = (("class 0", [0], guidance(1)),
+             (f"CFG s={CFG_SCALE:g} [{config.num_classes - 1}; null]", [config.num_classes - 1, config.num_classes],
+              guidance(1, CFG_SCALE)),
+             ("3 classes T=0.5", [1 % config.num_classes, 2 % config.num_classes, 0], guidance(3, None, 0.5)))
+    for name, classes, mix in cases:
         class_ids = np.array(classes, dtype=np.int32)
-        got = session.run(list(graph.output_names), {"class_ids": class_ids})
         with torch.no_grad():
             logits, hidden, present_kv = model.prefill(torch.from_numpy(class_ids).long())
-        yield from _compare(graph, name, got, {"logits": logits, "hidden": hidden, "present_kv": present_kv})
+            uniforms, head, usable = head_reference(logits, mix, rng)
+        got = session.run(list(graph.output_names), {"class_ids": class_ids, "mix": mix, "uniforms": uniforms})
+        yield from _compare(graph, name, got, {"logits": logits, "hidden": hidden, "present_kv": present_kv, **head},
+                            usable)
 
 
 def _verify_vq(manifest: Manifest, graph: GraphSpec, vq, seed: int, threads: int) -> Iterator[Comparison]:
@@ -203,7 +309,7 @@ def verify_bundle(bundle: str | Path | Manifest, models: ModelSet, seed: int = 0
         model = models.target if graph.role == "target" else models.draft
         capacity = int(manifest.models[graph.role]["capacity"])
         if graph.kind == "prefill":
-            comparisons += _verify_prefill(manifest, graph, model, threads)
+            comparisons += _verify_prefill(manifest, graph, model, seed, threads)
         else:
             comparisons += _verify_step(manifest, graph, model, capacity, max_window, seed, threads)
     return VerifyReport(tuple(comparisons))

@@ -1,4 +1,4 @@
-"""Read and validate a bundle's manifest.json (format "specrt-bundle", version 1).
+"""Read and validate a bundle's manifest.json (format "specrt-bundle", version 2: see VERSION).
 
 The manifest is the only place the runtime, the engine builder and `specrt inspect` learn a
 bundle's graphs, their I/O names, symbolic dims and optimization profiles (docs/contracts.md).
@@ -16,11 +16,18 @@ from typing import Any, Union
 from specrt.errors import SpecrtError
 
 FORMAT = "specrt-bundle"
-VERSION = 1
+# The one place the manifest version lives (writers and readers import it). 2: every prefill and
+# step graph ends in the sampling head (inputs mix, uniforms; outputs probs, draws).
+VERSION = 2
 MANIFEST_NAME = "manifest.json"
 ROLES = ("target", "draft", "vq")
 KINDS = ("prefill", "step", "decode")
 DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "bool")
+# The sampling head every prefill and step graph ends in (docs/contracts.md, "Sampling head"):
+# name -> dtype of the inputs it adds and the outputs it appends.
+HEAD_INPUTS = {"mix": "float32", "uniforms": "float32"}
+HEAD_OUTPUTS = {"probs": "float32", "draws": "int32"}
+HEAD_KINDS = ("prefill", "step")
 
 Dim = Union[int, str]
 
@@ -168,6 +175,21 @@ def _tensor(graph: str, raw: Any) -> TensorSpec:
     return TensorSpec(name=name, dtype=dtype, shape=tuple(shape))
 
 
+def _check_head(spec: GraphSpec) -> None:
+    """A prefill or step graph must carry the sampling head's inputs and outputs with their dtypes."""
+    problems = []
+    for what, tensors, wanted in (("input", spec.inputs, HEAD_INPUTS), ("output", spec.outputs, HEAD_OUTPUTS)):
+        dtypes = {t.name: t.dtype for t in tensors}
+        for name, dtype in wanted.items():
+            if name not in dtypes:
+                problems.append(f"no {what} {name!r}")
+            elif dtypes[name] != dtype:
+                problems.append(f"{what} {name!r} is {dtypes[name]}, not {dtype}")
+    if problems:
+        raise SpecrtError(f"manifest: graph {spec.name} does not end in the sampling head ({'; '.join(problems)}); "
+                          "re-export the bundle with this specrt")
+
+
 def parse_graph(name: str, raw: dict[str, Any]) -> GraphSpec:
     """Validate one `graphs` entry: known role/kind, typed I/O, a profile for every symbolic dim."""
     try:
@@ -183,6 +205,8 @@ def parse_graph(name: str, raw: dict[str, Any]) -> GraphSpec:
     if spec.role not in ROLES or spec.kind not in KINDS:
         raise SpecrtError(f"manifest: graph {name} has role {spec.role!r} / kind {spec.kind!r}; "
                           f"expected role in {ROLES}, kind in {KINDS}")
+    if spec.kind in HEAD_KINDS:
+        _check_head(spec)
     for tensor in spec.inputs + spec.outputs:
         missing = [d for d in tensor.symbolic_dims if d not in spec.profile]
         if missing:
@@ -195,9 +219,12 @@ def parse_manifest(raw: dict[str, Any], root: Path) -> Manifest:
     """Validate a manifest's structure (not the files it names) and wrap it."""
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise SpecrtError(f"{root / MANIFEST_NAME} is not a specrt bundle manifest (format must be {FORMAT!r})")
-    if raw.get("version") != VERSION:
-        raise SpecrtError(f"bundle manifest version {raw.get('version')!r} is not supported; "
-                          f"this specrt reads version {VERSION} (re-export the bundle)")
+    version = raw.get("version")
+    if version != VERSION:
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > VERSION
+        advice = ("it was written by a newer specrt; upgrade specrt or re-export it with this one"
+                  if newer else "re-export it with this specrt (`specrt export ...`)")
+        raise SpecrtError(f"bundle {root} uses manifest version {version!r}; this specrt reads version {VERSION}: {advice}")
     for key in ("models", "graphs", "files"):
         if not isinstance(raw.get(key), dict):
             raise SpecrtError(f"manifest: missing or malformed {key!r} section")

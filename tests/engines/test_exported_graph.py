@@ -39,6 +39,8 @@ def _feeds(spec, rng):
             feeds[tensor.name] = (5 + np.arange(shape[1], dtype=np.int32))[None].repeat(shape[0], 0)
         elif tensor.dtype == "int32":
             feeds[tensor.name] = rng.integers(0, 64, shape).astype(np.int32)
+        elif tensor.name == "uniforms":
+            feeds[tensor.name] = rng.random(shape).astype(np.float32)
         else:
             feeds[tensor.name] = rng.standard_normal(shape).astype(np.float32)
     return feeds
@@ -53,10 +55,24 @@ def test_exported_step_graph_passes_profile_validation(exported_step):
 def test_exported_step_graph_converts_to_fp16_within_tolerance(exported_step):
     spec, path = exported_step
     model = onnx.load(path)
-    kept_ops = {model.graph.node[i].op_type for i in fp32_nodes(model.graph)}
+    kept = fp32_nodes(model.graph)
+    kept_ops = {model.graph.node[i].op_type for i in kept}
     assert {"Softmax", "ReduceMean", "Pow", "Sqrt"} <= kept_ops  # the RMSNorm chain and attention softmax
+    assert {"CumSum", "LessOrEqual", "ReduceSum"} <= kept_ops  # the sampling head
+    head = [i for i, node in enumerate(model.graph.node) if node.op_type in ("CumSum", "ReduceSum", "LessOrEqual")]
+    assert set(head) <= kept
     feeds = _feeds(spec, np.random.default_rng(0))
-    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)  # noqa: E731
-    for ref, out in zip(run(model), run(convert_float_graph(onnx.load(path), "fp16"))):
+    run = lambda m: dict(zip(spec.output_names, ort.InferenceSession(  # noqa: E731
+        m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)))
+    reference, converted = run(model), run(convert_float_graph(onnx.load(path), "fp16"))
+    for name in ("logits", "present_kv", "probs"):
+        ref, out = reference[name], converted[name]
         assert out.dtype == np.float32
         np.testing.assert_allclose(out, ref, rtol=0, atol=1e-2 * max(1.0, np.abs(ref).max()))
+    # fp16 logits may move a draw across a CDF boundary; the draws must still be those of the
+    # converted graph's own (fp32) probabilities
+    draws = converted["draws"]
+    assert draws.dtype == np.int32
+    cdf = np.cumsum(converted["probs"].astype(np.float64), -1)
+    expected = np.minimum((cdf <= (feeds["uniforms"] * cdf[..., -1])[..., None]).sum(-1), cdf.shape[-1] - 1)
+    np.testing.assert_array_equal(draws, expected)

@@ -12,7 +12,8 @@ ALL = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvid
 def test_tensorrt_options_carry_the_manifest_profiles_and_bundle_caches(bundle):
     options = tensorrt_options(bundle, "target_step", "fp16", max_window=4)
     assert options["trt_profile_max_shapes"] == (
-        f"input_ids:4x4,positions:4x4,attention_mask:4x4x{CAPACITY + 4},past_kv:1x2x4x2x{CAPACITY}x8")
+        f"input_ids:4x4,positions:4x4,attention_mask:4x4x{CAPACITY + 4},past_kv:1x2x4x2x{CAPACITY}x8,"
+        "mix:4x4,uniforms:4x4")
     assert options["trt_profile_min_shapes"].startswith("input_ids:1x1,")
     assert options["trt_fp16_enable"] == "1" and "trt_bf16_enable" not in options
     assert options["trt_engine_cache_enable"] == "1"
@@ -50,5 +51,6 @@ def test_unknown_backend_and_graph_are_refused(bundle):
 def test_cpu_provider_list_runs_a_session(bundle):
     names, options = session_providers(providers_for("ort-cpu", bundle, "target_step"))
     session = ort.InferenceSession(str(bundle / "target_step.onnx"), providers=names, provider_options=options)
-    logits, present = session.run(None, step_feeds())
+    logits, present, probs, draws = session.run(None, step_feeds())
     assert logits.shape == (2, 3, 32) and present.shape[4] == 3
+    assert probs.shape == (1, 3, 32) and draws.shape == (1, 3)

@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 from specrt.engines.precision import (builder_flag_names, convert_float_graph, fp32_nodes, needs_conversion,
                                       write_converted)
 from specrt.errors import SpecrtError
-from tiny_bundle import GRID, VOCAB, step_feeds, step_graph, vq_graph
+from tiny_bundle import GRID, VOCAB, head_reference, step_feeds, step_graph, vq_graph
 
 FP16 = TensorProto.FLOAT16
 
@@ -38,11 +38,27 @@ def test_converted_step_graph_matches_fp32_in_onnxruntime():
     reference = _run(step_graph(), feeds)
     converted = convert_float_graph(step_graph(), "fp16")
     onnx.checker.check_model(converted, full_check=True)
-    outputs = _run(converted, feeds)
-    for ref, out in zip(reference, outputs):
+    logits, present, probs, draws = _run(converted, feeds)
+    for ref, out in zip(reference, (logits, present, probs)):
         assert out.dtype == np.float32 and out.shape == ref.shape
         np.testing.assert_allclose(out, ref, rtol=0, atol=_tolerance(ref))
         assert not np.allclose(out, ref, rtol=0, atol=1e-7)  # it really ran in fp16
+    # the head ran in fp32 on the fp16 logits: exactly the contract's head of those logits
+    expected_probs, expected_draws = head_reference(logits, feeds["mix"], feeds["uniforms"])
+    np.testing.assert_allclose(probs, expected_probs, rtol=0, atol=1e-6)
+    assert draws.dtype == np.int32
+    np.testing.assert_array_equal(draws, expected_draws)
+
+
+def test_sampling_head_stays_fp32_whole():
+    """CumSum over the vocabulary and the count of CDF entries (exact in fp16 only up to 2048) stay fp32."""
+    converted = convert_float_graph(step_graph(), "fp16")
+    types = _types(converted)
+    for name in ("head_guided", "probs", "head_cdf", "head_total", "head_threshold", "head_count", "head_clamped"):
+        assert types[name] == TensorProto.FLOAT, name
+    assert types["draws"] == TensorProto.INT32 and types["head_top"] == TensorProto.FLOAT
+    [matmul] = [n for n in converted.graph.node if n.output[0] == "head_guided_flat"]
+    assert matmul.input[0] == "mix" and types[matmul.input[1]] == TensorProto.FLOAT  # fp16 logits cast up once
 
 
 def test_converted_vq_graph_matches_fp32_in_onnxruntime():
@@ -63,7 +79,7 @@ def test_norms_and_softmax_stay_fp32_and_matmuls_go_fp16():
             assert types[node.output[0]] == TensorProto.FLOAT, (op, node.output[0])
     assert types["ms_eps"] == TensorProto.FLOAT and types["xn"] == TensorProto.FLOAT  # eps Add and x / rms
     for node in ops["MatMul"]:
-        assert types[node.output[0]] == FP16
+        assert types[node.output[0]] == (TensorProto.FLOAT if node.input[0] == "mix" else FP16)  # the head stays fp32
     assert types["wq"] == FP16 and types["emb"] == FP16
     assert types["scaled"] == FP16  # the attention scale is not part of a norm
 
@@ -79,12 +95,14 @@ def test_layernorm_chain_stays_fp32_and_resize_scales_stay_float32():
 def test_graph_io_keeps_float32_by_default_and_can_go_fp16():
     kept = convert_float_graph(step_graph(), "fp16")
     assert {v.name: v.type.tensor_type.elem_type for v in kept.graph.output} == {
-        "logits": TensorProto.FLOAT, "present_kv": TensorProto.FLOAT}
+        "logits": TensorProto.FLOAT, "present_kv": TensorProto.FLOAT, "probs": TensorProto.FLOAT,
+        "draws": TensorProto.INT32}
     low = convert_float_graph(step_graph(), "fp16", keep_io_types=False)
     assert {v.name: v.type.tensor_type.elem_type for v in low.graph.input}["past_kv"] == FP16
     assert {v.name: v.type.tensor_type.elem_type for v in low.graph.output}["logits"] == FP16
     feeds = step_feeds()
-    feeds["past_kv"] = feeds["past_kv"].astype(np.float16)
+    for name in ("past_kv", "mix", "uniforms"):
+        feeds[name] = feeds[name].astype(np.float16)
     logits = _run(low, feeds)[0]
     assert logits.dtype == np.float16
     np.testing.assert_allclose(logits.astype(np.float32), _run(step_graph(), step_feeds())[0], atol=5e-2)
@@ -101,7 +119,7 @@ def test_bf16_conversion_is_a_valid_graph_with_bf16_weights():
     converted = convert_float_graph(step_graph(), "bf16")
     onnx.checker.check_model(converted, full_check=True)
     types = _types(converted)
-    assert types["wq"] == TensorProto.BFLOAT16 and types["probs"] == TensorProto.FLOAT
+    assert types["wq"] == TensorProto.BFLOAT16 and types["attn_probs"] == TensorProto.FLOAT
     [wq] = [i for i in converted.graph.initializer if i.name == "wq"]
     [orig] = [i for i in step_graph().graph.initializer if i.name == "wq"]
     np.testing.assert_allclose(onnx.numpy_helper.to_array(wq).astype(np.float32), onnx.numpy_helper.to_array(orig),
@@ -111,8 +129,9 @@ def test_bf16_conversion_is_a_valid_graph_with_bf16_weights():
 def test_fp32_region_grows_through_norm_bridges_only():
     graph = step_graph().graph
     kept = {graph.node[i].output[0] for i in fp32_nodes(graph)}
-    assert {"x_sq", "ms", "ms_eps", "rms", "xn", "probs", "inv_rms2"} <= kept
-    assert not {"h", "x", "x2", "x2n", "scaled", "masked", "logits"} & kept
+    assert {"x_sq", "ms", "ms_eps", "rms", "xn", "attn_probs", "inv_rms2"} <= kept
+    assert {"head_guided_flat", "probs", "head_cdf", "head_count", "draws"} <= kept  # the head, from mix/uniforms on
+    assert not {"h", "x", "x2", "x2n", "scaled", "masked", "logits", "head_logits_flat"} & kept
 
 
 def test_constant_nodes_and_cast_to_float_are_converted():

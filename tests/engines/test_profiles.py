@@ -18,6 +18,24 @@ def test_shapes_follow_the_symbolic_dims():
     assert all(i.dynamic for i in profile.inputs)
 
 
+def test_head_inputs_follow_images_batch_and_window():
+    profile = derive_profile("target_step", step_entry())
+    by_name = {i.name: i for i in profile.inputs}
+    assert [by_name["mix"].shape(level) for level in ("min", "opt", "max")] == [(1, 1), (1, 2), (4, 4)]
+    assert [by_name["uniforms"].shape(level) for level in ("min", "opt", "max")] == [(1, 1), (1, 4), (4, 8)]
+    assert profile.dims["images"] == DimRange(1, 1, 4)
+    shrunk = {i.name: i for i in derive_profile("target_step", step_entry(), max_window=3).inputs}
+    assert shrunk["uniforms"].max == (4, 3) and shrunk["mix"].max == (4, 4)
+
+
+def test_prefill_head_inputs_have_a_window_of_one():
+    from tiny_bundle import prefill_entry
+
+    by_name = {i.name: i for i in derive_profile("target_prefill", prefill_entry()).inputs}
+    assert by_name["uniforms"].min == (1, 1) and by_name["uniforms"].max == (4, 1)
+    assert by_name["mix"].opt == (1, 2)
+
+
 def test_max_window_shrinks_window_and_total_len_together():
     ranges = dim_ranges("target_step", step_entry(), max_window=3)
     assert ranges["window"] == DimRange(1, 3, 3)
@@ -60,6 +78,13 @@ def test_a_dim_without_profile_is_refused():
 def test_valid_bundle_graph_passes_onnx_validation(bundle):
     entry = step_entry()
     validate_against_onnx(derive_profile("target_step", entry), entry, onnx_input_dims(bundle / "target_step.onnx"))
+
+
+def test_a_manifest_without_the_head_inputs_is_caught_against_the_onnx_graph(bundle):
+    entry = step_entry()
+    entry["inputs"] = [i for i in entry["inputs"] if i["name"] != "mix"]
+    with pytest.raises(SpecrtError, match="ONNX input 'mix' is not in the manifest"):
+        validate_against_onnx(derive_profile("target_step", entry), entry, _onnx_dims(bundle))
 
 
 def _onnx_dims(bundle):

@@ -1,7 +1,7 @@
 """Real TensorRT builds and runs: need TensorRT, cuda-python and a CUDA GPU; skipped (with the reason) otherwise.
 
 They build the tiny bundle's engines through `build_bundle`, run them with TrtEngine /
-TrtRunner, and compare with onnxruntime on CPU.
+TrtRunner, and compare with onnxruntime on CPU, the sampling head's probs and draws included.
 """
 import numpy as np
 import onnxruntime as ort
@@ -41,19 +41,31 @@ def _onnxruntime(bundle, graph, feeds):
     return session.run(None, feeds)
 
 
+def _inverse_cdf(probs, uniforms):
+    cdf = np.cumsum(probs.astype(np.float64), -1)
+    return np.minimum((cdf <= (uniforms * cdf[..., -1])[..., None]).sum(-1), probs.shape[-1] - 1)
+
+
 @pytest.mark.parametrize("precision, atol", [("fp32", 1e-3), ("fp16", 5e-2)])
 def test_built_step_engine_matches_onnxruntime(bundle, precision, atol):
     [step, _] = build_bundle(bundle, precision, workspace_bytes=1 << 30)
     feeds = step_feeds(batch=2, window=3, length=5)
-    logits_ref, present_ref = _onnxruntime(bundle, "target_step", feeds)
+    logits_ref, present_ref, probs_ref, draws_ref = _onnxruntime(bundle, "target_step", feeds)
     engine = TrtEngine(step.engine_path)
     engine.allocate({"input_ids": (4, 8), "positions": (4, 8), "attention_mask": (4, 8, CAPACITY + 8),
-                     "past_kv": (N_LAYER, 2, 4, N_HEAD, CAPACITY, HEAD_DIM)})
+                     "past_kv": (N_LAYER, 2, 4, N_HEAD, CAPACITY, HEAD_DIM), "mix": (4, 4), "uniforms": (4, 8)})
     engine.run(feeds)
     logits = engine.fetch("logits", np.empty(4 * 8 * VOCAB, np.float32))
     present = engine.fetch("present_kv", np.empty(N_LAYER * 2 * 4 * N_HEAD * 8 * HEAD_DIM, np.float32))
+    probs = engine.fetch("probs", np.empty(4 * 8 * VOCAB, np.float32))
+    draws = engine.fetch("draws", np.empty(4 * 8, np.int32))
     np.testing.assert_allclose(logits, logits_ref, atol=atol)
     np.testing.assert_allclose(present, present_ref, atol=atol)
+    np.testing.assert_allclose(probs, probs_ref, atol=atol)
+    # the head ran in fp32 either way: its draws are the inverse CDF of its own probabilities
+    np.testing.assert_array_equal(draws, _inverse_cdf(probs, feeds["uniforms"]))
+    if precision == "fp32":
+        np.testing.assert_array_equal(draws, draws_ref)
 
 
 def test_second_build_reuses_engines_and_writes_a_timing_cache(bundle):
@@ -74,31 +86,45 @@ def test_vq_engine_matches_onnxruntime(bundle):
 
 
 def test_runner_commits_kv_rows_on_the_device(tmp_path):
-    """Prefill, then two steps through TrtRunner's device KV commits, against onnxruntime on a host KV copy."""
+    """Prefill, then steps through TrtRunner's device KV commits, against onnxruntime on a host KV
+    copy; the head's outputs of a step stay readable after the next step (double buffering)."""
     from specrt.engines.trt_runner import runner_from_bundle
     from specrt.runtime.window import Window
-    from tiny_bundle import write_bundle
+    from tiny_bundle import cfg_mix, write_bundle
 
     bundle = write_bundle(tmp_path / "bundle", with_prefill=True)
     build_bundle(bundle, "fp32", workspace_bytes=1 << 30)
     runner = runner_from_bundle(bundle, "target")
-    runner.allocate(batch=2, capacity=CAPACITY)
+    mix = cfg_mix(1)
+    runner.allocate(mix, capacity=CAPACITY)
     class_ids = np.array([1, 3], np.int32)
-    logits_ref, present_ref = _onnxruntime(bundle, "target_prefill", {"class_ids": class_ids})
-    np.testing.assert_allclose(runner.prefill(class_ids), logits_ref, atol=1e-3)
+    uniforms = np.array([[0.3]], np.float32)
+    _, present_ref, probs_ref, draws_ref = _onnxruntime(bundle, "target_prefill",
+                                                        {"class_ids": class_ids, "mix": mix, "uniforms": uniforms})
+    out = runner.prefill(class_ids, uniforms)
+    np.testing.assert_allclose(np.asarray(out.probs), probs_ref, atol=1e-3)
+    np.testing.assert_array_equal(out.draws, draws_ref)
     kv_host = np.zeros((N_LAYER, 2, 2, N_HEAD, CAPACITY, HEAD_DIM), np.float32)
     kv_host[..., :1, :] = present_ref
-    for ids, accepted in (([3, 4, 5], [0, 1]), ([6, 7, 8, 9], [0, 2, 3])):
+    previous = None
+    for ids, accepted in (([3, 4, 5], [0, 1]), ([6, 7, 8, 9], [0, 2, 3]), ([10, 11], [0])):
         length = runner.length
-        logits = runner.step(Window.chain(ids)).copy()
+        uniforms = np.random.default_rng(length).random((1, len(ids))).astype(np.float32)
+        out = runner.step(Window.chain(ids), uniforms)
         mask = np.zeros((2, len(ids), CAPACITY + len(ids)), bool)
         mask[:, :, :length] = True
         mask[:, :, CAPACITY:] = np.tril(np.ones((len(ids), len(ids)), bool))
         positions = np.repeat((length + np.arange(len(ids)))[None], 2, 0).astype(np.int32)
         feeds = {"input_ids": np.array([ids, ids], np.int32), "positions": positions, "attention_mask": mask,
-                 "past_kv": kv_host}
-        logits_ref, present_ref = _onnxruntime(bundle, "target_step", feeds)
-        np.testing.assert_allclose(logits, logits_ref, atol=1e-3)  # reads the KV committed on the device so far
+                 "past_kv": kv_host, "mix": mix, "uniforms": uniforms}
+        _, present_ref, probs_ref, draws_ref = _onnxruntime(bundle, "target_step", feeds)
+        # reads the KV committed on the device so far
+        np.testing.assert_allclose(np.asarray(out.probs), probs_ref, atol=1e-3)
+        np.testing.assert_allclose(out.probs[0, -1][np.array([1, 0])], probs_ref[0, -1, [1, 0]], atol=1e-3)
+        np.testing.assert_array_equal(out.draws, draws_ref)
+        if previous is not None:  # the previous step's output survived this step
+            np.testing.assert_allclose(np.asarray(previous[0].probs), previous[1], atol=1e-3)
+        previous = (out, probs_ref)
         runner.commit(accepted)
         kv_host[..., length:length + len(accepted), :] = present_ref[..., accepted, :]
 

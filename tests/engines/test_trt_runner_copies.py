@@ -1,8 +1,10 @@
-"""TrtRunner's on-device KV commit, with CUDA's 2D copy replayed on host memory (no GPU needed).
+"""TrtRunner's device-side bookkeeping with CUDA replayed on host memory (no GPU needed).
 
-The strided-copy arithmetic (pitches, runs of consecutive slots) is the part of the TensorRT
-backend that can be wrong silently; here cudaMemcpy2DAsync is a ctypes.memmove per row over
-numpy arrays, and the result must equal the contract's numpy formula.
+The strided-copy arithmetic of the KV commit (pitches, runs of consecutive slots), the
+sampling head's double-buffered outputs and DeviceProbs' reads are the parts of the TensorRT
+backend that can be wrong silently; here cudaMemcpy*Async are ctypes.memmove over numpy
+arrays, the engines are fakes that write known values, and the results must equal the
+contract (docs/contracts.md: KV commit formula; outputs valid until the second next step).
 """
 import ctypes
 from types import SimpleNamespace
@@ -10,16 +12,24 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from specrt.engines.trt_runner import KVLayout, TrtRunner
+from specrt.engines.trt_runner import DeviceProbs, KVLayout, TrtRunner
+from specrt.runtime.runner import ModelSpec
 
 
 class HostCudart:
-    """The few cuda-python calls _copy_rows makes, performed on host pointers."""
+    """The few cuda-python calls TrtRunner makes, performed on host pointers."""
 
-    cudaMemcpyKind = SimpleNamespace(cudaMemcpyDeviceToDevice="d2d")
+    cudaMemcpyKind = SimpleNamespace(cudaMemcpyDeviceToDevice="d2d", cudaMemcpyDeviceToHost="d2h")
 
     def __init__(self):
         self.calls = 0
+
+    def cudaMemcpyAsync(self, dst, src, nbytes, kind, stream):
+        ctypes.memmove(dst, src, nbytes)
+        return (0,)
+
+    def cudaStreamSynchronize(self, stream):
+        return (0,)
 
     def cudaMemcpy2DAsync(self, dst, dpitch, src, spitch, width, height, kind, stream):
         assert kind == "d2d" and width <= dpitch and width <= spitch
@@ -51,3 +61,117 @@ def test_commit_copies_match_the_contract_formula(slots, start, expected_copies)
     _runner(kv, layout, batch, capacity, cudart)._copy_rows(present.ctypes.data, window, slots, start)
     np.testing.assert_array_equal(kv, expected)
     assert cudart.calls == expected_copies
+
+
+# ---- the sampling head's outputs ------------------------------------------------------
+
+
+class HostBuffer:
+    """A DeviceBuffer stand-in: `ptr` is the address of a numpy array kept alive here."""
+
+    def __init__(self, nbytes: int):
+        self.array = np.zeros(nbytes, dtype=np.uint8)
+        self.ptr = self.array.ctypes.data
+
+
+class FakeHeadEngine:
+    """Writes probs = run number + position / 1000 and draws = run number into whatever
+    `probs` / `draws` are bound to, like an engine's head would; records the inputs."""
+
+    dtypes = {"probs": np.dtype(np.float32), "draws": np.dtype(np.int32), "past_kv": np.dtype(np.float32)}
+    stream = None
+
+    def __init__(self, vocab: int, counter: list):
+        self.vocab, self.counter, self.addresses, self.inputs = vocab, counter, {}, []
+
+    def bind(self, name, ptr):
+        self.addresses[name] = ptr
+
+    def run(self, inputs, device_shapes=None):
+        self.counter[0] += 1
+        self.inputs.append({k: np.array(v) for k, v in inputs.items()})
+        images, window = inputs["uniforms"].shape
+        probs = (self.counter[0] + np.arange(images * window * self.vocab) / 1000).astype(np.float32)
+        draws = np.full(images * window, self.counter[0], dtype=np.int32)
+        ctypes.memmove(self.addresses["probs"], probs.ctypes.data, probs.nbytes)
+        ctypes.memmove(self.addresses["draws"], draws.ctypes.data, draws.nbytes)
+        self.shape = (images, window)
+
+    def fetch(self, name, out):
+        count = int(np.prod(self.shape))
+        view = out.reshape(-1)[:count].reshape(self.shape)
+        ctypes.memmove(view.ctypes.data, self.addresses[name], view.nbytes)
+        return view
+
+
+def _head_runner(images=2, batch=4, vocab=5, max_window=3):
+    runner = object.__new__(TrtRunner)  # no TensorRT: fake engines, host "device" memory
+    runner.spec, runner.max_window, runner.batch, runner.capacity = ModelSpec(vocab, 2, 3), max_window, batch, 8
+    runner.mix = np.arange(images * batch, dtype=np.float32).reshape(images, batch)
+    counter = [0]
+    runner.prefill_engine, runner.step_engine = FakeHeadEngine(vocab, counter), FakeHeadEngine(vocab, counter)
+    runner.cudart, runner.host_numbers, runner._parity = HostCudart(), 0, 0
+    runner.kv_layout = KVLayout(1, 1, 1)
+    rows = images * max_window
+    runner._probs = [HostBuffer(rows * vocab * 4) for _ in range(2)]
+    runner._draws = [HostBuffer(rows * 4) for _ in range(2)]
+    runner._draws_host = [np.zeros(rows, np.int32) for _ in range(2)]
+    return runner
+
+
+def _step(runner, window):
+    ids = np.zeros((runner.batch, window), np.int32)
+    mask = np.zeros((runner.batch, window, runner.capacity + window), bool)
+    return runner._step(ids, ids, mask, np.full((runner.images, window), 0.25, np.float32))
+
+
+def test_step_outputs_alternate_buffers_and_outlive_the_next_step():
+    runner = _head_runner()
+    first = _step(runner, 3)
+    second = _step(runner, 2)
+    assert first.probs.shape == (2, 3, 5) and second.probs.shape == (2, 2, 5)
+    assert (first.draws == 1).all() and (second.draws == 2).all()  # the first step's draws survive the second
+    assert first.probs[0, 0, 0] == 1.0 and second.probs[1, 1, 4] == pytest.approx(2 + (1 * 2 * 5 + 1 * 5 + 4) / 1000)
+    np.testing.assert_allclose(np.asarray(first.probs), 1 + np.arange(30).reshape(2, 3, 5) / 1000, rtol=1e-6)
+    third = _step(runner, 1)  # the second next step reuses the first step's buffers
+    assert (first.draws[0, :1] == 3).all() and third.draws.shape == (2, 1)
+    assert second.probs[0, 0, 0] == 2.0  # the previous step's output is still intact
+    # the head got the runner's mix and the step's uniforms
+    fed = runner.step_engine.inputs[0]
+    np.testing.assert_array_equal(fed["mix"], runner.mix)
+    assert fed["uniforms"].shape == (2, 3)
+
+
+def test_prefill_output_shares_the_alternation():
+    runner = _head_runner()
+    runner._copy_rows = lambda *args: None  # KV rows are tested above
+    runner.prefill_engine.addresses["present_kv"] = 0
+    prefill = runner._prefill(np.arange(4, dtype=np.int32), np.full((2, 1), 0.5, np.float32))
+    step = _step(runner, 2)
+    assert prefill.probs.shape == (2, 1, 5) and (prefill.draws == 1).all() and (step.draws == 2).all()
+    assert prefill.probs[1, 0, 2] == pytest.approx(1 + 7 / 1000)
+    np.testing.assert_array_equal(runner.prefill_engine.inputs[0]["class_ids"], np.arange(4))
+
+
+def test_device_probs_read_only_what_is_indexed():
+    data = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+    reads = []
+
+    def read(offset, count):
+        reads.append(count)
+        return data.reshape(-1)[offset:offset + count].copy()
+
+    probs = DeviceProbs(read, data.shape)
+    row = probs[1, -1]
+    assert isinstance(row, DeviceProbs) and row.shape == (4,) and reads == []  # narrowing reads nothing
+    assert row[2] == data[1, 2, 2] and reads == [1]
+    assert probs[0][1][3] == data[0, 1, 3] and probs[-1, 0, -1] == data[1, 0, 3]
+    np.testing.assert_array_equal(row[np.array([3, 0])], data[1, 2, [3, 0]])
+    np.testing.assert_array_equal(np.asarray(probs[0]), data[0])
+    np.testing.assert_array_equal(probs[:, 1], data[:, 1])  # anything else: the view, on the host
+    kept = probs[0, 1].copy()
+    data[0, 1] = -1  # the device buffer is reused ...
+    np.testing.assert_array_equal(kept, [4, 5, 6, 7])  # ... the copy is the host's
+    assert len(probs) == 2 and probs.ndim == 3 and probs[1].size == 12
+    with pytest.raises(IndexError):
+        probs[2]

@@ -25,8 +25,11 @@ def test_bad_sizes_are_refused(text):
 def test_shapes_arg_lists_every_dynamic_input_at_each_level():
     profile = derive_profile("target_step", step_entry(), max_window=4)
     assert shapes_arg(profile, "max") == (
-        f"input_ids:4x4,positions:4x4,attention_mask:4x4x{CAPACITY + 4},past_kv:1x2x4x2x{CAPACITY}x8")
+        f"input_ids:4x4,positions:4x4,attention_mask:4x4x{CAPACITY + 4},past_kv:1x2x4x2x{CAPACITY}x8,"
+        "mix:4x4,uniforms:4x4")
+    assert shapes_arg(profile, "opt").endswith(",mix:1x2,uniforms:1x4")  # one image, CFG batch of two
     assert shapes_arg(profile, "min").startswith("input_ids:1x1,positions:1x1,attention_mask:1x1x")
+    assert shapes_arg(profile, "min").endswith(",mix:1x1,uniforms:1x1")
 
 
 def test_tensorrt_10_line_uses_the_precision_flag():
@@ -58,6 +61,17 @@ def test_script_for_a_bundle(bundle):
     assert f"cd {bundle}" in script and "mkdir -p engines/trtexec" in script
     assert script.count("--bf16") == 2 and "--saveEngine=engines/trtexec/vq_decode.bf16.engine" in script
     assert f"attention_mask:4x4x{CAPACITY + 4}" in script
+    assert "mix:4x4,uniforms:4x4" in script  # the sampling head's inputs are profiled too
+
+
+def test_prefill_line_profiles_the_head_inputs(tmp_path):
+    from tiny_bundle import write_bundle
+
+    bundle = write_bundle(tmp_path / "bundle", with_prefill=True)
+    script = trtexec_script(bundle, "fp32", graphs=["target_prefill"])
+    assert "--minShapes=class_ids:1,mix:1x1,uniforms:1x1" in script
+    assert "--optShapes=class_ids:2,mix:1x2,uniforms:1x1" in script
+    assert "--maxShapes=class_ids:4,mix:4x4,uniforms:4x1" in script
 
 
 def test_script_for_tensorrt_11_writes_and_points_at_converted_graphs(bundle):

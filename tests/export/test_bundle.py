@@ -17,7 +17,7 @@ from specrt.export.llamagen_gpt import GPT
 from specrt.export.llamagen_vq import VQModel
 from specrt.export.neighbours import codebook_neighbours
 from specrt.export.verify import verify_bundle
-from specrt.manifest import read_manifest
+from specrt.manifest import VERSION, read_manifest
 from tiny_export import NEIGHBOURS_K, VOCAB, tiny_bundle, tiny_draft_config, tiny_models, tiny_vq_config
 
 
@@ -65,18 +65,46 @@ def test_read_manifest_rejects_a_modified_file(bundle, tmp_path):
         read_manifest(copy, check_hashes=False)
 
 
+def _edit_copy(manifest, tmp_path: Path, edit) -> Path:
+    copy = _copy(manifest, tmp_path)
+    raw = json.loads((copy / "manifest.json").read_text())
+    edit(raw)
+    (copy / "manifest.json").write_text(json.dumps(raw))
+    return copy
+
+
+def test_a_version_1_bundle_is_refused_with_one_line(bundle, tmp_path):
+    manifest, _ = bundle
+    assert manifest.raw["version"] == VERSION == 2
+    copy = _edit_copy(manifest, tmp_path, lambda m: m.update(version=1))
+    with pytest.raises(SpecrtError) as info:
+        read_manifest(copy)
+    message = str(info.value)
+    assert message.startswith(f"bundle {copy} uses manifest version 1;")
+    assert "re-export it with this specrt (`specrt export" in message and "\n" not in message
+
+
+def test_inspect_of_a_version_1_bundle_exits_2_with_one_line(bundle, tmp_path, capsys):
+    manifest, _ = bundle
+    copy = _edit_copy(manifest, tmp_path, lambda m: m.update(version=1))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["inspect", str(copy)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "uses manifest version 1" in err and "\n" not in err
+
+
 @pytest.mark.parametrize("edit, message", [
-    (lambda m: m.update(version=2), "version 2 is not supported"),
+    (lambda m: m.update(version=3), "version 3; this specrt reads version 2: it was written by a newer specrt"),
     (lambda m: m.update(format="other"), "not a specrt bundle manifest"),
+    (lambda m: m["graphs"]["draft_step"]["inputs"].pop(), "draft_step does not end in the sampling head .no input 'uniforms'"),
+    (lambda m: m["graphs"]["target_prefill"]["outputs"][-1].update(dtype="int64"), "output 'draws' is int64, not int32"),
     (lambda m: m["graphs"]["target_step"]["profile"]["total_len"].update(max=1000), "total_len"),
     (lambda m: m["graphs"]["target_step"]["profile"].pop("window"), "no profile"),
 ])
 def test_read_manifest_rejects_bad_manifests(bundle, tmp_path, edit, message):
     manifest, _ = bundle
-    copy = _copy(manifest, tmp_path)
-    raw = json.loads((copy / "manifest.json").read_text())
-    edit(raw)
-    (copy / "manifest.json").write_text(json.dumps(raw))
+    copy = _edit_copy(manifest, tmp_path, edit)
     with pytest.raises(SpecrtError, match=message):
         read_manifest(copy)
 
@@ -126,12 +154,35 @@ def test_verify_passes_on_the_exported_models_and_fails_on_different_ones(bundle
     cases = {c.case for c in report.comparisons if c.graph == "target_step"}
     assert {"W=1 past=1", "W=3 past=1", "W=16 past=1", "W=20 past=1"} <= cases
     assert any(c.startswith("tree") for c in cases) and any(c.startswith("CFG") for c in cases)
+    for graph in ("target_prefill", "target_step", "draft_prefill", "draft_step"):  # the head is checked too
+        assert worst[(graph, "probs")].max_abs_diff < 1e-5
+        differ, compared = report.draw_counts(graph)
+        assert differ == 0 and compared >= (3 if graph.endswith("prefill") else 40), (graph, compared)
+    assert any(c.startswith("CFG") for c in {c.case for c in report.comparisons if c.graph == "draft_prefill"})
+    assert "draws" in report.format()
 
     other = tiny_models(seed=1)
     other.vq = models.vq
     broken = verify_bundle(manifest, other, threads=1)
     assert not broken.passed
     assert "SOME ABOVE TOLERANCE" in broken.format()
+    assert broken.draw_counts("target_step")[0] > 0  # other weights draw other tokens
+
+
+def test_uniforms_are_kept_off_cdf_boundaries():
+    from specrt.export.verify import uniforms_off_boundaries
+
+    probs = np.array([[0.5, 0.25, 0.25], [1e-9, 1 - 2e-9, 1e-9], [0.4, 0.6, 0.0]], dtype=np.float32)
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        uniforms, usable = uniforms_off_boundaries(probs, rng, margin=0.01)
+        assert uniforms.dtype == np.float32 and usable.all()
+        edges = np.cumsum(probs.astype(np.float64), -1)[:, :-1]
+        assert (np.abs(edges - uniforms[:, None].astype(np.float64)).min(-1) >= 0.01).all()
+    # every bin narrower than twice the margin: the row cannot be compared
+    flat = np.full((1, 200), 1 / 200, dtype=np.float32)
+    _, usable = uniforms_off_boundaries(flat, rng, margin=0.01)
+    assert not usable.any()
 
 
 # ---- bad input ------------------------------------------------------------------------

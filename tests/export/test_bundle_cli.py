@@ -79,7 +79,7 @@ def test_force_replaces_the_bundle_and_no_hidden_reaches_the_exporter(checkpoint
     assert code == 0
     assert not (out / "old.txt").exists() and (out / "manifest.json").is_file()
     assert ("target_step", False) in seen_hidden and ("target_prefill", False) in seen_hidden
-    assert read_manifest(out).graph("target_step").output_names == ("logits", "present_kv")
+    assert read_manifest(out).graph("target_step").output_names == ("logits", "present_kv", "probs", "draws")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]  # no temporary or old directory left
 
 

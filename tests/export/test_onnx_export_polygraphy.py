@@ -16,12 +16,14 @@ def _polygraphy(command: str) -> subprocess.CompletedProcess:
     return subprocess.run(command.split(), capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("graph", ["target_step", "vq_decode"])
+@pytest.mark.parametrize("graph", ["target_step", "target_prefill", "vq_decode"])
 def test_polygraphy_onnxrt_matches_saved_torch_outputs(tmp_path, graph):
     manifest, models = tiny_bundle()
     write_case(manifest.root, graph, models, tmp_path / "case")
     command = polygraphy_command(manifest.root, graph, tmp_path / "case")
     assert "--onnxrt" in command and "--data-loader-script" in command
+    if graph != "vq_decode":  # the sampling head's outputs are compared too, draws exactly
+        assert "probs:0.0001" in command and "draws:0 " in command
     result = _polygraphy(command)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "PASSED" in result.stdout

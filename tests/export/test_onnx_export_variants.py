@@ -13,6 +13,7 @@ from specrt.export import onnx_export
 from specrt.export.lint import ERROR, WARNING, lint_graph
 from specrt.export.llamagen_gpt import GPT, gpt_config
 from specrt.export.verify import causal_case, tree_case
+from specrt.runtime.head import SamplingHead
 from tiny_export import tiny_models
 
 
@@ -23,12 +24,16 @@ def _step_matches_torch(path, model, capacity: int, cases, atol: float = 1e-4) -
     for case in cases:
         batch = case.input_ids.shape[0]
         past_kv = rng.standard_normal((config.n_layer, 2, batch, config.n_kv_head, capacity, config.head_dim)).astype(np.float32)
-        feeds = {"input_ids": case.input_ids, "positions": case.positions, "attention_mask": case.attention_mask, "past_kv": past_kv}
-        logits = session.run(["logits"], feeds)[0]
+        uniforms = rng.random((case.mix.shape[0], case.input_ids.shape[1])).astype(np.float32)
+        feeds = {"input_ids": case.input_ids, "positions": case.positions, "attention_mask": case.attention_mask,
+                 "past_kv": past_kv, "mix": case.mix, "uniforms": uniforms}
+        logits, probs = session.run(["logits", "probs"], feeds)
         with torch.no_grad():
             expected = model.step(torch.from_numpy(case.input_ids).long(), torch.from_numpy(case.positions).long(),
-                                  torch.from_numpy(case.attention_mask), torch.from_numpy(past_kv))[0].numpy()
-        np.testing.assert_allclose(logits, expected, atol=atol, rtol=0, err_msg=case.name)
+                                  torch.from_numpy(case.attention_mask), torch.from_numpy(past_kv))[0]
+            expected_probs = SamplingHead()(expected, torch.from_numpy(case.mix), torch.from_numpy(uniforms))[0]
+        np.testing.assert_allclose(logits, expected.numpy(), atol=atol, rtol=0, err_msg=case.name)
+        np.testing.assert_allclose(probs, expected_probs.numpy(), atol=atol, rtol=0, err_msg=case.name)
 
 
 def test_opset_23_exports_onnx_attention_that_matches_torch(tmp_path):
@@ -39,7 +44,7 @@ def test_opset_23_exports_onnx_attention_that_matches_torch(tmp_path):
     graph = onnx.load(str(tmp_path / spec.file))
     ops = Counter(n.op_type for n in graph.graph.node)
     assert ops["Attention"] == model.config.n_layer
-    assert "Softmax" not in ops
+    assert ops["Softmax"] == 1  # only the sampling head's; attention is the Attention op
     rng = np.random.default_rng(3)
     cases = [causal_case("CFG W=5", rng, model.config, limits.capacity, 2, 5, 6, cfg=True),
              tree_case("tree W=8", rng, model.config, limits.capacity, 8, 6)]
