@@ -28,10 +28,17 @@ def normalise(mass: np.ndarray, fallback: np.ndarray) -> np.ndarray:
     fallback (the target row) is never sampled in exact arithmetic; it keeps rounding noise
     from producing NaNs.
     """
-    total = mass.sum()
-    if total <= 1e-12:
-        return fallback
-    mass /= total  # callers hand over a fresh array: normalise it in place
+    if mass.ndim == 1:
+        total = mass.sum()
+        if total <= 1e-12:
+            return fallback
+        mass /= total  # callers hand over a fresh array: normalise it in place
+        return mass
+    total = mass.sum(axis=-1, keepdims=True)  # rows [..., V]: each falls back on its own
+    empty = total[..., 0] <= 1e-12
+    if empty.any():
+        mass[empty], total[empty] = np.asarray(fallback)[empty], 1.0
+    mass /= total
     return mass
 
 
@@ -267,6 +274,29 @@ def verify_position(p: np.ndarray, q: np.ndarray, token: int, rng: np.random.Gen
     if rng.random() <= acceptance(p[token], q[token]):
         return True, int(token)
     return False, int(sample(residual(p, q), rng))
+
+
+def verify_positions(p_block: np.ndarray, q_rows: Sequence[np.ndarray], tokens: Sequence[int],
+                     rng: np.random.Generator) -> list[int]:
+    """verify_position at several independent positions at once (SJD-PAC's adaptive continuation
+    re-tests every stale draft against its new row): the kept or resampled token of each.
+
+    p_block [n, V] holds the new rows (one gather from the step's output), q_rows the n old
+    ones. Each position uses its own uniforms, so this is the same test; only the tokens'
+    entries are read until the rejected positions' residuals are formed and sampled as one
+    [R, V] block instead of R small host calls.
+    """
+    count = len(tokens)
+    p_at = np.asarray(p_block[np.arange(count), np.asarray(tokens)], dtype=np.float64)
+    q_at = np.array([float(q[t]) for q, t in zip(q_rows, tokens)])
+    out = [int(t) for t in tokens]
+    rejected = np.flatnonzero(rng.random(count) > acceptance(p_at, q_at))
+    if rejected.size:
+        p_rejected = np.asarray(p_block[rejected])
+        q_rejected = np.array([np.asarray(q_rows[i]) for i in rejected])
+        for i, token in zip(rejected, sample(residual(p_rejected, q_rejected), rng)):
+            out[i] = int(token)
+    return out
 
 
 # ---- verifying sibling candidates drawn without replacement (SJD-PAC App. A.3) ------------------

@@ -51,14 +51,21 @@ class DeviceRows:
         return int(self.tensor.shape[0])
 
     def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, np.ndarray):
-            index = _torch().from_numpy(np.asarray(index, dtype=np.int64)).to(self.tensor.device)
+        if isinstance(index, tuple):
+            index = tuple(self._on_device(i) for i in index)
+        else:
+            index = self._on_device(index)
         part = self.tensor[index]
         if part.dim() == 0:
             return float(self._fetched(part))
         if self.tensor.dim() == 1:  # gathered entries of one row: a few numbers, to the host
             return self._fetched(part)
         return DeviceRows(part, self.meter)
+
+    def _on_device(self, index: Any) -> Any:
+        if isinstance(index, np.ndarray):
+            return _torch().from_numpy(np.asarray(index, dtype=np.int64)).to(self.tensor.device)
+        return index
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         host = self._fetched(self.tensor)

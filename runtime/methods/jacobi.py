@@ -25,7 +25,7 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime.methods.base import Decoding, OneImageAtATime
-from specrt.runtime.verification import draw_without_replacement, verify_position, verify_siblings
+from specrt.runtime.verification import draw_without_replacement, verify_position, verify_positions, verify_siblings
 from specrt.runtime.window import Window
 
 
@@ -118,16 +118,16 @@ class JacobiDecoding(OneImageAtATime):
         New level j sits at old depth e = accepted + 1 + j; its stale row is that of spine slot
         e − 1, whose draw the head already made (SJD's fresh draft). These rows stay readable
         through the next step (the runner's outputs are double-buffered)."""
-        new: list[Level] = []
-        for e in range(accepted + 2, len(spine) + 1):
-            slot = spine[e - 1]
-            old = levels[e - 1] if self.adaptive_continuation and e - 1 < len(levels) else None
-            if old is not None:  # adaptive continuation: keep the old draft if the new row accepts it
-                token = verify_position(p_rows[slot], old.q, old.candidates[0], ctx.rng)[1]
-            else:
-                token = int(draws[slot])
-            new.append(Level([token], p_rows[slot]))
-        return self._proactive(new, ctx, rejected)
+        slots = [spine[e - 1] for e in range(accepted + 2, len(spine) + 1)]
+        tokens = [int(draws[slot]) for slot in slots]
+        if self.adaptive_continuation:  # keep each old draft if its new row accepts it, else resample
+            old = [(j, levels[accepted + 1 + j]) for j in range(len(slots)) if accepted + 1 + j < len(levels)]
+            if old:
+                kept = verify_positions(p_rows[np.asarray([slots[j] for j, _ in old])], [level.q for _, level in old],
+                                        [level.candidates[0] for _, level in old], ctx.rng)
+                for (j, _), token in zip(old, kept):
+                    tokens[j] = token
+        return self._proactive([Level([t], p_rows[slot]) for t, slot in zip(tokens, slots)], ctx, rejected)
 
     def _proactive(self, new: list[Level], ctx: Decoding, rejected: bool) -> list[Level]:
         """Proactive drafting: after a rejection the first D levels get K candidates each."""
