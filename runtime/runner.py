@@ -55,6 +55,15 @@ class StepOutput:
     draws: np.ndarray
 
 
+def slot_index(slots: Sequence[int]) -> slice | list[int]:
+    """The window slots to commit as an index: a slice when they are consecutive (every chain,
+    and so most commits), which copies a view instead of gathering rows."""
+    first, count = slots[0], len(slots)
+    if list(slots) == list(range(first, first + count)):
+        return slice(first, first + count)
+    return list(slots)
+
+
 class ModelRunner(ABC):
     """Runs one model's prefill and step graphs on buffers it allocated once.
 

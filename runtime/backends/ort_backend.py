@@ -20,7 +20,7 @@ import numpy as np
 from specrt.errors import SpecrtError
 from specrt.lazy import require
 from specrt.manifest import GraphSpec, Manifest, read_manifest
-from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder
+from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, slot_index
 
 Providers = Union[None, Sequence[Any], Callable[[str], Sequence[Any]]]
 HEAD_INPUTS = ("mix", "uniforms")
@@ -154,12 +154,7 @@ class OrtRunner(ModelRunner):
         return StepOutput(probs, draws)
 
     def _write_kv(self, slots: Sequence[int], start: int) -> None:
-        count = len(slots)
-        if slots[-1] - slots[0] == count - 1:  # consecutive slots (every chain): one slice copy
-            rows = self._present[:, :, :, :, slots[0]:slots[0] + count]
-        else:
-            rows = self._present[:, :, :, :, list(slots)]
-        self._kv[:, :, :, :, start:start + count] = rows
+        self._kv[:, :, :, :, start:start + len(slots)] = self._present[:, :, :, :, slot_index(slots)]
 
 
 class OrtVQ(VQDecoder):

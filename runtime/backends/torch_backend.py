@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from specrt.lazy import require
-from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder
+from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, slot_index
 
 
 def _torch():
@@ -89,6 +89,8 @@ class TorchRunner(ModelRunner):
         super().__init__(model_spec(gpt), max_window)
         torch = _torch()
         self.torch = torch
+        from specrt.runtime.head import apply_head  # needs torch, as this runner does
+        self._apply_head = apply_head
         self.gpt = gpt.eval()
         if device is not None:
             self.gpt.to(device)
@@ -127,9 +129,8 @@ class TorchRunner(ModelRunner):
         return view
 
     def _head(self, logits: Any, uniforms: np.ndarray) -> StepOutput:
-        from specrt.runtime.head import apply_head
         mix = self._mix if self.device.type == "cpu" else self._to_device(self.mix, self._mix.view(-1))
-        probs, draws = apply_head(logits, mix, self._to_device(uniforms, self._uniforms_dev))
+        probs, draws = self._apply_head(logits, mix, self._to_device(uniforms, self._uniforms_dev))
         draws = draws.cpu().numpy()  # W numbers
         self.host_numbers += draws.size
         return StepOutput(DeviceRows(probs, self) if self.keep_rows_on_device else probs.numpy(), draws)
@@ -152,13 +153,9 @@ class TorchRunner(ModelRunner):
             return self._head(logits, uniforms)
 
     def _write_kv(self, slots: Sequence[int], start: int) -> None:
-        count = len(slots)
         with self.torch.inference_mode():
-            if list(slots) == list(range(slots[0], slots[0] + count)):  # a chain: one slice copy
-                rows = self._present[:, :, :, :, slots[0]:slots[0] + count]
-            else:
-                rows = self._present[:, :, :, :, list(slots)]
-            self._kv[:, :, :, :, start:start + count] = rows.to(self.dtype)
+            rows = self._present[:, :, :, :, slot_index(slots)]
+            self._kv[:, :, :, :, start:start + len(slots)] = rows.to(self.dtype)
 
 
 class TorchVQ(VQDecoder):

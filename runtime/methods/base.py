@@ -13,7 +13,7 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime.runner import ModelRunner, StepOutput
-from specrt.runtime.sampling import SamplingParams, inverse_cdf, needs_restriction, restrict, sample
+from specrt.runtime.sampling import SamplingParams, inverse_cdf, needs_restriction, restrict
 from specrt.runtime.stats import Stats
 from specrt.runtime.window import Window
 
@@ -54,11 +54,6 @@ class Decoding:
         with self.stats.timing("verification"):
             probs = restrict(np.asarray(out.probs), self.sampling)
             return StepOutput(probs, inverse_cdf(probs, uniforms))
-
-    def sample(self, probs: np.ndarray) -> np.ndarray:
-        """A host draw (residual rows) from this call's random stream."""
-        with self.stats.timing("verification"):
-            return sample(probs, self.rng)
 
     @property
     def num_image_tokens(self) -> int:
