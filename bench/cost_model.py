@@ -168,7 +168,7 @@ def window_cost(method: str, params: dict[str, Any]) -> tuple[int, int]:
 
     if method not in METHODS:
         raise SpecrtError(f"no cost model for method {method!r}")
-    defaults = {key: default for key, (_kind, default) in METHODS[method].PARAMS.items()}
+    defaults = {key: spec.default for key, spec in METHODS[method].PARAMS.items()}
     params = {**defaults, **params}
     if method == "ar":
         return 1, 0

@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.runtime.methods import Decoding, Method, make_method
 from specrt.runtime.methods.base import OneImageAtATime
@@ -105,13 +106,9 @@ class Pipeline:
         """Images for `class_ids` with a decoding method; `params` mix sampling keys
         (cfg_scale, temperature, top_k, top_p) and the method's own parameters. A Method
         instance may be passed instead of a name (tests inject deliberately broken variants)."""
-        class_ids = np.atleast_1d(np.asarray(class_ids, dtype=np.int64))
         spec = self.target.spec
-        if class_ids.size == 0:
-            raise SpecrtError("no class ids given")
-        bad = class_ids[(class_ids < 0) | (class_ids >= spec.num_classes)]
-        if bad.size:
-            raise SpecrtError(f"class id {int(bad[0])} out of range: this model has classes 0..{spec.num_classes - 1}")
+        class_ids = np.asarray(validation.class_ids(class_ids, spec.num_classes), dtype=np.int64)
+        seed = validation.seed(seed)
         sampling = SamplingParams(**{**self.sampling_defaults, **{k: params.pop(k) for k in SAMPLING_KEYS if k in params}})
         if isinstance(method, Method) and params:
             raise SpecrtError(f"parameters {', '.join(params)} go to make_method, not to a Method instance")

@@ -13,6 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from specrt.errors import SpecrtError
+from specrt.validation import COUNT_MAX, integer, number
+
+# Bounds that keep the head's mix (s/T and (1 − s)/T, float32) and its softmax finite.
+MAX_CFG_SCALE = 1000.0
+MAX_TEMPERATURE = 1000.0
+MIN_TEMPERATURE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -30,14 +36,18 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.cfg_scale < 0:
-            raise SpecrtError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
-        if self.temperature < 0:
-            raise SpecrtError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise SpecrtError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise SpecrtError(f"top_p must be in (0, 1], got {self.top_p}")
+        # every value checked once, in specrt.validation; the checked (typed) values replace the given
+        checked = {
+            "cfg_scale": number("cfg_scale", self.cfg_scale, low=0, high=MAX_CFG_SCALE),
+            "temperature": number("temperature", self.temperature, low=0, high=MAX_TEMPERATURE),
+            "top_k": integer("top_k (0 disables it)", self.top_k, low=0, high=COUNT_MAX),
+            "top_p": number("top_p", self.top_p, low=0, high=1, low_open=True),
+        }
+        if 0 < checked["temperature"] < MIN_TEMPERATURE:
+            raise SpecrtError(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE} (1/T stays finite in "
+                              f"float32), got {self.temperature}")
+        for key, value in checked.items():
+            object.__setattr__(self, key, value)
 
     @property
     def uses_cfg(self) -> bool:

@@ -46,6 +46,13 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("specrt: aborted", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        # a bad flag value is a user mistake like any other: one line, exit 2 (click's own
+        # rendering adds a usage banner and a blank line)
+        where = f" (specrt {exc.ctx.info_name})" if exc.ctx is not None and exc.ctx.parent is not None else ""
+        message = " ".join(exc.format_message().split())
+        click.echo(f"specrt: error: {message}{where}; see --help", err=True)
+        sys.exit(2)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)

@@ -16,7 +16,7 @@ METHODS: dict[str, type[Method]] = {
 
 def make_method(name: str, **params: Any) -> Method:
     """The strategy object for `name` with its parameters checked (SpecrtError on mistakes)."""
-    if name not in METHODS:
+    if not isinstance(name, str) or name not in METHODS:
         raise SpecrtError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
     return METHODS[name](**params)
 

@@ -16,6 +16,7 @@ from specrt.runtime.runner import ModelRunner, StepOutput
 from specrt.runtime.sampling import SamplingParams, inverse_cdf, needs_restriction, restrict
 from specrt.runtime.stats import Stats
 from specrt.runtime.window import Window
+from specrt.validation import Param
 
 
 @dataclass
@@ -61,28 +62,25 @@ class Decoding:
 
 
 class Method(ABC):
-    """A decoding strategy. PARAMS maps each accepted parameter to (type, default)."""
+    """A decoding strategy. PARAMS maps each accepted parameter to its specrt.validation.Param
+    (default, type and allowed range), so every method parameter is checked in one place."""
 
     name: ClassVar[str]
     needs_draft: ClassVar[bool] = False
-    PARAMS: ClassVar[dict[str, tuple[type, Any]]] = {}
+    PARAMS: ClassVar[dict[str, Param]] = {}
 
     def __init__(self, **params: Any):
         unknown = sorted(set(params) - set(self.PARAMS))
         if unknown:
             known = ", ".join(sorted(self.PARAMS)) or "none"
             raise SpecrtError(f"method {self.name!r} has no parameter {', '.join(unknown)} (known: {known})")
-        for key, (kind, default) in self.PARAMS.items():
-            value = params.get(key, default)
-            try:
-                value = _coerce(kind, value) if value is not None else None
-            except ValueError as exc:
-                raise SpecrtError(f"method {self.name!r}: parameter {key}={params[key]!r} is not a {kind.__name__}") from exc
-            setattr(self, key, value)
+        for key, spec in self.PARAMS.items():
+            setattr(self, key, spec.parse(f"{self.name} {key}", params.get(key, spec.default)))
         self.validate()
 
     def validate(self) -> None:
-        """Raise SpecrtError for parameter values that make no sense."""
+        """Raise SpecrtError for combinations of parameters that make no sense (single values
+        are already checked against their PARAMS range)."""
 
     @property
     def max_window(self) -> int:
@@ -92,16 +90,6 @@ class Method(ABC):
     @abstractmethod
     def generate(self, ctx: Decoding, class_ids: np.ndarray) -> np.ndarray:
         """Image tokens [N, grid²] for these class ids."""
-
-
-def _coerce(kind: type, value: Any) -> Any:
-    if kind is bool and isinstance(value, str):
-        if value.lower() in ("1", "true", "yes", "on"):
-            return True
-        if value.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(value)
-    return kind(value)
 
 
 class OneImageAtATime(Method):

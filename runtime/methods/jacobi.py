@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specrt.errors import SpecrtError
 from specrt.runtime.methods.base import Decoding, OneImageAtATime
 from specrt.runtime.verification import draw_without_replacement, verify_position, verify_positions, verify_siblings
 from specrt.runtime.window import Window
+from specrt.validation import Bool, Int
 
 
 @dataclass
@@ -57,14 +57,10 @@ class JacobiDecoding(OneImageAtATime):
     """SJD with optional adaptive continuation and proactive drafting (SJD-PAC, `003` Alg. 1)."""
 
     name = "sjd"
-    PARAMS = {"window": (int, 16), "adaptive_continuation": (bool, False), "proactive_drafting": (bool, False),
-              "branching": (int, 4), "tree_depth": (int, 3)}
-
-    def validate(self) -> None:
-        if self.window < 2:
-            raise SpecrtError(f"{self.name} window must be >= 2 (pending token + drafts), got {self.window}")
-        if self.branching < 1 or self.tree_depth < 0:
-            raise SpecrtError(f"{self.name} needs branching (K) >= 1 and tree_depth (D) >= 0")
+    # window: pending token + drafts; branching K, tree_depth D: proactive drafting's tree
+    PARAMS = {"window": Int(16, low=2, symbol="L"), "adaptive_continuation": Bool(False),
+              "proactive_drafting": Bool(False),
+              "branching": Int(4, low=1, symbol="K"), "tree_depth": Int(3, low=0, symbol="D")}
 
     @property
     def max_window(self) -> int:
@@ -158,5 +154,5 @@ class SJDPAC(JacobiDecoding):
     """SJD-PAC defaults: both parts on, K = 4, D = 3, window L = 64."""
 
     name = "sjd-pac"
-    PARAMS = {**JacobiDecoding.PARAMS, "window": (int, 64), "adaptive_continuation": (bool, True),
-              "proactive_drafting": (bool, True)}
+    PARAMS = {**JacobiDecoding.PARAMS, "window": Int(64, low=2, symbol="L"), "adaptive_continuation": Bool(True),
+              "proactive_drafting": Bool(True)}

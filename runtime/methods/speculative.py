@@ -17,18 +17,17 @@ from specrt.runtime.verification import (
     verify_chain,
 )
 from specrt.runtime.window import Window
+from specrt.validation import Bool, Choice, Float, Int
+
+MAX_DECAY = 10.0
 
 
 class DraftThenVerify(OneImageAtATime):
     """Speculative decoding with a draft model; subclasses choose the acceptance rule."""
 
     needs_draft = True
-    PARAMS = {"draft_len": (int, 4)}
+    PARAMS = {"draft_len": Int(4, low=1, symbol="L")}
     theorem2 = False  # relaxed methods: report Theorem-2 estimates per round (Stats)
-
-    def validate(self) -> None:
-        if self.draft_len < 1:
-            raise SpecrtError(f"draft_len must be >= 1, got {self.draft_len}")
 
     @property
     def max_window(self) -> int:
@@ -78,18 +77,18 @@ class CoolSD(DraftThenVerify):
     """Cool-SD: annealed relaxation ω_i (schedule 'exp', 'linear' or 'uniform' = UniformRSD), G* resampling."""
 
     name = "cool-sd"
-    PARAMS = {**DraftThenVerify.PARAMS, "relaxation_budget": (float, 2.0), "schedule": (str, "exp"),
-              "decay": (float, 0.7), "slope_len": (int, 8),
-              "theorem2": (bool, False)}  # per-round Eq. 7-9 estimates cost a few V-sized passes: opt-in
+    # δ >= 1 (1 = lossless); ν > 0, at most MAX_DECAY so exp(−ν·i) stays representable
+    PARAMS = {**DraftThenVerify.PARAMS, "relaxation_budget": Float(2.0, low=1.0, symbol="δ"),
+              "schedule": Choice("exp", choices=SCHEDULES),
+              "decay": Float(0.7, low=0.0, high=MAX_DECAY, low_open=True, symbol="ν"),
+              "slope_len": Int(8, low=1, symbol="ℓ"),
+              "theorem2": Bool(False)}  # per-round Eq. 7-9 estimates cost a few V-sized passes: opt-in
 
     def validate(self) -> None:
-        super().validate()
-        if self.relaxation_budget < 1.0:
-            raise SpecrtError(f"cool-sd needs relaxation_budget (δ) >= 1, got {self.relaxation_budget}")
-        if self.schedule not in SCHEDULES:
-            raise SpecrtError(f"unknown Cool-SD schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
-        if self.decay <= 0:
-            raise SpecrtError(f"cool-sd needs decay (ν) > 0, got {self.decay}")
+        if self.schedule == "linear" and 2 * self.slope_len <= self.draft_len + 1:
+            # Eq. 17's raw weights (ℓ − i) must sum positive over i = 1..L
+            raise SpecrtError(f"cool-sd linear schedule needs slope_len (ℓ) > (draft_len + 1) / 2 = "
+                              f"{(self.draft_len + 1) / 2:g}, got {self.slope_len}")
 
     def weights(self) -> np.ndarray:
         """ω_1..ω_L for the configured draft length (positions of a shorter last round use the first ones)."""
@@ -103,9 +102,13 @@ class Lantern(DraftThenVerify):
     """LANTERN (tvd_budget δ) or LANTERN++ (ratio λ) over the VQ codebook's neighbour table."""
 
     name = "lantern"
-    PARAMS = {**DraftThenVerify.PARAMS, "tvd_budget": (float, None), "ratio": (float, None),
-              "neighbours_k": (int, 0), "resampling": (str, "lantern"),
-              "theorem2": (bool, False)}  # p̃ at every token costs V·k per position: opt-in
+    # tvd_budget δ in [0, 1] or ratio λ >= 1 (None: not given); neighbours_k 0 = the whole table
+    PARAMS = {**DraftThenVerify.PARAMS,
+              "tvd_budget": Float(None, optional=True, low=0.0, high=1.0, symbol="δ"),
+              "ratio": Float(None, optional=True, low=1.0, symbol="λ"),
+              "neighbours_k": Int(0, low=0, symbol="k"),
+              "resampling": Choice("lantern", choices=("lantern", "gstar")),
+              "theorem2": Bool(False)}  # p̃ at every token costs V·k per position: opt-in
     neighbours: Optional[np.ndarray] = None  # set by the pipeline from the bundle / VQ codebook
 
     def validate(self) -> None:
@@ -114,15 +117,12 @@ class Lantern(DraftThenVerify):
             self.tvd_budget = 0.1
         if self.tvd_budget is not None and self.ratio is not None:
             raise SpecrtError("lantern takes either tvd_budget (δ, LANTERN) or ratio (λ, LANTERN++), not both")
-        if self.tvd_budget is not None and not 0.0 <= self.tvd_budget <= 1.0:
-            raise SpecrtError(f"lantern tvd_budget (δ) must be in [0, 1], got {self.tvd_budget}")
-        if self.ratio is not None and self.ratio < 1.0:
-            raise SpecrtError(f"lantern ratio (λ) must be >= 1, got {self.ratio}")
-        if self.resampling not in ("lantern", "gstar"):
-            raise SpecrtError(f"lantern resampling must be 'lantern' or 'gstar', got {self.resampling!r}")
 
     def rule(self, ctx: Decoding) -> AcceptanceRule:
         if self.neighbours is None:
             raise SpecrtError("lantern needs a codebook neighbour table (bundle neighbours.npy or a VQ model)")
+        if self.neighbours_k > self.neighbours.shape[1]:
+            raise SpecrtError(f"lantern neighbours_k must be an integer in [0, {self.neighbours.shape[1]}] "
+                              f"(the neighbour table's k), got {self.neighbours_k}")
         table = self.neighbours if not self.neighbours_k else self.neighbours[:, : self.neighbours_k]
         return LanternRule(table, tvd_budget=self.tvd_budget, ratio=self.ratio, resampling=self.resampling)

@@ -14,8 +14,9 @@ from typing import Any, Optional
 import click
 import numpy as np
 
+from specrt import validation
 from specrt.errors import SpecrtError
-from specrt.runtime.pipeline import BUNDLE_BACKENDS
+from specrt.runtime.pipeline import BUNDLE_BACKENDS, SAMPLING_KEYS
 
 METHOD_NAMES = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
 
@@ -29,6 +30,25 @@ def parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
             raise SpecrtError(f"--param needs key=value, got {pair!r}")
         out[key.strip().replace("-", "_")] = value.strip()
     return out
+
+
+def check_before_loading(method: str, seed: int, max_window: int, image_size: Optional[int],
+                         sampling: dict[str, Any], method_params: dict[str, str]) -> None:
+    """Every value that needs no model, checked (specrt.validation) before a model loads: a typo
+    costs a second, not a model load. Pipeline.generate checks them again with the model's
+    defaults, and the class ids against the model."""
+    from specrt.runtime.methods import make_method
+    from specrt.runtime.sampling import SamplingParams
+
+    validation.seed(seed, "--seed")
+    validation.count("--max-window", max_window)
+    if image_size is not None:
+        validation.count("--image-size", image_size)
+    given_twice = sorted(set(sampling) & set(method_params))
+    if given_twice:
+        raise SpecrtError(f"{given_twice[0]} given both as --{given_twice[0].replace('_', '-')} and as --param")
+    SamplingParams(**sampling, **{k: v for k, v in method_params.items() if k in SAMPLING_KEYS})
+    make_method(method, **{k: v for k, v in method_params.items() if k not in SAMPLING_KEYS})
 
 
 def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optional[Path], draft: Optional[Path],
@@ -107,10 +127,12 @@ def save_images(images: np.ndarray, out: Path, count: int) -> list[Path]:
 def command(bundle, method, class_ids, seed, out, backend, target, draft, vq, arch, draft_arch, image_size, device,
             max_window, cfg_scale, temperature, top_k, top_p, params, stats_path) -> None:
     """Generate images for class ids (the embedded demo models by default)."""
-    pipe = build_pipeline(bundle, backend, target, draft, vq, arch, draft_arch, image_size, max_window, device)
     sampling = {k: v for k, v in (("cfg_scale", cfg_scale), ("temperature", temperature), ("top_k", top_k),
                                   ("top_p", top_p)) if v is not None}
-    result = pipe.generate(list(class_ids), method=method, seed=seed, **sampling, **parse_params(params))
+    method_params = parse_params(params)
+    check_before_loading(method, seed, max_window, image_size, sampling, method_params)
+    pipe = build_pipeline(bundle, backend, target, draft, vq, arch, draft_arch, image_size, max_window, device)
+    result = pipe.generate(list(class_ids), method=method, seed=seed, **sampling, **method_params)
     paths = save_images(result.images, out, len(class_ids))
     summary = result.stats.summary()
     if stats_path:

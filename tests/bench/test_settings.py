@@ -51,8 +51,8 @@ def test_labels_use_paper_symbols():
     ("ar", ["cool-sd:delta="], "is not KEY=V1,V2"),
     ("ar", ["nope:delta=2"], "unknown method 'nope'"),
     ("ar", ["sd:delta=2"], "sd has no parameter 'delta'"),
-    ("ar", ["cool-sd:delta=0.5"], "relaxation_budget (δ) >= 1"),  # the runtime's own range check
-    ("ar", ["sjd:L=abc"], "is not a int"),
+    ("ar", ["cool-sd:delta=0.5"], "relaxation_budget (δ) must be a finite number >= 1"),  # the runtime's own range check
+    ("ar", ["sjd:L=abc"], "must be an integer"),
 ])
 def test_bad_methods_and_sweeps_are_one_line_user_errors(methods, sweeps, fragment):
     with pytest.raises(SpecrtError) as info:

@@ -1,0 +1,220 @@
+"""Every numeric input a user gives specrt is checked here, once: type, finiteness, range.
+
+Why one module: a value that is not a meaningful number (NaN, inf, a negative count, 3.7 for
+a token count, `true` for a window) must never turn into a plausible-looking wrong image.
+The CLI, the Python API (Pipeline.generate) and the C API (params_json) all pass their values
+through these functions, so each rule is written once and every message has the same shape:
+one line naming the value and the allowed range, raised as SpecrtError (CLI: exit 2; C API:
+SPECRT_ERR_INVALID_ARGUMENT):
+
+    cool-sd relaxation_budget must be a finite number >= 1, got nan
+    --top-p must be a number in (0, 1], got 1.5
+
+Use it for any new numeric option or method parameter:
+
+    from specrt.validation import Float, Int, integer, number
+    top_p = number("--top-p", value, low=0, high=1, low_open=True)
+    PARAMS = {"draft_len": Int(4, low=1, high=MAX_WINDOW)}   # a method's parameters
+
+Strings are accepted where they spell a value exactly ("4", "0.5", "true"), since CLI
+`--param key=value` and config files hand strings in; bools are never numbers and numbers
+are never bools. Pure Python (no numpy, no torch) so every layer can import it.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from specrt.errors import SpecrtError
+
+# Seeds are 64-bit unsigned in the C API (and numpy's generators accept any such value).
+SEED_MAX = 2**64 - 1
+# Upper bound for counts a user gives (windows, tree sizes, batch sizes): far beyond any bundle,
+# small enough that arithmetic on it cannot overflow int32 buffers.
+COUNT_MAX = 1 << 20
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _range_text(low: Optional[float], high: Optional[float], low_open: bool, high_open: bool) -> str:
+    if low is not None and high is not None:
+        return f"in {'(' if low_open else '['}{_fmt(low)}, {_fmt(high)}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{'>' if low_open else '>='} {_fmt(low)}"
+    if high is not None:
+        return f"{'<' if high_open else '<='} {_fmt(high)}"
+    return ""
+
+
+def _fmt(x: float) -> str:
+    if isinstance(x, int):
+        return str(x)
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
+
+
+def _shown(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _fail(name: str, what: str, value: Any) -> SpecrtError:
+    return SpecrtError(f"{name} must be {what}, got {_shown(value)}")
+
+
+def _in_range(x: float, low: Optional[float], high: Optional[float], low_open: bool, high_open: bool) -> bool:
+    if low is not None and (x <= low if low_open else x < low):
+        return False
+    return not (high is not None and (x >= high if high_open else x > high))
+
+
+def integer(name: str, value: Any, low: Optional[int] = None, high: Optional[int] = None) -> int:
+    """`value` as an int in [low, high]; rejects bools, fractions, NaN/inf and non-numbers."""
+    what = " ".join(filter(None, ("an integer", _range_text(low, high, False, False))))
+    if isinstance(value, bool) or value is None:
+        raise _fail(name, what, value)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            result = int(text)
+        except ValueError:
+            raise _fail(name, what, value) from None
+    elif isinstance(value, numbers.Integral):
+        result = int(value)
+    elif isinstance(value, numbers.Real) and math.isfinite(float(value)) and float(value).is_integer():
+        result = int(value)  # 4.0 from JSON is the integer 4; 4.5 is not
+    else:
+        raise _fail(name, what, value)
+    if not _in_range(result, low, high, False, False):
+        raise _fail(name, what, value)
+    return result
+
+
+def number(name: str, value: Any, low: Optional[float] = None, high: Optional[float] = None,
+           low_open: bool = False, high_open: bool = False) -> float:
+    """`value` as a finite float in the range (open or closed ends); rejects bools, NaN, inf."""
+    what = " ".join(filter(None, ("a finite number", _range_text(low, high, low_open, high_open))))
+    if isinstance(value, bool) or value is None:
+        raise _fail(name, what, value)
+    if isinstance(value, str):
+        try:
+            result = float(value.strip())
+        except ValueError:
+            raise _fail(name, what, value) from None
+    elif isinstance(value, numbers.Real):
+        result = float(value)
+    else:
+        raise _fail(name, what, value)
+    if not math.isfinite(result) or not _in_range(result, low, high, low_open, high_open):
+        raise _fail(name, what, value)
+    return result
+
+
+def flag(name: str, value: Any) -> bool:
+    """`value` as a bool: True/False or one of the strings true/false, yes/no, on/off, 1/0."""
+    if isinstance(value, bool):
+        return value
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):  # numpy's bool
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise _fail(name, "true or false", value)
+
+
+def choice(name: str, value: Any, choices: Sequence[str]) -> str:
+    """`value` as one of the strings `choices`."""
+    if isinstance(value, str) and value in choices:
+        return value
+    raise _fail(name, f"one of {', '.join(choices)}", value)
+
+
+def seed(value: Any, name: str = "seed") -> int:
+    """A random seed: an integer in [0, 2^64 − 1] (the C API's uint64_t)."""
+    return integer(name, value, low=0, high=SEED_MAX)
+
+
+def count(name: str, value: Any, low: int = 1, high: int = COUNT_MAX) -> int:
+    """A size a user picks (batch size, window, tree width): an integer in [low, high]."""
+    return integer(name, value, low=low, high=high)
+
+
+def class_ids(values: Any, num_classes: int, name: str = "class id") -> list[int]:
+    """Class ids as ints in [0, num_classes − 1]; at least one."""
+    items = [values] if isinstance(values, (str, numbers.Number)) or not hasattr(values, "__iter__") else list(values)
+    if not items:
+        raise SpecrtError("no class ids given")
+    out = []
+    for value in items:
+        try:
+            out.append(integer(name, value, low=0, high=num_classes - 1))
+        except SpecrtError:
+            raise SpecrtError(f"{name} {_shown(value)} out of range: this model has classes 0..{num_classes - 1} "
+                              f"(an integer in [0, {num_classes - 1}])") from None
+    return out
+
+
+# ---- declarative parameters (decoding methods' PARAMS) ---------------------------------------
+
+
+@dataclass(frozen=True)
+class Param:
+    """One method parameter: its default and the check `parse(name, value)` applies.
+
+    `optional` lets None through (parameters whose absence means "use another one");
+    `symbol` is the papers' name for it (δ, ν, K), shown in messages beside ours.
+    """
+
+    default: Any
+    optional: bool = False
+    symbol: str = ""
+
+    def parse(self, name: str, value: Any) -> Any:
+        if value is None and self.optional:
+            return None
+        return self.check(f"{name} ({self.symbol})" if self.symbol else name, value)
+
+    def check(self, name: str, value: Any) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Int(Param):
+    """An integer parameter in [low, high] (high defaults to COUNT_MAX)."""
+
+    low: Optional[int] = None
+    high: Optional[int] = COUNT_MAX
+
+    def check(self, name: str, value: Any) -> int:
+        return integer(name, value, low=self.low, high=self.high)
+
+
+@dataclass(frozen=True)
+class Float(Param):
+    """A finite float parameter in a range with open or closed ends."""
+
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def check(self, name: str, value: Any) -> float:
+        return number(name, value, low=self.low, high=self.high, low_open=self.low_open, high_open=self.high_open)
+
+
+@dataclass(frozen=True)
+class Bool(Param):
+    """A strict bool parameter (see flag)."""
+
+    def check(self, name: str, value: Any) -> bool:
+        return flag(name, value)
+
+
+@dataclass(frozen=True)
+class Choice(Param):
+    """A string parameter from a fixed set."""
+
+    choices: tuple[str, ...] = ()
+
+    def check(self, name: str, value: Any) -> str:
+        return choice(name, value, self.choices)
