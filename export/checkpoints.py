@@ -8,6 +8,7 @@ architecture the shapes actually point to.
 """
 import argparse
 import re
+import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Optional, Union
@@ -37,7 +38,7 @@ def load_state_dict(path: Union[str, Path], section: Optional[str] = None, allow
     path = Path(path)
     if not path.is_file():
         raise SpecrtError(f"checkpoint not found: {path}")
-    if path.suffix == ".safetensors":
+    if path.suffix == ".safetensors" or _is_safetensors(path):  # safetensors first: it holds no code
         from safetensors.torch import load_file
 
         try:
@@ -49,19 +50,34 @@ def load_state_dict(path: Union[str, Path], section: Optional[str] = None, allow
     return _normalise(_pick_section(raw, section, path))
 
 
+def _is_safetensors(path: Path) -> bool:
+    """A safetensors file whatever its name: 8-byte little-endian header length, then a JSON object."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    return len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") < path.stat().st_size
+
+
 def _torch_load(path: Path, allow_pickle: bool) -> object:
+    """torch.load with weights_only=True: a pickle may name any Python callable, and unpickling
+    would call it (a checkpoint is code unless proven otherwise). torch's weights-only unpickler
+    admits tensors, containers and plain values only; `allow_pickle` is the explicit opt-out."""
     if allow_pickle:
         return torch.load(path, map_location="cpu", weights_only=False)
     try:
         # LlamaGen's training checkpoints carry the argparse Namespace of the run.
-        with torch.serialization.safe_globals([argparse.Namespace]):
+        with torch.serialization.safe_globals([argparse.Namespace]), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "pickle protocol 4": our message says what matters
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        if "Unsupported global" in str(exc):  # a class outside torch's weights-only allowlist
+        refusal = "refusing to unpickle anything but tensors"
+        unsupported = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+        if unsupported:  # a callable outside torch's weights-only allowlist: refused, never called
             raise SpecrtError(
-                f"{path} holds Python objects beyond tensors; re-save it with only the state_dict, "
-                f"or allow full unpickling if you trust the file") from exc
-        raise SpecrtError(f"cannot read {path} as a torch checkpoint ({type(exc).__name__})") from exc
+                f"{path} holds Python objects beyond tensors ({unsupported.group(1)}); {refusal}: re-save only "
+                f"the state_dict (or as .safetensors), or allow full unpickling if you trust the file") from None
+        operand = re.search(r"Unsupported operand \d+", str(exc))
+        detail = f"{type(exc).__name__}: {operand.group(0).lower()}" if operand else type(exc).__name__
+        raise SpecrtError(f"cannot read {path} as a torch checkpoint ({detail}); {refusal}") from None
 
 
 def _pick_section(raw: object, section: Optional[str], path: Path) -> dict:

@@ -166,3 +166,44 @@ def test_decoder_only_vq_file_loads_without_encoder():
     assert decoder.config == config
     with pytest.raises(SpecrtError, match="missing keys \\(encoder"):
         load_vq(state, norm_groups=8)
+
+
+class _WritesAFile:
+    """Unpickling this calls exec, which would create `target`: what a hostile checkpoint does."""
+
+    def __init__(self, target):
+        self.target = str(target)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.target!r}, 'w').write('pwned')",))
+
+
+@pytest.mark.parametrize("writer", ["torch.save", "pickle.dump"])
+def test_a_crafted_pickle_is_refused_and_never_run(tmp_path, writer, capfd):
+    import pickle
+
+    from specrt.cli import main
+
+    marker = tmp_path / "pwned.txt"
+    evil = tmp_path / "evil.pt"
+    payload = {"model": {**_small_state(), "x": _WritesAFile(marker)}}
+    if writer == "torch.save":
+        torch.save(payload, evil)
+    else:
+        evil.write_bytes(pickle.dumps(payload, protocol=4))
+    with pytest.raises(SpecrtError, match="refusing to unpickle anything but tensors") as exc:
+        load_state_dict(evil)
+    _one_line(exc)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--target", str(evil), "--vq", str(evil), "--out", str(tmp_path / "x.png")])
+    err = capfd.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "refusing to unpickle" in err, err
+    assert not marker.exists()
+
+
+def test_safetensors_content_is_read_as_safetensors_whatever_the_name(tmp_path):
+    from safetensors.torch import save_file
+
+    named_pt = tmp_path / "weights.pt"
+    save_file(_small_state(), str(named_pt))
+    assert set(load_state_dict(named_pt)) == set(_small_state())
