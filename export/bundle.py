@@ -12,7 +12,7 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,9 +22,10 @@ import torch.nn as nn
 from specrt import __version__
 from specrt.errors import SpecrtError
 from specrt.export import onnx_export
-from specrt.export.neighbours import codebook_neighbours
+from specrt.export.neighbours import codebook_neighbours, neighbour_count
 from specrt.export.onnx_export import GraphLimits, capacity_for
 from specrt.manifest import FORMAT, MANIFEST_NAME, VERSION, GraphSpec, Manifest, file_record, read_manifest
+from specrt.runtime import compatibility
 from specrt.runtime.sampling import SamplingParams
 
 NEIGHBOURS_FILE = "neighbours.npy"
@@ -62,7 +63,7 @@ class ModelSet:
     """
 
     target: nn.Module
-    draft: nn.Module
+    draft: nn.Module | None  # None: generate's checkpoint route without --draft (a bundle needs one)
     vq: nn.Module
     sources: dict[str, str] = field(default_factory=dict)
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -79,17 +80,9 @@ class ModelSet:
 def check_compatible(models: ModelSet) -> None:
     """The draft must speak the target's token language and the VQ must decode it; say which
     number disagrees otherwise (one line, SpecrtError)."""
-    target, draft, vq = models.target.config, models.draft.config, models.vq.config
-    if target.model_type != "c2i" or draft.model_type != "c2i":
-        raise SpecrtError("export supports class-conditional (c2i) models only for now")
-    for what, t_value, d_value in (("vocab size", target.vocab_size, draft.vocab_size),
-                                   ("grid size", target.grid_size, draft.grid_size),
-                                   ("condition length", target.cond_len, draft.cond_len),
-                                   ("number of classes", target.num_classes, draft.num_classes)):
-        if t_value != d_value:
-            raise SpecrtError(f"draft {what} {d_value} != target {what} {t_value}: the draft must share the target's tokenizer")
-    if vq.codebook_size != target.vocab_size:
-        raise SpecrtError(f"VQ codebook size {vq.codebook_size} != GPT vocab size {target.vocab_size}")
+    if models.draft is None:
+        raise SpecrtError("a bundle needs a draft model (--draft)")
+    compatibility.check_compatible(models.target.config, models.draft.config, models.vq.config, "specrt export")
 
 
 def _model_entry(config, capacity: int, **extra: Any) -> dict[str, Any]:
@@ -181,10 +174,14 @@ def write_bundle(models: ModelSet, out: str | Path, options: ExportOptions | Non
             size = sum((work / f).stat().st_size for f in (spec.file, spec.external_data) if f)
             say(f"[{i}/{total}] {name}.onnx  {size / 1e6:.1f} MB in {time.monotonic() - started:.1f} s")
             graphs.append(spec)
-        say(f"[{total - 1}/{total}] {NEIGHBOURS_FILE} (k={options.neighbours_k}) ...")
-        np.save(work / NEIGHBOURS_FILE, codebook_neighbours(_codebook(models.vq), options.neighbours_k))
+        codebook = _codebook(models.vq)
+        k, note = neighbour_count(options.neighbours_k, codebook.shape[0])
+        if note:
+            say(f"note: {note}")
+        say(f"[{total - 1}/{total}] {NEIGHBOURS_FILE} (k={k}) ...")
+        np.save(work / NEIGHBOURS_FILE, codebook_neighbours(codebook, k))
         say(f"[{total}/{total}] {MANIFEST_NAME}")
-        manifest = build_manifest(models, options, graphs, work)
+        manifest = build_manifest(models, replace(options, neighbours_k=k), graphs, work)
         (work / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
         read_manifest(work)  # never rename something we could not read back
         _move_into_place(work, out, force)

@@ -16,8 +16,10 @@ from typing import Optional, Union
 import torch
 
 from specrt.errors import SpecrtError
-from specrt.export.llamagen_gpt import GPT, GPT_ARCHS, T2I_COND_LEN, GPTConfig, gpt_config
+from specrt.export.llamagen_gpt import GPT, GPT_ARCHS, T2I_COND_LEN, GPTConfig
 from specrt.export.llamagen_vq import VQ_ARCHS, VQConfig, VQDecoder, VQModel
+from specrt.runtime.compatibility import (CAPTION_PROJECTION_KEY, CLASS_CONDITIONAL, CLASS_EMBEDDING_KEY,
+                                          conditioning_from_keys)
 
 StateDict = dict[str, torch.Tensor]
 SECTIONS = ("model", "module", "state_dict", "ema")
@@ -117,33 +119,87 @@ def _normalise(state: dict) -> StateDict:
 # ---- GPT ------------------------------------------------------------------------------
 
 
-def infer_gpt_config(state: StateDict, grid_size: int = 16) -> GPTConfig:
-    """The GPTConfig the tensor shapes describe.
+def image_grid(image_size: int, downsample: int) -> int:
+    """Tokens per side for `image_size` pixels through a VQ that downsamples by `downsample`.
 
-    The grid (image size) is not in the weights, so it is taken from `grid_size`; the head
-    count is not either: it comes from LlamaGen's arch table when (dim, n_layer) is a known
-    size, else head_dim 64 (every LlamaGen size but 3B/7B) is assumed.
+    The one place the grid is derived (generate, export, random weights): the VQ's own
+    factor, read from its decoder, never an assumed 16.
     """
+    if image_size < downsample or image_size % downsample:
+        raise SpecrtError(f"--image-size must be a positive multiple of the VQ's downsampling {downsample}, got {image_size}")
+    return image_size // downsample
+
+
+def attention_heads(dim: int, n_layer: int, qkv_rows: int, n_head: Optional[int] = None,
+                    n_kv_head: Optional[int] = None, flag_prefix: str = "") -> tuple[int, int]:
+    """(n_head, n_kv_head) of a GPT whose attention.wqkv has `qkv_rows` rows.
+
+    The weights fix only (n_head + 2·n_kv_head)·head_dim = qkv_rows with head_dim = dim / n_head,
+    so one of the two counts must come from outside: `n_head` or `n_kv_head` (checked against
+    the rows), else LlamaGen's table when (dim, n_layer) is a named size. Otherwise a one-line
+    error asks for --{flag_prefix}n-head: guessing a head_dim gives wrong logits silently.
+    """
+    flag = f"--{flag_prefix}n-head"
+    kv_rows = qkv_rows - dim  # = 2 · n_kv_head · head_dim
+    if n_head is None and n_kv_head is not None:
+        n_head = 2 * n_kv_head * dim // kv_rows if kv_rows > 0 else 0
+        if n_kv_head < 1 or n_head < 1 or dim % n_head or (n_head + 2 * n_kv_head) * (dim // n_head) != qkv_rows \
+                or n_head % n_kv_head:
+            raise SpecrtError(f"--{flag_prefix}n-kv-head {n_kv_head} does not fit the weights (dim {dim}, "
+                              f"attention.wqkv {qkv_rows} rows)")
+    if n_head is None:
+        named = [h for d, n, h in GPT_ARCHS.values() if (d, n) == (dim, n_layer)]
+        if not named:
+            raise SpecrtError(f"the head count is not in the weights and dim {dim} with {n_layer} layers is no named "
+                              f"LlamaGen size: give {flag} (or --{flag_prefix}arch)")
+        n_head = named[0]
+    if n_head < 1 or dim % n_head or kv_rows <= 0 or kv_rows % (2 * (dim // n_head)):
+        raise SpecrtError(f"{flag} {n_head} does not fit the weights: dim {dim} and attention.wqkv's {qkv_rows} rows "
+                          f"do not split into {n_head} query heads plus keys and values")
+    derived_kv = kv_rows // (2 * (dim // n_head))
+    if n_kv_head is not None and n_kv_head != derived_kv:
+        raise SpecrtError(f"--{flag_prefix}n-kv-head {n_kv_head} disagrees with the weights: {n_head} heads of "
+                          f"{dim // n_head} and attention.wqkv's {qkv_rows} rows mean {derived_kv} kv heads")
+    if n_head % derived_kv:
+        raise SpecrtError(f"{flag} {n_head} does not fit the weights: it would mean {derived_kv} kv heads, "
+                          f"which do not divide {n_head} query heads")
+    return n_head, derived_kv
+
+
+def _gpt_shapes(state: StateDict) -> dict:
+    """Everything a GPT state_dict says about itself: sizes and conditioning (not heads, not grid)."""
     if "tok_embeddings.weight" not in state:
         raise SpecrtError("not a LlamaGen GPT checkpoint: no tok_embeddings.weight")
     vocab_size, dim = state["tok_embeddings.weight"].shape
     layer_ids = {int(m.group(1)) for k in state if (m := re.match(r"layers\.(\d+)\.", k))}
-    n_layer = max(layer_ids) + 1 if layer_ids else 0
-    n_head = next((h for d, n, h in GPT_ARCHS.values() if (d, n) == (dim, n_layer)), max(dim // 64, 1))
-    head_dim = dim // n_head
-    n_kv_head = n_head
-    if "layers.0.attention.wqkv.weight" in state:
-        rows = state["layers.0.attention.wqkv.weight"].shape[0]
-        n_kv_head = max((rows - dim) // (2 * head_dim), 1)
-    fields = dict(dim=dim, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head, vocab_size=vocab_size, grid_size=grid_size)
-    if "cls_embedding.embedding_table.weight" in state:
-        fields.update(model_type="c2i", num_classes=state["cls_embedding.embedding_table.weight"].shape[0] - 1)
-    elif "cls_embedding.cap_proj.fc1.weight" in state:
-        fields.update(model_type="t2i", caption_dim=state["cls_embedding.cap_proj.fc1.weight"].shape[1])
+    if "layers.0.attention.wqkv.weight" not in state:
+        raise SpecrtError("not a LlamaGen GPT checkpoint: no layers.0.attention.wqkv.weight")
+    fields = dict(vocab_size=vocab_size, dim=dim, n_layer=max(layer_ids) + 1,
+                  qkv_rows=state["layers.0.attention.wqkv.weight"].shape[0],
+                  model_type=conditioning_from_keys(state))
+    if fields["model_type"] == CLASS_CONDITIONAL:
+        fields["num_classes"] = state[CLASS_EMBEDDING_KEY].shape[0] - 1
+    else:
+        fields["caption_dim"] = state[CAPTION_PROJECTION_KEY].shape[1]
         uncond = state.get("cls_embedding.uncond_embedding")
         fields["cond_len"] = uncond.shape[0] if uncond is not None else T2I_COND_LEN
+    return fields
+
+
+def infer_gpt_config(state: StateDict, grid_size: int, n_head: Optional[int] = None, n_kv_head: Optional[int] = None,
+                     flag_prefix: str = "") -> GPTConfig:
+    """The GPTConfig the tensor shapes describe, with what they cannot say given.
+
+    Read from the weights: vocab, dim, layers, kv heads (once the head count is known),
+    conditioning (class embedding vs caption projection) and its sizes. Not in the weights:
+    the grid (image size ÷ the VQ's downsampling) and the head count (see attention_heads).
+    """
+    fields = _gpt_shapes(state)
+    qkv_rows = fields.pop("qkv_rows")
+    fields["n_head"], fields["n_kv_head"] = attention_heads(fields["dim"], fields["n_layer"], qkv_rows, n_head,
+                                                            n_kv_head, flag_prefix)
     try:
-        return GPTConfig(**fields)
+        return GPTConfig(**fields, grid_size=grid_size)
     except ValueError as exc:
         raise SpecrtError(f"checkpoint shapes do not form a LlamaGen GPT: {exc}") from exc
 
@@ -151,10 +207,15 @@ def infer_gpt_config(state: StateDict, grid_size: int = 16) -> GPTConfig:
 def describe_gpt(config: GPTConfig) -> str:
     """'GPT-B c2i (dim 768, 12 layers, 12 heads, vocab 16384, 1000 classes)' or a custom size."""
     name = next((n for n, arch in GPT_ARCHS.items() if arch == (config.dim, config.n_layer, config.n_head)), "custom GPT")
-    extra = f"{config.num_classes} classes" if config.model_type == "c2i" else f"{config.cond_len}x{config.caption_dim} captions"
     kv = f", {config.n_kv_head} kv heads" if config.n_kv_head != config.n_head else ""
-    return (f"{name} {config.model_type} (dim {config.dim}, {config.n_layer} layers, {config.n_head} heads{kv}, "
-            f"vocab {config.vocab_size}, {extra})")
+    return _describe(name, config.model_type, config.dim, config.n_layer, f", {config.n_head} heads{kv}",
+                     config.vocab_size, config.num_classes, config.cond_len, config.caption_dim)
+
+
+def _describe(name: str, model_type: str, dim: int, n_layer: int, heads: str, vocab_size: int, num_classes: int = 0,
+              cond_len: int = 0, caption_dim: int = 0, **_unused) -> str:
+    extra = f"{num_classes} classes" if model_type == CLASS_CONDITIONAL else f"{cond_len}x{caption_dim} captions"
+    return f"{name} {model_type} (dim {dim}, {n_layer} layers{heads}, vocab {vocab_size}, {extra})"
 
 
 def image_size_from_name(path: Union[str, Path]) -> Optional[int]:
@@ -165,31 +226,62 @@ def image_size_from_name(path: Union[str, Path]) -> Optional[int]:
 
 
 def load_gpt(source: Union[str, Path, StateDict], config: Union[GPTConfig, str, None] = None,
-             image_size: Optional[int] = None, downsample: int = 16, **load_kwargs) -> GPT:
+             grid_size: Optional[int] = None, n_head: Optional[int] = None, n_kv_head: Optional[int] = None,
+             flag_prefix: str = "", **load_kwargs) -> GPT:
     """A GPT in eval mode with the checkpoint's weights (float32).
 
-    `config` is a GPTConfig, an arch name ("GPT-B"; model type, vocab and classes then come
-    from the weights), or None to infer everything. Without a GPTConfig the grid is
-    image_size // downsample, image_size defaulting to the resolution in the file name
-    (LlamaGen's convention), else 256.
+    `config` is a GPTConfig (used as is), an arch name ("GPT-B": LlamaGen's named size fixes
+    dim, layers and heads; everything else comes from the weights), or None to read the
+    config from the weights with `n_head` / `n_kv_head` where the size is not a named one
+    (attention_heads). Without a GPTConfig, `grid_size` (image size ÷ the VQ's downsampling,
+    see image_grid) is required: the weights do not know it. `flag_prefix` names the CLI
+    flags in messages ("draft-" for --draft-n-head).
     """
     state = source if isinstance(source, dict) else load_state_dict(source, **load_kwargs)
-    if image_size is None:
-        image_size = (None if isinstance(source, dict) else image_size_from_name(source)) or 256
-    grid = image_size // downsample
-    inferred = infer_gpt_config(state, grid_size=grid)
-    if config is None:
-        config = inferred
-    elif isinstance(config, str):
-        try:
-            config = gpt_config(config, model_type=inferred.model_type, image_size=image_size, downsample=downsample,
-                                vocab_size=inferred.vocab_size, num_classes=inferred.num_classes,
-                                caption_dim=inferred.caption_dim, cond_len=inferred.cond_len)
-        except ValueError as exc:
-            raise SpecrtError(str(exc)) from exc
+    if not isinstance(config, GPTConfig):
+        if grid_size is None:
+            raise SpecrtError("the image grid is not in a GPT's weights: give --image-size (grid = image size ÷ the VQ's "
+                              "downsampling)")
+        config = _config_for(state, config, grid_size, n_head, n_kv_head, flag_prefix)
     model = GPT(config)
-    _load_into(model, state, what=describe_gpt(config), hint=lambda: f"the weights look like {describe_gpt(inferred)}")
+    _load_into(model, state, what=describe_gpt(config), hint=lambda: f"the weights look like {_weights_look_like(state)}")
     return model.eval()
+
+
+def _config_for(state: StateDict, arch: Optional[str], grid_size: int, n_head: Optional[int], n_kv_head: Optional[int],
+                flag_prefix: str) -> GPTConfig:
+    if arch is None:
+        return infer_gpt_config(state, grid_size, n_head, n_kv_head, flag_prefix)
+    if arch not in GPT_ARCHS:
+        raise SpecrtError(f"unknown GPT arch {arch!r}; known: {', '.join(GPT_ARCHS)}")
+    dim, n_layer, arch_heads = GPT_ARCHS[arch]
+    if n_head is not None and n_head != arch_heads:
+        raise SpecrtError(f"--{flag_prefix}n-head {n_head} disagrees with --{flag_prefix}arch {arch} ({arch_heads} heads)")
+    fields = _gpt_shapes(state)
+    qkv_rows = fields.pop("qkv_rows")
+    if (fields["dim"], fields["n_layer"]) == (dim, n_layer):  # else the strict load says what differs
+        fields["n_head"], fields["n_kv_head"] = attention_heads(dim, n_layer, qkv_rows, arch_heads, n_kv_head,
+                                                                flag_prefix)
+    fields.update(dim=dim, n_layer=n_layer, n_head=arch_heads, grid_size=grid_size)
+    try:
+        return GPTConfig(**fields)
+    except ValueError as exc:
+        raise SpecrtError(str(exc)) from exc
+
+
+def _weights_look_like(state: StateDict) -> str:
+    """A description of the weights for mismatch messages (heads only where they are certain)."""
+    try:
+        fields = _gpt_shapes(state)
+    except SpecrtError as exc:
+        return f"no LlamaGen GPT ({exc})"
+    try:
+        heads = attention_heads(fields["dim"], fields["n_layer"], fields["qkv_rows"])
+    except SpecrtError:
+        return _describe("custom GPT", heads="", **fields)
+    name = next((n for n, arch in GPT_ARCHS.items() if arch[:2] == (fields["dim"], fields["n_layer"])), "custom GPT")
+    kv = f", {heads[1]} kv heads" if heads[1] != heads[0] else ""
+    return _describe(name, heads=f", {heads[0]} heads{kv}", **fields)
 
 
 # ---- VQ -------------------------------------------------------------------------------
@@ -226,7 +318,9 @@ def describe_vq(config: VQConfig) -> str:
 def load_vq(source: Union[str, Path, StateDict], config: Union[VQConfig, str, None] = None,
             decoder_only: bool = False, norm_groups: int = 32, **load_kwargs) -> Union[VQModel, VQDecoder]:
     """A VQModel (or only its VQDecoder) in eval mode; config None infers it from the shapes
-    (with `norm_groups` GroupNorm groups, which the weights cannot tell).
+    (with `norm_groups` GroupNorm groups, which the weights cannot tell). A named arch
+    ("VQ-16", "VQ-8") fixes the layout; the codebook's size and dim still come from the
+    weights, as LlamaGen's VQ_models take them as arguments.
 
     With decoder_only, encoder / quant_conv weights in the file are ignored (and may be absent).
     """
@@ -235,6 +329,9 @@ def load_vq(source: Union[str, Path, StateDict], config: Union[VQConfig, str, No
         if config not in VQ_ARCHS:
             raise SpecrtError(f"unknown VQ arch {config!r}; known: {', '.join(VQ_ARCHS)}")
         config = VQ_ARCHS[config]
+        codebook = state.get("quantize.embedding.weight")
+        if codebook is not None and codebook.dim() == 2:  # LlamaGen passes the codebook's size as arguments
+            config = replace(config, codebook_size=codebook.shape[0], codebook_embed_dim=codebook.shape[1])
 
     def hint() -> str:
         try:

@@ -270,6 +270,10 @@ class VQDecoder(nn.Module):
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.post_quant_conv(self.quantize.lookup(codes)))
 
+    def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """VQModel.decode_codes's name, so either serves the torch backend."""
+        return self(codes)
+
 
 class VQModel(nn.Module):
     """Encoder + quantizer + decoder, LlamaGen key layout."""

@@ -7,9 +7,30 @@ and shipped in the bundle so the runtime needs no VQ weights and no torch.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from specrt.errors import SpecrtError
+
+DEFAULT_K = 32
+
+
+def neighbour_count(requested: int, codebook_size: int) -> tuple[int, Optional[str]]:
+    """(k, note): the neighbours per token a table of `codebook_size` codewords can hold.
+
+    The one rule for export and runtime alike: a codeword has codebook_size − 1 others, so a
+    larger request is clamped to that, with a note saying so (None when nothing changed).
+    Small codebooks are legitimate (custom VQs), so this is not an error.
+    """
+    if requested < 1:
+        raise SpecrtError(f"neighbour count must be >= 1, got {requested}")
+    if codebook_size < 2:
+        raise SpecrtError(f"a {codebook_size}-entry codebook has no neighbours to list")
+    if requested < codebook_size:
+        return requested, None
+    k = codebook_size - 1
+    return k, f"{requested} neighbours asked, a {codebook_size}-entry codebook has {k} other codewords: using k={k}"
 
 
 def codebook_neighbours(codebook: np.ndarray, k: int, chunk_rows: int = 1024) -> np.ndarray:

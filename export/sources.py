@@ -6,12 +6,14 @@ as one-line SpecrtErrors.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from specrt.errors import SpecrtError
 from specrt.export.bundle import ModelSet
+from specrt.runtime.compatibility import check_compatible, require_class_conditional
 from specrt.runtime.sampling import SamplingParams
 
 # DESIGN.md, LlamaGen c2i sampling defaults.
@@ -34,38 +36,70 @@ def demo_models(path: str | Path | None = None) -> ModelSet:
                     sources={"target": f"{where}:target", "draft": f"{where}:draft", "vq": f"{where}:vq"})
 
 
-def checkpoint_models(target: Path, draft: Path, vq: Path, arch: str | None, draft_arch: str | None,
-                      vq_arch: str | None, image_size: int | None) -> ModelSet:
-    """LlamaGen checkpoints: `arch` (e.g. GPT-B) pins the target's size, None infers it; the
-    draft's size is inferred unless draft_arch is given; only the VQ decoder is loaded.
-    image_size None: the resolution in the target's file name (LlamaGen's naming), else 256."""
-    from specrt.export.checkpoints import image_size_from_name, load_gpt, load_vq
+@dataclass(frozen=True)
+class GPTChoice:
+    """What a GPT checkpoint cannot say about itself; each field is one CLI flag
+    (--arch / --n-head / --n-kv-head, or --draft-... for the draft: `flag_prefix`)."""
+
+    arch: str | None = None
+    n_head: int | None = None
+    n_kv_head: int | None = None
+    flag_prefix: str = ""
+
+
+def checkpoint_image_size(image_size: int | None, target: Path) -> int:
+    """The image size to generate: the flag, else the resolution in the target's file name
+    (LlamaGen's c2i_XL_384.pt), else a one-line error asking for --image-size."""
+    from specrt.export.checkpoints import image_size_from_name
+
+    found = image_size or image_size_from_name(target)
+    if found is None:
+        raise SpecrtError(f"the image size is not in the weights nor in the name {target.name}: give --image-size "
+                          "(LlamaGen: 256, 384 or 512)")
+    return found
+
+
+def checkpoint_models(target: Path, draft: Path | None, vq: Path, target_choice: GPTChoice = GPTChoice(),
+                      draft_choice: GPTChoice = GPTChoice(flag_prefix="draft-"), vq_arch: str | None = None,
+                      image_size: int | None = None, where: str = "specrt export") -> ModelSet:
+    """LlamaGen checkpoints, read the same way by `specrt export` and `specrt generate`.
+
+    Everything in the weights is read from them (sizes, conditioning, the VQ's downsampling
+    from its decoder); the rest comes from the choices and the image size, checked against
+    the weights; the grid is image_size ÷ the VQ's own downsampling. Only the VQ decoder is
+    loaded. `where` names the command in the message refusing a t2i checkpoint.
+    """
+    from specrt.export.checkpoints import image_grid, load_gpt, load_vq
 
     vq_model = load_vq(vq, config=vq_arch, decoder_only=True)
-    downsample = vq_model.config.downsample
-    image_size = image_size or image_size_from_name(target) or 256
-    if image_size % downsample:
-        raise SpecrtError(f"--image-size must be a multiple of the VQ's downsampling {downsample}, got {image_size}")
-    target_model = load_gpt(target, config=arch, image_size=image_size, downsample=downsample)
-    draft_model = load_gpt(draft, config=draft_arch, image_size=image_size, downsample=downsample)
-    return ModelSet(target=target_model, draft=draft_model, vq=vq_model, sampling=LLAMAGEN_C2I_SAMPLING,
-                    sources={"target": str(target), "draft": str(draft), "vq": str(vq)})
+    grid = image_grid(checkpoint_image_size(image_size, target), vq_model.config.downsample)
+
+    def gpt(path: Path, choice: GPTChoice) -> torch.nn.Module:
+        return load_gpt(path, config=choice.arch, grid_size=grid, n_head=choice.n_head, n_kv_head=choice.n_kv_head,
+                        flag_prefix=choice.flag_prefix)
+
+    target_model = gpt(target, target_choice)
+    require_class_conditional(target_model.config.model_type, f"the target {target.name}", where)
+    draft_model = gpt(draft, draft_choice) if draft is not None else None
+    check_compatible(target_model.config, draft_model.config if draft_model is not None else None, vq_model.config, where)
+    sources = {"target": str(target), "vq": str(vq), **({"draft": str(draft)} if draft is not None else {})}
+    return ModelSet(target=target_model, draft=draft_model, vq=vq_model, sampling=LLAMAGEN_C2I_SAMPLING, sources=sources)
 
 
 def random_models(arch: str, draft_arch: str, vq_arch: str, image_size: int, seed: int = 0) -> ModelSet:
     """Random weights in real LlamaGen layouts: graphs with the real dims and cost, no checkpoint."""
+    from specrt.export.checkpoints import image_grid
     from specrt.export.llamagen_gpt import GPT, gpt_config
     from specrt.export.llamagen_vq import VQ_ARCHS, VQDecoder
 
     if vq_arch not in VQ_ARCHS:
         raise SpecrtError(f"unknown VQ arch {vq_arch!r}; known: {', '.join(VQ_ARCHS)}")
     vq_config = VQ_ARCHS[vq_arch]
-    if image_size % vq_config.downsample:
-        raise SpecrtError(f"--image-size must be a multiple of {vq_config.downsample}, got {image_size}")
+    grid = image_grid(image_size, vq_config.downsample)
     torch.manual_seed(seed)
     try:
-        target = GPT(gpt_config(arch, image_size=image_size, downsample=vq_config.downsample)).eval()
-        draft = GPT(gpt_config(draft_arch, image_size=image_size, downsample=vq_config.downsample)).eval()
+        target = GPT(gpt_config(arch, grid_size=grid)).eval()
+        draft = GPT(gpt_config(draft_arch, grid_size=grid)).eval()
     except ValueError as exc:
         raise SpecrtError(str(exc)) from None
     vq = VQDecoder(vq_config).eval()

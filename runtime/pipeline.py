@@ -17,6 +17,7 @@ import numpy as np
 
 from specrt import validation
 from specrt.errors import SpecrtError
+from specrt.runtime.compatibility import check_compatible
 from specrt.runtime.methods import Decoding, Method, make_method
 from specrt.runtime.methods.base import OneImageAtATime
 from specrt.runtime.methods.speculative import Lantern
@@ -85,8 +86,11 @@ class Pipeline:
     @classmethod
     def from_torch(cls, target_gpt: Any, draft_gpt: Any, vq: Any, neighbours: Optional[np.ndarray] = None,
                    max_window: int = 64, device: Optional[str] = None) -> "Pipeline":
-        """PyTorch GPT modules (specrt.export.llamagen_gpt.GPT) and a VQModel; draft may be None."""
-        from specrt.runtime.backends.torch_backend import TorchRunner, TorchVQ, model_spec
+        """PyTorch GPT modules (specrt.export.llamagen_gpt.GPT) and a VQModel or VQDecoder;
+        draft may be None. The three must fit together (runtime.compatibility): one line if not."""
+        from specrt.runtime.backends.torch_backend import TorchRunner, TorchVQ
+        check_compatible(target_gpt.config, draft_gpt.config if draft_gpt is not None else None, vq.config,
+                         "Pipeline.from_torch")
         target = TorchRunner(target_gpt, max_window, device)
         draft = TorchRunner(draft_gpt, max_window, device) if draft_gpt is not None else None
         if neighbours is None:

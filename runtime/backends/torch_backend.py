@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from specrt.export.neighbours import DEFAULT_K, codebook_neighbours, neighbour_count
 from specrt.lazy import require
 from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, slot_index
 
@@ -175,13 +176,13 @@ class TorchVQ(VQDecoder):
         return images.float().cpu().numpy()
 
     @staticmethod
-    def neighbours_of(vq: Any, k: int = 32) -> Optional[np.ndarray]:
-        """LANTERN's neighbour table from the codebook as used at lookup (None if it has none)."""
-        from specrt.export.neighbours import codebook_neighbours
+    def neighbours_of(vq: Any, k: int = DEFAULT_K) -> Optional[np.ndarray]:
+        """LANTERN's neighbour table from the codebook as used at lookup (None if it has none);
+        k is clamped to the codebook as export clamps it (specrt.export.neighbours.neighbour_count)."""
         torch = _torch()
         quantize = getattr(vq, "quantize", None)
         if quantize is None or not hasattr(quantize, "codebook"):
             return None
         with torch.no_grad():
             codebook = quantize.codebook().float().cpu().numpy()
-        return codebook_neighbours(codebook, min(k, codebook.shape[0] - 1))
+        return codebook_neighbours(codebook, neighbour_count(k, codebook.shape[0])[0])

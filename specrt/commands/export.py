@@ -9,22 +9,26 @@ from pathlib import Path
 
 import click
 
+from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
 from specrt.errors import SpecrtError
 
 
-def _models(target, draft, vq, arch, draft_arch, vq_arch, image_size, random_weights, demo_path):
+def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo_path):
     from specrt.export import sources
 
     given = [name for name, value in (("--target", target), ("--draft", draft), ("--vq", vq)) if value]
     if random_weights:
         if given:
             raise SpecrtError(f"--random-weights makes its own weights; drop {', '.join(given)}")
-        return sources.random_models(arch or "GPT-B", draft_arch or "GPT-B", vq_arch or "VQ-16", image_size or 256)
+        return sources.random_models(checkpoint.arch or "GPT-B", checkpoint.draft_arch or "GPT-B",
+                                     checkpoint.vq_arch or "VQ-16", checkpoint.image_size or 256)
     if given:
         missing = [n for n in ("--target", "--draft", "--vq") if n not in given]
         if missing:
             raise SpecrtError(f"exporting checkpoints needs --target, --draft and --vq; missing {', '.join(missing)}")
-        return sources.checkpoint_models(Path(target), Path(draft), Path(vq), arch, draft_arch, vq_arch, image_size)
+        target_choice, draft_choice = checkpoint.choices()
+        return sources.checkpoint_models(Path(target), Path(draft), Path(vq), target_choice, draft_choice,
+                                         checkpoint.vq_arch, checkpoint.image_size, where="specrt export")
     return sources.demo_models(demo_path)
 
 
@@ -35,12 +39,8 @@ def _models(target, draft, vq, arch, draft_arch, vq_arch, image_size, random_wei
 @click.option("--target", type=click.Path(dir_okay=False, path_type=Path), help="LlamaGen GPT checkpoint (target model).")
 @click.option("--draft", type=click.Path(dir_okay=False, path_type=Path), help="LlamaGen GPT checkpoint (draft model).")
 @click.option("--vq", type=click.Path(dir_okay=False, path_type=Path), help="LlamaGen VQ checkpoint (decoder and codebook).")
-@click.option("--arch", help="Target size (GPT-B, GPT-L, GPT-XL, ...); inferred from --target when omitted.")
-@click.option("--draft-arch", help="Draft size; inferred from --draft when omitted.")
-@click.option("--vq-arch", help="VQ layout (VQ-16, VQ-8); inferred from --vq when omitted.")
-@click.option("--image-size", type=int, default=None,
-              help="Image size the GPTs generate; default: from the checkpoint's file name (c2i_XL_384.pt), else 256.")
-@click.option("--random-weights", is_flag=True, help="Random weights in the --arch / --draft-arch / --vq-arch layouts (real dims, no checkpoint).")
+@click.option("--random-weights", is_flag=True, help="Random weights in the --arch / --draft-arch / --vq-arch layouts "
+                                                   "(real dims, no checkpoint; GPT-B, VQ-16, 256 px unless given).")
 @click.option("--demo-weights", type=click.Path(file_okay=False, path_type=Path),
               help="A `specrt demo train` output folder instead of the packaged demo weights.")
 @click.option("--max-window", type=int, default=64, show_default=True, help="Largest step window W (profile max).")
@@ -48,11 +48,13 @@ def _models(target, draft, vq, arch, draft_arch, vq_arch, image_size, random_wei
 @click.option("--opset", type=int, default=18, show_default=True,
               help="ONNX opset: 18 (TensorRT 10.3, attention as MatMul/Softmax) or 23 (ONNX Attention, newer stacks).")
 @click.option("--no-hidden", is_flag=True, help="Drop the target's `hidden` output (only EAGLE-style drafts need it).")
-@click.option("--neighbours", "neighbours_k", type=int, default=32, show_default=True, help="LANTERN neighbours per token.")
+@click.option("--neighbours", "neighbours_k", type=int, default=32, show_default=True,
+              help="LANTERN neighbours per token (clamped, with a note, to the codebook size − 1).")
 @click.option("--verify", is_flag=True, help="Afterwards run every graph in onnxruntime against PyTorch (exit 1 above tolerance).")
 @click.option("--threads", type=int, default=2, show_default=True, help="CPU threads for torch and onnxruntime.")
 @click.pass_context
-def command(ctx: click.Context, out, force, target, draft, vq, arch, draft_arch, vq_arch, image_size, random_weights,
+@checkpoint_flags
+def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, random_weights,
             demo_weights, max_window, max_batch, opset, no_hidden, neighbours_k, verify, threads) -> None:
     """Export target, draft and VQ decoder to an ONNX bundle (the embedded demo by default)."""
     from specrt.lazy import require
@@ -65,7 +67,7 @@ def command(ctx: click.Context, out, force, target, draft, vq, arch, draft_arch,
                             target_hidden=not no_hidden, neighbours_k=neighbours_k)
     if out.exists() and not force:  # refuse before loading multi-GB checkpoints
         raise SpecrtError(f"{out} already exists; pass --force to replace it")
-    models = _models(target, draft, vq, arch, draft_arch, vq_arch, image_size, random_weights, demo_weights)
+    models = _models(target, draft, vq, checkpoint, random_weights, demo_weights)
     manifest = write_bundle(models, out, options, force=force, progress=click.echo)
     click.echo(f"wrote bundle {manifest.root} ({len(manifest.graphs)} graphs); check it with: specrt inspect {out}")
     if verify:

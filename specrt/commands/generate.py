@@ -1,7 +1,8 @@
 """`specrt generate`: one image per class id with a decoding method, saved as PNG.
 
 Flags map onto specrt.runtime.Pipeline: a BUNDLE runs on onnxruntime (from_bundle); --target
-and --vq checkpoints run on PyTorch (from_torch with specrt.export.checkpoints loaders); with
+and --vq checkpoints run on PyTorch (from_torch over specrt.export.sources.checkpoint_models,
+which reads them exactly as `specrt export` does); with
 no model arguments the embedded demo models run on PyTorch. Method parameters go through
 --param key=value (e.g. --param relaxation_budget=2 --param draft_len=4).
 """
@@ -15,6 +16,7 @@ import click
 import numpy as np
 
 from specrt import validation
+from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
 from specrt.errors import SpecrtError
 from specrt.runtime.pipeline import BUNDLE_BACKENDS, SAMPLING_KEYS
 
@@ -52,8 +54,7 @@ def check_before_loading(method: str, seed: int, max_window: int, image_size: Op
 
 
 def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optional[Path], draft: Optional[Path],
-                   vq: Optional[Path], arch: Optional[str], draft_arch: Optional[str], image_size: Optional[int],
-                   max_window: int, device: Optional[str]) -> Any:
+                   vq: Optional[Path], checkpoint: CheckpointFlags, max_window: int, device: Optional[str]) -> Any:
     """The Pipeline the flags describe (bundle on ort, checkpoints or the demo on torch)."""
     from specrt.runtime.pipeline import Pipeline
 
@@ -68,11 +69,12 @@ def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optio
     if target or vq:
         if not (target and vq):
             raise SpecrtError("checkpoints need both --target and --vq (and --draft for draft-model methods)")
-        from specrt.export.checkpoints import load_gpt, load_vq
+        from specrt.export.sources import checkpoint_models
 
-        target_gpt = load_gpt(target, arch, image_size=image_size)
-        draft_gpt = load_gpt(draft, draft_arch, image_size=image_size) if draft else None
-        return Pipeline.from_torch(target_gpt, draft_gpt, load_vq(vq), max_window=max_window, device=device)
+        target_choice, draft_choice = checkpoint.choices()
+        models = checkpoint_models(target, draft, vq, target_choice, draft_choice, checkpoint.vq_arch,
+                                   checkpoint.image_size, where="specrt generate")
+        return Pipeline.from_torch(models.target, models.draft, models.vq, max_window=max_window, device=device)
     # ---- embedded demo hook: specrt.export.demo.load_demo() returns .target/.draft/.vq ----
     from specrt.export.demo import load_demo
 
@@ -113,9 +115,6 @@ def save_images(images: np.ndarray, out: Path, count: int) -> list[Path]:
 @click.option("--target", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="LlamaGen GPT checkpoint (target).")
 @click.option("--draft", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="LlamaGen GPT checkpoint (draft).")
 @click.option("--vq", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="LlamaGen VQ checkpoint.")
-@click.option("--arch", help="Target size (GPT-B, GPT-XL, ...); inferred from the checkpoint when omitted.")
-@click.option("--draft-arch", help="Draft size; inferred when omitted.")
-@click.option("--image-size", type=int, help="Image size of the checkpoints (default: from the file name, else 256).")
 @click.option("--device", help="torch device (cpu, cuda); default: where the weights are.")
 @click.option("--max-window", type=int, default=64, show_default=True, help="torch backend: largest step window.")
 @click.option("--cfg-scale", type=float, help="Classifier-free guidance scale (default: the models' own).")
@@ -124,14 +123,15 @@ def save_images(images: np.ndarray, out: Path, count: int) -> list[Path]:
 @click.option("--top-p", type=float, help="Top-p filter (1 disables).")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Method parameter, e.g. relaxation_budget=2.")
 @click.option("--stats", "stats_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write the stats as JSON here.")
-def command(bundle, method, class_ids, seed, out, backend, target, draft, vq, arch, draft_arch, image_size, device,
+@checkpoint_flags
+def command(bundle, method, class_ids, seed, out, backend, target, draft, vq, checkpoint, device,
             max_window, cfg_scale, temperature, top_k, top_p, params, stats_path) -> None:
     """Generate images for class ids (the embedded demo models by default)."""
     sampling = {k: v for k, v in (("cfg_scale", cfg_scale), ("temperature", temperature), ("top_k", top_k),
                                   ("top_p", top_p)) if v is not None}
     method_params = parse_params(params)
-    check_before_loading(method, seed, max_window, image_size, sampling, method_params)
-    pipe = build_pipeline(bundle, backend, target, draft, vq, arch, draft_arch, image_size, max_window, device)
+    check_before_loading(method, seed, max_window, checkpoint.image_size, sampling, method_params)
+    pipe = build_pipeline(bundle, backend, target, draft, vq, checkpoint, max_window, device)
     result = pipe.generate(list(class_ids), method=method, seed=seed, **sampling, **method_params)
     paths = save_images(result.images, out, len(class_ids))
     summary = result.stats.summary()

@@ -10,6 +10,7 @@ from specrt.export.llamagen_vq import VQModel
 from specrt.manifest import read_manifest
 from tiny_export import cli_exit_code as _exit_code, CLASSES, VOCAB, tiny_vq_config
 
+HEADS = ["--n-head", "2", "--draft-n-head", "1"]  # custom sizes: the head counts are not in the weights
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def checkpoints(tmp_path_factory):
 @pytest.mark.slow
 def test_export_checkpoints_verify_and_inspect(checkpoints, tmp_path, capsys):
     out = tmp_path / "bundle"
-    argv = ["export", "--out", str(out), "--image-size", "8", "--max-window", "6", "--neighbours", "4", "--threads", "2",
+    argv = ["export", "--out", str(out), "--image-size", "8", *HEADS, "--max-window", "6", "--neighbours", "4", "--threads", "2",
             "--target", str(checkpoints["target"]), "--draft", str(checkpoints["draft"]), "--vq", str(checkpoints["vq"])]
     assert _exit_code(argv + ["--verify"]) == 0
     printed = capsys.readouterr().out
@@ -73,7 +74,7 @@ def test_force_replaces_the_bundle_and_no_hidden_reaches_the_exporter(checkpoint
     out = tmp_path / "bundle"
     out.mkdir()
     (out / "old.txt").write_text("previous")
-    code = _exit_code(["export", "--out", str(out), "--force", "--no-hidden", "--image-size", "8", "--neighbours", "4",
+    code = _exit_code(["export", "--out", str(out), "--force", "--no-hidden", "--image-size", "8", *HEADS, "--neighbours", "4",
                        "--target", str(checkpoints["target"]), "--draft", str(checkpoints["draft"]),
                        "--vq", str(checkpoints["vq"])])
     assert code == 0
@@ -87,7 +88,7 @@ def test_draft_with_another_vocabulary_exits_2(checkpoints, tmp_path, capsys):
     torch.manual_seed(1)
     other = GPT(GPTConfig(dim=64, n_layer=1, n_head=1, vocab_size=VOCAB + 4, num_classes=CLASSES, grid_size=4))
     save_file(other.state_dict(), str(tmp_path / "draft.safetensors"))
-    code = _exit_code(["export", "--out", str(tmp_path / "b"), "--image-size", "8", "--target", str(checkpoints["target"]),
+    code = _exit_code(["export", "--out", str(tmp_path / "b"), "--image-size", "8", *HEADS, "--target", str(checkpoints["target"]),
                        "--draft", str(tmp_path / "draft.safetensors"), "--vq", str(checkpoints["vq"])])
     assert code == 2
     assert "draft vocab size 100 != target vocab size 96" in capsys.readouterr().err

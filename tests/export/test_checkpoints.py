@@ -91,10 +91,42 @@ def test_unreadable_files_raise_one_line_errors(tmp_path):
 def test_infer_gpt_config_reads_shapes():
     gpt_b = infer_gpt_config(_empty_state(llamagen_gpt_shapes(768, 12, 12, 12, 16384)), grid_size=24)
     assert (gpt_b.dim, gpt_b.n_layer, gpt_b.n_head, gpt_b.num_classes, gpt_b.grid_size) == (768, 12, 12, 1000, 24)
-    gqa = infer_gpt_config(_small_state(n_head=4, n_kv_head=2, dim=256))
-    assert (gqa.n_head, gqa.n_kv_head, gqa.head_dim) == (4, 2, 64)
-    t2i = infer_gpt_config(_small_state(model_type="t2i", caption_dim=32, cond_len=7))
+    gqa = _small_state(n_head=4, n_kv_head=2, dim=256)
+    for given in (dict(n_head=4), dict(n_kv_head=2), dict(n_head=4, n_kv_head=2)):
+        config = infer_gpt_config(gqa, grid_size=4, **given)
+        assert (config.n_head, config.n_kv_head, config.head_dim) == (4, 2, 64)
+    t2i = infer_gpt_config(_small_state(model_type="t2i", caption_dim=32, cond_len=7), grid_size=4, n_head=4)
     assert (t2i.model_type, t2i.cond_len, t2i.caption_dim) == ("t2i", 7, 32)
+
+
+def test_head_count_of_a_custom_size_is_asked_for_never_guessed():
+    state = _small_state(dim=128, n_head=4, n_kv_head=4)  # head_dim 32: a head_dim-64 guess would say 2 heads
+    with pytest.raises(SpecrtError, match="head count is not in the weights.*dim 128 with 2 layers.*give --n-head") as exc:
+        infer_gpt_config(state, grid_size=4)
+    _one_line(exc)
+    with pytest.raises(SpecrtError, match="give --draft-n-head"):
+        load_gpt(state, grid_size=4, flag_prefix="draft-")
+    assert load_gpt(state, grid_size=4, n_head=4).config.n_head == 4
+    for bad, message in ((dict(n_head=3), "--n-head 3 does not fit the weights"),
+                         (dict(n_head=4, n_kv_head=2), "--n-kv-head 2 disagrees with the weights.*4 kv heads"),
+                         (dict(n_kv_head=3), "--n-kv-head 3 does not fit")):
+        with pytest.raises(SpecrtError, match=message) as exc:
+            load_gpt(state, grid_size=4, **bad)
+        _one_line(exc)
+    gpt_b = _empty_state(llamagen_gpt_shapes(768, 12, 12, 12, 16384))
+    with pytest.raises(SpecrtError, match="--n-head 6 disagrees with --arch GPT-B \\(12 heads\\)"):
+        load_gpt(gpt_b, "GPT-B", grid_size=16, n_head=6)
+
+
+def test_conditioning_comes_from_the_keys():
+    from specrt.runtime.compatibility import conditioning_from_keys
+
+    assert conditioning_from_keys(_small_state()) == "c2i"
+    assert conditioning_from_keys(_small_state(model_type="t2i", caption_dim=32, cond_len=7)) == "t2i"
+    state = {k: v for k, v in _small_state().items() if not k.startswith("cls_embedding")}
+    with pytest.raises(SpecrtError, match="cannot tell the GPT's conditioning: it has neither") as exc:
+        infer_gpt_config(state, grid_size=4, n_head=4)
+    _one_line(exc)
 
 
 def test_wrong_arch_names_the_arch_the_weights_point_to():
@@ -111,9 +143,9 @@ def test_wrong_arch_names_the_arch_the_weights_point_to():
 def test_arch_name_takes_vocab_and_classes_from_the_weights(tmp_path):
     state = _small_state()
     with pytest.raises(SpecrtError, match="does not fit GPT-B.*look like custom GPT c2i \\(dim 64, 2 layers"):
-        load_gpt(state, "GPT-B")
+        load_gpt(state, "GPT-B", grid_size=4)
     with pytest.raises(SpecrtError, match="unknown GPT arch 'GPT-Q'"):
-        load_gpt(state, "GPT-Q")
+        load_gpt(state, "GPT-Q", grid_size=4)
 
 
 def test_missing_and_unexpected_keys_are_listed():
@@ -139,15 +171,24 @@ def test_vq_mismatch_reports_inferred_config():
         load_vq(_small_state())
 
 
-def test_grid_comes_from_the_file_name_unless_given(tmp_path):
+def test_image_size_comes_from_the_flag_or_the_file_name_else_one_line_error(tmp_path):
+    from specrt.export.checkpoints import image_grid
+    from specrt.export.sources import checkpoint_image_size
+
     assert image_size_from_name("/ckpt/c2i_XL_384.pt") == 384
     assert image_size_from_name("t2i_XL_stage2_512.pt") == 512
     assert image_size_from_name("gpt_b.pt") is None
-    path = tmp_path / "c2i_custom_384.pt"
-    torch.save({"model": _small_state()}, path)
-    assert load_gpt(path).config.grid_size == 24
-    assert load_gpt(path, image_size=256).config.grid_size == 16
-    assert load_gpt(path, GPTConfig(**SMALL)).config.grid_size == 4
+    assert checkpoint_image_size(None, tmp_path / "c2i_custom_384.pt") == 384
+    assert checkpoint_image_size(256, tmp_path / "c2i_custom_384.pt") == 256
+    with pytest.raises(SpecrtError, match="give --image-size") as exc:
+        checkpoint_image_size(None, tmp_path / "gpt.pt")
+    _one_line(exc)
+    assert (image_grid(384, 16), image_grid(256, 8)) == (24, 32)
+    with pytest.raises(SpecrtError, match="multiple of the VQ's downsampling 8, got 100"):
+        image_grid(100, 8)
+    with pytest.raises(SpecrtError, match="image grid is not in a GPT's weights"):
+        load_gpt(_small_state(), n_head=4)
+    assert load_gpt(_small_state(), GPTConfig(**SMALL)).config.grid_size == 4
 
 
 def test_half_precision_checkpoints_load_into_float32(tmp_path):

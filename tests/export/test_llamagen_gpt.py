@@ -30,7 +30,7 @@ def _build(tmp_path, shapes, config_or_arch, n_head, n_kv_head, grid, cond_len, 
     state = random_state_dict(shapes, seed=seed)
     path = tmp_path / "ckpt.pt"
     torch.save({"model": state, "steps": 7}, path)  # LlamaGen wraps weights under "model"
-    model = load_gpt(path, config_or_arch, image_size=grid * 16)
+    model = load_gpt(path, config_or_arch, grid_size=grid)
     reference = ReferenceLlamaGen(state, n_head, n_kv_head, grid, cond_len)
     return model, reference
 

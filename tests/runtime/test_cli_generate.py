@@ -26,6 +26,10 @@ def checkpoints(tmp_path_factory):
     return root
 
 
+# What the weights cannot say: heads of a custom size, and the image size (grid 4 x the VQ's 2).
+SIZES = ["--n-head", "1", "--draft-n-head", "1", "--image-size", "8"]
+
+
 def run(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
@@ -36,7 +40,7 @@ def test_generate_writes_png_and_stats(checkpoints, tmp_path, capsys):
     from PIL import Image
 
     args = ["generate", "--target", str(checkpoints / "t.pt"), "--draft", str(checkpoints / "d.pt"),
-            "--vq", str(checkpoints / "v.pt"), "--image-size", "64", "--method", "cool-sd", "--class", "3",
+            "--vq", str(checkpoints / "v.pt"), *SIZES, "--method", "cool-sd", "--class", "3",
             "--seed", "0", "--out", str(tmp_path / "img.png"), "--stats", str(tmp_path / "s.json"),
             "--param", "relaxation_budget=2", "--param", "draft_len=3", "--cfg-scale", "2"]
     try:
@@ -59,7 +63,7 @@ def test_generate_writes_png_and_stats(checkpoints, tmp_path, capsys):
 ])
 def test_user_mistakes_exit_2_with_one_line(checkpoints, tmp_path, capsys, extra, message):
     code, out = run(["generate", "--target", str(checkpoints / "t.pt"), "--draft", str(checkpoints / "d.pt"),
-                     "--vq", str(checkpoints / "v.pt"), "--image-size", "64", "--out", str(tmp_path / "x.png"), *extra],
+                     "--vq", str(checkpoints / "v.pt"), *SIZES, "--out", str(tmp_path / "x.png"), *extra],
                     capsys)
     assert code == 2
     assert message in out.err and len(out.err.strip().splitlines()) == 1

@@ -1,0 +1,68 @@
+"""The flags that say what a LlamaGen checkpoint cannot say about itself, shared by every
+command that reads checkpoints (`specrt generate`, `specrt export`), so both read a file
+the same way (specrt.export.sources.checkpoint_models).
+
+The weights give vocab, dim, layers, conditioning, codebook and the VQ's downsampling; the
+head count (for sizes LlamaGen does not name) and the image size must come from here.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import click
+
+GPT_ARCH_NAMES = "GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-XXXL, GPT-1B, GPT-3B, GPT-7B"
+
+
+@dataclass(frozen=True)
+class CheckpointFlags:
+    """The values of the flags below, one field per flag."""
+
+    arch: Optional[str] = None
+    n_head: Optional[int] = None
+    n_kv_head: Optional[int] = None
+    draft_arch: Optional[str] = None
+    draft_n_head: Optional[int] = None
+    draft_n_kv_head: Optional[int] = None
+    vq_arch: Optional[str] = None
+    image_size: Optional[int] = None
+
+    def choices(self) -> tuple[Any, Any]:
+        """(target, draft) specrt.export.sources.GPTChoice (imported here: it needs torch)."""
+        from specrt.export.sources import GPTChoice
+
+        return (GPTChoice(self.arch, self.n_head, self.n_kv_head),
+                GPTChoice(self.draft_arch, self.draft_n_head, self.draft_n_kv_head, flag_prefix="draft-"))
+
+
+_OPTIONS = [
+    click.option("--arch", help=f"Target's LlamaGen size ({GPT_ARCH_NAMES}); fixes its head count. "
+                                "Default: read from the weights."),
+    click.option("--n-head", type=click.IntRange(min=1),
+                 help="Target's attention heads, for sizes LlamaGen does not name (checked against the weights)."),
+    click.option("--n-kv-head", type=click.IntRange(min=1),
+                 help="Target's key/value heads (GQA); read from the weights once the head count is known."),
+    click.option("--draft-arch", help="Draft's LlamaGen size; default: read from the weights."),
+    click.option("--draft-n-head", type=click.IntRange(min=1), help="Draft's attention heads (custom sizes)."),
+    click.option("--draft-n-kv-head", type=click.IntRange(min=1), help="Draft's key/value heads."),
+    click.option("--vq-arch", help="VQ layout (VQ-16, VQ-8); default: read from the VQ decoder's weights."),
+    click.option("--image-size", type=click.IntRange(min=1),
+                 help="Image size in pixels (not in the weights; grid = size ÷ the VQ's downsampling). "
+                      "Default: the resolution in the target's file name (c2i_XL_384.pt)."),
+]
+
+
+def checkpoint_flags(command: Callable) -> Callable:
+    """Adds the flags above to a click command, handing it one `checkpoint: CheckpointFlags`."""
+    names = [field for field in CheckpointFlags.__dataclass_fields__]
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        flags = CheckpointFlags(**{name: kwargs.pop(name) for name in names})
+        return command(*args, checkpoint=flags, **kwargs)
+
+    for option in reversed(_OPTIONS):
+        wrapper = option(wrapper)
+    return wrapper
