@@ -40,15 +40,15 @@ class CheckpointFlags:
 _OPTIONS = [
     click.option("--arch", help=f"Target's LlamaGen size ({GPT_ARCH_NAMES}); fixes its head count. "
                                 "Default: read from the weights."),
-    click.option("--n-head", type=click.IntRange(min=1),
+    click.option("--n-head", type=int,
                  help="Target's attention heads, for sizes LlamaGen does not name (checked against the weights)."),
-    click.option("--n-kv-head", type=click.IntRange(min=1),
+    click.option("--n-kv-head", type=int,
                  help="Target's key/value heads (GQA); read from the weights once the head count is known."),
     click.option("--draft-arch", help="Draft's LlamaGen size; default: read from the weights."),
-    click.option("--draft-n-head", type=click.IntRange(min=1), help="Draft's attention heads (custom sizes)."),
-    click.option("--draft-n-kv-head", type=click.IntRange(min=1), help="Draft's key/value heads."),
+    click.option("--draft-n-head", type=int, help="Draft's attention heads (custom sizes)."),
+    click.option("--draft-n-kv-head", type=int, help="Draft's key/value heads."),
     click.option("--vq-arch", help="VQ layout (VQ-16, VQ-8); default: read from the VQ decoder's weights."),
-    click.option("--image-size", type=click.IntRange(min=1),
+    click.option("--image-size", type=int,
                  help="Image size in pixels (not in the weights; grid = size ÷ the VQ's downsampling). "
                       "Default: the resolution in the target's file name (c2i_XL_384.pt)."),
 ]
