@@ -71,8 +71,9 @@ def checkpoint_models(target: Path, draft: Path | None, vq: Path, target_choice:
     """
     from specrt.export.checkpoints import image_grid, load_gpt, load_vq
 
+    image_size = checkpoint_image_size(image_size, target)  # before loading anything: a missing flag costs nothing
     vq_model = load_vq(vq, config=vq_arch, decoder_only=True)
-    grid = image_grid(checkpoint_image_size(image_size, target), vq_model.config.downsample)
+    grid = image_grid(image_size, vq_model.config.downsample)
 
     def gpt(path: Path, choice: GPTChoice) -> torch.nn.Module:
         return load_gpt(path, config=choice.arch, grid_size=grid, n_head=choice.n_head, n_kv_head=choice.n_kv_head,
