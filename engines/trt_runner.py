@@ -371,10 +371,11 @@ def pipeline_parts_from_bundle(bundle: str | Path, precision: str = "fp32") -> d
 
     require_tensorrt()  # fail at once, with the install hint, before touching any engine
     manifest = read_manifest(bundle, check_hashes=False)
+    companions = bundle_companions(manifest)  # first: it cross-checks the manifest
     vq = manifest.models["vq"]
     max_batch = int(manifest.limits.get("max_batch", 8))
     vq_engine = find_engines(bundle, ["vq_decode"], precision)["vq_decode"]
     draft = runner_from_bundle(bundle, "draft", precision) if "draft_step" in manifest.graphs else None
     return {"target": runner_from_bundle(bundle, "target", precision), "draft": draft,
             "vq": TrtVQDecoder(vq_engine, int(vq["grid_size"]), max_batch, int(vq["downsample"])),
-            **bundle_companions(manifest)}
+            **companions}

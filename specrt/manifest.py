@@ -168,6 +168,8 @@ def _tensor(graph: str, raw: Any) -> TensorSpec:
         name, dtype, shape = raw["name"], raw["dtype"], raw["shape"]
     except (KeyError, TypeError):
         raise SpecrtError(f"manifest: graph {graph}: tensor entry needs name, dtype and shape, got {raw!r}") from None
+    if not isinstance(name, str) or not name or not isinstance(shape, list):
+        raise SpecrtError(f"manifest: graph {graph}: tensor entry needs a name string and a shape list, got {raw!r:.80}")
     if dtype not in DTYPES:
         raise SpecrtError(f"manifest: graph {graph}: tensor {name} has unknown dtype {dtype!r}")
     if not all(isinstance(d, (int, str)) and not isinstance(d, bool) for d in shape):
@@ -200,8 +202,12 @@ def parse_graph(name: str, raw: dict[str, Any]) -> GraphSpec:
             profile={d: dict(v) for d, v in raw.get("profile", {}).items()},
             external_data=raw.get("external_data"),
         )
-    except (KeyError, TypeError, AttributeError) as exc:
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise SpecrtError(f"manifest: graph {name} is missing or has a malformed field: {exc}") from None
+    for key in ("file", "external_data"):
+        value = getattr(spec, key)
+        if value is not None and not _relative_name(value):
+            raise SpecrtError(f"manifest: graph {name} {key} must be a file name inside the bundle, got {value!r}")
     if spec.role not in ROLES or spec.kind not in KINDS:
         raise SpecrtError(f"manifest: graph {name} has role {spec.role!r} / kind {spec.kind!r}; "
                           f"expected role in {ROLES}, kind in {KINDS}")
@@ -228,12 +234,30 @@ def parse_manifest(raw: dict[str, Any], root: Path) -> Manifest:
     for key in ("models", "graphs", "files"):
         if not isinstance(raw.get(key), dict):
             raise SpecrtError(f"manifest: missing or malformed {key!r} section")
+    for key in ("limits", "sampling_defaults"):
+        if not isinstance(raw.get(key, {}), dict):
+            raise SpecrtError(f"manifest: {key!r} must be an object, got {raw[key]!r:.60}")
+    neighbours = raw.get("neighbours")
+    if neighbours is not None and not (isinstance(neighbours, dict) and _relative_name(neighbours.get("file"))):
+        raise SpecrtError(f"manifest: neighbours must be an object naming a file inside the bundle, got {neighbours!r:.60}")
+    for rel, record in raw["files"].items():
+        if not _relative_name(rel) or not isinstance(record, dict):
+            raise SpecrtError(f"manifest: files entry {rel!r} must name a file inside the bundle and map it to "
+                              f"its sha256 and bytes, got {record!r:.60}")
     graphs = {name: parse_graph(name, g) for name, g in raw["graphs"].items()}
     return Manifest(
         root=root, models=raw["models"], graphs=graphs, limits=dict(raw.get("limits", {})),
         sampling_defaults=dict(raw.get("sampling_defaults", {})), neighbours=raw.get("neighbours"),
         files=raw["files"], raw=raw,
     )
+
+
+def _relative_name(name: Any) -> bool:
+    """A file name the manifest may use: a non-empty relative path that stays inside the bundle."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        return False
+    parts = Path(name).parts
+    return not Path(name).is_absolute() and ".." not in parts
 
 
 def verify_files(manifest: Manifest, check_hashes: bool = True) -> None:

@@ -69,10 +69,12 @@ def _in_range(x: float, low: Optional[float], high: Optional[float], low_open: b
     return not (high is not None and (x >= high if high_open else x > high))
 
 
-def integer(name: str, value: Any, low: Optional[int] = None, high: Optional[int] = None) -> int:
-    """`value` as an int in [low, high]; rejects bools, fractions, NaN/inf and non-numbers."""
+def integer(name: str, value: Any, low: Optional[int] = None, high: Optional[int] = None,
+            strings: bool = True) -> int:
+    """`value` as an int in [low, high]; rejects bools, fractions, NaN/inf and non-numbers
+    (and strings with strings=False: a JSON file's numbers must be numbers)."""
     what = " ".join(filter(None, ("an integer", _range_text(low, high, False, False))))
-    if isinstance(value, bool) or value is None:
+    if isinstance(value, bool) or value is None or (isinstance(value, str) and not strings):
         raise _fail(name, what, value)
     if isinstance(value, str):
         text = value.strip()

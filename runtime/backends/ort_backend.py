@@ -20,6 +20,7 @@ import numpy as np
 from specrt.errors import SpecrtError
 from specrt.lazy import require
 from specrt.manifest import GraphSpec, Manifest, read_manifest
+from specrt.runtime.bundle_check import check_manifest, check_session, load_neighbours
 from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, slot_index
 
 Providers = Union[None, Sequence[Any], Callable[[str], Sequence[Any]]]
@@ -54,10 +55,12 @@ def _session(manifest: Manifest, graph: str, providers: Providers, threads: Opti
     chosen = providers(graph) if callable(providers) else providers
     path = manifest.graph_path(graph)
     try:
-        return ort.InferenceSession(str(path), sess_options=session_options(threads),
-                                    providers=list(chosen or ["CPUExecutionProvider"]))
+        session = ort.InferenceSession(str(path), sess_options=session_options(threads),
+                                       providers=list(chosen or ["CPUExecutionProvider"]))
     except Exception as exc:  # onnxruntime raises its own exception types
-        raise SpecrtError(f"onnxruntime could not load {path.name}: {str(exc).splitlines()[0]}") from exc
+        raise SpecrtError(f"onnxruntime could not load {path.name}: {(str(exc).splitlines() or [''])[0]}") from exc
+    check_session(manifest.graph(graph), session)  # the manifest's I/O against the graph's own
+    return session
 
 
 def _check_io(spec: GraphSpec, inputs: Sequence[str], outputs: Sequence[str]) -> None:
@@ -174,16 +177,17 @@ class OrtVQ(VQDecoder):
 def bundle_companions(manifest: Manifest) -> dict[str, Any]:
     """What a Pipeline takes from a bundle besides its runners: LANTERN's neighbour table, the
     models' sampling defaults and the batch limit (the same for every backend)."""
-    neighbours_path: Optional[Path] = manifest.neighbours_path
-    neighbours = np.load(neighbours_path) if neighbours_path is not None and neighbours_path.exists() else None
+    limits = check_manifest(manifest)  # every number of the manifest checked before anything runs
+    neighbours = load_neighbours(manifest, int(manifest.models["target"]["vocab_size"]))
     return {"neighbours": neighbours, "sampling_defaults": dict(manifest.sampling_defaults),
-            "max_batch": int(manifest.limits.get("max_batch", 0)) or None}
+            "max_batch": limits["max_batch"]}
 
 
 def pipeline_parts_from_bundle(path: str | Path, providers: Providers = None,
                                threads: Optional[int] = None) -> dict[str, Any]:
     """Keyword arguments of Pipeline(...) for a bundle directory (`threads`: see session_options)."""
     manifest = read_manifest(path)
+    companions = bundle_companions(manifest)  # first: it cross-checks the manifest
     draft = OrtRunner(manifest, "draft", providers, threads) if "draft_step" in manifest.graphs else None
     return {"target": OrtRunner(manifest, "target", providers, threads), "draft": draft,
-            "vq": OrtVQ(manifest, providers, threads), **bundle_companions(manifest)}
+            "vq": OrtVQ(manifest, providers, threads), **companions}

@@ -1,0 +1,199 @@
+"""Cross-checks a bundle before anything runs: manifest vs itself, vs its graphs, vs neighbours.npy.
+
+Why: read_manifest proves the files are the ones the manifest lists (sizes, sha256) and that
+its structure parses; it does not prove the numbers agree. A manifest whose n_layer, vocab or
+head_dim disagrees with its graphs would otherwise fail deep inside onnxruntime with a
+traceback, or worse, run and produce a wrong image. Every mismatch here is one SpecrtError
+line naming both values. numpy only (the runtime imports without torch or onnx): the graphs'
+own I/O comes from the onnxruntime sessions the runtime creates anyway (`check_session`).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from specrt import validation
+from specrt.errors import SpecrtError
+from specrt.manifest import GraphSpec, Manifest, TensorSpec
+
+MODEL_INTS = ("vocab_size", "grid_size", "num_classes", "n_layer", "n_kv_head", "head_dim", "capacity")
+VQ_INTS = ("codebook_size", "downsample", "grid_size")
+# onnxruntime's type strings -> the manifest's numpy dtype names
+ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
+              "tensor(int32)": "int32", "tensor(int64)": "int64", "tensor(bool)": "bool"}
+
+
+def _entry(manifest: Manifest, role: str) -> dict[str, Any]:
+    entry = manifest.models.get(role)
+    if not isinstance(entry, dict):
+        raise SpecrtError(f"manifest: models.{role} is missing or not an object (got {entry!r:.60})")
+    return entry
+
+
+def model_numbers(manifest: Manifest, role: str) -> dict[str, int]:
+    """The integer facts of models.<role>, each checked to be a positive integer."""
+    entry = _entry(manifest, role)
+    keys = VQ_INTS if role == "vq" else MODEL_INTS
+    numbers = {key: validation.integer(f"manifest models.{role}.{key}", entry.get(key), low=1, strings=False) for key in keys}
+    if role != "vq":
+        numbers["cond_len"] = validation.integer(f"manifest models.{role}.cond_len", entry.get("cond_len", 1), low=1,
+                                                strings=False)
+        for key in ("dim", "n_head"):  # optional: checked where present
+            if key in entry:
+                numbers[key] = validation.integer(f"manifest models.{role}.{key}", entry[key], low=1, strings=False)
+        if "null_class" in entry and entry["null_class"] != numbers["num_classes"]:
+            raise SpecrtError(f"manifest: models.{role}.null_class is {entry['null_class']!r} but the contract's "
+                              f"null class is num_classes = {numbers['num_classes']}")
+    return numbers
+
+
+def _expect(graph: GraphSpec, tensor: TensorSpec, axis: int, want: Any, source: str) -> None:
+    """Axis `axis` of `tensor` must be `want` (an int fact of the manifest, or a symbolic dim name)."""
+    if len(tensor.shape) <= axis:
+        raise SpecrtError(f"bundle: graph {graph.name} {tensor.name} has rank {len(tensor.shape)}, "
+                          f"the contract needs axis {axis} ({source})")
+    have = tensor.shape[axis]
+    if have != want:
+        raise SpecrtError(f"bundle: graph {graph.name} {tensor.name} axis {axis} is {have!r} but {source} is {want!r}")
+
+
+def _check_model_graphs(manifest: Manifest, role: str, facts: dict[str, int], limits: dict[str, int]) -> None:
+    vocab, layers, heads, head_dim = facts["vocab_size"], facts["n_layer"], facts["n_kv_head"], facts["head_dim"]
+    for kind in ("prefill", "step"):
+        graph = manifest.graphs.get(f"{role}_{kind}")
+        if graph is None:
+            raise SpecrtError(f"bundle: models.{role} has no graph {role}_{kind}")
+        src = f"models.{role}"
+        window = "window" if kind == "step" else 1
+        for name in ("logits", "probs"):
+            _expect(graph, graph.output(name), 2, vocab, f"{src}.vocab_size")
+        _expect(graph, graph.output("probs"), 1, window, "the contract's window")
+        if "hidden" in graph.output_names and "dim" in facts:
+            _expect(graph, graph.output("hidden"), 2, facts["dim"], f"{src}.dim")
+        present = graph.output("present_kv")
+        kv_axes = [(0, layers, f"{src}.n_layer"), (1, 2, "the contract's key/value axis"),
+                   (3, heads, f"{src}.n_kv_head"), (5, head_dim, f"{src}.head_dim")]
+        for axis, want, source in kv_axes:
+            _expect(graph, present, axis, want, source)
+        if kind == "prefill":
+            _expect(graph, present, 4, facts["cond_len"], f"{src}.cond_len")
+            continue
+        for axis, want, source in kv_axes + [(4, "cache_len", "the contract's cache axis")]:
+            _expect(graph, graph.input("past_kv"), axis, want, source)
+        profile = graph.profile
+        if profile.get("cache_len", {}).get("max") != facts["capacity"]:
+            raise SpecrtError(f"bundle: graph {graph.name} profile cache_len max is "
+                              f"{profile.get('cache_len', {}).get('max')!r} but {src}.capacity is {facts['capacity']}")
+        if profile.get("window", {}).get("max", 0) < limits["max_window"]:
+            raise SpecrtError(f"bundle: graph {graph.name} profile window max is {profile.get('window', {}).get('max')!r} "
+                              f"but limits.max_window is {limits['max_window']}")
+    needed = facts["cond_len"] + facts["grid_size"] ** 2 + limits["max_window"]
+    if facts["capacity"] < needed:
+        raise SpecrtError(f"bundle: models.{role}.capacity is {facts['capacity']} but cond_len + grid² + max_window "
+                          f"is {needed}")
+    for kind in ("prefill", "step"):
+        batch = manifest.graphs[f"{role}_{kind}"].profile.get("batch", {}).get("max", 0)
+        if batch < limits["max_batch"]:
+            raise SpecrtError(f"bundle: graph {role}_{kind} profile batch max is {batch!r} "
+                              f"but limits.max_batch is {limits['max_batch']}")
+
+
+def check_manifest(manifest: Manifest) -> dict[str, int]:
+    """The manifest against itself: positive integer facts, graphs' fixed dims equal to them,
+    draft and VQ agreeing with the target, profiles covering the limits, valid sampling defaults.
+    Returns the limits (max_window, max_batch) as checked ints."""
+    from specrt.runtime.sampling import SamplingParams
+
+    limits = {key: validation.integer(f"manifest limits.{key}", manifest.limits.get(key), low=1, strings=False)
+              for key in ("max_window", "max_batch")}
+    target = model_numbers(manifest, "target")
+    _check_model_graphs(manifest, "target", target, limits)
+    if "draft_step" in manifest.graphs or "draft_prefill" in manifest.graphs:
+        draft = model_numbers(manifest, "draft")
+        for key in ("vocab_size", "grid_size", "num_classes", "cond_len"):
+            if draft[key] != target[key]:
+                raise SpecrtError(f"bundle: models.draft.{key} is {draft[key]} but models.target.{key} is {target[key]}")
+        _check_model_graphs(manifest, "draft", draft, limits)
+    vq = model_numbers(manifest, "vq")
+    if vq["codebook_size"] != target["vocab_size"]:
+        raise SpecrtError(f"bundle: models.vq.codebook_size is {vq['codebook_size']} "
+                          f"but models.target.vocab_size is {target['vocab_size']}")
+    if vq["grid_size"] != target["grid_size"]:
+        raise SpecrtError(f"bundle: models.vq.grid_size is {vq['grid_size']} but models.target.grid_size is {target['grid_size']}")
+    decode = manifest.graph("vq_decode")
+    for axis in (1, 2):
+        _expect(decode, decode.input("codes"), axis, vq["grid_size"], "models.vq.grid_size")
+    image = decode.output("image")
+    _expect(decode, image, 1, 3, "the contract's RGB axis")
+    for axis in (2, 3):
+        _expect(decode, image, axis, vq["grid_size"] * vq["downsample"], "models.vq.grid_size × downsample")
+    if decode.profile.get("batch", {}).get("max", 0) < limits["max_batch"]:
+        raise SpecrtError(f"bundle: graph vq_decode profile batch max is {decode.profile.get('batch', {}).get('max')!r} "
+                          f"but limits.max_batch is {limits['max_batch']}")
+    defaults = manifest.sampling_defaults
+    unknown = sorted(set(defaults) - {"cfg_scale", "temperature", "top_k", "top_p"})
+    if unknown:
+        raise SpecrtError(f"manifest: sampling_defaults has unknown key {unknown[0]!r}")
+    try:
+        SamplingParams(**defaults)
+    except SpecrtError as exc:
+        raise SpecrtError(f"manifest sampling_defaults: {exc}") from None
+    return limits
+
+
+def check_session(spec: GraphSpec, session: Any, file_name: Optional[str] = None) -> None:
+    """The manifest's entry for a graph against the graph itself, as onnxruntime loaded it:
+    the same input and output names, dtypes and ranks, and equal dims wherever both are fixed
+    (a dim the manifest names while the graph fixes it is a mismatch too)."""
+    where = file_name or spec.file
+    for what, declared, actual in (("input", spec.inputs, session.get_inputs()),
+                                   ("output", spec.outputs, session.get_outputs())):
+        graph = {arg.name: arg for arg in actual}
+        names = [t.name for t in declared]
+        if what == "input" and sorted(graph) != sorted(names):
+            raise SpecrtError(f"bundle: graph {spec.name} manifest inputs are {names} but {where} has {list(graph)}")
+        for tensor in declared:
+            arg = graph.get(tensor.name)
+            if arg is None:
+                raise SpecrtError(f"bundle: graph {spec.name} manifest output {tensor.name!r} is not an output of "
+                                  f"{where} (it has {list(graph)})")
+            dtype = ORT_DTYPES.get(arg.type, arg.type)
+            if dtype != tensor.dtype:
+                raise SpecrtError(f"bundle: graph {spec.name} {what} {tensor.name} is {tensor.dtype} in the manifest "
+                                  f"but {dtype} in {where}")
+            shape = list(arg.shape)
+            if len(shape) != len(tensor.shape):
+                raise SpecrtError(f"bundle: graph {spec.name} {what} {tensor.name} has shape {list(tensor.shape)} in the "
+                                  f"manifest but {shape} in {where}")
+            for axis, (declared_dim, graph_dim) in enumerate(zip(tensor.shape, shape)):
+                # onnxruntime reports a fixed dim as an int, a named one as its name, an unnamed one as None
+                if graph_dim is not None and graph_dim != declared_dim:
+                    raise SpecrtError(f"bundle: graph {spec.name} {what} {tensor.name} axis {axis} is {declared_dim!r} "
+                                      f"in the manifest but {graph_dim} in {where}")
+
+
+def load_neighbours(manifest: Manifest, vocab_size: int) -> Optional[np.ndarray]:
+    """LANTERN's neighbour table, checked: int32 [vocab, k] with k as the manifest says, every
+    entry a token id other than its row's own. None when the bundle has none."""
+    info = manifest.neighbours
+    if info is None:
+        return None
+    if not isinstance(info, dict) or not isinstance(info.get("file"), str):
+        raise SpecrtError(f"manifest: neighbours must be an object with a file name, got {info!r:.60}")
+    path = manifest.root / info["file"]
+    try:
+        table = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise SpecrtError(f"bundle: cannot read {info['file']} as a .npy array ({type(exc).__name__})") from None
+    k = validation.integer("manifest neighbours.k", info.get("k", table.shape[-1] if table.ndim else 0), low=1,
+                           strings=False)
+    if table.dtype != np.int32 or table.ndim != 2 or table.shape != (vocab_size, k):
+        raise SpecrtError(f"bundle: {info['file']} is {table.dtype} {list(table.shape)} but the manifest needs int32 "
+                          f"[{vocab_size}, {k}] (vocab_size, neighbours.k)")
+    if table.size and (table.min() < 0 or table.max() >= vocab_size):
+        raise SpecrtError(f"bundle: {info['file']} holds token ids in [{table.min()}, {table.max()}] "
+                          f"but the vocabulary is [0, {vocab_size - 1}]")
+    if (table == np.arange(vocab_size, dtype=np.int32)[:, None]).any():
+        raise SpecrtError(f"bundle: {info['file']} lists a token as its own neighbour (the contract excludes it)")
+    return table
