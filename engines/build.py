@@ -103,8 +103,9 @@ def keep_sensitive_layers_fp32(trt: Any, network: Any) -> int:
     With BuilderFlag.FP16 alone TensorRT 10 may run an RMSNorm's x² and mean in fp16 (x² of
     an activation above 256 overflows); the head's CDF and its count of CDF entries need
     fp32 too (fp16 is exact only up to 2048). This mirrors precision.fp32_nodes at the layer
-    level: the head is every layer downstream of the network inputs `mix` and `uniforms`
-    (layers come in topological order).
+    level: the head is every layer downstream of the values of the network inputs `mix` and
+    `uniforms` (layers come in topological order); a shape layer reads only dims, so the walk
+    stops there, as precision.downstream_nodes does.
     """
     from .precision import FP32_FROM_INPUTS
 
@@ -119,7 +120,7 @@ def keep_sensitive_layers_fp32(trt: Any, network: Any) -> int:
         kind = layer.type
         in_head = any(layer.get_input(j) is not None and layer.get_input(j).name in head for j in range(layer.num_inputs))
         outputs = [layer.get_output(j) for j in range(layer.num_outputs)]
-        if in_head:
+        if in_head and kind != trt.LayerType.SHAPE:
             head.update(t.name for t in outputs)
         sensitive = kind in sensitive_kinds
         if kind == trt.LayerType.UNARY:

@@ -33,7 +33,7 @@ from specrt.lazy import require
 from specrt.manifest import HEAD_INPUTS
 
 PRECISIONS = ("fp32", "fp16", "bf16")
-CONVERTER_VERSION = "specrt-precision-2"  # part of engine cache keys: bump when the output changes
+CONVERTER_VERSION = "specrt-precision-3"  # part of engine cache keys: bump when the output changes
 
 # Ops that always compute in fp32: softmax and every piece of a normalisation.
 FP32_OPS = frozenset({
@@ -49,6 +49,7 @@ FP32_ONLY_INPUTS = frozenset({("Resize", 1), ("Resize", 2), ("Upsample", 1)})
 ATTR_TYPED_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                             "EyeLike", "Multinomial", "Bernoulli"})
 CONSTANT_OPS = frozenset({"Constant", "ConstantOfShape"})
+SHAPE_OPS = frozenset({"Shape", "Size"})  # read a tensor's dims only
 # Graph inputs whose every downstream node computes in fp32: the sampling head's (specrt.manifest).
 FP32_FROM_INPUTS = tuple(HEAD_INPUTS)
 FP16_MAX = 65504.0
@@ -89,7 +90,12 @@ def _onnx_types(onnx: Any, precision: str) -> tuple[int, int]:
 
 
 def downstream_nodes(graph: Any, sources: set[str]) -> set[int]:
-    """Indices of the nodes that (transitively) consume any tensor named in `sources`."""
+    """Indices of the nodes that (transitively) consume the values of any tensor in `sources`.
+
+    Shape and Size read only a tensor's dims, not its values, so the walk stops there: the
+    exporter takes the `images` dim from Shape(mix) at the top of the graph, and following it
+    would sweep the whole transformer into the sampling head.
+    """
     consumers: dict[str, list[int]] = defaultdict(list)
     for i, node in enumerate(graph.node):
         for name in node.input:
@@ -98,7 +104,7 @@ def downstream_nodes(graph: Any, sources: set[str]) -> set[int]:
     pending = list(sources)
     while pending:
         for i in consumers.get(pending.pop(), ()):
-            if i not in found:
+            if i not in found and graph.node[i].op_type not in SHAPE_OPS:
                 found.add(i)
                 pending.extend(out for out in graph.node[i].output if out)
     return found

@@ -8,10 +8,7 @@ when it has a manifest.json whose hashes match).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
-import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -20,6 +17,7 @@ import numpy as np
 import torch.nn as nn
 
 from specrt import __version__
+from specrt.bundle_dir import move_into_place, partial_dir, refuse_existing
 from specrt.errors import SpecrtError
 from specrt.export import onnx_export
 from specrt.export.neighbours import codebook_neighbours, neighbour_count
@@ -135,11 +133,6 @@ def _graph_jobs(models: ModelSet, options: ExportOptions, limits: GraphLimits) -
     ]
 
 
-def _refuse_existing(out: Path, force: bool) -> None:
-    if (out.exists() or out.is_symlink()) and not force:
-        raise SpecrtError(f"{out} already exists; pass --force to replace it")
-
-
 def _codebook(vq: nn.Module) -> np.ndarray:
     """The codebook as used at lookup (L2-normalised for LlamaGen's VQ)."""
     return vq.quantize.codebook().detach().float().cpu().numpy()
@@ -156,14 +149,11 @@ def write_bundle(models: ModelSet, out: str | Path, options: ExportOptions | Non
     options = options or ExportOptions()
     out = Path(out).absolute()
     say = progress or (lambda _msg: None)
-    _refuse_existing(out, force)
+    refuse_existing(out, force)
     check_compatible(models)
     limits = GraphLimits(capacity=capacity_for(models.target.config, options.max_window),
                          max_window=options.max_window, max_batch=options.max_batch)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
-    work.mkdir()
-    try:
+    with partial_dir(out) as work:
         jobs = _graph_jobs(models, options, limits)
         total = len(jobs) + 2
         graphs = []
@@ -184,23 +174,5 @@ def write_bundle(models: ModelSet, out: str | Path, options: ExportOptions | Non
         manifest = build_manifest(models, replace(options, neighbours_k=k), graphs, work)
         (work / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
         read_manifest(work)  # never rename something we could not read back
-        _move_into_place(work, out, force)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+        move_into_place(work, out, force)
     return read_manifest(out, check_hashes=False)
-
-
-def _move_into_place(work: Path, out: Path, force: bool) -> None:
-    """Rename work -> out; with force, the old `out` is moved aside first and deleted after."""
-    _refuse_existing(out, force)  # it may have appeared while we exported
-    old = None
-    if out.exists() or out.is_symlink():
-        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-        os.replace(out, old)
-    os.replace(work, out)
-    if old is not None:
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink()

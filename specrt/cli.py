@@ -8,7 +8,7 @@ import sys
 import click
 
 from specrt import __version__
-from specrt.commands import bench, build, demo, export, generate, inspect
+from specrt.commands import bench, build, demo, export, generate, inspect, quantize
 from specrt.errors import SpecrtError
 
 
@@ -21,6 +21,7 @@ def cli() -> None:
     Typical flow:
       specrt export --out bundle          # PyTorch models -> ONNX graphs + manifest.json
       specrt inspect bundle               # print the manifest, lint the graphs for TensorRT
+      specrt quantize bundle --mode int4 --out q4   # INT4/INT8/FP8 graphs, or --self-draft int4
       specrt build bundle                 # TensorRT engines (on the deployment GPU)
       specrt generate bundle --method cool-sd --class 3 --out img.png
       specrt bench                        # every method's speed and fidelity, one run
@@ -29,7 +30,8 @@ def cli() -> None:
     """
 
 
-for command in (export.command, build.command, generate.command, bench.command, inspect.command, demo.group):
+for command in (export.command, quantize.command, build.command, generate.command, bench.command, inspect.command,
+                demo.group):
     cli.add_command(command)
 
 

@@ -61,6 +61,8 @@ class GraphSpec:
     outputs: tuple[TensorSpec, ...]
     profile: dict[str, dict[str, int]]
     external_data: str | None = None
+    # Set by `specrt quantize`: precision, tool and version, algorithm settings, calibration size.
+    quantization: dict[str, Any] | None = None
 
     def input(self, name: str) -> TensorSpec:
         return _find(self.inputs, name, f"input of graph {self.name}")
@@ -93,6 +95,8 @@ class GraphSpec:
         }
         if self.external_data:
             out["external_data"] = self.external_data
+        if self.quantization:
+            out["quantization"] = dict(self.quantization)
         return out
 
 
@@ -200,7 +204,7 @@ def parse_graph(name: str, raw: dict[str, Any]) -> GraphSpec:
             inputs=tuple(_tensor(name, t) for t in raw["inputs"]),
             outputs=tuple(_tensor(name, t) for t in raw["outputs"]),
             profile={d: dict(v) for d, v in raw.get("profile", {}).items()},
-            external_data=raw.get("external_data"),
+            external_data=raw.get("external_data"), quantization=raw.get("quantization"),
         )
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise SpecrtError(f"manifest: graph {name} is missing or has a malformed field: {exc}") from None

@@ -36,7 +36,18 @@ def _graph_lines(manifest: Manifest, spec: GraphSpec) -> list[str]:
     lines += [f"    out  {t.name:<{width}}  {t.dtype:<8} {_dims(t.shape)}" for t in spec.outputs]
     profile = "  ".join(f"{d} {p['min']}/{p['opt']}/{p['max']}" for d, p in spec.profile.items())
     lines.append(f"    profile (min/opt/max)  {profile}")
+    if spec.quantization:
+        lines.append(f"    precision  {_quantization(spec.quantization)}")
     return lines
+
+
+def _quantization(record: dict) -> str:
+    """One line for a graph's `quantization` record (written by `specrt quantize`)."""
+    settings = ", ".join(f"{key.replace('_', ' ')} {record[key]}" for key in ("block_size", "accuracy_level")
+                         if key in record)
+    return (f"{record.get('precision', '?')} by {record.get('tool', '?')} {record.get('tool_version', '')}"
+            f" ({record.get('algorithm', '?')}{', ' + settings if settings else ''}); "
+            f"calibration: {record.get('calibration_feeds', 0)} feeds")
 
 
 def format_manifest(manifest: Manifest) -> str:

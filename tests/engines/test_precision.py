@@ -181,3 +181,16 @@ def test_write_converted_reuses_a_fresh_copy_and_redoes_a_stale_one(tmp_path):
     out.write_bytes(b"")  # the stamp still matches: a copy is reused on the stamp, as documented
     write_converted(source, "b" * 64, "fp16", tmp_path / "converted")
     onnx.checker.check_model(onnx.load(out))
+
+
+def test_exported_graph_keeps_only_head_norms_and_softmax_fp32(demo_bundle):
+    """The exporter reads the `images` dim as Shape(mix) at the top of the graph; the head's
+    fp32 region must follow mix's values, not its shape, or the whole transformer stays fp32."""
+    graph = onnx.load(str(demo_bundle / "target_step.onnx")).graph
+    weights = {init.name for init in graph.initializer}
+    kept = fp32_nodes(graph)
+    linear = [i for i, node in enumerate(graph.node) if node.op_type == "MatMul" and node.input[1] in weights]
+    assert len(linear) == 5 * 4 + 1  # wqkv, wo, w1, w2, w3 per layer and the output head of the demo target
+    assert not kept & set(linear)
+    kept_ops = {graph.node[i].op_type for i in kept}
+    assert {"Softmax", "ReduceMean", "CumSum"} <= kept_ops and "Shape" not in kept_ops

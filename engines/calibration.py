@@ -1,0 +1,87 @@
+"""Calibration feeds recorded from the runtime on a bundle's own generations.
+
+Activation ranges (INT8, FP8) are only as good as the inputs they were measured on, and a
+step graph's inputs are far from random: token ids the model itself sampled, positions and
+window masks of real decoding steps, and a KV cache filled by real prefixes. So the feeds
+are recorded here while the bundle generates images on onnxruntime with the methods it will
+run (AR steps of one token, SD's target windows of draft_len + 1 and its draft steps), and a
+fixed number per graph is kept by reservoir sampling: spread over whole generations, with
+memory bounded by the calibration-set size (a GPT-B step feed carries a ~47 MB KV cache).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+
+from specrt.manifest import Manifest
+from specrt.runtime.backends.ort_backend import OrtRunner, bundle_companions
+
+Feeds = dict[str, np.ndarray]
+Progress = Callable[[str], None]
+
+
+class Reservoir:
+    """A uniform sample of at most `size` items from a stream; an item is built only when kept."""
+
+    def __init__(self, size: int, seed: int):
+        self.size, self.seen, self.items = size, 0, []
+        self._rng = np.random.default_rng(seed)
+
+    def offer(self, make: Callable[[], Feeds]) -> None:
+        self.seen += 1
+        if len(self.items) < self.size:
+            self.items.append(make())
+            return
+        slot = int(self._rng.integers(self.seen))
+        if slot < self.size:
+            self.items[slot] = make()
+
+
+class RecordingRunner(OrtRunner):
+    """An OrtRunner that offers a copy of every prefill and step feed to its graphs' reservoirs."""
+
+    def __init__(self, manifest: Manifest, role: str, reservoirs: dict[str, Reservoir], threads: Optional[int]):
+        super().__init__(manifest, role, None, threads)
+        self.reservoirs = reservoirs
+
+    def _prefill(self, class_ids: np.ndarray, uniforms: np.ndarray):
+        dtype = np.dtype(self.prefill_spec.input("class_ids").dtype)
+        self.reservoirs[self.prefill_spec.name].offer(lambda: {
+            "class_ids": class_ids.astype(dtype), "mix": self.mix.copy(), "uniforms": uniforms.copy()})
+        return super()._prefill(class_ids, uniforms)
+
+    def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray):
+        self.reservoirs[self.step_spec.name].offer(lambda: {
+            "input_ids": ids.copy(), "positions": positions.copy(), "attention_mask": mask.copy(),
+            "past_kv": self._kv.copy(), "mix": self.mix.copy(), "uniforms": uniforms.copy()})
+        return super()._step(ids, positions, mask, uniforms)
+
+
+def record_feeds(manifest: Manifest, size: int, images: int, seed: int = 0, threads: Optional[int] = None,
+                 progress: Optional[Progress] = None) -> dict[str, list[Feeds]]:
+    """Up to `size` feeds per prefill/step graph of the bundle's target and draft, from `images`
+    generations: odd images decode with AR (one-token target steps), even ones with SD when
+    the bundle has a draft (target windows of 5, draft steps of 1), with the bundle's sampling
+    defaults and the classes taken in turn."""
+    from specrt.runtime.pipeline import Pipeline
+    from specrt.runtime.runner import VQDecoder
+
+    class NoImages(VQDecoder):  # calibration needs the tokens' feeds, not pictures
+        def decode(self, codes: np.ndarray) -> np.ndarray:
+            return np.zeros((len(codes), 3, 1, 1), dtype=np.float32)
+
+    roles = [role for role in ("target", "draft") if f"{role}_step" in manifest.graphs]
+    reservoirs = {f"{role}_{kind}": Reservoir(size, seed + i)
+                  for i, (role, kind) in enumerate((r, k) for r in roles for k in ("prefill", "step"))}
+    runners = {role: RecordingRunner(manifest, role, reservoirs, threads) for role in roles}
+    companions = bundle_companions(manifest)
+    pipe = Pipeline(runners["target"], NoImages(), runners.get("draft"), neighbours=companions["neighbours"],
+                    sampling_defaults=companions["sampling_defaults"])
+    classes = int(manifest.models["target"]["num_classes"])
+    for i in range(images):
+        method = "sd" if i % 2 == 0 and pipe.draft is not None else "ar"
+        pipe.generate([i % classes], method=method, seed=seed + i)
+        if progress:
+            progress(f"calibration: image {i + 1}/{images} ({method})")
+    return {name: reservoir.items for name, reservoir in reservoirs.items()}
