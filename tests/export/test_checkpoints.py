@@ -236,7 +236,8 @@ def test_a_crafted_pickle_is_refused_and_never_run(tmp_path, writer, capfd):
         load_state_dict(evil)
     _one_line(exc)
     with pytest.raises(SystemExit) as exit_info:
-        main(["generate", "--target", str(evil), "--vq", str(evil), "--out", str(tmp_path / "x.png")])
+        main(["generate", "--target", str(evil), "--vq", str(evil), "--image-size", "256",
+              "--out", str(tmp_path / "x.png")])
     err = capfd.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1 and "refusing to unpickle" in err, err
     assert not marker.exists()
