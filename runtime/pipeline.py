@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,11 @@ class Pipeline:
         self.neighbours = neighbours
         self.sampling_defaults = dict(sampling_defaults or {})
         self.max_batch = max_batch
+        # generate() runs on the runners' preallocated buffers (KV cache, step I/O), so two calls
+        # at once would overwrite each other's state: calls from several threads take turns, and
+        # each caller gets exactly the result it would get alone. Run several Pipelines (or
+        # processes) for parallel generation.
+        self._generate_lock = threading.Lock()
 
     # ---- constructors ------------------------------------------------------------------------
 
@@ -109,7 +115,13 @@ class Pipeline:
                  **params: Any) -> GenerationResult:
         """Images for `class_ids` with a decoding method; `params` mix sampling keys
         (cfg_scale, temperature, top_k, top_p) and the method's own parameters. A Method
-        instance may be passed instead of a name (tests inject deliberately broken variants)."""
+        instance may be passed instead of a name (tests inject deliberately broken variants).
+        Thread-safe: concurrent calls on one Pipeline are serialised (see __init__)."""
+        with self._generate_lock:
+            return self._generate(class_ids, method, seed, **params)
+
+    def _generate(self, class_ids: Sequence[int] | int, method: str | Method, seed: int,
+                  **params: Any) -> GenerationResult:
         spec = self.target.spec
         class_ids = np.asarray(validation.class_ids(class_ids, spec.num_classes), dtype=np.int64)
         seed = validation.seed(seed)
