@@ -10,7 +10,11 @@ rebuilt — a stale engine is never loaded silently. Layout:
     bundle/engines/<gpu>-sm<cc>-trt<version>/timing.cache                 (shared by the graphs)
 
 Files are written to a temporary name and renamed, so an interrupted build leaves either
-the old engine or none, never half of one.
+the old engine or none, never half of one. Several processes may build into one bundle at
+once: an engine and its sidecar are written and read as a pair under an advisory file lock
+(`.lock` in the folder; fcntl, where the platform has it), so a reader never pairs one
+process's engine with another's sidecar; the last writer wins, and every engine a lookup
+returns is whole and matches its key.
 """
 from __future__ import annotations
 
@@ -21,9 +25,15 @@ import re
 import shutil
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; atomic renames still keep every file whole
+    fcntl = None
 
 from specrt.errors import SpecrtError
 
@@ -113,26 +123,47 @@ class EngineCache:
     def timing_cache_path(self) -> Path:
         return self.dir / "timing.cache"
 
+    @contextmanager
+    def _locked(self, exclusive: bool) -> Iterator[None]:
+        """Hold the folder's advisory lock: exclusive to write an engine + sidecar pair, shared to read one."""
+        if fcntl is None or not self.dir.is_dir():
+            yield
+            return
+        try:
+            handle = open(self.dir / ".lock", "a+b")
+        except OSError:  # a read-only bundle: nobody can be writing into it
+            yield
+            return
+        with handle:
+            fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
     def lookup(self, key: EngineKey) -> Path | None:
         """The cached engine for `key`, or None when absent, built for another key, or damaged."""
         engine, sidecar = self.engine_path(key.graph, key.precision), self.sidecar_path(key.graph, key.precision)
-        if not engine.is_file() or not sidecar.is_file():
-            return None
-        try:
-            recorded = json.loads(sidecar.read_text())
-        except json.JSONDecodeError:
-            return None
-        if recorded.get("key") != key.to_json() or recorded.get("engine_sha256") != file_sha256(engine):
-            return None
-        return engine
+        with self._locked(exclusive=False):
+            if not engine.is_file() or not sidecar.is_file():
+                return None
+            try:
+                recorded = json.loads(sidecar.read_text())
+            except json.JSONDecodeError:
+                return None
+            if recorded.get("key") != key.to_json() or recorded.get("engine_sha256") != file_sha256(engine):
+                return None
+            return engine
 
     def store(self, key: EngineKey, engine_bytes: bytes, build_seconds: float | None = None) -> Path:
         """Save an engine and then its sidecar (last, so a crash in between reads as a miss)."""
         engine = self.engine_path(key.graph, key.precision)
-        atomic_write_bytes(engine, engine_bytes)
         sidecar = {"key": key.to_json(), "digest": key.digest, "engine_sha256": hashlib.sha256(engine_bytes).hexdigest(),
                    "engine_bytes": len(engine_bytes), "build_seconds": build_seconds}
-        atomic_write_bytes(self.sidecar_path(key.graph, key.precision), json.dumps(sidecar, indent=2).encode())
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with self._locked(exclusive=True):
+            atomic_write_bytes(engine, engine_bytes)
+            atomic_write_bytes(self.sidecar_path(key.graph, key.precision), json.dumps(sidecar, indent=2).encode())
         return engine
 
     def load_timing_cache(self) -> bytes:

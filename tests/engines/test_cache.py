@@ -88,3 +88,37 @@ def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypat
         atomic_write_bytes(target, b"new")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["x.engine"]  # no temp file left behind
+
+
+def _hammer(bundle: str, worker: int, rounds: int) -> list[str]:
+    """One process storing its own engine for a shared key and looking it up, again and again."""
+    cache = EngineCache(bundle, ORIN, "10.3.0")
+    key = _key()
+    problems = []
+    for i in range(rounds):
+        cache.store(key, f"engine of worker {worker}, round {i} ".encode() * 2000)
+        found = cache.lookup(key)
+        if found is None:
+            problems.append(f"worker {worker} round {i}: a stored engine read as a miss")
+            continue
+        data = found.read_bytes()
+        unit = data[: data.find(b" ", data.find(b"round ") + 6) + 1]  # "engine of worker W, round R "
+        if not unit.startswith(b"engine of worker ") or data != unit * 2000:
+            problems.append(f"worker {worker} round {i}: a mixed or partial engine")
+    return problems
+
+
+def test_processes_sharing_one_cache_never_see_a_torn_pair(tmp_path):
+    """Four processes store and look up the same engine 40 times each: every lookup after a store
+    must hit (an engine whole and paired with its own sidecar), and no temp file is left over.
+    Without the pair lock a reader can meet one writer's engine beside another's sidecar."""
+    import multiprocessing
+
+    # fork where there is one (fast; the workers only touch files), else spawn
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    with multiprocessing.get_context(method).Pool(4) as pool:
+        results = pool.starmap(_hammer, [(str(tmp_path), w, 40) for w in range(4)])
+    assert [p for r in results for p in r] == []
+    cache = EngineCache(tmp_path, ORIN, "10.3.0")
+    assert cache.lookup(_key()) is not None
+    assert sorted(p.name for p in cache.dir.iterdir()) == [".lock", "target_step.fp16.engine", "target_step.fp16.json"]
