@@ -90,6 +90,12 @@ def test_example_matches_python_api_byte_for_byte(example, demo_bundle, tmp_path
     (["--params", "[1, 2]"], INVALID_ARGUMENT, "JSON object"),
     (["--buffer-bytes", "10"], BUFFER_TOO_SMALL, "10 bytes"),
     (["--class", "99999"], INVALID_ARGUMENT, "out of range"),
+    (["--class", "-1"], INVALID_ARGUMENT, "out of range"),
+    # every value through specrt.validation: JSON numbers that are not meaningful are refused
+    (["--method", "sd", "--params", '{"draft_len": 2.5}'], INVALID_ARGUMENT, "sd draft_len (L) must be an integer"),
+    (["--params", '{"temperature": NaN}'], INVALID_ARGUMENT, "temperature must be a finite number"),
+    (["--params", '{"top_p": 0}'], INVALID_ARGUMENT, "top_p must be a finite number in (0, 1]"),
+    (["--method", "sjd", "--params", '{"adaptive_continuation": 1}'], INVALID_ARGUMENT, "must be true or false"),
 ])
 def test_errors_cross_as_codes_and_messages(example, demo_bundle, tmp_path, args, code, message):
     done = _generate(example, str(demo_bundle), str(tmp_path / "x.ppm"), *args)
@@ -104,3 +110,21 @@ def test_missing_bundle_is_not_found(example, tmp_path):
     done = _generate(example, str(tmp_path / "nowhere"), str(tmp_path / "x.ppm"))
     assert done.returncode == NOT_FOUND
     assert "no specrt bundle" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_many_threads_on_one_pipeline_get_their_solo_results(example, demo_bundle, tmp_path):
+    """tests/runtime/capi_threads.c: six threads generate at once on one pipeline (one with a bad
+    parameter); each result must equal its solo run and the bad one fail alone, with its own
+    message. Compiled against the library the `example` fixture installed (one small C file)."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("needs a C compiler")
+    prefix = example.parent.parent / "prefix"
+    libdir = next(prefix.glob("lib*/libspecrt.so*")).parent
+    binary = tmp_path / "capi_threads"
+    _run([compiler, "-O1", str(Path(__file__).with_name("capi_threads.c")), f"-I{prefix / 'include'}", f"-L{libdir}",
+          "-lspecrt", "-lpthread", f"-Wl,-rpath,{libdir}", "-o", str(binary)])
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    done = subprocess.run([str(binary), str(demo_bundle)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "ok: 6 threads" in done.stdout
