@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from specrt import __version__
 from specrt.bundle_dir import move_into_place, partial_dir, refuse_existing
+from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.export import onnx_export
 from specrt.export.neighbours import codebook_neighbours, neighbour_count
@@ -44,12 +45,9 @@ class ExportOptions:
     def __post_init__(self) -> None:
         if self.opset not in onnx_export.SUPPORTED_OPSETS:
             raise SpecrtError(f"--opset must be one of {onnx_export.SUPPORTED_OPSETS}, got {self.opset}")
-        if self.max_window < 1:
-            raise SpecrtError(f"--max-window must be >= 1, got {self.max_window}")
-        if self.max_batch < 1:
-            raise SpecrtError(f"--max-batch must be >= 1, got {self.max_batch}")
-        if self.neighbours_k < 1:
-            raise SpecrtError(f"--neighbours must be >= 1, got {self.neighbours_k}")
+        for flag, value in (("--max-window", self.max_window), ("--max-batch", self.max_batch),
+                            ("--neighbours", self.neighbours_k)):
+            validation.count(flag, value)
 
 
 @dataclass

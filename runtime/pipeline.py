@@ -77,6 +77,8 @@ class Pipeline:
         `threads` caps onnxruntime's intra-op threads per session (None: its default);
         `precision` picks the engines ('trt') or TensorRT EP precision ('ort-trt').
         """
+        if threads is not None:
+            threads = validation.count("threads", threads)
         if backend not in BUNDLE_BACKENDS:
             hint = " (torch runs checkpoints or the demo, not bundles)" if backend == "torch" else ""
             raise SpecrtError(f"unknown bundle backend {backend!r}{hint}; choose one of {', '.join(BUNDLE_BACKENDS)}")

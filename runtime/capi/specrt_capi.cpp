@@ -8,6 +8,7 @@
 #include <pybind11/embed.h>
 #include <pybind11/stl.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -145,7 +146,11 @@ specrt_status specrt_generate(specrt_pipeline *pipe, const int32_t *class_ids, s
     if (n == 0) {
         return fail(SPECRT_ERR_INVALID_ARGUMENT, "specrt_generate: n must be at least 1");
     }
-    const size_t needed = n * static_cast<size_t>(pipe->height) * static_cast<size_t>(pipe->width) * 3;
+    const size_t image_bytes = static_cast<size_t>(pipe->height) * static_cast<size_t>(pipe->width) * 3;
+    if (image_bytes == 0 || n > SIZE_MAX / image_bytes) {  // n * image_bytes would wrap around
+        return fail(SPECRT_ERR_INVALID_ARGUMENT, "specrt_generate: n = " + std::to_string(n) + " images cannot fit in memory");
+    }
+    const size_t needed = n * image_bytes;
     if (pixels_size < needed) {
         return fail(SPECRT_ERR_BUFFER_TOO_SMALL, "specrt_generate: pixel buffer holds " + std::to_string(pixels_size) +
                                                      " bytes, " + std::to_string(needed) + " needed");

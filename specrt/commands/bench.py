@@ -15,6 +15,7 @@ from typing import Optional
 import click
 
 from specrt.bench.models import BACKENDS
+from specrt import validation
 from specrt.errors import SpecrtError
 
 DEFAULT_IMAGES = 180  # 18 per class; the FD noise floor can use 179 real images (half B)
@@ -114,6 +115,7 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
 def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, plot_path, markdown_path, demo_weights,
             cache_dir, profile_arch, results_path, windows, repeats, device, progress) -> None:
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
+    validation.seed(seed, "--seed")  # image i uses seed + i: checked before anything loads
     if profile_arch:
         _profile(profile_arch, results_path, windows, repeats, device, threads, json_path, plot_path, demo_weights)
         return

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from specrt import validation
 from specrt.errors import SpecrtError
 
 
@@ -72,6 +73,7 @@ def report(weights: Path | None, per_class: int, grid_path: Path | None, seed: i
 
     if record and weights is None:
         raise SpecrtError("--record rewrites a weights folder's demo.json: name it with --weights DIR")
+    validation.seed(seed, "--seed")
     torch.set_num_threads(threads)
     models = load_demo(weights)
     overrides = {k: v for k, v in (("cfg_scale", cfg_scale), ("temperature", temperature), ("top_k", top_k))

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
+from specrt import validation
 from specrt.errors import SpecrtError
 
 
@@ -62,7 +63,7 @@ def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, rando
     torch = require("torch", "specrt export")
     from specrt.export.bundle import ExportOptions, write_bundle
 
-    torch.set_num_threads(max(threads, 1))
+    torch.set_num_threads(validation.count("--threads", threads))
     options = ExportOptions(opset=opset, max_window=max_window, max_batch=max_batch,
                             target_hidden=not no_hidden, neighbours_k=neighbours_k)
     if out.exists() and not force:  # refuse before loading multi-GB checkpoints
