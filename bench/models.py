@@ -140,6 +140,5 @@ def open_models(bundle: Optional[Path] = None, backend: str = "ort", demo_weight
     from specrt.export.demo import load_demo
 
     demo = load_demo(demo_weights)
-    pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq)
-    pipe.sampling_defaults = dict(demo.config["sampling_defaults"])
+    pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq)  # the demo's own sampling defaults
     return BenchModels(pipe, "torch", f"{where} (PyTorch modules)", fidelity)

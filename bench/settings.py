@@ -125,3 +125,8 @@ def build_settings(methods: str | Sequence[str] = DEFAULT_METHODS, sweeps: Seque
         except SpecrtError as exc:
             raise SpecrtError(f"setting {setting.label}: {exc}") from None
     return settings
+
+
+def needing_draft(settings: Sequence[Setting]) -> list[Setting]:
+    """The settings whose method drafts with a draft model (sd, cool-sd, lantern)."""
+    return [s for s in settings if METHODS[s.method].needs_draft]

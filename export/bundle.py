@@ -25,6 +25,7 @@ from specrt.export.neighbours import codebook_neighbours, neighbour_count
 from specrt.export.onnx_export import GraphLimits, capacity_for
 from specrt.manifest import FORMAT, MANIFEST_NAME, VERSION, GraphSpec, Manifest, file_record, read_manifest
 from specrt.runtime import compatibility
+from specrt.runtime.defaults import as_dict, defaults_of
 from specrt.runtime.sampling import SamplingParams
 
 NEIGHBOURS_FILE = "neighbours.npy"
@@ -52,17 +53,22 @@ class ExportOptions:
 
 @dataclass
 class ModelSet:
-    """The three PyTorch models a bundle is exported from (eval mode, float32).
+    """The PyTorch models a bundle is exported from (eval mode, float32); the draft is optional.
 
     sources: free-form provenance per role (checkpoint path, "demo", "random") for the manifest.
-    sampling: the sampling defaults the models were tuned for (the manifest's sampling_defaults).
+    sampling: the manifest's sampling_defaults; None: the target's own (specrt.runtime.defaults),
+      the same Pipeline.from_torch uses, so a bundle and its PyTorch modules sample alike.
     """
 
     target: nn.Module
-    draft: nn.Module | None  # None: generate's checkpoint route without --draft (a bundle needs one)
+    draft: nn.Module | None  # None: no draft graphs (ar, sjd and sjd-pac need none)
     vq: nn.Module
     sources: dict[str, str] = field(default_factory=dict)
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    sampling: SamplingParams | None = None
+
+    @property
+    def sampling_defaults(self) -> SamplingParams:
+        return self.sampling or defaults_of(self.target)
 
     @property
     def grid_size(self) -> int:
@@ -76,9 +82,8 @@ class ModelSet:
 def check_compatible(models: ModelSet) -> None:
     """The draft must speak the target's token language and the VQ must decode it; say which
     number disagrees otherwise (one line, SpecrtError)."""
-    if models.draft is None:
-        raise SpecrtError("a bundle needs a draft model (--draft)")
-    compatibility.check_compatible(models.target.config, models.draft.config, models.vq.config, "specrt export")
+    draft = models.draft.config if models.draft is not None else None
+    compatibility.check_compatible(models.target.config, draft, models.vq.config, "specrt export")
 
 
 def _model_entry(config, capacity: int, **extra: Any) -> dict[str, Any]:
@@ -102,15 +107,16 @@ def build_manifest(models: ModelSet, options: ExportOptions, graphs: list[GraphS
     capacity = capacity_for(models.target.config, options.max_window)
     sources = models.sources
     files = [g.file for g in graphs] + [g.external_data for g in graphs if g.external_data] + [NEIGHBOURS_FILE]
-    s = options.sampling or models.sampling
+    s = options.sampling or models.sampling_defaults
     return {
         "format": FORMAT, "version": VERSION, "created_by": f"specrt {__version__}",
         "models": {
             "target": _model_entry(models.target.config, capacity, source=sources.get("target", "")),
-            "draft": _model_entry(models.draft.config, capacity, kind="independent", source=sources.get("draft", "")),
+            **({"draft": _model_entry(models.draft.config, capacity, kind="independent", source=sources.get("draft", ""))}
+               if models.draft is not None else {}),
             "vq": {**_vq_entry(models), "source": sources.get("vq", "")},
         },
-        "sampling_defaults": {"cfg_scale": s.cfg_scale, "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p},
+        "sampling_defaults": as_dict(s),
         "limits": {"max_window": options.max_window, "max_batch": options.max_batch},
         "graphs": {g.name: g.to_json() for g in graphs},
         "neighbours": {"file": NEIGHBOURS_FILE, "k": options.neighbours_k, "metric": "euclidean",
@@ -122,13 +128,16 @@ def build_manifest(models: ModelSet, options: ExportOptions, graphs: list[GraphS
 def _graph_jobs(models: ModelSet, options: ExportOptions, limits: GraphLimits) -> list[tuple[str, Callable[[Path], GraphSpec]]]:
     """(graph name, export function of the work directory), in manifest order."""
     opset = options.opset
-    return [
+    target = [
         ("target_prefill", lambda d: onnx_export.export_prefill(models.target, "target", limits, d, opset, options.target_hidden)),
         ("target_step", lambda d: onnx_export.export_step(models.target, "target", limits, d, opset, options.target_hidden)),
+    ]
+    draft = [
         ("draft_prefill", lambda d: onnx_export.export_prefill(models.draft, "draft", limits, d, opset, False)),
         ("draft_step", lambda d: onnx_export.export_step(models.draft, "draft", limits, d, opset, False)),
-        ("vq_decode", lambda d: onnx_export.export_vq_decode(models.vq, models.grid_size, limits, d, opset)),
-    ]
+    ] if models.draft is not None else []
+    return [*target, *draft,
+            ("vq_decode", lambda d: onnx_export.export_vq_decode(models.vq, models.grid_size, limits, d, opset))]
 
 
 def _codebook(vq: nn.Module) -> np.ndarray:

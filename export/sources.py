@@ -14,10 +14,6 @@ import torch
 from specrt.errors import SpecrtError
 from specrt.export.bundle import ModelSet
 from specrt.runtime.compatibility import check_compatible, require_class_conditional
-from specrt.runtime.sampling import SamplingParams
-
-# DESIGN.md, LlamaGen c2i sampling defaults.
-LLAMAGEN_C2I_SAMPLING = SamplingParams(cfg_scale=4.0, temperature=1.0, top_k=2000, top_p=1.0)
 
 
 def demo_models(path: str | Path | None = None) -> ModelSet:
@@ -32,7 +28,7 @@ def demo_models(path: str | Path | None = None) -> ModelSet:
         raise SpecrtError(f"the packaged demo weights cannot be loaded ({exc}); export checkpoints with "
                           "--target/--draft/--vq, or real-size random weights with --random-weights") from exc
     where = str(path) if path else "demo"
-    return ModelSet(target=demo.target, draft=demo.draft, vq=demo.vq, sampling=demo.sampling_defaults,
+    return ModelSet(target=demo.target, draft=demo.draft, vq=demo.vq,
                     sources={"target": f"{where}:target", "draft": f"{where}:draft", "vq": f"{where}:vq"})
 
 
@@ -67,7 +63,10 @@ def checkpoint_models(target: Path, draft: Path | None, vq: Path, target_choice:
     Everything in the weights is read from them (sizes, conditioning, the VQ's downsampling
     from its decoder); the rest comes from the choices and the image size, checked against
     the weights; the grid is image_size ÷ the VQ's own downsampling. Only the VQ decoder is
-    loaded. `where` names the command in the message refusing a t2i checkpoint.
+    loaded. The draft is optional (LlamaGen publishes none; ar, sjd and sjd-pac need none).
+    The ModelSet's sampling defaults are the target family's (specrt.runtime.defaults), so
+    the bundle and the PyTorch route sample alike. `where` names the command in the message
+    refusing a t2i checkpoint.
     """
     from specrt.export.checkpoints import image_grid, load_gpt, load_vq
 
@@ -84,7 +83,7 @@ def checkpoint_models(target: Path, draft: Path | None, vq: Path, target_choice:
     draft_model = gpt(draft, draft_choice) if draft is not None else None
     check_compatible(target_model.config, draft_model.config if draft_model is not None else None, vq_model.config, where)
     sources = {"target": str(target), "vq": str(vq), **({"draft": str(draft)} if draft is not None else {})}
-    return ModelSet(target=target_model, draft=draft_model, vq=vq_model, sampling=LLAMAGEN_C2I_SAMPLING, sources=sources)
+    return ModelSet(target=target_model, draft=draft_model, vq=vq_model, sources=sources)
 
 
 def random_models(arch: str, draft_arch: str, vq_arch: str, image_size: int, seed: int = 0) -> ModelSet:
@@ -104,5 +103,5 @@ def random_models(arch: str, draft_arch: str, vq_arch: str, image_size: int, see
     except ValueError as exc:
         raise SpecrtError(str(exc)) from None
     vq = VQDecoder(vq_config).eval()
-    return ModelSet(target=target, draft=draft, vq=vq, sampling=LLAMAGEN_C2I_SAMPLING,
+    return ModelSet(target=target, draft=draft, vq=vq,
                     sources={"target": f"random {arch}", "draft": f"random {draft_arch}", "vq": f"random {vq_arch}"})

@@ -19,6 +19,7 @@ import numpy as np
 from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.runtime.compatibility import check_compatible
+from specrt.runtime.defaults import as_dict, defaults_of
 from specrt.runtime.methods import Decoding, Method, make_method
 from specrt.runtime.methods.base import OneImageAtATime
 from specrt.runtime.methods.speculative import Lantern
@@ -35,6 +36,7 @@ class GenerationResult:
     tokens: np.ndarray  # int64 [N, grid, grid]
     images: np.ndarray  # uint8 [N, H, W, 3]
     stats: Stats
+    sampling: Optional[SamplingParams] = None  # the distribution sampled: defaults + explicit keys
 
 
 def to_uint8(images: np.ndarray) -> np.ndarray:
@@ -93,9 +95,15 @@ class Pipeline:
 
     @classmethod
     def from_torch(cls, target_gpt: Any, draft_gpt: Any, vq: Any, neighbours: Optional[np.ndarray] = None,
-                   max_window: int = 64, device: Optional[str] = None) -> "Pipeline":
+                   max_window: int = 64, device: Optional[str] = None,
+                   sampling_defaults: Optional[SamplingParams] = None) -> "Pipeline":
         """PyTorch GPT modules (specrt.export.llamagen_gpt.GPT) and a VQModel or VQDecoder;
-        draft may be None. The three must fit together (runtime.compatibility): one line if not."""
+        draft may be None. The three must fit together (runtime.compatibility): one line if not.
+
+        Sampling defaults: `sampling_defaults`, else the target's (specrt.runtime.defaults: what
+        its loader recorded, else its family's), which `specrt export` writes into a bundle too,
+        so this pipeline and the bundle exported from the same modules sample alike.
+        """
         from specrt.runtime.backends.torch_backend import TorchRunner, TorchVQ
         check_compatible(target_gpt.config, draft_gpt.config if draft_gpt is not None else None, vq.config,
                          "Pipeline.from_torch")
@@ -103,7 +111,8 @@ class Pipeline:
         draft = TorchRunner(draft_gpt, max_window, device) if draft_gpt is not None else None
         if neighbours is None:
             neighbours = TorchVQ.neighbours_of(vq)
-        return cls(target, TorchVQ(vq, device), draft, neighbours=neighbours)
+        defaults = sampling_defaults or defaults_of(target_gpt)
+        return cls(target, TorchVQ(vq, device), draft, neighbours=neighbours, sampling_defaults=as_dict(defaults))
 
     @property
     def image_size(self) -> tuple[int, int]:
@@ -127,13 +136,17 @@ class Pipeline:
         spec = self.target.spec
         class_ids = np.asarray(validation.class_ids(class_ids, spec.num_classes), dtype=np.int64)
         seed = validation.seed(seed)
-        sampling = SamplingParams(**{**self.sampling_defaults, **{k: params.pop(k) for k in SAMPLING_KEYS if k in params}})
+        # explicit keys override the defaults one by one; None means "the default" on every path
+        explicit = {k: v for k in SAMPLING_KEYS if k in params and (v := params.pop(k)) is not None}
+        sampling = SamplingParams(**{**self.sampling_defaults, **explicit}).for_vocab(spec.vocab_size)
         if isinstance(method, Method) and params:
             raise SpecrtError(f"parameters {', '.join(params)} go to make_method, not to a Method instance")
         decoder = method if isinstance(method, Method) else make_method(method, **params)
         method = decoder.name
         if decoder.needs_draft and self.draft is None:
-            raise SpecrtError(f"method {method!r} needs a draft model, and this pipeline has none")
+            raise SpecrtError(f"method {method!r} needs a draft model and these models have none: re-export the bundle "
+                              "with `specrt export --draft DRAFT.pt ...` (checkpoints: add --draft DRAFT.pt); "
+                              "ar, sjd and sjd-pac need no draft")
         if isinstance(decoder, Lantern):
             decoder.neighbours = self.neighbours
         if decoder.max_window > self.target.max_window:
@@ -168,4 +181,4 @@ class Pipeline:
             stats.draft_forwards = self.draft.forwards
             stats.seconds["draft_forward"] = self.draft.forward_seconds
         stats.seconds["total"] = time.perf_counter() - start
-        return GenerationResult(tokens, images, stats)
+        return GenerationResult(tokens, images, stats, sampling)

@@ -8,7 +8,7 @@ residual rows (`sample`). Host arrays are numpy; restricted rows are float64.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -53,6 +53,11 @@ class SamplingParams:
     def uses_cfg(self) -> bool:
         """True when the model runs a [cond; uncond] batch (any scale other than 1)."""
         return self.cfg_scale != 1.0
+
+    def for_vocab(self, vocab: int) -> "SamplingParams":
+        """The same distribution with a top-k that keeps the whole vocabulary written as 0, so a
+        family default like LlamaGen's top-k 2000 on a smaller vocabulary costs no host filtering."""
+        return replace(self, top_k=0) if self.top_k >= vocab else self
 
 
 def guidance_mix(images: int, params: SamplingParams) -> np.ndarray:

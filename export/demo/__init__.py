@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from specrt.export.demo.dataset import DigitsSplit
     from specrt.export.demo.store import DemoModels
 
-__all__ = ["load_demo", "demo_dataset", "packaged_weights_dir"]
+__all__ = ["load_demo", "demo_dataset", "packaged_weights_dir", "packaged_sampling_defaults"]
 
 
 def load_demo(path=None) -> "DemoModels":
@@ -38,3 +38,11 @@ def packaged_weights_dir():
     from specrt.export.demo.store import packaged_weights_dir as _dir
 
     return _dir()
+
+
+def packaged_sampling_defaults() -> dict:
+    """The packaged demo's sampling defaults from its demo.json, read without torch (for --help)."""
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).resolve().parent / "weights" / "demo.json").read_text())["sampling_defaults"]

@@ -44,6 +44,12 @@ class DemoModels:
     evaluator: DigitClassifier
     config: dict
 
+    def __post_init__(self) -> None:
+        # the target carries the demo's own defaults, so every path that starts from it (export,
+        # Pipeline.from_torch, bench) samples as demo.json says (specrt.runtime.defaults.defaults_of)
+        if "sampling_defaults" in self.config:
+            self.target.sampling_defaults = self.sampling_defaults
+
     @property
     def sampling_defaults(self) -> SamplingParams:
         """The CFG scale / temperature / top-k / top-p the demo was tuned for."""

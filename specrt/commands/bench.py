@@ -126,11 +126,13 @@ def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, 
     from specrt.bench.settings import DEFAULT_METHODS, DEFAULT_SWEEPS, build_settings
 
     started = time.perf_counter()
-    if methods is None and not sweeps:
+    chosen = methods is not None or bool(sweeps)
+    if not chosen:
         sweeps = DEFAULT_SWEEPS
     settings = build_settings(methods or ",".join(DEFAULT_METHODS), sweeps)  # validate before loading anything
     say = (lambda msg: click.echo(msg, err=True)) if progress else None
     models = open_models(bundle, backend, demo_weights, threads, cache_dir, progress=say)
+    settings = _draft_free_if_needed(settings, models, chosen)
     bar = tqdm(total=planned_images(settings, images), unit="img", disable=not progress, dynamic_ncols=True,
                leave=False, mininterval=0.5)
 
@@ -144,6 +146,22 @@ def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, 
     run.payload["settings"]["wall_time_s"] = round(time.perf_counter() - started, 1)
     _print_run(run)
     _write_outputs(run, json_path, markdown_path, plot_path)
+
+
+def _draft_free_if_needed(settings: list, models, chosen: bool) -> list:
+    """A bundle without a draft runs the draft-free methods: the default list drops the others
+    (saying so), an explicit choice of them is a one-line error naming how to get a draft."""
+    from specrt.bench.settings import needing_draft
+
+    drafted = needing_draft(settings) if models.pipeline.draft is None else []
+    if not drafted:
+        return settings
+    labels = ", ".join(s.label for s in drafted)
+    if chosen:
+        raise SpecrtError(f"{labels} need a draft model and {models.bundle} has none: re-export it with "
+                          "`specrt export --draft DRAFT.pt ...`, or measure ar, sjd, sjd-pac")
+    click.echo(f"no draft model in {models.bundle}: measuring the draft-free methods only", err=True)
+    return [s for s in settings if s not in drafted]
 
 
 def _print_run(run) -> None:

@@ -24,11 +24,13 @@ def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo
         return sources.random_models(checkpoint.arch or "GPT-B", checkpoint.draft_arch or "GPT-B",
                                      checkpoint.vq_arch or "VQ-16", checkpoint.image_size or 256)
     if given:
-        missing = [n for n in ("--target", "--draft", "--vq") if n not in given]
+        missing = [n for n in ("--target", "--vq") if n not in given]
         if missing:
-            raise SpecrtError(f"exporting checkpoints needs --target, --draft and --vq; missing {', '.join(missing)}")
+            raise SpecrtError(f"exporting checkpoints needs --target and --vq (--draft is optional); "
+                              f"missing {', '.join(missing)}")
         target_choice, draft_choice = checkpoint.choices()
-        return sources.checkpoint_models(Path(target), Path(draft), Path(vq), target_choice, draft_choice,
+        return sources.checkpoint_models(Path(target), Path(draft) if draft else None, Path(vq), target_choice,
+                                         draft_choice,
                                          checkpoint.vq_arch, checkpoint.image_size, where="specrt export")
     return sources.demo_models(demo_path)
 
@@ -38,7 +40,8 @@ def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo
               help="Bundle directory to write (refused if it exists, unless --force).")
 @click.option("--force", is_flag=True, help="Replace an existing --out (only once the new bundle is complete).")
 @click.option("--target", type=click.Path(dir_okay=False, path_type=Path), help="LlamaGen GPT checkpoint (target model).")
-@click.option("--draft", type=click.Path(dir_okay=False, path_type=Path), help="LlamaGen GPT checkpoint (draft model).")
+@click.option("--draft", type=click.Path(dir_okay=False, path_type=Path),
+              help="LlamaGen GPT checkpoint (draft model). Optional: without it the bundle runs ar, sjd and sjd-pac.")
 @click.option("--vq", type=click.Path(dir_okay=False, path_type=Path), help="LlamaGen VQ checkpoint (decoder and codebook).")
 @click.option("--random-weights", is_flag=True, help="Random weights in the --arch / --draft-arch / --vq-arch layouts "
                                                    "(real dims, no checkpoint; GPT-B, VQ-16, 256 px unless given).")
@@ -57,7 +60,7 @@ def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo
 @checkpoint_flags
 def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, random_weights,
             demo_weights, max_window, max_batch, opset, no_hidden, neighbours_k, verify, threads) -> None:
-    """Export target, draft and VQ decoder to an ONNX bundle (the embedded demo by default)."""
+    """Export target, draft (optional) and VQ decoder to an ONNX bundle (the embedded demo by default)."""
     from specrt.lazy import require
 
     torch = require("torch", "specrt export")

@@ -18,6 +18,7 @@ import numpy as np
 from specrt import validation
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
 from specrt.errors import SpecrtError
+from specrt.runtime.defaults import describe
 from specrt.runtime.pipeline import BUNDLE_BACKENDS, SAMPLING_KEYS
 
 METHOD_NAMES = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
@@ -66,15 +67,17 @@ def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optio
         return Pipeline.from_bundle(bundle, backend=backend or "ort")
     if backend not in (None, "torch"):
         raise SpecrtError(f"--backend {backend} needs a BUNDLE directory (export one with `specrt export`)")
-    if target or vq:
+    if target or vq or draft:
         if not (target and vq):
-            raise SpecrtError("checkpoints need both --target and --vq (and --draft for draft-model methods)")
+            raise SpecrtError("checkpoints need both --target and --vq (--draft only for sd, cool-sd and lantern)")
         from specrt.export.sources import checkpoint_models
 
         target_choice, draft_choice = checkpoint.choices()
         models = checkpoint_models(target, draft, vq, target_choice, draft_choice, checkpoint.vq_arch,
                                    checkpoint.image_size, where="specrt generate")
-        return Pipeline.from_torch(models.target, models.draft, models.vq, max_window=max_window, device=device)
+        # the loader `specrt export` uses: same models, same grid, same sampling defaults as the bundle
+        return Pipeline.from_torch(models.target, models.draft, models.vq, max_window=max_window, device=device,
+                                   sampling_defaults=models.sampling_defaults)
     # ---- embedded demo hook: specrt.export.demo.load_demo() returns .target/.draft/.vq ----
     from specrt.export.demo import load_demo
 
@@ -85,9 +88,7 @@ def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optio
         # the demo is tiny: intra-op threads only add synchronisation, and on a busy machine
         # spinning OpenMP threads make it 100x slower
         torch.set_num_threads(1)
-    pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq, max_window=max_window, device=device)
-    pipe.sampling_defaults = dict(vars(demo.sampling_defaults))
-    return pipe
+    return Pipeline.from_torch(demo.target, demo.draft, demo.vq, max_window=max_window, device=device)
 
 
 def save_images(images: np.ndarray, out: Path, count: int) -> list[Path]:
@@ -101,7 +102,25 @@ def save_images(images: np.ndarray, out: Path, count: int) -> list[Path]:
     return paths
 
 
-@click.command(name="generate")
+def sampling_epilog() -> str:
+    """Which sampling defaults apply on which route (the --help epilog)."""
+    from specrt.runtime.defaults import describe, families_help
+
+    try:
+        from specrt.export.demo import packaged_sampling_defaults
+
+        demo = describe(packaged_sampling_defaults())
+    except (OSError, KeyError, ValueError):  # a broken install still shows its help
+        demo = "its demo.json"
+    lines = ["Sampling defaults (a --cfg-scale, --temperature, --top-k or --top-p given overrides that key,",
+             "the same way on every route):",
+             "  BUNDLE: the manifest's (`specrt inspect BUNDLE` shows them)",
+             *(f"  --target {line}" for line in families_help()),
+             f"  the embedded demo: {demo}"]
+    return "\b\n" + "\n".join(lines)
+
+
+@click.command(name="generate", epilog=sampling_epilog())
 @click.argument("bundle", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--method", "-m", type=click.Choice(METHOD_NAMES), default="ar", show_default=True, help="Decoding method.")
 @click.option("--class", "class_ids", type=int, multiple=True, default=(0,), show_default=True,
@@ -117,10 +136,10 @@ def save_images(images: np.ndarray, out: Path, count: int) -> list[Path]:
 @click.option("--vq", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="LlamaGen VQ checkpoint.")
 @click.option("--device", help="torch device (cpu, cuda); default: where the weights are.")
 @click.option("--max-window", type=int, default=64, show_default=True, help="torch backend: largest step window.")
-@click.option("--cfg-scale", type=float, help="Classifier-free guidance scale (default: the models' own).")
-@click.option("--temperature", type=float, help="Sampling temperature (0 = greedy).")
-@click.option("--top-k", type=int, help="Top-k filter (0 disables).")
-@click.option("--top-p", type=float, help="Top-p filter (1 disables).")
+@click.option("--cfg-scale", type=float, help="Classifier-free guidance scale (1 = none). Default: below.")
+@click.option("--temperature", type=float, help="Sampling temperature (0 = greedy). Default: below.")
+@click.option("--top-k", type=int, help="Top-k filter (0 disables). Default: below.")
+@click.option("--top-p", type=float, help="Top-p filter (1 disables). Default: below.")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Method parameter, e.g. relaxation_budget=2.")
 @click.option("--stats", "stats_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write the stats as JSON here.")
 @checkpoint_flags
@@ -139,4 +158,4 @@ def command(bundle, method, class_ids, seed, out, backend, target, draft, vq, ch
         stats_path.write_text(json.dumps(summary, indent=2) + "\n")
     click.echo(f"wrote {', '.join(str(p) for p in paths)}  ({method}: {summary['tokens']} tokens, "
                f"{summary['target_forwards']} target forwards, mean accepted length {summary['mean_accepted_length']:.2f}, "
-               f"{summary['seconds']['total']:.2f} s)")
+               f"{summary['seconds']['total']:.2f} s; sampling {describe(result.sampling)})")

@@ -210,7 +210,8 @@ def test_existing_output_is_refused_without_force(tmp_path):
     (["--max-batch", "-2"], "--max-batch must be an integer in [1, 1048576], got -2"),
     (["--threads", "0"], "--threads must be an integer in [1, 1048576], got 0"),
     (["--opset", "21"], "--opset must be one of"),
-    (["--target", "t.pt"], "missing --draft, --vq"),
+    (["--target", "t.pt"], "missing --vq"),
+    (["--draft", "d.pt"], "missing --target, --vq"),
 ])
 def test_cli_bad_arguments_exit_2_with_one_line(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:

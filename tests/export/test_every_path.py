@@ -1,0 +1,102 @@
+"""One behaviour on every path: a LlamaGen-layout checkpoint with no draft, exported and run.
+
+The vocabulary (4096) is above LlamaGen's c2i top-k (2000), so a path that forgot the family's
+sampling defaults samples a different distribution and the token comparison catches it.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from specrt.export.llamagen_gpt import GPT, GPTConfig
+from specrt.export.llamagen_vq import VQModel
+from specrt.manifest import read_manifest
+from specrt.runtime.pipeline import Pipeline
+from tiny_export import cli_exit_code, tiny_vq_config
+
+VOCAB, CLASSES = 4096, 10
+IMAGE = ["--image-size", "8"]  # VQ downsample 2 -> grid 4
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """A LlamaGen-layout target and VQ as torch pickles under 'model' (no draft: LlamaGen ships none)."""
+    root = tmp_path_factory.mktemp("ckpt")
+    torch.manual_seed(0)
+    target = GPT(GPTConfig(dim=64, n_layer=1, n_head=1, vocab_size=VOCAB, num_classes=CLASSES, grid_size=4))
+    vq = VQModel(tiny_vq_config(codebook_size=VOCAB, ch=32, norm_groups=32))
+    for name, model in (("gpt.pt", target), ("vq.pt", vq)):
+        torch.save({"model": model.state_dict()}, root / name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def bundle(checkpoints, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "bundle"
+    code = cli_exit_code(["export", "--out", str(out), *IMAGE, "--max-batch", "4",
+                          "--neighbours", "4", "--threads", "1", "--target", str(checkpoints / "gpt.pt"),
+                          "--vq", str(checkpoints / "vq.pt")])
+    assert code == 0
+    return out
+
+
+def torch_route(checkpoints) -> Pipeline:
+    """What `specrt generate --target gpt.pt --vq vq.pt` builds."""
+    from specrt.commands.generate import build_pipeline
+
+    return build_pipeline(None, None, checkpoints / "gpt.pt", None, checkpoints / "vq.pt", None, None, 8, 64, None)
+
+
+@pytest.mark.slow
+def test_export_without_a_draft_writes_a_draftless_bundle_with_llamagen_defaults(bundle):
+    manifest = read_manifest(bundle)
+    assert sorted(manifest.graphs) == ["target_prefill", "target_step", "vq_decode"]
+    assert "draft" not in manifest.models and manifest.models["target"]["vocab_size"] == VOCAB
+    assert manifest.sampling_defaults == {"cfg_scale": 4.0, "temperature": 1.0, "top_k": 2000, "top_p": 1.0}
+
+
+@pytest.mark.slow
+def test_same_checkpoint_and_seed_give_the_same_tokens_on_pytorch_and_the_bundle(checkpoints, bundle):
+    on_torch = torch_route(checkpoints)
+    on_ort = Pipeline.from_bundle(bundle, threads=1)
+    assert on_torch.sampling_defaults == on_ort.sampling_defaults
+    for method in ("ar", "sjd"):
+        a = on_torch.generate([3, 7], method=method, seed=5)
+        b = on_ort.generate([3, 7], method=method, seed=5)
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+    # the defaults decide the tokens: top-k 0 (the old PyTorch-route default) samples otherwise
+    unfiltered = on_torch.generate([3, 7], method="ar", seed=5, top_k=0)
+    assert not np.array_equal(unfiltered.tokens, on_torch.generate([3, 7], method="ar", seed=5).tokens)
+    # an explicit flag overrides one key the same way on both
+    np.testing.assert_array_equal(unfiltered.tokens, on_ort.generate([3, 7], method="ar", seed=5, top_k=0).tokens)
+
+
+@pytest.mark.slow
+def test_draft_free_methods_run_on_the_bundle_and_drafted_ones_say_how_to_get_a_draft(bundle, tmp_path, capsys):
+    stats = tmp_path / "s.json"
+    for method in ("sjd", "sjd-pac"):
+        assert cli_exit_code(["generate", str(bundle), "--method", method, "--param", "window=8", "--class", "3",
+                              "--out", str(tmp_path / f"{method}.png"), "--stats", str(stats)]) == 0
+        assert json.loads(stats.read_text())["tokens"] == 16
+    capsys.readouterr()
+    for method in ("sd", "cool-sd", "lantern"):
+        assert cli_exit_code(["generate", str(bundle), "--method", method, "--out", str(tmp_path / "x.png")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--draft" in err and "specrt export" in err
+
+
+@pytest.mark.slow
+def test_bench_on_a_draftless_bundle_measures_the_draft_free_methods(bundle, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert cli_exit_code(["bench", str(bundle), "--images", "2", "--threads", "1", "--no-progress",
+                          "--json", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert [r["label"] for r in payload["results"]] == ["ar", "sjd", "sjd-pac"]
+    assert payload["settings"]["sampling"]["top_k"] == 2000
+    assert "draft-free methods only" in capsys.readouterr().err
+    assert cli_exit_code(["bench", str(bundle), "--methods", "ar,sd", "--images", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "sd need a draft model" in err and "--draft" in err
