@@ -18,7 +18,7 @@ from specrt.runtime.pipeline import Pipeline
 from tiny_export import cli_exit_code, tiny_vq_config
 
 VOCAB, CLASSES = 4096, 10
-IMAGE = ["--image-size", "8"]  # VQ downsample 2 -> grid 4
+SIZES = ["--n-head", "1", "--image-size", "8"]  # VQ downsample 2 -> grid 4
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def checkpoints(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bundle(checkpoints, tmp_path_factory):
     out = tmp_path_factory.mktemp("export") / "bundle"
-    code = cli_exit_code(["export", "--out", str(out), *IMAGE, "--max-batch", "4",
+    code = cli_exit_code(["export", "--out", str(out), *SIZES, "--max-batch", "4",
                           "--neighbours", "4", "--threads", "1", "--target", str(checkpoints / "gpt.pt"),
                           "--vq", str(checkpoints / "vq.pt")])
     assert code == 0
@@ -45,9 +45,11 @@ def bundle(checkpoints, tmp_path_factory):
 
 def torch_route(checkpoints) -> Pipeline:
     """What `specrt generate --target gpt.pt --vq vq.pt` builds."""
+    from specrt.commands._checkpoint_flags import CheckpointFlags
     from specrt.commands.generate import build_pipeline
 
-    return build_pipeline(None, None, checkpoints / "gpt.pt", None, checkpoints / "vq.pt", None, None, 8, 64, None)
+    return build_pipeline(None, None, checkpoints / "gpt.pt", None, checkpoints / "vq.pt",
+                          CheckpointFlags(n_head=1, image_size=8), 64, None)
 
 
 @pytest.mark.slow
