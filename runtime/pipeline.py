@@ -145,7 +145,8 @@ class Pipeline:
         method = decoder.name
         if decoder.needs_draft and self.draft is None:
             raise SpecrtError(f"method {method!r} needs a draft model and these models have none: re-export the bundle "
-                              "with `specrt export --draft DRAFT.pt ...` (checkpoints: add --draft DRAFT.pt); "
+                              "with `specrt export --draft DRAFT.pt ...` or quantize the target into one with "
+                              "`specrt quantize BUNDLE --out OUT --self-draft int4` (checkpoints: add --draft DRAFT.pt); "
                               "ar, sjd and sjd-pac need no draft")
         if isinstance(decoder, Lantern):
             decoder.neighbours = self.neighbours

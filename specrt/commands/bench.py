@@ -159,7 +159,8 @@ def _draft_free_if_needed(settings: list, models, chosen: bool) -> list:
     labels = ", ".join(s.label for s in drafted)
     if chosen:
         raise SpecrtError(f"{labels} need a draft model and {models.bundle} has none: re-export it with "
-                          "`specrt export --draft DRAFT.pt ...`, or measure ar, sjd, sjd-pac")
+                          "`specrt export --draft DRAFT.pt ...` or `specrt quantize BUNDLE --out OUT --self-draft int4`, "
+                          "or measure ar, sjd, sjd-pac")
     click.echo(f"no draft model in {models.bundle}: measuring the draft-free methods only", err=True)
     return [s for s in settings if s not in drafted]
 
