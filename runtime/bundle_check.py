@@ -34,6 +34,8 @@ def _entry(manifest: Manifest, role: str) -> dict[str, Any]:
 def model_numbers(manifest: Manifest, role: str) -> dict[str, int]:
     """The integer facts of models.<role>, each checked to be a positive integer."""
     entry = _entry(manifest, role)
+    if role != "vq" and "model_type" in entry:
+        validation.choice(f"manifest models.{role}.model_type", entry["model_type"], ("c2i", "t2i"))
     keys = VQ_INTS if role == "vq" else MODEL_INTS
     numbers = {key: validation.integer(f"manifest models.{role}.{key}", entry.get(key), low=1, strings=False) for key in keys}
     if role != "vq":

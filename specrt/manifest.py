@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
+from specrt import validation
 from specrt.errors import SpecrtError
 
 FORMAT = "specrt-bundle"
@@ -153,9 +154,11 @@ def check_profile(graph: str, profile: dict[str, dict[str, int]]) -> None:
     cache_len, window and total_len, total_len = cache_len + window at min, opt and max."""
     for dim, levels in profile.items():
         try:
-            lo, opt, hi = int(levels["min"]), int(levels["opt"]), int(levels["max"])
-        except (KeyError, TypeError, ValueError):
-            raise SpecrtError(f"manifest: graph {graph}: profile of {dim!r} needs integer min/opt/max") from None
+            lo, opt, hi = (validation.integer("", levels[level], strings=False) for level in ("min", "opt", "max"))
+        except (KeyError, TypeError, SpecrtError):
+            raise SpecrtError(f"manifest: graph {graph}: profile of {dim!r} needs integer min/opt/max, "
+                              f"got {levels!r:.80}") from None
+        levels.update(min=lo, opt=opt, max=hi)  # 64.0 in the JSON is the int 64 from here on
         if not 0 <= lo <= opt <= hi:
             raise SpecrtError(f"manifest: graph {graph}: profile of {dim!r} is not min <= opt <= max: {levels}")
     if {"cache_len", "window", "total_len"} <= profile.keys():
