@@ -31,13 +31,21 @@ DEFAULT_WINDOWS = (1, 2, 4, 8, 16, 32, 64)
 
 @dataclass
 class StepLatency:
-    """Latency of one target step per window size (seconds; fastest of the timed repeats)."""
+    """Latency of one target step per window size (seconds; fastest of the timed repeats).
+
+    `images` is the images per step (each a CFG pair of rows), `dtype` the weights' type;
+    `bytes_per_step` what one step must read at least (the target's weights, less the embedding
+    tables it only gathers from, plus the KV buffer the attention reads): with a measured memory
+    bandwidth it gives the step's memory-bound floor."""
 
     arch: str
     device: str
     windows: list[int]
     target_s: list[float]
     draft_s: float
+    images: int = 1
+    dtype: str = "fp32"
+    bytes_per_step: int | None = None
 
     def target(self, window: int) -> float:
         """t(W), linearly interpolated between measured windows (clamped to the range)."""
@@ -72,27 +80,75 @@ def _interleaved_best(fns: list[Callable[[], Any]], repeats: int, sync: Callable
     return [min(s) for s in samples]
 
 
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+def torch_dtype(name: str) -> Any:
+    """'fp32' | 'bf16' | 'fp16' -> the torch dtype; SpecrtError for anything else."""
+    torch = require("torch", "specrt bench --profile-arch")
+    table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    if name not in table:
+        raise SpecrtError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}")
+    return table[name]
+
+
+def bytes_per_step(model: Any, kv: Any) -> int:
+    """The bytes a decode step reads at least: every weight but the embedding tables (a step
+    gathers a few rows of those), and the whole KV buffer (the masked attention reads it all)."""
+    weights = sum(p.numel() * p.element_size() for name, p in model.named_parameters()
+                  if not name.startswith(("tok_embeddings", "cls_embedding")))
+    return int(weights + kv.numel() * kv.element_size())
+
+
+def memory_bandwidth(device: str, megabytes: int = 1024, repeats: int = 10) -> float | None:
+    """Device memory bandwidth in bytes/s from a device-to-device copy (bytes read + written),
+    fastest of `repeats`; None on CPU, where a step's floor is not this simple."""
+    if not device.startswith("cuda"):
+        return None
+    torch = require("torch", "specrt bench --profile-arch")
+    source = torch.empty(megabytes * 2**20, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    best = float("inf")
+    for _ in range(repeats + 2):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        target.copy_(source)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    del source, target
+    return 2 * megabytes * 2**20 / best
+
+
 def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] = DEFAULT_WINDOWS, repeats: int = 7,
-                   device: str = "cpu", progress: Callable[[str], None] | None = None) -> StepLatency:
-    """t(W) of a target GPT (CFG pair, past half full) at each window, and t_draft(1) of a draft GPT."""
+                   device: str = "cpu", progress: Callable[[str], None] | None = None, images: int = 1,
+                   dtype: str = "fp32", cuda_graphs: bool = True) -> StepLatency:
+    """t(W) of a target GPT (`images` CFG pairs, past half full) at each window, and t_draft(1) of
+    a draft GPT, with weights and KV buffer in `dtype`.
+
+    On CUDA each step is timed as the runtime runs it (TorchRunner): a replayed CUDA graph, so
+    t(W) is the GPU's time and not Python's kernel launches (`cuda_graphs=False` times eager
+    steps, launch-bound for every LlamaGen size at small batch)."""
     torch = require("torch", "specrt bench --profile-arch")
     from specrt.runtime.head import apply_head
+    from specrt.runtime.sampling import SamplingParams, guidance_mix
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    weights_type = torch_dtype(dtype)
     config = target.config
     capacity = config.seq_len + max(windows)
     past_len = config.cond_len + config.num_image_tokens // 2
+    rows = 2 * images  # [cond; uncond] per image
+    # CFG scale 2 over each image's [cond; uncond] pair, the host's own guidance matrix
+    mix = torch.from_numpy(guidance_mix(images, SamplingParams(cfg_scale=2.0))).to(device)
 
     def step_fn(model, window: int, kv) -> Callable[[], Any]:
-        """One CFG-pair step of `window` tokens after a half-full cache (the KV buffer is shared)."""
-        ids = torch.zeros(2, window, dtype=torch.long, device=device)
-        positions = (past_len + torch.arange(window, device=device))[None].expand(2, window)
-        mask = torch.zeros(2, window, capacity + window, dtype=torch.bool, device=device)
+        """One step of `window` tokens for every row after a half-full cache (the KV buffer is shared)."""
+        ids = torch.zeros(rows, window, dtype=torch.long, device=device)
+        positions = (past_len + torch.arange(window, device=device))[None].expand(rows, window)
+        mask = torch.zeros(rows, window, capacity + window, dtype=torch.bool, device=device)
         mask[:, :, :past_len] = True
         mask[:, :, capacity:] = torch.ones(window, window, dtype=torch.bool, device=device).tril()
-
-        mix = torch.tensor([[2.0, -1.0]], device=device)  # CFG scale 2 over the [cond; uncond] pair
-        uniforms = torch.full((1, window), 0.5, device=device)
+        uniforms = torch.full((images, window), 0.5, device=device)
 
         def run() -> Any:
             with torch.inference_mode():  # the model and the sampling head every step graph ends in
@@ -100,22 +156,34 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
         return run
 
     def kv_for(cfg):
-        return torch.zeros(cfg.n_layer, 2, 2, cfg.n_kv_head, capacity, cfg.head_dim, device=device)
+        return torch.zeros(cfg.n_layer, 2, rows, cfg.n_kv_head, capacity, cfg.head_dim, device=device,
+                           dtype=weights_type)
 
-    target = target.to(device).eval()
+    graphs = cuda_graphs and device.startswith("cuda")
+    if graphs:
+        from specrt.runtime.backends.torch_backend import CapturedStep
+
+    def timed(fn: Callable[[], Any]) -> Callable[[], Any]:
+        if not graphs:
+            return fn
+        with torch.inference_mode():
+            return CapturedStep(torch, fn).replay
+
+    target = target.to(device=device, dtype=weights_type).eval()
     kv = kv_for(config)
-    fns = [step_fn(target, window, kv) for window in windows]
-    report = (lambda done: progress(f"{name}: round {done}/{repeats} over W={','.join(map(str, windows))}")) \
-        if progress else None
+    floor_bytes = bytes_per_step(target, kv)
+    fns = [timed(step_fn(target, window, kv)) for window in windows]
+    report = (lambda done: progress(f"{name} {dtype} x{images}: round {done}/{repeats} over "
+                                    f"W={','.join(map(str, windows))}")) if progress else None
     target_s = _interleaved_best(fns, repeats, sync, report)
     del kv, fns
-    draft = draft.to(device).eval()
-    draft_s = _interleaved_best([step_fn(draft, 1, kv_for(draft.config))], repeats, sync)[0]
-    return StepLatency(name, device, list(windows), target_s, draft_s)
+    draft = draft.to(device=device, dtype=weights_type).eval()
+    draft_s = _interleaved_best([timed(step_fn(draft, 1, kv_for(draft.config)))], repeats, sync)[0]
+    return StepLatency(name, device, list(windows), target_s, draft_s, images, dtype, floor_bytes)
 
 
 def measure_runners(name: str, target: Any, draft: Any, windows: tuple[int, ...] = DEFAULT_WINDOWS,
-                    repeats: int = 7) -> StepLatency:
+                    repeats: int = 7, device: str = "cpu") -> StepLatency:
     """measure_models for runtime ModelRunners (e.g. the onnxruntime backend over a bundle): the
     step cost the benchmark itself paid, input preparation included."""
     import numpy as np
@@ -138,11 +206,12 @@ def measure_runners(name: str, target: Any, draft: Any, windows: tuple[int, ...]
     step = lambda runner, w: (lambda: runner.step(Window.chain([0] * w), np.full((1, w), 0.5)))  # noqa: E731
     target_s = _interleaved_best([step(target, w) for w in usable], repeats, lambda: None)
     draft_s = _interleaved_best([step(draft, 1)], repeats, lambda: None)[0]
-    return StepLatency(name, "cpu", usable, target_s, draft_s)
+    return StepLatency(name, device, usable, target_s, draft_s)
 
 
 def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, repeats: int = 7,
-                         device: str = "cpu", progress: Callable[[str], None] | None = None) -> StepLatency:
+                         device: str = "cpu", progress: Callable[[str], None] | None = None, images: int = 1,
+                         dtype: str = "fp32", cuda_graphs: bool = True) -> StepLatency:
     """measure_models on a LlamaGen architecture with random weights and a one-layer draft of its width."""
     if arch not in PROFILE_ARCHS:
         raise SpecrtError(f"unknown --profile-arch {arch!r}; choose from {', '.join(PROFILE_ARCHS)}")
@@ -155,8 +224,9 @@ def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, 
     if progress:
         progress(f"{arch}: random weights ({config.n_layer} layers, dim {config.dim}, {config.num_image_tokens} "
                  f"tokens) on {device}")
-    draft = GPT(gpt_config(name, image_size=image_size, n_layer=1))
-    return measure_models(arch, GPT(config), draft, windows, repeats, device, progress)
+    with torch.device(device):  # initialise on the device: XL's random weights are 3 GB
+        target, draft = GPT(config), GPT(gpt_config(name, image_size=image_size, n_layer=1))
+    return measure_models(arch, target, draft, windows, repeats, device, progress, images, dtype, cuda_graphs)
 
 
 def window_cost(method: str, params: dict[str, Any]) -> tuple[int, int]:
@@ -251,9 +321,10 @@ def _attach_run_costs(predictions: list[dict[str, Any]], measured: list[dict[str
 
 
 def write_profile_plot(path: str, latency: StepLatency, predictions: list[dict[str, Any]], title: str,
-                       reference: StepLatency | None = None) -> None:
-    """Left: t(W)/t(1) (and the demo target's, when given) between the flat and linear extremes;
-    right: predicted vs measured speed-up per setting."""
+                       reference: StepLatency | None = None, more: tuple[StepLatency, ...] = ()) -> None:
+    """Left: t(W)/t(1) (and the demo target's, when given, and `more` curves: other batch sizes
+    and dtypes) between the flat and linear extremes; right: predicted vs measured speed-up per
+    setting on `latency`."""
     import os
 
     import matplotlib
@@ -265,6 +336,9 @@ def write_profile_plot(path: str, latency: StepLatency, predictions: list[dict[s
     base = latency.target_s[0]
     left.plot(latency.windows, [t / base for t in latency.target_s], marker="o",
               label=f"{latency.arch}: t(1) = {1000 * base:.1f} ms, draft {1000 * latency.draft_s:.1f} ms")
+    for curve in more:
+        left.plot(curve.windows, [t / curve.target_s[0] for t in curve.target_s], marker=".",
+                  label=f"{curve.arch} {curve.dtype} x{curve.images} img: t(1) = {1000 * curve.target_s[0]:.1f} ms")
     if reference is not None:
         ref = reference.target_s[0]
         left.plot(reference.windows, [t / ref for t in reference.target_s], marker="s",

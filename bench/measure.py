@@ -39,6 +39,7 @@ class SettingRecords:
     tokens: int = 0
     target_forwards: int = 0
     draft_forwards: int = 0
+    host_numbers: Optional[int] = None  # read back from the device, when the backend meters it
     seconds: Counter = field(default_factory=Counter)
     histogram: Counter = field(default_factory=Counter)
     theorem2_lengths: list[float] = field(default_factory=list)
@@ -51,6 +52,8 @@ class SettingRecords:
         self.tokens += stats.tokens
         self.target_forwards += stats.target_forwards
         self.draft_forwards += stats.draft_forwards
+        if stats.host_numbers is not None:
+            self.host_numbers = (self.host_numbers or 0) + stats.host_numbers
         for key, value in stats.seconds.items():
             self.seconds[key] += value
         self.histogram.update(stats.accepted_lengths)
@@ -149,6 +152,8 @@ def summarise(record: SettingRecords, theory: Optional[SettingRecords] = None) -
     """One setting's records (and its Theorem-2 pass) -> its MethodResult (speed-up and quality attached later)."""
     count = len(record.latencies)
     breakdown = {name: record.seconds[key] / count for key, name in BREAKDOWN_FROM_STATS.items()}
+    calls = record.target_forwards + record.draft_forwards
+    read_per_call = 4 * record.host_numbers / calls if record.host_numbers is not None and calls else None
     return MethodResult(
         method=record.setting.method,
         params=dict(record.setting.params),
@@ -161,5 +166,6 @@ def summarise(record: SettingRecords, theory: Optional[SettingRecords] = None) -
         speedup_vs_ar=None,
         breakdown_s=breakdown,
         accepted_length_histogram={str(k): int(v) for k, v in sorted(record.histogram.items())},
+        host_bytes_per_forward=read_per_call,
         theory=_theory(theory, record.setting.method),
     )

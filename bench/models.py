@@ -114,8 +114,12 @@ def _limit_torch_threads(threads: Optional[int]) -> None:
 
 def open_models(bundle: Optional[Path] = None, backend: str = "ort", demo_weights: Optional[Path] = None,
                 threads: Optional[int] = 1, cache_dir: Optional[Path] = None, judge: bool = True,
-                progress: Optional[Progress] = None) -> BenchModels:
-    """A BUNDLE on onnxruntime, or the demo on onnxruntime (cached export) or PyTorch."""
+                progress: Optional[Progress] = None, device: str = "cpu",
+                cuda_graphs: Optional[bool] = None) -> BenchModels:
+    """A BUNDLE on onnxruntime, or the demo on onnxruntime (cached export) or PyTorch.
+
+    `device` and `cuda_graphs` are the torch backend's (Pipeline.from_torch); the backend is
+    reported as 'torch-cuda' on a GPU so the run names the GPU."""
     if backend not in BACKENDS:
         raise SpecrtError(f"unknown --backend {backend!r}; choose from {', '.join(BACKENDS)}")
     _limit_torch_threads(threads)
@@ -140,5 +144,8 @@ def open_models(bundle: Optional[Path] = None, backend: str = "ort", demo_weight
     from specrt.export.demo import load_demo
 
     demo = load_demo(demo_weights)
-    pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq)  # the demo's own sampling defaults
-    return BenchModels(pipe, "torch", f"{where} (PyTorch modules)", fidelity)
+    pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq, device=device,
+                               cuda_graphs=cuda_graphs)  # the demo's own sampling defaults
+    on_gpu = device.startswith("cuda")
+    graphs = " with CUDA graphs" if on_gpu and pipe.target.cuda_graphs else ""
+    return BenchModels(pipe, "torch-cuda" if on_gpu else "torch", f"{where} (PyTorch modules{graphs})", fidelity)

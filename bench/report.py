@@ -34,6 +34,7 @@ class MethodResult:
     speedup_vs_ar: float | None
     breakdown_s: dict[str, float]
     accepted_length_histogram: dict[str, int] = field(default_factory=dict)
+    host_bytes_per_forward: float | None = None  # read back from the device per model call; None: not metered
     quality: dict[str, Any] = field(default_factory=dict)
     theory: dict[str, Any] = field(default_factory=dict)
 
@@ -102,15 +103,17 @@ def host_share(result: MethodResult) -> float:
 def format_breakdown(results: list[MethodResult]) -> str:
     """Where each setting's time goes: mean per image, in milliseconds; `other` is the rest of the
     mean latency (Python orchestration of the method between model calls); `host %` is everything
-    but the graphs (host_share)."""
-    headers = ["setting"] + [k for k in BREAKDOWN_KEYS] + ["other", "total", "host %"]
+    but the graphs (host_share); `read B/fwd` the bytes read back from the device per model call
+    (device backends only)."""
+    headers = ["setting"] + [k for k in BREAKDOWN_KEYS] + ["other", "total", "host %", "read B/fwd"]
     rows = []
     for r in results:
         parts = [r.breakdown_s.get(k, 0.0) for k in BREAKDOWN_KEYS]
         other = max(r.latency_s.get("mean", r.latency_s["median"]) - sum(parts), 0.0)
         total = r.latency_s.get("mean", r.latency_s["median"])
         rows.append([r.label] + [f"{1000 * p:.1f}" for p in parts]
-                    + [f"{1000 * other:.1f}", f"{1000 * total:.1f}", f"{100 * host_share(r):.1f}"])
+                    + [f"{1000 * other:.1f}", f"{1000 * total:.1f}", f"{100 * host_share(r):.1f}",
+                       _fmt(r.host_bytes_per_forward, 0)])
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
     line = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
                                    for i, (c, w) in enumerate(zip(cells, widths)))

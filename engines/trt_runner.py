@@ -209,6 +209,8 @@ class KVLayout:
 class TrtRunner(ModelRunner):
     """ModelRunner over a prefill and a step engine sharing one stream and one device KV buffer."""
 
+    meters_host_reads = True
+
     def __init__(self, spec: ModelSpec, kv: KVLayout, prefill_engine: str | Path, step_engine: str | Path,
                  max_window: int):
         super().__init__(spec, max_window)
@@ -222,7 +224,6 @@ class TrtRunner(ModelRunner):
         self._draws_host = [np.zeros(0, dtype=np.int32)] * 2
         self._parity = 0
         self._last_window = 0
-        self.host_numbers = 0  # numbers read back from the device (draws and DeviceProbs reads)
 
     def _kv_shape(self, batch: int, rows: int) -> tuple[int, ...]:
         return (self.kv_layout.n_layer, 2, batch, self.kv_layout.n_kv_head, rows, self.kv_layout.head_dim)

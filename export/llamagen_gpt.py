@@ -240,6 +240,9 @@ class GPT(nn.Module):
         cos, sin = rope_2d_tables(config.grid_size, config.head_dim, config.cond_len, config.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)  # [seq_len, head_dim//2], always float32
         self.register_buffer("rope_sin", sin, persistent=False)
+        # the last RoPE row as a device tensor: a host constant would be copied to the device on
+        # every step, which CUDA-graph capture forbids (and costs a copy per step without one)
+        self.register_buffer("last_position", torch.tensor(config.seq_len - 1, dtype=torch.int32), persistent=False)
         self.apply(self._init_weights)
 
     def _apply(self, fn, recurse=True):
@@ -286,7 +289,7 @@ class GPT(nn.Module):
                past_kv: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run all layers on h [B,W,dim] at `positions` [B,W]; returns (logits, hidden, present_kv)."""
         # Padding slots past the end of the image reuse the last row (ONNX Min, TensorRT-friendly).
-        positions = torch.minimum(positions, positions.new_tensor(self.config.seq_len - 1))
+        positions = torch.minimum(positions, self.last_position.to(positions.dtype))
         cos, sin = F.embedding(positions, self.rope_cos), F.embedding(positions, self.rope_sin)  # Gather, int32-safe
         h = self.tok_dropout(h)
         present = []

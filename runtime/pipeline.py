@@ -96,19 +96,21 @@ class Pipeline:
     @classmethod
     def from_torch(cls, target_gpt: Any, draft_gpt: Any, vq: Any, neighbours: Optional[np.ndarray] = None,
                    max_window: int = 64, device: Optional[str] = None,
-                   sampling_defaults: Optional[SamplingParams] = None) -> "Pipeline":
+                   sampling_defaults: Optional[SamplingParams] = None,
+                   cuda_graphs: Optional[bool] = None) -> "Pipeline":
         """PyTorch GPT modules (specrt.export.llamagen_gpt.GPT) and a VQModel or VQDecoder;
         draft may be None. The three must fit together (runtime.compatibility): one line if not.
 
         Sampling defaults: `sampling_defaults`, else the target's (specrt.runtime.defaults: what
         its loader recorded, else its family's), which `specrt export` writes into a bundle too,
         so this pipeline and the bundle exported from the same modules sample alike.
+        `cuda_graphs` (default: on for CUDA) replays each window size's step as a CUDA graph.
         """
         from specrt.runtime.backends.torch_backend import TorchRunner, TorchVQ
         check_compatible(target_gpt.config, draft_gpt.config if draft_gpt is not None else None, vq.config,
                          "Pipeline.from_torch")
-        target = TorchRunner(target_gpt, max_window, device)
-        draft = TorchRunner(draft_gpt, max_window, device) if draft_gpt is not None else None
+        target = TorchRunner(target_gpt, max_window, device, cuda_graphs)
+        draft = TorchRunner(draft_gpt, max_window, device, cuda_graphs) if draft_gpt is not None else None
         if neighbours is None:
             neighbours = TorchVQ.neighbours_of(vq)
         defaults = sampling_defaults or defaults_of(target_gpt)
@@ -181,5 +183,7 @@ class Pipeline:
         if decoder.needs_draft:
             stats.draft_forwards = self.draft.forwards
             stats.seconds["draft_forward"] = self.draft.forward_seconds
+        if any(r.meters_host_reads for r in runners):
+            stats.host_numbers = sum(r.host_numbers for r in runners)
         stats.seconds["total"] = time.perf_counter() - start
         return GenerationResult(tokens, images, stats, sampling)

@@ -69,7 +69,12 @@ class ModelRunner(ABC):
 
     Counters: `forwards` (graph runs), `forward_seconds` (time inside the graph calls),
     `cache_seconds` (input preparation, KV commits): the Stats time breakdown reads them.
+    Device backends also count `host_numbers`, the numbers read back from the device (draws
+    and the probabilities verification touches, 4 bytes each): `meters_host_reads` says a
+    backend does, so a report can tell "nothing read" from "not measured".
     """
+
+    meters_host_reads = False
 
     def __init__(self, spec: ModelSpec, max_window: int):
         self.spec = spec
@@ -80,6 +85,7 @@ class ModelRunner(ABC):
         self.forwards = 0
         self.forward_seconds = 0.0
         self.cache_seconds = 0.0
+        self.host_numbers = 0
         self._ids = self._positions = self._mask = self._uniforms = np.zeros(0)
         self.mix = np.zeros((0, 0), dtype=np.float32)
 
@@ -196,7 +202,7 @@ class ModelRunner(ABC):
         self.length = min(self.length, length)
 
     def reset_counters(self) -> None:
-        self.forwards, self.forward_seconds, self.cache_seconds = 0, 0.0, 0.0
+        self.forwards, self.forward_seconds, self.cache_seconds, self.host_numbers = 0, 0.0, 0.0, 0
 
 
 class VQDecoder(ABC):

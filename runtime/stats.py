@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -24,6 +24,7 @@ class Stats:
     accepted_lengths: Counter = field(default_factory=Counter)
     seconds: dict = field(default_factory=lambda: dict.fromkeys(
         ("target_forward", "draft_forward", "verification", "cache", "vq_decode", "total"), 0.0))
+    host_numbers: Optional[int] = None  # read back from the device (4 bytes each); None: backend does not meter
     theorem2_accepted_length: list = field(default_factory=list)
     theorem2_tv_bound: list = field(default_factory=list)
 
@@ -78,6 +79,7 @@ class Stats:
             "accepted_length_histogram": {int(k): int(v) for k, v in sorted(self.accepted_lengths.items())},
             "seconds": {k: round(v, 6) for k, v in self.seconds.items()},
             "overhead_share": round(self.overhead_share, 4),
+            "host_bytes": None if self.host_numbers is None else 4 * self.host_numbers,
         }
         if self.theorem2_accepted_length:
             out["theorem2_expected_accepted_length"] = float(np.mean(self.theorem2_accepted_length))

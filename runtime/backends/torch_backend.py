@@ -6,6 +6,13 @@ call; on CPU the numpy step inputs are shared with torch without copies. The sam
 (runtime/head.py, the module every exported graph ends in) runs on the device too: per step
 the host receives the draws [I, W] and reads single probabilities or, at a rejection, one
 row through DeviceRows, so O(W + V) numbers cross instead of W·V logits.
+
+On CUDA each window size's step (model + head) is captured once as a CUDA graph and replayed:
+a decode step of a small model is dominated by launching its few hundred kernels, and the
+speculative methods repeat the same few window sizes thousands of times per image. The graph
+reads the step inputs from the same preallocated device buffers every call, so a replay needs
+no new allocation; its outputs are copied into the two alternating output buffers the runner
+contract promises (docs/contracts.md "Output validity").
 """
 from __future__ import annotations
 
@@ -38,7 +45,7 @@ class DeviceRows:
     def _fetched(self, part: Any) -> np.ndarray:
         if self.meter is not None:
             self.meter.host_numbers += int(part.numel())
-        return part.double().cpu().numpy()
+        return part.float().cpu().numpy().astype(np.float64)  # 4 bytes a number cross, not 8
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -84,9 +91,15 @@ def model_spec(gpt: Any) -> ModelSpec:
 
 
 class TorchRunner(ModelRunner):
-    """A ModelRunner over a GPT module (eval mode, inference_mode, its own device and dtype)."""
+    """A ModelRunner over a GPT module (eval mode, inference_mode, its own device and dtype).
 
-    def __init__(self, gpt: Any, max_window: int = 64, device: Optional[str] = None):
+    `cuda_graphs` (default: on for CUDA devices) replays one captured graph per window size.
+    """
+
+    meters_host_reads = True
+
+    def __init__(self, gpt: Any, max_window: int = 64, device: Optional[str] = None,
+                 cuda_graphs: Optional[bool] = None):
         super().__init__(model_spec(gpt), max_window)
         torch = _torch()
         self.torch = torch
@@ -103,18 +116,33 @@ class TorchRunner(ModelRunner):
         self._present = None
         self._mix = None
         self.keep_rows_on_device = self.device.type != "cpu"  # tests force True to check DeviceRows on CPU
-        self.host_numbers = 0  # numbers read back from the device (draws and DeviceRows reads)
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
+        if self.cuda_graphs and self.device.type != "cuda":
+            raise ValueError("cuda_graphs needs a CUDA device")
+        self._graphs: dict[int, Any] = {}  # window size -> CapturedStep
+        self._outputs: list[Any] = []  # two probs buffers [I, max_window, V], alternating between steps
+        self._parity = 0
 
     def _allocate_kv(self, batch: int, capacity: int) -> None:
         torch = self.torch
         layers, two, _, heads, _, head_dim = self._kv_shape
         self._kv = torch.zeros((layers, two, batch, heads, capacity, head_dim), dtype=self.dtype, device=self.device)
-        self._mix = torch.from_numpy(self.mix).to(self.device)  # self.mix is updated in place between calls
+        self._mix = torch.zeros(self.mix.shape, dtype=torch.float32, device=self.device)  # filled by allocate()
         self._uniforms_dev = torch.zeros(self._uniforms.shape, dtype=torch.float32, device=self.device)
         if self.device.type != "cpu":  # device-side twins of the host step inputs
             self._ids_dev = torch.zeros(self._ids.shape, dtype=torch.int32, device=self.device)
             self._pos_dev = torch.zeros(self._positions.shape, dtype=torch.int32, device=self.device)
             self._mask_dev = torch.zeros(self._mask.shape, dtype=torch.bool, device=self.device)
+        self._graphs.clear()  # captured against the buffers just replaced
+        if self.cuda_graphs:
+            shape = (self.mix.shape[0], self.max_window, self.spec.vocab_size)
+            self._outputs = [torch.zeros(shape, dtype=torch.float32, device=self.device) for _ in range(2)]
+
+    def allocate(self, mix: np.ndarray, capacity: Optional[int] = None) -> None:
+        """The base allocation, then the guidance matrix to the device once per generate call
+        (it is constant for the call: copying it every step cost a host-to-device copy per step)."""
+        super().allocate(mix, capacity)
+        self._mix.copy_(self.torch.from_numpy(self.mix))
 
     @property
     def kv_buffer(self) -> Any:
@@ -130,8 +158,7 @@ class TorchRunner(ModelRunner):
         return view
 
     def _head(self, logits: Any, uniforms: np.ndarray) -> StepOutput:
-        mix = self._mix if self.device.type == "cpu" else self._to_device(self.mix, self._mix.view(-1))
-        probs, draws = self._apply_head(logits, mix, self._to_device(uniforms, self._uniforms_dev))
+        probs, draws = self._apply_head(logits, self._mix, self._to_device(uniforms, self._uniforms_dev))
         draws = draws.cpu().numpy()  # W numbers
         self.host_numbers += draws.size
         return StepOutput(DeviceRows(probs, self) if self.keep_rows_on_device else probs.numpy(), draws)
@@ -150,13 +177,61 @@ class TorchRunner(ModelRunner):
             ids_t = self._to_device(ids, getattr(self, "_ids_dev", None))
             pos_t = self._to_device(positions, getattr(self, "_pos_dev", None))
             mask_t = self._to_device(mask, getattr(self, "_mask_dev", None))
+            if self.cuda_graphs:
+                return self._replay(ids_t, pos_t, mask_t, uniforms)
             logits, _hidden, self._present = self.gpt.step(ids_t, pos_t, mask_t, self._kv)
             return self._head(logits, uniforms)
+
+    def _replay(self, ids_t: Any, pos_t: Any, mask_t: Any, uniforms: np.ndarray) -> StepOutput:
+        """The step as a CUDA graph of this window size (captured on first use, then replayed)."""
+        mix_t = self._mix
+        uniforms_t = self._to_device(uniforms, self._uniforms_dev)
+        window = int(ids_t.shape[1])
+        captured = self._graphs.get(window)
+        if captured is None:
+            captured = self._graphs[window] = CapturedStep(self.torch, lambda: self._eager_step(
+                ids_t, pos_t, mask_t, mix_t, uniforms_t))
+        present, probs, draws = captured.replay()
+        self._present = present
+        kept = self._outputs[self._parity][:, :window]
+        self._parity ^= 1
+        kept.copy_(probs)
+        host_draws = draws.cpu().numpy()  # W numbers; the copy waits for the graph
+        self.host_numbers += host_draws.size
+        return StepOutput(DeviceRows(kept, self) if self.keep_rows_on_device else kept.cpu().numpy(), host_draws)
+
+    def _eager_step(self, ids_t: Any, pos_t: Any, mask_t: Any, mix_t: Any, uniforms_t: Any) -> tuple[Any, Any, Any]:
+        logits, _hidden, present = self.gpt.step(ids_t, pos_t, mask_t, self._kv)
+        probs, draws = self._apply_head(logits, mix_t, uniforms_t)
+        return present, probs, draws
 
     def _write_kv(self, slots: Sequence[int], start: int) -> None:
         with self.torch.inference_mode():
             rows = self._present[:, :, :, :, slot_index(slots)]
             self._kv[:, :, :, :, start:start + len(slots)] = rows.to(self.dtype)
+
+
+class CapturedStep:
+    """One CUDA graph of a step function whose inputs live at fixed device addresses.
+
+    Warm-up runs on a side stream first (cuBLAS handles and autotuning must not happen during
+    capture, as PyTorch's CUDA-graph notes require); each graph has its own memory pool, so
+    replaying one window size never overwrites another's outputs."""
+
+    def __init__(self, torch: Any, run: Any):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.outputs = run()
+
+    def replay(self) -> Any:
+        self.graph.replay()
+        return self.outputs
 
 
 class TorchVQ(VQDecoder):

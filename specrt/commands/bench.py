@@ -28,9 +28,11 @@ def _committed_results() -> Path:
 
 
 def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int, device: str,
-             threads: int, json_path: Optional[Path], plot_path: Optional[Path], demo_weights: Optional[Path]) -> None:
+             threads: int, json_path: Optional[Path], plot_path: Optional[Path], demo_weights: Optional[Path],
+             images_list: str = "1", dtypes: str = "fp32", cuda_graphs: bool = True) -> None:
     from specrt.bench.cost_model import (
-        PROFILE_ARCHS, measure_runners, measure_step_latency, parse_windows, prediction_table, write_profile_plot,
+        DTYPES, PROFILE_ARCHS, measure_runners, measure_step_latency, memory_bandwidth, parse_windows,
+        prediction_table, write_profile_plot,
     )
     from specrt.bench.device import device_name
     from specrt.lazy import require
@@ -38,6 +40,11 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
     if arch not in PROFILE_ARCHS:
         raise SpecrtError(f"unknown --profile-arch {arch!r}; choose from {', '.join(PROFILE_ARCHS)}")
     window_list = parse_windows(windows)
+    batches = parse_windows(images_list)  # the same rule: positive integers
+    dtype_list = [d.strip() for d in dtypes.split(",") if d.strip()]
+    unknown = [d for d in dtype_list if d not in DTYPES] or ([] if dtype_list else [dtypes])
+    if unknown:
+        raise SpecrtError(f"--profile-dtypes {dtypes!r}: choose from {', '.join(DTYPES)}")
     results_path = results_path or _committed_results()
     if not results_path.is_file():
         raise SpecrtError(f"no bench results at {results_path}; run `specrt bench --json FILE` first")
@@ -48,33 +55,70 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
         raise SpecrtError(f"{results_path} is not a `specrt bench --json` file") from exc
     require("torch", "specrt bench --profile-arch").set_num_threads(threads)
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
-    latency = measure_step_latency(arch, window_list, repeats=repeats, device=device, progress=say)
-    # the demo's own graphs on onnxruntime, as the default bench runs them: why its speed-ups differ
-    from specrt.bench.models import demo_bundle
-    from specrt.runtime.pipeline import Pipeline
-
-    pipe = Pipeline.from_bundle(demo_bundle(demo_weights, progress=say), threads=threads)
-    reference = measure_runners("demo (ort)", pipe.target, pipe.draft, window_list, repeats)
-    where = device_name("torch-cuda" if device.startswith("cuda") else "torch")
-    table, predictions = prediction_table(latency, measured, reference)
-    click.echo(f"\nstep latency, batch 2 (CFG pair), cache half full, on {where}, {threads} thread(s): {arch} "
-               f"(random weights) on PyTorch, the demo's exported graphs on onnxruntime")
-    click.echo(table)
-    click.echo(f"predicted speed-up = accepted length x t(1) / (t(W) + drafts x t_draft); accepted lengths from "
+    on_gpu = device.startswith("cuda")
+    curves = [measure_step_latency(arch, window_list, repeats=repeats, device=device, progress=say, images=images,
+                                   dtype=dtype, cuda_graphs=cuda_graphs) for dtype in dtype_list for images in batches]
+    bandwidth = memory_bandwidth(device)
+    reference = _profile_reference(window_list, repeats, device, threads, demo_weights, say, cuda_graphs)
+    where = device_name("torch-cuda" if on_gpu else "torch")
+    how = (" as CUDA graphs" if cuda_graphs else " eager (no CUDA graphs)") if on_gpu else ""
+    click.echo(f"\nstep latency, cache half full, on {where}, {threads} thread(s): {arch} (random weights) on PyTorch"
+               f"{how}, the demo's {'PyTorch modules on the same device' if on_gpu else 'exported graphs on onnxruntime'}")
+    if bandwidth:
+        click.echo(f"memory bandwidth (device-to-device copy, read + write): {bandwidth / 1e12:.2f} TB/s")
+    entries = []
+    for curve in curves:
+        table, predictions = prediction_table(curve, measured, reference)
+        floor = curve.bytes_per_step / bandwidth if bandwidth and curve.bytes_per_step else None
+        click.echo(f"\n== {arch} {curve.dtype}, {curve.images} image(s) per step ({2 * curve.images} rows with CFG)")
+        if floor:
+            click.echo(f"bytes read per step (weights + KV): {curve.bytes_per_step / 1e6:.0f} MB -> memory-bound floor "
+                       f"{1000 * floor:.2f} ms; t(1) = {1000 * curve.target_s[0]:.2f} ms = "
+                       f"{curve.target_s[0] / floor:.1f}x the floor")
+        click.echo(table)
+        entries.append({"dtype": curve.dtype, "images": curve.images, "windows": curve.windows,
+                        "target_step_s": curve.target_s, "draft_step_s": curve.draft_s,
+                        "bytes_per_step": curve.bytes_per_step, "memory_bound_floor_s": floor,
+                        "predictions": predictions})
+    click.echo(f"\npredicted speed-up = accepted length x t(1) / (t(W) + drafts x t_draft); accepted lengths from "
                f"{results_path} ({bench.get('device', '?')}, {bench.get('backend', '?')})")
     if json_path:
         from specrt.bench.report import write_json
 
+        first = entries[0]
         write_json(str(json_path), {"device": where, "arch": arch, "threads": threads,
-                                    "accepted_lengths_from": str(results_path), "windows": latency.windows,
-                                    "target_step_s": latency.target_s, "draft_step_s": latency.draft_s,
+                                    "cuda_graphs": bool(cuda_graphs and on_gpu),
+                                    "accepted_lengths_from": str(results_path),
+                                    "memory_bandwidth_bytes_per_s": bandwidth,
+                                    "windows": first["windows"], "target_step_s": first["target_step_s"],
+                                    "draft_step_s": first["draft_step_s"], "dtype": first["dtype"],
+                                    "images": first["images"],
                                     "demo_target_step_s": reference.target_s, "demo_draft_step_s": reference.draft_s,
-                                    "predictions": predictions})
+                                    "predictions": first["predictions"], "curves": entries})
         click.echo(f"wrote {json_path}")
     if plot_path:
-        write_profile_plot(str(plot_path), latency, predictions, f"target step latency against W on {where}",
-                           reference)
+        write_profile_plot(str(plot_path), curves[0], entries[0]["predictions"],
+                           f"target step latency against W on {where}", reference, more=tuple(curves[1:]))
         click.echo(f"wrote {plot_path}")
+
+
+def _profile_reference(windows, repeats: int, device: str, threads: int, demo_weights: Optional[Path], say,
+                       cuda_graphs: bool = True):
+    """The demo's own step costs beside the architecture's: its exported graphs on onnxruntime
+    (as the default bench runs them) on a CPU, its PyTorch modules on the same GPU otherwise."""
+    from specrt.bench.cost_model import measure_runners
+    from specrt.runtime.pipeline import Pipeline
+
+    if device.startswith("cuda"):
+        from specrt.export.demo import load_demo
+
+        demo = load_demo(demo_weights)
+        pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq, device=device, cuda_graphs=cuda_graphs)
+        return measure_runners("demo (torch)", pipe.target, pipe.draft, windows, repeats, device)
+    from specrt.bench.models import demo_bundle
+
+    pipe = Pipeline.from_bundle(demo_bundle(demo_weights, progress=say), threads=threads)
+    return measure_runners("demo (ort)", pipe.target, pipe.draft, windows, repeats)
 
 
 @click.command(name="bench")
@@ -110,14 +154,23 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
 @click.option("--windows", default="1,2,4,8,16,32,64", show_default=True, help="--profile-arch: windows W to time.")
 @click.option("--repeats", type=click.IntRange(min=1), default=7, show_default=True,
               help="--profile-arch: timed rounds per W (the fastest counts).")
-@click.option("--device", default="cpu", show_default=True, help="--profile-arch: torch device (cpu, cuda).")
+@click.option("--profile-images", default="1", show_default=True, metavar="LIST",
+              help="--profile-arch: images per step to time (each a CFG pair of rows), e.g. 1,8.")
+@click.option("--profile-dtypes", default="fp32", show_default=True, metavar="LIST",
+              help="--profile-arch: weight and KV types to time: fp32, bf16, fp16 (e.g. fp32,bf16).")
+@click.option("--device", default="cpu", show_default=True,
+              help="torch device (cpu, cuda, cuda:N) for --backend torch and --profile-arch.")
+@click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
+              help="--backend torch and --profile-arch on CUDA: replay each window size's step as a CUDA graph.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, plot_path, markdown_path, demo_weights,
-            cache_dir, profile_arch, results_path, windows, repeats, device, progress) -> None:
+            cache_dir, profile_arch, results_path, windows, repeats, profile_images, profile_dtypes, device, cuda_graphs,
+            progress) -> None:
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
     validation.seed(seed, "--seed")  # image i uses seed + i: checked before anything loads
     if profile_arch:
-        _profile(profile_arch, results_path, windows, repeats, device, threads, json_path, plot_path, demo_weights)
+        _profile(profile_arch, results_path, windows, repeats, device, threads, json_path, plot_path, demo_weights,
+                 profile_images, profile_dtypes, cuda_graphs)
         return
     from tqdm import tqdm
 
@@ -131,7 +184,11 @@ def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, 
         sweeps = DEFAULT_SWEEPS
     settings = build_settings(methods or ",".join(DEFAULT_METHODS), sweeps)  # validate before loading anything
     say = (lambda msg: click.echo(msg, err=True)) if progress else None
-    models = open_models(bundle, backend, demo_weights, threads, cache_dir, progress=say)
+    if device != "cpu" and backend != "torch":
+        raise SpecrtError(f"--device {device} applies to --backend torch (and --profile-arch); "
+                          f"--backend {backend} picks its device itself")
+    models = open_models(bundle, backend, demo_weights, threads, cache_dir, progress=say, device=device,
+                         cuda_graphs=cuda_graphs and device.startswith("cuda"))
     settings = _draft_free_if_needed(settings, models, chosen)
     bar = tqdm(total=planned_images(settings, images), unit="img", disable=not progress, dynamic_ncols=True,
                leave=False, mininterval=0.5)
