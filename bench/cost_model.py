@@ -254,14 +254,14 @@ def predicted_speedup(latency: StepLatency, method: str, params: dict[str, Any],
     return accepted_length * latency.target(1) / per_iteration
 
 
-def parse_windows(text: str) -> tuple[int, ...]:
-    """'1,2,4' -> (1, 2, 4), sorted; SpecrtError for anything that is not positive integers."""
+def parse_windows(text: str, flag: str = "--windows") -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4), sorted; SpecrtError naming `flag` for anything that is not positive integers."""
     try:
         windows = sorted({int(w) for w in text.split(",") if w.strip()})
     except ValueError:
-        raise SpecrtError(f"--windows {text!r}: expected comma-separated integers") from None
+        raise SpecrtError(f"{flag} {text!r}: expected comma-separated integers") from None
     if not windows or windows[0] < 1:
-        raise SpecrtError(f"--windows {text!r}: expected positive integers")
+        raise SpecrtError(f"{flag} {text!r}: expected positive integers")
     return tuple(windows)
 
 

@@ -7,7 +7,8 @@ call; on CPU the numpy step inputs are shared with torch without copies. The sam
 the host receives the draws [I, W] and reads single probabilities or, at a rejection, one
 row through DeviceRows, so O(W + V) numbers cross instead of W·V logits.
 
-On CUDA each window size's step (model + head) is captured once as a CUDA graph and replayed:
+On CUDA each window size's step (model + head) is captured as a CUDA graph at its second use and
+replayed from then on:
 a decode step of a small model is dominated by launching its few hundred kernels, and the
 speculative methods repeat the same few window sizes thousands of times per image. The graph
 reads the step inputs from the same preallocated device buffers every call, so a replay needs
@@ -120,6 +121,7 @@ class TorchRunner(ModelRunner):
         if self.cuda_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs needs a CUDA device")
         self._graphs: dict[int, Any] = {}  # window size -> CapturedStep
+        self._seen_windows: set[int] = set()  # sizes stepped once since the buffers were made
         self._outputs: list[Any] = []  # two probs buffers [I, max_window, V], alternating between steps
         self._parity = 0
 
@@ -134,6 +136,7 @@ class TorchRunner(ModelRunner):
             self._pos_dev = torch.zeros(self._positions.shape, dtype=torch.int32, device=self.device)
             self._mask_dev = torch.zeros(self._mask.shape, dtype=torch.bool, device=self.device)
         self._graphs.clear()  # captured against the buffers just replaced
+        self._seen_windows.clear()
         if self.cuda_graphs:
             shape = (self.mix.shape[0], self.max_window, self.spec.vocab_size)
             self._outputs = [torch.zeros(shape, dtype=torch.float32, device=self.device) for _ in range(2)]
@@ -183,15 +186,18 @@ class TorchRunner(ModelRunner):
             return self._head(logits, uniforms)
 
     def _replay(self, ids_t: Any, pos_t: Any, mask_t: Any, uniforms: np.ndarray) -> StepOutput:
-        """The step as a CUDA graph of this window size (captured on first use, then replayed)."""
+        """The step as a CUDA graph of this window size (captured at its second use, then replayed)."""
         mix_t = self._mix
         uniforms_t = self._to_device(uniforms, self._uniforms_dev)
         window = int(ids_t.shape[1])
+        run = lambda: self._eager_step(ids_t, pos_t, mask_t, mix_t, uniforms_t)  # noqa: E731
         captured = self._graphs.get(window)
-        if captured is None:
-            captured = self._graphs[window] = CapturedStep(self.torch, lambda: self._eager_step(
-                ids_t, pos_t, mask_t, mix_t, uniforms_t))
-        present, probs, draws = captured.replay()
+        if captured is None and window in self._seen_windows:
+            captured = self._graphs[window] = CapturedStep(self.torch, run)
+        self._seen_windows.add(window)
+        # a window size's first step runs eagerly: the last rounds of an image use one-off sizes,
+        # whose capture (two warm-up runs and the capture) would cost more than it saves
+        present, probs, draws = captured.replay() if captured is not None else run()
         self._present = present
         kept = self._outputs[self._parity][:, :window]
         self._parity ^= 1

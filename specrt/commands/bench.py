@@ -40,7 +40,7 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
     if arch not in PROFILE_ARCHS:
         raise SpecrtError(f"unknown --profile-arch {arch!r}; choose from {', '.join(PROFILE_ARCHS)}")
     window_list = parse_windows(windows)
-    batches = parse_windows(images_list)  # the same rule: positive integers
+    batches = parse_windows(images_list, "--profile-images")  # the same rule: positive integers
     dtype_list = [d.strip() for d in dtypes.split(",") if d.strip()]
     unknown = [d for d in dtype_list if d not in DTYPES] or ([] if dtype_list else [dtypes])
     if unknown:

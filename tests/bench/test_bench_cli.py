@@ -116,6 +116,9 @@ def test_interleaving_does_not_change_images(demo_dir):
     (["bench", "--sweep", "sd:delta=2"], "sd has no parameter 'delta'"),
     (["bench", "--profile-arch", "llamagen-c2i-Q"], "unknown --profile-arch"),
     (["bench", "--profile-arch", "llamagen-c2i-B", "--windows", "0,4"], "positive integers"),
+    (["bench", "--profile-arch", "llamagen-c2i-B", "--profile-images", "1,0"], "--profile-images '1,0'"),
+    (["bench", "--profile-arch", "llamagen-c2i-B", "--profile-dtypes", "fp32,fp64"], "choose from fp32, bf16"),
+    (["bench", "--device", "cuda"], "applies to --backend torch"),
 ])
 def test_user_errors_exit_2_with_one_line(argv, fragment, capsys):
     code, out, err = run_cli(argv, capsys)

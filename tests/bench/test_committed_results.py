@@ -69,3 +69,27 @@ def test_each_family_beats_ar_or_the_profile_shows_where_it_would(payload, famil
     assert {p["label"] for p in predicted} == {r["label"] for r in payload["results"] if r["method"] in family}
     assert max(p["predicted_speedup"] for p in predicted) > measured
     assert (RESULTS / "profile-llamagen-c2i-B.png").is_file()
+
+
+@pytest.mark.skipif(not (RESULTS / "demo-h100.json").is_file(), reason="no committed GPU results")
+def test_gpu_results_name_the_gpu_and_cover_every_method():
+    """Issue 17: the demo on PyTorch + CUDA graphs and the LlamaGen profiles, measured on an H100,
+    committed with the device named; the README quotes them beside the CPU figures."""
+    run = json.loads((RESULTS / "demo-h100.json").read_text())
+    assert "H100" in run["device"] and run["backend"] == "torch-cuda"
+    assert {r["method"] for r in run["results"]} == set(DEFAULT_METHODS)
+    for result in run["results"]:  # bytes read back per model call: O(W + V), not W·V
+        assert result["host_bytes_per_forward"] is not None and result["host_bytes_per_forward"] > 0
+    eager = json.loads((RESULTS / "demo-h100-eager.json").read_text())
+    speed = lambda payload: {r["label"]: r["latency_s"]["median"] for r in payload["results"]}  # noqa: E731
+    assert speed(run)["ar"] < speed(eager)["ar"] / 3  # CUDA graphs: the fix this issue made
+    for arch in ("B", "XL"):
+        profile = json.loads((RESULTS / f"profile-llamagen-c2i-{arch}-h100.json").read_text())
+        assert "H100" in profile["device"] and profile["cuda_graphs"] is True
+        assert {(c["dtype"], c["images"]) for c in profile["curves"]} == {("fp32", 1), ("fp32", 8), ("bf16", 1),
+                                                                           ("bf16", 8)}
+        for curve in profile["curves"]:
+            assert curve["windows"] == [1, 2, 4, 8, 16, 32, 64]
+            assert 0 < curve["memory_bound_floor_s"] < curve["target_step_s"][0]  # no step beats the bandwidth
+    readme = (RESULTS.parents[1] / "README.md").read_text()
+    assert "H100" in readme and "demo-h100" in readme and "llamagen-c2i-XL --device cuda" in readme

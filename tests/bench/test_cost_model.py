@@ -44,8 +44,24 @@ def test_prediction_table_and_plot(tmp_path):
         assert image.format == "PNG"
 
 
+def test_bytes_per_step_counts_weights_but_embeddings_and_the_whole_kv_buffer():
+    torch = pytest.importorskip("torch")
+    from specrt.bench.cost_model import bytes_per_step, memory_bandwidth
+    from specrt.export.llamagen_gpt import GPT, GPTConfig
+
+    model = GPT(GPTConfig(dim=32, n_layer=2, n_head=2, vocab_size=64, num_classes=3, grid_size=2))
+    kv = torch.zeros(2, 2, 2, 2, 9, 16)
+    gathered = model.tok_embeddings.weight.numel() + model.cls_embedding.embedding_table.weight.numel()
+    every = sum(p.numel() for p in model.parameters())
+    assert bytes_per_step(model, kv) == 4 * (every - gathered) + 4 * kv.numel()
+    assert bytes_per_step(model.to(torch.bfloat16), kv.to(torch.bfloat16)) == 2 * (every - gathered) + 2 * kv.numel()
+    assert memory_bandwidth("cpu") is None  # no simple floor on a CPU
+
+
 def test_parse_windows():
     assert parse_windows("8,1, 4,4") == (1, 4, 8)
     for bad in ("", "a,b", "0,2"):
-        with pytest.raises(SpecrtError):
+        with pytest.raises(SpecrtError, match="--windows"):
             parse_windows(bad)
+    with pytest.raises(SpecrtError, match="--profile-images '0'"):
+        parse_windows("0", "--profile-images")

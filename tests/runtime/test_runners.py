@@ -107,6 +107,7 @@ def test_device_resident_rows_give_the_same_tokens_and_cross_o_w_plus_v(tiny_pip
     stats, vocab = result.stats, pipe.target.spec.vocab_size
     window = {"ar": 1, "sd": 4, "cool-sd": 5, "lantern": 5}.get(method, params.get("window"))
     reads = sum(runner.host_numbers for runner in runners)
+    assert stats.host_numbers == reads and stats.summary()["host_bytes"] == 4 * reads  # what bench reports
     full_rows = stats.target_forwards * window * vocab + stats.draft_forwards * 2 * vocab
     # SJD-PAC reads two whole rows per rejected continuation and D rows for its sibling drafts
     # (the random tiny model rejects most): still fewer than whole windows, but not by much
