@@ -91,14 +91,16 @@ def _keep_top_k(probs: np.ndarray, top_k: int) -> np.ndarray:
 def _keep_top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
     """Zero all but the smallest most-probable set whose mass reaches top_p (nucleus sampling).
 
-    The token that crosses the threshold is kept, so at least one token always survives.
+    The token that crosses the threshold is kept, so at least one token always survives. The
+    mass is relative to the row's total: after top-k the row is no longer normalised, and top-p
+    acts on the top-k distribution (LlamaGen's top_k_top_p_filtering softmaxes the kept logits).
     """
     if top_p >= 1.0:
         return probs
     order = np.argsort(-probs, axis=-1, kind="stable")
     sorted_probs = np.take_along_axis(probs, order, axis=-1)
     mass_before = np.cumsum(sorted_probs, axis=-1) - sorted_probs
-    keep_sorted = mass_before < top_p
+    keep_sorted = mass_before < top_p * sorted_probs.sum(axis=-1, keepdims=True)
     keep = np.empty_like(keep_sorted)
     np.put_along_axis(keep, order, keep_sorted, axis=-1)
     return np.where(keep, probs, 0.0)

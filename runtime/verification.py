@@ -109,15 +109,15 @@ SCHEDULES = ("exp", "linear", "uniform")
 
 def relaxation_schedule(name: str, draft_len: int, relaxation_budget: float, decay: float = 0.7,
                         slope_len: int = 8) -> np.ndarray:
-    """ω_1..ω_L for a schedule name ('exp', 'linear', 'uniform').
+    """ω_1..ω_L for a schedule name ('exp', 'linear', 'uniform'), exactly Eq. 16 / Eq. 17 / δ.
 
-    δ = 1 is vanilla SD (DESIGN.md) under every schedule: ω ≡ 1. Taken literally, Eq. 16 at
-    δ = 1 would still move weight onto the first positions (ω_1 ≈ 2.1 for L = 4, ν = 0.7)
-    and so relax them; the budget δ is what says how much relaxation to spend, and at 1
-    there is none, so `cool-sd` with δ = 1 is exactly lossless.
+    What δ means depends on the schedule. Under 'uniform' (UniformRSD) every position gets
+    ω_i = δ, so δ = 1 is vanilla SD. Under 'exp' and 'linear' δ is the mean weight (Σ ω_i = δ·L)
+    that the schedule redistributes towards the first positions, so even δ = 1 relaxes the
+    early positions and tightens the late ones (Eq. 16 at δ = 1, ν = 0.7, L = 4:
+    ω ≈ (2.14, 1.07, 0.53, 0.26)); no δ makes them lossless. The weights are continuous in δ:
+    there is no special case at δ = 1 (vanilla SD is `sd`, or 'uniform' with δ = 1).
     """
-    if relaxation_budget == 1.0:
-        return np.ones(draft_len)
     if name == "exp":
         return exponential_schedule(draft_len, relaxation_budget, decay)
     if name == "linear":
@@ -134,9 +134,15 @@ def lantern_neighbourhood(p: np.ndarray, neighbours: np.ndarray, token: int, *,
                           tvd_budget: Optional[float] = None, ratio: Optional[float] = None) -> np.ndarray:
     """A^{k,δ}(x̃) \\ {x̃}: the largest prefix of x̃'s k nearest neighbours whose mass stays in budget.
 
-    LANTERN: cumulative neighbour mass ≤ δ (a TVD bound); LANTERN++ (Cool-SD Eq. 4-5):
-    cumulative mass ≤ (λ − 1)·p(x̃), i.e. p̃(x̃) ≤ λ·p(x̃) (the paper's strict < differs only
-    on exact ties). Neighbours are taken nearest first. Exactly one of the two budgets is given.
+    Neighbours are taken nearest first; `neighbours` never lists the token itself, so k counts
+    neighbours only (as LANTERN's code, whose table has V − 1 entries per token; LANTERN's paper
+    text counts x̃ among its k). Exactly one of the two budgets is given:
+    - LANTERN, tvd_budget δ: cumulative neighbour mass ≤ δ.
+    - LANTERN++, ratio λ, in the convention of LANTERN's code (`cumsum <= (lantern_delta − 1)·px`):
+      cumulative neighbour mass ≤ (λ − 1)·p(x̃), i.e. p̃(x̃) ≤ λ·p(x̃). The Cool-SD paper's Eq. 3-5
+      writes the set with neighbour mass < λ·p(x̃), one off from this: its λ is our ratio − 1.
+      Its Table 1 row "LANTERN++ (λ = 2, k = 10)" takes LANTERN++'s own values, so it is
+      ratio=2, neighbours_k=10 here (the strict < differs only on exact ties).
     """
     nbrs = neighbours[token]
     cumulative = np.cumsum(p[nbrs])

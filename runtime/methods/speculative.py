@@ -74,7 +74,12 @@ class SpeculativeDecoding(DraftThenVerify):
 
 
 class CoolSD(DraftThenVerify):
-    """Cool-SD: annealed relaxation ω_i (schedule 'exp', 'linear' or 'uniform' = UniformRSD), G* resampling."""
+    """Cool-SD: annealed relaxation ω_i (schedule 'exp', 'linear' or 'uniform' = UniformRSD), G* resampling.
+
+    relaxation_budget δ is the mean of ω over the L draft positions (Σ ω_i = δ·L): 'uniform' gives
+    every position δ (δ = 1 is vanilla SD); 'exp' (Eq. 16) and 'linear' (Eq. 17) move weight to the
+    first positions, so they relax early positions at every δ ≥ 1, δ = 1 included.
+    """
 
     name = "cool-sd"
     # δ >= 1 (1 = lossless); ν > 0, at most MAX_DECAY so exp(−ν·i) stays representable
@@ -99,7 +104,14 @@ class CoolSD(DraftThenVerify):
 
 
 class Lantern(DraftThenVerify):
-    """LANTERN (tvd_budget δ) or LANTERN++ (ratio λ) over the VQ codebook's neighbour table."""
+    """LANTERN (tvd_budget δ) or LANTERN++ (ratio λ) over the VQ codebook's neighbour table.
+
+    `ratio` λ is LANTERN's code's convention: neighbour mass ≤ (λ − 1)·p(x̃), so p̃(x̃) ≤ λ·p(x̃).
+    The Cool-SD paper's Eq. 4-5 bound the neighbour mass by λ·p(x̃) instead (its λ = ratio − 1);
+    its Table 1 setting "LANTERN++ (λ = 2, k = 10)" is LANTERN++'s own, i.e. ratio=2,
+    neighbours_k=10. `neighbours_k` counts neighbours only, never the token itself (0: the whole
+    table, 32 in an exported bundle); LANTERN's paper text counts the token in its k.
+    """
 
     name = "lantern"
     # tvd_budget δ in [0, 1] or ratio λ >= 1 (None: not given); neighbours_k 0 = the whole table

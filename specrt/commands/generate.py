@@ -145,7 +145,18 @@ def sampling_epilog() -> str:
 @checkpoint_flags
 def command(bundle, method, class_ids, seed, out, backend, target, draft, vq, checkpoint, device,
             max_window, cfg_scale, temperature, top_k, top_p, params, stats_path) -> None:
-    """Generate images for class ids (the embedded demo models by default)."""
+    """Generate images for class ids (the embedded demo models by default).
+
+    \b
+    Method parameters (--param KEY=VALUE; the README lists them all):
+      cool-sd  relaxation_budget δ >= 1 is the mean weight, sum of ω_i = δ·L.
+               schedule=uniform: ω_i = δ everywhere (δ = 1 is vanilla SD);
+               schedule=exp (Eq. 16) / linear (Eq. 17): weight moved to early
+               positions, so even δ = 1 relaxes them.
+      lantern  tvd_budget δ (neighbour mass <= δ) or ratio λ (LANTERN++, as
+               LANTERN's code: neighbour mass <= (λ-1)·p, the Cool-SD paper's
+               λ + 1); neighbours_k counts neighbours, not the token itself.
+    """
     sampling = {k: v for k, v in (("cfg_scale", cfg_scale), ("temperature", temperature), ("top_k", top_k),
                                   ("top_p", top_p)) if v is not None}
     method_params = parse_params(params)

@@ -6,18 +6,56 @@ import itertools
 import numpy as np
 from scipy import stats as scipy_stats
 
-from specrt.runtime.backends.toy import ToyLM, head_rows
-from specrt.runtime.sampling import SamplingParams, guidance_mix, needs_restriction, restrict
+import pytest
+
+from specrt.runtime.backends.toy import ToyLM
+from specrt.runtime.sampling import SamplingParams
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The toy runs the real sampling head (torch) on rows of a few numbers: on a shared 2-core
+    machine, torch's thread pool makes each call ~5x slower than one thread does."""
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(1)
+
+
+def reference_row(cond: np.ndarray, uncond: np.ndarray | None, sampling: SamplingParams) -> np.ndarray:
+    """The sampling distribution from raw logits, written from the definitions in float64 and
+    sharing no code with the runtime (its head, guidance matrix and restriction), so a wrong
+    CFG, temperature, top-k or top-p formula there cannot be copied into the reference.
+
+    LlamaGen: guided = u + (c − u)·s, then / T; greedy (T = 0) is the argmax; top-k keeps the k
+    largest logits; top-p keeps the most probable tokens until their mass reaches p (the
+    token that crosses p included); then softmax over what is kept.
+    """
+    logits = np.array(cond, dtype=np.float64)
+    if uncond is not None:
+        logits = uncond + (logits - uncond) * sampling.cfg_scale
+    if sampling.temperature == 0:
+        row = np.zeros(len(logits))
+        row[int(np.argmax(logits))] = 1.0
+        return row
+    logits = logits / sampling.temperature
+    keep = np.ones(len(logits), dtype=bool)
+    if 0 < sampling.top_k < len(logits):
+        keep[np.argsort(-logits)[sampling.top_k:]] = False
+    if sampling.top_p < 1.0:
+        probs = np.exp(logits - logits[keep].max()) * keep
+        probs /= probs.sum()
+        mass = 0.0
+        for token in np.argsort(-probs):
+            if mass >= sampling.top_p:
+                keep[token] = False
+            mass += probs[token]
+    row = np.where(keep, np.exp(logits - logits[keep].max()), 0.0)
+    return row / row.sum()
 
 
 def next_token_row(lm: ToyLM, class_id: int, null_class: int, prefix: tuple[int, ...], sampling: SamplingParams) -> np.ndarray:
-    """The sampling distribution after `prefix`, computed the way every method must see it."""
-    rows = [lm.logits((class_id, *prefix))]
-    if sampling.uses_cfg:
-        rows.append(lm.logits((null_class, *prefix)))
-    probs = head_rows(np.stack(rows)[:, None], guidance_mix(1, sampling), np.zeros((1, 1))).probs
-    row = (restrict(probs, sampling) if needs_restriction(sampling) else probs.astype(np.float64))[0, 0]
-    return row / row.sum()  # the head's float32 rows sum to 1 within ~1e-7; enumeration wants exact
+    """The sampling distribution after `prefix`: what every method must sample from."""
+    uncond = lm.logits((null_class, *prefix)) if sampling.uses_cfg else None
+    return reference_row(lm.logits((class_id, *prefix)), uncond, sampling)
 
 
 def exact_distribution(lm: ToyLM, class_id: int, null_class: int, vocab: int, length: int,

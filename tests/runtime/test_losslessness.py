@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from _toy_exact import chi_square, exact_distribution
+from _toy_exact import chi_square, exact_distribution, one_torch_thread  # noqa: F401 (autouse fixture)
 from specrt.runtime.backends.toy import toy_models
 from specrt.runtime.methods.jacobi import JacobiDecoding
 from specrt.runtime.methods.speculative import SpeculativeDecoding
@@ -37,7 +37,7 @@ GUIDED = SamplingParams(cfg_scale=2.0, temperature=0.9, top_k=2)
 LOSSLESS = [
     ("sd", {"draft_len": 3}, GUIDED),
     ("cool-sd", {"relaxation_budget": 1.0, "schedule": "uniform", "draft_len": 2}, PLAIN),
-    ("cool-sd", {"relaxation_budget": 1.0, "draft_len": 3}, GUIDED),  # default exp schedule: δ = 1 is SD
+    ("cool-sd", {"relaxation_budget": 1.0, "schedule": "uniform", "draft_len": 3}, GUIDED),  # UniformRSD δ = 1 is SD
     ("sjd", {"window": 3}, PLAIN),
     # 9 binary tokens: deep proactive-drafting trees (spine + siblings) and chains behind them
     ("sjd-pac", {"window": 8, "branching": 2, "tree_depth": 2, "vocab": 2, "grid": 3}, PLAIN),

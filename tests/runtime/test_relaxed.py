@@ -16,7 +16,7 @@ import pytest
 from specrt.errors import SpecrtError
 from specrt.runtime.backends.toy import ToyLM
 from specrt.runtime.methods import make_method
-from _toy_exact import next_token_row
+from _toy_exact import next_token_row, one_torch_thread  # noqa: F401 (autouse fixture)
 from specrt.runtime.sampling import SamplingParams, sample
 from specrt.runtime.verification import (
     CoolRule, VanillaRule, accepted_mass, exponential_schedule, linear_schedule, relaxation_schedule,
@@ -87,6 +87,33 @@ def test_linear_schedule_is_eq17():
     np.testing.assert_allclose(weights, 2.0 * 4 * raw / raw.sum())
     assert weights.sum() == pytest.approx(8.0)
     np.testing.assert_allclose(relaxation_schedule("uniform", 3, 1.5), [1.5, 1.5, 1.5])
+
+
+def test_exp_schedule_is_eq16_at_every_budget_with_no_special_case_at_one():
+    """Eq. 16 at δ = 1 relaxes the early positions; δ = 1 and δ = 1.0001 are nearly the same rule."""
+    np.testing.assert_allclose(relaxation_schedule("exp", 4, 1.0), [2.14, 1.07, 0.53, 0.26], atol=0.01)
+    at_one, just_above = (exact_theorem2(CoolRule(relaxation_schedule("exp", DRAFT_LEN, budget)))
+                          for budget in (1.0, 1.0001))
+    assert at_one[1] > 0.01  # relaxed: a positive TV bound, unlike vanilla SD's 0
+    assert at_one[0] == pytest.approx(just_above[0], abs=1e-3)
+    assert at_one[1] == pytest.approx(just_above[1], abs=1e-3)
+
+
+def test_pipeline_cool_sd_is_continuous_in_budget_at_one():
+    """Same seed through the public API: δ = 1 and 1.0001 (exp) give nearly the same tokens and
+    accepted length, and neither is vanilla SD (which the removed δ == 1 special case made it)."""
+    from specrt.runtime.backends.toy import toy_models
+    from specrt.runtime.pipeline import Pipeline
+
+    target, draft, vq = toy_models(vocab_size=4, grid_size=3, seed=2)
+    pipe = Pipeline(target, vq, draft, sampling_defaults={"cfg_scale": 1.0})
+    runs = [pipe.generate([0] * 300, method="cool-sd", seed=5, draft_len=3, relaxation_budget=budget)
+            for budget in (1.0, 1.0001)]
+    sd = pipe.generate([0] * 300, method="sd", seed=5, draft_len=3).tokens
+    lengths = [run.stats.mean_accepted_length for run in runs]
+    assert lengths[0] == pytest.approx(lengths[1], abs=0.02)
+    assert np.mean(runs[0].tokens == runs[1].tokens) > 0.99
+    assert np.mean(runs[0].tokens != sd) > 0.05
 
 
 def test_cool_sd_rejects_budget_below_one_and_unknown_parameters():
