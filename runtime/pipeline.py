@@ -107,6 +107,7 @@ class Pipeline:
         `cuda_graphs` (default: on for CUDA) replays each window size's step as a CUDA graph.
         """
         from specrt.runtime.backends.torch_backend import TorchRunner, TorchVQ
+        max_window = validation.count("max_window", max_window)
         check_compatible(target_gpt.config, draft_gpt.config if draft_gpt is not None else None, vq.config,
                          "Pipeline.from_torch")
         target = TorchRunner(target_gpt, max_window, device, cuda_graphs)
