@@ -37,7 +37,9 @@ extern "C" {
 /* Status codes returned by every call. */
 typedef enum specrt_status {
     SPECRT_OK = 0,
-    SPECRT_ERR_INVALID_ARGUMENT = 1, /* NULL pointer, bad JSON, unknown method or parameter, bad class id */
+    SPECRT_ERR_INVALID_ARGUMENT = 1, /* NULL pointer, bad JSON, unknown method or parameter, a value out of
+                                        its range (specrt.validation), bad class id, a corrupt or
+                                        inconsistent bundle */
     SPECRT_ERR_NOT_FOUND = 2,        /* bundle path missing or not a bundle */
     SPECRT_ERR_BUFFER_TOO_SMALL = 3, /* the caller's pixel buffer cannot hold the images */
     SPECRT_ERR_RUNTIME = 4,          /* the Python runtime could not start or is not installed */
