@@ -17,14 +17,18 @@ def _dims(shape) -> str:
 
 
 def _model_line(role: str, entry: dict) -> str:
+    e = {key: entry.get(key, "?") for key in ("codebook_size", "codebook_embed_dim", "downsample", "image_size",
+                                              "grid_size", "family", "model_type", "dim", "n_layer", "n_head",
+                                              "n_kv_head", "head_dim", "vocab_size", "cond_len", "num_classes",
+                                              "capacity")}
     if role == "vq":
-        return (f"  vq      codebook {entry['codebook_size']}x{entry['codebook_embed_dim']}, downsample "
-                f"{entry['downsample']}, image {entry['image_size']}px, grid {entry['grid_size']}")
+        return (f"  vq      codebook {e['codebook_size']}x{e['codebook_embed_dim']}, downsample "
+                f"{e['downsample']}, image {e['image_size']}px, grid {e['grid_size']}")
     kind = f" ({entry['kind']})" if "kind" in entry else ""
-    return (f"  {role:<7} {entry['family']} {entry['model_type']}{kind}: dim {entry['dim']}, {entry['n_layer']} layers, "
-            f"{entry['n_head']} heads ({entry['n_kv_head']} kv) x {entry['head_dim']}, vocab {entry['vocab_size']}, "
-            f"grid {entry['grid_size']}, cond_len {entry['cond_len']}, classes {entry['num_classes']}, "
-            f"KV capacity {entry['capacity']}")
+    return (f"  {role:<7} {e['family']} {e['model_type']}{kind}: dim {e['dim']}, {e['n_layer']} layers, "
+            f"{e['n_head']} heads ({e['n_kv_head']} kv) x {e['head_dim']}, vocab {e['vocab_size']}, "
+            f"grid {e['grid_size']}, cond_len {e['cond_len']}, classes {e['num_classes']}, "
+            f"KV capacity {e['capacity']}")
 
 
 def _graph_lines(manifest: Manifest, spec: GraphSpec) -> list[str]:
@@ -64,7 +68,7 @@ def format_manifest(manifest: Manifest) -> str:
         lines.append("limits: " + ", ".join(f"{k} {v}" for k, v in manifest.limits.items()))
     if manifest.neighbours:
         n = manifest.neighbours
-        lines.append(f"neighbours: {n['file']} (k = {n['k']}, {n.get('metric', '?')})")
+        lines.append(f"neighbours: {n['file']} (k = {n.get('k', '?')}, {n.get('metric', '?')})")
     lines.append("graphs:")
     for spec in manifest.graphs.values():
         lines += _graph_lines(manifest, spec)
@@ -79,7 +83,10 @@ def format_manifest(manifest: Manifest) -> str:
 @click.pass_context
 def command(ctx: click.Context, bundle: Path, lint: bool, max_opset: int) -> None:
     """Print a bundle's manifest and lint its graphs for TensorRT (exit 1 on lint errors)."""
+    from specrt.runtime.bundle_check import check_manifest
+
     manifest = read_manifest(bundle)
+    check_manifest(manifest)  # the numbers agree with each other (runtime/bundle_check.py), or one line
     click.echo(format_manifest(manifest))
     if not lint:
         return

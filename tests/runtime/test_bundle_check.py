@@ -167,3 +167,12 @@ def test_fuzzed_bundles_give_one_line_or_a_run(demo_bundle, tmp_path, capfd):
             assert code == 2 and err.count("\n") == 1 and err.startswith("specrt: error: "), (what, err)
             refused += 1
     assert refused >= 60  # most corruptions must be caught, not shrugged off
+
+
+def test_inspect_refuses_an_inconsistent_manifest_in_one_line(demo_bundle, tmp_path, capfd):
+    bundle = clone(demo_bundle, tmp_path / "b")
+    edit_manifest(bundle, _set(("models", "target"), 7))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["inspect", str(bundle), "--no-lint"])
+    err = capfd.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "models.target is missing or not an object" in err
