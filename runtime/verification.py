@@ -282,24 +282,38 @@ def verify_position(p: np.ndarray, q: np.ndarray, token: int, rng: np.random.Gen
     return False, int(sample(residual(p, q), rng))
 
 
+def stack_rows(rows: Sequence[np.ndarray]) -> np.ndarray:
+    """n rows [V] as one block [n, V] that can be indexed like numpy.
+
+    When some rows are device-resident views (a backend's `stack_rows` classmethod, e.g. the torch
+    backend's DeviceRows) the block is stacked on the device, so reading one entry of each row is
+    one transfer instead of n: on a GPU each transfer is a synchronisation."""
+    backend = next((type(r) for r in rows if hasattr(type(r), "stack_rows")), None)
+    if backend is not None:
+        return backend.stack_rows(rows)
+    return np.stack([np.asarray(r) for r in rows])
+
+
 def verify_positions(p_block: np.ndarray, q_rows: Sequence[np.ndarray], tokens: Sequence[int],
                      rng: np.random.Generator) -> list[int]:
     """verify_position at several independent positions at once (SJD-PAC's adaptive continuation
     re-tests every stale draft against its new row): the kept or resampled token of each.
 
     p_block [n, V] holds the new rows (one gather from the step's output), q_rows the n old
-    ones. Each position uses its own uniforms, so this is the same test; only the tokens'
-    entries are read until the rejected positions' residuals are formed and sampled as one
-    [R, V] block instead of R small host calls.
+    ones (stacked once, stack_rows). Each position uses its own uniforms, so this is the same
+    test; only the tokens' entries are read until the rejected positions' residuals are formed
+    and sampled as one [R, V] block instead of R small host calls.
     """
     count = len(tokens)
-    p_at = np.asarray(p_block[np.arange(count), np.asarray(tokens)], dtype=np.float64)
-    q_at = np.array([float(q[t]) for q, t in zip(q_rows, tokens)])
+    index = np.arange(count), np.asarray(tokens)
+    q_block = stack_rows(q_rows)
+    p_at = np.asarray(p_block[index], dtype=np.float64)
+    q_at = np.asarray(q_block[index], dtype=np.float64)
     out = [int(t) for t in tokens]
     rejected = np.flatnonzero(rng.random(count) > acceptance(p_at, q_at))
     if rejected.size:
-        p_rejected = np.asarray(p_block[rejected])
-        q_rejected = np.array([np.asarray(q_rows[i]) for i in rejected])
+        p_rejected = np.asarray(p_block[rejected], dtype=np.float64)
+        q_rejected = np.asarray(q_block[rejected], dtype=np.float64)
         for i, token in zip(rejected, sample(residual(p_rejected, q_rejected), rng)):
             out[i] = int(token)
     return out

@@ -83,6 +83,16 @@ class DeviceRows:
     def copy(self) -> "DeviceRows":
         return DeviceRows(self.tensor.clone(), self.meter)
 
+    @classmethod
+    def stack_rows(cls, rows: Sequence[Any]) -> "DeviceRows":
+        """Rows [V] (device views, or host arrays such as a uniform proposal) stacked on the device
+        (runtime.verification.stack_rows): one block, read back in one transfer."""
+        first = next(r for r in rows if isinstance(r, DeviceRows))
+        torch, device = _torch(), first.tensor.device
+        parts = [r.tensor if isinstance(r, DeviceRows) else
+                 torch.from_numpy(np.asarray(r, dtype=np.float32)).to(device) for r in rows]
+        return cls(torch.stack([p.float() for p in parts]), first.meter)
+
 
 def model_spec(gpt: Any) -> ModelSpec:
     """The runtime's view of a specrt.export GPT (GPTConfig field names)."""

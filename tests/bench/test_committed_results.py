@@ -80,7 +80,7 @@ def test_gpu_results_name_the_gpu_and_cover_every_method():
     assert {r["method"] for r in run["results"]} == set(DEFAULT_METHODS)
     for result in run["results"]:  # bytes read back per model call: O(W + V), not W·V
         assert result["host_bytes_per_forward"] is not None and result["host_bytes_per_forward"] > 0
-    eager = json.loads((RESULTS / "demo-h100-eager.json").read_text())
+    eager = json.loads((RESULTS / "demo-h100-eager.json").read_text())  # before CUDA graphs
     speed = lambda payload: {r["label"]: r["latency_s"]["median"] for r in payload["results"]}  # noqa: E731
     assert speed(run)["ar"] < speed(eager)["ar"] / 3  # CUDA graphs: the fix this issue made
     for arch in ("B", "XL"):

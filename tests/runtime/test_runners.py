@@ -154,3 +154,26 @@ def test_missing_backend_is_a_user_error(monkeypatch, tmp_path):
         _ort()
     with pytest.raises(SpecrtError, match="ort"):
         Pipeline.from_bundle(tmp_path, backend="tensorrt")
+
+
+def test_stack_rows_keeps_device_rows_on_the_device_and_reads_them_once():
+    """SJD-PAC's adaptive continuation reads one entry of each stale row: stacked on the device
+    first (a uniform host row among them included), that is one transfer, not one per row."""
+    torch = pytest.importorskip("torch")
+    from specrt.runtime.backends.torch_backend import DeviceRows
+    from specrt.runtime.verification import stack_rows
+
+    class Meter:
+        host_numbers = 0
+
+    meter = Meter()
+    rows = np.random.default_rng(0).dirichlet(np.ones(6), size=3).astype(np.float32)
+    device_rows = [DeviceRows(torch.from_numpy(r.copy()), meter) for r in rows]
+    uniform = np.full(6, 1 / 6)
+    block = stack_rows([device_rows[0], uniform, device_rows[2]])
+    assert isinstance(block, DeviceRows) and meter.host_numbers == 0
+    entries = np.asarray(block[np.arange(3), np.array([1, 4, 5])])
+    np.testing.assert_allclose(entries, [rows[0][1], 1 / 6, rows[2][5]], rtol=1e-6)
+    assert meter.host_numbers == 3
+    host = stack_rows([rows[0], rows[1]])  # host rows stay a plain array
+    assert isinstance(host, np.ndarray) and host.shape == (2, 6)
