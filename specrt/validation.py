@@ -14,7 +14,7 @@ Use it for any new numeric option or method parameter:
 
     from specrt.validation import Float, Int, integer, number
     top_p = number("--top-p", value, low=0, high=1, low_open=True)
-    PARAMS = {"draft_len": Int(4, low=1, high=MAX_WINDOW)}   # a method's parameters
+    PARAMS = {"draft_len": Int(4, low=1, symbol="L")}   # a method's parameters
 
 Strings are accepted where they spell a value exactly ("4", "0.5", "true"), since CLI
 `--param key=value` and config files hand strings in; bools are never numbers and numbers
