@@ -37,6 +37,8 @@ def model_numbers(manifest: Manifest, role: str) -> dict[str, int]:
     if role != "vq" and "model_type" in entry:
         validation.choice(f"manifest models.{role}.model_type", entry["model_type"], ("c2i", "t2i"))
     keys = VQ_INTS if role == "vq" else MODEL_INTS
+    if entry.get("model_type") == "t2i":  # text-conditional: no class table
+        keys = tuple(key for key in keys if key != "num_classes")
     numbers = {key: validation.integer(f"manifest models.{role}.{key}", entry.get(key), low=1, strings=False) for key in keys}
     if role != "vq":
         numbers["cond_len"] = validation.integer(f"manifest models.{role}.cond_len", entry.get("cond_len", 1), low=1,
@@ -44,7 +46,7 @@ def model_numbers(manifest: Manifest, role: str) -> dict[str, int]:
         for key in ("dim", "n_head"):  # optional: checked where present
             if key in entry:
                 numbers[key] = validation.integer(f"manifest models.{role}.{key}", entry[key], low=1, strings=False)
-        if "null_class" in entry and entry["null_class"] != numbers["num_classes"]:
+        if "null_class" in entry and entry["null_class"] != numbers.get("num_classes"):
             raise SpecrtError(f"manifest: models.{role}.null_class is {entry['null_class']!r} but the contract's "
                               f"null class is num_classes = {numbers['num_classes']}")
     return numbers
@@ -114,8 +116,9 @@ def check_manifest(manifest: Manifest) -> dict[str, int]:
     if "draft_step" in manifest.graphs or "draft_prefill" in manifest.graphs:
         draft = model_numbers(manifest, "draft")
         for key in ("vocab_size", "grid_size", "num_classes", "cond_len"):
-            if draft[key] != target[key]:
-                raise SpecrtError(f"bundle: models.draft.{key} is {draft[key]} but models.target.{key} is {target[key]}")
+            if draft.get(key) != target.get(key):
+                raise SpecrtError(f"bundle: models.draft.{key} is {draft.get(key)} but models.target.{key} is "
+                                  f"{target.get(key)}")
         _check_model_graphs(manifest, "draft", draft, limits)
     vq = model_numbers(manifest, "vq")
     if vq["codebook_size"] != target["vocab_size"]:
