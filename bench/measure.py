@@ -45,6 +45,7 @@ class SettingRecords:
     theorem2_lengths: list[float] = field(default_factory=list)
     theorem2_tv: list[float] = field(default_factory=list)
     images: list[np.ndarray] = field(default_factory=list)
+    token_maps: list[np.ndarray] = field(default_factory=list)  # [grid, grid] per image
 
     def add(self, latency: float, result) -> None:
         stats = result.stats
@@ -60,6 +61,7 @@ class SettingRecords:
         self.theorem2_lengths += stats.theorem2_accepted_length
         self.theorem2_tv += stats.theorem2_tv_bound
         self.images.append(result.images[0])
+        self.token_maps.append(result.tokens[0])
 
 
 def image_plan(count: int, num_classes: int, base_seed: int) -> list[tuple[int, int]]:

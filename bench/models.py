@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 
 from specrt.errors import SpecrtError
 from specrt.runtime.pipeline import BUNDLE_BACKENDS, Pipeline
+from specrt.runtime.threads import set_torch_threads
 
 BACKENDS = (*BUNDLE_BACKENDS, "torch")
 Progress = Callable[[str], None]
@@ -101,17 +102,6 @@ def _judge_for_bundle(bundle: Path) -> Optional[Any]:
     return FidelityJudge.from_demo(weights)
 
 
-def _limit_torch_threads(threads: Optional[int]) -> None:
-    """torch runs the export, the evaluator and the torch backend: same thread budget as onnxruntime."""
-    if not threads:
-        return
-    try:
-        import torch
-    except ImportError:  # a bundle on onnxruntime needs no torch
-        return
-    torch.set_num_threads(threads)
-
-
 def open_models(bundle: Optional[Path] = None, backend: str = "ort", demo_weights: Optional[Path] = None,
                 threads: Optional[int] = 1, cache_dir: Optional[Path] = None, judge: bool = True,
                 progress: Optional[Progress] = None, device: str = "cpu",
@@ -122,7 +112,7 @@ def open_models(bundle: Optional[Path] = None, backend: str = "ort", demo_weight
     reported as 'torch-cuda' on a GPU so the run names the GPU."""
     if backend not in BACKENDS:
         raise SpecrtError(f"unknown --backend {backend!r}; choose from {', '.join(BACKENDS)}")
-    _limit_torch_threads(threads)
+    set_torch_threads(threads)  # torch runs the export, the evaluator and the torch backend
     if bundle is not None:
         if demo_weights is not None:
             raise SpecrtError("give either a BUNDLE or --demo-weights, not both")
@@ -144,7 +134,7 @@ def open_models(bundle: Optional[Path] = None, backend: str = "ort", demo_weight
     from specrt.export.demo import load_demo
 
     demo = load_demo(demo_weights)
-    pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq, device=device,
+    pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq, device=device, threads=threads,
                                cuda_graphs=cuda_graphs)  # the demo's own sampling defaults
     on_gpu = device.startswith("cuda")
     graphs = " with CUDA graphs" if on_gpu and pipe.target.cuda_graphs else ""

@@ -37,6 +37,7 @@ class MethodResult:
     host_bytes_per_forward: float | None = None  # read back from the device per model call; None: not metered
     quality: dict[str, Any] = field(default_factory=dict)
     theory: dict[str, Any] = field(default_factory=dict)
+    tokens: list | None = None  # `specrt bench --tokens`: [grid][grid] per image, in image-plan order
 
 
 def latency_summary(latencies: list[float]) -> dict[str, float]:
@@ -143,7 +144,7 @@ def to_json_object(results: list[MethodResult], *, device: str, backend: str, bu
         "backend": backend,
         "bundle": bundle,
         "settings": settings,
-        "results": [asdict(r) for r in results],
+        "results": [{k: v for k, v in asdict(r).items() if k != "tokens" or v is not None} for r in results],
     }
 
 

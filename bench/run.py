@@ -49,13 +49,18 @@ def planned_images(settings: Sequence[Setting], images: int) -> int:
 
 
 def benchmark(models: BenchModels, settings: Sequence[Setting], images: int, seed: int = 0,
-              threads: Optional[int] = None, on_image: Optional[Callable[[Setting], None]] = None) -> BenchRun:
-    """Measure `settings` on `images` images each (interleaved), judge them, and build the JSON payload."""
+              threads: Optional[int] = None, on_image: Optional[Callable[[Setting], None]] = None,
+              keep_tokens: bool = False) -> BenchRun:
+    """Measure `settings` on `images` images each (interleaved), judge them, and build the JSON payload
+    (with every image's tokens when keep_tokens: to compare settings or backends offline)."""
     started = time.perf_counter()
     records, labels = run_settings(models.pipeline, settings, images, seed, on_image)
     theory_images = min(images, THEORY_IMAGES)
     theory = theory_pass(models.pipeline, settings, theory_images, seed, on_image)
     results = [summarise(r, theory.get(r.setting)) for r in records]
+    if keep_tokens:
+        for result, record in zip(results, records):
+            result.tokens = [t.tolist() for t in record.token_maps]
     floor = None
     if models.judge is not None:
         import numpy as np

@@ -23,7 +23,8 @@ from specrt.errors import SpecrtError
 from specrt.export import onnx_export
 from specrt.export.neighbours import codebook_neighbours, neighbour_count
 from specrt.export.onnx_export import GraphLimits, capacity_for
-from specrt.manifest import FORMAT, MANIFEST_NAME, VERSION, GraphSpec, Manifest, file_record, read_manifest
+from specrt.manifest import (FORMAT, MANIFEST_NAME, VERSION, GraphSpec, Manifest, file_record, read_manifest,
+                             rows_for_images)
 from specrt.runtime import compatibility
 from specrt.runtime.defaults import as_dict, defaults_of
 from specrt.runtime.sampling import SamplingParams
@@ -38,7 +39,7 @@ class ExportOptions:
 
     opset: int = onnx_export.DEFAULT_OPSET
     max_window: int = 64
-    max_batch: int = 8
+    max_batch: int = 4  # images per call; the graphs' batch (model rows) is twice that, for CFG pairs
     target_hidden: bool = True
     neighbours_k: int = 32
     sampling: SamplingParams | None = None  # None: the models' own defaults (ModelSet.sampling)
@@ -117,7 +118,8 @@ def build_manifest(models: ModelSet, options: ExportOptions, graphs: list[GraphS
             "vq": {**_vq_entry(models), "source": sources.get("vq", "")},
         },
         "sampling_defaults": as_dict(s),
-        "limits": {"max_window": options.max_window, "max_batch": options.max_batch},
+        "limits": {"max_window": options.max_window, "max_images": options.max_batch,
+                   "max_batch": rows_for_images(options.max_batch)},
         "graphs": {g.name: g.to_json() for g in graphs},
         "neighbours": {"file": NEIGHBOURS_FILE, "k": options.neighbours_k, "metric": "euclidean",
                        "codebook": "l2-normalised" if models.vq.config.codebook_l2_norm else "raw"},
@@ -159,7 +161,8 @@ def write_bundle(models: ModelSet, out: str | Path, options: ExportOptions | Non
     refuse_existing(out, force)
     check_compatible(models)
     limits = GraphLimits(capacity=capacity_for(models.target.config, options.max_window),
-                         max_window=options.max_window, max_batch=options.max_batch)
+                         max_window=options.max_window, max_batch=rows_for_images(options.max_batch),
+                         max_images=options.max_batch)
     with partial_dir(out) as work:
         jobs = _graph_jobs(models, options, limits)
         total = len(jobs) + 2

@@ -47,6 +47,9 @@ class GraphLimits:
     """The sizes the graphs' optimization profiles are made for.
 
     capacity: KV buffer length = cond_len + grid² + max_window (docs/contracts.md).
+    max_batch counts model rows (the graphs' `batch`), max_images the images a pass decodes
+    (the head's `images`; None: max_batch). `specrt export --max-batch N` counts images:
+    max_images N, max_batch rows_for_images(N).
     """
 
     capacity: int
@@ -54,12 +57,15 @@ class GraphLimits:
     opt_window: int | None = None  # None: min(16, max_window)
     max_batch: int = 8
     opt_batch: int | None = None  # None: min(2, max_batch)
+    max_images: int | None = None
 
     def __post_init__(self) -> None:
         if self.opt_window is None:
             object.__setattr__(self, "opt_window", min(16, self.max_window))
         if self.opt_batch is None:
             object.__setattr__(self, "opt_batch", min(2, self.max_batch))
+        if self.max_images is None:
+            object.__setattr__(self, "max_images", self.max_batch)
         if self.max_window < 1:
             raise SpecrtError(f"--max-window must be >= 1, got {self.max_window}")
         if self.max_batch < 1:
@@ -73,7 +79,7 @@ class GraphLimits:
     def images_profile(self) -> dict[str, int]:
         """Images per pass (the head's output rows): batch / 2 with CFG, batch without; opt is
         the CFG pair of the batch's opt (one image at the default opt batch 2)."""
-        return {"min": 1, "opt": max(1, self.opt_batch // 2), "max": self.max_batch}
+        return {"min": 1, "opt": max(1, self.opt_batch // 2), "max": self.max_images}
 
     def prefill_profile(self) -> dict[str, dict[str, int]]:
         return {BATCH: self.batch_profile(), IMAGES: self.images_profile()}

@@ -15,7 +15,7 @@ import numpy as np
 
 from specrt import validation
 from specrt.errors import SpecrtError
-from specrt.manifest import GraphSpec, Manifest, TensorSpec
+from specrt.manifest import GraphSpec, Manifest, TensorSpec, rows_for_images
 
 MODEL_INTS = ("vocab_size", "grid_size", "num_classes", "n_layer", "n_kv_head", "head_dim", "capacity")
 VQ_INTS = ("codebook_size", "downsample", "grid_size")
@@ -106,11 +106,16 @@ def _check_model_graphs(manifest: Manifest, role: str, facts: dict[str, int], li
 def check_manifest(manifest: Manifest) -> dict[str, int]:
     """The manifest against itself: positive integer facts, graphs' fixed dims equal to them,
     draft and VQ agreeing with the target, profiles covering the limits, valid sampling defaults.
-    Returns the limits (max_window, max_batch) as checked ints."""
+    Returns the limits (max_window, max_batch, max_images) as checked ints."""
     from specrt.runtime.sampling import SamplingParams
 
     limits = {key: validation.integer(f"manifest limits.{key}", manifest.limits.get(key), low=1, strings=False)
               for key in ("max_window", "max_batch")}
+    # images per call (`export --max-batch`); bundles written before it existed: max_batch rows hold
+    # that many CFG pairs
+    images = manifest.limits.get("max_images", max(1, limits["max_batch"] // rows_for_images(1)))
+    limits["max_images"] = validation.integer("manifest limits.max_images", images, low=1,
+                                              high=limits["max_batch"], strings=False)
     target = model_numbers(manifest, "target")
     _check_model_graphs(manifest, "target", target, limits)
     if "draft_step" in manifest.graphs or "draft_prefill" in manifest.graphs:

@@ -60,7 +60,10 @@ def parse_params(params_json: str | None) -> dict[str, Any]:
 def generate_rgb8(pipe: Any, class_ids: list[int], method: str, params_json: str | None,
                   seed: int) -> tuple[bytes, dict[str, float]]:
     """Generate images; return their RGB8 bytes (image after image) and the call's statistics."""
-    result = pipe.generate(list(class_ids), method=method, seed=int(seed), **parse_params(params_json))
+    params = parse_params(params_json)
+    if "decode" in params:
+        raise SpecrtError("params_json: 'decode' is not a parameter here; specrt_generate always returns pixels")
+    result = pipe.generate(list(class_ids), method=method, seed=int(seed), **params)
     pixels = np.ascontiguousarray(result.images, dtype=np.uint8)
     stats = result.stats.as_dict() if hasattr(result.stats, "as_dict") else dict(result.stats)
     return pixels.tobytes(), {name: float(stats.get(name, 0.0)) for name in STATS_FIELDS}

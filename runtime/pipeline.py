@@ -26,6 +26,7 @@ from specrt.runtime.methods.speculative import Lantern
 from specrt.runtime.runner import ModelRunner, VQDecoder
 from specrt.runtime.sampling import SamplingParams, guidance_mix
 from specrt.runtime.stats import Stats
+from specrt.runtime.threads import set_torch_threads
 
 SAMPLING_KEYS = ("cfg_scale", "temperature", "top_k", "top_p")
 BUNDLE_BACKENDS = ("ort", "ort-cpu", "ort-cuda", "ort-trt", "trt")
@@ -34,7 +35,7 @@ BUNDLE_BACKENDS = ("ort", "ort-cpu", "ort-cuda", "ort-trt", "trt")
 @dataclass
 class GenerationResult:
     tokens: np.ndarray  # int64 [N, grid, grid]
-    images: np.ndarray  # uint8 [N, H, W, 3]
+    images: Optional[np.ndarray]  # uint8 [N, H, W, 3]; None with generate(..., decode=False)
     stats: Stats
     sampling: Optional[SamplingParams] = None  # the distribution sampled: defaults + explicit keys
 
@@ -55,11 +56,11 @@ class Pipeline:
 
     def __init__(self, target: ModelRunner, vq: VQDecoder, draft: Optional[ModelRunner] = None,
                  neighbours: Optional[np.ndarray] = None, sampling_defaults: Optional[dict] = None,
-                 max_batch: Optional[int] = None):
+                 max_images: Optional[int] = None):
         self.target, self.draft, self.vq = target, draft, vq
         self.neighbours = neighbours
         self.sampling_defaults = dict(sampling_defaults or {})
-        self.max_batch = max_batch
+        self.max_images = max_images  # images decoded together (a bundle's `export --max-batch`); None: any
         # generate() runs on the runners' preallocated buffers (KV cache, step I/O), so two calls
         # at once would overwrite each other's state: calls from several threads take turns, and
         # each caller gets exactly the result it would get alone. Run several Pipelines (or
@@ -76,8 +77,9 @@ class Pipeline:
         'ort' is onnxruntime with its default providers (CPU here); 'ort-cpu', 'ort-cuda' and
         'ort-trt' pick onnxruntime's execution provider with the bundle's profiles and caches
         (specrt.engines.ort_providers); 'trt' runs the engines `specrt build` made.
-        `threads` caps onnxruntime's intra-op threads per session (None: its default);
-        `precision` picks the engines ('trt') or TensorRT EP precision ('ort-trt').
+        `threads`: intra-op threads per onnxruntime session (specrt.runtime.threads; None:
+        onnxruntime's default, one per core); `precision` picks the engines ('trt') or
+        TensorRT EP precision ('ort-trt').
         """
         if threads is not None:
             threads = validation.count("threads", threads)
@@ -96,8 +98,8 @@ class Pipeline:
     @classmethod
     def from_torch(cls, target_gpt: Any, draft_gpt: Any, vq: Any, neighbours: Optional[np.ndarray] = None,
                    max_window: int = 64, device: Optional[str] = None,
-                   sampling_defaults: Optional[SamplingParams] = None,
-                   cuda_graphs: Optional[bool] = None) -> "Pipeline":
+                   sampling_defaults: Optional[SamplingParams] = None, cuda_graphs: Optional[bool] = None,
+                   threads: Optional[int] = None) -> "Pipeline":
         """PyTorch GPT modules (specrt.export.llamagen_gpt.GPT) and a VQModel or VQDecoder;
         draft may be None. The three must fit together (runtime.compatibility): one line if not.
 
@@ -105,9 +107,13 @@ class Pipeline:
         its loader recorded, else its family's), which `specrt export` writes into a bundle too,
         so this pipeline and the bundle exported from the same modules sample alike.
         `cuda_graphs` (default: on for CUDA) replays each window size's step as a CUDA graph.
+        `threads`: torch's intra-op threads, as from_bundle's for onnxruntime (torch's setting
+        is process-wide; None leaves it as it is, by default one per core).
         """
         from specrt.runtime.backends.torch_backend import TorchRunner, TorchVQ
         max_window = validation.count("max_window", max_window)
+        if threads is not None:
+            set_torch_threads(validation.count("threads", threads))
         check_compatible(target_gpt.config, draft_gpt.config if draft_gpt is not None else None, vq.config,
                          "Pipeline.from_torch")
         target = TorchRunner(target_gpt, max_window, device, cuda_graphs)
@@ -126,15 +132,18 @@ class Pipeline:
     # ---- generation ----------------------------------------------------------------------------
 
     def generate(self, class_ids: Sequence[int] | int, method: str | Method = "ar", seed: int = 0,
-                 **params: Any) -> GenerationResult:
+                 decode: bool = True, **params: Any) -> GenerationResult:
         """Images for `class_ids` with a decoding method; `params` mix sampling keys
         (cfg_scale, temperature, top_k, top_p) and the method's own parameters. A Method
         instance may be passed instead of a name (tests inject deliberately broken variants).
+        decode=False skips the VQ decoder (result.images is None): for users with their own
+        decoder, or timing token generation alone; the tokens are the same either way.
         Thread-safe: concurrent calls on one Pipeline are serialised (see __init__)."""
+        decode = validation.flag("decode", decode)
         with self._generate_lock:
-            return self._generate(class_ids, method, seed, **params)
+            return self._generate(class_ids, method, seed, decode, **params)
 
-    def _generate(self, class_ids: Sequence[int] | int, method: str | Method, seed: int,
+    def _generate(self, class_ids: Sequence[int] | int, method: str | Method, seed: int, decode: bool,
                   **params: Any) -> GenerationResult:
         spec = self.target.spec
         class_ids = np.asarray(validation.class_ids(class_ids, spec.num_classes), dtype=np.int64)
@@ -159,11 +168,12 @@ class Pipeline:
 
         stats = Stats()
         start = time.perf_counter()
-        rows_per_image = 2 if sampling.uses_cfg else 1
         images_per_pass = 1 if isinstance(decoder, OneImageAtATime) else len(class_ids)
-        if self.max_batch and images_per_pass * rows_per_image > self.max_batch:
-            raise SpecrtError(f"{len(class_ids)} images need a batch of {images_per_pass * rows_per_image} rows; "
-                              f"the bundle allows {self.max_batch}")
+        if self.max_images and images_per_pass > self.max_images:
+            raise SpecrtError(f"{images_per_pass} images in one call; this bundle takes at most {self.max_images} "
+                              f"(exported with --max-batch {self.max_images}): generate in calls of "
+                              f"{self.max_images} or fewer, or re-export with `specrt export --max-batch "
+                              f"{images_per_pass} ...`")
         runners = [r for r in (self.target, self.draft if decoder.needs_draft else None) if r is not None]
         mix = guidance_mix(images_per_pass, sampling)
         for runner in runners:
@@ -173,10 +183,11 @@ class Pipeline:
                        np.random.default_rng(seed), stats)
         tokens = decoder.generate(ctx, class_ids)
 
-        with stats.timing("vq_decode"):
-            grid = spec.grid_size
-            tokens = tokens.reshape(len(class_ids), grid, grid)
-            images = to_uint8(self.vq.decode(tokens))
+        tokens = tokens.reshape(len(class_ids), spec.grid_size, spec.grid_size)
+        images = None
+        if decode:
+            with stats.timing("vq_decode"):
+                images = to_uint8(self.vq.decode(tokens))
         stats.tokens = int(tokens.size)
         stats.target_forwards = self.target.forwards * images_per_pass
         stats.seconds["target_forward"] = self.target.forward_seconds

@@ -30,6 +30,14 @@ HEAD_INPUTS = {"mix": "float32", "uniforms": "float32"}
 HEAD_OUTPUTS = {"probs": "float32", "draws": "int32"}
 HEAD_KINDS = ("prefill", "step")
 
+
+def rows_for_images(images: int) -> int:
+    """Model rows (the graphs' `batch`) for `images` images under classifier-free guidance: a
+    [cond; uncond] pair each. `limits.max_images` is what `specrt export --max-batch` counts,
+    `limits.max_batch` these rows."""
+    return 2 * images
+
+
 Dim = Union[int, str]
 
 

@@ -176,11 +176,11 @@ class OrtVQ(VQDecoder):
 
 def bundle_companions(manifest: Manifest) -> dict[str, Any]:
     """What a Pipeline takes from a bundle besides its runners: LANTERN's neighbour table, the
-    models' sampling defaults and the batch limit (the same for every backend)."""
+    models' sampling defaults and the images-per-call limit (the same for every backend)."""
     limits = check_manifest(manifest)  # every number of the manifest checked before anything runs
     neighbours = load_neighbours(manifest, int(manifest.models["target"]["vocab_size"]))
     return {"neighbours": neighbours, "sampling_defaults": dict(manifest.sampling_defaults),
-            "max_batch": limits["max_batch"]}
+            "max_images": limits["max_images"]}
 
 
 def pipeline_parts_from_bundle(path: str | Path, providers: Providers = None,

@@ -136,7 +136,11 @@ def _profile_reference(windows, repeats: int, device: str, threads: int, demo_we
                    "at most; far fewer make Fréchet distances mostly noise.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Image i uses seed+i for every setting.")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
-              help="CPU threads for onnxruntime / torch (single-stream latency; 1 is steadiest on a shared CPU).")
+              help="CPU threads per model call (intra-op, the same for onnxruntime and torch); 1 gives the steadiest "
+                   "single-stream latency on a shared CPU.")
+@click.option("--tokens", "keep_tokens", is_flag=True,
+              help="Also write every image's tokens into --json (results[].tokens, [grid][grid] per image, image i "
+                   "= class i mod classes, seed + i), to compare settings or backends offline.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the results as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of the speed–fidelity trade-off (with --profile-arch: step latency against W).")
@@ -163,7 +167,7 @@ def _profile_reference(windows, repeats: int, device: str, threads: int, demo_we
 @click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
               help="--backend torch and --profile-arch on CUDA: replay each window size's step as a CUDA graph.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
-def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, plot_path, markdown_path, demo_weights,
+def command(bundle, methods, sweeps, backend, images, seed, threads, keep_tokens, json_path, plot_path, markdown_path, demo_weights,
             cache_dir, profile_arch, results_path, windows, repeats, profile_images, profile_dtypes, device, cuda_graphs,
             progress) -> None:
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
@@ -197,7 +201,7 @@ def command(bundle, methods, sweeps, backend, images, seed, threads, json_path, 
         bar.set_description(setting.label, refresh=False)
         bar.update()
     try:
-        run = benchmark(models, settings, images, seed, threads, on_image=tick)
+        run = benchmark(models, settings, images, seed, threads, on_image=tick, keep_tokens=keep_tokens)
     finally:
         bar.close()
     run.payload["settings"]["wall_time_s"] = round(time.perf_counter() - started, 1)

@@ -13,6 +13,7 @@ import click
 
 from specrt import validation
 from specrt.errors import SpecrtError
+from specrt.runtime.threads import HELP as THREADS_HELP, resolve as resolve_threads
 
 
 @click.group(name="demo")
@@ -26,14 +27,14 @@ def group() -> None:
 @click.option("--seed", default=0, show_default=True, help="Seed for every model's initialisation and batches.")
 @click.option("--steps-scale", default=1.0, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
               help="Multiply every model's training steps (e.g. 0.05 for a quick smoke run).")
-@click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1),
-              help="torch CPU threads (use 1 on a machine other jobs keep busy).")
+@click.option("--threads", type=click.IntRange(min=1), help=f"{THREADS_HELP} (use 1 on a machine other jobs keep busy).")
 @click.option("--no-eval", is_flag=True, help="Skip the sampling-quality summary at the end.")
 def train(out_dir: Path, seed: int, steps_scale: float, threads: int, no_eval: bool) -> None:
     """Train the demo tokenizer, target, draft and evaluator from scratch (CPU, ~30 min)."""
     from specrt.export.demo.pipeline import train_demo
 
-    models = train_demo(out_dir, seed=seed, steps_scale=steps_scale, evaluate=not no_eval, threads=threads)
+    models = train_demo(out_dir, seed=seed, steps_scale=steps_scale, evaluate=not no_eval,
+                        threads=resolve_threads(threads))
     click.echo(f"wrote {out_dir} (training took {models.config['training']['seconds']['total']:.0f} s)")
     if "quality" in models.config:
         from specrt.export.demo.report import format_summary
@@ -56,7 +57,7 @@ def train(out_dir: Path, seed: int, steps_scale: float, threads: int, no_eval: b
               help="Draft length for the speculative-decoding acceptance measurement.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the numbers as JSON.")
-@click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1), help="torch CPU threads.")
+@click.option("--threads", type=click.IntRange(min=1), help=f"{THREADS_HELP}.")
 @click.option("--record", is_flag=True,
               help="Store these sampling settings as the weights' defaults and the numbers as their "
                    "\"quality\" entry in demo.json (needs --weights; for maintainers re-tuning the demo).")
@@ -74,7 +75,7 @@ def report(weights: Path | None, per_class: int, grid_path: Path | None, seed: i
     if record and weights is None:
         raise SpecrtError("--record rewrites a weights folder's demo.json: name it with --weights DIR")
     validation.seed(seed, "--seed")
-    torch.set_num_threads(threads)
+    torch.set_num_threads(resolve_threads(threads))
     models = load_demo(weights)
     overrides = {k: v for k, v in (("cfg_scale", cfg_scale), ("temperature", temperature), ("top_k", top_k))
                  if v is not None}

@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
-from specrt import validation
 from specrt.errors import SpecrtError
+from specrt.runtime.threads import HELP as THREADS_HELP, resolve as resolve_threads
 
 
 def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo_path):
@@ -48,14 +48,16 @@ def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo
 @click.option("--demo-weights", type=click.Path(file_okay=False, path_type=Path),
               help="A `specrt demo train` output folder instead of the packaged demo weights.")
 @click.option("--max-window", type=int, default=64, show_default=True, help="Largest step window W (profile max).")
-@click.option("--max-batch", type=int, default=8, show_default=True, help="Largest batch (CFG doubles it) (profile max).")
+@click.option("--max-batch", type=int, default=4, show_default=True,
+              help="Most images one call decodes together (with or without CFG); the graphs' batch profile is "
+                   "derived: 2 rows per image for CFG's [cond; uncond] pair. A larger call is refused in one line.")
 @click.option("--opset", type=int, default=18, show_default=True,
               help="ONNX opset: 18 (TensorRT 10.3, attention as MatMul/Softmax) or 23 (ONNX Attention, newer stacks).")
 @click.option("--no-hidden", is_flag=True, help="Drop the target's `hidden` output (only EAGLE-style drafts need it).")
 @click.option("--neighbours", "neighbours_k", type=int, default=32, show_default=True,
               help="LANTERN neighbours per token (clamped, with a note, to the codebook size − 1).")
 @click.option("--verify", is_flag=True, help="Afterwards run every graph in onnxruntime against PyTorch (exit 1 above tolerance).")
-@click.option("--threads", type=int, default=2, show_default=True, help="CPU threads for torch and onnxruntime.")
+@click.option("--threads", type=int, default=None, help=f"{THREADS_HELP}.")
 @click.pass_context
 @checkpoint_flags
 def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, random_weights,
@@ -66,7 +68,8 @@ def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, rando
     torch = require("torch", "specrt export")
     from specrt.export.bundle import ExportOptions, write_bundle
 
-    torch.set_num_threads(validation.count("--threads", threads))
+    threads = resolve_threads(threads)
+    torch.set_num_threads(threads)
     options = ExportOptions(opset=opset, max_window=max_window, max_batch=max_batch,
                             target_hidden=not no_hidden, neighbours_k=neighbours_k)
     if out.exists() and not force:  # refuse before loading multi-GB checkpoints

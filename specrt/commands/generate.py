@@ -4,7 +4,9 @@ Flags map onto specrt.runtime.Pipeline: a BUNDLE runs on onnxruntime (from_bundl
 and --vq checkpoints run on PyTorch (from_torch over specrt.export.sources.checkpoint_models,
 which reads them exactly as `specrt export` does); with
 no model arguments the embedded demo models run on PyTorch. Method parameters go through
---param key=value (e.g. --param relaxation_budget=2 --param draft_len=4).
+--param key=value (e.g. --param relaxation_budget=2 --param draft_len=4). --threads is the
+intra-op thread count on whichever library runs (specrt.runtime.threads); --tokens-only maps
+onto generate(decode=False), --save-tokens writes result.tokens as .npy.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from specrt import validation
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
 from specrt.errors import SpecrtError
 from specrt.runtime.defaults import describe
+from specrt.runtime.threads import HELP as THREADS_HELP, resolve as resolve_threads
 from specrt.runtime.pipeline import BUNDLE_BACKENDS, SAMPLING_KEYS
 
 METHOD_NAMES = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
@@ -35,7 +38,7 @@ def parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def check_before_loading(method: str, seed: int, max_window: int, image_size: Optional[int],
+def check_before_loading(method: str, seed: int, max_window: int, image_size: Optional[int], threads: Optional[int],
                          sampling: dict[str, Any], method_params: dict[str, str]) -> None:
     """Every value that needs no model, checked (specrt.validation) before a model loads: a typo
     costs a second, not a model load. Pipeline.generate checks them again with the model's
@@ -45,6 +48,8 @@ def check_before_loading(method: str, seed: int, max_window: int, image_size: Op
 
     validation.seed(seed, "--seed")
     validation.count("--max-window", max_window)
+    if threads is not None:
+        validation.count("--threads", threads)
     if image_size is not None:
         validation.count("--image-size", image_size)
     given_twice = sorted(set(sampling) & set(method_params))
@@ -55,8 +60,11 @@ def check_before_loading(method: str, seed: int, max_window: int, image_size: Op
 
 
 def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optional[Path], draft: Optional[Path],
-                   vq: Optional[Path], checkpoint: CheckpointFlags, max_window: int, device: Optional[str]) -> Any:
-    """The Pipeline the flags describe (bundle on ort, checkpoints or the demo on torch)."""
+                   vq: Optional[Path], checkpoint: CheckpointFlags, max_window: int, device: Optional[str],
+                   threads: Optional[int] = None) -> Any:
+    """The Pipeline the flags describe (bundle on ort, checkpoints or the demo on torch), with
+    `threads` intra-op threads on whichever library runs it (None: specrt.runtime.threads'
+    default, one per CPU; 1 for the embedded demo, whose graphs are too small to share)."""
     from specrt.runtime.pipeline import Pipeline
 
     if bundle is not None:
@@ -64,7 +72,7 @@ def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optio
             raise SpecrtError("give either a BUNDLE or --target/--vq checkpoints, not both")
         if backend == "torch":
             raise SpecrtError("a BUNDLE runs on ort, ort-cpu, ort-cuda, ort-trt or trt; torch runs checkpoints or the demo")
-        return Pipeline.from_bundle(bundle, backend=backend or "ort")
+        return Pipeline.from_bundle(bundle, backend=backend or "ort", threads=resolve_threads(threads))
     if backend not in (None, "torch"):
         raise SpecrtError(f"--backend {backend} needs a BUNDLE directory (export one with `specrt export`)")
     if target or vq or draft:
@@ -77,18 +85,23 @@ def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optio
                                    checkpoint.image_size, where="specrt generate")
         # the loader `specrt export` uses: same models, same grid, same sampling defaults as the bundle
         return Pipeline.from_torch(models.target, models.draft, models.vq, max_window=max_window, device=device,
-                                   sampling_defaults=models.sampling_defaults)
+                                   sampling_defaults=models.sampling_defaults, threads=resolve_threads(threads))
     # ---- embedded demo hook: specrt.export.demo.load_demo() returns .target/.draft/.vq ----
     from specrt.export.demo import load_demo
 
     demo = load_demo()
-    if device in (None, "cpu"):
-        import torch
+    # the demo is tiny: intra-op threads only add synchronisation, and on a busy machine
+    # spinning OpenMP threads make it 100x slower
+    return Pipeline.from_torch(demo.target, demo.draft, demo.vq, max_window=max_window, device=device,
+                               threads=1 if threads is None else threads)
 
-        # the demo is tiny: intra-op threads only add synchronisation, and on a busy machine
-        # spinning OpenMP threads make it 100x slower
-        torch.set_num_threads(1)
-    return Pipeline.from_torch(demo.target, demo.draft, demo.vq, max_window=max_window, device=device)
+
+def save_tokens(tokens: np.ndarray, path: Path) -> Path:
+    """tokens [N, grid, grid] as .npy at exactly `path` (np.save would append .npy to other names)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        np.save(f, np.asarray(tokens, dtype=np.int64))
+    return path
 
 
 def save_images(images: np.ndarray, out: Path, count: int) -> list[Path]:
@@ -142,9 +155,15 @@ def sampling_epilog() -> str:
 @click.option("--top-p", type=float, help="Top-p filter (1 disables). Default: below.")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Method parameter, e.g. relaxation_budget=2.")
 @click.option("--stats", "stats_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write the stats as JSON here.")
+@click.option("--save-tokens", "tokens_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the image tokens here as .npy (int64 [N, grid, grid], N = number of --class).")
+@click.option("--tokens-only", is_flag=True,
+              help="Skip the VQ decode and the PNG: write only the tokens (to --save-tokens, default: --out as .npy).")
+@click.option("--threads", type=int, help=f"{THREADS_HELP}; the embedded demo: 1 (its graphs are too small to share).")
 @checkpoint_flags
 def command(bundle, method, class_ids, seed, out, backend, target, draft, vq, checkpoint, device,
-            max_window, cfg_scale, temperature, top_k, top_p, params, stats_path) -> None:
+            max_window, cfg_scale, temperature, top_k, top_p, params, stats_path, tokens_path, tokens_only,
+            threads) -> None:
     """Generate images for class ids (the embedded demo models by default).
 
     \b
@@ -160,10 +179,13 @@ def command(bundle, method, class_ids, seed, out, backend, target, draft, vq, ch
     sampling = {k: v for k, v in (("cfg_scale", cfg_scale), ("temperature", temperature), ("top_k", top_k),
                                   ("top_p", top_p)) if v is not None}
     method_params = parse_params(params)
-    check_before_loading(method, seed, max_window, checkpoint.image_size, sampling, method_params)
-    pipe = build_pipeline(bundle, backend, target, draft, vq, checkpoint, max_window, device)
-    result = pipe.generate(list(class_ids), method=method, seed=seed, **sampling, **method_params)
-    paths = save_images(result.images, out, len(class_ids))
+    check_before_loading(method, seed, max_window, checkpoint.image_size, threads, sampling, method_params)
+    pipe = build_pipeline(bundle, backend, target, draft, vq, checkpoint, max_window, device, threads)
+    result = pipe.generate(list(class_ids), method=method, seed=seed, decode=not tokens_only, **sampling,
+                           **method_params)
+    paths = [] if tokens_only else save_images(result.images, out, len(class_ids))
+    if tokens_only or tokens_path:
+        paths.append(save_tokens(result.tokens, tokens_path or out.with_suffix(".npy")))
     summary = result.stats.summary()
     if stats_path:
         stats_path.write_text(json.dumps(summary, indent=2) + "\n")

@@ -63,9 +63,11 @@ def format_manifest(manifest: Manifest) -> str:
     if sources:
         lines.append("  sources: " + ", ".join(f"{r} = {s}" for r, s in sources.items()))
     if manifest.sampling_defaults:
-        lines.append("sampling defaults: " + ", ".join(f"{k} {v}" for k, v in manifest.sampling_defaults.items()))
+        lines.append("sampling defaults (generate's flags override them): "
+                     + ", ".join(f"{k} {v}" for k, v in manifest.sampling_defaults.items()))
     if manifest.limits:
-        lines.append("limits: " + ", ".join(f"{k} {v}" for k, v in manifest.limits.items()))
+        notes = {"max_images": " (images per call: export --max-batch)", "max_batch": " (model rows: 2 per image for CFG)"}
+        lines.append("limits: " + ", ".join(f"{k} {v}{notes.get(k, '')}" for k, v in manifest.limits.items()))
     if manifest.neighbours:
         n = manifest.neighbours
         lines.append(f"neighbours: {n['file']} (k = {n.get('k', '?')}, {n.get('metric', '?')})")

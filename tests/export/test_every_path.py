@@ -43,6 +43,12 @@ def bundle(checkpoints, tmp_path_factory):
     return out
 
 
+def cli_tokens(argv: list[str], out) -> np.ndarray:
+    """Run `specrt generate ARGV --save-tokens OUT` and read the tokens back."""
+    assert cli_exit_code(["generate", *argv, "--out", str(out.with_suffix(".png")), "--save-tokens", str(out)]) == 0
+    return np.load(out)
+
+
 def torch_route(checkpoints) -> Pipeline:
     """What `specrt generate --target gpt.pt --vq vq.pt` builds."""
     from specrt.commands._checkpoint_flags import CheckpointFlags
@@ -77,6 +83,64 @@ def test_same_checkpoint_and_seed_give_the_same_tokens_on_pytorch_and_the_bundle
 
 
 @pytest.mark.slow
+def test_generate_cli_same_tokens_on_both_routes_with_threads_and_tokens_only(checkpoints, bundle, tmp_path):
+    """No sampling flags, same seed: `generate --target/--vq` (PyTorch) and `generate BUNDLE`
+    (onnxruntime) save the same tokens; --threads 1 is accepted on both; --tokens-only skips the
+    decode and the PNG and saves the same tokens."""
+    common = ["--class", "3", "--class", "7", "--seed", "5", "--threads", "1"]
+    checkpoint_args = ["--target", str(checkpoints / "gpt.pt"), "--vq", str(checkpoints / "vq.pt"), *SIZES]
+    on_torch = cli_tokens([*checkpoint_args, *common], tmp_path / "torch.npy")
+    on_ort = cli_tokens([str(bundle), *common], tmp_path / "ort.npy")
+    assert on_torch.shape == (2, 4, 4) and on_torch.dtype == np.int64
+    np.testing.assert_array_equal(on_torch, on_ort)
+    assert (tmp_path / "ort_0.png").is_file() and (tmp_path / "ort_1.png").is_file()
+
+    only = tmp_path / "only"
+    assert cli_exit_code(["generate", str(bundle), *common, "--tokens-only", "--out", str(only / "img.png")]) == 0
+    assert sorted(p.name for p in only.iterdir()) == ["img.npy"]  # tokens, no PNG
+    np.testing.assert_array_equal(np.load(only / "img.npy"), on_ort)
+
+
+@pytest.mark.slow
+def test_decode_false_skips_the_vq_and_threads_mean_intra_op_threads(checkpoints, bundle):
+    pipe = Pipeline.from_bundle(bundle, threads=1)
+    full = pipe.generate([1], seed=2)
+    pipe.vq.decode = lambda codes: pytest.fail("decode=False ran the VQ decoder")
+    tokens_only = pipe.generate([1], seed=2, decode=False)
+    assert tokens_only.images is None
+    np.testing.assert_array_equal(tokens_only.tokens, full.tokens)
+    previous = torch.get_num_threads()
+    try:
+        from specrt.commands._checkpoint_flags import CheckpointFlags
+        from specrt.commands.generate import build_pipeline
+
+        build_pipeline(None, None, checkpoints / "gpt.pt", None, checkpoints / "vq.pt",
+                       CheckpointFlags(n_head=1, image_size=8), 64, None, threads=1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(previous)
+    from specrt.errors import SpecrtError
+
+    with pytest.raises(SpecrtError, match="threads must be an integer"):
+        Pipeline.from_bundle(bundle, threads=0)
+
+
+@pytest.mark.slow
+def test_max_batch_counts_images_under_cfg(bundle, tmp_path, capsys):
+    """--max-batch 4: the manifest holds 4 images and 8 CFG rows; 4 images run, 5 are one line."""
+    manifest = read_manifest(bundle)
+    assert manifest.limits["max_images"] == 4 and manifest.limits["max_batch"] == 8
+    assert manifest.graph("target_step").profile["images"]["max"] == 4
+    assert manifest.graph("target_step").profile["batch"]["max"] == 8
+    four = [arg for c in range(4) for arg in ("--class", str(c))]
+    assert cli_exit_code(["generate", str(bundle), *four, "--tokens-only", "--out", str(tmp_path / "x.png")]) == 0
+    capsys.readouterr()
+    assert cli_exit_code(["generate", str(bundle), *four, "--class", "4", "--out", str(tmp_path / "y.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "at most 4" in err and "--max-batch 5" in err
+
+
+@pytest.mark.slow
 def test_draft_free_methods_run_on_the_bundle_and_drafted_ones_say_how_to_get_a_draft(bundle, tmp_path, capsys):
     stats = tmp_path / "s.json"
     for method in ("sjd", "sjd-pac"):
@@ -93,10 +157,12 @@ def test_draft_free_methods_run_on_the_bundle_and_drafted_ones_say_how_to_get_a_
 @pytest.mark.slow
 def test_bench_on_a_draftless_bundle_measures_the_draft_free_methods(bundle, tmp_path, capsys):
     out = tmp_path / "r.json"
-    assert cli_exit_code(["bench", str(bundle), "--images", "2", "--threads", "1", "--no-progress",
+    assert cli_exit_code(["bench", str(bundle), "--images", "2", "--threads", "1", "--no-progress", "--tokens",
                           "--json", str(out)]) == 0
     payload = json.loads(out.read_text())
     assert [r["label"] for r in payload["results"]] == ["ar", "sjd", "sjd-pac"]
+    for result in payload["results"]:  # --tokens: each image's [grid][grid] tokens
+        assert np.asarray(result["tokens"]).shape == (2, 4, 4)
     assert payload["settings"]["sampling"]["top_k"] == 2000
     assert "draft-free methods only" in capsys.readouterr().err
     assert cli_exit_code(["bench", str(bundle), "--methods", "ar,sd", "--images", "2", "--no-progress"]) == 2

@@ -29,7 +29,7 @@ def test_inspect_prints_graphs_io_profiles_and_a_clean_lint(bundle, capsys):
     assert "attention_mask  bool     [batch, window, total_len]" in out
     assert "in   mix             float32  [images, batch]" in out
     assert "out  draws           int32    [images, window]" in out
-    assert f"images 1/1/{manifest.limits['max_batch']}" in out
+    assert f"images 1/1/{manifest.limits['max_images']}" in out
     assert "(specrt-bundle v2," in out
     capacity = manifest.models["target"]["capacity"]
     assert f"cache_len {capacity}/{capacity}/{capacity}" in out

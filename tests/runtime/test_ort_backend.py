@@ -82,7 +82,7 @@ def test_bundle_limits_are_user_errors(pipelines):
     _, ort_pipe = pipelines
     with pytest.raises(SpecrtError, match="at most 8"):
         ort_pipe.generate([0], method="sjd-pac")  # default window 64
-    with pytest.raises(SpecrtError, match="allows 4"):
-        ort_pipe.generate([0, 1, 2], method="ar", cfg_scale=2.0)
+    with pytest.raises(SpecrtError, match="takes at most 4"):  # exported with max_batch=4 (images)
+        ort_pipe.generate([0, 1, 2, 3, 0], method="ar", cfg_scale=2.0)
     with pytest.raises(SpecrtError, match="out of range"):
         ort_pipe.generate([4])
