@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from specrt import validation
 from specrt.bundle_dir import move_into_place, partial_dir, refuse_existing
 from specrt.errors import SpecrtError
 from specrt.lazy import require
@@ -72,14 +73,14 @@ class QuantizeOptions:
         if tool == "onnxruntime" and self.mode != "int4":
             raise SpecrtError(f"onnxruntime's weight-only quantizer does int4 only; {self.mode} needs --tool modelopt")
         object.__setattr__(self, "tool", tool)
-        if self.block_size < 16 or self.block_size & (self.block_size - 1):
+        block = validation.integer("--block-size", self.block_size, low=16, high=4096)
+        if block & (block - 1):
             raise SpecrtError(f"--block-size must be a power of two >= 16, got {self.block_size}")
-        if self.accuracy_level not in (0, 1, 2, 3, 4):
-            raise SpecrtError(f"--accuracy-level must be 0..4 (onnxruntime MatMulNBits), got {self.accuracy_level}")
-        if self.calibration_size < 1:
-            raise SpecrtError(f"--calibration-size must be >= 1, got {self.calibration_size}")
-        if self.calibration_images < 1:
-            raise SpecrtError(f"--calibration-images must be >= 1, got {self.calibration_images}")
+        object.__setattr__(self, "block_size", block)
+        object.__setattr__(self, "accuracy_level", validation.integer("--accuracy-level", self.accuracy_level, 0, 4))
+        object.__setattr__(self, "calibration_size", validation.count("--calibration-size", self.calibration_size))
+        object.__setattr__(self, "calibration_images", validation.count("--calibration-images", self.calibration_images))
+        object.__setattr__(self, "seed", validation.seed(self.seed, "--seed"))
 
     @property
     def calibrates(self) -> bool:

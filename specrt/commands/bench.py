@@ -29,7 +29,8 @@ def _committed_results() -> Path:
 
 def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int, device: str,
              threads: int, json_path: Optional[Path], plot_path: Optional[Path], demo_weights: Optional[Path],
-             images_list: str = "1", dtypes: str = "fp32", cuda_graphs: bool = True) -> None:
+             images_list: str = "1", dtypes: str = "fp32", cuda_graphs: bool = True,
+             precisions: tuple[str, ...] = ()) -> None:
     from specrt.bench.cost_model import (
         DTYPES, PROFILE_ARCHS, measure_runners, measure_step_latency, memory_bandwidth, parse_windows,
         prediction_table, write_profile_plot,
@@ -82,6 +83,14 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
                         "predictions": predictions})
     click.echo(f"\npredicted speed-up = accepted length x t(1) / (t(W) + drafts x t_draft); accepted lengths from "
                f"{results_path} ({bench.get('device', '?')}, {bench.get('backend', '?')})")
+    onnx_curves = {}
+    if precisions:
+        from specrt.bench.onnx_profile import measure_onnx_steps, onnx_table
+
+        onnx_curves = measure_onnx_steps(arch, window_list, repeats, threads, precisions, progress=say)
+        click.echo(f"\n{arch}'s exported target step on onnxruntime ({threads} thread(s)), same feeds; int4 = "
+                   "`specrt quantize --mode int4` (MatMulNBits, block 32, accuracy_level 4)")
+        click.echo(onnx_table(onnx_curves))
     if json_path:
         from specrt.bench.report import write_json
 
@@ -94,7 +103,9 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
                                     "draft_step_s": first["draft_step_s"], "dtype": first["dtype"],
                                     "images": first["images"],
                                     "demo_target_step_s": reference.target_s, "demo_draft_step_s": reference.draft_s,
-                                    "predictions": first["predictions"], "curves": entries})
+                                    "predictions": first["predictions"], "curves": entries,
+                                    "onnxruntime_target_step_s": {p: c.target_s for p, (c, _) in onnx_curves.items()},
+                                    "onnxruntime_weight_bytes_per_step": {p: b for p, (_, b) in onnx_curves.items()}})
         click.echo(f"wrote {json_path}")
     if plot_path:
         write_profile_plot(str(plot_path), curves[0], entries[0]["predictions"],
@@ -119,6 +130,16 @@ def _profile_reference(windows, repeats: int, device: str, threads: int, demo_we
 
     pipe = Pipeline.from_bundle(demo_bundle(demo_weights, progress=say), threads=threads)
     return measure_runners("demo (ort)", pipe.target, pipe.draft, windows, repeats)
+
+
+def _precisions(text: str) -> tuple[str, ...]:
+    """'fp32,int4' -> ('fp32', 'int4'); 'none' -> ()."""
+    if text.strip().lower() == "none":
+        return ()
+    names = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    if not names:
+        raise SpecrtError(f"--precision {text!r}: expected a comma-separated list such as fp32,int4")
+    return names
 
 
 @click.command(name="bench")
@@ -166,15 +187,24 @@ def _profile_reference(windows, repeats: int, device: str, threads: int, demo_we
               help="torch device (cpu, cuda, cuda:N) for --backend torch and --profile-arch.")
 @click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
               help="--backend torch and --profile-arch on CUDA: replay each window size's step as a CUDA graph.")
+@click.option("--precision", "precision", default=None, metavar="LIST",
+              help="fp32,int8,int4: run the settings (default ar,sd,cool-sd,lantern) on the bundle and its quantized "
+                   "copies (made once by specrt quantize into the cache). With --profile-arch (CPU): time the exported "
+                   "step graph on onnxruntime at these precisions (fp32, int4; default fp32,int4; 'none' skips).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 def command(bundle, methods, sweeps, backend, images, seed, threads, keep_tokens, json_path, plot_path, markdown_path, demo_weights,
             cache_dir, profile_arch, results_path, windows, repeats, profile_images, profile_dtypes, device, cuda_graphs,
-            progress) -> None:
+            precision, progress) -> None:
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
     validation.seed(seed, "--seed")  # image i uses seed + i: checked before anything loads
     if profile_arch:
+        default = "fp32,int4" if device == "cpu" else "none"  # the onnxruntime curves run on the CPU
         _profile(profile_arch, results_path, windows, repeats, device, threads, json_path, plot_path, demo_weights,
-                 profile_images, profile_dtypes, cuda_graphs)
+                 profile_images, profile_dtypes, cuda_graphs, _precisions(precision if precision is not None else default))
+        return
+    if precision is not None:
+        _precision_run(bundle, backend, demo_weights, threads, cache_dir, methods, sweeps, images, seed, json_path,
+                       progress, _precisions(precision))
         return
     from tqdm import tqdm
 
@@ -207,6 +237,58 @@ def command(bundle, methods, sweeps, backend, images, seed, threads, keep_tokens
     run.payload["settings"]["wall_time_s"] = round(time.perf_counter() - started, 1)
     _print_run(run)
     _write_outputs(run, json_path, markdown_path, plot_path)
+
+
+def _precision_run(bundle, backend, demo_weights, threads, cache_dir, methods, sweeps, images, seed, json_path,
+                   progress, precisions) -> None:
+    """--precision: the settings (default ar and the drafted methods) on fp32 and quantized copies of one bundle."""
+    from tqdm import tqdm
+
+    from specrt.bench.models import _judge_for_bundle, _limit_torch_threads, cache_root, demo_bundle
+    from specrt.bench.precision import check_precisions, format_precision_table, precision_benchmark
+    from specrt.bench.run import planned_images
+    from specrt.bench.settings import build_settings
+    from specrt.runtime.pipeline import Pipeline
+
+    started = time.perf_counter()
+    precisions = check_precisions(precisions)
+    if backend == "torch":
+        raise SpecrtError("--precision benchmarks bundles (onnxruntime or TensorRT backends), not --backend torch")
+    settings = build_settings(methods or "ar,sd,cool-sd,lantern", sweeps)
+    say = (lambda msg: click.echo(msg, err=True)) if progress else None
+    _limit_torch_threads(threads)
+    if bundle is None:
+        from specrt.bench.fidelity import FidelityJudge
+
+        source, judge = demo_bundle(demo_weights, cache_dir, say), FidelityJudge.from_demo(demo_weights)
+    else:
+        source, judge = Path(bundle), _judge_for_bundle(Path(bundle))
+    bar = tqdm(total=planned_images(settings, images) * len(precisions), unit="img", disable=not progress,
+               dynamic_ncols=True, leave=False, mininterval=0.5)
+
+    def tick(setting) -> None:
+        bar.set_description(setting.label, refresh=False)
+        bar.update()
+    try:
+        rows, payload = precision_benchmark(
+            source, precisions, lambda path: Pipeline.from_bundle(path, backend=backend, threads=threads), judge,
+            settings, images, seed, threads, backend, Path(cache_dir or cache_root() / "bench"), tick, say)
+    finally:
+        bar.close()
+    from specrt.bench.device import device_name
+
+    payload.update(device=device_name(backend), backend=backend, threads=threads, images_per_setting=images,
+                   wall_time_s=round(time.perf_counter() - started, 1))
+    click.echo(f"device: {payload['device']}  backend: {backend} ({threads} thread(s))  bundle: {source}; "
+               f"{images} images per setting and precision")
+    click.echo(format_precision_table(rows))
+    click.echo(f"greedy agree = {payload['greedy_agreement']}; MB/target step = weights one target step reads "
+               f"(embedding tables excluded); run time {payload['wall_time_s']:.0f} s")
+    if json_path:
+        from specrt.bench.report import write_json
+
+        write_json(str(json_path), payload)
+        click.echo(f"wrote {json_path}")
 
 
 def _draft_free_if_needed(settings: list, models, chosen: bool) -> list:

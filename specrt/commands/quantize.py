@@ -41,6 +41,7 @@ def command(bundle: Path, out: Path, mode: Optional[str], self_draft: Optional[s
             block_size: int, accuracy_level: int, calibration_size: int, calibration_images: int,
             calibration_method: Optional[str], seed: int, threads: Optional[int], force: bool, progress: bool) -> None:
     """Write a quantized copy of a bundle (INT8 / FP8 / INT4 graphs, or a quantized self-draft)."""
+    from specrt import validation
     from specrt.engines.quantize import QuantizeOptions, quantize_bundle
 
     if (mode is None) == (self_draft is None):
@@ -50,6 +51,8 @@ def command(bundle: Path, out: Path, mode: Optional[str], self_draft: Optional[s
     options = QuantizeOptions(mode=mode or self_draft, tool=tool, block_size=block_size, accuracy_level=accuracy_level,
                               calibration_size=calibration_size, calibration_images=calibration_images,
                               calibration_method=calibration_method, seed=seed)
+    if threads is not None:
+        validation.count("--threads", threads)
     names = [g.strip() for g in graphs.split(",") if g.strip()]
     if not names:
         raise SpecrtError("--graphs is empty")

@@ -93,3 +93,13 @@ def test_gpu_results_name_the_gpu_and_cover_every_method():
             assert 0 < curve["memory_bound_floor_s"] < curve["target_step_s"][0]  # no step beats the bandwidth
     readme = (RESULTS.parents[1] / "README.md").read_text()
     assert "H100" in readme and "demo-h100" in readme and "llamagen-c2i-XL --device cuda" in readme
+
+
+def test_int4_step_of_gpt_b_is_faster_than_fp32_at_one_token():
+    """The committed `bench --profile-arch llamagen-c2i-B` run timed the exported GPT-B step on
+    onnxruntime at fp32 and int4 (MatMulNBits, accuracy_level 4), interleaved in one run."""
+    profile = json.loads((RESULTS / "profile-llamagen-c2i-B-int4.json").read_text())
+    fp32, int4 = (profile["onnxruntime_target_step_s"][p] for p in ("fp32", "int4"))
+    assert profile["windows"][0] == 1 and int4[0] < fp32[0]
+    sizes = profile["onnxruntime_weight_bytes_per_step"]
+    assert sizes["int4"] < sizes["fp32"] / 4

@@ -135,7 +135,8 @@ def test_inspect_shows_each_graphs_precision(self_draft_bundle, capsys):
     (["--self-draft", "fp8"], "--self-draft must be int4 or int8"),
     (["--mode", "int4", "--self-draft", "int4"], "exactly one of"),
     (["--mode", "int4", "--block-size", "24"], "--block-size must be a power of two"),
-    (["--mode", "int8", "--calibration-size", "0"], "--calibration-size must be >= 1"),
+    (["--mode", "int8", "--calibration-size", "0"], "--calibration-size must be an integer"),
+    (["--mode", "int4", "--accuracy-level", "5"], "--accuracy-level must be an integer in [0, 4]"),
 ])
 def test_bad_input_is_one_line_and_exit_2(demo_bundle, tmp_path, capsys, argv, message):
     out = tmp_path / "q"

@@ -1,0 +1,50 @@
+"""`specrt bench BUNDLE --precision fp32,int4`: the same settings on the bundle and its int4 copy.
+
+(int8 goes through ModelOpt the same way; the quantizer itself is tested in tests/engines.)
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specrt.cli import main
+
+
+def run_cli(argv, capsys):
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_precision_run_reports_speed_weights_and_fidelity_against_fp32(demo_bundle, tmp_path, capsys):
+    path = tmp_path / "p.json"
+    code, out, err = run_cli(["bench", str(demo_bundle), "--precision", "fp32,int4", "--methods", "ar,sd",
+                              "--images", "2", "--cache-dir", str(tmp_path / "cache"), "--no-progress",
+                              "--json", str(path)], capsys)
+    assert code == 0, err
+    payload = json.loads(path.read_text())
+    rows = {(r["precision"], r["label"]): r for r in payload["rows"]}
+    assert set(rows) == {("fp32", "ar"), ("fp32", "sd"), ("int4", "ar"), ("int4", "sd")}
+    assert rows["fp32", "ar"]["speedup_vs_fp32_ar"] == pytest.approx(1.0)
+    assert rows["fp32", "ar"]["greedy_agreement"] == 1.0
+    assert 0.3 < rows["int4", "ar"]["greedy_agreement"] < 1.0  # close to fp32, not the same graph
+    assert rows["int4", "sd"]["weight_mb_per_target_step"] < rows["fp32", "sd"]["weight_mb_per_target_step"] / 4
+    assert rows["int4", "sd"]["accepted_length"] >= 1.0 and rows["int4", "sd"]["class_accuracy"] is not None
+    assert set(payload["runs"]) == {"fp32", "int4"}
+    assert "int4" in payload["bundles"]["int4"] and (tmp_path / "cache").is_dir()
+    assert "greedy agree" in out and "MB/target step" in out
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--precision", "fp32,int3"], "unknown int3"),
+    (["--precision", "int4"], "must include fp32"),
+    (["--precision", "fp32,int4", "--backend", "torch"], "not --backend torch"),
+])
+def test_precision_user_errors_are_one_line(argv, fragment, capsys):
+    code, _out, err = run_cli(["bench", *argv, "--no-progress"], capsys)
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1
