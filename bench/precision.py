@@ -1,7 +1,9 @@
 """`specrt bench --precision fp32,int8,int4`: the same settings on quantized copies of one bundle.
 
 Each precision other than fp32 is the bundle quantized by `specrt quantize` (target and draft;
-int4: onnxruntime MatMulNBits, int8 / fp8: ModelOpt QDQ), made once into the bench cache. Per
+int4: onnxruntime MatMulNBits, int8 / fp8: ModelOpt QDQ), made once into the bench cache;
+`self-int4` / `self-int8` keep the fp32 target and draft with its own quantized copy, so their
+sd accepted length stands beside the independent draft's in the same table. Per
 precision and setting: latency, accepted length, speed-up against the fp32 bundle's ar, the
 weight bytes one target step reads, and fidelity against the fp32 target: the run's class
 accuracy and Fréchet distance beside fp32's, and greedy-token agreement (AR at temperature 0,
@@ -21,7 +23,8 @@ import numpy as np
 from specrt.errors import SpecrtError
 from specrt.manifest import read_manifest
 
-PRECISIONS = ("fp32", "int8", "fp8", "int4")
+# self-int4 / self-int8: the fp32 target with its own quantized copy as the draft (--self-draft)
+PRECISIONS = ("fp32", "int8", "fp8", "int4", "self-int4", "self-int8")
 AGREEMENT_IMAGES = 10
 Progress = Callable[[str], None]
 
@@ -36,7 +39,8 @@ def check_precisions(precisions: Sequence[str]) -> tuple[str, ...]:
 
 
 def quantized_bundle(source: Path, precision: str, cache_dir: Path, progress: Optional[Progress] = None) -> Path:
-    """`source` quantized to `precision` (target and draft), made once under `cache_dir`."""
+    """`source` quantized to `precision` (target and draft; self-*: the draft only, as the
+    target's own quantized copy), made once under `cache_dir`."""
     if precision == "fp32":
         return source
     from specrt.engines.quantize import QuantizeOptions, quantize_bundle
@@ -47,7 +51,9 @@ def quantized_bundle(source: Path, precision: str, cache_dir: Path, progress: Op
     if not (out / "manifest.json").is_file():
         if progress:
             progress(f"quantizing {source} to {precision} once into {out} ...")
-        quantize_bundle(source, out, QuantizeOptions(mode=precision), progress=progress)
+        self_draft = precision.startswith("self-")
+        quantize_bundle(source, out, QuantizeOptions(mode=precision.removeprefix("self-")), self_draft=self_draft,
+                        progress=progress)
     return out
 
 

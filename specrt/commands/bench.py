@@ -188,8 +188,9 @@ def _precisions(text: str) -> tuple[str, ...]:
 @click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
               help="--backend torch and --profile-arch on CUDA: replay each window size's step as a CUDA graph.")
 @click.option("--precision", "precision", default=None, metavar="LIST",
-              help="fp32,int8,int4: run the settings (default ar,sd,cool-sd,lantern) on the bundle and its quantized "
-                   "copies (made once by specrt quantize into the cache). With --profile-arch (CPU): time the exported "
+              help="fp32,int8,int4 (and self-int4: fp32 target, its own int4 copy as the draft): run the settings "
+                   "(default ar,sd,cool-sd,lantern) on the bundle and its quantized copies (made once by specrt quantize "
+                   "into the cache). With --profile-arch (CPU): time the exported "
                    "step graph on onnxruntime at these precisions (fp32, int4; default fp32,int4; 'none' skips).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 def command(bundle, methods, sweeps, backend, images, seed, threads, keep_tokens, json_path, plot_path, markdown_path, demo_weights,
@@ -244,11 +245,12 @@ def _precision_run(bundle, backend, demo_weights, threads, cache_dir, methods, s
     """--precision: the settings (default ar and the drafted methods) on fp32 and quantized copies of one bundle."""
     from tqdm import tqdm
 
-    from specrt.bench.models import _judge_for_bundle, _limit_torch_threads, cache_root, demo_bundle
+    from specrt.bench.models import _judge_for_bundle, cache_root, demo_bundle
     from specrt.bench.precision import check_precisions, format_precision_table, precision_benchmark
     from specrt.bench.run import planned_images
     from specrt.bench.settings import build_settings
     from specrt.runtime.pipeline import Pipeline
+    from specrt.runtime.threads import set_torch_threads
 
     started = time.perf_counter()
     precisions = check_precisions(precisions)
@@ -256,7 +258,7 @@ def _precision_run(bundle, backend, demo_weights, threads, cache_dir, methods, s
         raise SpecrtError("--precision benchmarks bundles (onnxruntime or TensorRT backends), not --backend torch")
     settings = build_settings(methods or "ar,sd,cool-sd,lantern", sweeps)
     say = (lambda msg: click.echo(msg, err=True)) if progress else None
-    _limit_torch_threads(threads)
+    set_torch_threads(threads)  # torch runs the evaluator
     if bundle is None:
         from specrt.bench.fidelity import FidelityJudge
 

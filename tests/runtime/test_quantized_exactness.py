@@ -120,16 +120,7 @@ def test_int4_target_is_a_new_p_sampled_exactly(bundles):
 
 
 def test_a_broken_sd_is_still_caught_with_an_int4_draft(bundles):
-    from specrt.runtime.methods.speculative import SpeculativeDecoding
-    from specrt.runtime.verification import VanillaRule
-
-    class ResampleFromTarget(VanillaRule):
-        def resample(self, p, q, token, position):
-            return p
-
-    class BrokenSD(SpeculativeDecoding):
-        def rule(self, ctx):
-            return ResampleFromTarget()
+    from test_losslessness import BrokenSD  # resamples from P instead of the residual Norm([P − Q]_+)
 
     p = graph_distribution(Pipeline(**_parts(bundles["fp32"])).target, PLAIN)
     pipe = Pipeline(**_parts(bundles["draft"]))
