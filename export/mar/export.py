@@ -1,0 +1,142 @@
+"""ONNX graphs of the continuous family and the bundle that holds them.
+
+Per model role (target, draft) two graphs, both with dynamic rows:
+  <role>_step.onnx  tokens [1,W,C] f32, class_ids [1] i64, positions [W] i64,
+                    past_k, past_v [L,1,H,P,hd] f32  ->  z [1,W,D], present_k, present_v [L,1,H,W,hd]
+                    (W >= 1 and P >= 0 dynamic; the KV cache is the runtime's, runtime/continuous_runner.py)
+  <role>_head.onnx  x [R,C] f32, t [R] i64, z [R,D] f32  ->  eps [R,C]   (R dynamic)
+The bundle's manifest.json says `"family": "continuous"` and carries each model's config
+(runtime/continuous_bundle.py reads it); the weights also ship as <role>.safetensors so the
+torch backend runs the same bundle. Written to a temporary directory and renamed into place.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from specrt.export.mar.model import MAR
+
+FAMILY = "continuous"
+FORMAT_VERSION = 1
+OPSET = 17
+STEP_INPUTS = ("tokens", "class_ids", "positions", "past_k", "past_v")
+STEP_OUTPUTS = ("z", "present_k", "present_v")
+HEAD_INPUTS = ("x", "t", "z")
+HEAD_OUTPUTS = ("eps",)
+
+
+class _Step(torch.nn.Module):
+    def __init__(self, model: MAR):
+        super().__init__()
+        self.transformer = model.transformer
+
+    def forward(self, tokens, class_ids, positions, past_k, past_v):
+        return self.transformer.step(tokens, class_ids, positions, past_k, past_v)
+
+
+class _Head(torch.nn.Module):
+    def __init__(self, model: MAR):
+        super().__init__()
+        self.net = model.diffloss.net
+
+    def forward(self, x, t, z):
+        return self.net(x, t, z)
+
+
+def export_step(model: MAR, path: Path) -> None:
+    """The transformer step graph (legacy exporter: its dynamic axes keep P = 0 valid)."""
+    cfg = model.cfg
+    past = torch.zeros(cfg.n_layer, 1, cfg.n_head, 1, cfg.head_dim)
+    examples = (torch.zeros(1, 2, cfg.token_dim), torch.zeros(1, dtype=torch.long),
+                torch.arange(1, 3), past, past.clone())
+    kv_axes = {3: "past_len"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_Step(model).eval(), examples, str(path), dynamo=False, opset_version=OPSET,
+                          input_names=list(STEP_INPUTS), output_names=list(STEP_OUTPUTS),
+                          dynamic_axes={"tokens": {1: "window"}, "positions": {0: "window"},
+                                        "past_k": kv_axes, "past_v": kv_axes, "z": {1: "window"},
+                                        "present_k": {3: "window"}, "present_v": {3: "window"}})
+
+
+def export_head(model: MAR, path: Path) -> None:
+    """The diffusion head graph, rows dynamic."""
+    cfg = model.cfg
+    examples = (torch.zeros(3, cfg.token_dim), torch.zeros(3, dtype=torch.long), torch.zeros(3, cfg.dim))
+    rows = {0: "rows"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_Head(model).eval(), examples, str(path), dynamo=False, opset_version=OPSET,
+                          input_names=list(HEAD_INPUTS), output_names=list(HEAD_OUTPUTS),
+                          dynamic_axes={"x": rows, "t": rows, "z": rows, "eps": rows})
+
+
+def export_bundle(target: MAR, draft: MAR | None, out_dir: str | Path) -> Path:
+    """Write a continuous bundle (graphs, weights, manifest) to `out_dir` atomically."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        models = {}
+        for role, model in (("target", target), ("draft", draft)):
+            if model is None:
+                continue
+            export_step(model, tmp / f"{role}_step.onnx")
+            export_head(model, tmp / f"{role}_head.onnx")
+            save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(tmp / f"{role}.safetensors"))
+            models[role] = {"family": FAMILY, "config": model.cfg.to_dict(), "step": f"{role}_step.onnx",
+                            "head": f"{role}_head.onnx", "weights": f"{role}.safetensors"}
+        manifest = {"family": FAMILY, "format_version": FORMAT_VERSION, "opset": OPSET, "models": models,
+                    "step_io": [list(STEP_INPUTS), list(STEP_OUTPUTS)],
+                    "head_io": [list(HEAD_INPUTS), list(HEAD_OUTPUTS)]}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        tmp.chmod(0o755)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def verify_bundle(bundle_dir: str | Path, atol: float = 1e-4) -> list[str]:
+    """Run every graph of a continuous bundle on onnxruntime and its weights on PyTorch over
+    windows 1 and 3 after caches of 0 and 2 positions, and head batches of 1 and 5 rows;
+    one line per check. Raises SpecrtError on the first disagreement beyond `atol`."""
+    import numpy as np
+
+    from specrt.errors import SpecrtError
+    from specrt.runtime.continuous_bundle import open_runner, read_continuous_manifest
+
+    lines = []
+    rng = np.random.default_rng(0)
+    for role in read_continuous_manifest(bundle_dir)["models"]:
+        ort_runner, torch_runner = open_runner(bundle_dir, role), open_runner(bundle_dir, role, "torch")
+        spec = ort_runner.spec
+        cases = [(p, w) for p in (0, 2) for w in (1, 3) if p + w <= spec.seq_len + 1]
+        for past, window in cases:
+            past_kv = rng.standard_normal((2, spec.n_layer, 1, spec.n_head, past, spec.head_dim)).astype(np.float32)
+            args = (rng.standard_normal((1, window, spec.token_dim)).astype(np.float32), np.array([0], np.int64),
+                    np.arange(past, past + window, dtype=np.int64), past_kv[0], past_kv[1])
+            for got, want in zip(ort_runner._transformer(*args), torch_runner._transformer(*args)):
+                worst = float(np.abs(np.asarray(got) - np.asarray(want)).max())
+                if worst > atol:
+                    raise SpecrtError(f"{role} step (past {past}, window {window}): onnxruntime and torch differ by {worst:.2e}")
+            lines.append(f"{role} step past {past} window {window}: ok")
+        for rows in (1, 5):
+            args = (rng.standard_normal((rows, spec.token_dim)).astype(np.float32),
+                    rng.integers(0, spec.diffusion_steps, rows).astype(np.int64),
+                    rng.standard_normal((rows, spec.hidden)).astype(np.float32))
+            worst = float(np.abs(ort_runner._head(*args) - torch_runner._head(*args)).max())
+            if worst > atol:
+                raise SpecrtError(f"{role} head ({rows} rows): onnxruntime and torch differ by {worst:.2e}")
+            lines.append(f"{role} head rows {rows}: ok (max diff {worst:.1e})")
+    return lines

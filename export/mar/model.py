@@ -1,0 +1,228 @@
+"""A MAR-style continuous-token generator: a causal transformer whose per-token output z
+conditions a small diffusion MLP that samples the next continuous token.
+
+What differs from MAR (LTH14/mar, models/mar.py) and why CSpD still applies: MAR generates
+tokens in a random order with bidirectional attention over masked positions, several per step;
+this family is MAR's causal "AR, raster order" variant (the MAR paper's own ablation): one
+token per position, a causal mask, so a window of drafted tokens is verified in one target
+pass exactly as in discrete speculative decoding. CSpD's ingredients live in the diffusion
+head and are unchanged: the head is MAR's SimpleMLPAdaLN shape (time and z embeddings summed
+into an adaLN condition, residual MLP blocks, adaLN final layer) predicting the noise ε, and
+sampling is DDPM with a fixed variance σ_t² = β_t at every step, the last one included, so
+every transition p(x_{t−1} | x_t) is a Gaussian with a known density (MAR learns σ and adds
+no noise at its last step, which leaves x_0 without a density; a fixed schedule is what the
+acceptance ratio of runtime/continuous.py needs).
+
+Parameter names follow MAR where a counterpart exists (`z_proj`, `class_emb`, `blocks.N`,
+`norm`, `diffloss.net.*`). Inference entry points are pure functions of tensors: the KV
+cache is owned by the caller, as for LlamaGen (docs/contracts.md).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class MARConfig:
+    """One continuous model: transformer width/depth, token size, the diffusion head and schedule."""
+
+    token_dim: int = 4          # C: channels of one continuous token (MAR: 16 for its KL-16 tokenizer)
+    seq_len: int = 4            # tokens per image (grid_size²), generated in raster order
+    dim: int = 64
+    n_layer: int = 2
+    n_head: int = 4
+    mlp_ratio: float = 4.0
+    num_classes: int = 10
+    head_width: int = 64        # diffusion MLP width (MAR: 1024 for MAR-B)
+    head_depth: int = 2         # residual blocks (MAR: 3 for MAR-B)
+    diffusion_steps: int = 8    # T of the fixed DDPM schedule used for sampling
+    schedule: str = "cosine"
+    beta_start: float = 1e-4    # the linear schedule's endpoints (runtime/continuous.ddpm_schedule)
+    beta_end: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.dim % self.n_head:
+            raise ValueError(f"dim {self.dim} is not divisible by n_head {self.n_head}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: MARConfig):
+        super().__init__()
+        self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
+        self.proj = nn.Linear(cfg.dim, cfg.dim)
+
+    def forward(self, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor, mask: torch.Tensor):
+        # x [B,W,D]; past_k/v [B,H,P,hd]; mask [W, P+W] bool (True = may attend)
+        b, w, _ = x.shape
+        q, k, v = self.qkv(x).view(b, w, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        scores = (q @ keys.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        out = (scores.softmax(-1) @ values).transpose(1, 2).reshape(b, w, -1)
+        return self.proj(out), k, v
+
+
+class Block(nn.Module):
+    """timm's pre-norm ViT block (MAR's encoder/decoder block), causal here."""
+
+    def __init__(self, cfg: MARConfig):
+        super().__init__()
+        hidden = int(cfg.dim * cfg.mlp_ratio)
+        self.norm1 = nn.LayerNorm(cfg.dim, eps=1e-6)
+        self.attn = Attention(cfg)
+        self.norm2 = nn.LayerNorm(cfg.dim, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(cfg.dim, hidden), nn.GELU(), nn.Linear(hidden, cfg.dim))
+
+    def forward(self, x, past_k, past_v, mask):
+        h, k, v = self.attn(self.norm1(x), past_k, past_v, mask)
+        x = x + h
+        return x + self.mlp(self.norm2(x)), k, v
+
+
+class MARTransformer(nn.Module):
+    """Position 0 holds the class embedding; position j+1 holds token j; row j predicts token j."""
+
+    def __init__(self, cfg: MARConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.class_emb = nn.Embedding(cfg.num_classes, cfg.dim)
+        self.z_proj = nn.Linear(cfg.token_dim, cfg.dim)
+        self.pos_embed = nn.Parameter(torch.zeros(1, cfg.seq_len + 1, cfg.dim))
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.norm = nn.LayerNorm(cfg.dim, eps=1e-6)
+
+    def step(self, tokens: torch.Tensor, class_ids: torch.Tensor, positions: torch.Tensor,
+             past_k: torch.Tensor, past_v: torch.Tensor):
+        """One window after P cached positions.
+
+        tokens [B,W,C] float (ignored where positions == 0), class_ids [B] int64,
+        positions [W] int64 (consecutive, starting at P), past_k/past_v [L,B,H,P,hd].
+        Returns z [B,W,D] and the window's present_k/present_v [L,B,H,W,hd].
+        """
+        cond = self.class_emb(class_ids)[:, None, :]
+        x = torch.where((positions == 0)[None, :, None], cond, self.z_proj(tokens))
+        x = x + self.pos_embed[0, positions][None]
+        w, p = positions.shape[0], past_k.shape[3]
+        key_pos = torch.arange(p + w, device=tokens.device)
+        mask = key_pos[None, :] <= (p + torch.arange(w, device=tokens.device))[:, None]
+        present_k, present_v = [], []
+        for i, block in enumerate(self.blocks):
+            x, k, v = block(x, past_k[i], past_v[i], mask)
+            present_k.append(k)
+            present_v.append(v)
+        return self.norm(x), torch.stack(present_k), torch.stack(present_v)
+
+    def empty_cache(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (self.cfg.n_layer, batch, self.cfg.n_head, 0, self.cfg.head_dim)
+        return torch.zeros(shape), torch.zeros(shape)
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * (1 + scale) + shift
+
+
+class TimestepEmbedder(nn.Module):
+    """MAR's sinusoidal timestep embedding followed by an MLP."""
+
+    def __init__(self, width: int, freq_dim: int = 64):
+        super().__init__()
+        self.freq_dim = freq_dim
+        self.mlp = nn.Sequential(nn.Linear(freq_dim, width), nn.SiLU(), nn.Linear(width, width))
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        half = self.freq_dim // 2
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+        args = t.float()[:, None] * freqs[None]
+        return self.mlp(torch.cat([torch.cos(args), torch.sin(args)], dim=-1))
+
+
+class ResBlock(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.in_ln = nn.LayerNorm(width, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(width, width), nn.SiLU(), nn.Linear(width, width))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 3 * width))
+
+    def forward(self, x, c):
+        shift, scale, gate = self.adaLN_modulation(c).chunk(3, dim=-1)
+        return x + gate * self.mlp(modulate(self.in_ln(x), shift, scale))
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, width: int, out: int):
+        super().__init__()
+        self.norm_final = nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
+        self.linear = nn.Linear(width, out)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 2 * width))
+
+    def forward(self, x, c):
+        shift, scale = self.adaLN_modulation(c).chunk(2, dim=-1)
+        return self.linear(modulate(self.norm_final(x), shift, scale))
+
+
+class SimpleMLPAdaLN(nn.Module):
+    """MAR's diffusion MLP: ε̂(x_t, t, z). Rows are independent (one row = one token)."""
+
+    def __init__(self, cfg: MARConfig):
+        super().__init__()
+        w = cfg.head_width
+        self.time_embed = TimestepEmbedder(w)
+        self.cond_embed = nn.Linear(cfg.dim, w)
+        self.input_proj = nn.Linear(cfg.token_dim, w)
+        self.res_blocks = nn.ModuleList(ResBlock(w) for _ in range(cfg.head_depth))
+        self.final_layer = FinalLayer(w, cfg.token_dim)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """x [R,C] noisy token, t [R] int64 step index (0 = the last step), z [R,D] -> ε̂ [R,C]."""
+        c = self.time_embed(t) + self.cond_embed(z)
+        h = self.input_proj(x)
+        for block in self.res_blocks:
+            h = block(h, c)
+        return self.final_layer(h, c)
+
+
+class DiffLoss(nn.Module):
+    """Holds the head under MAR's name (`diffloss.net`), so the state_dict keys match MAR's."""
+
+    def __init__(self, cfg: MARConfig):
+        super().__init__()
+        self.net = SimpleMLPAdaLN(cfg)
+
+
+class MAR(nn.Module):
+    """Transformer + diffusion head of one continuous model (target or draft)."""
+
+    def __init__(self, cfg: MARConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.transformer = MARTransformer(cfg)
+        self.diffloss = DiffLoss(cfg)
+
+    def head(self, x: torch.Tensor, t: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return self.diffloss.net(x, t, z)
+
+
+def random_mar(cfg: MARConfig, seed: int, scale: float = 1.0) -> MAR:
+    """A MAR with random weights (tests, tiny bundles): default init, plus random pos/class
+    embeddings and non-zero adaLN weights so every input matters (scale multiplies them)."""
+    torch.manual_seed(seed)
+    model = MAR(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "adaLN_modulation" in name or name.endswith("pos_embed") or "final_layer.linear" in name:
+                p.copy_(torch.randn_like(p) * 0.2 * scale)
+    return model

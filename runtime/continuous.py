@@ -1,0 +1,122 @@
+"""The formulas of continuous speculative decoding (paper 002, CSpD), once, in numpy.
+
+Notation as in 002's section 3: p is the TARGET density, q the DRAFT density (its
+introduction swaps the letters). A token x_0 is sampled by a DDPM chain in the diffusion
+head: x_T ~ N(0, I), x_{t−1} = μ_θ(x_t, t) + τ·σ_t·ε_t for t = T..1, with the fixed variance
+σ_t² = β_t at every step (τ = temperature, as MAR scales the noise).
+
+Why the acceptance ratio is the last step's density ratio (the derivation behind Alg. 1):
+with trajectory alignment the draft and the target use the same noise u = (x_T, ε_T..ε_2).
+Treat u as an auxiliary variable: under either model u ~ N(0, I) with the same density, and
+given u the chain is deterministic down to x_1, then x_0 ~ N(μ(x_1, 1), τ²σ_1²). So on the
+joint space (u, x_0) the target density is φ(u)·N(x_0; μ_p(x_1^p), τ²σ_1²) and the draft's is
+φ(u)·N(x_0; μ_q(x_1^q), τ²σ_1²), whose ratio is
+
+    p/q = N(x_0; μ_p(x_1^p(u)), τ²σ_1²) / N(x_0; μ_q(x_1^q(u)), τ²σ_1²)        (accept_probability)
+
+and speculative sampling on that joint space is exact for the x_0 marginal (002 App. A.3's
+argument, applied to (u, x_0)). 002's extra factor Σ = Π_{t≥2} sqrt|Σ_q,t| / sqrt|Σ_p,t| is
+1 here, because both models sample with the same fixed schedule (the runtime refuses a pair
+whose schedules differ). On rejection the residual Norm([p − q]_+) of the same joint space is
+sampled by acceptance-rejection with the target as proposal and the bound M = 1/Z (002 Eq. 7–10):
+draw fresh u and x_0 from the target, run the draft's chain on the same u, accept with
+α_s = max(0, p − q)/p                                                         (residual_acceptance)
+so Z = ∫ max(0, p − q) never has to be computed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from specrt.errors import SpecrtError
+
+SCHEDULES = ("cosine", "linear")
+# head(x_t [R,C], t [R] int64 (0 = last step), z [R,D]) -> predicted noise ε̂ [R,C]
+HeadFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A fixed DDPM schedule; index t = 0..T−1 is the step that produces x_t from x_{t+1}."""
+
+    betas: np.ndarray        # [T] float64
+    alpha_bars: np.ndarray   # [T] float64, cumulative product of 1 − β
+
+    @property
+    def steps(self) -> int:
+        return len(self.betas)
+
+    @property
+    def sigmas(self) -> np.ndarray:
+        """Per-step standard deviation: σ_t = sqrt(β_t) (DDPM's fixed 'large' variance)."""
+        return np.sqrt(self.betas)
+
+
+def ddpm_schedule(name: str, steps: int, beta_start: float = 1e-4, beta_end: float = 0.02) -> Schedule:
+    """The schedule both models of a bundle sample with (export trains with the same one).
+
+    "cosine": Nichol & Dhariwal's (MAR's default) at `steps` points, β clipped at 0.999.
+    "linear": β from beta_start to beta_end (DDPM's endpoints by default; a short chain that
+    should end near pure noise needs larger ones).
+    """
+    if name not in SCHEDULES:
+        raise SpecrtError(f"unknown diffusion schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+    if steps < 1:
+        raise SpecrtError(f"diffusion steps must be >= 1, got {steps}")
+    if name == "linear":
+        if not 0 < beta_start <= beta_end < 1:
+            raise SpecrtError(f"linear schedule needs 0 < beta_start <= beta_end < 1, got {beta_start}, {beta_end}")
+        betas = np.linspace(beta_start, beta_end, steps)
+    else:
+        f = lambda s: math.cos((s / steps + 0.008) / 1.008 * math.pi / 2) ** 2  # noqa: E731
+        betas = np.array([min(1 - f(i + 1) / f(i), 0.999) for i in range(steps)])
+    return Schedule(betas=betas, alpha_bars=np.cumprod(1 - betas))
+
+
+def denoise_mean(schedule: Schedule, x_t: np.ndarray, eps: np.ndarray, t: int) -> np.ndarray:
+    """μ(x_t, t) = (x_t − β_t/sqrt(1 − ᾱ_t)·ε̂) / sqrt(1 − β_t)  (DDPM's ε-parameterised mean)."""
+    beta, alpha_bar = schedule.betas[t], schedule.alpha_bars[t]
+    return ((x_t - beta / math.sqrt(1 - alpha_bar) * eps) / math.sqrt(1 - beta)).astype(np.float32)
+
+
+def draw_noise(rng: np.random.Generator, rows: int, channels: int, steps: int) -> np.ndarray:
+    """The noise of `rows` chains: [T+1, rows, C]; index T is x_T, index t < T is ε of step t."""
+    return rng.standard_normal((steps + 1, rows, channels)).astype(np.float32)
+
+
+def chain(head: HeadFn, z: np.ndarray, noise: np.ndarray, schedule: Schedule,
+          temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """Run the denoising chain of every row of z [R,D] on `noise` [T+1,R,C].
+
+    Returns (x_0 [R,C], μ_0 [R,C]): the token and the mean of its last Gaussian step, whose
+    density (last_step_logpdf) is what the acceptance ratio compares.
+    """
+    steps = schedule.steps
+    x = noise[steps]
+    mean = x
+    for t in range(steps - 1, -1, -1):
+        eps = head(x, np.full(len(x), t, dtype=np.int64), z)
+        mean = denoise_mean(schedule, x, eps, t)
+        x = (mean + temperature * schedule.sigmas[t] * noise[t]).astype(np.float32)
+    return x, mean
+
+
+def last_step_logpdf(x0: np.ndarray, mean: np.ndarray, schedule: Schedule, temperature: float) -> np.ndarray:
+    """log N(x_0; μ_0, τ²σ_0² I) per row [R], in float64."""
+    std = temperature * schedule.sigmas[0]
+    diff = (np.asarray(x0, np.float64) - np.asarray(mean, np.float64)) / std
+    channels = diff.shape[-1]
+    return -0.5 * (diff * diff).sum(-1) - channels * (math.log(std) + 0.5 * math.log(2 * math.pi))
+
+
+def accept_probability(log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
+    """min(1, p/q) for a drafted token (draft density q, target density p, aligned noise)."""
+    return np.exp(np.minimum(0.0, np.asarray(log_p) - np.asarray(log_q)))
+
+
+def residual_acceptance(log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
+    """α_s = max(0, p − q) / (M·p) with M = 1/Z, i.e. max(0, 1 − q/p) (002 Eq. 10)."""
+    return 1.0 - np.exp(np.minimum(0.0, np.asarray(log_q) - np.asarray(log_p)))

@@ -1,0 +1,79 @@
+"""Open a continuous bundle (manifest family "continuous") on onnxruntime or PyTorch.
+
+The manifest alone says where everything is: each role's config, graphs and weights
+(export/mar/export.py writes it). Mistakes in it are SpecrtErrors with one line.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from specrt.errors import SpecrtError
+from specrt.runtime.continuous_runner import ContinuousRunner, ContinuousSpec
+
+FAMILY = "continuous"
+BACKENDS = ("onnxruntime", "torch")
+
+
+def bundle_family(bundle_dir: str | Path) -> str:
+    """The model family a bundle holds ("llamagen" when the manifest names none)."""
+    manifest = read_continuous_manifest(bundle_dir, check_family=False)
+    return manifest.get("family", "llamagen")
+
+
+def read_continuous_manifest(bundle_dir: str | Path, check_family: bool = True) -> dict[str, Any]:
+    path = Path(bundle_dir) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpecrtError(f"{bundle_dir} is not a bundle: no manifest.json") from None
+    except json.JSONDecodeError as err:
+        raise SpecrtError(f"{path} is not valid JSON: {err}") from None
+    if not isinstance(manifest, dict):
+        raise SpecrtError(f"{path} must hold a JSON object")
+    if check_family and manifest.get("family") != FAMILY:
+        raise SpecrtError(f"{bundle_dir} holds family {manifest.get('family', 'llamagen')!r}, not {FAMILY!r}")
+    return manifest
+
+
+def model_spec(config: dict[str, Any]) -> ContinuousSpec:
+    """The runtime spec of one model's manifest config."""
+    try:
+        dim, heads = int(config["dim"]), int(config["n_head"])
+        return ContinuousSpec(token_dim=int(config["token_dim"]), seq_len=int(config["seq_len"]),
+                              num_classes=int(config["num_classes"]), n_layer=int(config["n_layer"]),
+                              n_head=heads, head_dim=dim // heads, hidden=dim,
+                              diffusion_steps=int(config["diffusion_steps"]), schedule=str(config["schedule"]),
+                              beta_start=float(config.get("beta_start", 1e-4)),
+                              beta_end=float(config.get("beta_end", 0.02)))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as err:
+        raise SpecrtError(f"continuous model config is incomplete or malformed: {err!r}") from None
+
+
+def open_runner(bundle_dir: str | Path, role: str, backend: str = "onnxruntime") -> Optional[ContinuousRunner]:
+    """The runner of `role` ("target" or "draft") in a continuous bundle; None if it has none."""
+    if backend not in BACKENDS:
+        raise SpecrtError(f"unknown backend {backend!r} for a continuous bundle; choose one of {', '.join(BACKENDS)}")
+    bundle_dir = Path(bundle_dir)
+    entry = read_continuous_manifest(bundle_dir)["models"].get(role)
+    if entry is None:
+        return None
+    spec = model_spec(entry["config"])
+    for key in ("step", "head", "weights"):
+        if not (bundle_dir / entry[key]).is_file():
+            raise SpecrtError(f"bundle {bundle_dir} lacks {entry[key]} ({role} {key})")
+    if backend == "onnxruntime":
+        from specrt.runtime.backends.ort_continuous import OrtContinuousRunner
+
+        return OrtContinuousRunner(spec, bundle_dir / entry["step"], bundle_dir / entry["head"])
+    from specrt.export.mar.model import MAR, MARConfig
+    from specrt.lazy import require
+    from specrt.runtime.backends.torch_continuous import TorchContinuousRunner
+
+    require("torch", "the torch backend")
+    from safetensors.torch import load_file
+
+    model = MAR(MARConfig(**entry["config"]))
+    model.load_state_dict(load_file(str(bundle_dir / entry["weights"])), strict=True)
+    return TorchContinuousRunner(model)
