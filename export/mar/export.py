@@ -52,8 +52,9 @@ def export_step(model: MAR, path: Path) -> None:
     """The transformer step graph (legacy exporter: its dynamic axes keep P = 0 valid)."""
     cfg = model.cfg
     past = torch.zeros(cfg.n_layer, 1, cfg.n_head, 1, cfg.head_dim)
-    examples = (torch.zeros(1, 2, cfg.token_dim), torch.zeros(1, dtype=torch.long),
-                torch.arange(1, 3), past, past.clone())
+    window = min(2, cfg.seq_len)  # example positions 1..window stay inside the position table
+    examples = (torch.zeros(1, window, cfg.token_dim), torch.zeros(1, dtype=torch.long),
+                torch.arange(1, window + 1), past, past.clone())
     kv_axes = {3: "past_len"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

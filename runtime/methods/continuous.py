@@ -7,16 +7,17 @@ formulas are runtime/continuous.py's. One image at a time, like the discrete spe
 from __future__ import annotations
 
 import math
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime import continuous
 from specrt.runtime.continuous_runner import ContinuousRunner
-from specrt.validation import Float, Int, Param, number
+from specrt.runtime.methods.base import Method
+from specrt.validation import Float, Int, number
 
 MAX_DRAFT = 256
 
@@ -65,22 +66,11 @@ class ContinuousDecoding:
         return continuous.draw_noise(self.rng, rows, spec.token_dim, spec.diffusion_steps)
 
 
-class ContinuousMethod(ABC):
-    """A decoding strategy for continuous models; PARAMS as in methods/base.Method."""
+class ContinuousMethod(Method):
+    """A decoding strategy for continuous models: PARAMS parsed as every Method's, but the
+    context is a ContinuousDecoding and the result continuous tokens."""
 
-    name: ClassVar[str]
-    needs_draft: ClassVar[bool] = False
-    PARAMS: ClassVar[dict[str, Param]] = {}
-
-    def __init__(self, **params: Any):
-        unknown = sorted(set(params) - set(self.PARAMS))
-        if unknown:
-            known = ", ".join(sorted(self.PARAMS)) or "none"
-            raise SpecrtError(f"method {self.name!r} has no parameter {', '.join(unknown)} (known: {known})")
-        for key, spec in self.PARAMS.items():
-            setattr(self, key, spec.parse(f"{self.name} {key}", params.get(key, spec.default)))
-
-    def generate(self, ctx: ContinuousDecoding, class_ids: np.ndarray) -> np.ndarray:
+    def generate(self, ctx: ContinuousDecoding, class_ids: np.ndarray) -> np.ndarray:  # type: ignore[override]
         """Continuous tokens [N, seq_len, C] for these class ids."""
         if self.needs_draft and ctx.draft is None:
             raise SpecrtError(f"method {self.name!r} needs a draft model")

@@ -1,0 +1,127 @@
+"""cspd emits the target's own token distribution (paper 002), on onnxruntime and PyTorch.
+
+Two tiny continuous target/draft pairs with random weights (draft smaller than target) are
+exported to bundles once: CHAIN (2 tokens of 2 channels, a 3-step DDPM chain, drafts of 2, so
+KV commits, bonus tokens and rejections inside a draft all happen) and SINGLE (1 token of 1
+channel, a 2-step chain: the residual step in isolation, cheap enough for the larger sample its
+subtler bugs need). The target alone (ar) and cspd sample with fixed seeds; per-dimension KS
+and a permutation MMD (tests/runtime/_continuous_exact.py) must not tell them apart, and must
+flag the planted bugs: a residual bound M far below 1/Z, a residual drawn from the target
+itself, and independent instead of aligned noise in the acceptance ratio.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from _continuous_exact import same_distribution
+from specrt.runtime import continuous
+from specrt.runtime.continuous_bundle import open_runner
+from specrt.runtime.methods.continuous import CSpD, ContinuousAR, ContinuousDecoding
+
+pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+
+SAMPLES = 600          # CHAIN
+SINGLE_SAMPLES = 2000  # SINGLE
+CLASS_ID = 3
+SINGLE_SCALE = 0.5
+CSPD = {"draft_len": 2, "prefill_ratio": 0.0}
+
+
+def tiny_bundle(directory, scale: float, **shared):
+    from specrt.export.mar.export import export_bundle
+    from specrt.export.mar.model import MARConfig, random_mar
+
+    shared = dict(n_head=2, schedule="linear", **shared)
+    target = random_mar(MARConfig(dim=32, n_layer=2, head_width=32, **shared), seed=0, scale=scale)
+    draft = random_mar(MARConfig(dim=16, n_layer=1, head_width=16, head_depth=1, **shared), seed=1, scale=scale)
+    return export_bundle(target, draft, directory)
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return tiny_bundle(tmp_path_factory.mktemp("chain") / "bundle", 0.1, token_dim=2, seq_len=2,
+                       diffusion_steps=3, beta_start=0.1, beta_end=0.5)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    return tiny_bundle(tmp_path_factory.mktemp("single") / "bundle", SINGLE_SCALE, token_dim=1, seq_len=1,
+                       diffusion_steps=2, beta_start=0.3, beta_end=0.3)
+
+
+@pytest.fixture(scope="module")
+def single_reference(single):
+    return sample(single, ContinuousAR(), seed=1, samples=SINGLE_SAMPLES)[0]
+
+
+def sample(bundle, method, seed: int, samples: int = SAMPLES, backend: str = "onnxruntime"):
+    ctx = ContinuousDecoding(open_runner(bundle, "target", backend), open_runner(bundle, "draft", backend),
+                             np.random.default_rng(seed))
+    return method.generate(ctx, np.full(samples, CLASS_ID)), ctx.stats
+
+
+@pytest.fixture(scope="module")
+def reference(bundle):
+    return sample(bundle, ContinuousAR(), seed=1)[0]
+
+
+def test_cspd_matches_the_target_distribution(bundle, reference):
+    tokens, stats = sample(bundle, CSpD(**CSPD), seed=2)
+    assert 0.15 < stats.acceptance_rate < 0.85, "the pair must both accept and reject for the test to mean much"
+    assert stats.tokens_per_target_pass > 1
+    ok, line = same_distribution(tokens, reference)
+    assert ok, line
+
+
+class TooSmallBound(CSpD):
+    """Broken on purpose: bound M = 1/(100·Z), so M·p < p' wherever p' is large."""
+
+    residual_acceptance = staticmethod(lambda log_p, log_q: np.minimum(1.0, 100 * continuous.residual_acceptance(log_p, log_q)))
+
+
+class ResidualFromTarget(CSpD):
+    """Broken on purpose: the rejected token is redrawn from the target, not Norm([p − q]_+)."""
+
+    residual_acceptance = staticmethod(lambda log_p, log_q: np.ones_like(log_p))
+
+
+class IndependentNoise(CSpD):
+    """Broken on purpose: the target scores the drafts on its own noise, not the draft's."""
+
+    def verification_noise(self, ctx, draft_noise):
+        return ctx.noise(draft_noise.shape[1])
+
+
+def test_independent_noise_is_caught(bundle, reference):
+    tokens, _ = sample(bundle, IndependentNoise(**CSPD), seed=2)
+    ok, line = same_distribution(tokens, reference)
+    assert not ok, f"IndependentNoise passed: {line}"
+
+
+@pytest.mark.parametrize("method", [CSpD, TooSmallBound, ResidualFromTarget], ids=lambda c: c.__name__)
+def test_the_residual_step_is_exact_and_its_bugs_are_caught(single, single_reference, method):
+    tokens, stats = sample(single, method(draft_len=1, prefill_ratio=0.0), seed=2, samples=SINGLE_SAMPLES)
+    assert 0.15 < stats.acceptance_rate < 0.85
+    ok, line = same_distribution(tokens, single_reference)
+    assert ok == (method is CSpD), f"{method.__name__}: {line}"
+
+
+def test_pytorch_and_onnxruntime_emit_the_same_tokens(bundle):
+    """One bundle, two backends: same seed, same decisions, tokens equal to float tolerance."""
+    onnx_tokens, onnx_stats = sample(bundle, CSpD(**CSPD), seed=5, samples=12)
+    torch_tokens, torch_stats = sample(bundle, CSpD(**CSPD), seed=5, samples=12, backend="torch")
+    assert onnx_stats.accepted == torch_stats.accepted
+    np.testing.assert_allclose(torch_tokens, onnx_tokens, atol=1e-4)
+
+
+def test_prefilling_takes_the_first_tokens_from_the_target(bundle):
+    """prefill_ratio = 1 is the target alone (same random stream, same tokens as ar); 0.5 of
+    2 tokens drafts only the second."""
+    ar_tokens, _ = sample(bundle, ContinuousAR(), seed=4, samples=5)
+    full, full_stats = sample(bundle, CSpD(draft_len=2, prefill_ratio=1.0), seed=4, samples=5)
+    np.testing.assert_array_equal(full, ar_tokens)
+    assert full_stats.drafted == 0 and full_stats.target_passes == 10
+    _, half_stats = sample(bundle, CSpD(draft_len=2, prefill_ratio=0.5), seed=4, samples=5)
+    assert half_stats.drafted == 5
