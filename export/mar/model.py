@@ -216,6 +216,14 @@ class MAR(nn.Module):
         return self.diffloss.net(x, t, z)
 
 
+# The random-weight pair `specrt export --family continuous --random-weights` writes: an 8×8
+# grid of 16-channel tokens (MAR's KL-16 token width), a 16-step cosine chain, draft ~4x cheaper.
+RANDOM_TARGET = MARConfig(token_dim=16, seq_len=64, dim=128, n_layer=4, n_head=4, head_width=128,
+                          head_depth=3, diffusion_steps=16)
+RANDOM_DRAFT = MARConfig(token_dim=16, seq_len=64, dim=64, n_layer=2, n_head=4, head_width=64,
+                         head_depth=2, diffusion_steps=16)
+
+
 def random_mar(cfg: MARConfig, seed: int, scale: float = 1.0) -> MAR:
     """A MAR with random weights (tests, tiny bundles): default init, plus random pos/class
     embeddings and non-zero adaLN weights so every input matters (scale multiplies them)."""

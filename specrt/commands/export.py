@@ -57,15 +57,21 @@ def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo
 @click.option("--neighbours", "neighbours_k", type=int, default=32, show_default=True,
               help="LANTERN neighbours per token (clamped, with a note, to the codebook size − 1).")
 @click.option("--verify", is_flag=True, help="Afterwards run every graph in onnxruntime against PyTorch (exit 1 above tolerance).")
+@click.option("--family", type=click.Choice(["llamagen", "continuous"]), default="llamagen", show_default=True,
+              help="Model family: LlamaGen GPT + VQ, or the continuous MAR-style family (export/mar; "
+                   "needs --random-weights for now).")
 @click.option("--threads", type=int, default=None, help=f"{THREADS_HELP}.")
 @click.pass_context
 @checkpoint_flags
 def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, random_weights,
-            demo_weights, max_window, max_batch, opset, no_hidden, neighbours_k, verify, threads) -> None:
+            demo_weights, max_window, max_batch, opset, no_hidden, neighbours_k, verify, family, threads) -> None:
     """Export target, draft (optional) and VQ decoder to an ONNX bundle (the embedded demo by default)."""
     from specrt.lazy import require
 
     torch = require("torch", "specrt export")
+    if family == "continuous":
+        _export_continuous(ctx, out, force, random_weights, (target, draft, vq, demo_weights), verify)
+        return
     from specrt.export.bundle import ExportOptions, write_bundle
 
     threads = resolve_threads(threads)
@@ -84,4 +90,26 @@ def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, rando
         report = verify_bundle(manifest, models, threads=threads)
         click.echo(report.format())
         if not report.passed:
+            ctx.exit(1)
+
+
+def _export_continuous(ctx: click.Context, out: Path, force: bool, random_weights: bool, given: tuple, verify: bool) -> None:
+    """The continuous family: a random-weight target/draft pair (export.mar) and its --verify."""
+    from specrt.export.mar.export import export_bundle, verify_bundle
+    from specrt.export.mar.model import RANDOM_DRAFT, RANDOM_TARGET, random_mar
+
+    if not random_weights or any(given):
+        raise SpecrtError("--family continuous exports random weights only for now: pass --random-weights "
+                          "and no --target/--draft/--vq/--demo-weights")
+    if out.exists() and not force:
+        raise SpecrtError(f"{out} already exists; pass --force to replace it")
+    export_bundle(random_mar(RANDOM_TARGET, seed=0), random_mar(RANDOM_DRAFT, seed=1), out)
+    click.echo(f"wrote continuous bundle {out} (target and draft step + head graphs)")
+    if verify:
+        click.echo("verifying graphs in onnxruntime (CPU) against PyTorch ...")
+        try:
+            for line in verify_bundle(out):
+                click.echo(f"  {line}")
+        except SpecrtError as err:
+            click.echo(f"FAILED: {err}")
             ctx.exit(1)

@@ -83,3 +83,16 @@ def test_method_parameters_are_validated():
             make_continuous_method("cspd", **params)
     with pytest.raises(SpecrtError, match="choose one of ar, cspd"):
         make_continuous_method("sjd")
+
+
+def test_cli_exports_and_verifies_a_continuous_bundle(tmp_path, capsys):
+    from tiny_export import cli_exit_code
+
+    out = tmp_path / "mar"
+    assert cli_exit_code(["export", "--family", "continuous", "--random-weights", "--out", str(out), "--verify"]) == 0
+    printed = capsys.readouterr().out
+    assert "target step past 2 window 3: ok" in printed and "draft head rows 5" in printed
+    assert bundle_family(out) == "continuous"
+    assert cli_exit_code(["export", "--family", "continuous", "--random-weights", "--out", str(out)]) == 2
+    assert cli_exit_code(["export", "--family", "continuous", "--out", str(tmp_path / "x")]) == 2
+    assert "--random-weights" in capsys.readouterr().err
