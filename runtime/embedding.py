@@ -30,12 +30,17 @@ class BundleNotFound(SpecrtError):
 
 
 def open_pipeline(bundle_dir: str, backend: str | None) -> Any:
-    """Open a Pipeline for the C API; `backend` None means onnxruntime on the CPU."""
+    """Open a Pipeline for the C API; `backend` None means onnxruntime on the CPU. $SPECRT_THREADS,
+    when set, is from_bundle's `threads` (intra-op threads per session, as the CLI's --threads)."""
     if not os.path.isfile(os.path.join(bundle_dir, "manifest.json")):
         raise BundleNotFound(f"no specrt bundle at {bundle_dir!r} (manifest.json not found)")
+    from specrt import validation
     from specrt.runtime.pipeline import Pipeline
 
-    return Pipeline.from_bundle(bundle_dir, backend=backend or "ort")
+    threads = os.environ.get("SPECRT_THREADS") or None
+    if threads is not None:
+        threads = validation.count("SPECRT_THREADS", threads)
+    return Pipeline.from_bundle(bundle_dir, backend=backend or "ort", threads=threads)
 
 
 def image_size(pipe: Any) -> tuple[int, int]:

@@ -64,7 +64,9 @@ typedef struct specrt_stats {
 
 /* Open a pipeline on a bundle directory. backend: "ort" (default when NULL), "ort-cpu",
  * "ort-cuda", "ort-trt" (onnxruntime execution providers) or "trt" (engines built by
- * `specrt build`). On success *out holds the handle. */
+ * `specrt build`). The environment variable SPECRT_THREADS, when set, is the number of
+ * intra-op CPU threads per model call (as the CLI's --threads; unset: onnxruntime's default,
+ * one per core). On success *out holds the handle. */
 SPECRT_API specrt_status specrt_open(const char *bundle_dir, const char *backend, specrt_pipeline **out);
 
 /* Height and width in pixels of one generated image (3 channels, RGB8). */
