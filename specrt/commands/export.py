@@ -69,13 +69,13 @@ def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, rando
     from specrt.lazy import require
 
     torch = require("torch", "specrt export")
+    threads = resolve_threads(threads)
+    torch.set_num_threads(threads)
     if family == "continuous":
         _export_continuous(ctx, out, force, random_weights, (target, draft, vq, demo_weights), verify)
         return
     from specrt.export.bundle import ExportOptions, write_bundle
 
-    threads = resolve_threads(threads)
-    torch.set_num_threads(threads)
     options = ExportOptions(opset=opset, max_window=max_window, max_batch=max_batch,
                             target_hidden=not no_hidden, neighbours_k=neighbours_k)
     if out.exists() and not force:  # refuse before loading multi-GB checkpoints
