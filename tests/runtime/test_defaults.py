@@ -30,3 +30,15 @@ def test_a_models_own_defaults_win_over_its_family():
 def test_top_k_that_keeps_the_whole_vocabulary_is_no_filter():
     assert SamplingParams(top_k=2000).for_vocab(512).top_k == 0
     assert SamplingParams(top_k=2000).for_vocab(4096).top_k == 2000
+
+
+def test_generate_help_shows_the_defaults_that_apply():
+    from click.testing import CliRunner
+
+    from specrt.cli import cli
+
+    out = CliRunner().invoke(cli, ["generate", "--help"], terminal_width=200).output
+    assert "--target llamagen-c2i: cfg 4, temperature 1, top-k 2000, top-p 1 (LlamaGen sample_c2i.py)" in out
+    assert "--target llamagen-t2i: cfg 7.5, temperature 1, top-k 1000, top-p 1 (LlamaGen sample_t2i.py)" in out
+    assert "the embedded demo: cfg 2, temperature 1, top-k 0, top-p 1" in out
+    assert "--threads" in out and "--tokens-only" in out and "--save-tokens" in out
