@@ -34,7 +34,7 @@ import numpy as np
 from specrt.errors import SpecrtError
 
 SCHEDULES = ("cosine", "linear")
-# head(x_t [R,C], t [R] int64 (0 = last step), z [R,D]) -> predicted noise ε̂ [R,C]
+# head(x_t [R,C], t [R] int64 (0 = last step), z) -> predicted noise ε̂ [R,C]
 HeadFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 
@@ -76,6 +76,12 @@ def ddpm_schedule(name: str, steps: int, beta_start: float = 1e-4, beta_end: flo
     return Schedule(betas=betas, alpha_bars=np.cumprod(1 - betas))
 
 
+def guided_eps(eps_cond: np.ndarray, eps_uncond: np.ndarray, cfg_scale: float) -> np.ndarray:
+    """Classifier-free guidance on the head's output, as MAR: ε̂ = ε_u + s·(ε_c − ε_u). The
+    guided ε̂ defines the chain both models sample and score, so exactness is unaffected."""
+    return eps_uncond + cfg_scale * (eps_cond - eps_uncond)
+
+
 def denoise_mean(schedule: Schedule, x_t: np.ndarray, eps: np.ndarray, t: int) -> np.ndarray:
     """μ(x_t, t) = (x_t − β_t/sqrt(1 − ᾱ_t)·ε̂) / sqrt(1 − β_t)  (DDPM's ε-parameterised mean)."""
     beta, alpha_bar = schedule.betas[t], schedule.alpha_bars[t]
@@ -89,7 +95,8 @@ def draw_noise(rng: np.random.Generator, rows: int, channels: int, steps: int) -
 
 def chain(head: HeadFn, z: np.ndarray, noise: np.ndarray, schedule: Schedule,
           temperature: float) -> tuple[np.ndarray, np.ndarray]:
-    """Run the denoising chain of every row of z [R,D] on `noise` [T+1,R,C].
+    """Run the denoising chain of every row of z (the head's condition: [R,D], or the runner's
+    [B,R,D] with CFG rows) on `noise` [T+1,R,C].
 
     Returns (x_0 [R,C], μ_0 [R,C]): the token and the mean of its last Gaussian step, whose
     density (last_step_logpdf) is what the acceptance ratio compares.

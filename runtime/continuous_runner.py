@@ -3,9 +3,11 @@
 Beside runtime/runner.py's ModelRunner (discrete heads that sample on the device), not a
 subclass of it: the step here returns the per-token condition z instead of probabilities,
 and sampling is a chain of diffusion-head calls the method drives (runtime/continuous.py).
-The runner owns the KV cache [L, B, H, capacity, hd] (allocated once per image), feeds the
-committed rows as the step graph's past, keeps the window's present rows, and `commit(n)`
-appends the first n of them, so a rejected draft costs nothing. Backends implement two hooks.
+The runner owns the KV cache [L, B, H, capacity, hd] (B = 1, or 2 for CFG's [cond; uncond]
+rows; allocated when B changes), feeds the committed rows as the step graph's past, keeps the
+window's present rows, and `commit(n)` appends the first n of them, so a rejected draft costs
+nothing. Under CFG the head runs on both rows and guides ε̂ (continuous.guided_eps) before the
+chain uses it. Backends implement two hooks.
 """
 from __future__ import annotations
 
@@ -53,10 +55,9 @@ class ContinuousRunner(ABC):
         self.length = 0
         self.forwards = self.head_calls = 0
         self.forward_seconds = 0.0
-        capacity = spec.seq_len + 1
-        shape = (spec.n_layer, 1, spec.n_head, capacity, spec.head_dim)
-        self._k = np.zeros(shape, dtype=np.float32)
-        self._v = np.zeros(shape, dtype=np.float32)
+        self.cfg_scale = 1.0
+        self._class_ids = np.zeros(1, dtype=np.int64)
+        self._k = self._v = np.zeros((spec.n_layer, 0, spec.n_head, 0, spec.head_dim), dtype=np.float32)
         self._present: tuple[np.ndarray, np.ndarray] | None = None
 
     # ---- hooks a backend implements ------------------------------------------------------
@@ -73,15 +74,34 @@ class ContinuousRunner(ABC):
 
     # ---- the interface the continuous methods use ----------------------------------------------
 
+    def start(self, class_id: int, cfg_scale: float = 1.0) -> None:
+        """Begin an image of `class_id`: empty cache; rows [class] or, when cfg_scale != 1,
+        [class; unconditional] (class id num_classes)."""
+        rows = [class_id] if cfg_scale == 1.0 else [class_id, self.spec.num_classes]
+        self._class_ids = np.array(rows, dtype=np.int64)
+        self.cfg_scale = cfg_scale
+        shape = (self.spec.n_layer, len(rows), self.spec.n_head, self.spec.seq_len + 1, self.spec.head_dim)
+        if self._k.shape != shape:
+            self._k = np.zeros(shape, dtype=np.float32)
+            self._v = np.zeros(shape, dtype=np.float32)
+        self.length = 0
+
+    @property
+    def class_ids(self) -> np.ndarray:
+        """The model rows of the current image: [class] or [class; unconditional]."""
+        return self._class_ids
+
     def truncate(self, length: int) -> None:
         """Roll back to `length` committed positions (position 0 is the class token)."""
         self.length = min(self.length, length)
 
-    def step(self, tokens: np.ndarray, class_id: int) -> np.ndarray:
+    def step(self, tokens: np.ndarray) -> np.ndarray:
         """Run positions length .. length+W−1 (inputs: the class token at position 0, token j at
         position j+1; `tokens` [W,C] holds the window's inputs, its row for position 0 is
-        ignored). Returns z [W,D]: row w conditions the token at position length+w."""
-        tokens = np.ascontiguousarray(tokens, dtype=np.float32).reshape(1, -1, self.spec.token_dim)
+        ignored). Returns z [B,W,D]: column w conditions the token at position length+w."""
+        rows = len(self._class_ids)
+        tokens = np.ascontiguousarray(np.broadcast_to(np.asarray(tokens, dtype=np.float32).reshape(1, -1, self.spec.token_dim),
+                                                      (rows, len(tokens), self.spec.token_dim)))
         width = tokens.shape[1]
         if self.length + width > self.spec.seq_len + 1:
             raise SpecrtError(f"window of {width} at length {self.length} runs past {self.spec.seq_len} tokens")
@@ -89,12 +109,11 @@ class ContinuousRunner(ABC):
         past_k = np.ascontiguousarray(self._k[:, :, :, : self.length])
         past_v = np.ascontiguousarray(self._v[:, :, :, : self.length])
         start = time.perf_counter()
-        z, present_k, present_v = self._transformer(tokens, np.array([class_id], dtype=np.int64),
-                                                    positions, past_k, past_v)
+        z, present_k, present_v = self._transformer(tokens, self._class_ids, positions, past_k, past_v)
         self.forward_seconds += time.perf_counter() - start
         self.forwards += 1
         self._present = (present_k, present_v)
-        return np.asarray(z, dtype=np.float32)[0]
+        return np.asarray(z, dtype=np.float32)
 
     def commit(self, count: int) -> None:
         """Append the first `count` rows of the last window to the cache."""
@@ -113,6 +132,13 @@ class ContinuousRunner(ABC):
         self.head_calls += 1
         return np.asarray(eps, dtype=np.float32)
 
+    def guided_head(self, x: np.ndarray, t: np.ndarray, z: np.ndarray) -> np.ndarray:
+        """ε̂ for rows x [R,C] under conditions z [B,R,D]: the head itself, or guided under CFG."""
+        if len(z) == 1:
+            return self.head(x, t, z[0])
+        eps = self.head(np.concatenate([x, x]), np.concatenate([t, t]), np.concatenate([z[0], z[1]]))
+        return continuous.guided_eps(eps[: len(x)], eps[len(x):], self.cfg_scale)
+
     def sample(self, z: np.ndarray, noise: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens from conditions z [R,D] on noise [T+1,R,C]: (x_0, last-step mean), see continuous.chain."""
-        return continuous.chain(self.head, z, noise, self.schedule, temperature)
+        """Tokens from conditions z [B,R,D] on noise [T+1,R,C]: (x_0, last-step mean), see continuous.chain."""
+        return continuous.chain(self.guided_head, z, noise, self.schedule, temperature)

@@ -1,9 +1,10 @@
 """ONNX graphs of the continuous family and the bundle that holds them.
 
 Per model role (target, draft) two graphs, both with dynamic rows:
-  <role>_step.onnx  tokens [1,W,C] f32, class_ids [1] i64, positions [W] i64,
-                    past_k, past_v [L,1,H,P,hd] f32  ->  z [1,W,D], present_k, present_v [L,1,H,W,hd]
-                    (W >= 1 and P >= 0 dynamic; the KV cache is the runtime's, runtime/continuous_runner.py)
+  <role>_step.onnx  tokens [B,W,C] f32, class_ids [B] i64, positions [W] i64,
+                    past_k, past_v [L,B,H,P,hd] f32  ->  z [B,W,D], present_k, present_v [L,B,H,W,hd]
+                    (B in {1, 2}: CFG's [class; unconditional]; W >= 1 and P >= 0 dynamic;
+                    the KV cache is the runtime's, runtime/continuous_runner.py)
   <role>_head.onnx  x [R,C] f32, t [R] i64, z [R,D] f32  ->  eps [R,C]   (R dynamic)
 The bundle's manifest.json says `"family": "continuous"` and carries each model's config
 (runtime/continuous_bundle.py reads it); the weights also ship as <role>.safetensors so the
@@ -51,18 +52,19 @@ class _Head(torch.nn.Module):
 def export_step(model: MAR, path: Path) -> None:
     """The transformer step graph (legacy exporter: its dynamic axes keep P = 0 valid)."""
     cfg = model.cfg
-    past = torch.zeros(cfg.n_layer, 1, cfg.n_head, 1, cfg.head_dim)
+    past = torch.zeros(cfg.n_layer, 2, cfg.n_head, 1, cfg.head_dim)
     window = min(2, cfg.seq_len)  # example positions 1..window stay inside the position table
-    examples = (torch.zeros(1, window, cfg.token_dim), torch.zeros(1, dtype=torch.long),
+    examples = (torch.zeros(2, window, cfg.token_dim), torch.tensor([0, cfg.num_classes]),
                 torch.arange(1, window + 1), past, past.clone())
-    kv_axes = {3: "past_len"}
+    kv_axes = {1: "batch", 3: "past_len"}
+    rows = {0: "batch", 1: "window"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(_Step(model).eval(), examples, str(path), dynamo=False, opset_version=OPSET,
                           input_names=list(STEP_INPUTS), output_names=list(STEP_OUTPUTS),
-                          dynamic_axes={"tokens": {1: "window"}, "positions": {0: "window"},
-                                        "past_k": kv_axes, "past_v": kv_axes, "z": {1: "window"},
-                                        "present_k": {3: "window"}, "present_v": {3: "window"}})
+                          dynamic_axes={"tokens": rows, "class_ids": {0: "batch"}, "positions": {0: "window"},
+                                        "past_k": kv_axes, "past_v": kv_axes, "z": rows,
+                                        "present_k": {1: "batch", 3: "window"}, "present_v": {1: "batch", 3: "window"}})
 
 
 def export_head(model: MAR, path: Path) -> None:
@@ -110,7 +112,8 @@ def export_bundle(target: MAR, draft: MAR | None, out_dir: str | Path) -> Path:
 
 def verify_bundle(bundle_dir: str | Path, atol: float = 1e-4) -> list[str]:
     """Run every graph of a continuous bundle on onnxruntime and its weights on PyTorch over
-    windows 1 and 3 after caches of 0 and 2 positions, and head batches of 1 and 5 rows;
+    windows 1 and 3 after caches of 0 and 2 positions, for one row and for CFG's two (class,
+    unconditional), and head batches of 1 and 5 rows;
     one line per check. Raises SpecrtError on the first disagreement beyond `atol`."""
     import numpy as np
 
@@ -122,16 +125,18 @@ def verify_bundle(bundle_dir: str | Path, atol: float = 1e-4) -> list[str]:
     for role in read_continuous_manifest(bundle_dir)["models"]:
         ort_runner, torch_runner = open_runner(bundle_dir, role), open_runner(bundle_dir, role, "torch")
         spec = ort_runner.spec
-        cases = [(p, w) for p in (0, 2) for w in (1, 3) if p + w <= spec.seq_len + 1]
-        for past, window in cases:
-            past_kv = rng.standard_normal((2, spec.n_layer, 1, spec.n_head, past, spec.head_dim)).astype(np.float32)
-            args = (rng.standard_normal((1, window, spec.token_dim)).astype(np.float32), np.array([0], np.int64),
+        cases = [(b, p, w) for b in (1, 2) for p in (0, 2) for w in (1, 3) if p + w <= spec.seq_len + 1]
+        for batch, past, window in cases:
+            past_kv = rng.standard_normal((2, spec.n_layer, batch, spec.n_head, past, spec.head_dim)).astype(np.float32)
+            class_ids = np.array([0, spec.num_classes][:batch], np.int64)
+            args = (rng.standard_normal((batch, window, spec.token_dim)).astype(np.float32), class_ids,
                     np.arange(past, past + window, dtype=np.int64), past_kv[0], past_kv[1])
             for got, want in zip(ort_runner._transformer(*args), torch_runner._transformer(*args)):
                 worst = float(np.abs(np.asarray(got) - np.asarray(want)).max())
                 if worst > atol:
-                    raise SpecrtError(f"{role} step (past {past}, window {window}): onnxruntime and torch differ by {worst:.2e}")
-            lines.append(f"{role} step past {past} window {window}: ok")
+                    raise SpecrtError(f"{role} step (rows {batch}, past {past}, window {window}): "
+                                      f"onnxruntime and torch differ by {worst:.2e}")
+            lines.append(f"{role} step rows {batch} past {past} window {window}: ok")
         for rows in (1, 5):
             args = (rng.standard_normal((rows, spec.token_dim)).astype(np.float32),
                     rng.integers(0, spec.diffusion_steps, rows).astype(np.int64),

@@ -104,16 +104,21 @@ class MARTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, cfg.seq_len + 1, cfg.dim))
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = nn.LayerNorm(cfg.dim, eps=1e-6)
+        # MAR's learned unconditional embedding for classifier-free guidance: class id num_classes.
+        self.fake_latent = nn.Parameter(torch.zeros(1, cfg.dim))
 
     def step(self, tokens: torch.Tensor, class_ids: torch.Tensor, positions: torch.Tensor,
              past_k: torch.Tensor, past_v: torch.Tensor):
         """One window after P cached positions.
 
-        tokens [B,W,C] float (ignored where positions == 0), class_ids [B] int64,
+        tokens [B,W,C] float (ignored where positions == 0), class_ids [B] int64 (num_classes:
+        the unconditional row, MAR's fake_latent),
         positions [W] int64 (consecutive, starting at P), past_k/past_v [L,B,H,P,hd].
         Returns z [B,W,D] and the window's present_k/present_v [L,B,H,W,hd].
         """
-        cond = self.class_emb(class_ids)[:, None, :]
+        null = (class_ids == self.cfg.num_classes)[:, None]
+        labelled = self.class_emb(class_ids.clamp(max=self.cfg.num_classes - 1))
+        cond = torch.where(null, self.fake_latent, labelled)[:, None, :]
         x = torch.where((positions == 0)[None, :, None], cond, self.z_proj(tokens))
         x = x + self.pos_embed[0, positions][None]
         w, p = positions.shape[0], past_k.shape[3]

@@ -49,10 +49,12 @@ class ContinuousDecoding:
     draft: Optional[ContinuousRunner]
     rng: np.random.Generator
     temperature: float = 1.0
+    cfg_scale: float = 1.0
     stats: ContinuousStats = field(default_factory=ContinuousStats)
 
     def __post_init__(self) -> None:
         self.temperature = number("temperature", self.temperature, low=0, low_open=True)
+        self.cfg_scale = number("cfg_scale", self.cfg_scale, low=0)
         if self.draft is not None:
             t, d = self.target.spec, self.draft.spec
             same_chain = np.array_equal(t.diffusion().betas, d.diffusion().betas)
@@ -60,6 +62,10 @@ class ContinuousDecoding:
                 raise SpecrtError("draft and target must share token_dim, seq_len and the diffusion schedule "
                                   f"(target {t.token_dim}/{t.seq_len}/{t.schedule}:{t.diffusion_steps}, "
                                   f"draft {d.token_dim}/{d.seq_len}/{d.schedule}:{d.diffusion_steps})")
+
+    def start(self, runner: ContinuousRunner, class_id: int) -> None:
+        """Begin an image on `runner`: empty cache, the CFG rows this call samples with."""
+        runner.start(class_id, self.cfg_scale)
 
     def noise(self, rows: int) -> np.ndarray:
         spec = self.target.spec
@@ -82,8 +88,8 @@ class ContinuousMethod(Method):
 
 
 def target_token(ctx: ContinuousDecoding, z: np.ndarray) -> np.ndarray:
-    """One token [C] from the target's condition z [D] with fresh noise."""
-    x0, _ = ctx.target.sample(z[None], ctx.noise(1), ctx.temperature)
+    """One token [C] from the target's condition z [B,D] with fresh noise."""
+    x0, _ = ctx.target.sample(z[:, None], ctx.noise(1), ctx.temperature)
     return x0[0]
 
 
@@ -95,13 +101,13 @@ class ContinuousAR(ContinuousMethod):
     def generate_one(self, ctx: ContinuousDecoding, class_id: int) -> np.ndarray:
         spec = ctx.target.spec
         tokens = np.zeros((spec.seq_len, spec.token_dim), dtype=np.float32)
-        ctx.target.truncate(0)
+        ctx.start(ctx.target, class_id)
         previous = np.zeros((1, spec.token_dim), dtype=np.float32)  # position 0's input is the class
         for n in range(spec.seq_len):
-            z = ctx.target.step(previous, class_id)
+            z = ctx.target.step(previous)
             ctx.target.commit(1)
             ctx.stats.target_passes += 1
-            tokens[n] = target_token(ctx, z[-1])
+            tokens[n] = target_token(ctx, z[:, -1])
             previous = tokens[n : n + 1]
         ctx.stats.tokens += spec.seq_len
         return tokens
@@ -138,47 +144,47 @@ class CSpD(ContinuousMethod):
         seq_len, channels = spec.seq_len, spec.token_dim
         inputs = np.zeros((seq_len + 1, channels), dtype=np.float32)  # inputs[j + 1] = token j
         target, draft, stats = ctx.target, ctx.draft, ctx.stats
-        target.truncate(0)
-        draft.truncate(0)
+        ctx.start(target, class_id)
+        ctx.start(draft, class_id)
         prefilled = min(seq_len, math.ceil(self.prefill_ratio * seq_len))
         n = 0
         while n < seq_len:
             if n < prefilled:
-                z = target.step(inputs[target.length : n + 1], class_id)
-                target.commit(len(z))
+                z = target.step(inputs[target.length : n + 1])
+                target.commit(z.shape[1])
                 stats.target_passes += 1
-                inputs[n + 1] = target_token(ctx, z[-1])
+                inputs[n + 1] = target_token(ctx, z[:, -1])
                 n += 1
                 continue
             count = min(self.draft_len, seq_len - n)
             # Draft `count` tokens, keeping each one's condition z_q and noise.
-            z_draft = np.zeros((count, draft.spec.hidden), np.float32)
+            z_draft = np.zeros((len(draft.class_ids), count, draft.spec.hidden), np.float32)
             mean_q = np.zeros((count, channels), np.float32)
             noise = ctx.noise(count)
             for i in range(count):
-                z = draft.step(inputs[draft.length : n + i + 1], class_id)
-                draft.commit(len(z))
-                z_draft[i] = z[-1]
-                x0, mean = draft.sample(z[-1:], noise[:, i : i + 1], ctx.temperature)
+                z = draft.step(inputs[draft.length : n + i + 1])
+                draft.commit(z.shape[1])
+                z_draft[:, i] = z[:, -1]
+                x0, mean = draft.sample(z[:, -1:], noise[:, i : i + 1], ctx.temperature)
                 inputs[n + i + 1], mean_q[i] = x0[0], mean[0]
             drafted = inputs[n + 1 : n + count + 1].copy()
             # One target pass over the pending inputs and the drafts: conditions for n .. n+count.
             start = target.length
-            z_target = target.step(inputs[start : n + count + 1], class_id)[n - start :]
+            z_target = target.step(inputs[start : n + count + 1])[:, n - start :]
             stats.target_passes += 1
             stats.drafted += count
             # Score every draft on the target's chain with the same noise as the draft's.
             score_noise = self.verification_noise(ctx, noise)
-            _, mean_p = target.sample(z_target[:count], score_noise, ctx.temperature)
+            _, mean_p = target.sample(z_target[:, :count], score_noise, ctx.temperature)
             log_p = continuous.last_step_logpdf(drafted, mean_p, target.schedule, ctx.temperature)
             log_q = continuous.last_step_logpdf(drafted, mean_q, target.schedule, ctx.temperature)
             accept = ctx.rng.random(count) < self.accept_probability(log_p, log_q)
             accepted = int(np.argmin(accept)) if not accept.all() else count
             stats.accepted += accepted
             if accepted < count:
-                inputs[n + accepted + 1] = self.residual_token(ctx, z_target[accepted], z_draft[accepted])
+                inputs[n + accepted + 1] = self.residual_token(ctx, z_target[:, accepted], z_draft[:, accepted])
             elif n + count < seq_len:
-                inputs[n + count + 1] = target_token(ctx, z_target[count])
+                inputs[n + count + 1] = target_token(ctx, z_target[:, count])
             new_n = min(seq_len, n + accepted + 1)
             target.commit(n + accepted + 1 - start)
             draft.truncate(n + accepted + 1)
@@ -187,14 +193,15 @@ class CSpD(ContinuousMethod):
         return inputs[1:].copy()
 
     def residual_token(self, ctx: ContinuousDecoding, z_p: np.ndarray, z_q: np.ndarray) -> np.ndarray:
+        # z_p, z_q: [B,D], the two models' conditions (CFG rows) of the rejected position
         """A token from Norm([p − q]_+) by acceptance-rejection with the target as proposal:
         propose x ~ p on fresh noise u, run the draft's chain on the same u, accept with
         α_s = max(0, 1 − q/p). Proposals go `residual_batch` at a time; the first accepted wins."""
         rows = self.residual_batch
         while True:
             noise = ctx.noise(rows)
-            x0, mean_p = ctx.target.sample(np.repeat(z_p[None], rows, 0), noise, ctx.temperature)
-            _, mean_q = ctx.draft.sample(np.repeat(z_q[None], rows, 0), noise, ctx.temperature)
+            x0, mean_p = ctx.target.sample(np.repeat(z_p[:, None], rows, 1), noise, ctx.temperature)
+            _, mean_q = ctx.draft.sample(np.repeat(z_q[:, None], rows, 1), noise, ctx.temperature)
             log_p = continuous.last_step_logpdf(x0, mean_p, ctx.target.schedule, ctx.temperature)
             log_q = continuous.last_step_logpdf(x0, mean_q, ctx.target.schedule, ctx.temperature)
             keep = ctx.rng.random(rows) < self.residual_acceptance(log_p, log_q)

@@ -39,7 +39,7 @@ def test_manifest_names_the_family_and_every_file(bundle):
 
 def test_verify_covers_step_windows_and_head_rows(bundle):
     lines = verify_bundle(bundle)
-    assert any("target step past 2 window 3" in line for line in lines)
+    assert any("target step rows 2 past 2 window 3" in line for line in lines)
     assert any("draft head rows 5" in line for line in lines)
 
 
@@ -66,13 +66,16 @@ def test_the_step_graph_keeps_a_kv_cache_the_runtime_owns(bundle):
     """Decoding token by token through the cache equals one window over the whole prefix."""
     runner = open_runner(bundle, "target")
     inputs = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
-    whole = runner.step(inputs, class_id=2)
-    runner.truncate(0)
-    pieces = []
-    for row in range(4):
-        pieces.append(runner.step(inputs[row : row + 1], class_id=2))
-        runner.commit(1)
-    np.testing.assert_allclose(np.concatenate(pieces), whole, atol=1e-5)
+    for cfg_scale in (1.0, 3.0):  # one row, then CFG's [class; unconditional]
+        runner.start(2, cfg_scale)
+        whole = runner.step(inputs)
+        runner.truncate(0)
+        pieces = []
+        for row in range(4):
+            pieces.append(runner.step(inputs[row : row + 1]))
+            runner.commit(1)
+        np.testing.assert_allclose(np.concatenate(pieces, axis=1), whole, atol=1e-5)
+    assert whole.shape[0] == 2 and np.abs(whole[0] - whole[1]).max() > 1e-3
 
 
 def test_method_parameters_are_validated():
@@ -91,7 +94,7 @@ def test_cli_exports_and_verifies_a_continuous_bundle(tmp_path, capsys):
     out = tmp_path / "mar"
     assert cli_exit_code(["export", "--family", "continuous", "--random-weights", "--out", str(out), "--verify"]) == 0
     printed = capsys.readouterr().out
-    assert "target step past 2 window 3: ok" in printed and "draft head rows 5" in printed
+    assert "target step rows 2 past 2 window 3: ok" in printed and "draft head rows 5" in printed
     assert bundle_family(out) == "continuous"
     assert cli_exit_code(["export", "--family", "continuous", "--random-weights", "--out", str(out)]) == 2
     assert cli_exit_code(["export", "--family", "continuous", "--out", str(tmp_path / "x")]) == 2

@@ -56,9 +56,9 @@ def single_reference(single):
     return sample(single, ContinuousAR(), seed=1, samples=SINGLE_SAMPLES)[0]
 
 
-def sample(bundle, method, seed: int, samples: int = SAMPLES, backend: str = "onnxruntime"):
+def sample(bundle, method, seed: int, samples: int = SAMPLES, backend: str = "onnxruntime", cfg_scale: float = 1.0):
     ctx = ContinuousDecoding(open_runner(bundle, "target", backend), open_runner(bundle, "draft", backend),
-                             np.random.default_rng(seed))
+                             np.random.default_rng(seed), cfg_scale=cfg_scale)
     return method.generate(ctx, np.full(samples, CLASS_ID)), ctx.stats
 
 
@@ -67,12 +67,16 @@ def reference(bundle):
     return sample(bundle, ContinuousAR(), seed=1)[0]
 
 
-def test_cspd_matches_the_target_distribution(bundle, reference):
-    tokens, stats = sample(bundle, CSpD(**CSPD), seed=2)
+@pytest.mark.parametrize("cfg_scale", [1.0, 2.5], ids=["plain", "cfg"])
+def test_cspd_matches_the_target_distribution(bundle, reference, cfg_scale):
+    target_tokens = reference if cfg_scale == 1.0 else sample(bundle, ContinuousAR(), seed=1, cfg_scale=cfg_scale)[0]
+    tokens, stats = sample(bundle, CSpD(**CSPD), seed=2, cfg_scale=cfg_scale)
     assert 0.15 < stats.acceptance_rate < 0.85, "the pair must both accept and reject for the test to mean much"
     assert stats.tokens_per_target_pass > 1
-    ok, line = same_distribution(tokens, reference)
+    ok, line = same_distribution(tokens, target_tokens)
     assert ok, line
+    if cfg_scale != 1.0:  # same seed, same noise: guidance (the unconditional rows) moved the tokens
+        assert np.abs(target_tokens - reference).max() > 1e-3
 
 
 class TooSmallBound(CSpD):
@@ -110,8 +114,8 @@ def test_the_residual_step_is_exact_and_its_bugs_are_caught(single, single_refer
 
 def test_pytorch_and_onnxruntime_emit_the_same_tokens(bundle):
     """One bundle, two backends: same seed, same decisions, tokens equal to float tolerance."""
-    onnx_tokens, onnx_stats = sample(bundle, CSpD(**CSPD), seed=5, samples=12)
-    torch_tokens, torch_stats = sample(bundle, CSpD(**CSPD), seed=5, samples=12, backend="torch")
+    onnx_tokens, onnx_stats = sample(bundle, CSpD(**CSPD), seed=5, samples=4, cfg_scale=2.0)
+    torch_tokens, torch_stats = sample(bundle, CSpD(**CSPD), seed=5, samples=4, backend="torch", cfg_scale=2.0)
     assert onnx_stats.accepted == torch_stats.accepted
     np.testing.assert_allclose(torch_tokens, onnx_tokens, atol=1e-4)
 
