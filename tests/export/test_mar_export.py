@@ -80,10 +80,12 @@ def test_the_step_graph_keeps_a_kv_cache_the_runtime_owns(bundle):
 
 def test_method_parameters_are_validated():
     assert make_continuous_method("cspd", draft_len="3", prefill_ratio="0.1").draft_len == 3
-    for params, text in [({"draft_len": 0}, "draft_len"), ({"prefill_ratio": 1.5}, "prefill_ratio"),
-                         ({"window": 3}, "no parameter")]:
-        with pytest.raises(SpecrtError, match=text):
+    for params, text in [({"draft_len": 0}, "draft_len"), ({"draft_len": 2.5}, "draft_len"),
+                         ({"prefill_ratio": 1.5}, "prefill_ratio"), ({"prefill_ratio": "nan"}, "prefill_ratio"),
+                         ({"residual_batch": 0}, "residual_batch"), ({"window": 3}, "no parameter")]:
+        with pytest.raises(SpecrtError, match=text) as info:
             make_continuous_method("cspd", **params)
+        assert "\n" not in str(info.value)
     with pytest.raises(SpecrtError, match="choose one of ar, cspd"):
         make_continuous_method("sjd")
 
