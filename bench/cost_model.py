@@ -232,19 +232,15 @@ def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, 
 def window_cost(method: str, params: dict[str, Any]) -> tuple[int, int]:
     """(target window per forward, draft forwards per iteration) of a method's setting.
 
-    Parameters a setting leaves out take the runtime's defaults (the method's PARAMS).
+    The window is the method's own Method.max_window (sd family: draft_len + 1; sjd/sjd-pac:
+    window L + the pending token); parameters a setting leaves out take the runtime's defaults.
     """
-    from specrt.runtime.methods import METHODS
+    from specrt.runtime.methods import METHODS, make_method
 
     if method not in METHODS:
         raise SpecrtError(f"no cost model for method {method!r}")
-    defaults = {key: spec.default for key, spec in METHODS[method].PARAMS.items()}
-    params = {**defaults, **params}
-    if method == "ar":
-        return 1, 0
-    if "draft_len" in params:
-        return int(params["draft_len"]) + 1, int(params["draft_len"])
-    return int(params["window"]), 0
+    decoder = make_method(method, **params)
+    return decoder.max_window, int(getattr(decoder, "draft_len", 0)) if decoder.needs_draft else 0
 
 
 def predicted_speedup(latency: StepLatency, method: str, params: dict[str, Any], accepted_length: float) -> float:

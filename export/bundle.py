@@ -27,6 +27,7 @@ from specrt.manifest import (FORMAT, MANIFEST_NAME, VERSION, GraphSpec, Manifest
                              rows_for_images)
 from specrt.runtime import compatibility
 from specrt.runtime.defaults import as_dict, defaults_of
+from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 from specrt.runtime.sampling import SamplingParams
 
 NEIGHBOURS_FILE = "neighbours.npy"
@@ -38,7 +39,7 @@ class ExportOptions:
     """Everything about a bundle that is not the weights. Each field is one CLI flag."""
 
     opset: int = onnx_export.DEFAULT_OPSET
-    max_window: int = 64
+    max_window: int = DEFAULT_MAX_WINDOW  # SJD-PAC at its defaults: L = 64 drafts + the pending token
     max_batch: int = 4  # images per call; the graphs' batch (model rows) is twice that, for CFG pairs
     target_hidden: bool = True
     neighbours_k: int = 32

@@ -31,6 +31,7 @@ from specrt.errors import SpecrtError
 from specrt.lazy import require
 from specrt.manifest import GraphSpec, TensorSpec
 from specrt.runtime.head import SamplingHead
+from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 
 BATCH, WINDOW, CACHE_LEN, TOTAL_LEN, IMAGES = "batch", "window", "cache_len", "total_len", "images"
 DEFAULT_OPSET = 18
@@ -53,7 +54,7 @@ class GraphLimits:
     """
 
     capacity: int
-    max_window: int = 64
+    max_window: int = DEFAULT_MAX_WINDOW
     opt_window: int | None = None  # None: min(16, max_window)
     max_batch: int = 8
     opt_batch: int | None = None  # None: min(2, max_batch)

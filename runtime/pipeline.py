@@ -20,7 +20,7 @@ from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.runtime.compatibility import check_compatible
 from specrt.runtime.defaults import as_dict, defaults_of
-from specrt.runtime.methods import Decoding, Method, make_method
+from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Decoding, Method, make_method
 from specrt.runtime.methods.base import OneImageAtATime
 from specrt.runtime.methods.speculative import Lantern
 from specrt.runtime.runner import ModelRunner, VQDecoder
@@ -97,7 +97,7 @@ class Pipeline:
 
     @classmethod
     def from_torch(cls, target_gpt: Any, draft_gpt: Any, vq: Any, neighbours: Optional[np.ndarray] = None,
-                   max_window: int = 64, device: Optional[str] = None,
+                   max_window: int = DEFAULT_MAX_WINDOW, device: Optional[str] = None,
                    sampling_defaults: Optional[SamplingParams] = None, cuda_graphs: Optional[bool] = None,
                    threads: Optional[int] = None) -> "Pipeline":
         """PyTorch GPT modules (specrt.export.llamagen_gpt.GPT) and a VQModel or VQDecoder;
@@ -163,7 +163,8 @@ class Pipeline:
         if isinstance(decoder, Lantern):
             decoder.neighbours = self.neighbours
         if decoder.max_window > self.target.max_window:
-            raise SpecrtError(f"method {method!r} needs a window of {decoder.max_window} tokens; "
+            raise SpecrtError(f"method {method!r} feeds the target {decoder.max_window} tokens per step "
+                              f"(sjd/sjd-pac: window + the pending token; draft methods: draft_len + 1); "
                               f"this model allows at most {self.target.max_window}")
 
         stats = Stats()

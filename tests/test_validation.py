@@ -84,7 +84,8 @@ def test_sampling_params_normalise_types():
 # Every parameter of every method: a meaningless value is refused with a line naming it.
 BAD_VALUES = {
     "draft_len": [0, -1, 2.5, math.nan, True, "x"],
-    "window": [1, 0, 3.5, math.inf],
+    "window": [0, -1, 3.5, math.inf],  # L = drafts verified per step: 1 is the smallest
+    "tree": ["cone", 2],
     "branching": [0, -2, 1.5],
     "tree_depth": [-1, 0.5],
     "relaxation_budget": [0.5, math.nan, math.inf, -1.0, True],

@@ -13,6 +13,11 @@ METHODS: dict[str, type[Method]] = {
     cls.name: cls for cls in (Autoregressive, SpeculativeDecoding, CoolSD, Lantern, JacobiDecoding, SJDPAC)
 }
 
+# The largest target window any method feeds at its default parameters: SJD-PAC's L = 64 verified
+# tokens plus the pending one. Bundles and the PyTorch backend default to it, so every method runs
+# with its defaults on a default export.
+DEFAULT_MAX_WINDOW = max(cls().max_window for cls in METHODS.values())
+
 
 def make_method(name: str, **params: Any) -> Method:
     """The strategy object for `name` with its parameters checked (SpecrtError on mistakes)."""
@@ -21,4 +26,4 @@ def make_method(name: str, **params: Any) -> Method:
     return METHODS[name](**params)
 
 
-__all__ = ["METHODS", "Decoding", "Method", "make_method"]
+__all__ = ["DEFAULT_MAX_WINDOW", "METHODS", "Decoding", "Method", "make_method"]

@@ -1,21 +1,35 @@
 """Draft-free Jacobi methods: SJD and SJD-PAC (adaptive continuation + proactive drafting).
 
+`window` is the paper's L: the number of drafted tokens verified per target forward (tree nodes
+count one each). The target is fed L + 1 tokens: the pending token (sampled last iteration, its
+KV not yet computed; its row predicts depth 1) and the L drafts, so Method.max_window = L + 1.
+
 The proposal carried between iterations is a list of levels after the pending token: level d
 holds the candidate token(s) for depth d and the distribution q they were drawn from. A chain
-level has one candidate; a proactive-drafting level has K candidates drawn without replacement,
-all children of the first candidate of the level above ("the first path is extended"), so the
-window is a tree whose spine is a chain. One iteration:
+level has one candidate; a proactive-drafting level has K candidates drawn without replacement
+from its stale row. `003` §4.1 says: "for positions j from i+1 to i+D we sample K candidate
+tokens without replacement from p(·|X_{<j}^{t−1}). This forms a K-ary tree of depth D", then
+"we extend one of these paths (e.g. the first path, k = 1) as a single proposal chain up to the
+full length L". A full K-ary tree of depth 3 has 4 + 16 + 64 = 84 nodes, more than L = 64, while
+the paper keeps "the total number of verified tokens per step" fixed at L; so by default
+(tree="spine") the K candidates of depth d are children of the first candidate of depth d − 1
+only: K siblings per depth, K·D tree nodes, the first path extended as the chain.
+tree="full" builds the full K-ary tree instead (every node of depths < D has the next depth's K
+candidates as children, the same K tokens under each, drawn once from that depth's row) and
+needs K + K² + … + K^D ≤ L. One iteration:
 
 1. the target scores [pending, all candidates] in one forward with a tree mask;
 2. the levels are verified from the top (runtime.verification.verify_siblings: exact rejection
    sampling, sequential without replacement across siblings); the accepted prefix plus the token
    sampled at the first rejection (or a bonus token from P at a leaf) are committed;
-3. the next proposal is built from this iteration's own target rows along the spine, which
-   are stale past the first rejection: SJD takes fresh drafts from them (q = that row; the
+3. the next proposal is built from this iteration's own target rows along the accepted path
+   continued through first children (the spine where the path ends in a leaf), rows that are
+   stale past the first rejection: SJD takes fresh drafts from them (q = that row; the
    draws come with the step, made by the sampling head);
-   adaptive continuation instead rejection-samples the old draft token against them; proactive
-   drafting turns the first D levels into K-candidate levels; slots past the last row start
-   from uniform random tokens (q uniform).
+   adaptive continuation instead rejection-samples the old draft token against them (the kept
+   or resampled token is a draw from the new row, so it is candidate 1 of a proactive level);
+   proactive drafting turns the first D levels into K-candidate levels; slots past the last
+   row start from uniform random tokens (q uniform).
 """
 from __future__ import annotations
 
@@ -23,48 +37,65 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specrt.errors import SpecrtError
 from specrt.runtime.methods.base import Decoding, OneImageAtATime
 from specrt.runtime.verification import draw_without_replacement, verify_position, verify_positions, verify_siblings
 from specrt.runtime.window import Window
-from specrt.validation import Bool, Int
+from specrt.validation import Bool, Choice, Int
+
+TREES = ("spine", "full")
 
 
 @dataclass
 class Level:
-    """Candidates for one depth (first = the spine) and the row q they were drawn from."""
+    """Candidates for one depth (first = the spine), the row q they were drawn from, and whether
+    every candidate has the next level's candidates as children (full tree) or only the first."""
 
     candidates: list[int]
     q: np.ndarray
+    fanout: bool = False
 
 
-def build_window(pending: int, levels: list[Level]) -> tuple[Window, list[list[int]]]:
-    """The tree window [pending, level 1..., level 2..., ...] and each level's slot indices."""
+def build_window(pending: int, levels: list[Level]) -> tuple[Window, list[dict[int, list[int]]]]:
+    """The tree window [pending, level 1..., level 2..., ...] and, per level, the slots of its
+    candidates under each parent slot that has children (a parent missing there is a leaf)."""
     if all(len(level.candidates) == 1 for level in levels):  # SJD and most SJD-PAC steps: a chain
         return Window.chain([pending, *(level.candidates[0] for level in levels)]), \
-            [[slot] for slot in range(1, len(levels) + 1)]
-    ids, parents, slots = [pending], [-1], []
-    parent = 0
+            [{slot: [slot + 1]} for slot in range(len(levels))]
+    ids, parents, children = [pending], [-1], []
+    expanding = [0]  # the slots whose children the next level holds; the first path's comes first
     for level in levels:
-        first = len(ids)
-        slots.append(list(range(first, first + len(level.candidates))))
-        ids += level.candidates
-        parents += [parent] * len(level.candidates)
-        parent = first
-    return Window.tree(ids, parents), slots
+        kids = {}
+        for parent in expanding:
+            kids[parent] = list(range(len(ids), len(ids) + len(level.candidates)))
+            ids += level.candidates
+            parents += [parent] * len(level.candidates)
+        children.append(kids)
+        expanding = [slot for slots in kids.values() for slot in slots] if level.fanout else [kids[expanding[0]][0]]
+    return Window.tree(ids, parents), children
 
 
 class JacobiDecoding(OneImageAtATime):
     """SJD with optional adaptive continuation and proactive drafting (SJD-PAC, `003` Alg. 1)."""
 
     name = "sjd"
-    # window: pending token + drafts; branching K, tree_depth D: proactive drafting's tree
-    PARAMS = {"window": Int(16, low=2, symbol="L"), "adaptive_continuation": Bool(False),
+    # window L: drafted tokens verified per step (the target sees L + 1 with the pending token);
+    # branching K, tree_depth D, tree spine | full: proactive drafting's tree (module docstring)
+    PARAMS = {"window": Int(16, low=1, symbol="L"), "adaptive_continuation": Bool(False),
               "proactive_drafting": Bool(False),
-              "branching": Int(4, low=1, symbol="K"), "tree_depth": Int(3, low=0, symbol="D")}
+              "branching": Int(4, low=1, symbol="K"), "tree_depth": Int(3, low=0, symbol="D"),
+              "tree": Choice("spine", choices=TREES)}
+
+    def validate(self) -> None:
+        super().validate()
+        nodes = sum(self.branching ** depth for depth in range(1, self.tree_depth + 1))
+        if self.tree == "full" and self.proactive_drafting and nodes > self.window:
+            raise SpecrtError(f"{self.name} tree=full: a {self.branching}-ary tree of depth {self.tree_depth} has "
+                              f"{nodes} nodes, more than window (L) = {self.window}; raise window or use tree=spine")
 
     @property
     def max_window(self) -> int:
-        return self.window
+        return self.window + 1  # the pending token + L drafts
 
     def generate_one(self, ctx: Decoding, class_id: int) -> np.ndarray:
         target = ctx.target
@@ -75,13 +106,13 @@ class JacobiDecoding(OneImageAtATime):
         levels: list[Level] = []
         while len(tokens) < ctx.num_image_tokens:
             levels = self._fill(ctx, levels, ctx.num_image_tokens - len(tokens) - 1, uniform)
-            window, slots = build_window(tokens[-1], levels)
+            window, children = build_window(tokens[-1], levels)
             out = ctx.run(target, window)
             p_rows, draws = out.probs[0], out.draws[0]
             with ctx.stats.timing("verification"):
-                accepted, path, next_token, rejected = self._verify(ctx, p_rows, draws, levels, slots)
-                spine = [0] + [s[0] for s in slots]  # the slot whose row predicts depth d + 1
-                levels = self._next_levels(ctx, levels, p_rows, draws, spine, len(accepted), rejected)
+                accepted, path, next_token, rejected = self._verify(ctx, p_rows, draws, levels, children)
+                levels = self._next_levels(ctx, levels, p_rows, draws, row_route(path, children), len(accepted),
+                                           rejected)
             target.commit(path)
             tokens += accepted + [next_token]
             ctx.stats.record_round(len(accepted) + 1)
@@ -90,10 +121,13 @@ class JacobiDecoding(OneImageAtATime):
     # ---- one iteration's pieces ----------------------------------------------------------------
 
     def _verify(self, ctx: Decoding, p_rows: np.ndarray, draws: np.ndarray, levels: list[Level],
-                slots: list[list[int]]):
+                children: list[dict[int, list[int]]]):
         """Walk the levels: (accepted tokens, committed slots, next token, stopped by a rejection?)."""
         accepted, path = [], [0]
-        for level, level_slots in zip(levels, slots):
+        for level, kids in zip(levels, children):
+            slots = kids.get(path[-1])
+            if slots is None:  # the accepted node is a leaf (not on an extended path): take a bonus token
+                break
             if len(level.candidates) == 1:  # a chain level: plain rejection sampling (= K of 1)
                 kept, token = verify_position(p_rows[path[-1]], level.q, level.candidates[0], ctx.rng)
                 index = 0 if kept else None
@@ -102,19 +136,17 @@ class JacobiDecoding(OneImageAtATime):
             if index is None:
                 return accepted, path, token, True
             accepted.append(token)
-            path.append(level_slots[index])
-            if index != 0:  # only the first candidate has children: a leaf, take a bonus token
-                break
+            path.append(slots[index])
         return accepted, path, int(draws[path[-1]]), False  # the head's draw from the last row
 
     def _next_levels(self, ctx: Decoding, levels: list[Level], p_rows: np.ndarray, draws: np.ndarray,
-                     spine: list[int], accepted: int, rejected: bool) -> list[Level]:
+                     route: list[int], accepted: int, rejected: bool) -> list[Level]:
         """Drafts for the depths after the new pending token (old depth accepted + 1).
 
-        New level j sits at old depth e = accepted + 1 + j; its stale row is that of spine slot
-        e − 1, whose draw the head already made (SJD's fresh draft). These rows stay readable
-        through the next step (the runner's outputs are double-buffered)."""
-        slots = [spine[e - 1] for e in range(accepted + 2, len(spine) + 1)]
+        New level j sits at old depth e = accepted + 1 + j; its stale row is that of the route's
+        slot at depth e − 1 (row_route), whose draw the head already made (SJD's fresh draft).
+        These rows stay readable through the next step (the runner's outputs are double-buffered)."""
+        slots = [route[e - 1] for e in range(accepted + 2, len(route) + 1)]
         tokens = [int(draws[slot]) for slot in slots]
         if self.adaptive_continuation:  # keep each old draft if its new row accepts it, else resample
             old = [(j, levels[accepted + 1 + j]) for j in range(len(slots)) if accepted + 1 + j < len(levels)]
@@ -126,33 +158,54 @@ class JacobiDecoding(OneImageAtATime):
         return self._proactive([Level([t], p_rows[slot]) for t, slot in zip(tokens, slots)], ctx, rejected)
 
     def _proactive(self, new: list[Level], ctx: Decoding, rejected: bool) -> list[Level]:
-        """Proactive drafting: after a rejection the first D levels get K candidates each."""
+        """Proactive drafting: after a rejection the first D levels get K candidates each, drawn
+        without replacement from the level's row; the level's own draft (SJD's draw or adaptive
+        continuation's token, both draws from that row) is candidate 1. A full tree fans out
+        every level but the last tree level, whose first candidate carries the chain."""
         if self.proactive_drafting and rejected:
-            for level in new[: self.tree_depth]:
+            tree = new[: self.tree_depth]
+            for depth, level in enumerate(tree, start=1):
                 level.candidates = draw_without_replacement(level.q, self.branching, ctx.rng,
                                                             first=level.candidates[0])
+                level.fanout = self.tree == "full" and depth < len(tree)
         return new
 
     def _fill(self, ctx: Decoding, levels: list[Level], max_depth: int, uniform: np.ndarray) -> list[Level]:
-        """Cut the proposal to the window budget and the image end; pad with uniform random tokens."""
-        budget = self.window - 1
+        """Cut the proposal to the window budget (L tree nodes) and the image end; pad the chain
+        with uniform random tokens."""
+        budget, width = self.window, 1  # width: the parents the next level hangs under
         kept: list[Level] = []
         for level in levels[:max_depth]:
-            if budget <= 0:
+            if budget < width:
                 break
-            if len(level.candidates) > budget:
-                level = Level(level.candidates[:budget], level.q)
+            if width * len(level.candidates) > budget:
+                level = Level(level.candidates[: budget // width], level.q)
             kept.append(level)
-            budget -= len(level.candidates)
+            budget -= width * len(level.candidates)
+            width = width * len(level.candidates) if level.fanout else 1
         while budget > 0 and len(kept) < max_depth:
             kept.append(Level([int(ctx.rng.integers(len(uniform)))], uniform))
             budget -= 1
         return kept
 
 
+def row_route(path: list[int], children: list[dict[int, list[int]]]) -> list[int]:
+    """One slot per depth 0..D of the window whose rows draft the next proposal: the committed
+    path, then first children; where a node has no children (a leaf sibling), the first path's
+    slot at that depth (the rows there are as stale as any other, and lossless as drafts)."""
+    route = list(path)
+    spine = [0]
+    for kids in children:
+        spine.append(kids[spine[-1]][0])
+    while len(route) < len(spine):
+        kids = children[len(route) - 1].get(route[-1])
+        route.append(kids[0] if kids else spine[len(route)])
+    return route
+
+
 class SJDPAC(JacobiDecoding):
-    """SJD-PAC defaults: both parts on, K = 4, D = 3, window L = 64."""
+    """SJD-PAC defaults, the paper's: both parts on, K = 4, D = 3, L = 64 verified tokens per step."""
 
     name = "sjd-pac"
-    PARAMS = {**JacobiDecoding.PARAMS, "window": Int(64, low=2, symbol="L"), "adaptive_continuation": Bool(True),
+    PARAMS = {**JacobiDecoding.PARAMS, "window": Int(64, low=1, symbol="L"), "adaptive_continuation": Bool(True),
               "proactive_drafting": Bool(True)}

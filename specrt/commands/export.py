@@ -12,6 +12,7 @@ import click
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
 from specrt.errors import SpecrtError
 from specrt.runtime.threads import HELP as THREADS_HELP, resolve as resolve_threads
+from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 
 
 def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo_path):
@@ -47,7 +48,8 @@ def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo
                                                    "(real dims, no checkpoint; GPT-B, VQ-16, 256 px unless given).")
 @click.option("--demo-weights", type=click.Path(file_okay=False, path_type=Path),
               help="A `specrt demo train` output folder instead of the packaged demo weights.")
-@click.option("--max-window", type=int, default=64, show_default=True, help="Largest step window W (profile max).")
+@click.option("--max-window", type=int, default=DEFAULT_MAX_WINDOW, show_default=True,
+              help="Largest step window W (profile max): tokens per target step; sjd-pac at L = 64 feeds 65.")
 @click.option("--max-batch", type=int, default=4, show_default=True,
               help="Most images one call decodes together (with or without CFG); the graphs' batch profile is "
                    "derived: 2 rows per image for CFG's [cond; uncond] pair. A larger call is refused in one line.")

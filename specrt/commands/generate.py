@@ -20,6 +20,7 @@ import numpy as np
 from specrt import validation
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
 from specrt.errors import SpecrtError
+from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 from specrt.runtime.defaults import describe
 from specrt.runtime.threads import HELP as THREADS_HELP, resolve as resolve_threads
 from specrt.runtime.pipeline import BUNDLE_BACKENDS, SAMPLING_KEYS
@@ -148,7 +149,8 @@ def sampling_epilog() -> str:
 @click.option("--draft", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="LlamaGen GPT checkpoint (draft).")
 @click.option("--vq", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="LlamaGen VQ checkpoint.")
 @click.option("--device", help="torch device (cpu, cuda); default: where the weights are.")
-@click.option("--max-window", type=int, default=64, show_default=True, help="torch backend: largest step window.")
+@click.option("--max-window", type=int, default=DEFAULT_MAX_WINDOW, show_default=True,
+              help="torch backend: largest step window (tokens per target step; sjd-pac at L = 64 feeds 65).")
 @click.option("--cfg-scale", type=float, help="Classifier-free guidance scale (1 = none). Default: below.")
 @click.option("--temperature", type=float, help="Sampling temperature (0 = greedy). Default: below.")
 @click.option("--top-k", type=int, help="Top-k filter (0 disables). Default: below.")

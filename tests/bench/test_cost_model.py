@@ -16,8 +16,8 @@ def test_window_cost_uses_the_runtime_defaults():
     assert window_cost("ar", {}) == (1, 0)
     assert window_cost("sd", {}) == (5, 4)  # draft_len 4: target sees pending + 4 drafts
     assert window_cost("cool-sd", {"relaxation_budget": 3, "draft_len": 6}) == (7, 6)
-    assert window_cost("sjd", {}) == (16, 0)
-    assert window_cost("sjd-pac", {}) == (64, 0)
+    assert window_cost("sjd", {}) == (17, 0)  # L = 16 drafts + the pending token
+    assert window_cost("sjd-pac", {}) == (65, 0)
     with pytest.raises(SpecrtError):
         window_cost("medusa", {})
 

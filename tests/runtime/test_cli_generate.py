@@ -59,7 +59,7 @@ def test_generate_writes_png_and_stats(checkpoints, tmp_path, capsys):
     (["--param", "bogus=1", "--method", "sd"], "no parameter bogus"),
     (["--param", "nokey", "--method", "sd"], "key=value"),
     (["--class", "10"], "out of range"),
-    (["--method", "sjd", "--param", "window=65"], "at most 64"),
+    (["--method", "sjd", "--param", "window=65"], "at most 65"),  # L = 65 drafts + the pending token
 ])
 def test_user_mistakes_exit_2_with_one_line(checkpoints, tmp_path, capsys, extra, message):
     code, out = run(["generate", "--target", str(checkpoints / "t.pt"), "--draft", str(checkpoints / "d.pt"),
