@@ -111,9 +111,9 @@ class ToyVQ(VQDecoder):
 
 
 def toy_models(vocab_size: int = 3, grid_size: int = 2, num_classes: int = 2, seed: int = 0,
-               draft_noise: float = 1.0, max_window: int = 16) -> tuple[ToyRunner, ToyRunner, ToyVQ]:
-    """A (target, draft, vq) toy family sharing one spec."""
+               draft_noise: float = 1.0, max_window: int = 16, scale: float = 1.5) -> tuple[ToyRunner, ToyRunner, ToyVQ]:
+    """A (target, draft, vq) toy family sharing one spec; `scale` sharpens the target's rows."""
     spec = ModelSpec(vocab_size=vocab_size, grid_size=grid_size, num_classes=num_classes)
-    target_lm = ToyLM(vocab_size, seed)
+    target_lm = ToyLM(vocab_size, seed, scale=scale)
     draft_lm = ToyLM(vocab_size, seed + 1, base=target_lm, noise=draft_noise)
     return (ToyRunner(target_lm, spec, max_window), ToyRunner(draft_lm, spec, max_window), ToyVQ(vocab_size))

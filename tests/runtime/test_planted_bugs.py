@@ -1,0 +1,182 @@
+"""Deliberately broken variants of the subtle parts of SJD-PAC and Cool-SD, which the exactness
+checks must flag (a chi-square against an independent enumeration, tests/runtime/_toy_exact.py).
+
+Each variant is the real method with one piece swapped (monkeypatched function or subclass), run
+through the public Pipeline.generate on the toy family, in a setting where the real method passes
+the same check with the same number of images. The SJD-PAC variants use 4,000 images, fewer than
+test_losslessness's 20,000: a check that flags a variant with fewer samples flags it with more.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from _toy_exact import chi_square, exact_distribution, next_token_row, one_torch_thread  # noqa: F401 (autouse fixture)
+from specrt.runtime.backends.toy import toy_models
+from specrt.runtime.methods import jacobi
+from specrt.runtime.methods.jacobi import SJDPAC
+from specrt.runtime.methods.speculative import CoolSD
+from specrt.runtime.pipeline import Pipeline
+from specrt.runtime.sampling import SamplingParams, sample
+from specrt.runtime.verification import (
+    CoolRule, draw_without_replacement, normalise, residual, verify_positions, without_replacement,
+)
+
+SJD_SAMPLES, COOL_SAMPLES = 4_000, 10_000
+CLASS_ID, GRID = 1, 2
+PLAIN = SamplingParams(cfg_scale=1.0)
+# 4 tokens over a vocabulary of 4 with sharp rows (scale 3): the stale rows SJD-PAC drafts from
+# are far from the new ones, so proactive trees are frequent and each swapped piece shows
+SJD_TOY = {"vocab_size": 4, "seed": 4, "scale": 3.0}
+COOL_TOY = {"vocab_size": 3, "seed": 4}
+
+
+def chi2(method, samples: int, toy: dict, **params) -> tuple[float, float]:
+    """Chi-square of `samples` images of `method` (a name or a Method instance) against the exact
+    distribution it must reproduce: the target's for SJD-PAC, Cool-SD's own (COOL) for cool-sd."""
+    target, draft, vq = toy_models(grid_size=GRID, num_classes=2, **toy)
+    pipe = Pipeline(target, vq, draft, sampling_defaults=vars(PLAIN))
+    tokens = pipe.generate([CLASS_ID] * samples, method=method, seed=11, **params).tokens
+    name = method if isinstance(method, str) else method.name
+    exact = cool_sd_distribution(target.lm, draft.lm, toy["vocab_size"], **COOL) if name == "cool-sd" \
+        else exact_distribution(target.lm, CLASS_ID, 2, toy["vocab_size"], GRID * GRID, PLAIN)
+    return chi_square(tokens, exact)
+
+
+# ---- SJD-PAC -----------------------------------------------------------------------------------
+
+def siblings_without_q_adjustment(p, q, candidates, rng):
+    """Broken: every sibling is tested against q itself, not q^(k) (the drawn ones removed)."""
+    target = p
+    for k, token in enumerate(candidates):
+        if rng.random() * q[token] <= target[token]:
+            return k, int(token)
+        target = residual(target, q)
+    return None, int(sample(target, rng))
+
+
+def siblings_without_residual_update(p, q, candidates, rng):
+    """Broken: p^(k) stays p for every sibling instead of Norm([p^(k−1) − q^(k−1)]_+)."""
+    for k, token in enumerate(candidates):
+        draft = without_replacement(q, candidates[:k])
+        if rng.random() * draft[token] <= p[token]:
+            return k, int(token)
+    return None, int(sample(residual(p, without_replacement(q, candidates)), rng))
+
+
+def continuation_against_new_rows(p_block, q_rows, tokens, rng):
+    """Broken: adaptive continuation tests each stale draft against the new row as its q."""
+    return verify_positions(p_block, [np.asarray(row) for row in np.asarray(p_block)], tokens, rng)
+
+
+class ContinuationTokenLast(SJDPAC):
+    """Broken: the adaptive-continuation token joins the siblings last instead of first."""
+
+    def _proactive(self, new, ctx, rejected):
+        if self.proactive_drafting and rejected:
+            for level in new[: self.tree_depth]:
+                kept = level.candidates[0]
+                fresh = [c for c in draw_without_replacement(level.q, self.branching, ctx.rng) if c != kept]
+                level.candidates = fresh[: self.branching - 1] + [kept]
+        return new
+
+
+SJD_PAC_TREE = {"window": 8, "branching": 3, "tree_depth": 2}
+
+
+@pytest.mark.parametrize("params", [SJD_PAC_TREE, {"window": 8, "branching": 2, "tree_depth": 2, "tree": "full"}],
+                         ids=["spine", "full-tree"])
+def test_sjd_pac_is_exact_in_the_planted_bug_setting(params):
+    """The setting the broken variants below are run in: the real SJD-PAC passes there."""
+    statistic, critical = chi2("sjd-pac", SJD_SAMPLES, SJD_TOY, **params)
+    assert statistic < critical, f"sjd-pac {params}: chi2 {statistic:.1f} >= {critical:.1f}"
+
+
+@pytest.mark.parametrize("patch,method", [
+    (("verify_siblings", siblings_without_q_adjustment), "sjd-pac"),
+    (("verify_siblings", siblings_without_residual_update), "sjd-pac"),
+    (("verify_positions", continuation_against_new_rows), "sjd-pac"),
+    (None, ContinuationTokenLast(**SJD_PAC_TREE)),
+], ids=["no-q^(k)-adjustment", "p^(k)-not-updated", "continuation-against-new-q", "continuation-token-not-first"])
+def test_broken_sjd_pac_variants_are_flagged(monkeypatch, patch, method):
+    if patch:
+        monkeypatch.setattr(jacobi, *patch)
+    params = SJD_PAC_TREE if isinstance(method, str) else {}
+    statistic, critical = chi2(method, SJD_SAMPLES, SJD_TOY, **params)
+    assert statistic > critical, f"broken variant passed: chi2 {statistic:.1f} < {critical:.1f}"
+
+
+# ---- Cool-SD: the exact distribution of the relaxed pipeline, enumerated independently ----------
+
+COOL = {"draft_len": 2, "relaxation_budget": 1.5, "schedule": "exp", "decay": 0.7}
+
+
+def cool_sd_distribution(target_lm, draft_lm, vocab: int, draft_len: int, relaxation_budget: float, schedule: str,
+                         decay: float) -> dict[tuple[int, ...], float]:
+    """P(x_1..x_N) of Cool-SD's output (Alg. 1 with G*), by enumerating every round from the
+    reference rows in float64: written from the paper's formulas, sharing only g_star's name."""
+    assert schedule == "exp"
+    i = np.arange(1, draft_len + 1)
+    omega = relaxation_budget * draft_len * np.exp(-decay * i) / np.exp(-decay * i).sum()  # Eq. 16
+    length = GRID * GRID
+    P = lambda prefix: next_token_row(target_lm, CLASS_ID, 2, tuple(prefix), PLAIN)  # noqa: E731
+    Q = lambda prefix: next_token_row(draft_lm, CLASS_ID, 2, tuple(prefix), PLAIN)  # noqa: E731
+    out: dict[tuple[int, ...], float] = {}
+
+    def rounds(prefix: tuple[int, ...], weight: float) -> None:
+        if len(prefix) == length:
+            out[prefix] = out.get(prefix, 0.0) + weight
+            return
+        drafts = min(draft_len, length - len(prefix) - 1)
+        for path in itertools.chain.from_iterable(itertools.product(range(vocab), repeat=n) for n in range(drafts + 1)):
+            accepted = 1.0  # Π Q(x_i) f_i(x_i) over the accepted drafts
+            for k, token in enumerate(path):
+                p, q = P(prefix + path[:k]), Q(prefix + path[:k])
+                accepted *= q[token] * min(1.0, omega[k] * p[token] / q[token])
+            context = prefix + path
+            p = P(context)
+            if len(path) == drafts:  # every draft accepted: the bonus token from P
+                nxt = p
+            else:  # rejection at position len(path) + 1: G* = Norm([P − Q·f]_+), f at every token
+                q = Q(context)
+                f = np.minimum(1.0, omega[len(path)] * p / q)
+                accepted *= float(np.dot(q, 1.0 - f))
+                mass = np.maximum(p - q * f, 0.0)
+                nxt = mass / mass.sum()
+            for token in range(vocab):
+                if accepted * nxt[token] > 0:
+                    rounds(context + (token,), weight * accepted * nxt[token])
+
+    first = P(())
+    for token in range(vocab):
+        rounds((token,), first[token])
+    return out
+
+
+def test_cool_sd_matches_its_exact_distribution():
+    target, draft, _ = toy_models(grid_size=GRID, num_classes=2, **COOL_TOY)
+    assert abs(sum(cool_sd_distribution(target.lm, draft.lm, COOL_TOY["vocab_size"], **COOL).values()) - 1) < 1e-9
+    statistic, critical = chi2("cool-sd", COOL_SAMPLES, COOL_TOY, **COOL)
+    assert statistic < critical, f"cool-sd: chi2 {statistic:.1f} >= {critical:.1f}"
+
+
+class GStarAtDraftedToken(CoolRule):
+    """Broken: G = Norm([P − Q·f(x̃)]_+) with f of the rejected token only, not f at every token."""
+
+    def resample(self, p, q, token, position):
+        f = self.accept_probability(p, q, token, position)
+        mass = np.subtract(p, np.asarray(q, dtype=np.float64) * f)
+        return normalise(np.maximum(mass, 0.0), p)
+
+
+class BrokenCoolSD(CoolSD):
+    def rule(self, ctx):
+        return GStarAtDraftedToken(self.weights())
+
+
+def test_cool_sd_with_gstar_at_the_drafted_token_only_is_flagged():
+    statistic, critical = chi2(BrokenCoolSD(**COOL), COOL_SAMPLES, COOL_TOY)
+    assert statistic > critical, f"broken G* passed: chi2 {statistic:.1f} < {critical:.1f}"
+
