@@ -81,8 +81,8 @@ SELF[5, 3] = 5
     (_set(("models", "draft", "head_dim"), 48), "present_kv axis 5 is 32 but models.draft.head_dim is 48"),
     (_set(("models", "target", "n_kv_head"), "4"), "models.target.n_kv_head must be an integer >= 1, got '4'"),
     (_set(("models", "vq", "codebook_size"), 256), "models.vq.codebook_size is 256 but models.target.vocab_size is 512"),
-    (_set(("models", "target", "capacity"), 100), "profile cache_len max is 129 but models.target.capacity is 100"),
-    (_set(("limits", "max_window"), 128), "profile window max is 64 but limits.max_window is 128"),
+    (_set(("models", "target", "capacity"), 100), "profile cache_len max is 130 but models.target.capacity is 100"),
+    (_set(("limits", "max_window"), 128), "profile window max is 65 but limits.max_window is 128"),
     (_set(("sampling_defaults", "temperature"), float("nan")), "sampling_defaults: temperature must be a finite"),
     # the manifest edited consistently, but the graph disagrees: caught on the session's own I/O
     (_set(("graphs", "target_step", "inputs", 0, "dtype"), "int64"),
