@@ -103,3 +103,15 @@ def test_int4_step_of_gpt_b_is_faster_than_fp32_at_one_token():
     assert profile["windows"][0] == 1 and int4[0] < fp32[0]
     sizes = profile["onnxruntime_weight_bytes_per_step"]
     assert sizes["int4"] < sizes["fp32"] / 4
+
+
+def test_committed_precision_run_has_the_self_draft_beside_the_independent_one():
+    """`specrt bench --precision fp32,int8,int4,self-int4` (issue 22): one run, every precision;
+    the self-draft's sd accepts more than the independent draft's, on the unchanged target."""
+    run = json.loads((RESULTS / "precision-demo.json").read_text())
+    rows = {(r["precision"], r["label"]): r for r in run["rows"]}
+    assert {p for p, _ in rows} == {"fp32", "int8", "int4", "self-int4"}
+    assert rows["self-int4", "sd"]["accepted_length"] > rows["fp32", "sd"]["accepted_length"] + 1
+    assert rows["self-int4", "ar"]["greedy_agreement"] == 1.0  # the same fp32 target
+    assert rows["int4", "ar"]["weight_mb_per_target_step"] < rows["fp32", "ar"]["weight_mb_per_target_step"] / 4
+    assert "AMD EPYC" in run["device"]
