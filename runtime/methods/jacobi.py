@@ -88,10 +88,15 @@ class JacobiDecoding(OneImageAtATime):
 
     def validate(self) -> None:
         super().validate()
-        nodes = sum(self.branching ** depth for depth in range(1, self.tree_depth + 1))
-        if self.tree == "full" and self.proactive_drafting and nodes > self.window:
-            raise SpecrtError(f"{self.name} tree=full: a {self.branching}-ary tree of depth {self.tree_depth} has "
-                              f"{nodes} nodes, more than window (L) = {self.window}; raise window or use tree=spine")
+        if self.tree != "full" or not self.proactive_drafting:
+            return
+        nodes, level = 0, 1
+        for _ in range(self.tree_depth):  # K + K² + … + K^D, stopping as soon as it exceeds L
+            level *= self.branching
+            nodes += level
+            if nodes > self.window:
+                raise SpecrtError(f"{self.name} tree=full: a {self.branching}-ary tree of depth {self.tree_depth} "
+                                  f"has more than window (L) = {self.window} nodes; raise window or use tree=spine")
 
     @property
     def max_window(self) -> int:

@@ -94,6 +94,16 @@ def test_sjd_pac_is_exact_in_the_planted_bug_setting(params):
     assert statistic < critical, f"sjd-pac {params}: chi2 {statistic:.1f} >= {critical:.1f}"
 
 
+def test_full_tree_must_fit_the_window_and_window_counts_drafts():
+    from specrt.errors import SpecrtError
+    from specrt.runtime.methods import DEFAULT_MAX_WINDOW, make_method
+
+    with pytest.raises(SpecrtError, match="more than window"):
+        make_method("sjd-pac", tree="full")  # the paper's K = 4, D = 3: 84 nodes > L = 64
+    assert make_method("sjd-pac", tree="full", branching=2, tree_depth=3, window=14).max_window == 15
+    assert make_method("sjd-pac").max_window == DEFAULT_MAX_WINDOW == 65  # L = 64 drafts + the pending token
+
+
 @pytest.mark.parametrize("patch,method", [
     (("verify_siblings", siblings_without_q_adjustment), "sjd-pac"),
     (("verify_siblings", siblings_without_residual_update), "sjd-pac"),
