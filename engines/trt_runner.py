@@ -27,6 +27,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from specrt.errors import SpecrtError
+from specrt.runtime.backends.ort_backend import model_spec
+from specrt.runtime.conditions import Conditions
 from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder
 
 from .build import require_tensorrt
@@ -240,7 +242,10 @@ class TrtRunner(ModelRunner):
                        "past_kv": self._kv_shape(batch, capacity), "mix": (images, batch), "uniforms": (images, w)},
                       skip=("past_kv", *head))
         step.bind("past_kv", self._kv.ptr)  # the engine reads the KV buffer in place
-        self.prefill_engine.allocate({"class_ids": (batch,), "mix": (images, batch), "uniforms": (images, 1)}, skip=head)
+        condition = ({"class_ids": (batch,)} if self.spec.model_type == "c2i" else
+                     {"captions": (batch, self.spec.cond_len, self.spec.caption_dim),
+                      "caption_mask": (batch, self.spec.cond_len), "uncond": (batch,)})
+        self.prefill_engine.allocate({**condition, "mix": (images, batch), "uniforms": (images, 1)}, skip=head)
         rows = images * w
         self._probs = [DeviceBuffer(rows * self.spec.vocab_size * step.dtypes["probs"].itemsize) for _ in range(2)]
         self._draws = [DeviceBuffer(rows * step.dtypes["draws"].itemsize) for _ in range(2)]
@@ -271,9 +276,9 @@ class TrtRunner(ModelRunner):
         _check(self.cudart.cudaStreamSynchronize(self.prefill_engine.stream))
         return host
 
-    def _prefill(self, class_ids: np.ndarray, uniforms: np.ndarray) -> StepOutput:
+    def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
         engine = self.prefill_engine
-        out = self._run_with_head(engine, {"class_ids": class_ids, "uniforms": uniforms}, 1)
+        out = self._run_with_head(engine, {**rows.feeds(), "uniforms": uniforms}, 1)
         self._copy_rows(engine.addresses["present_kv"], self.spec.cond_len, list(range(self.spec.cond_len)), 0)
         return out
 
@@ -355,8 +360,7 @@ def runner_from_bundle(bundle: str | Path, role: str, precision: str = "fp32", m
     model = manifest.models[role]
     window = max_window or int(manifest.limits.get("max_window", 64))
     engines = find_engines(bundle, [f"{role}_prefill", f"{role}_step"], precision, max_window)
-    spec = ModelSpec(vocab_size=model["vocab_size"], grid_size=model["grid_size"], num_classes=model["num_classes"],
-                     cond_len=model.get("cond_len", 1))
+    spec = model_spec(model)
     kv = KVLayout(model["n_layer"], model["n_kv_head"], model["head_dim"])
     return TrtRunner(spec, kv, engines[f"{role}_prefill"], engines[f"{role}_step"], window)
 

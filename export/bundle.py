@@ -1,4 +1,5 @@
-"""Write a bundle: the five ONNX graphs, the LANTERN neighbour table and manifest.json.
+"""Write a bundle: the five ONNX graphs, the LANTERN neighbour table and manifest.json (t2i
+bundles may add a text encoder graph and its tokenizer).
 
 The bundle is assembled in a hidden temporary directory next to the destination and
 renamed into place only when every file and the manifest are written, so an interrupted or
@@ -60,6 +61,7 @@ class ModelSet:
     sources: free-form provenance per role (checkpoint path, "demo", "random") for the manifest.
     sampling: the manifest's sampling_defaults; None: the target's own (specrt.runtime.defaults),
       the same Pipeline.from_torch uses, so a bundle and its PyTorch modules sample alike.
+    text_encoder: t2i only, a runtime.text.T5TextEncoder exported into the bundle as its own graph.
     """
 
     target: nn.Module
@@ -67,6 +69,7 @@ class ModelSet:
     vq: nn.Module
     sources: dict[str, str] = field(default_factory=dict)
     sampling: SamplingParams | None = None
+    text_encoder: Any = None
 
     @property
     def sampling_defaults(self) -> SamplingParams:
@@ -86,15 +89,24 @@ def check_compatible(models: ModelSet) -> None:
     number disagrees otherwise (one line, SpecrtError)."""
     draft = models.draft.config if models.draft is not None else None
     compatibility.check_compatible(models.target.config, draft, models.vq.config, "specrt export")
+    encoder = models.text_encoder
+    if encoder is not None:
+        target = models.target.config
+        if target.model_type != "t2i":
+            raise SpecrtError("a text encoder goes with text-to-image (t2i) models; these are c2i")
+        if (encoder.dim, encoder.max_length) != (target.caption_dim, target.cond_len):
+            raise SpecrtError(f"text encoder gives {encoder.max_length} x {encoder.dim} features; the GPT reads "
+                              f"{target.cond_len} x {target.caption_dim} caption embeddings")
 
 
 def _model_entry(config, capacity: int, **extra: Any) -> dict[str, Any]:
+    condition = ({"num_classes": config.num_classes, "null_class": config.num_classes} if config.model_type == "c2i"
+                 else {"caption_dim": config.caption_dim})
     return {
         "family": "llamagen", "model_type": config.model_type, "vocab_size": config.vocab_size,
-        "grid_size": config.grid_size, "cond_len": config.cond_len, "num_classes": config.num_classes,
-        "null_class": config.num_classes, "n_layer": config.n_layer, "n_head": config.n_head,
-        "n_kv_head": config.n_kv_head, "head_dim": config.head_dim, "dim": config.dim, "capacity": capacity,
-        **extra,
+        "grid_size": config.grid_size, "cond_len": config.cond_len, **condition, "n_layer": config.n_layer,
+        "n_head": config.n_head, "n_kv_head": config.n_kv_head, "head_dim": config.head_dim, "dim": config.dim,
+        "capacity": capacity, **extra,
     }
 
 
@@ -104,12 +116,17 @@ def _vq_entry(models: ModelSet) -> dict[str, Any]:
             "downsample": vq.downsample, "image_size": models.image_size, "grid_size": models.grid_size}
 
 
-def build_manifest(models: ModelSet, options: ExportOptions, graphs: list[GraphSpec], out_dir: Path) -> dict[str, Any]:
-    """The manifest.json content for files already written to out_dir (hashes computed here)."""
+def build_manifest(models: ModelSet, options: ExportOptions, graphs: list[GraphSpec], out_dir: Path,
+                   text_encoder: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The manifest.json content for files already written to out_dir (hashes computed here);
+    `text_encoder` is the entry of an exported text encoder (export.text_encoder)."""
     capacity = capacity_for(models.target.config, options.max_window)
     sources = models.sources
     files = [g.file for g in graphs] + [g.external_data for g in graphs if g.external_data] + [NEIGHBOURS_FILE]
+    if text_encoder:
+        files.append(text_encoder["tokenizer"])
     s = options.sampling or models.sampling_defaults
+    extra = {"text_encoder": text_encoder} if text_encoder else {}
     return {
         "format": FORMAT, "version": VERSION, "created_by": f"specrt {__version__}",
         "models": {
@@ -124,6 +141,7 @@ def build_manifest(models: ModelSet, options: ExportOptions, graphs: list[GraphS
         "graphs": {g.name: g.to_json() for g in graphs},
         "neighbours": {"file": NEIGHBOURS_FILE, "k": options.neighbours_k, "metric": "euclidean",
                        "codebook": "l2-normalised" if models.vq.config.codebook_l2_norm else "raw"},
+        **extra,
         "files": {name: file_record(out_dir / name) for name in files},
     }
 
@@ -139,8 +157,21 @@ def _graph_jobs(models: ModelSet, options: ExportOptions, limits: GraphLimits) -
         ("draft_prefill", lambda d: onnx_export.export_prefill(models.draft, "draft", limits, d, opset, False)),
         ("draft_step", lambda d: onnx_export.export_step(models.draft, "draft", limits, d, opset, False)),
     ] if models.draft is not None else []
+    text = []
+    if models.text_encoder is not None:
+        from specrt.export.text_encoder import GRAPH, export_text_encoder
+
+        text = [(GRAPH, lambda d: export_text_encoder(models.text_encoder, limits.batch_profile(), d, opset))]
     return [*target, *draft,
-            ("vq_decode", lambda d: onnx_export.export_vq_decode(models.vq, models.grid_size, limits, d, opset))]
+            ("vq_decode", lambda d: onnx_export.export_vq_decode(models.vq, models.grid_size, limits, d, opset)), *text]
+
+
+def _text_encoder_entry(models: ModelSet) -> dict[str, Any] | None:
+    if models.text_encoder is None:
+        return None
+    from specrt.export.text_encoder import text_encoder_entry
+
+    return text_encoder_entry(models.text_encoder)
 
 
 def _codebook(vq: nn.Module) -> np.ndarray:
@@ -182,7 +213,7 @@ def write_bundle(models: ModelSet, out: str | Path, options: ExportOptions | Non
         say(f"[{total - 1}/{total}] {NEIGHBOURS_FILE} (k={k}) ...")
         np.save(work / NEIGHBOURS_FILE, codebook_neighbours(codebook, k))
         say(f"[{total}/{total}] {MANIFEST_NAME}")
-        manifest = build_manifest(models, replace(options, neighbours_k=k), graphs, work)
+        manifest = build_manifest(models, replace(options, neighbours_k=k), graphs, work, _text_encoder_entry(models))
         (work / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
         read_manifest(work)  # never rename something we could not read back
         move_into_place(work, out, force)

@@ -316,14 +316,34 @@ class GPT(nn.Module):
 
     # ---- inference entry points (mirrored by the ONNX graphs) -------------------------
 
-    def prefill(self, cond: torch.Tensor, cond_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def caption_rows(self, captions: torch.Tensor, cond_mask: Optional[torch.Tensor],
+                     uncond: Optional[torch.Tensor]) -> torch.Tensor:
+        """The caption embeddings LlamaGen's t2i sampling feeds the model (sample_t2i.py + generate()).
+
+        Padded positions (cond_mask False) are zeroed, as sample_t2i.py does before generate();
+        rows where bool `uncond` [B] is true become the checkpoint's own `uncond_embedding`,
+        unzeroed, as generate() builds its CFG half (the padding mask still applies to them).
+        """
+        if cond_mask is not None:
+            captions = captions * cond_mask[..., None].to(captions.dtype)
+        if uncond is not None:
+            null = self.cls_embedding.uncond_embedding[: self.config.cond_len].to(captions.dtype)
+            captions = torch.where(uncond[:, None, None], null[None], captions)
+        return captions
+
+    def prefill(self, cond: torch.Tensor, cond_mask: Optional[torch.Tensor] = None,
+                uncond: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run the condition tokens.
 
         cond: class ids [B] (c2i) or caption embeddings [B,cond_len,caption_dim] (t2i);
-        cond_mask: optional bool [B,cond_len], False = padded caption token.
+        cond_mask: optional bool [B,cond_len], False = padded caption token (hidden from every
+        later token, LlamaGen's emb_masks); uncond: optional bool [B] (t2i), true = a CFG row
+        that takes `uncond_embedding` instead of its caption (c2i rows carry the null class id).
         Returns logits [B,1,V] and hidden [B,1,dim] of the last condition token (they predict
         image token 0) and present_kv [L,2,B,Hkv,cond_len,D].
         """
+        if self.config.model_type == "t2i":
+            cond = self.caption_rows(cond, cond_mask, uncond)
         h = self.condition_embeddings(cond)
         bsz, length, _ = h.shape
         positions = torch.arange(length, device=h.device)[None].expand(bsz, length)

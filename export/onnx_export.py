@@ -119,6 +119,14 @@ class _PrefillGraph(_WithHead):
         return self._outputs(*self.gpt.prefill(class_ids.long()), mix, uniforms)
 
 
+class _CaptionPrefillGraph(_WithHead):
+    """t2i: captions and their padding mask; `uncond` rows take the checkpoint's uncond_embedding."""
+
+    def forward(self, captions: torch.Tensor, caption_mask: torch.Tensor, uncond: torch.Tensor,
+                mix: torch.Tensor, uniforms: torch.Tensor):
+        return self._outputs(*self.gpt.prefill(captions, caption_mask, uncond), mix, uniforms)
+
+
 class _StepGraph(_WithHead):
     def forward(self, input_ids, positions, attention_mask, past_kv, mix, uniforms):
         return self._outputs(*self.gpt.step(input_ids.long(), positions.long(), attention_mask, past_kv), mix, uniforms)
@@ -156,15 +164,23 @@ def head_outputs(config, window) -> tuple[TensorSpec, ...]:
             TensorSpec("draws", "int32", (IMAGES, window)))
 
 
+def condition_inputs(config) -> tuple[TensorSpec, ...]:
+    """What a prefill graph is conditioned on: class ids (c2i), or caption embeddings, their
+    padding mask (False = padded position) and the CFG rows' flag (t2i)."""
+    if config.model_type == "c2i":
+        return (TensorSpec("class_ids", "int32", (BATCH,)),)
+    return (TensorSpec("captions", "float32", (BATCH, config.cond_len, config.caption_dim)),
+            TensorSpec("caption_mask", "bool", (BATCH, config.cond_len)),
+            TensorSpec("uncond", "bool", (BATCH,)))
+
+
 def prefill_spec(name: str, role: str, config, limits: GraphLimits, opset: int, with_hidden: bool) -> GraphSpec:
-    if config.model_type != "c2i":
-        raise SpecrtError(f"exporting {config.model_type} models is not supported yet (c2i only)")
     outputs = [TensorSpec("logits", "float32", (BATCH, 1, config.vocab_size))]
     if with_hidden:
         outputs.append(TensorSpec("hidden", "float32", (BATCH, 1, config.dim)))
     outputs.append(TensorSpec("present_kv", "float32", _kv_shape(config, BATCH, config.cond_len)))
     return GraphSpec(name=name, file=f"{name}.onnx", role=role, kind="prefill", opset=opset,
-                     inputs=(TensorSpec("class_ids", "int32", (BATCH,)), *head_inputs(1)),
+                     inputs=(*condition_inputs(config), *head_inputs(1)),
                      outputs=(*outputs, *head_outputs(config, 1)), profile=limits.prefill_profile())
 
 
@@ -204,6 +220,13 @@ def _example_inputs(spec: GraphSpec, config, grid: int | None = None) -> tuple[t
         shape = tuple(size[d] if isinstance(d, str) else d for d in t.shape)
         if t.name == "class_ids":
             tensors.append(torch.randint(0, config.num_classes, shape, generator=gen, dtype=torch.int32))
+        elif t.name == "captions":
+            tensors.append(torch.randn(shape, generator=gen))
+        elif t.name == "caption_mask":  # left-padded captions of different lengths, as LlamaGen feeds them
+            lengths = torch.arange(shape[0]) % shape[1] + 1
+            tensors.append(torch.arange(shape[1])[None] >= shape[1] - lengths[:, None])
+        elif t.name == "uncond":
+            tensors.append(torch.arange(shape[0]) % 2 == 1)
         elif t.name == "input_ids":
             tensors.append(torch.randint(0, config.vocab_size, shape, generator=gen, dtype=torch.int32))
         elif t.name == "positions":
@@ -321,10 +344,12 @@ def _stamp_and_check(model, spec: GraphSpec) -> None:
 
 def export_prefill(gpt: nn.Module, role: str, limits: GraphLimits, out_dir: Path, opset: int = DEFAULT_OPSET,
                    with_hidden: bool = True) -> GraphSpec:
-    """Export `<role>_prefill`: class_ids, mix, uniforms -> logits/hidden of the last condition
-    token, its KV, and the head's probs/draws for image token 0."""
+    """Export `<role>_prefill`: the condition (class_ids, or captions + caption_mask + uncond),
+    mix, uniforms -> logits/hidden of the last condition token, the condition's KV, and the
+    head's probs/draws for image token 0."""
     spec = prefill_spec(f"{role}_prefill", role, gpt.config, limits, opset, with_hidden)
-    return _export(_PrefillGraph(gpt, with_hidden), spec, _example_inputs(spec, gpt.config), out_dir)
+    graph = (_PrefillGraph if gpt.config.model_type == "c2i" else _CaptionPrefillGraph)(gpt, with_hidden)
+    return _export(graph, spec, _example_inputs(spec, gpt.config), out_dir)
 
 
 def export_step(gpt: nn.Module, role: str, limits: GraphLimits, out_dir: Path, opset: int = DEFAULT_OPSET,

@@ -13,7 +13,7 @@ import torch
 
 from specrt.errors import SpecrtError
 from specrt.export.bundle import ModelSet
-from specrt.runtime.compatibility import check_compatible, require_class_conditional
+from specrt.runtime.compatibility import check_compatible
 
 
 def demo_models(path: str | Path | None = None) -> ModelSet:
@@ -57,7 +57,8 @@ def checkpoint_image_size(image_size: int | None, target: Path) -> int:
 
 def checkpoint_models(target: Path, draft: Path | None, vq: Path, target_choice: GPTChoice = GPTChoice(),
                       draft_choice: GPTChoice = GPTChoice(flag_prefix="draft-"), vq_arch: str | None = None,
-                      image_size: int | None = None, where: str = "specrt export") -> ModelSet:
+                      image_size: int | None = None, where: str = "specrt export",
+                      text_encoder: Path | None = None) -> ModelSet:
     """LlamaGen checkpoints, read the same way by `specrt export` and `specrt generate`.
 
     Everything in the weights is read from them (sizes, conditioning, the VQ's downsampling
@@ -65,8 +66,9 @@ def checkpoint_models(target: Path, draft: Path | None, vq: Path, target_choice:
     the weights; the grid is image_size ÷ the VQ's own downsampling. Only the VQ decoder is
     loaded. The draft is optional (LlamaGen publishes none; ar, sjd and sjd-pac need none).
     The ModelSet's sampling defaults are the target family's (specrt.runtime.defaults), so
-    the bundle and the PyTorch route sample alike. `where` names the command in the message
-    refusing a t2i checkpoint.
+    the bundle and the PyTorch route sample alike. `where` names the command in messages.
+    t2i: `text_encoder` names a local T5 directory to export into the bundle, tokenising to
+    the GPT's cond_len (LlamaGen: flan-t5-xl, 120 tokens).
     """
     from specrt.export.checkpoints import image_grid, load_gpt, load_vq
 
@@ -79,11 +81,17 @@ def checkpoint_models(target: Path, draft: Path | None, vq: Path, target_choice:
                         flag_prefix=choice.flag_prefix)
 
     target_model = gpt(target, target_choice)
-    require_class_conditional(target_model.config.model_type, f"the target {target.name}", where)
     draft_model = gpt(draft, draft_choice) if draft is not None else None
     check_compatible(target_model.config, draft_model.config if draft_model is not None else None, vq_model.config, where)
+    encoder = None
+    if text_encoder is not None:
+        if target_model.config.model_type != "t2i":
+            raise SpecrtError("--text-encoder goes with text-to-image checkpoints; the target is class-conditional")
+        from specrt.runtime.text import T5TextEncoder
+
+        encoder = T5TextEncoder(text_encoder, max_length=target_model.config.cond_len)
     sources = {"target": str(target), "vq": str(vq), **({"draft": str(draft)} if draft is not None else {})}
-    return ModelSet(target=target_model, draft=draft_model, vq=vq_model, sources=sources)
+    return ModelSet(target=target_model, draft=draft_model, vq=vq_model, sources=sources, text_encoder=encoder)
 
 
 def random_models(arch: str, draft_arch: str, vq_arch: str, image_size: int, seed: int = 0) -> ModelSet:

@@ -2,8 +2,8 @@
 
 The cases are the ones decoding produces: windows of 1, 3, 16 and max_window tokens at
 several committed lengths, a speculative tree (each node sees its ancestors), a CFG batch
-([cond; uncond] rows sharing the image tokens), the prefill with real and null classes and
-the VQ decoder. Graph inputs are named and shaped only from the manifest, so a manifest that
+([cond; uncond] rows sharing the image tokens), the prefill with real and null classes (c2i) or left-padded captions of different
+lengths with CFG rows (t2i), and the VQ decoder. Graph inputs are named and shaped only from the manifest, so a manifest that
 lies fails here too. The reference calls GPT.step / GPT.prefill directly, not the export
 wrappers, then the sampling head (specrt.runtime.head) on their logits.
 
@@ -32,7 +32,9 @@ from specrt.runtime.head import SamplingHead
 # stack whose outputs are pixels in [-1, 1]: 1e-3 is far below one 8-bit level (7.8e-3).
 # probs: the softmax of mix @ logits moves by at most about p·(Σ|mix|)·Δlogit, below the
 # logits' own tolerance for the mixes used here. draws: the count of differing draws.
-TOLERANCES = {"logits": 1e-4, "hidden": 1e-4, "present_kv": 1e-4, "probs": 1e-4, "draws": 0, "image": 1e-3}
+TOLERANCES = {"logits": 1e-4, "hidden": 1e-4, "present_kv": 1e-4, "probs": 1e-4, "draws": 0, "image": 1e-3,
+              "embeddings": 1e-4}
+TEXT_CASES = ("a photo", "A much longer prompt that the tokenizer will have to cut at the caption length " * 4)
 # How far (as a fraction of the CDF's total) a draw's threshold u·total is kept from every CDF
 # boundary. onnxruntime sums the CDF sequentially in float32, torch differently; over 16384
 # probabilities the two sums drift apart by a few 1e-6, so 2e-5 leaves a wide margin.
@@ -267,20 +269,42 @@ def _verify_step(manifest: Manifest, graph: GraphSpec, model, capacity: int, max
                             {"logits": logits, "hidden": hidden, "present_kv": present_kv, **head}, usable)
 
 
+def prefill_cases(config, rng: np.random.Generator) -> Iterator[tuple[str, dict[str, np.ndarray], np.ndarray]]:
+    """(name, condition feeds, mix): real and null classes (c2i); captions of different
+    lengths, left-padded as LlamaGen's sample_t2i.py pads them, with CFG rows (t2i)."""
+    if config.model_type == "c2i":
+        cases = (("class 0", [0], guidance(1)),
+                 (f"CFG s={CFG_SCALE:g} [{config.num_classes - 1}; null]", [config.num_classes - 1, config.num_classes],
+                  guidance(1, CFG_SCALE)),
+                 ("3 classes T=0.5", [1 % config.num_classes, 2 % config.num_classes, 0], guidance(3, None, 0.5)))
+        for name, classes, mix in cases:
+            yield name, {"class_ids": np.array(classes, dtype=np.int32)}, mix
+        return
+    cond_len = config.cond_len
+    for name, lengths, cfg in (("full caption", [cond_len], False),
+                               (f"CFG s={CFG_SCALE:g} captions of lengths 1 and {cond_len}", [1, cond_len], True),
+                               ("3 padded captions T=0.5", [max(cond_len // 2, 1), cond_len, 1], False)):
+        lengths = np.array(lengths)
+        mask = np.arange(cond_len)[None] >= cond_len - lengths[:, None]
+        captions = (rng.standard_normal((len(lengths), cond_len, config.caption_dim)) * mask[..., None]).astype(np.float32)
+        uncond = np.zeros(len(lengths), dtype=bool)
+        if cfg:
+            captions, mask = np.concatenate([captions, captions]), np.concatenate([mask, mask])
+            uncond = np.repeat([False, True], len(lengths))
+        mix = guidance(len(lengths), CFG_SCALE) if cfg else guidance(len(lengths), None, 0.5 if len(lengths) == 3 else 1.0)
+        yield name, {"captions": captions, "caption_mask": mask, "uncond": uncond}, mix
+
+
 def _verify_prefill(manifest: Manifest, graph: GraphSpec, model, seed: int, threads: int) -> Iterator[Comparison]:
     session = _session(manifest.root / graph.file, threads)
-    config = model.config
     rng = np.random.default_rng(seed + 3)
-    cases = (("class 0", [0], guidance(1)),
-             (f"CFG s={CFG_SCALE:g} [{config.num_classes - 1}; null]", [config.num_classes - 1, config.num_classes],
-              guidance(1, CFG_SCALE)),
-             ("3 classes T=0.5", [1 % config.num_classes, 2 % config.num_classes, 0], guidance(3, None, 0.5)))
-    for name, classes, mix in cases:
-        class_ids = np.array(classes, dtype=np.int32)
+    for name, condition, mix in prefill_cases(model.config, rng):
+        args = [torch.from_numpy(condition[key]) for key in ("class_ids", "captions", "caption_mask", "uncond")
+                if key in condition]
         with torch.no_grad():
-            logits, hidden, present_kv = model.prefill(torch.from_numpy(class_ids).long())
+            logits, hidden, present_kv = model.prefill(args[0].long() if "class_ids" in condition else args[0], *args[1:])
             uniforms, head, usable = head_reference(logits, mix, rng)
-        got = session.run(list(graph.output_names), {"class_ids": class_ids, "mix": mix, "uniforms": uniforms})
+        got = session.run(list(graph.output_names), {**condition, "mix": mix, "uniforms": uniforms})
         yield from _compare(graph, name, got, {"logits": logits, "hidden": hidden, "present_kv": present_kv, **head},
                             usable)
 
@@ -297,6 +321,16 @@ def _verify_vq(manifest: Manifest, graph: GraphSpec, vq, seed: int, threads: int
         yield from _compare(graph, f"batch {batch}", got, {"image": image})
 
 
+def _verify_text(manifest: Manifest, graph: GraphSpec, encoder, threads: int) -> Iterator[Comparison]:
+    """The text encoder graph on a short and a truncated prompt, tokenised by the encoder itself."""
+    session = _session(manifest.root / graph.file, threads)
+    ids, mask = encoder.tokenize(TEXT_CASES)
+    got = session.run(list(graph.output_names), {"input_ids": ids.astype(np.int32), "attention_mask": mask.astype(np.int32)})
+    with torch.no_grad():
+        expected = encoder.model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).last_hidden_state
+    yield from _compare(graph, f"{len(TEXT_CASES)} prompts", got, {"embeddings": expected})
+
+
 def verify_bundle(bundle: str | Path | Manifest, models: ModelSet, seed: int = 0, threads: int = 2) -> VerifyReport:
     """Run every graph of the bundle in onnxruntime CPU and compare with `models` in torch."""
     manifest = bundle if isinstance(bundle, Manifest) else read_manifest(bundle)
@@ -305,6 +339,9 @@ def verify_bundle(bundle: str | Path | Manifest, models: ModelSet, seed: int = 0
     for name, graph in manifest.graphs.items():
         if graph.role == "vq":
             comparisons += _verify_vq(manifest, graph, models.vq, seed, threads)
+            continue
+        if graph.role == "text":
+            comparisons += _verify_text(manifest, graph, models.text_encoder, threads)
             continue
         model = models.target if graph.role == "target" else models.draft
         capacity = int(manifest.models[graph.role]["capacity"])

@@ -17,7 +17,8 @@ from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.manifest import GraphSpec, Manifest, TensorSpec, rows_for_images
 
-MODEL_INTS = ("vocab_size", "grid_size", "num_classes", "n_layer", "n_kv_head", "head_dim", "capacity")
+MODEL_INTS = ("vocab_size", "grid_size", "n_layer", "n_kv_head", "head_dim", "capacity")
+CONDITION_INT = {"c2i": "num_classes", "t2i": "caption_dim"}  # what a model is conditioned on
 VQ_INTS = ("codebook_size", "downsample", "grid_size")
 # onnxruntime's type strings -> the manifest's numpy dtype names
 ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
@@ -34,11 +35,10 @@ def _entry(manifest: Manifest, role: str) -> dict[str, Any]:
 def model_numbers(manifest: Manifest, role: str) -> dict[str, int]:
     """The integer facts of models.<role>, each checked to be a positive integer."""
     entry = _entry(manifest, role)
+    model_type = "c2i"
     if role != "vq" and "model_type" in entry:
-        validation.choice(f"manifest models.{role}.model_type", entry["model_type"], ("c2i", "t2i"))
-    keys = VQ_INTS if role == "vq" else MODEL_INTS
-    if entry.get("model_type") == "t2i":  # text-conditional: no class table
-        keys = tuple(key for key in keys if key != "num_classes")
+        model_type = validation.choice(f"manifest models.{role}.model_type", entry["model_type"], ("c2i", "t2i"))
+    keys = VQ_INTS if role == "vq" else (*MODEL_INTS, CONDITION_INT[model_type])
     numbers = {key: validation.integer(f"manifest models.{role}.{key}", entry.get(key), low=1, strings=False) for key in keys}
     if role != "vq":
         numbers["cond_len"] = validation.integer(f"manifest models.{role}.cond_len", entry.get("cond_len", 1), low=1,
@@ -82,6 +82,9 @@ def _check_model_graphs(manifest: Manifest, role: str, facts: dict[str, int], li
             _expect(graph, present, axis, want, source)
         if kind == "prefill":
             _expect(graph, present, 4, facts["cond_len"], f"{src}.cond_len")
+            if "caption_dim" in facts:
+                _expect(graph, graph.input("captions"), 1, facts["cond_len"], f"{src}.cond_len")
+                _expect(graph, graph.input("captions"), 2, facts["caption_dim"], f"{src}.caption_dim")
             continue
         for axis, want, source in kv_axes + [(4, "cache_len", "the contract's cache axis")]:
             _expect(graph, graph.input("past_kv"), axis, want, source)
@@ -120,7 +123,7 @@ def check_manifest(manifest: Manifest) -> dict[str, int]:
     _check_model_graphs(manifest, "target", target, limits)
     if "draft_step" in manifest.graphs or "draft_prefill" in manifest.graphs:
         draft = model_numbers(manifest, "draft")
-        for key in ("vocab_size", "grid_size", "num_classes", "cond_len"):
+        for key in ("vocab_size", "grid_size", "num_classes", "caption_dim", "cond_len"):
             if draft.get(key) != target.get(key):
                 raise SpecrtError(f"bundle: models.draft.{key} is {draft.get(key)} but models.target.{key} is "
                                   f"{target.get(key)}")

@@ -45,16 +45,20 @@ def require_class_conditional(model_type: str, what: str, where: str) -> None:
 def check_compatible(target: Any, draft: Optional[Any], vq: Any, where: str) -> None:
     """Target, optional draft and VQ configs (GPTConfig / VQConfig attributes) can run together.
 
-    The draft must speak the target's token language and the VQ must decode it; the GPTs
-    must be class-conditional (the only conditioning `where` supports today).
+    The draft must speak the target's token language, take the same condition (class ids,
+    or captions of the same length and width) and the VQ must decode the tokens.
     """
-    require_class_conditional(target.model_type, "the target", where)
+    if target.model_type not in (CLASS_CONDITIONAL, TEXT_CONDITIONAL):
+        raise SpecrtError(f"{where} runs c2i and t2i models; the target is {target.model_type!r}")
     if draft is not None:
-        require_class_conditional(draft.model_type, "the draft", where)
+        if draft.model_type != target.model_type:
+            raise SpecrtError(f"the draft is {draft.model_type} but the target is {target.model_type}: "
+                              "both must take the same condition")
+        condition = (("number of classes", target.num_classes, draft.num_classes) if target.model_type == CLASS_CONDITIONAL
+                     else ("caption dim", target.caption_dim, draft.caption_dim))
         for name, t_value, d_value in (("vocab size", target.vocab_size, draft.vocab_size),
                                        ("grid size", target.grid_size, draft.grid_size),
-                                       ("condition length", target.cond_len, draft.cond_len),
-                                       ("number of classes", target.num_classes, draft.num_classes)):
+                                       ("condition length", target.cond_len, draft.cond_len), condition):
             if t_value != d_value:
                 raise SpecrtError(f"draft {name} {d_value} != target {name} {t_value}: "
                                   "the draft must share the target's tokenizer")

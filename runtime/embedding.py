@@ -65,10 +65,27 @@ def parse_params(params_json: str | None) -> dict[str, Any]:
 def generate_rgb8(pipe: Any, class_ids: list[int], method: str, params_json: str | None,
                   seed: int) -> tuple[bytes, dict[str, float]]:
     """Generate images; return their RGB8 bytes (image after image) and the call's statistics."""
+    return _rgb8(pipe.generate(list(class_ids), method=method, seed=int(seed), **_params(params_json)))
+
+
+def generate_rgb8_prompts(pipe: Any, prompts: list[bytes], method: str, params_json: str | None,
+                          seed: int) -> tuple[bytes, dict[str, float]]:
+    """generate_rgb8 for a t2i bundle: one image per UTF-8 prompt, through the bundle's text encoder."""
+    try:
+        texts = [p.decode("utf-8") for p in prompts]
+    except UnicodeDecodeError as exc:
+        raise SpecrtError(f"prompt is not valid UTF-8 (byte {exc.start})") from None
+    return _rgb8(pipe.generate(prompts=texts, method=method, seed=int(seed), **_params(params_json)))
+
+
+def _params(params_json: str | None) -> dict[str, Any]:
     params = parse_params(params_json)
     if "decode" in params:
         raise SpecrtError("params_json: 'decode' is not a parameter here; specrt_generate always returns pixels")
-    result = pipe.generate(list(class_ids), method=method, seed=int(seed), **params)
+    return params
+
+
+def _rgb8(result: Any) -> tuple[bytes, dict[str, float]]:
     pixels = np.ascontiguousarray(result.images, dtype=np.uint8)
     stats = result.stats.as_dict() if hasattr(result.stats, "as_dict") else dict(result.stats)
     return pixels.tobytes(), {name: float(stats.get(name, 0.0)) for name in STATS_FIELDS}

@@ -4,6 +4,8 @@
     pipe = Pipeline.from_torch(target_gpt, draft_gpt, vq)  # PyTorch modules (CPU or CUDA)
     result = pipe.generate([207, 360], method="cool-sd", seed=0, relaxation_budget=2.0)
     result.images  # uint8 [N, H, W, 3]; result.tokens [N, grid, grid]; result.stats.summary()
+    pipe.generate(prompts=["a thick seven"])               # t2i: through the pipeline's text encoder
+    pipe.generate(captions=(embeddings, mask))             # t2i: precomputed caption embeddings
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.runtime.compatibility import check_compatible
 from specrt.runtime.defaults import as_dict, defaults_of
+from specrt.runtime.conditions import Conditions
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Decoding, Method, make_method
 from specrt.runtime.methods.base import OneImageAtATime
 from specrt.runtime.methods.speculative import Lantern
@@ -56,8 +59,9 @@ class Pipeline:
 
     def __init__(self, target: ModelRunner, vq: VQDecoder, draft: Optional[ModelRunner] = None,
                  neighbours: Optional[np.ndarray] = None, sampling_defaults: Optional[dict] = None,
-                 max_images: Optional[int] = None):
+                 max_images: Optional[int] = None, text_encoder: Any = None):
         self.target, self.draft, self.vq = target, draft, vq
+        self.text_encoder = text_encoder  # t2i: a runtime.text.TextEncoder for `prompts`
         self.neighbours = neighbours
         self.sampling_defaults = dict(sampling_defaults or {})
         self.max_images = max_images  # images decoded together (a bundle's `export --max-batch`); None: any
@@ -99,7 +103,7 @@ class Pipeline:
     def from_torch(cls, target_gpt: Any, draft_gpt: Any, vq: Any, neighbours: Optional[np.ndarray] = None,
                    max_window: int = DEFAULT_MAX_WINDOW, device: Optional[str] = None,
                    sampling_defaults: Optional[SamplingParams] = None, cuda_graphs: Optional[bool] = None,
-                   threads: Optional[int] = None) -> "Pipeline":
+                   threads: Optional[int] = None, text_encoder: Any = None) -> "Pipeline":
         """PyTorch GPT modules (specrt.export.llamagen_gpt.GPT) and a VQModel or VQDecoder;
         draft may be None. The three must fit together (runtime.compatibility): one line if not.
 
@@ -109,6 +113,7 @@ class Pipeline:
         `cuda_graphs` (default: on for CUDA) replays each window size's step as a CUDA graph.
         `threads`: torch's intra-op threads, as from_bundle's for onnxruntime (torch's setting
         is process-wide; None leaves it as it is, by default one per core).
+        `text_encoder` (t2i) turns prompts into caption embeddings (runtime.text).
         """
         from specrt.runtime.backends.torch_backend import TorchRunner, TorchVQ
         max_window = validation.count("max_window", max_window)
@@ -121,7 +126,8 @@ class Pipeline:
         if neighbours is None:
             neighbours = TorchVQ.neighbours_of(vq)
         defaults = sampling_defaults or defaults_of(target_gpt)
-        return cls(target, TorchVQ(vq, device), draft, neighbours=neighbours, sampling_defaults=as_dict(defaults))
+        return cls(target, TorchVQ(vq, device), draft, neighbours=neighbours, sampling_defaults=as_dict(defaults),
+                   text_encoder=text_encoder)
 
     @property
     def image_size(self) -> tuple[int, int]:
@@ -131,22 +137,58 @@ class Pipeline:
 
     # ---- generation ----------------------------------------------------------------------------
 
-    def generate(self, class_ids: Sequence[int] | int, method: str | Method = "ar", seed: int = 0,
-                 decode: bool = True, **params: Any) -> GenerationResult:
-        """Images for `class_ids` with a decoding method; `params` mix sampling keys
-        (cfg_scale, temperature, top_k, top_p) and the method's own parameters. A Method
-        instance may be passed instead of a name (tests inject deliberately broken variants).
+    def conditions(self, class_ids: Sequence[int] | int | None = None, prompts: Sequence[str] | str | None = None,
+                   captions: Any = None) -> Conditions:
+        """What to condition on, checked against the model: class ids (c2i); prompts, through the
+        text encoder, or caption embeddings (t2i) — [N, L, D], (embeddings, mask) as a T5
+        encoder returns them, or ready Conditions."""
+        spec = self.target.spec
+        given = [name for name, value in (("class ids", class_ids), ("prompts", prompts), ("captions", captions))
+                 if value is not None]
+        if len(given) != 1:
+            want = "class ids" if spec.model_type == "c2i" else "prompts or caption embeddings"
+            raise SpecrtError(f"give {want}" + (f", not {' and '.join(given)}" if given else ""))
+        if spec.model_type == "c2i":
+            if class_ids is None:
+                raise SpecrtError(f"this model is class-conditional: give class ids, not {given[0]}")
+            return Conditions.of_classes(validation.class_ids(class_ids, spec.num_classes))
+        if class_ids is not None:
+            raise SpecrtError("this model is text-to-image: give prompts or caption embeddings, not class ids")
+        if prompts is not None:
+            prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+            if not prompts:
+                raise SpecrtError("no prompts given")
+            if self.text_encoder is None:
+                raise SpecrtError("this pipeline has no text encoder: pass caption embeddings, or a bundle "
+                                  "exported with --text-encoder")
+            captions = self.text_encoder.encode(prompts)
+        if isinstance(captions, Conditions):
+            rows = captions
+        else:
+            embeddings, mask = captions if isinstance(captions, tuple) else (captions, None)
+            rows = Conditions.of_captions(embeddings, mask, cond_len=spec.cond_len)
+        if rows.captions.shape[1:] != (spec.cond_len, spec.caption_dim):
+            raise SpecrtError(f"caption embeddings are {rows.captions.shape[2]}-dimensional; this model takes "
+                              f"{spec.caption_dim}-dimensional ones")
+        return rows
+
+    def generate(self, class_ids: Sequence[int] | int | None = None, method: str | Method = "ar", seed: int = 0,
+                 decode: bool = True, *, prompts: Sequence[str] | str | None = None, captions: Any = None,
+                 **params: Any) -> GenerationResult:
+        """Images for `class_ids` (c2i) or `prompts` / `captions` (t2i, see `conditions`) with a
+        decoding method; `params` mix sampling keys (cfg_scale, temperature, top_k, top_p) and
+        the method's own parameters. A Method instance may be passed instead of a name (tests
+        inject deliberately broken variants).
         decode=False skips the VQ decoder (result.images is None): for users with their own
         decoder, or timing token generation alone; the tokens are the same either way.
         Thread-safe: concurrent calls on one Pipeline are serialised (see __init__)."""
         decode = validation.flag("decode", decode)
         with self._generate_lock:
-            return self._generate(class_ids, method, seed, decode, **params)
+            return self._generate(self.conditions(class_ids, prompts, captions), method, seed, decode, **params)
 
-    def _generate(self, class_ids: Sequence[int] | int, method: str | Method, seed: int, decode: bool,
+    def _generate(self, conditions: Conditions, method: str | Method, seed: int, decode: bool,
                   **params: Any) -> GenerationResult:
         spec = self.target.spec
-        class_ids = np.asarray(validation.class_ids(class_ids, spec.num_classes), dtype=np.int64)
         seed = validation.seed(seed)
         # explicit keys override the defaults one by one; None means "the default" on every path
         explicit = {k: v for k in SAMPLING_KEYS if k in params and (v := params.pop(k)) is not None}
@@ -169,7 +211,7 @@ class Pipeline:
 
         stats = Stats()
         start = time.perf_counter()
-        images_per_pass = 1 if isinstance(decoder, OneImageAtATime) else len(class_ids)
+        images_per_pass = 1 if isinstance(decoder, OneImageAtATime) else len(conditions)
         if self.max_images and images_per_pass > self.max_images:
             raise SpecrtError(f"{images_per_pass} images in one call; this bundle takes at most {self.max_images} "
                               f"(exported with --max-batch {self.max_images}): generate in calls of "
@@ -182,9 +224,9 @@ class Pipeline:
             runner.reset_counters()
         ctx = Decoding(self.target, self.draft if decoder.needs_draft else None, sampling,
                        np.random.default_rng(seed), stats)
-        tokens = decoder.generate(ctx, class_ids)
+        tokens = decoder.generate(ctx, conditions)
 
-        tokens = tokens.reshape(len(class_ids), spec.grid_size, spec.grid_size)
+        tokens = tokens.reshape(len(conditions), spec.grid_size, spec.grid_size)
         images = None
         if decode:
             with stats.timing("vq_decode"):

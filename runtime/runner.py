@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from specrt.errors import SpecrtError
+from specrt.runtime.conditions import Conditions, as_conditions
 from specrt.runtime.window import Window, fill_step_inputs
 
 
@@ -27,8 +28,10 @@ class ModelSpec:
 
     vocab_size: int
     grid_size: int
-    num_classes: int
+    num_classes: int = 0       # c2i
     cond_len: int = 1
+    model_type: str = "c2i"    # or "t2i"
+    caption_dim: int = 0       # t2i
 
     @property
     def null_class(self) -> int:
@@ -88,6 +91,7 @@ class ModelRunner(ABC):
         self.host_numbers = 0
         self._ids = self._positions = self._mask = self._uniforms = np.zeros(0)
         self.mix = np.zeros((0, 0), dtype=np.float32)
+        self._caption_mask: np.ndarray | None = None  # t2i: bool [B, cond_len] of the last prefill
 
     # ---- hooks a backend implements -----------------------------------------------------
 
@@ -96,8 +100,9 @@ class ModelRunner(ABC):
         """Allocate the KV buffer (and any output buffers) for this batch and capacity."""
 
     @abstractmethod
-    def _prefill(self, class_ids: np.ndarray, uniforms: np.ndarray) -> StepOutput:
-        """Run the condition tokens, write their KV rows at [0, cond_len); the head's output [I,1,V]."""
+    def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
+        """Run the condition tokens of `rows` (feeds() by graph input name), write their KV rows
+        at [0, cond_len); the head's output [I,1,V]."""
 
     @abstractmethod
     def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray) -> StepOutput:
@@ -148,13 +153,18 @@ class ModelRunner(ABC):
         view[...] = uniforms
         return view
 
-    def prefill(self, class_ids: np.ndarray, uniforms: np.ndarray) -> StepOutput:
-        """Condition tokens -> the head's output for image token 0 [I,1,V]; their KV rows are committed."""
-        class_ids = np.asarray(class_ids, dtype=np.int32)
-        if class_ids.shape != (self.batch,):
-            raise ValueError(f"prefill expects {self.batch} class ids, got shape {class_ids.shape}")
+    def prefill(self, rows: Conditions | np.ndarray, uniforms: np.ndarray) -> StepOutput:
+        """Condition tokens (Conditions, or class ids) -> the head's output for image token 0 [I,1,V]; their KV rows are
+        committed, and a t2i caption mask hides padded caption rows from every later step."""
+        rows = as_conditions(rows)
+        if len(rows) != self.batch:
+            raise ValueError(f"prefill expects {self.batch} condition rows, got {len(rows)}")
+        if rows.is_caption != (self.spec.model_type == "t2i"):
+            want = "caption embeddings" if self.spec.model_type == "t2i" else "class ids"
+            raise SpecrtError(f"this is a {self.spec.model_type} model: it is conditioned on {want}")
+        self._caption_mask = rows.caption_mask
         start = time.perf_counter()
-        out = self._prefill(class_ids, self._uniform_view(uniforms, 1))
+        out = self._prefill(rows, self._uniform_view(uniforms, 1))
         self.forward_seconds += time.perf_counter() - start
         self.forwards += 1
         self.length = self.spec.cond_len
@@ -177,7 +187,7 @@ class ModelRunner(ABC):
         ids = self._ids[: self.batch * size].reshape(self.batch, size)
         positions = self._positions[: self.batch * size].reshape(self.batch, size)
         mask = self._mask[: self.batch * size * total].reshape(self.batch, size, total)
-        fill_step_inputs(window, self.length, self.capacity, ids, positions, mask)
+        fill_step_inputs(window, self.length, self.capacity, ids, positions, mask, self._caption_mask)
         if row_ids is not None:
             ids[:] = row_ids
         uniforms = self._uniform_view(uniforms, size)

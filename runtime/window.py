@@ -88,14 +88,17 @@ def _chain_parts(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def fill_step_inputs(window: Window, length: int, capacity: int, ids: np.ndarray, positions: np.ndarray,
-                     mask: np.ndarray) -> None:
+                     mask: np.ndarray, caption_mask: np.ndarray | None = None) -> None:
     """Write one window's inputs, identical in every batch row, into caller-owned buffers.
 
-    ids, positions: [B, W]; mask: bool [B, W, capacity + W] (cache columns, then window slots).
+    ids, positions: [B, W]; mask: bool [B, W, capacity + W] (cache columns, then window slots);
+    caption_mask: bool [B, cond_len] (t2i), the padded caption columns each row never sees.
     """
     size = len(window)
     ids[:] = window.ids
     np.add(window.depths(), length, out=positions[:])
     mask[:, :, :length] = True
+    if caption_mask is not None:
+        mask[:, :, :caption_mask.shape[1]] = caption_mask[:, None, :]
     mask[:, :, length:capacity] = False
     mask[:, :, capacity:capacity + size] = window.ancestry()

@@ -21,8 +21,8 @@ FORMAT = "specrt-bundle"
 # step graph ends in the sampling head (inputs mix, uniforms; outputs probs, draws).
 VERSION = 2
 MANIFEST_NAME = "manifest.json"
-ROLES = ("target", "draft", "vq")
-KINDS = ("prefill", "step", "decode")
+ROLES = ("target", "draft", "vq", "text")
+KINDS = ("prefill", "step", "decode", "encode")
 DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "bool")
 # The sampling head every prefill and step graph ends in (docs/contracts.md, "Sampling head"):
 # name -> dtype of the inputs it adds and the outputs it appends.

@@ -21,6 +21,7 @@ from specrt.errors import SpecrtError
 from specrt.lazy import require
 from specrt.manifest import GraphSpec, Manifest, read_manifest
 from specrt.runtime.bundle_check import check_manifest, check_session, load_neighbours
+from specrt.runtime.conditions import Conditions
 from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, slot_index
 
 Providers = Union[None, Sequence[Any], Callable[[str], Sequence[Any]]]
@@ -28,7 +29,7 @@ HEAD_INPUTS = ("mix", "uniforms")
 HEAD_OUTPUTS = ("probs", "draws")
 STEP_INPUTS = ("input_ids", "positions", "attention_mask", "past_kv", *HEAD_INPUTS)
 STEP_OUTPUTS = ("present_kv", *HEAD_OUTPUTS)
-PREFILL_INPUTS = ("class_ids", *HEAD_INPUTS)
+CONDITION_INPUTS = {"c2i": ("class_ids",), "t2i": ("captions", "caption_mask", "uncond")}
 
 
 def _ort():
@@ -70,9 +71,13 @@ def _check_io(spec: GraphSpec, inputs: Sequence[str], outputs: Sequence[str]) ->
 
 
 def model_spec(entry: dict[str, Any]) -> ModelSpec:
-    """The runtime's view of a manifest 'models.<role>' entry."""
+    """The runtime's view of a manifest 'models.<role>' entry (any backend's)."""
+    model_type = entry.get("model_type", "c2i")
+    if model_type not in CONDITION_INPUTS:
+        raise SpecrtError(f"this specrt runs c2i and t2i models; the bundle's is {model_type!r}")
     return ModelSpec(vocab_size=int(entry["vocab_size"]), grid_size=int(entry["grid_size"]),
-                     num_classes=int(entry["num_classes"]), cond_len=int(entry.get("cond_len", 1)))
+                     num_classes=int(entry.get("num_classes", 0)), cond_len=int(entry.get("cond_len", 1)),
+                     model_type=model_type, caption_dim=int(entry.get("caption_dim", 0)))
 
 
 class OrtRunner(ModelRunner):
@@ -84,7 +89,7 @@ class OrtRunner(ModelRunner):
         self.ort = _ort()
         self.role = role
         self.prefill_spec, self.step_spec = manifest.graph(f"{role}_prefill"), manifest.graph(f"{role}_step")
-        _check_io(self.prefill_spec, PREFILL_INPUTS, STEP_OUTPUTS)
+        _check_io(self.prefill_spec, (*CONDITION_INPUTS[self.spec.model_type], *HEAD_INPUTS), STEP_OUTPUTS)
         _check_io(self.step_spec, STEP_INPUTS, STEP_OUTPUTS)
         self.bundle_capacity = int(entry["capacity"])
         self.kv_dtype = np.dtype(self.step_spec.input("past_kv").dtype)
@@ -126,9 +131,10 @@ class OrtRunner(ModelRunner):
         probs = self._probs[parity][: count * self.spec.vocab_size].reshape(self.images, size, self.spec.vocab_size)
         return probs, self._draws[parity][:count].reshape(self.images, size)
 
-    def _prefill(self, class_ids: np.ndarray, uniforms: np.ndarray) -> StepOutput:
-        feeds = {"class_ids": class_ids.astype(np.dtype(self.prefill_spec.input("class_ids").dtype)),
-                 "mix": self.mix, "uniforms": uniforms}
+    def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
+        feeds = {name: value.astype(np.dtype(self.prefill_spec.input(name).dtype), copy=False)
+                 for name, value in rows.feeds().items()}
+        feeds.update(mix=self.mix, uniforms=uniforms)
         present, probs, draws = self.prefill_session.run(list(STEP_OUTPUTS), feeds)
         self._kv[:, :, :, :, : present.shape[4]] = present
         return StepOutput(probs, draws)
@@ -176,11 +182,14 @@ class OrtVQ(VQDecoder):
 
 def bundle_companions(manifest: Manifest) -> dict[str, Any]:
     """What a Pipeline takes from a bundle besides its runners: LANTERN's neighbour table, the
-    models' sampling defaults and the images-per-call limit (the same for every backend)."""
+    models' sampling defaults, the images-per-call limit and a t2i bundle's text encoder
+    (onnxruntime on the CPU: it runs once per prompt; the same for every backend)."""
+    from specrt.runtime.text import text_encoder_from_manifest
+
     limits = check_manifest(manifest)  # every number of the manifest checked before anything runs
     neighbours = load_neighbours(manifest, int(manifest.models["target"]["vocab_size"]))
     return {"neighbours": neighbours, "sampling_defaults": dict(manifest.sampling_defaults),
-            "max_images": limits["max_images"]}
+            "max_images": limits["max_images"], "text_encoder": text_encoder_from_manifest(manifest)}
 
 
 def pipeline_parts_from_bundle(path: str | Path, providers: Providers = None,

@@ -23,6 +23,7 @@ import numpy as np
 
 from specrt.export.neighbours import DEFAULT_K, codebook_neighbours, neighbour_count
 from specrt.lazy import require
+from specrt.runtime.conditions import Conditions
 from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, slot_index
 
 
@@ -98,7 +99,8 @@ def model_spec(gpt: Any) -> ModelSpec:
     """The runtime's view of a specrt.export GPT (GPTConfig field names)."""
     cfg = gpt.config
     return ModelSpec(vocab_size=cfg.vocab_size, grid_size=cfg.grid_size, num_classes=cfg.num_classes,
-                     cond_len=cfg.cond_len)
+                     cond_len=cfg.cond_len, model_type=cfg.model_type,
+                     caption_dim=cfg.caption_dim if cfg.model_type == "t2i" else 0)
 
 
 class TorchRunner(ModelRunner):
@@ -176,11 +178,15 @@ class TorchRunner(ModelRunner):
         self.host_numbers += draws.size
         return StepOutput(DeviceRows(probs, self) if self.keep_rows_on_device else probs.numpy(), draws)
 
-    def _prefill(self, class_ids: np.ndarray, uniforms: np.ndarray) -> StepOutput:
+    def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
         torch = self.torch
         with torch.inference_mode():
-            cond = torch.from_numpy(class_ids.astype(np.int64)).to(self.device)
-            logits, _hidden, present = self.gpt.prefill(cond)
+            if rows.is_caption:
+                args = (torch.from_numpy(rows.captions).to(self.device, self.dtype),
+                        torch.from_numpy(rows.caption_mask).to(self.device), torch.from_numpy(rows.uncond).to(self.device))
+            else:
+                args = (torch.from_numpy(rows.class_ids.astype(np.int64)).to(self.device),)
+            logits, _hidden, present = self.gpt.prefill(*args)
             self._kv[:, :, :, :, : present.shape[4]] = present.to(self.dtype)
             return self._head(logits, uniforms)
 

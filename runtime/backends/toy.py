@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from specrt.lazy import require
+from specrt.runtime.conditions import Conditions
 from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder
 
 
@@ -68,11 +69,13 @@ class ToyRunner(ModelRunner):
     def kv_buffer(self) -> np.ndarray:
         return self._kv
 
-    def _prefill(self, class_ids: np.ndarray, uniforms: np.ndarray) -> StepOutput:
-        self._kv[:, 0] = class_ids
+    def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
         out = self._out[:, :1]
-        for b, cls in enumerate(class_ids):
-            out[b, 0] = self.lm.logits((int(cls),))
+        for b in range(self.batch):
+            condition = caption_tokens(rows, b) if rows.is_caption else (int(rows.class_ids[b]),)
+            self._kv[b, :len(condition)] = condition
+            visible = rows.caption_mask[b] if rows.is_caption else np.ones(1, dtype=bool)
+            out[b, 0] = self.lm.logits(tuple(np.asarray(condition)[visible].tolist()))
         return head_rows(out, self.mix, uniforms)
 
     def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray) -> StepOutput:
@@ -86,15 +89,27 @@ class ToyRunner(ModelRunner):
             seen = np.where(column < cap, self._kv[b, np.minimum(column, cap - 1)], ids[b, np.maximum(column - cap, 0)])
             ends = np.cumsum(np.bincount(slot, minlength=size))
             seen, ends, starts = seen.tolist(), ends.tolist(), [0, *ends[:-1].tolist()]
+            hidden = int(np.count_nonzero(~mask[b, 0, :self.spec.cond_len]))  # padded caption columns
             for w in range(size):
                 context = tuple(seen[starts[w]:ends[w]])
-                if positions[b, w] != len(context) - 1:
+                if positions[b, w] != hidden + len(context) - 1:
                     raise AssertionError(f"slot {w} at position {positions[b, w]} sees {len(context)} tokens")
                 out[b, w] = self.lm.logits(context)
         return head_rows(out, self.mix, uniforms)
 
     def _write_kv(self, slots: Sequence[int], start: int) -> None:
         self._kv[:, start:start + len(slots)] = self._present[:, slots]
+
+
+UNCOND_TOKEN = 9  # the toy's uncond_embedding: a caption of this token at every position
+
+
+def caption_tokens(rows: Conditions, row: int) -> tuple[int, ...]:
+    """A toy caption: its embeddings' first channel read as (non-negative) token ids; an uncond
+    row is the caption of UNCOND_TOKEN at every position."""
+    if rows.uncond[row]:
+        return (UNCOND_TOKEN,) * rows.captions.shape[1]
+    return tuple(int(round(v)) for v in rows.captions[row, :, 0])
 
 
 class ToyVQ(VQDecoder):
@@ -111,9 +126,13 @@ class ToyVQ(VQDecoder):
 
 
 def toy_models(vocab_size: int = 3, grid_size: int = 2, num_classes: int = 2, seed: int = 0,
-               draft_noise: float = 1.0, max_window: int = 16, scale: float = 1.5) -> tuple[ToyRunner, ToyRunner, ToyVQ]:
-    """A (target, draft, vq) toy family sharing one spec; `scale` sharpens the target's rows."""
-    spec = ModelSpec(vocab_size=vocab_size, grid_size=grid_size, num_classes=num_classes)
+               draft_noise: float = 1.0, max_window: int = 16, scale: float = 1.5,
+               caption_len: int = 0) -> tuple[ToyRunner, ToyRunner, ToyVQ]:
+    """A (target, draft, vq) toy family sharing one spec; `scale` sharpens the target's rows;
+    caption_len > 0 makes it text-to-image (captions of up to caption_len tokens, caption_tokens),
+    else class-conditional."""
+    spec = (ModelSpec(vocab_size=vocab_size, grid_size=grid_size, cond_len=caption_len, model_type="t2i", caption_dim=1)
+            if caption_len else ModelSpec(vocab_size=vocab_size, grid_size=grid_size, num_classes=num_classes))
     target_lm = ToyLM(vocab_size, seed, scale=scale)
     draft_lm = ToyLM(vocab_size, seed + 1, base=target_lm, noise=draft_noise)
     return (ToyRunner(target_lm, spec, max_window), ToyRunner(draft_lm, spec, max_window), ToyVQ(vocab_size))

@@ -92,6 +92,58 @@ specrt_status fail_from_python(py::error_already_set &err) {
 
 py::module_ embedding_module() { return py::module_::import("specrt.runtime.embedding"); }
 
+// The shared body of specrt_generate and specrt_generate_prompts: check the buffers, call
+// `function` of specrt.runtime.embedding with (pipe, conditions, method, params, seed), copy
+// the pixels and statistics back.
+template <typename Conditions>
+specrt_status generate_with(const char *name, const char *function, specrt_pipeline *pipe, const Conditions &conditions,
+                            size_t n, const char *method, const char *params_json, uint64_t seed, uint8_t *pixels,
+                            size_t pixels_size, specrt_stats *stats) {
+    if (n == 0) {
+        return fail(SPECRT_ERR_INVALID_ARGUMENT, std::string(name) + ": n must be at least 1");
+    }
+    const size_t image_bytes = static_cast<size_t>(pipe->height) * static_cast<size_t>(pipe->width) * 3;
+    if (image_bytes == 0 || n > SIZE_MAX / image_bytes) {  // n * image_bytes would wrap around
+        return fail(SPECRT_ERR_INVALID_ARGUMENT, "specrt_generate: n = " + std::to_string(n) + " images cannot fit in memory");
+    }
+    const size_t needed = n * image_bytes;
+    if (pixels_size < needed) {
+        return fail(SPECRT_ERR_BUFFER_TOO_SMALL, std::string(name) + ": pixel buffer holds " + std::to_string(pixels_size) +
+                                                     " bytes, " + std::to_string(needed) + " needed");
+    }
+    std::lock_guard<std::mutex> guard(call_lock);
+    py::gil_scoped_acquire gil;
+    try {
+        py::object params = params_json ? py::object(py::str(params_json)) : py::object(py::none());
+        py::tuple result = embedding_module().attr(function)(pipe->pipe, conditions(), method, params, seed);
+        std::string bytes = result[0].cast<std::string>();
+        if (bytes.size() != needed) {
+            return fail(SPECRT_ERR_INTERNAL, std::string(name) + ": runtime returned " + std::to_string(bytes.size()) +
+                                                 " bytes, expected " + std::to_string(needed));
+        }
+        std::memcpy(pixels, bytes.data(), needed);
+        if (stats != nullptr) {
+            py::dict s = result[1];
+            stats->tokens = static_cast<int64_t>(s["tokens"].cast<double>());
+            stats->target_forwards = static_cast<int64_t>(s["target_forwards"].cast<double>());
+            stats->draft_forwards = static_cast<int64_t>(s["draft_forwards"].cast<double>());
+            stats->mean_accepted_length = s["mean_accepted_length"].cast<double>();
+            stats->seconds_total = s["seconds_total"].cast<double>();
+            stats->seconds_target = s["seconds_target"].cast<double>();
+            stats->seconds_draft = s["seconds_draft"].cast<double>();
+            stats->seconds_verify = s["seconds_verify"].cast<double>();
+            stats->seconds_cache = s["seconds_cache"].cast<double>();
+            stats->seconds_decode = s["seconds_decode"].cast<double>();
+        }
+        return SPECRT_OK;
+    } catch (py::error_already_set &err) {
+        return fail_from_python(err);
+    } catch (const std::exception &exc) {
+        return fail(SPECRT_ERR_INTERNAL, exc.what());
+    }
+}
+
+
 }  // namespace
 
 extern "C" {
@@ -143,49 +195,33 @@ specrt_status specrt_generate(specrt_pipeline *pipe, const int32_t *class_ids, s
         return fail(SPECRT_ERR_INVALID_ARGUMENT,
                     "specrt_generate: pipe, class_ids, method and pixels must not be NULL");
     }
-    if (n == 0) {
-        return fail(SPECRT_ERR_INVALID_ARGUMENT, "specrt_generate: n must be at least 1");
+    auto ids = [&] { return std::vector<int32_t>(class_ids, class_ids + n); };  // built with the GIL held
+    return generate_with("specrt_generate", "generate_rgb8", pipe, ids, n, method, params_json, seed, pixels,
+                         pixels_size, stats);
+}
+
+specrt_status specrt_generate_prompts(specrt_pipeline *pipe, const char *const *prompts, size_t n, const char *method,
+                                      const char *params_json, uint64_t seed, uint8_t *pixels, size_t pixels_size,
+                                      specrt_stats *stats) {
+    last_error.clear();
+    if (pipe == nullptr || prompts == nullptr || method == nullptr || pixels == nullptr) {
+        return fail(SPECRT_ERR_INVALID_ARGUMENT,
+                    "specrt_generate_prompts: pipe, prompts, method and pixels must not be NULL");
     }
-    const size_t image_bytes = static_cast<size_t>(pipe->height) * static_cast<size_t>(pipe->width) * 3;
-    if (image_bytes == 0 || n > SIZE_MAX / image_bytes) {  // n * image_bytes would wrap around
-        return fail(SPECRT_ERR_INVALID_ARGUMENT, "specrt_generate: n = " + std::to_string(n) + " images cannot fit in memory");
-    }
-    const size_t needed = n * image_bytes;
-    if (pixels_size < needed) {
-        return fail(SPECRT_ERR_BUFFER_TOO_SMALL, "specrt_generate: pixel buffer holds " + std::to_string(pixels_size) +
-                                                     " bytes, " + std::to_string(needed) + " needed");
-    }
-    std::lock_guard<std::mutex> guard(call_lock);
-    py::gil_scoped_acquire gil;
-    try {
-        std::vector<int32_t> ids(class_ids, class_ids + n);
-        py::object params = params_json ? py::object(py::str(params_json)) : py::object(py::none());
-        py::tuple result = embedding_module().attr("generate_rgb8")(pipe->pipe, ids, method, params, seed);
-        std::string bytes = result[0].cast<std::string>();
-        if (bytes.size() != needed) {
-            return fail(SPECRT_ERR_INTERNAL, "specrt_generate: runtime returned " + std::to_string(bytes.size()) +
-                                                 " bytes, expected " + std::to_string(needed));
+    for (size_t i = 0; i < n; ++i) {
+        if (prompts[i] == nullptr) {
+            return fail(SPECRT_ERR_INVALID_ARGUMENT, "specrt_generate_prompts: prompt " + std::to_string(i) + " is NULL");
         }
-        std::memcpy(pixels, bytes.data(), needed);
-        if (stats != nullptr) {
-            py::dict s = result[1];
-            stats->tokens = static_cast<int64_t>(s["tokens"].cast<double>());
-            stats->target_forwards = static_cast<int64_t>(s["target_forwards"].cast<double>());
-            stats->draft_forwards = static_cast<int64_t>(s["draft_forwards"].cast<double>());
-            stats->mean_accepted_length = s["mean_accepted_length"].cast<double>();
-            stats->seconds_total = s["seconds_total"].cast<double>();
-            stats->seconds_target = s["seconds_target"].cast<double>();
-            stats->seconds_draft = s["seconds_draft"].cast<double>();
-            stats->seconds_verify = s["seconds_verify"].cast<double>();
-            stats->seconds_cache = s["seconds_cache"].cast<double>();
-            stats->seconds_decode = s["seconds_decode"].cast<double>();
-        }
-        return SPECRT_OK;
-    } catch (py::error_already_set &err) {
-        return fail_from_python(err);
-    } catch (const std::exception &exc) {
-        return fail(SPECRT_ERR_INTERNAL, exc.what());
     }
+    auto texts = [&] {  // bytes, decoded as UTF-8 on the Python side (a clear error if they are not)
+        py::list out;
+        for (size_t i = 0; i < n; ++i) {
+            out.append(py::bytes(prompts[i]));
+        }
+        return out;
+    };
+    return generate_with("specrt_generate_prompts", "generate_rgb8_prompts", pipe, texts, n, method, params_json, seed,
+                         pixels, pixels_size, stats);
 }
 
 const char *specrt_last_error(void) { return last_error.c_str(); }

@@ -38,7 +38,7 @@ extern "C" {
 typedef enum specrt_status {
     SPECRT_OK = 0,
     SPECRT_ERR_INVALID_ARGUMENT = 1, /* NULL pointer, bad JSON, unknown method or parameter, a value out of
-                                        its range (specrt.validation), bad class id, a corrupt or
+                                        its range (specrt.validation), bad class id or prompt, a corrupt or
                                         inconsistent bundle */
     SPECRT_ERR_NOT_FOUND = 2,        /* bundle path missing or not a bundle */
     SPECRT_ERR_BUFFER_TOO_SMALL = 3, /* the caller's pixel buffer cannot hold the images */
@@ -82,6 +82,12 @@ SPECRT_API specrt_status specrt_image_size(const specrt_pipeline *pipe, int32_t 
 SPECRT_API specrt_status specrt_generate(specrt_pipeline *pipe, const int32_t *class_ids, size_t n,
                                          const char *method, const char *params_json, uint64_t seed,
                                          uint8_t *pixels, size_t pixels_size, specrt_stats *stats);
+
+/* specrt_generate for a text-to-image bundle exported with a text encoder: one image per
+ * UTF-8, NUL-terminated prompt (n of them). Same buffers, parameters and seeds. */
+SPECRT_API specrt_status specrt_generate_prompts(specrt_pipeline *pipe, const char *const *prompts, size_t n,
+                                                 const char *method, const char *params_json, uint64_t seed,
+                                                 uint8_t *pixels, size_t pixels_size, specrt_stats *stats);
 
 /* The message of the last failed call on this thread ("" when none). Valid until the
  * thread's next specrt call. */

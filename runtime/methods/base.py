@@ -1,7 +1,9 @@
 """What every decoding method shares: the decoding context, CFG rows, and parameter parsing.
 
-A method is a small strategy object: `generate(ctx, class_ids)` returns image tokens
+A method is a small strategy object: `generate(ctx, conditions)` returns image tokens
 [N, grid²]. It calls the runners (target, draft) and runtime.verification; it owns no buffers.
+What the images are conditioned on (class ids or captions, runtime.conditions) passes through
+the decoding context untouched: methods only count it and hand it to Decoding.prefill.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any, ClassVar, Optional
 import numpy as np
 
 from specrt.errors import SpecrtError
+from specrt.runtime.conditions import Conditions, as_conditions
 from specrt.runtime.runner import ModelRunner, StepOutput
 from specrt.runtime.sampling import SamplingParams, inverse_cdf, needs_restriction, restrict
 from specrt.runtime.stats import Stats
@@ -29,17 +32,16 @@ class Decoding:
     rng: np.random.Generator
     stats: Stats
 
-    def condition_rows(self, class_ids: np.ndarray) -> np.ndarray:
-        """Model batch for these images: [cond; uncond] with the null class when CFG is on."""
-        class_ids = np.asarray(class_ids, dtype=np.int32)
-        if not self.sampling.uses_cfg:
-            return class_ids
-        return np.concatenate([class_ids, np.full_like(class_ids, self.target.spec.null_class)])
+    def condition_rows(self, conditions: Conditions) -> Conditions:
+        """Model batch for these images: [cond; uncond] when CFG is on (null class, or the
+        uncond caption flag), the images' own conditions otherwise."""
+        conditions = as_conditions(conditions)
+        return conditions.with_uncond(self.target.spec.null_class) if self.sampling.uses_cfg else conditions
 
-    def prefill(self, runner: ModelRunner, class_ids: np.ndarray) -> StepOutput:
+    def prefill(self, runner: ModelRunner, conditions: Conditions) -> StepOutput:
         """The condition rows of these images through `runner`: image token 0's rows and draws."""
         uniforms = self.rng.random((runner.images, 1))
-        return self._restricted(runner.prefill(self.condition_rows(class_ids), uniforms), uniforms)
+        return self._restricted(runner.prefill(self.condition_rows(conditions), uniforms), uniforms)
 
     def run(self, runner: ModelRunner, window: Window, row_ids: np.ndarray | None = None) -> StepOutput:
         """One step of `runner` over `window`: the sampling distribution of every slot (P and Q
@@ -88,21 +90,22 @@ class Method(ABC):
         return 1
 
     @abstractmethod
-    def generate(self, ctx: Decoding, class_ids: np.ndarray) -> np.ndarray:
-        """Image tokens [N, grid²] for these class ids."""
+    def generate(self, ctx: Decoding, conditions: Conditions) -> np.ndarray:
+        """Image tokens [N, grid²] for these images' conditions."""
 
 
 class OneImageAtATime(Method):
     """Speculative methods decode one image (and its CFG pair) per pass; this loops over images."""
 
-    def generate(self, ctx: Decoding, class_ids: np.ndarray) -> np.ndarray:
-        return np.stack([self.generate_one(ctx, int(cls)) for cls in class_ids])
+    def generate(self, ctx: Decoding, conditions: Conditions) -> np.ndarray:
+        conditions = as_conditions(conditions)
+        return np.stack([self.generate_one(ctx, conditions.image(i)) for i in range(len(conditions))])
 
     @abstractmethod
-    def generate_one(self, ctx: Decoding, class_id: int) -> np.ndarray:
+    def generate_one(self, ctx: Decoding, condition: Conditions) -> np.ndarray:
         """Tokens [grid²] of one image."""
 
-    def start(self, ctx: Decoding, runner: ModelRunner, class_id: int) -> StepOutput:
+    def start(self, ctx: Decoding, runner: ModelRunner, condition: Conditions) -> StepOutput:
         """Reset `runner` to an empty cache and prefill; image token 0's row and draw ([1, 1, V], [1, 1])."""
         runner.truncate(0)
-        return ctx.prefill(runner, np.array([class_id]))
+        return ctx.prefill(runner, condition)

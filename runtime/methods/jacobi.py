@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specrt.errors import SpecrtError
+from specrt.runtime.conditions import Conditions
 from specrt.runtime.methods.base import Decoding, OneImageAtATime
 from specrt.runtime.verification import draw_without_replacement, verify_position, verify_positions, verify_siblings
 from specrt.runtime.window import Window
@@ -102,11 +103,11 @@ class JacobiDecoding(OneImageAtATime):
     def max_window(self) -> int:
         return self.window + 1  # the pending token + L drafts
 
-    def generate_one(self, ctx: Decoding, class_id: int) -> np.ndarray:
+    def generate_one(self, ctx: Decoding, condition: Conditions) -> np.ndarray:
         target = ctx.target
         vocab = target.spec.vocab_size
         uniform = np.full(vocab, 1.0 / vocab)
-        tokens = [int(self.start(ctx, target, class_id).draws[0, 0])]
+        tokens = [int(self.start(ctx, target, condition).draws[0, 0])]
         ctx.stats.record_round(1)
         levels: list[Level] = []
         while len(tokens) < ctx.num_image_tokens:

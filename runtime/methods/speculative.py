@@ -11,6 +11,7 @@ from typing import Optional
 import numpy as np
 
 from specrt.errors import SpecrtError
+from specrt.runtime.conditions import Conditions
 from specrt.runtime.methods.base import Decoding, OneImageAtATime
 from specrt.runtime.verification import (
     SCHEDULES, AcceptanceRule, CoolRule, LanternRule, VanillaRule, relaxation_schedule, theorem2_along_path,
@@ -36,11 +37,11 @@ class DraftThenVerify(OneImageAtATime):
     def rule(self, ctx: Decoding) -> AcceptanceRule:
         return VanillaRule()
 
-    def generate_one(self, ctx: Decoding, class_id: int) -> np.ndarray:
+    def generate_one(self, ctx: Decoding, condition: Conditions) -> np.ndarray:
         target, draft, cond_len = ctx.target, ctx.draft, ctx.target.spec.cond_len
         rule = self.rule(ctx)
-        tokens = [int(self.start(ctx, target, class_id).draws[0, 0])]
-        self.start(ctx, draft, class_id)
+        tokens = [int(self.start(ctx, target, condition).draws[0, 0])]
+        self.start(ctx, draft, condition)
         ctx.stats.record_round(1)
         while len(tokens) < ctx.num_image_tokens:
             draft_len = min(self.draft_len, ctx.num_image_tokens - len(tokens) - 1)

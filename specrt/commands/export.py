@@ -15,10 +15,12 @@ from specrt.runtime.threads import HELP as THREADS_HELP, resolve as resolve_thre
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 
 
-def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo_path):
+def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo_path, text_encoder):
     from specrt.export import sources
 
     given = [name for name, value in (("--target", target), ("--draft", draft), ("--vq", vq)) if value]
+    if text_encoder and not given:
+        raise SpecrtError("--text-encoder goes with t2i checkpoints (--target/--draft/--vq)")
     if random_weights:
         if given:
             raise SpecrtError(f"--random-weights makes its own weights; drop {', '.join(given)}")
@@ -32,7 +34,8 @@ def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo
         target_choice, draft_choice = checkpoint.choices()
         return sources.checkpoint_models(Path(target), Path(draft) if draft else None, Path(vq), target_choice,
                                          draft_choice,
-                                         checkpoint.vq_arch, checkpoint.image_size, where="specrt export")
+                                         checkpoint.vq_arch, checkpoint.image_size, where="specrt export",
+                                         text_encoder=text_encoder)
     return sources.demo_models(demo_path)
 
 
@@ -44,6 +47,9 @@ def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo
 @click.option("--draft", type=click.Path(dir_okay=False, path_type=Path),
               help="LlamaGen GPT checkpoint (draft model). Optional: without it the bundle runs ar, sjd and sjd-pac.")
 @click.option("--vq", type=click.Path(dir_okay=False, path_type=Path), help="LlamaGen VQ checkpoint (decoder and codebook).")
+@click.option("--text-encoder", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="t2i: a local T5 encoder directory (flan-t5-xl for LlamaGen) exported into the bundle with its "
+                   "tokenizer, so the bundle takes prompts (needs specrt[t2i]).")
 @click.option("--random-weights", is_flag=True, help="Random weights in the --arch / --draft-arch / --vq-arch layouts "
                                                    "(real dims, no checkpoint; GPT-B, VQ-16, 256 px unless given).")
 @click.option("--demo-weights", type=click.Path(file_okay=False, path_type=Path),
@@ -66,8 +72,11 @@ def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo
 @click.pass_context
 @checkpoint_flags
 def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, random_weights,
-            demo_weights, max_window, max_batch, opset, no_hidden, neighbours_k, verify, family, threads) -> None:
-    """Export target, draft (optional) and VQ decoder to an ONNX bundle (the embedded demo by default)."""
+            demo_weights, text_encoder, max_window, max_batch, opset, no_hidden, neighbours_k, verify, family, threads) -> None:
+    """Export target, draft (optional) and VQ decoder to an ONNX bundle (the embedded demo by default).
+
+    Class-conditional (c2i) and text-to-image (t2i) LlamaGen checkpoints; the model type comes
+    from the weights."""
     from specrt.lazy import require
 
     torch = require("torch", "specrt export")
@@ -82,7 +91,7 @@ def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, rando
                             target_hidden=not no_hidden, neighbours_k=neighbours_k)
     if out.exists() and not force:  # refuse before loading multi-GB checkpoints
         raise SpecrtError(f"{out} already exists; pass --force to replace it")
-    models = _models(target, draft, vq, checkpoint, random_weights, demo_weights)
+    models = _models(target, draft, vq, checkpoint, random_weights, demo_weights, text_encoder)
     manifest = write_bundle(models, out, options, force=force, progress=click.echo)
     click.echo(f"wrote bundle {manifest.root} ({len(manifest.graphs)} graphs); check it with: specrt inspect {out}")
     if verify:

@@ -1,4 +1,4 @@
-"""`specrt generate`: one image per class id with a decoding method, saved as PNG.
+"""`specrt generate`: one image per class id (c2i) or prompt (t2i) with a decoding method, saved as PNG.
 
 Flags map onto specrt.runtime.Pipeline: a BUNDLE runs on onnxruntime (from_bundle); --target
 and --vq checkpoints run on PyTorch (from_torch over specrt.export.sources.checkpoint_models,
@@ -7,6 +7,8 @@ no model arguments the embedded demo models run on PyTorch. Method parameters go
 --param key=value (e.g. --param relaxation_budget=2 --param draft_len=4). --threads is the
 intra-op thread count on whichever library runs (specrt.runtime.threads); --tokens-only maps
 onto generate(decode=False), --save-tokens writes result.tokens as .npy.
+Text-to-image models take --prompt (through the bundle's text encoder, or --text-encoder DIR
+with checkpoints) or --captions FILE (precomputed embeddings, runtime.text.load_caption_file).
 """
 from __future__ import annotations
 
@@ -62,12 +64,14 @@ def check_before_loading(method: str, seed: int, max_window: int, image_size: Op
 
 def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optional[Path], draft: Optional[Path],
                    vq: Optional[Path], checkpoint: CheckpointFlags, max_window: int, device: Optional[str],
-                   threads: Optional[int] = None) -> Any:
+                   threads: Optional[int] = None, text_encoder: Optional[Path] = None) -> Any:
     """The Pipeline the flags describe (bundle on ort, checkpoints or the demo on torch), with
     `threads` intra-op threads on whichever library runs it (None: specrt.runtime.threads'
     default, one per CPU; 1 for the embedded demo, whose graphs are too small to share)."""
     from specrt.runtime.pipeline import Pipeline
 
+    if text_encoder and not (target or vq):
+        raise SpecrtError("--text-encoder goes with t2i checkpoints (--target/--vq); a bundle carries its own")
     if bundle is not None:
         if target or draft or vq:
             raise SpecrtError("give either a BUNDLE or --target/--vq checkpoints, not both")
@@ -84,9 +88,15 @@ def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optio
         target_choice, draft_choice = checkpoint.choices()
         models = checkpoint_models(target, draft, vq, target_choice, draft_choice, checkpoint.vq_arch,
                                    checkpoint.image_size, where="specrt generate")
+        encoder = None
+        if text_encoder:
+            from specrt.runtime.text import T5TextEncoder
+
+            encoder = T5TextEncoder(text_encoder, max_length=models.target.config.cond_len, device=device)
         # the loader `specrt export` uses: same models, same grid, same sampling defaults as the bundle
         return Pipeline.from_torch(models.target, models.draft, models.vq, max_window=max_window, device=device,
-                                   sampling_defaults=models.sampling_defaults, threads=resolve_threads(threads))
+                                   sampling_defaults=models.sampling_defaults, threads=resolve_threads(threads),
+                                   text_encoder=encoder)
     # ---- embedded demo hook: specrt.export.demo.load_demo() returns .target/.draft/.vq ----
     from specrt.export.demo import load_demo
 
@@ -103,6 +113,24 @@ def save_tokens(tokens: np.ndarray, path: Path) -> Path:
     with open(path, "wb") as f:
         np.save(f, np.asarray(tokens, dtype=np.int64))
     return path
+
+
+def condition_args(model_type: str, class_ids: tuple[int, ...], prompts: tuple[str, ...],
+                   captions_path: Optional[Path]) -> dict[str, Any]:
+    """Pipeline.generate's condition keyword from the flags; a c2i model defaults to class 0."""
+    if model_type == "c2i":
+        if prompts or captions_path:
+            raise SpecrtError("this model is class-conditional: give --class, not --prompt or --captions")
+        return {"class_ids": list(class_ids or (0,))}
+    if class_ids:
+        raise SpecrtError("this model is text-to-image: give --prompt or --captions, not --class")
+    if bool(prompts) == bool(captions_path):
+        raise SpecrtError("this model is text-to-image: give --prompt \"...\" (repeatable) or --captions FILE, one of them")
+    if prompts:
+        return {"prompts": list(prompts)}
+    from specrt.runtime.text import load_caption_file
+
+    return {"captions": load_caption_file(captions_path)}
 
 
 def save_images(images: np.ndarray, out: Path, count: int) -> list[Path]:
@@ -137,11 +165,17 @@ def sampling_epilog() -> str:
 @click.command(name="generate", epilog=sampling_epilog())
 @click.argument("bundle", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--method", "-m", type=click.Choice(METHOD_NAMES), default="ar", show_default=True, help="Decoding method.")
-@click.option("--class", "class_ids", type=int, multiple=True, default=(0,), show_default=True,
-              help="Class id (repeat for several images).")
+@click.option("--class", "class_ids", type=int, multiple=True,
+              help="Class id of a c2i model (repeat for several images; default 0).")
+@click.option("--prompt", "prompts", multiple=True, help="Prompt for a t2i model (repeat for several images).")
+@click.option("--captions", "captions_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="t2i: precomputed caption embeddings, one image each (.npy [N,L,D]; .npz/.safetensors with "
+                   "'embeddings' and optional 'mask').")
+@click.option("--text-encoder", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="t2i checkpoints: a local T5 encoder directory for --prompt (a bundle carries its own).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed: same seed, same image.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("img.png"), show_default=True,
-              help="PNG to write (numbered when several classes are given).")
+              help="PNG to write (numbered when several images are asked for).")
 @click.option("--backend", type=click.Choice(["torch", *BUNDLE_BACKENDS]),
               help="Default: ort for a BUNDLE, torch for checkpoints/demo. A BUNDLE also runs on ort-cuda / ort-trt "
                    "(onnxruntime's CUDA / TensorRT providers) and trt (engines from `specrt build`).")
@@ -163,10 +197,10 @@ def sampling_epilog() -> str:
               help="Skip the VQ decode and the PNG: write only the tokens (to --save-tokens, default: --out as .npy).")
 @click.option("--threads", type=int, help=f"{THREADS_HELP}; the embedded demo: 1 (its graphs are too small to share).")
 @checkpoint_flags
-def command(bundle, method, class_ids, seed, out, backend, target, draft, vq, checkpoint, device,
-            max_window, cfg_scale, temperature, top_k, top_p, params, stats_path, tokens_path, tokens_only,
-            threads) -> None:
-    """Generate images for class ids (the embedded demo models by default).
+def command(bundle, method, class_ids, prompts, captions_path, text_encoder, seed, out, backend, target, draft, vq,
+            checkpoint, device, max_window, cfg_scale, temperature, top_k, top_p, params, stats_path, tokens_path,
+            tokens_only, threads) -> None:
+    """Generate images for class ids or prompts (the embedded demo models by default).
 
     \b
     Method parameters (--param KEY=VALUE; the README lists them all):
@@ -182,10 +216,11 @@ def command(bundle, method, class_ids, seed, out, backend, target, draft, vq, ch
                                   ("top_p", top_p)) if v is not None}
     method_params = parse_params(params)
     check_before_loading(method, seed, max_window, checkpoint.image_size, threads, sampling, method_params)
-    pipe = build_pipeline(bundle, backend, target, draft, vq, checkpoint, max_window, device, threads)
-    result = pipe.generate(list(class_ids), method=method, seed=seed, decode=not tokens_only, **sampling,
+    pipe = build_pipeline(bundle, backend, target, draft, vq, checkpoint, max_window, device, threads, text_encoder)
+    conditions = condition_args(pipe.target.spec.model_type, class_ids, prompts, captions_path)
+    result = pipe.generate(**conditions, method=method, seed=seed, decode=not tokens_only, **sampling,
                            **method_params)
-    paths = [] if tokens_only else save_images(result.images, out, len(class_ids))
+    paths = [] if tokens_only else save_images(result.images, out, len(result.tokens))
     if tokens_only or tokens_path:
         paths.append(save_tokens(result.tokens, tokens_path or out.with_suffix(".npy")))
     summary = result.stats.summary()

@@ -25,9 +25,10 @@ def _model_line(role: str, entry: dict) -> str:
         return (f"  vq      codebook {e['codebook_size']}x{e['codebook_embed_dim']}, downsample "
                 f"{e['downsample']}, image {e['image_size']}px, grid {e['grid_size']}")
     kind = f" ({entry['kind']})" if "kind" in entry else ""
+    condition = f"classes {e['num_classes']}" if "num_classes" in e else f"caption_dim {e.get('caption_dim')}"
     return (f"  {role:<7} {e['family']} {e['model_type']}{kind}: dim {e['dim']}, {e['n_layer']} layers, "
             f"{e['n_head']} heads ({e['n_kv_head']} kv) x {e['head_dim']}, vocab {e['vocab_size']}, "
-            f"grid {e['grid_size']}, cond_len {e['cond_len']}, classes {e['num_classes']}, "
+            f"grid {e['grid_size']}, cond_len {e['cond_len']}, {condition}, "
             f"KV capacity {e['capacity']}")
 
 

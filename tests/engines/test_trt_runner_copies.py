@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from specrt.engines.trt_runner import DeviceProbs, KVLayout, TrtRunner
+from specrt.runtime.conditions import Conditions
 from specrt.runtime.runner import ModelSpec
 
 
@@ -146,7 +147,7 @@ def test_prefill_output_shares_the_alternation():
     runner = _head_runner()
     runner._copy_rows = lambda *args: None  # KV rows are tested above
     runner.prefill_engine.addresses["present_kv"] = 0
-    prefill = runner._prefill(np.arange(4, dtype=np.int32), np.full((2, 1), 0.5, np.float32))
+    prefill = runner._prefill(Conditions.of_classes(np.arange(4)), np.full((2, 1), 0.5, np.float32))
     step = _step(runner, 2)
     assert prefill.probs.shape == (2, 1, 5) and (prefill.draws == 1).all() and (step.draws == 2).all()
     assert prefill.probs[1, 0, 2] == pytest.approx(1 + 7 / 1000)

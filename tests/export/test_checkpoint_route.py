@@ -136,7 +136,6 @@ def test_generate_reads_heads_and_the_vq_downsampling_and_matches_the_reference(
     ({"--image-size": "36"}, "multiple of the VQ's downsampling 8, got 36"),
     ({"--arch": "GPT-B", "--n-head": None}, "does not fit GPT-B"),
     ({"--vq-arch": "VQ-16"}, "does not fit VQ"),
-    ({"--target": "t2i"}, "the target t2i.pt is a text-to-image (t2i) model; specrt generate runs class-conditional"),
 ])
 @pytest.mark.parametrize("command", ["generate", "export"])
 def test_what_the_weights_cannot_say_is_asked_for_in_one_line(files, tmp_path, capsys, command, change, message):
@@ -151,6 +150,21 @@ def test_what_the_weights_cannot_say_is_asked_for_in_one_line(files, tmp_path, c
             argv += [flag, str(paths[value]) if value in paths else value]
     assert cli_exit_code(argv) == 2
     assert message.replace("specrt generate", f"specrt {command}") in _one_line_error(capsys)
+    assert not (tmp_path / "bundle").exists() and not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("command,message", [
+    ("generate", "this model is text-to-image: give --prompt"),
+    ("export", "the draft is c2i but the target is t2i: both must take the same condition"),
+])
+def test_a_t2i_target_needs_captions_and_a_t2i_draft(files, tmp_path, capsys, command, message):
+    paths, _ = files
+    argv = [command, "--out", str(tmp_path / ("bundle" if command == "export" else "x.png")), "--target", str(paths["t2i"]),
+            "--vq", str(paths["vq"]), "--n-head", "4", "--image-size", str(IMAGE)]
+    if command == "export":
+        argv += ["--draft", str(paths["draft"]), "--draft-n-head", "2"]
+    assert cli_exit_code(argv) == 2
+    assert message in _one_line_error(capsys)
     assert not (tmp_path / "bundle").exists() and not (tmp_path / "x.png").exists()
 
 
@@ -195,8 +209,8 @@ def test_from_torch_refuses_what_it_cannot_run_in_one_line(files):
     paths, _ = files
     vq = load_vq(paths["vq"], decoder_only=True)
     t2i = load_gpt(paths["t2i"], grid_size=GRID, n_head=4)
-    with pytest.raises(SpecrtError, match="target is a text-to-image \\(t2i\\) model; Pipeline.from_torch runs class"):
-        Pipeline.from_torch(t2i, None, vq)
+    with pytest.raises(SpecrtError, match="the draft is c2i but the target is t2i"):
+        Pipeline.from_torch(t2i, load_gpt(paths["draft"], grid_size=GRID, n_head=2), vq)
     small_vq = VQModel(VQConfig(codebook_size=32, codebook_embed_dim=8, ch=32, ch_mult=(1, 2), z_channels=32))
     with pytest.raises(SpecrtError, match="VQ codebook size 32 != GPT vocab size 64"):
         Pipeline.from_torch(load_gpt(paths["gpt"], grid_size=GRID, n_head=4), None, small_vq)

@@ -52,20 +52,24 @@ def reference_row(cond: np.ndarray, uncond: np.ndarray | None, sampling: Samplin
     return row / row.sum()
 
 
-def next_token_row(lm: ToyLM, class_id: int, null_class: int, prefix: tuple[int, ...], sampling: SamplingParams) -> np.ndarray:
-    """The sampling distribution after `prefix`: what every method must sample from."""
-    uncond = lm.logits((null_class, *prefix)) if sampling.uses_cfg else None
-    return reference_row(lm.logits((class_id, *prefix)), uncond, sampling)
+def next_token_row(lm: ToyLM, condition: int | tuple, null: int | tuple, prefix: tuple[int, ...],
+                   sampling: SamplingParams) -> np.ndarray:
+    """The sampling distribution after `prefix`: what every method must sample from.
+
+    condition / null: a class id, or the tokens of a caption the model sees (its real ones)."""
+    condition, null = (c if isinstance(c, tuple) else (c,) for c in (condition, null))
+    uncond = lm.logits((*null, *prefix)) if sampling.uses_cfg else None
+    return reference_row(lm.logits((*condition, *prefix)), uncond, sampling)
 
 
-def exact_distribution(lm: ToyLM, class_id: int, null_class: int, vocab: int, length: int,
+def exact_distribution(lm: ToyLM, condition: int | tuple, null: int | tuple, vocab: int, length: int,
                        sampling: SamplingParams) -> dict[tuple[int, ...], float]:
     """P(x_1..x_N) for every sequence, by the chain rule over the toy's exact rows."""
     out = {}
     for seq in itertools.product(range(vocab), repeat=length):
         prob = 1.0
         for k in range(length):
-            prob *= next_token_row(lm, class_id, null_class, seq[:k], sampling)[seq[k]]
+            prob *= next_token_row(lm, condition, null, seq[:k], sampling)[seq[k]]
         out[seq] = prob
     return out
 

@@ -128,3 +128,22 @@ def test_many_threads_on_one_pipeline_get_their_solo_results(example, demo_bundl
     done = subprocess.run([str(binary), str(demo_bundle)], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "ok: 6 threads" in done.stdout
+
+
+def test_prompts_cross_the_c_api_to_a_t2i_bundle(example, tmp_path):
+    """specrt_generate_prompts: UTF-8 prompts through the bundle's own text encoder graph."""
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(Path(__file__).parents[1] / "export"))
+    from tiny_t2i import t2i_bundle
+
+    manifest, _ = t2i_bundle()
+    prompts = ["a thick seven", "The small slanted two"]
+    out = tmp_path / "t2i.ppm"
+    done = _generate(example, str(manifest.root), str(out), "--prompt", prompts[0], "--prompt", prompts[1],
+                     "--method", "sd", "--seed", "3")
+    assert done.returncode == 0, done.stderr
+    _, _, pixels = _read_ppm(out)
+    expected = Pipeline.from_bundle(manifest.root).generate(prompts=prompts, method="sd", seed=3).images
+    assert pixels == np.ascontiguousarray(expected).tobytes()
+    done = _generate(example, str(manifest.root), str(tmp_path / "x.ppm"), "--class", "1")
+    assert done.returncode == INVALID_ARGUMENT and "text-to-image" in done.stderr

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from _toy_exact import chi_square, exact_distribution, one_torch_thread  # noqa: F401 (autouse fixture)
-from specrt.runtime.backends.toy import toy_models
+from specrt.runtime.backends.toy import UNCOND_TOKEN, toy_models
 from specrt.runtime.methods.jacobi import JacobiDecoding
 from specrt.runtime.methods.speculative import SpeculativeDecoding
 from specrt.runtime.pipeline import Pipeline
@@ -82,3 +82,32 @@ class BrokenJacobi(JacobiDecoding):
 def test_the_check_flags_broken_variants(broken):
     statistic, critical = run(broken, PLAIN)
     assert statistic > critical, f"broken {broken.name} passed: chi2 {statistic:.1f} < {critical:.1f}"
+
+
+# Text-to-image: a caption of 2 real tokens in a 4-token condition (left-padded, so 2 hidden
+# columns), under CFG (the uncond rows keep the caption's mask). The toy checks every slot's
+# position against the columns its mask shows, so a padded column leaking in fails loudly.
+CAPTION = (5.0, 7.0)
+# Half the c2i sample size keeps the suite's time; the broken variant is still flagged at it.
+T2I_SAMPLES = SAMPLES // 2
+T2I = [("sd", {"draft_len": 3}, GUIDED), ("sjd", {"window": 3}, GUIDED)]
+
+
+def run_t2i(method, sampling: SamplingParams, **params) -> tuple[float, float]:
+    target, draft, vq = toy_models(vocab_size=3, grid_size=2, seed=3, caption_len=4)
+    pipe = Pipeline(target, vq, draft, sampling_defaults=vars(sampling))
+    captions = np.tile(np.array(CAPTION, dtype=np.float32)[None, :, None], (T2I_SAMPLES, 1, 1))
+    tokens = pipe.generate(captions=captions, method=method, seed=11, **params).tokens
+    exact = exact_distribution(target.lm, tuple(int(c) for c in CAPTION), (UNCOND_TOKEN,) * len(CAPTION), 3, 4, sampling)
+    return chi_square(tokens, exact)
+
+
+@pytest.mark.parametrize("method,params,sampling", T2I, ids=[m for m, _, _ in T2I])
+def test_lossless_methods_on_padded_captions(method, params, sampling):
+    statistic, critical = run_t2i(method, sampling, **params)
+    assert statistic < critical, f"t2i {method} {params}: chi2 {statistic:.1f} >= {critical:.1f}"
+
+
+def test_the_t2i_check_flags_a_broken_variant():
+    statistic, critical = run_t2i(BrokenSD(draft_len=2), GUIDED)
+    assert statistic > critical, f"broken sd passed on t2i: chi2 {statistic:.1f} < {critical:.1f}"

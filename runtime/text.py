@@ -1,0 +1,146 @@
+"""Text encoders for text-to-image models, behind one small interface: prompts -> caption embeddings.
+
+LlamaGen's t2i models read flan-t5-xl features (language/t5.py, T5Embedder): each prompt is
+tokenised to `max_length` (120) tokens with the tokenizer's end-of-sequence token, padded on
+the right and truncated; the encoder's last hidden state and the attention mask come back.
+Every encoder here returns that pair, real tokens first; runtime.conditions then left-pads
+them as LlamaGen's sampling script does. Prompts are lower-cased and stripped, T5Embedder's
+behaviour without its optional caption cleaning (ftfy + BeautifulSoup), which is not
+reproduced.
+
+- `T5TextEncoder`: a flan-t5-style encoder from a local directory the user names, through
+  `transformers` (torch; `pip install 'specrt[t2i]'`).
+- `OnnxTextEncoder`: a bundle's own `text_encode` graph and `tokenizer.json` (onnxruntime
+  and `tokenizers`, no torch), what `specrt export --text-encoder DIR` writes.
+- `load_caption_file`: precomputed caption embeddings from a file, no encoder at all.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from specrt.errors import SpecrtError
+from specrt.lazy import require
+
+Encoded = tuple[np.ndarray, np.ndarray]  # float32 [N, L, D] embeddings, bool [N, L] mask (real tokens first)
+
+
+def prepare_prompt(text: str) -> str:
+    """T5Embedder.text_preprocessing without caption cleaning: lower-case, stripped."""
+    return text.lower().strip()
+
+
+class TextEncoder(ABC):
+    """prompts -> (embeddings [N, max_length, dim], mask [N, max_length]), T5's layout."""
+
+    max_length: int
+    dim: int
+
+    @abstractmethod
+    def encode(self, prompts: Sequence[str]) -> Encoded:
+        ...
+
+
+def _check_prompts(prompts: Sequence[str]) -> list[str]:
+    prompts = list(prompts)
+    if not prompts or not all(isinstance(p, str) for p in prompts):
+        raise SpecrtError("prompts must be a non-empty list of strings")
+    return [prepare_prompt(p) for p in prompts]
+
+
+class T5TextEncoder(TextEncoder):
+    """transformers' T5EncoderModel and tokenizer from a local directory (float32, CPU or a device)."""
+
+    def __init__(self, directory: str | Path, max_length: int = 120, device: Optional[str] = None):
+        transformers = require("transformers", "T5 text encoders")
+        self.torch = require("torch", "T5 text encoders")
+        directory = Path(directory)
+        if not (directory / "config.json").is_file():
+            raise SpecrtError(f"{directory} is not a T5 model directory (no config.json)")
+        try:
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+            self.model = transformers.T5EncoderModel.from_pretrained(str(directory)).float().eval()
+        except (OSError, ValueError) as exc:
+            raise SpecrtError(f"cannot load a T5 encoder from {directory}: {str(exc).splitlines()[0]}") from exc
+        if device is not None:
+            self.model.to(device)
+        self.max_length, self.dim = int(max_length), int(self.model.config.d_model)
+        self.directory = directory
+
+    def tokenize(self, prompts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """T5Embedder's tokenisation: ids and attention mask, int64 [N, max_length]."""
+        out = self.tokenizer(_check_prompts(prompts), max_length=self.max_length, padding="max_length",
+                             truncation=True, return_attention_mask=True, add_special_tokens=True, return_tensors="np")
+        return out["input_ids"].astype(np.int64), out["attention_mask"].astype(np.int64)
+
+    def encode(self, prompts: Sequence[str]) -> Encoded:
+        ids, mask = self.tokenize(prompts)
+        torch = self.torch
+        device = next(self.model.parameters()).device
+        with torch.inference_mode():
+            hidden = self.model(input_ids=torch.from_numpy(ids).to(device),
+                                attention_mask=torch.from_numpy(mask).to(device)).last_hidden_state
+        return hidden.float().cpu().numpy(), mask.astype(bool)
+
+
+class OnnxTextEncoder(TextEncoder):
+    """A bundle's text encoder: `tokenizer.json` through `tokenizers`, the graph through onnxruntime."""
+
+    def __init__(self, graph: str | Path, tokenizer: str | Path, max_length: int, pad_id: int, dim: int,
+                 session: Any = None):
+        tokenizers = require("tokenizers", "the bundle's text encoder")
+        self.tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer))
+        self.tokenizer.enable_truncation(int(max_length))
+        self.tokenizer.enable_padding(length=int(max_length), pad_id=int(pad_id))
+        if session is None:
+            ort = require("onnxruntime", "the bundle's text encoder")
+            session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+        self.session, self.max_length, self.dim = session, int(max_length), int(dim)
+
+    def tokenize(self, prompts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        encodings = self.tokenizer.encode_batch(_check_prompts(prompts))
+        ids = np.array([e.ids for e in encodings], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        return ids, mask
+
+    def encode(self, prompts: Sequence[str]) -> Encoded:
+        ids, mask = self.tokenize(prompts)
+        (embeddings,) = self.session.run(["embeddings"], {"input_ids": ids.astype(np.int32),
+                                                          "attention_mask": mask.astype(np.int32)})
+        return embeddings.astype(np.float32, copy=False), mask.astype(bool)
+
+
+def text_encoder_from_manifest(manifest: Any, session: Any = None) -> Optional[OnnxTextEncoder]:
+    """The bundle's text encoder, or None when it was exported without one."""
+    entry = manifest.raw.get("text_encoder")
+    if not entry:
+        return None
+    return OnnxTextEncoder(manifest.graph_path(entry["graph"]), manifest.root / entry["tokenizer"],
+                           entry["max_length"], entry["pad_id"], entry["dim"], session)
+
+
+def load_caption_file(path: str | Path) -> Encoded | tuple[np.ndarray, None]:
+    """Precomputed caption embeddings: .npy [N, L, D] (every position real), or .npz /
+    .safetensors holding `embeddings` [N, L, D] and optionally `mask` [N, L] (real tokens first)."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecrtError(f"caption file not found: {path}")
+    try:
+        if path.suffix == ".npy":
+            return np.load(path, allow_pickle=False), None
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {k: data[k] for k in data.files}
+        elif path.suffix == ".safetensors":
+            from safetensors.numpy import load_file
+            arrays = load_file(str(path))
+        else:
+            raise SpecrtError(f"caption file {path.name}: expected .npy, .npz or .safetensors")
+    except (OSError, ValueError) as exc:
+        raise SpecrtError(f"cannot read caption embeddings from {path}: {str(exc).splitlines()[0]}") from exc
+    if "embeddings" not in arrays:
+        raise SpecrtError(f"{path} holds no 'embeddings' array (found: {', '.join(sorted(arrays)) or 'nothing'})")
+    return arrays["embeddings"], arrays.get("mask")
