@@ -50,15 +50,19 @@ def tiny_models(seed: int = 0) -> ModelSet:
 TINY_OPTIONS = ExportOptions(max_window=MAX_WINDOW, max_batch=4, neighbours_k=NEIGHBOURS_K)
 
 
+def temporary_bundle(models: ModelSet, options: ExportOptions, prefix: str) -> Manifest:
+    """`models` exported into a temporary directory removed when the test process exits."""
+    torch.set_num_threads(2)
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, root, True)
+    return write_bundle(models, root / "bundle", options)
+
+
 @lru_cache(maxsize=None)
 def tiny_bundle() -> tuple[Manifest, ModelSet]:
     """(manifest, models) of a bundle exported once per process; do not modify its files."""
-    torch.set_num_threads(2)
     models = tiny_models()
-    root = Path(tempfile.mkdtemp(prefix="specrt-tiny-bundle-"))
-    atexit.register(shutil.rmtree, root, True)
-    manifest = write_bundle(models, root / "bundle", TINY_OPTIONS)
-    return manifest, models
+    return temporary_bundle(models, TINY_OPTIONS, "specrt-tiny-bundle-"), models
 
 
 def cli_exit_code(argv: list[str]) -> int:

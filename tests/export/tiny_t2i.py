@@ -17,12 +17,12 @@ import numpy as np
 import torch
 
 from llamagen_reference import ReferenceLlamaGen, llamagen_gpt_shapes, random_state_dict
-from specrt.export.bundle import ExportOptions, ModelSet, write_bundle
+from specrt.export.bundle import ExportOptions, ModelSet
 from specrt.export.checkpoints import load_gpt
 from specrt.export.llamagen_gpt import GPTConfig
 from specrt.export.llamagen_vq import VQModel
 from specrt.manifest import Manifest
-from tiny_export import GRID, VOCAB, tiny_vq_config
+from tiny_export import GRID, VOCAB, temporary_bundle, tiny_vq_config
 
 COND_LEN, CAPTION_DIM = 6, 12
 SIZES = {"target": dict(dim=32, n_layer=2, n_head=4, n_kv_head=2), "draft": dict(dim=16, n_layer=1, n_head=2, n_kv_head=2)}
@@ -107,11 +107,8 @@ def t2i_models() -> ModelSet:
 @lru_cache(maxsize=None)
 def t2i_bundle() -> tuple[Manifest, ModelSet]:
     """(manifest, models) of the t2i bundle, exported once per process; do not modify it."""
-    torch.set_num_threads(2)
     models = t2i_models()
-    root = Path(tempfile.mkdtemp(prefix="specrt-t2i-bundle-"))
-    atexit.register(shutil.rmtree, root, True)
-    return write_bundle(models, root / "bundle", OPTIONS), models
+    return temporary_bundle(models, OPTIONS, "specrt-t2i-bundle-"), models
 
 
 def t5_style_captions(lengths: list[int], seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
