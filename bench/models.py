@@ -62,15 +62,18 @@ def demo_bundle(demo_weights: Optional[Path] = None, cache_dir: Optional[Path] =
                 progress: Optional[Progress] = None) -> Path:
     """The demo exported to <cache>/bench/demo-v<manifest version>-<digest>/, exporting it on first use.
 
-    The bundle format version is part of the name, so a specrt that changes the graphs' contract
-    exports afresh instead of refusing a cached bundle of the previous format."""
+    The bundle format version and the export defaults (max window, max batch, opset, ...) are
+    part of the name, so a specrt that changes the graphs' contract or their limits exports
+    afresh instead of refusing a cached bundle made by the previous one (a bundle exported before
+    sjd-pac's window grew to L + 1 would refuse default sjd-pac)."""
+    from specrt.export.bundle import ExportOptions, write_bundle
     from specrt.manifest import MANIFEST_NAME, VERSION
 
     weights = demo_weights_dir(demo_weights)
-    out = Path(cache_dir or cache_root() / "bench") / f"demo-v{VERSION}-{weights_digest(weights)}"
+    options = hashlib.sha256(repr(ExportOptions()).encode()).hexdigest()[:8]
+    out = Path(cache_dir or cache_root() / "bench") / f"demo-v{VERSION}-{weights_digest(weights)}-{options}"
     if (out / MANIFEST_NAME).is_file():
         return out
-    from specrt.export.bundle import ExportOptions, write_bundle
     from specrt.export.sources import demo_models
 
     say = progress or (lambda _msg: None)
