@@ -45,11 +45,10 @@ class RecordingRunner(OrtRunner):
         super().__init__(manifest, role, None, threads)
         self.reservoirs = reservoirs
 
-    def _prefill(self, class_ids: np.ndarray, uniforms: np.ndarray):
-        dtype = np.dtype(self.prefill_spec.input("class_ids").dtype)
+    def _prefill(self, rows, uniforms: np.ndarray):
         self.reservoirs[self.prefill_spec.name].offer(lambda: {
-            "class_ids": class_ids.astype(dtype), "mix": self.mix.copy(), "uniforms": uniforms.copy()})
-        return super()._prefill(class_ids, uniforms)
+            name: np.array(value) for name, value in self.prefill_feeds(rows, uniforms).items()})
+        return super()._prefill(rows, uniforms)
 
     def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray):
         self.reservoirs[self.step_spec.name].offer(lambda: {

@@ -131,11 +131,15 @@ class OrtRunner(ModelRunner):
         probs = self._probs[parity][: count * self.spec.vocab_size].reshape(self.images, size, self.spec.vocab_size)
         return probs, self._draws[parity][:count].reshape(self.images, size)
 
-    def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
+    def prefill_feeds(self, rows: Conditions, uniforms: np.ndarray) -> dict[str, np.ndarray]:
+        """The prefill graph's inputs by name, each in the dtype the manifest gives it."""
         feeds = {name: value.astype(np.dtype(self.prefill_spec.input(name).dtype), copy=False)
                  for name, value in rows.feeds().items()}
         feeds.update(mix=self.mix, uniforms=uniforms)
-        present, probs, draws = self.prefill_session.run(list(STEP_OUTPUTS), feeds)
+        return feeds
+
+    def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
+        present, probs, draws = self.prefill_session.run(list(STEP_OUTPUTS), self.prefill_feeds(rows, uniforms))
         self._kv[:, :, :, :, : present.shape[4]] = present
         return StepOutput(probs, draws)
 
