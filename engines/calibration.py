@@ -16,6 +16,8 @@ import numpy as np
 
 from specrt.manifest import Manifest
 from specrt.runtime.backends.ort_backend import OrtRunner, bundle_companions
+from specrt.runtime.conditions import Conditions
+from specrt.runtime.runner import StepOutput
 
 Feeds = dict[str, np.ndarray]
 Progress = Callable[[str], None]
@@ -45,7 +47,7 @@ class RecordingRunner(OrtRunner):
         super().__init__(manifest, role, None, threads)
         self.reservoirs = reservoirs
 
-    def _prefill(self, rows, uniforms: np.ndarray):
+    def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
         self.reservoirs[self.prefill_spec.name].offer(lambda: {
             name: np.array(value) for name, value in self.prefill_feeds(rows, uniforms).items()})
         return super()._prefill(rows, uniforms)
