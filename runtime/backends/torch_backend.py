@@ -174,9 +174,14 @@ class TorchRunner(ModelRunner):
 
     def _head(self, logits: Any, uniforms: np.ndarray) -> StepOutput:
         probs, draws = self._apply_head(logits, self._mix, self._to_device(uniforms, self._uniforms_dev))
-        draws = draws.cpu().numpy()  # W numbers
-        self.host_numbers += draws.size
-        return StepOutput(DeviceRows(probs, self) if self.keep_rows_on_device else probs.numpy(), draws)
+        return self._handoff(probs, draws)
+
+    def _handoff(self, probs: Any, draws: Any) -> StepOutput:
+        """The head's outputs to the caller: the draws (W numbers) to the host, the rows kept on
+        the device (DeviceRows) or copied whole where the device is the host."""
+        host_draws = draws.cpu().numpy()  # on CUDA this copy waits for the step
+        self.host_numbers += host_draws.size
+        return StepOutput(DeviceRows(probs, self) if self.keep_rows_on_device else probs.cpu().numpy(), host_draws)
 
     def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
         torch = self.torch
@@ -196,17 +201,16 @@ class TorchRunner(ModelRunner):
             ids_t = self._to_device(ids, getattr(self, "_ids_dev", None))
             pos_t = self._to_device(positions, getattr(self, "_pos_dev", None))
             mask_t = self._to_device(mask, getattr(self, "_mask_dev", None))
+            uniforms_t = self._to_device(uniforms, self._uniforms_dev)
             if self.cuda_graphs:
-                return self._replay(ids_t, pos_t, mask_t, uniforms)
-            logits, _hidden, self._present = self.gpt.step(ids_t, pos_t, mask_t, self._kv)
-            return self._head(logits, uniforms)
+                return self._replay(ids_t, pos_t, mask_t, uniforms_t)
+            self._present, probs, draws = self._eager_step(ids_t, pos_t, mask_t, uniforms_t)
+            return self._handoff(probs, draws)
 
-    def _replay(self, ids_t: Any, pos_t: Any, mask_t: Any, uniforms: np.ndarray) -> StepOutput:
+    def _replay(self, ids_t: Any, pos_t: Any, mask_t: Any, uniforms_t: Any) -> StepOutput:
         """The step as a CUDA graph of this window size (captured at its second use, then replayed)."""
-        mix_t = self._mix
-        uniforms_t = self._to_device(uniforms, self._uniforms_dev)
         window = int(ids_t.shape[1])
-        run = lambda: self._eager_step(ids_t, pos_t, mask_t, mix_t, uniforms_t)  # noqa: E731
+        run = lambda: self._eager_step(ids_t, pos_t, mask_t, uniforms_t)  # noqa: E731
         captured = self._graphs.get(window)
         if captured is None and window in self._seen_windows:
             captured = self._graphs[window] = CapturedStep(self.torch, run)
@@ -218,13 +222,12 @@ class TorchRunner(ModelRunner):
         kept = self._outputs[self._parity][:, :window]
         self._parity ^= 1
         kept.copy_(probs)
-        host_draws = draws.cpu().numpy()  # W numbers; the copy waits for the graph
-        self.host_numbers += host_draws.size
-        return StepOutput(DeviceRows(kept, self) if self.keep_rows_on_device else kept.cpu().numpy(), host_draws)
+        return self._handoff(kept, draws)
 
-    def _eager_step(self, ids_t: Any, pos_t: Any, mask_t: Any, mix_t: Any, uniforms_t: Any) -> tuple[Any, Any, Any]:
+    def _eager_step(self, ids_t: Any, pos_t: Any, mask_t: Any, uniforms_t: Any) -> tuple[Any, Any, Any]:
+        """Model step and sampling head on the fixed input buffers: (present KV, probs, draws)."""
         logits, _hidden, present = self.gpt.step(ids_t, pos_t, mask_t, self._kv)
-        probs, draws = self._apply_head(logits, mix_t, uniforms_t)
+        probs, draws = self._apply_head(logits, self._mix, uniforms_t)
         return present, probs, draws
 
     def _write_kv(self, slots: Sequence[int], start: int) -> None:
