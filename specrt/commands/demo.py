@@ -13,6 +13,7 @@ import click
 
 from specrt import validation
 from specrt.errors import SpecrtError
+from specrt.export.demo.registry import DEFAULT_DEMO, DEMOS, demo_names, get_demo
 from specrt.runtime.threads import HELP as THREADS_HELP, resolve as resolve_threads
 
 
@@ -22,6 +23,8 @@ def group() -> None:
 
 
 @group.command(name="train")
+@click.option("--demo", type=click.Choice(demo_names()), default=DEFAULT_DEMO, show_default=True,
+              help="Which demo to train: " + "; ".join(f"{d.name}: {d.summary}" for d in DEMOS.values()) + ".")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for the safetensors weights and demo.json.")
 @click.option("--seed", default=0, show_default=True, help="Seed for every model's initialisation and batches.")
@@ -29,17 +32,14 @@ def group() -> None:
               help="Multiply every model's training steps (e.g. 0.05 for a quick smoke run).")
 @click.option("--threads", type=click.IntRange(min=1), help=f"{THREADS_HELP} (use 1 on a machine other jobs keep busy).")
 @click.option("--no-eval", is_flag=True, help="Skip the sampling-quality summary at the end.")
-def train(out_dir: Path, seed: int, steps_scale: float, threads: int, no_eval: bool) -> None:
-    """Train the demo tokenizer, target, draft and evaluator from scratch (CPU, ~30 min)."""
-    from specrt.export.demo.pipeline import train_demo
-
-    models = train_demo(out_dir, seed=seed, steps_scale=steps_scale, evaluate=not no_eval,
-                        threads=resolve_threads(threads))
+def train(demo: str, out_dir: Path, seed: int, steps_scale: float, threads: int, no_eval: bool) -> None:
+    """Train a demo family from scratch (c2i: tokenizer, target, draft and evaluator, CPU ~30 min)."""
+    entry = get_demo(demo)
+    models = entry.hook("train")(out_dir, seed=seed, steps_scale=steps_scale, evaluate=not no_eval,
+                                 threads=resolve_threads(threads))
     click.echo(f"wrote {out_dir} (training took {models.config['training']['seconds']['total']:.0f} s)")
     if "quality" in models.config:
-        from specrt.export.demo.report import format_summary
-
-        click.echo(format_summary(models.config["quality"]))
+        click.echo(entry.hook("format_quality")(models.config["quality"]))
 
 
 @group.command(name="report")

@@ -11,14 +11,18 @@ import click
 
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
 from specrt.errors import SpecrtError
+from specrt.export.demo.registry import demo_names, help_text as demo_help
 from specrt.runtime.threads import HELP as THREADS_HELP, resolve as resolve_threads
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 
 
-def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo_path, text_encoder):
+def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo_path, text_encoder, demo=None):
     from specrt.export import sources
+    from specrt.export.demo.registry import get_demo
 
     given = [name for name, value in (("--target", target), ("--draft", draft), ("--vq", vq)) if value]
+    if demo is not None and (given or random_weights):
+        raise SpecrtError(f"--demo {demo} exports an embedded demo; drop {', '.join(given) or '--random-weights'}")
     if text_encoder and not given:
         raise SpecrtError("--text-encoder goes with t2i checkpoints (--target/--draft/--vq)")
     if random_weights:
@@ -36,7 +40,7 @@ def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo
                                          draft_choice,
                                          checkpoint.vq_arch, checkpoint.image_size, where="specrt export",
                                          text_encoder=text_encoder)
-    return sources.demo_models(demo_path)
+    return get_demo(demo).hook("model_set")(demo_path)
 
 
 @click.command(name="export")
@@ -52,8 +56,9 @@ def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo
                    "tokenizer, so the bundle takes prompts (needs specrt[t2i]).")
 @click.option("--random-weights", is_flag=True, help="Random weights in the --arch / --draft-arch / --vq-arch layouts "
                                                    "(real dims, no checkpoint; GPT-B, VQ-16, 256 px unless given).")
+@click.option("--demo", type=click.Choice(demo_names()), default=None, help=demo_help())
 @click.option("--demo-weights", type=click.Path(file_okay=False, path_type=Path),
-              help="A `specrt demo train` output folder instead of the packaged demo weights.")
+              help="A `specrt demo train --demo NAME` output folder instead of the packaged weights of that demo.")
 @click.option("--max-window", type=int, default=DEFAULT_MAX_WINDOW, show_default=True,
               help="Largest step window W (profile max): tokens per target step; sjd-pac at L = 64 feeds 65.")
 @click.option("--max-batch", type=int, default=4, show_default=True,
@@ -72,8 +77,9 @@ def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo
 @click.pass_context
 @checkpoint_flags
 def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, random_weights,
-            demo_weights, text_encoder, max_window, max_batch, opset, no_hidden, neighbours_k, verify, family, threads) -> None:
-    """Export target, draft (optional) and VQ decoder to an ONNX bundle (the embedded demo by default).
+            demo, demo_weights, text_encoder, max_window, max_batch, opset, no_hidden, neighbours_k, verify, family, threads) -> None:
+    """Export target, draft (optional) and VQ decoder to an ONNX bundle (the embedded demo by default;
+    --demo t2i adds its text encoder, so the bundle takes prompts).
 
     Class-conditional (c2i) and text-to-image (t2i) LlamaGen checkpoints; the model type comes
     from the weights."""
@@ -91,7 +97,7 @@ def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, rando
                             target_hidden=not no_hidden, neighbours_k=neighbours_k)
     if out.exists() and not force:  # refuse before loading multi-GB checkpoints
         raise SpecrtError(f"{out} already exists; pass --force to replace it")
-    models = _models(target, draft, vq, checkpoint, random_weights, demo_weights, text_encoder)
+    models = _models(target, draft, vq, checkpoint, random_weights, demo_weights, text_encoder, demo)
     manifest = write_bundle(models, out, options, force=force, progress=click.echo)
     click.echo(f"wrote bundle {manifest.root} ({len(manifest.graphs)} graphs); check it with: specrt inspect {out}")
     if verify:

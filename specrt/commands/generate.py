@@ -22,12 +22,14 @@ import numpy as np
 from specrt import validation
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
 from specrt.errors import SpecrtError
+from specrt.export.demo.registry import demo_names, help_text as demo_help
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 from specrt.runtime.defaults import describe
 from specrt.runtime.threads import HELP as THREADS_HELP, resolve as resolve_threads
 from specrt.runtime.pipeline import BUNDLE_BACKENDS, SAMPLING_KEYS
 
 METHOD_NAMES = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
+DEMO_NAMES, DEMO_HELP = demo_names(), demo_help()
 
 
 def parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -64,11 +66,16 @@ def check_before_loading(method: str, seed: int, max_window: int, image_size: Op
 
 def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optional[Path], draft: Optional[Path],
                    vq: Optional[Path], checkpoint: CheckpointFlags, max_window: int, device: Optional[str],
-                   threads: Optional[int] = None, text_encoder: Optional[Path] = None) -> Any:
-    """The Pipeline the flags describe (bundle on ort, checkpoints or the demo on torch), with
-    `threads` intra-op threads on whichever library runs it (None: specrt.runtime.threads'
+                   threads: Optional[int] = None, text_encoder: Optional[Path] = None,
+                   demo: Optional[str] = None) -> Any:
+    """The Pipeline the flags describe (bundle on ort, checkpoints or the demo `demo` on torch),
+    with `threads` intra-op threads on whichever library runs it (None: specrt.runtime.threads'
     default, one per CPU; 1 for the embedded demo, whose graphs are too small to share)."""
+    from specrt.export.demo.registry import get_demo
     from specrt.runtime.pipeline import Pipeline
+
+    if demo is not None and (bundle is not None or target or draft or vq):
+        raise SpecrtError("--demo picks an embedded demo; drop it to run a BUNDLE or checkpoints")
 
     if text_encoder and not (target or vq):
         raise SpecrtError("--text-encoder goes with t2i checkpoints (--target/--vq); a bundle carries its own")
@@ -97,14 +104,11 @@ def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optio
         return Pipeline.from_torch(models.target, models.draft, models.vq, max_window=max_window, device=device,
                                    sampling_defaults=models.sampling_defaults, threads=resolve_threads(threads),
                                    text_encoder=encoder)
-    # ---- embedded demo hook: specrt.export.demo.load_demo() returns .target/.draft/.vq ----
-    from specrt.export.demo import load_demo
-
-    demo = load_demo()
+    # ---- embedded demo (export.demo.registry): its torch_pipeline hook ----
     # the demo is tiny: intra-op threads only add synchronisation, and on a busy machine
     # spinning OpenMP threads make it 100x slower
-    return Pipeline.from_torch(demo.target, demo.draft, demo.vq, max_window=max_window, device=device,
-                               threads=1 if threads is None else threads)
+    return get_demo(demo).hook("torch_pipeline")(None, max_window=max_window, device=device,
+                                                 threads=1 if threads is None else threads)
 
 
 def save_tokens(tokens: np.ndarray, path: Path) -> Path:
@@ -148,17 +152,19 @@ def sampling_epilog() -> str:
     """Which sampling defaults apply on which route (the --help epilog)."""
     from specrt.runtime.defaults import describe, families_help
 
-    try:
-        from specrt.export.demo import packaged_sampling_defaults
+    from specrt.export.demo.registry import DEMOS
 
-        demo = describe(packaged_sampling_defaults())
-    except (OSError, KeyError, ValueError):  # a broken install still shows its help
-        demo = "its demo.json"
+    demos = []
+    for entry in DEMOS.values():
+        try:
+            demos.append(f"  --demo {entry.name}: {describe(entry.hook('packaged_sampling_defaults')())}")
+        except (OSError, KeyError, ValueError, ImportError, SpecrtError):  # a broken install still shows its help
+            demos.append(f"  --demo {entry.name}: its weights' JSON")
     lines = ["Sampling defaults (a --cfg-scale, --temperature, --top-k or --top-p given overrides that key,",
              "the same way on every route):",
              "  BUNDLE: the manifest's (`specrt inspect BUNDLE` shows them)",
              *(f"  --target {line}" for line in families_help()),
-             f"  the embedded demo: {demo}"]
+             *demos]
     return "\b\n" + "\n".join(lines)
 
 
@@ -173,6 +179,7 @@ def sampling_epilog() -> str:
                    "'embeddings' and optional 'mask').")
 @click.option("--text-encoder", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="t2i checkpoints: a local T5 encoder directory for --prompt (a bundle carries its own).")
+@click.option("--demo", type=click.Choice(DEMO_NAMES), default=None, help=DEMO_HELP)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed: same seed, same image.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("img.png"), show_default=True,
               help="PNG to write (numbered when several images are asked for).")
@@ -197,10 +204,11 @@ def sampling_epilog() -> str:
               help="Skip the VQ decode and the PNG: write only the tokens (to --save-tokens, default: --out as .npy).")
 @click.option("--threads", type=int, help=f"{THREADS_HELP}; the embedded demo: 1 (its graphs are too small to share).")
 @checkpoint_flags
-def command(bundle, method, class_ids, prompts, captions_path, text_encoder, seed, out, backend, target, draft, vq,
+def command(bundle, method, class_ids, prompts, captions_path, text_encoder, demo, seed, out, backend, target, draft, vq,
             checkpoint, device, max_window, cfg_scale, temperature, top_k, top_p, params, stats_path, tokens_path,
             tokens_only, threads) -> None:
-    """Generate images for class ids or prompts (the embedded demo models by default).
+    """Generate images for class ids or prompts (the embedded demo models by default; --demo t2i
+    takes prompts, e.g. --demo t2i --prompt "a thick slanted seven").
 
     \b
     Method parameters (--param KEY=VALUE; the README lists them all):
@@ -216,7 +224,8 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, see
                                   ("top_p", top_p)) if v is not None}
     method_params = parse_params(params)
     check_before_loading(method, seed, max_window, checkpoint.image_size, threads, sampling, method_params)
-    pipe = build_pipeline(bundle, backend, target, draft, vq, checkpoint, max_window, device, threads, text_encoder)
+    pipe = build_pipeline(bundle, backend, target, draft, vq, checkpoint, max_window, device, threads, text_encoder,
+                          demo)
     conditions = condition_args(pipe.target.spec.model_type, class_ids, prompts, captions_path)
     result = pipe.generate(**conditions, method=method, seed=seed, decode=not tokens_only, **sampling,
                            **method_params)
