@@ -79,8 +79,9 @@ def timed_params(setting: Setting) -> dict:
 
 
 def has_theory(setting: Setting) -> bool:
-    """Whether the runtime can estimate Theorem 2 for this setting (relaxed draft-and-verify methods)."""
-    return "theorem2" in METHODS[setting.method].PARAMS
+    """Whether the runtime can estimate Theorem 2 for this setting (relaxed draft-and-verify methods,
+    drafting chains: the estimates follow one drafted path)."""
+    return "theorem2" in METHODS[setting.method].PARAMS and setting.params.get("tree", "chain") == "chain"
 
 
 def run_settings(pipe: Pipeline, settings: Sequence[Setting], images: int, seed: int = 0,

@@ -206,7 +206,8 @@ class Pipeline:
             decoder.neighbours = self.neighbours
         if decoder.max_window > self.target.max_window:
             raise SpecrtError(f"method {method!r} feeds the target {decoder.max_window} tokens per step "
-                              f"(sjd/sjd-pac: window + the pending token; draft methods: draft_len + 1); "
+                              f"(sjd/sjd-pac: window + the pending token; draft methods: draft_len + 1, "
+                              f"or a tree's drafts + 1); "
                               f"this model allows at most {self.target.max_window}")
 
         stats = Stats()

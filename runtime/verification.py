@@ -11,7 +11,7 @@ f the acceptance probability, ω the relaxation weight, δ the relaxation budget
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -206,6 +206,9 @@ class VanillaRule(AcceptanceRule):
         return residual(p, q)
 
 
+VANILLA = VanillaRule()
+
+
 @dataclass
 class CoolRule(AcceptanceRule):
     """Relaxed SD with ω_i per draft position: f_i = min(1, ω_i·P/Q), G* resampling (Eq. 12, 10)."""
@@ -350,13 +353,98 @@ def verify_siblings(p: np.ndarray, q: np.ndarray, candidates: Sequence[int],
     (p^(1) = p, p^(k+1) = Norm([p^(k) − q^(k)]_+)); returns (index accepted or None, token).
     On total rejection the token is drawn from p^(K+1). Exact for any K (SJD-PAC Theorem 2).
     """
-    target = p
+    return verify_candidates(p, candidate_proposals(q, candidates, SAMPLED), VANILLA, 1, rng)
+
+
+# ---- verifying a token tree (tree drafting for sd, cool-sd, lantern) -------------------------------
+
+SAMPLED, TOP = "sampled", "top"  # how a node's children were drafted (runtime.tree)
+
+
+def candidate_proposals(q: Any, candidates: Sequence[int], drawn: str,
+                        vocab: int = 0) -> Iterator[tuple[int, np.ndarray]]:
+    """(token, the draft distribution it was drawn from) for the children c_1..c_K of one node, made
+    lazily (verification stops at the first accepted child).
+
+    SAMPLED: c_k was drawn from q^(k) = q without c_1..c_{k−1}, renormalised (sampling without
+    replacement, EAGLE-1's and LANTERN's static trees, SJD-PAC's siblings).
+    TOP: the children are the row's top-k tokens, a deterministic function of the draft's rows
+    (EAGLE-2's dynamic trees), so c_k is a draw from the point mass on c_k. This is what EAGLE-2's
+    evaluate_posterior does with `qx = 1.0` and `gtp[xi] = 0` on a rejection (the residual
+    Norm([p − δ_x]_+) is p with x removed); testing the top-k tokens against q^(k) instead would not
+    be exact, because they were never drawn from q.
+    """
     for k, token in enumerate(candidates):
-        draft = without_replacement(q, candidates[:k])
-        if rng.random() <= acceptance(target[token], draft[token]):
+        if drawn == SAMPLED:
+            yield int(token), without_replacement(q, candidates[:k])
+        elif drawn == TOP:
+            yield int(token), point_mass(int(token), vocab)
+        else:
+            raise ValueError(f"unknown drafting {drawn!r}")
+
+
+def point_mass(token: int, vocab: int) -> np.ndarray:
+    row = np.zeros(vocab, dtype=np.float64)
+    row[token] = 1.0
+    return row
+
+
+def verify_candidates(p: np.ndarray, proposals: Iterable[tuple[int, np.ndarray]], rule: AcceptanceRule,
+                      position: int, rng: np.random.Generator) -> tuple[Optional[int], int]:
+    """Recursive rejection sampling over the sibling candidates of one tree node (SpecInfer; EAGLE's
+    evaluate_posterior): candidate k, drawn from q_k, is kept with the rule's f(p^(k), q_k, c_k); on a
+    rejection the target becomes the rule's resampling distribution G(p^(k), q_k, c_k) and the next
+    sibling is tried; after the last, the token is drawn from what remains. (index or None, token).
+
+    For VanillaRule (f = min(1, p/q), G = Norm([p − q]_+)) this is exactly lossless whenever q_k is
+    the distribution c_k was really drawn from given c_1..c_{k−1} (candidate_proposals): each step
+    is one SD step from p^(k) with proposal q_k, which returns a draw from p^(k) when it accepts
+    and a draw from p^(k+1) in the rejecting branch, so by induction over k the result is a draw
+    from p (SJD-PAC Theorem 2 for draws without replacement; point masses are the K = 1 case of
+    each step). With K = 1 it is verify_chain's step. The relaxed rules are applied the same way,
+    to the current residual p^(k) at every sibling: neither the Cool-SD paper nor LANTERN's
+    defines multi-candidate verification; LANTERN's code (evaluate_posterior, _v1) likewise
+    computes the relaxed p̃ on the residual at each sibling. Cool-SD's ω is that of the siblings'
+    depth (draft position `position`, 1-based).
+    """
+    target = p
+    for k, (token, q) in enumerate(proposals):
+        if rng.random() <= rule.accept_probability(target, q, token, position):
             return k, int(token)
-        target = residual(target, draft)
-    return None, int(sample(target, rng))
+        target = rule.resample(target, q, token, position)
+    return None, int(sample(np.asarray(target), rng))
+
+
+@dataclass
+class TreeOutcome:
+    """The accepted path (window slots from the root), its drafted tokens, and the token after them."""
+
+    path: list[int]
+    accepted: list[int]
+    next_token: int
+
+
+def verify_tree(p_rows: Any, tree: Any, rule: AcceptanceRule, rng: np.random.Generator, bonus: Any) -> TreeOutcome:
+    """Walk a token tree (runtime.tree.TokenTree) from the root: at each node verify its children in
+    order (verify_candidates with the draft distributions they were drawn from); an accepted child
+    becomes the next node; a total rejection ends the walk with the resampled token; at a node
+    without children the token after it is `bonus[node]`, the head's draw from that node's row.
+
+    p_rows [W, V]: the target's rows by window slot (= node); only the tested tokens' entries and
+    the rows of a rejection's residual are read.
+    """
+    node, path, accepted = 0, [0], []
+    while tree.children[node]:
+        kids = tree.children[node]
+        proposals = candidate_proposals(tree.rows.get(node), [tree.tokens[c] for c in kids], tree.drawn,
+                                        p_rows.shape[-1])
+        index, token = verify_candidates(p_rows[node], proposals, rule, tree.depths[node] + 1, rng)
+        if index is None:
+            return TreeOutcome(path, accepted, token)
+        node = kids[index]
+        path.append(node)
+        accepted.append(token)
+    return TreeOutcome(path, accepted, int(bonus[node]))
 
 
 # ---- Theorem 2 (Cool-SD): expected accepted length and TV bound --------------------------------

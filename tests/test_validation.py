@@ -85,7 +85,11 @@ def test_sampling_params_normalise_types():
 BAD_VALUES = {
     "draft_len": [0, -1, 2.5, math.nan, True, "x"],
     "window": [0, -1, 3.5, math.inf],  # L = drafts verified per step: 1 is the smallest
-    "tree": ["cone", 2],
+    "tree": ["cone", 2],  # sjd-pac: spine | full; sd family: chain | static | dynamic
+    "static_tree": ["oak", 25],
+    "total_tokens": [0, -1, 2.5, math.nan],
+    "depth": [0, 1.5, "deep"],
+    "tree_top_k": [0, -3, 2.5, True],
     "branching": [0, -2, 1.5],
     "tree_depth": [-1, 0.5],
     "relaxation_budget": [0.5, math.nan, math.inf, -1.0, True],

@@ -3,6 +3,9 @@
 One round (Cool-SD Alg. 1): the draft model proposes L tokens autoregressively, the target
 scores [pending, x̃_1..x̃_L] in one forward, runtime.verification accepts a prefix and samples
 one more token. The three methods differ only in the AcceptanceRule they verify with.
+`tree` = static | dynamic drafts a token tree instead of a chain (runtime.methods.tree_loop):
+`static_tree` names the static shape, `total_tokens`, `depth` and `tree_top_k` size the dynamic
+one (tree_top_k, not top_k: that is the sampling filter's name); draft_len is the chain's.
 """
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ import numpy as np
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.methods.base import Decoding, OneImageAtATime
+from specrt.runtime.methods.tree_loop import generate_tree_one
+from specrt.runtime.tree import STATIC_TREES, TREES, static_shape
 from specrt.runtime.verification import (
     SCHEDULES, AcceptanceRule, CoolRule, LanternRule, VanillaRule, relaxation_schedule, theorem2_along_path,
     verify_chain,
@@ -27,17 +32,39 @@ class DraftThenVerify(OneImageAtATime):
     """Speculative decoding with a draft model; subclasses choose the acceptance rule."""
 
     needs_draft = True
-    PARAMS = {"draft_len": Int(4, low=1, symbol="L")}
+    # tree chain | static | dynamic; static_tree: the static shape; dynamic (EAGLE-2): total_tokens
+    # drafts kept, depth levels, tree_top_k children per expanded node and nodes expanded per level
+    PARAMS = {"draft_len": Int(4, low=1, symbol="L"), "tree": Choice("chain", choices=TREES),
+              "static_tree": Choice("mc_sim_7b_63", choices=tuple(STATIC_TREES)),
+              "total_tokens": Int(63, low=1), "depth": Int(6, low=1), "tree_top_k": Int(8, low=1, symbol="top_k")}
     theorem2 = False  # relaxed methods: report Theorem-2 estimates per round (Stats)
+
+    def validate(self) -> None:
+        if self.tree != "chain" and self.theorem2:
+            raise SpecrtError(f"{self.name} theorem2 estimates follow one drafted chain: use tree=chain with theorem2")
 
     @property
     def max_window(self) -> int:
+        """Tokens per target pass: the pending token and the drafts (every node of a tree)."""
+        if self.tree == "static":
+            return static_shape(self.static_tree).size + 1
+        if self.tree == "dynamic":
+            return self.total_tokens + 1
         return self.draft_len + 1
+
+    @property
+    def positions(self) -> int:
+        """Draft positions on the longest drafted path (Cool-SD's L): draft_len, or the tree's depth."""
+        if self.tree == "static":
+            return static_shape(self.static_tree).depth
+        return self.depth if self.tree == "dynamic" else self.draft_len
 
     def rule(self, ctx: Decoding) -> AcceptanceRule:
         return VanillaRule()
 
     def generate_one(self, ctx: Decoding, condition: Conditions) -> np.ndarray:
+        if self.tree != "chain":
+            return generate_tree_one(self, ctx, condition)
         target, draft, cond_len = ctx.target, ctx.draft, ctx.target.spec.cond_len
         rule = self.rule(ctx)
         tokens = [int(self.start(ctx, target, condition).draws[0, 0])]
@@ -91,14 +118,17 @@ class CoolSD(DraftThenVerify):
               "theorem2": Bool(False)}  # per-round Eq. 7-9 estimates cost a few V-sized passes: opt-in
 
     def validate(self) -> None:
-        if self.schedule == "linear" and 2 * self.slope_len <= self.draft_len + 1:
+        super().validate()
+        if self.schedule == "linear" and 2 * self.slope_len <= self.positions + 1:
             # Eq. 17's raw weights (ℓ − i) must sum positive over i = 1..L
-            raise SpecrtError(f"cool-sd linear schedule needs slope_len (ℓ) > (draft_len + 1) / 2 = "
-                              f"{(self.draft_len + 1) / 2:g}, got {self.slope_len}")
+            length = "draft_len" if self.tree == "chain" else "the tree's depth"
+            raise SpecrtError(f"cool-sd linear schedule needs slope_len (ℓ) > ({length} + 1) / 2 = "
+                              f"{(self.positions + 1) / 2:g}, got {self.slope_len}")
 
     def weights(self) -> np.ndarray:
-        """ω_1..ω_L for the configured draft length (positions of a shorter last round use the first ones)."""
-        return relaxation_schedule(self.schedule, self.draft_len, self.relaxation_budget, self.decay, self.slope_len)
+        """ω_1..ω_L for the configured draft length, or a tree's depth (ω_d for the nodes at depth d);
+        positions of a shorter last round use the first ones."""
+        return relaxation_schedule(self.schedule, self.positions, self.relaxation_budget, self.decay, self.slope_len)
 
     def rule(self, ctx: Decoding) -> AcceptanceRule:
         return CoolRule(self.weights())

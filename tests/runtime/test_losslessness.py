@@ -22,10 +22,11 @@ SAMPLES = 20_000
 CLASS_ID = 1
 
 
-def run(method, sampling: SamplingParams, vocab: int = 3, grid: int = 2, **params) -> tuple[float, float]:
-    target, draft, vq = toy_models(vocab_size=vocab, grid_size=grid, num_classes=2, seed=3)
+def run(method, sampling: SamplingParams, vocab: int = 3, grid: int = 2, samples: int = SAMPLES, max_window: int = 16,
+        **params) -> tuple[float, float]:
+    target, draft, vq = toy_models(vocab_size=vocab, grid_size=grid, num_classes=2, seed=3, max_window=max_window)
     pipe = Pipeline(target, vq, draft, sampling_defaults=vars(sampling))
-    tokens = pipe.generate([CLASS_ID] * SAMPLES, method=method, seed=11, **params).tokens
+    tokens = pipe.generate([CLASS_ID] * samples, method=method, seed=11, **params).tokens
     exact = exact_distribution(target.lm, CLASS_ID, 2, vocab, grid * grid, sampling)
     assert abs(sum(exact.values()) - 1) < 1e-9
     return chi_square(tokens, exact)
@@ -44,6 +45,13 @@ LOSSLESS = [
     ("sjd-pac", {"window": 6, "branching": 2, "tree_depth": 2}, GUIDED),
     ("sjd-pac", {"window": 4, "proactive_drafting": False}, PLAIN),
     ("sjd-pac", {"window": 6, "branching": 3, "tree_depth": 1, "adaptive_continuation": False}, PLAIN),
+    # tree drafting: EAGLE-1's static tree (children drawn without replacement; 3 of its 4 root
+    # ranks exist in a vocabulary of 3) and an EAGLE-2 dynamic tree (top-k children, point masses),
+    # recursive rejection over siblings. 3,000 images each (a tree round costs several draft
+    # passes); the critical value is the chi-square quantile for the cells this many images fill,
+    # and test_planted_bugs flags a broken sibling residual at 2,000.
+    ("sd", {"tree": "static", "samples": 3_000, "max_window": 26}, PLAIN),
+    ("sd", {"tree": "dynamic", "total_tokens": 6, "depth": 3, "tree_top_k": 2, "samples": 3_000}, GUIDED),
 ]
 
 

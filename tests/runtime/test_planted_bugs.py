@@ -15,6 +15,7 @@ import pytest
 
 from _toy_exact import chi_square, exact_distribution, next_token_row, one_torch_thread  # noqa: F401 (autouse fixture)
 from specrt.runtime.backends.toy import toy_models
+from specrt.runtime import verification
 from specrt.runtime.methods import jacobi
 from specrt.runtime.methods.jacobi import SJDPAC
 from specrt.runtime.methods.speculative import CoolSD
@@ -190,3 +191,26 @@ def test_cool_sd_with_gstar_at_the_drafted_token_only_is_flagged():
     statistic, critical = chi2(BrokenCoolSD(**COOL), COOL_SAMPLES, COOL_TOY)
     assert statistic > critical, f"broken G* passed: chi2 {statistic:.1f} < {critical:.1f}"
 
+
+
+# ---- tree drafting (sd): the sibling residual -----------------------------------------------------
+
+TREE_SAMPLES = 2_000
+TREE_TOY = {"vocab_size": 3, "seed": 3, "max_window": 26}  # test_losslessness's toy: sd trees pass there
+
+
+def siblings_keep_the_target(p, proposals, rule, position, rng):
+    """Broken: every sibling is tested against p itself; p is never replaced by Norm([p − q_k]_+)
+    between siblings (only the final draw, after all are rejected, comes from a residual)."""
+    for k, (token, q) in enumerate(proposals):
+        if rng.random() <= rule.accept_probability(p, q, token, position):
+            return k, int(token)
+    return None, int(sample(rule.resample(p, q, token, position), rng))
+
+
+def test_tree_verification_without_the_sibling_residual_is_flagged(monkeypatch):
+    """The static tree of test_losslessness (EAGLE-1's mc_sim_7b_63), with p not updated between
+    siblings: far outside the chi-square quantile at 2,000 images (the real one passes at 3,000)."""
+    monkeypatch.setattr(verification, "verify_candidates", siblings_keep_the_target)
+    statistic, critical = chi2("sd", TREE_SAMPLES, TREE_TOY, tree="static")
+    assert statistic > critical, f"broken sibling residual passed: chi2 {statistic:.1f} < {critical:.1f}"

@@ -1,0 +1,133 @@
+"""Token trees and their parameters: static shapes, EAGLE-2 dynamic growth, tree windows, refusals.
+
+The exactness of tree verification is checked by chi-square in test_losslessness (static and
+dynamic trees) and test_planted_bugs (a broken sibling residual); these are the fast structural checks.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from _toy_exact import one_torch_thread  # noqa: F401 (autouse fixture)
+from specrt.errors import SpecrtError
+from specrt.runtime.backends.toy import toy_models
+from specrt.runtime.methods import make_method
+from specrt.runtime.pipeline import Pipeline
+from specrt.runtime.tree import STATIC_TREES, StaticShape, TokenTree, draft_dynamic, draft_static, static_shape
+from specrt.runtime.verification import TOP, VanillaRule, verify_tree
+
+
+class RowsDrafter:
+    """A drafter whose row after a node depends only on the node's token path (a fixed table)."""
+
+    def __init__(self, vocab: int, seed: int = 0):
+        self.vocab, self.seed, self.calls = vocab, seed, []
+
+    def row(self, path: tuple[int, ...]) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, len(path), *path])
+        return rng.dirichlet(np.ones(self.vocab))
+
+    def expand(self, ctx, tree, nodes):
+        self.calls.append(list(nodes))
+        return [self.row(tuple(tree.tokens[n] for n in tree.path(node))) for node in nodes]
+
+
+class Ctx:
+    rng = np.random.default_rng(0)
+
+
+def test_static_shapes_are_eagle_and_lantern_trees():
+    shape = static_shape("mc_sim_7b_63")
+    assert (shape.size, shape.depth, len(shape.children[0])) == (25, 5, 4)
+    assert {name: StaticShape(c).size for name, c in STATIC_TREES.items()} == {
+        "mc_sim_7b_63": 25, "mc_sim_7b_63_balanced": 25, "naive_extend_57": 57, "reverse_balanced_25": 25}
+    with pytest.raises(SpecrtError, match="lower-ranked siblings") as err:
+        StaticShape([[0], [2]])  # rank 1 missing: its draw would be skipped by q^(k)
+    assert "\n" not in str(err.value)
+
+
+def test_static_tree_grows_its_shape_one_pass_per_depth_and_stops_at_the_image_end():
+    drafter = RowsDrafter(vocab=50)
+    tree = draft_static(Ctx(), drafter, root=7, shape=static_shape("mc_sim_7b_63"), max_depth=9)
+    assert len(tree) == 26 and max(tree.depths) == 5 and len(drafter.calls) == 5
+    assert [len(tree.children[n]) for n in drafter.calls[0]] == [4]
+    for node, kids in enumerate(tree.children):  # siblings are distinct draws (without replacement)
+        assert len({tree.tokens[k] for k in kids}) == len(kids)
+    short = draft_static(Ctx(), RowsDrafter(vocab=50), root=7, shape=static_shape("mc_sim_7b_63"), max_depth=2)
+    assert max(short.depths) == 2 and len(short) == 1 + 4 + 8
+
+
+def test_dynamic_tree_is_eagle2s_expand_and_rerank():
+    drafter = RowsDrafter(vocab=20, seed=3)
+    top_k, depth, total = 3, 4, 10
+    tree = draft_dynamic(Ctx(), drafter, root=5, depth=depth, top_k=top_k, total_tokens=total, max_depth=99)
+    assert len(tree) == total + 1 and tree.drawn == TOP
+    assert [len(c) for c in drafter.calls] == [1, top_k, top_k, top_k]  # the frontier: top_k nodes per depth
+
+    def score(node):  # cumulative draft log-probability along the node's path
+        path = tree.path(node)
+        return sum(math.log(drafter.row(tuple(tree.tokens[n] for n in path[:i]))[tree.tokens[path[i]]])
+                   for i in range(1, len(path)))
+
+    # every candidate EAGLE-2 would have made, scored: the kept ones are the best `total`
+    candidates, frontier = [], [(5,)]
+    for _ in range(depth):
+        new = []
+        for path in frontier:
+            row = drafter.row(path)
+            for token in np.argsort(-row)[:top_k]:
+                new.append((path + (int(token),), None))
+        scored = [(sum(math.log(drafter.row(p[:i])[p[i]]) for i in range(1, len(p))), p) for p, _ in new]
+        candidates += scored
+        frontier = [p for _, p in sorted(scored, reverse=True)[:top_k]]
+    best = sorted(s for s, _ in candidates)[-total:]
+    assert sorted(score(n) for n in range(1, len(tree))) == pytest.approx(best)
+    for node in range(1, len(tree)):  # children in order of draft probability
+        kids = tree.children[node]
+        assert [score(k) for k in kids] == sorted((score(k) for k in kids), reverse=True)
+
+
+def test_tree_window_is_ancestry_and_depth():
+    tree = TokenTree(9, TOP)
+    a, b = tree.add(0, 1), tree.add(0, 2)
+    c = tree.add(a, 3)
+    window = tree.window()
+    assert window.depths().tolist() == [0, 1, 1, 2]
+    assert window.ancestry()[c].tolist() == [True, True, False, True]
+    assert window.ancestry()[b].tolist() == [True, False, True, False]
+
+
+def test_verify_tree_follows_accepted_children_and_takes_the_bonus_at_a_leaf():
+    tree = TokenTree(0, TOP)
+    first = tree.add(0, 1)
+    leaf = tree.add(first, 2)
+    p_rows = np.zeros((3, 3))
+    p_rows[0, 1] = p_rows[1, 2] = p_rows[2, 0] = 1.0  # the target agrees with every draft
+    outcome = verify_tree(p_rows, tree, VanillaRule(), np.random.default_rng(0), bonus=[9, 9, 4])
+    assert (outcome.path, outcome.accepted, outcome.next_token) == ([0, first, leaf], [1, 2], 4)
+
+
+def test_tree_parameters_size_the_window_and_refuse_in_one_line():
+    assert make_method("sd").max_window == 5  # the chain, unchanged
+    assert make_method("sd", tree="static").max_window == 26
+    assert make_method("lantern", tree="static", static_tree="naive_extend_57").max_window == 58
+    assert make_method("cool-sd", tree="dynamic", total_tokens=10).max_window == 11
+    assert make_method("cool-sd", tree="static").weights().shape == (5,)  # ω per depth of the tree
+    for params, match in [({"tree": "forest"}, "tree must be one of"), ({"total_tokens": 0}, "total_tokens"),
+                          ({"tree_top_k": 1.5}, "tree_top_k"), ({"static_tree": "oak"}, "static_tree")]:
+        with pytest.raises(SpecrtError, match=match) as err:
+            make_method("sd", **params)
+        assert "\n" not in str(err.value)
+    with pytest.raises(SpecrtError, match="tree=chain"):
+        make_method("cool-sd", tree="static", theorem2=True)
+
+
+def test_a_tree_larger_than_the_bundle_window_is_refused():
+    target, draft, vq = toy_models(max_window=16)
+    pipe = Pipeline(target, vq, draft, sampling_defaults={"cfg_scale": 1.0})
+    with pytest.raises(SpecrtError, match="26 tokens per step"):
+        pipe.generate([1], method="sd", tree="static")
+    tokens = pipe.generate([1, 0], method="sd", tree="dynamic", total_tokens=15, depth=3, tree_top_k=2).tokens
+    assert tokens.shape == (2, 2, 2)
