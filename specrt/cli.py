@@ -8,7 +8,7 @@ import sys
 import click
 
 from specrt import __version__
-from specrt.commands import bench, build, demo, export, generate, inspect, quantize
+from specrt.commands import bench, build, demo, export, generate, inspect, quantize, serve
 from specrt.errors import SpecrtError
 
 
@@ -25,13 +25,14 @@ def cli() -> None:
       specrt build bundle                 # TensorRT engines (on the deployment GPU)
       specrt generate bundle --method cool-sd --class 3 --out img.png
       specrt bench                        # every method's speed and fidelity, one run
+      specrt serve bundle                 # Triton Inference Server (PyTriton), HTTP + gRPC
 
     With no model arguments every command uses the embedded demo models.
     """
 
 
 for command in (export.command, quantize.command, build.command, generate.command, bench.command, inspect.command,
-                demo.group):
+                serve.serve_command, serve.triton_repo_command, demo.group):
     cli.add_command(command)
 
 

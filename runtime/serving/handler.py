@@ -1,0 +1,98 @@
+"""A batch of Triton requests -> Pipeline.generate calls -> one response per request.
+
+Triton's dynamic batcher hands the model every request that queued while it was busy. Rows
+that ask for the same method, parameters and decoding run in one Pipeline.generate call (one
+batched pass once the methods decode batches); rows that differ run in separate calls. Each
+row's image depends only on its own condition, method, parameters and seed — the Pipeline's
+per-image random streams — so batching never changes what a client gets. Mistakes in a row
+become that row's `error`; an unexpected exception in one call becomes the `error` of that
+call's rows and is logged, and the server keeps serving.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from typing import Any, Mapping, Sequence, Union
+
+import numpy as np
+
+from specrt.errors import SpecrtError
+from specrt.runtime.methods import make_method
+from specrt.runtime.pipeline import SAMPLING_KEYS, Pipeline
+from specrt.runtime.sampling import SamplingParams
+from specrt.runtime.serving.protocol import ImageRequest, ImageResult, decode_request, encode_response, png_bytes
+
+LOG = logging.getLogger("specrt.serve")
+
+
+class RequestHandler:
+    """Callable over a list of requests (input name -> array [rows, 1]); returns their outputs."""
+
+    def __init__(self, pipeline: Pipeline):
+        self.pipeline = pipeline
+        spec = pipeline.target.spec
+        self.tokens_per_image = spec.grid_size * spec.grid_size
+
+    def __call__(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        start = time.perf_counter()
+        rows = [decode_request({name: request[name] for name in request.keys()}) for request in requests]
+        results: dict[tuple[int, int], ImageResult] = {}
+        groups: dict[tuple, list[tuple[tuple[int, int], ImageRequest]]] = defaultdict(list)
+        for r, request_rows in enumerate(rows):
+            for i, row in enumerate(request_rows):
+                problem = row if isinstance(row, SpecrtError) else self.check(row)
+                if problem is not None:
+                    results[r, i] = ImageResult(error=str(problem))
+                else:
+                    groups[row.group].append(((r, i), row))
+        for members in groups.values():
+            for (key, _), result in zip(members, self.run_group([row for _, row in members], start)):
+                results[key] = result
+        return [encode_response([results[r, i] for i in range(len(request_rows))], self.tokens_per_image)
+                for r, request_rows in enumerate(rows)]
+
+    def check(self, row: ImageRequest) -> Union[SpecrtError, None]:
+        """What rules a row out before it can spoil its group's call: its condition against the
+        model, its method and parameters (the checks Pipeline.generate makes, row by row)."""
+        try:
+            if row.class_id is not None:
+                self.pipeline.conditions(class_ids=[row.class_id])
+            elif self.pipeline.target.spec.model_type == "c2i":
+                raise SpecrtError("this model is class-conditional: send class_id, not prompt")
+            elif self.pipeline.text_encoder is None:
+                raise SpecrtError("this model has no text encoder: export the bundle with --text-encoder to send prompts")
+            params = dict(row.params)
+            SamplingParams(**{**self.pipeline.sampling_defaults,
+                              **{k: v for k, v in params.items() if k in SAMPLING_KEYS and v is not None}})
+            make_method(row.method, **{k: v for k, v in params.items() if k not in SAMPLING_KEYS})
+        except SpecrtError as exc:
+            return exc
+        return None
+
+    def run_group(self, rows: list[ImageRequest], start: float) -> list[ImageResult]:
+        """One generate call per row for now: Pipeline.generate takes one seed per call, and each
+        row must get its own seed's image."""
+        return [self._generate([row], start)[0] for row in rows]
+
+    def _generate(self, rows: list[ImageRequest], start: float) -> list[ImageResult]:
+        first = rows[0]
+        condition: dict[str, Any] = ({"class_ids": [r.class_id for r in rows]} if first.class_id is not None
+                                     else {"prompts": [r.prompt for r in rows]})
+        try:
+            result = self.pipeline.generate(**condition, method=first.method, seed=rows[0].seed,
+                                            decode=not first.tokens_only, **dict(first.params))
+        except SpecrtError as exc:
+            return [ImageResult(error=str(exc)) for _ in rows]
+        except Exception as exc:  # a bug, not the client's mistake: log it, answer, keep serving
+            LOG.exception("generate failed for %d rows (method %s)", len(rows), first.method)
+            line = (str(exc).splitlines() or [""])[0]
+            return [ImageResult(error=f"internal error: {type(exc).__name__}: {line}") for _ in rows]
+        stats = result.stats
+        shared = {"method": first.method, "accepted_length": round(stats.mean_accepted_length, 4),
+                  "target_forwards": stats.target_forwards / len(rows), "images_in_call": len(rows),
+                  "generate_seconds": round(stats.seconds["total"], 6),
+                  "server_seconds": round(time.perf_counter() - start, 6)}
+        return [ImageResult(tokens=result.tokens[i].reshape(-1),
+                            png=b"" if result.images is None else png_bytes(result.images[i]), stats=dict(shared))
+                for i in range(len(rows))]

@@ -1,0 +1,189 @@
+"""The wire format of a specrt Triton model: one batch row per image, the same for PyTriton
+(`specrt serve`) and the stock tritonserver's Python backend (`specrt triton-repo`).
+
+Every input is optional (a row may leave any out and get its default) and has one value per
+row, so Triton's dynamic batcher can stack requests of any mix. Requests that cannot be
+served get a one-line `error` in their own rows, never an exception: PyTriton fails a whole
+merged batch on an exception, which would punish the requests batched with a bad one.
+docs/contracts.md ("Serving") lists the same tensors for client writers.
+"""
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Union
+
+import numpy as np
+
+from specrt import validation
+from specrt.errors import SpecrtError
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model input or output as Triton declares it; `shape` is per row (no batch dim)."""
+
+    name: str
+    dtype: str  # Triton's data type name without TYPE_: INT64, UINT64, BOOL, BYTES
+    shape: tuple[int, ...]
+    doc: str
+
+
+INPUTS = (
+    TensorSpec("class_id", "INT64", (1,), "class id (class-conditional models)"),
+    TensorSpec("prompt", "BYTES", (1,), "UTF-8 prompt (text-to-image models with a text encoder)"),
+    TensorSpec("method", "BYTES", (1,), "ar | sd | cool-sd | lantern | sjd | sjd-pac (default ar)"),
+    TensorSpec("seed", "UINT64", (1,), "random seed (default 0); the image is generate(seed=seed)'s"),
+    TensorSpec("params", "BYTES", (1,), "JSON object of method parameters and sampling keys"),
+    TensorSpec("tokens_only", "BOOL", (1,), "skip the VQ decoder: `image` comes back empty"),
+)
+OUTPUTS = (
+    TensorSpec("image", "BYTES", (1,), "PNG bytes (empty with tokens_only or on an error)"),
+    TensorSpec("tokens", "INT64", (-1,), "the grid's token ids in raster order (-1 on an error)"),
+    TensorSpec("stats", "BYTES", (1,), "JSON: method, accepted_length, target_forwards, images_in_call, "
+                                       "generate_seconds, server_seconds"),
+    TensorSpec("error", "BYTES", (1,), "one line saying why this row was not served; empty on success"),
+)
+NUMPY_DTYPES = {"INT64": np.int64, "UINT64": np.uint64, "BOOL": np.bool_, "BYTES": np.object_}
+
+
+@dataclass(frozen=True)
+class ImageRequest:
+    """One row, decoded and checked for form (the model checks the rest)."""
+
+    class_id: Optional[int]
+    prompt: Optional[str]
+    method: str
+    seed: int
+    params: tuple[tuple[str, Any], ...]  # sorted items of the params object
+    tokens_only: bool
+
+    @property
+    def group(self) -> tuple:
+        """Rows with equal groups run in one generate call (same method, parameters, decoding)."""
+        return self.method, json.dumps(self.params), self.tokens_only
+
+
+@dataclass
+class ImageResult:
+    """What one row gets back: tokens [grid*grid] and PNG bytes, or an error."""
+
+    tokens: Optional[np.ndarray] = None
+    png: bytes = b""
+    stats: Optional[dict] = None
+    error: str = ""
+
+
+def _text(value: Any, name: str) -> str:
+    if isinstance(value, (bytes, np.bytes_)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SpecrtError(f"{name} is not valid UTF-8 (byte {exc.start})") from None
+    if isinstance(value, str):
+        return value
+    raise SpecrtError(f"{name} must be a string (BYTES), got {type(value).__name__}")
+
+
+def params_object(text: str) -> dict[str, Any]:
+    """The `params` input: a JSON object of method parameters and sampling keys ('' = none)."""
+    if not text.strip():
+        return {}
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecrtError(f"params is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(params, dict):
+        raise SpecrtError(f"params must be a JSON object, got {type(params).__name__}")
+    if "decode" in params:
+        raise SpecrtError("params: 'decode' is not a parameter here; send tokens_only=true to skip the VQ decoder")
+    return params
+
+
+def batch_rows(inputs: Mapping[str, np.ndarray]) -> int:
+    """Rows in one request: every input's first dimension, which must agree."""
+    sizes = {name: int(np.shape(value)[0]) if np.ndim(value) else 1 for name, value in inputs.items()}
+    if not sizes:
+        return 1
+    if len(set(sizes.values())) != 1:
+        raise SpecrtError("inputs disagree on the batch size: " + ", ".join(f"{n} {s}" for n, s in sizes.items()))
+    return next(iter(sizes.values()))
+
+
+def decode_row(inputs: Mapping[str, np.ndarray], row: int) -> ImageRequest:
+    """Row `row` of a request's inputs (name -> array [rows, 1]) as an ImageRequest."""
+    unknown = sorted(set(inputs) - {spec.name for spec in INPUTS})
+    if unknown:
+        raise SpecrtError(f"unknown input {unknown[0]!r}; inputs are {', '.join(s.name for s in INPUTS)}")
+
+    def value(name: str) -> Any:
+        array = inputs.get(name)
+        if array is None:
+            return None
+        flat = np.asarray(array, dtype=object if np.asarray(array).dtype.kind in "OSU" else None)
+        flat = flat.reshape(flat.shape[0], -1) if flat.ndim else flat.reshape(1, 1)
+        if flat.shape[1] != 1:
+            raise SpecrtError(f"{name} takes one value per row, got {flat.shape[1]}")
+        return flat[row, 0]
+
+    class_id, prompt = value("class_id"), value("prompt")
+    if (class_id is None) == (prompt is None):
+        raise SpecrtError("give class_id (class-conditional models) or prompt (text-to-image), exactly one")
+    method = value("method")
+    tokens_only = value("tokens_only")
+    params = params_object(_text(value("params"), "params")) if value("params") is not None else {}
+    return ImageRequest(
+        class_id=None if class_id is None else validation.integer("class_id", class_id, low=0),
+        prompt=None if prompt is None else _text(prompt, "prompt"),
+        method="ar" if method is None else _text(method, "method"),
+        seed=0 if value("seed") is None else validation.seed(value("seed")),
+        params=tuple(sorted(params.items())),
+        tokens_only=False if tokens_only is None else validation.flag("tokens_only", tokens_only),
+    )
+
+
+def decode_request(inputs: Mapping[str, np.ndarray]) -> list[Union[ImageRequest, SpecrtError]]:
+    """Every row of one request, each an ImageRequest or the SpecrtError that rules it out."""
+    inputs = {name: np.asarray(array) for name, array in inputs.items()}
+    try:
+        rows = batch_rows(inputs)
+    except SpecrtError as exc:
+        return [exc] * max(int(np.shape(a)[0]) if np.ndim(a) else 1 for a in inputs.values())
+    out: list[Union[ImageRequest, SpecrtError]] = []
+    for row in range(rows):
+        try:
+            out.append(decode_row(inputs, row))
+        except SpecrtError as exc:
+            out.append(exc)
+    return out
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    """uint8 [H, W, 3] -> PNG file bytes."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def encode_response(results: list[ImageResult], tokens_per_image: int) -> dict[str, np.ndarray]:
+    """One request's rows -> its output arrays (name -> [rows, ...])."""
+    tokens = np.full((len(results), tokens_per_image), -1, dtype=np.int64)
+    for row, result in enumerate(results):
+        if result.tokens is not None:
+            tokens[row] = np.asarray(result.tokens, dtype=np.int64).reshape(-1)
+
+    def column(values: list[bytes]) -> np.ndarray:
+        array = np.empty((len(values), 1), dtype=object)
+        for row, item in enumerate(values):
+            array[row, 0] = item
+        return array
+
+    return {
+        "image": column([r.png for r in results]),
+        "tokens": tokens,
+        "stats": column([json.dumps(r.stats or {}).encode() for r in results]),
+        "error": column([r.error.encode() for r in results]),
+    }

@@ -1,0 +1,102 @@
+"""`specrt serve`: a Pipeline behind Triton Inference Server, in this process, through PyTriton.
+
+PyTriton starts the tritonserver binary its wheel bundles and binds our RequestHandler as a
+Python model with Triton's dynamic batcher in front, so requests that arrive while a call runs
+are merged into the next. Triton speaks HTTP/REST and gRPC (KServe v2); the ports and the
+address are flags, 127.0.0.1 by default.
+
+The venv quirk: the wheel's Python-backend stub links the system libpython3.11, so the
+interpreter running this must be that same build (a venv made with /usr/bin/python3.11 on
+Debian). Another 3.11 build (pyenv's, conda's) fails at model load with "'_thread.RLock'
+object has no attribute '_recursion_count'"; `model_load_hint` says so when loading fails.
+"""
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+from specrt.errors import SpecrtError
+from specrt.lazy import require
+from specrt.runtime.pipeline import Pipeline
+from specrt.runtime.serving.handler import RequestHandler
+from specrt.runtime.serving.protocol import INPUTS, NUMPY_DTYPES, OUTPUTS
+
+FEATURE = "specrt serve"
+INSTALL = "pip install 'specrt[serve]' in a venv made with the system python3.11 (README, Serving)"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Where and how Triton listens and batches (the `specrt serve` flags)."""
+
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    model_name: str = "specrt"
+    max_batch: int = 8
+    queue_delay_us: int = 2000
+    exit_timeout_s: int = 5
+    log_verbose: int = 0
+
+
+def _pytriton() -> Any:
+    try:
+        triton = require("pytriton.triton", FEATURE)
+    except SpecrtError:
+        raise SpecrtError(f"{FEATURE} needs nvidia-pytriton, which is not installed: {INSTALL}") from None
+    from pytriton import model_config
+
+    return triton, model_config
+
+
+def model_load_hint() -> str:
+    """Why a model may fail to load under PyTriton on this interpreter ('' when nothing is known)."""
+    if sys.platform.startswith("linux") and sys.version_info[:2] == (3, 11) and not sys.base_prefix.startswith("/usr"):
+        return (f" — this interpreter ({sys.base_prefix}) is not the system python3.11 that PyTriton's stub links; "
+                "make the venv with /usr/bin/python3.11")
+    return ""
+
+
+def _tensors(model_config: Any, specs: tuple, optional: bool) -> list:
+    dtypes = {**NUMPY_DTYPES, "BYTES": np.bytes_}
+    return [model_config.Tensor(name=s.name, dtype=dtypes[s.dtype], shape=s.shape, **({"optional": True} if optional
+                                                                                       else {}))
+            for s in specs]
+
+
+@contextmanager
+def running(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> Iterator[Any]:
+    """Triton up with `pipeline` bound as config.model_name; stopped (cleanly) when the block ends."""
+    triton_mod, model_config = _pytriton()
+    handler = RequestHandler(pipeline)
+    max_batch = pipeline.max_images or config.max_batch
+
+    triton_config = triton_mod.TritonConfig(
+        http_address=config.host, http_port=config.http_port, grpc_address=config.host, grpc_port=config.grpc_port,
+        metrics_address=config.host, metrics_port=config.metrics_port, exit_timeout_secs=config.exit_timeout_s,
+        log_verbose=config.log_verbose)
+    with triton_mod.Triton(config=triton_config) as triton:
+        triton.bind(model_name=config.model_name, infer_func=handler,
+                    inputs=_tensors(model_config, INPUTS, optional=True),
+                    outputs=_tensors(model_config, OUTPUTS, optional=False),
+                    config=model_config.ModelConfig(max_batch_size=min(max_batch, config.max_batch),
+                                                    batcher=model_config.DynamicBatcher(
+                                                        max_queue_delay_microseconds=config.queue_delay_us)),
+                    strict=False)
+        try:
+            triton.run()
+        except Exception as exc:  # PyTriton's own errors: the server or the model did not come up
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise SpecrtError(f"Triton did not start: {first}{model_load_hint()}") from exc
+        yield triton
+
+
+def serve(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> None:
+    """Serve until interrupted (Ctrl-C / SIGTERM)."""
+    with running(pipeline, config) as triton:
+        triton.serve()

@@ -1,0 +1,99 @@
+"""`specrt serve [BUNDLE]` and `specrt triton-repo BUNDLE --out REPO`: specrt behind Triton.
+
+`serve` maps onto specrt.runtime.serving.pytriton_server.serve (a Pipeline from the BUNDLE,
+or the embedded demo, bound in this process through PyTriton); `triton-repo` onto
+specrt.runtime.serving.repository.write_repository (a model repository for the stock
+tritonserver container). Both speak specrt.runtime.serving.protocol's tensors.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from specrt import validation
+from specrt.runtime.pipeline import BUNDLE_BACKENDS
+from specrt.runtime.serving.protocol import INPUTS, OUTPUTS
+
+_TENSORS = "\n".join(["\b", "Inputs (one per row, all optional):",
+                      *(f"  {s.name:<12} {s.dtype:<6} {s.doc}" for s in INPUTS),
+                      "Outputs:", *(f"  {s.name:<12} {s.dtype:<6} {s.doc}" for s in OUTPUTS)])
+
+
+def _port(name: str, value: int) -> int:
+    return validation.integer(name, value, low=1, high=65535)
+
+
+@click.command(name="serve", epilog=_TENSORS)
+@click.argument("bundle", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--backend", type=click.Choice(["torch", *BUNDLE_BACKENDS]),
+              help="Default: ort for a BUNDLE, torch for the embedded demo.")
+@click.option("--device", help="torch device for the embedded demo (cpu, cuda).")
+@click.option("--threads", type=int, help="Intra-op threads (default: one per CPU; the demo: 1).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address HTTP, gRPC and metrics bind to.")
+@click.option("--http-port", type=int, default=8000, show_default=True, help="HTTP/REST port (KServe v2).")
+@click.option("--grpc-port", type=int, default=8001, show_default=True, help="gRPC port.")
+@click.option("--metrics-port", type=int, default=8002, show_default=True, help="Prometheus metrics port.")
+@click.option("--model-name", default="specrt", show_default=True, help="Name clients send requests to.")
+@click.option("--max-batch", type=int, default=8, show_default=True,
+              help="Most images the dynamic batcher merges into one model call (capped by the bundle's --max-batch).")
+@click.option("--queue-delay-us", type=int, default=2000, show_default=True,
+              help="How long the batcher waits for more requests before starting a call.")
+def serve_command(bundle, backend, device, threads, host, http_port, grpc_port, metrics_port, model_name, max_batch,
+                  queue_delay_us) -> None:
+    """Serve a bundle (or the embedded demo) through Triton Inference Server (PyTriton).
+
+    Requests carry a class id (or a prompt), method, seed and parameters; responses carry PNG
+    bytes, the tokens and stats. Triton's dynamic batcher merges requests that arrive
+    together; rows with the same method and parameters run in one generate call. A bad
+    request gets a one-line `error` back. Stop with Ctrl-C.
+    """
+    from specrt.commands.generate import build_pipeline
+    from specrt.commands._checkpoint_flags import CheckpointFlags
+    from specrt.runtime.methods import DEFAULT_MAX_WINDOW
+    from specrt.runtime.serving.pytriton_server import ServeConfig, serve
+
+    config = ServeConfig(host=host, http_port=_port("--http-port", http_port), grpc_port=_port("--grpc-port", grpc_port),
+                         metrics_port=_port("--metrics-port", metrics_port), model_name=model_name,
+                         max_batch=validation.count("--max-batch", max_batch),
+                         queue_delay_us=validation.integer("--queue-delay-us", queue_delay_us, low=0))
+    pipeline = build_pipeline(bundle, backend, None, None, None, CheckpointFlags(), DEFAULT_MAX_WINDOW, device, threads)
+    click.echo(f"specrt serve: model {model_name!r} on http://{host}:{config.http_port} and grpc {host}:{config.grpc_port}",
+               err=True)
+    serve(pipeline, config)
+
+
+@click.command(name="triton-repo")
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Repository folder to write.")
+@click.option("--model-name", default="specrt", show_default=True, help="The model's name in the repository.")
+@click.option("--backend", type=click.Choice(BUNDLE_BACKENDS), default="ort-cuda", show_default=True,
+              help="What each instance runs the bundle on (ort-cuda needs onnxruntime-gpu in the container; trt "
+                   "needs engines built with `specrt build` for that GPU).")
+@click.option("--instance-kind", type=click.Choice(["gpu", "cpu"]), default="gpu", show_default=True,
+              help="gpu: --instances per GPU (KIND_GPU); cpu: --instances in all, with --backend ort.")
+@click.option("--instances", type=int, default=1, show_default=True, help="Model instances (per GPU with gpu).")
+@click.option("--max-batch", type=int, default=8, show_default=True, help="Triton's max_batch_size.")
+@click.option("--queue-delay-us", type=int, default=2000, show_default=True, help="Dynamic batcher queue delay.")
+@click.option("--threads", type=int, default=0, show_default=True,
+              help="onnxruntime intra-op threads per session (0: its default, one per core).")
+@click.option("--force", is_flag=True, help="Replace --out if it exists.")
+def triton_repo_command(bundle, out, model_name, backend, instance_kind, instances, max_batch, queue_delay_us,
+                        threads, force) -> None:
+    """Write a Triton model repository serving BUNDLE on the stock tritonserver container.
+
+    \b
+    REPO/<model>/config.pbtxt   Python backend, dynamic batching, instance_group
+    REPO/<model>/1/model.py     specrt's Triton model (specrt must be installed in the container)
+    REPO/<model>/1/bundle/      a copy of BUNDLE
+    The README ("Serving") has the docker command.
+    """
+    from specrt.runtime.serving.repository import RepoConfig, write_repository
+
+    config = RepoConfig(model_name=model_name, backend=backend, instance_kind=instance_kind,
+                        instances=validation.count("--instances", instances),
+                        max_batch=validation.count("--max-batch", max_batch),
+                        queue_delay_us=validation.integer("--queue-delay-us", queue_delay_us, low=0),
+                        threads=validation.integer("--threads", threads, low=0))
+    model = write_repository(bundle, out, config, force=force)
+    click.echo(f"wrote {model} (config.pbtxt, 1/model.py, 1/bundle); run tritonserver --model-repository={out}")
