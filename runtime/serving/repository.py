@@ -42,10 +42,15 @@ class RepoConfig:
     threads: int = 0  # onnxruntime intra-op threads per session; 0: its default
 
 
+def config_dtype(dtype: str) -> str:
+    """Triton's data type name in a model config: BYTES tensors are TYPE_STRING there."""
+    return "TYPE_STRING" if dtype == "BYTES" else f"TYPE_{dtype}"
+
+
 def _tensor(spec: TensorSpec, optional: bool) -> str:
     dims = ", ".join(str(d) for d in spec.shape)
     extra = " optional: true" if optional else ""
-    return f'  {{ name: "{spec.name}" data_type: TYPE_{spec.dtype} dims: [ {dims} ]{extra} }}'
+    return f'  {{ name: "{spec.name}" data_type: {config_dtype(spec.dtype)} dims: [ {dims} ]{extra} }}'
 
 
 def config_pbtxt(config: RepoConfig) -> str:

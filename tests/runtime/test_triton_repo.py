@@ -1,0 +1,129 @@
+"""`specrt triton-repo`: the config.pbtxt Triton reads, and the model.py it runs, without Triton.
+
+The config is parsed with Triton's own ModelConfig protobuf (from tritonclient) and checked for
+the protocol's tensors, dynamic batching and one instance per GPU; model.py is imported from
+the written repository and its execute runs on fake Triton requests (a stand-in for the
+`triton_python_backend_utils` module the Python-backend stub provides).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "export"))
+
+from tiny_export import cli_exit_code, tiny_bundle  # noqa: E402
+
+from specrt.runtime.pipeline import Pipeline  # noqa: E402
+from specrt.runtime.serving.protocol import INPUTS, OUTPUTS  # noqa: E402
+from specrt.runtime.serving.repository import config_dtype  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    manifest, _ = tiny_bundle()
+    out = tmp_path_factory.mktemp("repo") / "models"
+    assert cli_exit_code(["triton-repo", str(manifest.root), "--out", str(out), "--max-batch", "4",
+                          "--backend", "ort-cuda"]) == 0
+    return out
+
+
+def parsed_config(path: Path):
+    pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed (pip install 'specrt[serve]')")
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def test_config_declares_the_protocol(repo):
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    config = parsed_config(repo / "specrt" / "config.pbtxt")
+    assert config.name == "specrt" and config.backend == "python" and config.max_batch_size == 4
+    assert config.HasField("dynamic_batching")
+    assert [(g.kind, g.count) for g in config.instance_group] == [(pb.ModelInstanceGroup.KIND_GPU, 1)]
+    assert [(t.name, pb.DataType.Name(t.data_type), list(t.dims), t.optional) for t in config.input] == \
+        [(s.name, config_dtype(s.dtype), list(s.shape), True) for s in INPUTS]
+    assert [(t.name, pb.DataType.Name(t.data_type), list(t.dims)) for t in config.output] == \
+        [(s.name, config_dtype(s.dtype), list(s.shape)) for s in OUTPUTS]
+    assert config.parameters["backend"].string_value == "ort-cuda"
+    assert (repo / "specrt" / "1" / "bundle" / "manifest.json").is_file()
+    assert not [p for p in repo.parent.iterdir() if p.name.startswith(".")]  # no partial folder left
+
+
+class _Tensor:
+    def __init__(self, name: str, array: np.ndarray):
+        self._name, self._array = name, array
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+
+class _Response:
+    def __init__(self, output_tensors: list, error=None):
+        self.outputs = {t.name(): t.as_numpy() for t in output_tensors}
+
+
+def fake_pb_utils() -> types.ModuleType:
+    module = types.ModuleType("triton_python_backend_utils")
+    module.Tensor = _Tensor
+    module.InferenceResponse = _Response
+    module.get_input_tensor_by_name = lambda request, name: request.get(name)
+    return module
+
+
+def test_model_py_runs_execute_without_triton(repo, monkeypatch):
+    from google.protobuf import json_format
+
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
+    model_dir = repo / "specrt"
+    spec = importlib.util.spec_from_file_location("specrt_triton_model", model_dir / "1" / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = json_format.MessageToDict(parsed_config(model_dir / "config.pbtxt"), preserving_proto_field_name=True)
+    config["parameters"]["backend"] = {"string_value": "ort"}  # no GPU here
+    model = module.TritonPythonModel()
+    model.initialize({"model_config": json.dumps(config), "model_repository": str(model_dir), "model_version": "1",
+                      "model_instance_kind": "CPU", "model_instance_device_id": "0"})
+
+    def request(**inputs):
+        return {name: _Tensor(name, value) for name, value in inputs.items()}
+
+    good = request(class_id=np.array([[2], [4]], np.int64), method=np.array([[b"sjd"], [b"sjd"]], object),
+                   seed=np.array([[3], [9]], np.uint64), params=np.array([[b'{"window": 4}']] * 2, object))
+    bad = request(class_id=np.array([[1]], np.int64), params=np.array([[b"{window"]], object))
+    responses = model.execute([good, bad])
+    assert len(responses) == 2
+
+    reference = Pipeline.from_bundle(repo / "specrt" / "1" / "bundle", threads=1)
+    served = responses[0].outputs
+    for row, (class_id, seed) in enumerate([(2, 3), (4, 9)]):
+        expected = reference.generate([class_id], method="sjd", seed=seed, window=4)
+        np.testing.assert_array_equal(served["tokens"][row], expected.tokens.reshape(-1))
+        assert bytes(served["image"][row, 0]).startswith(b"\x89PNG") and served["error"][row, 0] == b""
+        assert json.loads(served["stats"][row, 0])["method"] == "sjd"
+    assert responses[1].outputs["error"][0, 0].decode().startswith("params is not valid JSON")
+
+
+def test_refusals_are_one_line(tmp_path, capsys):
+    manifest, _ = tiny_bundle()
+    assert cli_exit_code(["triton-repo", str(manifest.root), "--out", str(tmp_path / "r"), "--instance-kind", "cpu",
+                          "--backend", "trt"]) == 2
+    assert "with --instance-kind cpu use ort" in capsys.readouterr().err
+    (tmp_path / "taken").mkdir()
+    assert cli_exit_code(["triton-repo", str(manifest.root), "--out", str(tmp_path / "taken")]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert cli_exit_code(["triton-repo", str(tmp_path / "taken"), "--out", str(tmp_path / "r")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
