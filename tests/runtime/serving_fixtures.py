@@ -3,6 +3,7 @@ and draft and a VQ with a 4x4 token grid (tests/export/tiny_export.py), so one i
 milliseconds and a load test of 64 requests stays within seconds."""
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 
@@ -24,3 +25,14 @@ def tiny_pipeline() -> Pipeline:
     torch.set_num_threads(1)
     models = tiny_models()
     return Pipeline.from_torch(models.target, models.draft, models.vq, max_window=20)
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free on 127.0.0.1 right now (held together while picked)."""
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports

@@ -22,7 +22,7 @@ pytest.importorskip("torch")
 pytest.importorskip("pytriton.triton", reason="nvidia-pytriton is not installed (pip install 'specrt[serve]' in a "
                                               "venv made with /usr/bin/python3.11; README, Serving)")
 
-from serving_fixtures import REQUEST_KINDS, tiny_pipeline  # noqa: E402
+from serving_fixtures import REQUEST_KINDS, free_ports, tiny_pipeline  # noqa: E402
 
 from specrt.errors import SpecrtError  # noqa: E402
 from specrt.runtime.serving import handler as handler_module  # noqa: E402
@@ -31,16 +31,6 @@ from specrt.runtime.serving.pytriton_server import ServeConfig, running  # noqa:
 
 CLIENTS, PER_CLIENT, CLASSES = 8, 8, 5
 TIMEOUT_S = 60.0
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def port_open(port: int) -> bool:

@@ -127,3 +127,68 @@ def test_refusals_are_one_line(tmp_path, capsys):
     assert "already exists" in capsys.readouterr().err
     assert cli_exit_code(["triton-repo", str(tmp_path / "taken"), "--out", str(tmp_path / "r")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_stock_tritonserver_serves_the_repository(tmp_path):
+    """The repository on a real tritonserver (the binary PyTriton's wheel bundles, started the
+    way the stock container starts it): Triton parses config.pbtxt, loads model.py in its
+    Python-backend stub, and serves each row its own seed's image."""
+    pytest.importorskip("pytriton", reason="nvidia-pytriton is not installed (pip install 'specrt[serve]')")
+    import os
+    import shutil
+    import subprocess
+    import time
+    import urllib.request
+
+    from pytriton.utils.distribution import get_libs_path, get_root_module_path, get_stub_path
+    from serving_fixtures import free_ports
+
+    from specrt.errors import SpecrtError
+    from specrt.runtime.serving.client import Client
+
+    manifest, _ = tiny_bundle()
+    repo = tmp_path / "models"
+    assert cli_exit_code(["triton-repo", str(manifest.root), "--out", str(repo), "--instance-kind", "cpu",
+                          "--backend", "ort", "--threads", "1"]) == 0
+    server = tmp_path / "tritonserver"  # the stub for this interpreter in place, as PyTriton does
+    shutil.copytree(get_root_module_path() / "tritonserver", server, ignore=shutil.ignore_patterns("python_backend_stubs"))
+    shutil.copy(get_stub_path(f"{sys.version_info[0]}.{sys.version_info[1]}"),
+                server / "backends" / "python" / "triton_python_backend_stub")
+    env = dict(os.environ, LD_LIBRARY_PATH=":".join(filter(None, [os.environ.get("LD_LIBRARY_PATH"),
+                                                                  str(get_libs_path())])),
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    http, grpc, metrics = free_ports(3)
+    log = open(tmp_path / "tritonserver.log", "w")
+    process = subprocess.Popen([str(server / "bin" / "tritonserver"), f"--model-repository={repo}",
+                                f"--backend-directory={server / 'backends'}", "--http-address=127.0.0.1",
+                                f"--http-port={http}", "--grpc-address=127.0.0.1", f"--grpc-port={grpc}",
+                                f"--metrics-port={metrics}", "--allow-metrics=false", "--exit-timeout-secs=2"],
+                               env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert process.poll() is None, (tmp_path / "tritonserver.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/models/specrt/ready", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "tritonserver did not get the model ready in 90 s"
+            time.sleep(0.5)
+        reference = Pipeline.from_bundle(manifest.root, threads=1)
+        with Client(f"127.0.0.1:{grpc}", protocol="grpc", timeout_s=60) as client:
+            for class_id, method, seed, params in [(1, "sd", 4, {"draft_len": 3}), (3, "sjd", 5, {"window": 4})]:
+                served = client.generate(class_id=class_id, method=method, seed=seed, **params)
+                expected = reference.generate([class_id], method=method, seed=seed, **params)
+                np.testing.assert_array_equal(served.tokens, expected.tokens.reshape(-1))
+            with pytest.raises(SpecrtError, match="out of range"):
+                client.generate(class_id=999)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+        log.close()

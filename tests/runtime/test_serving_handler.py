@@ -1,0 +1,123 @@
+"""The request handler and wire format behind `specrt serve` and `specrt triton-repo`, without
+Triton: rows -> grouped Pipeline.generate calls -> per-row outputs and one-line errors."""
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+pytest.importorskip("torch")
+
+from serving_fixtures import tiny_pipeline  # noqa: E402
+
+from specrt.runtime.serving.handler import RequestHandler  # noqa: E402
+from specrt.runtime.serving.protocol import decode_request  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return tiny_pipeline()
+
+
+def rows(**columns) -> dict[str, np.ndarray]:
+    """A request: each keyword a column of per-row values ([rows, 1] arrays, strings as bytes)."""
+    out = {}
+    for name, values in columns.items():
+        if isinstance(values[0], str):
+            out[name] = np.array([[v.encode()] for v in values], dtype=object)
+        elif name == "seed":
+            out[name] = np.array([[v] for v in values], dtype=np.uint64)
+        else:
+            out[name] = np.array([[v] for v in values])
+    return out
+
+
+def errors(outputs: dict) -> list[str]:
+    return [bytes(e).decode() for e in outputs["error"][:, 0]]
+
+
+def test_rows_are_grouped_by_method_and_parameters(pipe, monkeypatch):
+    calls = []
+    generate = pipe.generate
+
+    def recording(*args, **kwargs):
+        params = {k: v for k, v in kwargs.items() if k not in ("class_ids", "method", "seed", "decode")}
+        calls.append((kwargs["method"], json.dumps(params, sort_keys=True), len(kwargs["class_ids"])))
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(pipe, "generate", recording)
+    handler = RequestHandler(pipe)
+    first = rows(class_id=[1, 2, 3], method=["sd", "ar", "sd"], seed=[4, 5, 6],
+                 params=['{"draft_len": 2}', "", '{"draft_len": 2}'])
+    second = rows(class_id=[0], method=["sd"], seed=[7], params=['{"draft_len": 3}'])
+    out = handler([first, second])
+    assert errors(out[0]) == ["", "", ""] and errors(out[1]) == [""]
+    # every row ran once, in a call of its own method and parameters (calls hold one of each)
+    images = {}
+    for method, params, count in calls:
+        images[method, params] = images.get((method, params), 0) + count
+    assert images == {("sd", '{"draft_len": 2}'): 2, ("ar", "{}"): 1, ("sd", '{"draft_len": 3}'): 1}
+    monkeypatch.undo()
+    for request, outputs in ((first, out[0]), (second, out[1])):
+        for row in range(len(request["class_id"])):
+            params = json.loads(bytes(request["params"][row, 0]) or b"{}")
+            method = bytes(request["method"][row, 0]).decode()
+            expected = generate([int(request["class_id"][row, 0])], method=method,
+                                seed=int(request["seed"][row, 0]), **params)
+            np.testing.assert_array_equal(outputs["tokens"][row], expected.tokens.reshape(-1))
+            png = Image.open(io.BytesIO(bytes(outputs["image"][row, 0])))
+            np.testing.assert_array_equal(np.asarray(png.convert("RGB")), expected.images[0])
+            stats = json.loads(outputs["stats"][row, 0])
+            assert stats["method"] == method and stats["images_in_call"] >= 1
+
+
+def test_bad_rows_get_errors_and_their_neighbours_are_served(pipe):
+    handler = RequestHandler(pipe)
+    request = rows(class_id=[1, 50, 2, 3, 4], method=["ar", "ar", "nope", "sd", "ar"], seed=[1, 1, 1, 1, 1],
+                   params=["", "", "", '{"draft_len": 0}', '{"temperature": -1}'])
+    out = handler([request])[0]
+    got = errors(out)
+    assert got[0] == ""
+    assert "class id 50 out of range" in got[1]
+    assert "unknown method 'nope'" in got[2]
+    assert "draft_len" in got[3] and "temperature" in got[4]
+    assert all("\n" not in e for e in got)
+    assert (out["tokens"][1:] == -1).all() and all(bytes(i) == b"" for i in out["image"][1:, 0])
+    np.testing.assert_array_equal(out["tokens"][0], pipe.generate([1], seed=1).tokens.reshape(-1))
+
+
+def test_tokens_only_skips_the_image(pipe):
+    out = RequestHandler(pipe)([rows(class_id=[3], seed=[2], tokens_only=[True])])[0]
+    assert bytes(out["image"][0, 0]) == b"" and errors(out) == [""]
+    np.testing.assert_array_equal(out["tokens"][0], pipe.generate([3], seed=2, decode=False).tokens.reshape(-1))
+
+
+def test_an_internal_failure_answers_its_rows_and_the_handler_goes_on(pipe, monkeypatch):
+    handler = RequestHandler(pipe)
+    generate = pipe.generate
+
+    def broken(*args, **kwargs):
+        if kwargs["method"] == "sjd":
+            raise RuntimeError("graph exploded\nsecond line")
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(pipe, "generate", broken)
+    out = handler([rows(class_id=[1, 2], method=["sjd", "ar"])])[0]
+    assert errors(out) == ["internal error: RuntimeError: graph exploded", ""]
+
+
+@pytest.mark.parametrize("request_, message", [
+    (dict(class_id=np.array([[1], [2]]), seed=np.array([[1]], np.uint64)), "disagree on the batch size"),
+    (dict(class_id=np.array([[1]]), params=np.array([[b"[1, 2]"]], object)), "must be a JSON object"),
+    (dict(class_id=np.array([[1]]), params=np.array([[b'{"decode": false}']], object)), "tokens_only"),
+    (dict(seed=np.array([[1]], np.uint64)), "give class_id"),
+    (dict(prompt=np.array([[b"\xff\xfe"]], object)), "not valid UTF-8"),
+    (dict(class_id=np.array([[1, 2]])), "one value per row"),
+    (dict(class_id=np.array([[1]]), colour=np.array([[1]])), "unknown input 'colour'"),
+])
+def test_malformed_requests_are_refused_row_by_row(request_, message):
+    decoded = decode_request(request_)
+    assert decoded and all(message in str(row) for row in decoded)
