@@ -40,7 +40,10 @@ class ServeConfig:
     model_name: str = "specrt"
     max_batch: int = 8
     queue_delay_us: int = 2000
-    exit_timeout_s: int = 5
+    # how long Triton waits at shutdown for in-flight requests, open connections and the model's
+    # unloading (~3 s here); when it runs out Triton exits at once and leaves the model's stub
+    # process behind, so keep it well above the unload time
+    exit_timeout_s: int = 10
     log_verbose: int = 0
 
 

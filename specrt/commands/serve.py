@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from specrt import validation
+from specrt.commands.generate import DEMO_HELP, DEMO_NAMES
 from specrt.runtime.pipeline import BUNDLE_BACKENDS
 from specrt.runtime.serving.protocol import INPUTS, OUTPUTS
 
@@ -26,6 +27,7 @@ def _port(name: str, value: int) -> int:
 
 @click.command(name="serve", epilog=_TENSORS)
 @click.argument("bundle", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--demo", type=click.Choice(DEMO_NAMES), default=None, help=DEMO_HELP)
 @click.option("--backend", type=click.Choice(["torch", *BUNDLE_BACKENDS]),
               help="Default: ort for a BUNDLE, torch for the embedded demo.")
 @click.option("--device", help="torch device for the embedded demo (cpu, cuda).")
@@ -39,7 +41,7 @@ def _port(name: str, value: int) -> int:
               help="Most images the dynamic batcher merges into one model call (capped by the bundle's --max-batch).")
 @click.option("--queue-delay-us", type=int, default=2000, show_default=True,
               help="How long the batcher waits for more requests before starting a call.")
-def serve_command(bundle, backend, device, threads, host, http_port, grpc_port, metrics_port, model_name, max_batch,
+def serve_command(bundle, demo, backend, device, threads, host, http_port, grpc_port, metrics_port, model_name, max_batch,
                   queue_delay_us) -> None:
     """Serve a bundle (or the embedded demo) through Triton Inference Server (PyTriton).
 
@@ -57,7 +59,8 @@ def serve_command(bundle, backend, device, threads, host, http_port, grpc_port, 
                          metrics_port=_port("--metrics-port", metrics_port), model_name=model_name,
                          max_batch=validation.count("--max-batch", max_batch),
                          queue_delay_us=validation.integer("--queue-delay-us", queue_delay_us, low=0))
-    pipeline = build_pipeline(bundle, backend, None, None, None, CheckpointFlags(), DEFAULT_MAX_WINDOW, device, threads)
+    pipeline = build_pipeline(bundle, backend, None, None, None, CheckpointFlags(), DEFAULT_MAX_WINDOW, device, threads,
+                              demo=demo)
     click.echo(f"specrt serve: model {model_name!r} on http://{host}:{config.http_port} and grpc {host}:{config.grpc_port}",
                err=True)
     serve(pipeline, config)

@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,6 +32,18 @@ from specrt.runtime.serving.pytriton_server import ServeConfig, running  # noqa:
 
 CLIENTS, PER_CLIENT, CLASSES = 8, 8, 5
 TIMEOUT_S = 60.0
+
+
+def stub_processes() -> set[int]:
+    """Pids of Triton Python-backend stubs (one per model instance) now running on this machine."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and b"triton_python_backend_stub" in (entry / "cmdline").read_bytes():
+                pids.add(int(entry.name))
+        except OSError:  # the process ended while we looked
+            pass
+    return pids
 
 
 def port_open(port: int) -> bool:
@@ -77,11 +90,13 @@ def served(monkeypatch_module):
     pipe.generate = counting_generate
     monkeypatch_module.setattr(handler_module.RequestHandler, "__call__", counting_call)
     http, grpc, metrics = free_ports(3)
-    config = ServeConfig(http_port=http, grpc_port=grpc, metrics_port=metrics, queue_delay_us=20000, exit_timeout_s=1)
+    stubs_before = stub_processes()
+    config = ServeConfig(http_port=http, grpc_port=grpc, metrics_port=metrics, queue_delay_us=20000)
     context = running(pipe, config)
     context.__enter__()
     state = dict(requests=requests, references=references, generated=generated, batch_sizes=batch_sizes,
-                 config=config, context=context, generate=original_generate)
+                 config=config, context=context, generate=original_generate,
+                 stubs_before=stubs_before)
     yield state
     if state["context"] is not None:  # test_shutdown stops it itself; this covers a failure before it
         state["context"].__exit__(None, None, None)
@@ -188,3 +203,7 @@ def test_shutdown_is_clean_and_bounded(served):
     context.__exit__(None, None, None)
     assert time.perf_counter() - start < 30
     assert not port_open(config.http_port) and not port_open(config.grpc_port)
+    deadline = time.monotonic() + 15  # the model's stub process ends with the server, not orphaned
+    while stub_processes() - served["stubs_before"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not stub_processes() - served["stubs_before"]
