@@ -12,8 +12,10 @@ object has no attribute '_recursion_count'"; `model_load_hint` says so when load
 """
 from __future__ import annotations
 
+import re
+import socket
 import sys
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -72,30 +74,51 @@ def _tensors(model_config: Any, specs: tuple, optional: bool) -> list:
             for s in specs]
 
 
+def check_ports_free(config: ServeConfig) -> None:
+    """SpecrtError naming the flag when a port is taken (tritonserver would exit, and PyTriton
+    would wait two minutes for it before saying so)."""
+    for flag, port in (("--http-port", config.http_port), ("--grpc-port", config.grpc_port),
+                       ("--metrics-port", config.metrics_port)):
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((config.host, port))
+            except OSError as exc:
+                raise SpecrtError(f"{config.host}:{port} cannot be used ({exc.strerror}); pick another {flag}") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    """A Triton error as one line: its first line, and the exception a traceback inside it ends in."""
+    lines = [line.strip() for line in str(exc).replace("\\n", "\n").splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    causes = [line for line in lines[1:] if re.match(r"^[\w.]+(Error|Exception): ", line)]
+    return f"{lines[0].removesuffix('Traceback (most recent call last):').strip()} {causes[-1]}" if causes else lines[0]
+
+
 @contextmanager
 def running(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> Iterator[Any]:
     """Triton up with `pipeline` bound as config.model_name; stopped (cleanly) when the block ends."""
     triton_mod, model_config = _pytriton()
+    check_ports_free(config)
     handler = RequestHandler(pipeline)
-    max_batch = pipeline.max_images or config.max_batch
-
+    max_batch = min(pipeline.max_images or config.max_batch, config.max_batch)
     triton_config = triton_mod.TritonConfig(
         http_address=config.host, http_port=config.http_port, grpc_address=config.host, grpc_port=config.grpc_port,
         metrics_address=config.host, metrics_port=config.metrics_port, exit_timeout_secs=config.exit_timeout_s,
         log_verbose=config.log_verbose)
-    with triton_mod.Triton(config=triton_config) as triton:
-        triton.bind(model_name=config.model_name, infer_func=handler,
-                    inputs=_tensors(model_config, INPUTS, optional=True),
-                    outputs=_tensors(model_config, OUTPUTS, optional=False),
-                    config=model_config.ModelConfig(max_batch_size=min(max_batch, config.max_batch),
-                                                    batcher=model_config.DynamicBatcher(
-                                                        max_queue_delay_microseconds=config.queue_delay_us)),
-                    strict=False)
-        try:
+    with ExitStack() as stack:
+        try:  # starting the server, loading the model (in Triton's Python-backend stub), going live
+            triton = stack.enter_context(triton_mod.Triton(config=triton_config))
+            triton.bind(model_name=config.model_name, infer_func=handler,
+                        inputs=_tensors(model_config, INPUTS, optional=True),
+                        outputs=_tensors(model_config, OUTPUTS, optional=False),
+                        config=model_config.ModelConfig(max_batch_size=max_batch, batcher=model_config.DynamicBatcher(
+                            max_queue_delay_microseconds=config.queue_delay_us)),
+                        strict=False)
             triton.run()
-        except Exception as exc:  # PyTriton's own errors: the server or the model did not come up
-            first = (str(exc).splitlines() or [type(exc).__name__])[0]
-            raise SpecrtError(f"Triton did not start: {first}{model_load_hint()}") from exc
+        except Exception as exc:  # PyTriton's and Triton's own errors, as one line
+            raise SpecrtError(f"Triton did not start: {_one_line(exc)}{model_load_hint()}") from exc
         yield triton
 
 

@@ -53,12 +53,13 @@ def serve_command(bundle, demo, backend, device, threads, host, http_port, grpc_
     from specrt.commands.generate import build_pipeline
     from specrt.commands._checkpoint_flags import CheckpointFlags
     from specrt.runtime.methods import DEFAULT_MAX_WINDOW
-    from specrt.runtime.serving.pytriton_server import ServeConfig, serve
+    from specrt.runtime.serving.pytriton_server import ServeConfig, check_ports_free, serve
 
     config = ServeConfig(host=host, http_port=_port("--http-port", http_port), grpc_port=_port("--grpc-port", grpc_port),
                          metrics_port=_port("--metrics-port", metrics_port), model_name=model_name,
                          max_batch=validation.count("--max-batch", max_batch),
                          queue_delay_us=validation.integer("--queue-delay-us", queue_delay_us, low=0))
+    check_ports_free(config)  # before a model loads: a taken port costs a second
     pipeline = build_pipeline(bundle, backend, None, None, None, CheckpointFlags(), DEFAULT_MAX_WINDOW, device, threads,
                               demo=demo)
     click.echo(f"specrt serve: model {model_name!r} on http://{host}:{config.http_port} and grpc {host}:{config.grpc_port}",

@@ -207,3 +207,17 @@ def test_shutdown_is_clean_and_bounded(served):
     while stub_processes() - served["stubs_before"] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not stub_processes() - served["stubs_before"]
+
+
+def test_a_taken_port_is_one_line_before_any_model_loads(capsys):
+    from specrt.cli import main
+
+    http, grpc, metrics = free_ports(3)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", grpc))
+        taken.listen()
+        with pytest.raises(SystemExit) as exit_:
+            main(["serve", "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specrt: error: 127.0.0.1:") and "--grpc-port" in err and len(err.splitlines()) == 1

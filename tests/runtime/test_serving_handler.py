@@ -121,3 +121,17 @@ def test_an_internal_failure_answers_its_rows_and_the_handler_goes_on(pipe, monk
 def test_malformed_requests_are_refused_row_by_row(request_, message):
     decoded = decode_request(request_)
     assert decoded and all(message in str(row) for row in decoded)
+
+
+def test_a_triton_load_failure_reads_as_one_line():
+    from specrt.runtime.serving.pytriton_server import _one_line
+
+    # what tritonclient raised when PyTriton's stub ran under pyenv's 3.11.7 (the venv quirk)
+    raised = Exception("[400] load failed for model 'specrt': version 1 is at UNAVAILABLE state: Internal: "
+                       "TritonModelException: Model initialize error: Traceback (most recent call last):\\n  File "
+                       "\"data.py\", line 100, in ensure_running\\n    if self._lock._recursion_count() > 1:\\n"
+                       "AttributeError: '_thread.RLock' object has no attribute '_recursion_count'\\n\\n\\nAt:\\n"
+                       "  /tmp/folder/1/model.py(454): initialize\\n")
+    line = _one_line(raised)
+    assert "\n" not in line and line.startswith("[400] load failed for model 'specrt'")
+    assert line.endswith("AttributeError: '_thread.RLock' object has no attribute '_recursion_count'")
