@@ -7,7 +7,6 @@ has to understand Python exception types.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -51,15 +50,9 @@ def image_size(pipe: Any) -> tuple[int, int]:
 
 def parse_params(params_json: str | None) -> dict[str, Any]:
     """The JSON parameter string of specrt_generate -> keyword arguments (a JSON object)."""
-    if not params_json:
-        return {}
-    try:
-        params = json.loads(params_json)
-    except json.JSONDecodeError as exc:
-        raise SpecrtError(f"params_json is not valid JSON: {exc.msg} at position {exc.pos}") from None
-    if not isinstance(params, dict):
-        raise SpecrtError(f"params_json must be a JSON object, got {type(params).__name__}")
-    return params
+    from specrt import validation
+
+    return validation.json_object("params_json", params_json)
 
 
 def generate_rgb8(pipe: Any, class_ids: list[int], method: str, params_json: str | None,

@@ -22,6 +22,7 @@ are never bools. Pure Python (no numpy, no torch) so every layer can import it.
 """
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from dataclasses import dataclass
@@ -122,6 +123,19 @@ def flag(name: str, value: Any) -> bool:
     if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
         return value.strip().lower() in _TRUE
     raise _fail(name, "true or false", value)
+
+
+def json_object(name: str, text: Optional[str]) -> dict[str, Any]:
+    """A JSON object given as text (keyword arguments from the C API or a server request); empty text is {}."""
+    if not text or not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecrtError(f"{name} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(value, dict):
+        raise SpecrtError(f"{name} must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 def choice(name: str, value: Any, choices: Sequence[str]) -> str:

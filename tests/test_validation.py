@@ -46,6 +46,15 @@ def test_flag_is_strict():
             validation.flag("b", bad)
 
 
+def test_json_object_takes_objects_only():
+    assert validation.json_object("p", '{"draft_len": 3}') == {"draft_len": 3}
+    assert validation.json_object("p", "") == {} and validation.json_object("p", None) == {}
+    with pytest.raises(SpecrtError, match="p is not valid JSON: Expecting"):
+        validation.json_object("p", "{draft_len")
+    with pytest.raises(SpecrtError, match="p must be a JSON object, got list"):
+        validation.json_object("p", "[1]")
+
+
 def test_seed_and_class_ids():
     assert validation.seed(2**64 - 1) == 2**64 - 1
     for bad in (-1, 2**64, 1.5, "x", True):

@@ -88,14 +88,7 @@ def _text(value: Any, name: str) -> str:
 
 def params_object(text: str) -> dict[str, Any]:
     """The `params` input: a JSON object of method parameters and sampling keys ('' = none)."""
-    if not text.strip():
-        return {}
-    try:
-        params = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecrtError(f"params is not valid JSON: {exc.msg} at position {exc.pos}") from None
-    if not isinstance(params, dict):
-        raise SpecrtError(f"params must be a JSON object, got {type(params).__name__}")
+    params = validation.json_object("params", text)
     if "decode" in params:
         raise SpecrtError("params: 'decode' is not a parameter here; send tokens_only=true to skip the VQ decoder")
     return params
