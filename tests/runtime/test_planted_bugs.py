@@ -210,7 +210,7 @@ def siblings_keep_the_target(p, proposals, rule, position, rng):
 
 def test_tree_verification_without_the_sibling_residual_is_flagged(monkeypatch):
     """The static tree of test_losslessness (EAGLE-1's mc_sim_7b_63), with p not updated between
-    siblings: far outside the chi-square quantile at 2,000 images (the real one passes at 3,000)."""
+    siblings: far outside the chi-square quantile at 2,000 images, where the real one passes."""
     monkeypatch.setattr(verification, "verify_candidates", siblings_keep_the_target)
     statistic, critical = chi2("sd", TREE_SAMPLES, TREE_TOY, tree="static")
     assert statistic > critical, f"broken sibling residual passed: chi2 {statistic:.1f} < {critical:.1f}"
