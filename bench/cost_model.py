@@ -232,15 +232,17 @@ def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, 
 def window_cost(method: str, params: dict[str, Any]) -> tuple[int, int]:
     """(target window per forward, draft forwards per iteration) of a method's setting.
 
-    The window is the method's own Method.max_window (sd family: draft_len + 1; sjd/sjd-pac:
-    window L + the pending token); parameters a setting leaves out take the runtime's defaults.
+    The window is the method's own Method.max_window (sd family: draft_len + 1, or a tree's drafts
+    + 1; sjd/sjd-pac: window L + the pending token); parameters a setting leaves out take the
+    runtime's defaults. Draft forwards: one per draft position, i.e. draft_len for a chain and one
+    pass per tree depth (each pass drafts a whole depth of the tree, costed as one W = 1 draft step).
     """
     from specrt.runtime.methods import METHODS, make_method
 
     if method not in METHODS:
         raise SpecrtError(f"no cost model for method {method!r}")
     decoder = make_method(method, **params)
-    return decoder.max_window, int(getattr(decoder, "draft_len", 0)) if decoder.needs_draft else 0
+    return decoder.max_window, int(decoder.positions) if decoder.needs_draft else 0
 
 
 def predicted_speedup(latency: StepLatency, method: str, params: dict[str, Any], accepted_length: float) -> float:

@@ -16,6 +16,8 @@ def test_window_cost_uses_the_runtime_defaults():
     assert window_cost("ar", {}) == (1, 0)
     assert window_cost("sd", {}) == (5, 4)  # draft_len 4: target sees pending + 4 drafts
     assert window_cost("cool-sd", {"relaxation_budget": 3, "draft_len": 6}) == (7, 6)
+    assert window_cost("sd", {"tree": "static"}) == (26, 5)  # mc_sim_7b_63: 25 drafts, one pass per depth
+    assert window_cost("lantern", {"tree": "dynamic", "total_tokens": 15, "depth": 4}) == (16, 4)
     assert window_cost("sjd", {}) == (17, 0)  # L = 16 drafts + the pending token
     assert window_cost("sjd-pac", {}) == (65, 0)
     with pytest.raises(SpecrtError):
