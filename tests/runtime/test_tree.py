@@ -16,7 +16,9 @@ from specrt.runtime.backends.toy import toy_models
 from specrt.runtime.methods import make_method
 from specrt.runtime.pipeline import Pipeline
 from specrt.runtime.tree import STATIC_TREES, StaticShape, TokenTree, draft_dynamic, draft_static, static_shape
-from specrt.runtime.verification import TOP, VanillaRule, verify_tree
+from specrt.runtime.verification import (
+    SAMPLED, TOP, CoolRule, LanternRule, VanillaRule, draw_without_replacement, verify_tree,
+)
 
 
 class RowsDrafter:
@@ -131,3 +133,46 @@ def test_a_tree_larger_than_the_bundle_window_is_refused():
         pipe.generate([1], method="sd", tree="static")
     tokens = pipe.generate([1, 0], method="sd", tree="dynamic", total_tokens=15, depth=3, tree_top_k=2).tokens
     assert tokens.shape == (2, 2, 2)
+
+
+def random_tree(rng: np.random.Generator, vocab: int, drawn: str) -> tuple[TokenTree, np.ndarray]:
+    """A random 3-level tree (children drawn as `drawn` says) and target rows for its nodes."""
+    tree = TokenTree(0, drawn)
+    frontier = [0]
+    for _ in range(3):
+        nxt = []
+        for node in frontier:
+            row = rng.dirichlet(np.ones(vocab) * 0.5)
+            tree.rows[node] = row
+            picks = (draw_without_replacement(row, 3, rng) if drawn == SAMPLED
+                     else [int(t) for t in np.argsort(-row)[:3]])
+            nxt += [tree.add(node, t) for t in picks]
+        frontier = nxt[:2]
+    return tree, rng.dirichlet(np.ones(vocab) * 0.5, size=len(tree))
+
+
+@pytest.mark.parametrize("drawn", [SAMPLED, TOP])
+def test_relaxed_rules_at_their_lossless_settings_verify_trees_as_sd_does(drawn):
+    """UniformRSD at δ = 1 and LANTERN at δ = 0 are SD: on trees too, draw for draw."""
+    vocab = 6
+    neighbours = np.array([[t for t in np.argsort(np.abs(np.arange(vocab) - v)) if t != v] for v in range(vocab)])
+    rules = [CoolRule(np.ones(3)), LanternRule(neighbours, tvd_budget=0.0)]
+    for trial in range(200):
+        tree, p_rows = random_tree(np.random.default_rng(trial), vocab, drawn)
+        bonus = np.arange(len(tree)) % vocab
+        want = verify_tree(p_rows, tree, VanillaRule(), np.random.default_rng(trial), bonus)
+        for rule in rules:
+            got = verify_tree(p_rows, tree, rule, np.random.default_rng(trial), bonus)
+            assert (got.path, got.accepted, got.next_token) == (want.path, want.accepted, want.next_token)
+
+
+@pytest.mark.parametrize("method,params", [("cool-sd", {"relaxation_budget": 3.0}), ("lantern", {"ratio": 3.0})])
+def test_relaxed_methods_draft_trees_and_accept_at_least_as_much_as_sd(method, params):
+    target, draft, vq = toy_models(vocab_size=8, grid_size=3, max_window=26, draft_noise=2.0)
+    neighbours = np.array([[t for t in range(8) if t != v] for v in range(8)])
+    pipe = Pipeline(target, vq, draft, neighbours=neighbours, sampling_defaults={"cfg_scale": 1.0})
+    for tree in ("static", "dynamic"):
+        kwargs = {"tree": tree, "total_tokens": 12, "depth": 4, "tree_top_k": 3}
+        sd = pipe.generate([1] * 30, method="sd", seed=2, **kwargs).stats.mean_accepted_length
+        relaxed = pipe.generate([1] * 30, method=method, seed=2, **kwargs, **params).stats.mean_accepted_length
+        assert relaxed >= sd > 1.0, (tree, relaxed, sd)
