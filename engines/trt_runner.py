@@ -16,7 +16,8 @@ Why it looks like this (DESIGN.md's per-step budget):
 - probs/draws alternate between two device buffers (both engines share the pair), so a
   StepOutput stays valid until the runner's second next call (runtime/runner.StepOutput);
 - `commit` moves the accepted slots' rows from `present_kv` into the KV buffer on the
-  device: one strided 2D copy per run of consecutive slots, nothing through the host.
+  device: one strided 2D copy per run of consecutive slots when every image commits alike,
+  one per (layer, k/v) and image run in a ragged batch, nothing through the host.
 """
 from __future__ import annotations
 
@@ -279,7 +280,7 @@ class TrtRunner(ModelRunner):
     def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
         engine = self.prefill_engine
         out = self._run_with_head(engine, {**rows.feeds(), "uniforms": uniforms}, 1)
-        self._copy_rows(engine.addresses["present_kv"], self.spec.cond_len, list(range(self.spec.cond_len)), 0)
+        self._copy_block(engine.addresses["present_kv"], self.spec.cond_len, 0, 0, self.spec.cond_len)
         return out
 
     def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray) -> StepOutput:
@@ -288,30 +289,69 @@ class TrtRunner(ModelRunner):
                                    {"input_ids": ids, "positions": positions, "attention_mask": mask, "uniforms": uniforms},
                                    ids.shape[1], device_shapes={"past_kv": self._kv_shape(self.batch, self.capacity)})
 
-    def _write_kv(self, slots: Sequence[int], start: int) -> None:
-        self._copy_rows(self.step_engine.addresses["present_kv"], self._last_window, slots, start)
+    def _write_kv(self, rows: np.ndarray, columns: np.ndarray, slots: np.ndarray) -> None:
+        present = self.step_engine.addresses["present_kv"]
+        runs = _runs(rows, columns, slots)
+        if len(runs) == self.batch and len({tuple(r) for r in runs.values()}) == 1:  # every row alike
+            for column, slot, count in next(iter(runs.values())):
+                self._copy_block(present, self._last_window, slot, column, count)
+            return
+        for row, row_runs in runs.items():
+            for column, slot, count in row_runs:
+                self._copy_row(present, self._last_window, row, slot, column, count)
 
-    def _copy_rows(self, present_ptr: int, window: int, slots: Sequence[int], start: int) -> None:
-        """kv[..., start+i, :] = present[..., slots[i], :] on the device: one 2D copy per run of consecutive slots.
+    def _copy_block(self, present_ptr: int, window: int, slot: int, column: int, count: int) -> None:
+        """kv[..., column:column+count, :] = present[..., slot:slot+count, :] in every batch row: one 2D copy.
 
         Both tensors are [L, 2, B, Hkv, rows, D] row-major, so a run of rows is one strided
-        block per (layer, k/v, batch, head): rows of `run * D` elements, pitches of
+        block per (layer, k/v, batch, head): rows of `count * D` elements, pitches of
         `rows * D` elements on either side.
         """
-        itemsize = self.step_engine.dtypes["past_kv"].itemsize
-        row = self.kv_layout.head_dim * itemsize
+        row = self._row_bytes()
         blocks = self.kv_layout.n_layer * 2 * self.batch * self.kv_layout.n_kv_head
-        d2d = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-        i = 0
-        while i < len(slots):
-            run = 1
-            while i + run < len(slots) and slots[i + run] == slots[i] + run:
-                run += 1
+        _check(self.cudart.cudaMemcpy2DAsync(
+            self._kv.ptr + column * row, self.capacity * row, present_ptr + slot * row, window * row,
+            count * row, blocks, self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice, self.prefill_engine.stream))
+
+    def _copy_row(self, present_ptr: int, window: int, batch_row: int, slot: int, column: int, count: int) -> None:
+        """The same for one batch row (ragged commits): one 2D copy over the heads per (layer, k/v)."""
+        row, heads = self._row_bytes(), self.kv_layout.n_kv_head
+        for block in range(self.kv_layout.n_layer * 2):
+            first = (block * self.batch + batch_row) * heads  # (layer, k/v, b, head 0)
             _check(self.cudart.cudaMemcpy2DAsync(
-                self._kv.ptr + (start + i) * row, self.capacity * row,
-                present_ptr + slots[i] * row, window * row,
-                run * row, blocks, d2d, self.prefill_engine.stream))
-            i += run
+                self._kv.ptr + (first * self.capacity + column) * row, self.capacity * row,
+                present_ptr + (first * window + slot) * row, window * row,
+                count * row, heads, self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice, self.prefill_engine.stream))
+
+    def _retain(self, rows: np.ndarray) -> None:
+        """Gather the kept rows' [Hkv, capacity, D] blocks into a scratch buffer, then back to the
+        front of the KV buffer (whose address the step engine keeps)."""
+        block = self.kv_layout.n_kv_head * self.capacity * self._row_bytes()
+        scratch = DeviceBuffer(self.kv_layout.n_layer * 2 * len(rows) * block)
+        d2d = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        for layer_kv in range(self.kv_layout.n_layer * 2):
+            for new, old in enumerate(rows):
+                _check(self.cudart.cudaMemcpyAsync(scratch.ptr + (layer_kv * len(rows) + new) * block,
+                                                   self._kv.ptr + (layer_kv * self.batch + int(old)) * block,
+                                                   block, d2d, self.prefill_engine.stream))
+        _check(self.cudart.cudaMemcpyAsync(self._kv.ptr, scratch.ptr, scratch.nbytes, d2d, self.prefill_engine.stream))
+        _check(self.cudart.cudaStreamSynchronize(self.prefill_engine.stream))
+        scratch.free()
+
+    def _row_bytes(self) -> int:
+        return self.kv_layout.head_dim * self.step_engine.dtypes["past_kv"].itemsize
+
+
+def _runs(rows: np.ndarray, columns: np.ndarray, slots: np.ndarray) -> dict[int, list[tuple[int, int, int]]]:
+    """Per batch row, its commits as runs (first column, first slot, count) of consecutive rows."""
+    out: dict[int, list[tuple[int, int, int]]] = {}
+    for row, column, slot in zip(rows.tolist(), columns.tolist(), slots.tolist()):
+        runs = out.setdefault(row, [])
+        if runs and runs[-1][0] + runs[-1][2] == column and runs[-1][1] + runs[-1][2] == slot:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((column, slot, 1))
+    return out
 
 
 class TrtVQDecoder(VQDecoder):

@@ -24,8 +24,8 @@ from specrt.errors import SpecrtError
 from specrt.export import onnx_export
 from specrt.export.neighbours import codebook_neighbours, neighbour_count
 from specrt.export.onnx_export import GraphLimits, capacity_for
-from specrt.manifest import (FORMAT, MANIFEST_NAME, VERSION, GraphSpec, Manifest, file_record, read_manifest,
-                             rows_for_images)
+from specrt.manifest import (DEFAULT_MAX_IMAGES, FORMAT, MANIFEST_NAME, VERSION, GraphSpec, Manifest, file_record,
+                             read_manifest, rows_for_images)
 from specrt.runtime import compatibility
 from specrt.runtime.defaults import as_dict, defaults_of
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
@@ -41,7 +41,7 @@ class ExportOptions:
 
     opset: int = onnx_export.DEFAULT_OPSET
     max_window: int = DEFAULT_MAX_WINDOW  # SJD-PAC at its defaults: L = 64 drafts + the pending token
-    max_batch: int = 4  # images per call; the graphs' batch (model rows) is twice that, for CFG pairs
+    max_batch: int = DEFAULT_MAX_IMAGES  # images per pass; the graphs' batch (model rows) is twice that, for CFG pairs
     target_hidden: bool = True
     neighbours_k: int = 32
     sampling: SamplingParams | None = None  # None: the models' own defaults (ModelSet.sampling)

@@ -78,7 +78,11 @@ class Conditions:
 
     def image(self, index: int) -> "Conditions":
         """The conditions of one image (a batch of one)."""
-        part = slice(index, index + 1)
+        return self.part(index, index + 1)
+
+    def part(self, start: int, stop: int) -> "Conditions":
+        """The conditions of images start..stop − 1 (a pipeline's chunk of a larger call)."""
+        part = slice(start, stop)
         return Conditions(*(None if a is None else a[part] for a in (self.class_ids, self.captions,
                                                                        self.caption_mask, self.uncond)))
 

@@ -20,11 +20,11 @@ import numpy as np
 
 from specrt import validation
 from specrt.errors import SpecrtError
+from specrt.manifest import DEFAULT_MAX_IMAGES
 from specrt.runtime.compatibility import check_compatible
 from specrt.runtime.defaults import as_dict, defaults_of
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Decoding, Method, make_method
-from specrt.runtime.methods.base import OneImageAtATime
 from specrt.runtime.methods.speculative import Lantern
 from specrt.runtime.runner import ModelRunner, VQDecoder
 from specrt.runtime.sampling import SamplingParams, guidance_mix
@@ -64,7 +64,8 @@ class Pipeline:
         self.text_encoder = text_encoder  # t2i: a runtime.text.TextEncoder for `prompts`
         self.neighbours = neighbours
         self.sampling_defaults = dict(sampling_defaults or {})
-        self.max_images = max_images  # images decoded together (a bundle's `export --max-batch`); None: any
+        # images decoded together in one pass (a bundle's `export --max-batch`); more run in several passes
+        self.max_images = max_images or DEFAULT_MAX_IMAGES
         # generate() runs on the runners' preallocated buffers (KV cache, step I/O), so two calls
         # at once would overwrite each other's state: calls from several threads take turns, and
         # each caller gets exactly the result it would get alone. Run several Pipelines (or
@@ -103,7 +104,8 @@ class Pipeline:
     def from_torch(cls, target_gpt: Any, draft_gpt: Any, vq: Any, neighbours: Optional[np.ndarray] = None,
                    max_window: int = DEFAULT_MAX_WINDOW, device: Optional[str] = None,
                    sampling_defaults: Optional[SamplingParams] = None, cuda_graphs: Optional[bool] = None,
-                   threads: Optional[int] = None, text_encoder: Any = None) -> "Pipeline":
+                   threads: Optional[int] = None, text_encoder: Any = None,
+                   max_images: int = DEFAULT_MAX_IMAGES) -> "Pipeline":
         """PyTorch GPT modules (specrt.export.llamagen_gpt.GPT) and a VQModel or VQDecoder;
         draft may be None. The three must fit together (runtime.compatibility): one line if not.
 
@@ -114,6 +116,7 @@ class Pipeline:
         `threads`: torch's intra-op threads, as from_bundle's for onnxruntime (torch's setting
         is process-wide; None leaves it as it is, by default one per core).
         `text_encoder` (t2i) turns prompts into caption embeddings (runtime.text).
+        `max_images`: images decoded together in one pass (a bundle's `export --max-batch`).
         """
         from specrt.runtime.backends.torch_backend import TorchRunner, TorchVQ
         max_window = validation.count("max_window", max_window)
@@ -127,7 +130,7 @@ class Pipeline:
             neighbours = TorchVQ.neighbours_of(vq)
         defaults = sampling_defaults or defaults_of(target_gpt)
         return cls(target, TorchVQ(vq, device), draft, neighbours=neighbours, sampling_defaults=as_dict(defaults),
-                   text_encoder=text_encoder)
+                   text_encoder=text_encoder, max_images=validation.count("max_images", max_images))
 
     @property
     def image_size(self) -> tuple[int, int]:
@@ -172,24 +175,30 @@ class Pipeline:
                               f"{spec.caption_dim}-dimensional ones")
         return rows
 
-    def generate(self, class_ids: Sequence[int] | int | None = None, method: str | Method = "ar", seed: int = 0,
-                 decode: bool = True, *, prompts: Sequence[str] | str | None = None, captions: Any = None,
-                 **params: Any) -> GenerationResult:
+    def generate(self, class_ids: Sequence[int] | int | None = None, method: str | Method = "ar",
+                 seed: int | Sequence[int] = 0, decode: bool = True, *, prompts: Sequence[str] | str | None = None,
+                 captions: Any = None, **params: Any) -> GenerationResult:
         """Images for `class_ids` (c2i) or `prompts` / `captions` (t2i, see `conditions`) with a
         decoding method; `params` mix sampling keys (cfg_scale, temperature, top_k, top_p) and
         the method's own parameters. A Method instance may be passed instead of a name (tests
         inject deliberately broken variants).
+
+        All images are decoded together, in one pass (in passes of the bundle's `max_images`
+        when there are more). Image i draws its randomness from its own stream, seeded with
+        `seed + i` (or `seed[i]` when a seed per image is given), and from nothing else, so it
+        is the same image whether decoded alone or in any batch: generate([a, b], seed=s)'s
+        second image is generate([b], seed=s + 1)'s only one.
         decode=False skips the VQ decoder (result.images is None): for users with their own
         decoder, or timing token generation alone; the tokens are the same either way.
         Thread-safe: concurrent calls on one Pipeline are serialised (see __init__)."""
         decode = validation.flag("decode", decode)
         with self._generate_lock:
-            return self._generate(self.conditions(class_ids, prompts, captions), method, seed, decode, **params)
+            conditions = self.conditions(class_ids, prompts, captions)
+            return self._generate(conditions, method, image_seeds(seed, len(conditions)), decode, **params)
 
-    def _generate(self, conditions: Conditions, method: str | Method, seed: int, decode: bool,
+    def _generate(self, conditions: Conditions, method: str | Method, seeds: list[int], decode: bool,
                   **params: Any) -> GenerationResult:
         spec = self.target.spec
-        seed = validation.seed(seed)
         # explicit keys override the defaults one by one; None means "the default" on every path
         explicit = {k: v for k in SAMPLING_KEYS if k in params and (v := params.pop(k)) is not None}
         sampling = SamplingParams(**{**self.sampling_defaults, **explicit}).for_vocab(spec.vocab_size)
@@ -212,34 +221,48 @@ class Pipeline:
 
         stats = Stats()
         start = time.perf_counter()
-        images_per_pass = 1 if isinstance(decoder, OneImageAtATime) else len(conditions)
-        if self.max_images and images_per_pass > self.max_images:
-            raise SpecrtError(f"{images_per_pass} images in one call; this bundle takes at most {self.max_images} "
-                              f"(exported with --max-batch {self.max_images}): generate in calls of "
-                              f"{self.max_images} or fewer, or re-export with `specrt export --max-batch "
-                              f"{images_per_pass} ...`")
-        runners = [r for r in (self.target, self.draft if decoder.needs_draft else None) if r is not None]
-        mix = guidance_mix(images_per_pass, sampling)
-        for runner in runners:
-            runner.allocate(mix)
-            runner.reset_counters()
-        ctx = Decoding(self.target, self.draft if decoder.needs_draft else None, sampling,
-                       np.random.default_rng(seed), stats)
-        tokens = decoder.generate(ctx, conditions)
-
+        per_pass = self.max_images
+        tokens = np.concatenate([self._decode_pass(decoder, sampling, conditions.part(first, first + per_pass),
+                                                   seeds[first:first + per_pass], stats)
+                                 for first in range(0, len(conditions), per_pass)])
         tokens = tokens.reshape(len(conditions), spec.grid_size, spec.grid_size)
         images = None
         if decode:
             with stats.timing("vq_decode"):
                 images = to_uint8(self.vq.decode(tokens))
         stats.tokens = int(tokens.size)
-        stats.target_forwards = self.target.forwards * images_per_pass
-        stats.seconds["target_forward"] = self.target.forward_seconds
-        stats.seconds["cache"] = sum(r.cache_seconds for r in runners)
-        if decoder.needs_draft:
-            stats.draft_forwards = self.draft.forwards
-            stats.seconds["draft_forward"] = self.draft.forward_seconds
-        if any(r.meters_host_reads for r in runners):
-            stats.host_numbers = sum(r.host_numbers for r in runners)
         stats.seconds["total"] = time.perf_counter() - start
         return GenerationResult(tokens, images, stats, sampling)
+
+    def _decode_pass(self, decoder: Method, sampling: SamplingParams, conditions: Conditions, seeds: list[int],
+                     stats: Stats) -> np.ndarray:
+        """One pass of the method over at most max_images images; its counters into `stats`."""
+        runners = [r for r in (self.target, self.draft if decoder.needs_draft else None) if r is not None]
+        mix = guidance_mix(len(conditions), sampling)
+        for runner in runners:
+            runner.allocate(mix)
+            runner.reset_counters()
+        ctx = Decoding(self.target, self.draft if decoder.needs_draft else None, sampling,
+                       [np.random.default_rng(seed) for seed in seeds], stats)
+        tokens = decoder.generate(ctx, conditions)
+        stats.target_forwards += self.target.image_forwards
+        stats.target_calls += self.target.forwards
+        stats.seconds["target_forward"] += self.target.forward_seconds
+        stats.seconds["cache"] += sum(r.cache_seconds for r in runners)
+        if decoder.needs_draft:
+            stats.draft_forwards += self.draft.image_forwards
+            stats.seconds["draft_forward"] += self.draft.forward_seconds
+        if any(r.meters_host_reads for r in runners):
+            stats.host_numbers = (stats.host_numbers or 0) + sum(r.host_numbers for r in runners)
+        return tokens
+
+
+def image_seeds(seed: int | Sequence[int], count: int) -> list[int]:
+    """Each image's seed: seed + i (mod 2^64, the C API's uint64_t), or one given per image."""
+    if isinstance(seed, (str, bytes)) or not hasattr(seed, "__iter__"):
+        first = validation.seed(seed)
+        return [(first + i) % (validation.SEED_MAX + 1) for i in range(count)]
+    seeds = [validation.seed(value, f"seed {i}") for i, value in enumerate(seed)]
+    if len(seeds) != count:
+        raise SpecrtError(f"{len(seeds)} seeds for {count} images: give one seed, or one per image")
+    return seeds

@@ -1,19 +1,23 @@
 """The narrow backend interface: one runner per model role (target, draft) over preallocated buffers.
 
 A runner owns its KV buffer [L, 2, B, Hkv, capacity, D] and the step inputs (ids, positions,
-mask, uniforms) sized for the largest window, all allocated once per generate call. `step`
-runs one window through the model and its sampling head (runtime/head.py) and keeps the
-window's present rows; `commit(slots)` writes the rows of accepted slots at the committed
-length (docs/contracts.md), so rejecting tokens costs nothing, and `truncate` rolls a runner
-back. Backends (torch, onnxruntime, TensorRT, the toy used by the tests) implement four small
-hooks; everything else, including timing, lives here once.
+mask, uniforms) sized for the largest window, all allocated once per generate call. Every
+image of the batch (with its CFG row) has its own committed length (`lengths`): `step` runs one
+window per image (ragged: shorter windows are padded, pad slots see only the cache and
+themselves and are never committed; an image without a window costs only pad slots) through
+the model and its sampling head (runtime/head.py) and keeps the window's present rows;
+`commit(slots)` writes the rows of each image's accepted slots at its committed length
+(docs/contracts.md), so rejecting tokens costs nothing, and `truncate` rolls images back.
+`retain(images)` drops finished images from the batch, so they stop costing work. Backends
+(torch, onnxruntime, TensorRT, the toy used by the tests) implement five small hooks;
+everything else, including timing, lives here once.
 """
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -58,23 +62,20 @@ class StepOutput:
     draws: np.ndarray
 
 
-def slot_index(slots: Sequence[int]) -> slice | list[int]:
-    """The window slots to commit as an index: a slice when they are consecutive (every chain,
-    and so most commits), which copies a view instead of gathering rows."""
-    first, count = slots[0], len(slots)
-    if list(slots) == list(range(first, first + count)):
-        return slice(first, first + count)
-    return list(slots)
+Windows = Union[Window, Sequence[Optional[Window]]]  # one for every image, or one per image (None: no work)
+Slots = Union[Sequence[int], Sequence[Optional[Sequence[int]]]]  # the same for every image, or per image
 
 
 class ModelRunner(ABC):
     """Runs one model's prefill and step graphs on buffers it allocated once.
 
-    Counters: `forwards` (graph runs), `forward_seconds` (time inside the graph calls),
+    Counters: `forwards` (graph runs), `image_forwards` (images those runs advanced), `forward_seconds` (time inside the graph calls),
     `cache_seconds` (input preparation, KV commits): the Stats time breakdown reads them.
     Device backends also count `host_numbers`, the numbers read back from the device (draws
     and the probabilities verification touches, 4 bytes each): `meters_host_reads` says a
     backend does, so a report can tell "nothing read" from "not measured".
+
+    Model batch rows: image i is row i, and under CFG its uncond twin is row i + images.
     """
 
     meters_host_reads = False
@@ -84,8 +85,9 @@ class ModelRunner(ABC):
         self.max_window = max_window
         self.batch = 0
         self.capacity = 0
-        self.length = 0
+        self.lengths = np.zeros(0, dtype=np.int64)  # committed KV rows of each image in the batch
         self.forwards = 0
+        self.image_forwards = 0  # images run, summed over graph runs (an empty window runs none)
         self.forward_seconds = 0.0
         self.cache_seconds = 0.0
         self.host_numbers = 0
@@ -110,8 +112,14 @@ class ModelRunner(ABC):
         `self.mix`; keep the present rows; return the head's output [I,W,V]."""
 
     @abstractmethod
-    def _write_kv(self, slots: Sequence[int], start: int) -> None:
-        """kv[:, :, :, :, start:start+n] = present[:, :, :, :, slots] for the last step's window."""
+    def _write_kv(self, rows: np.ndarray, columns: np.ndarray, slots: np.ndarray) -> None:
+        """kv[:, :, rows[n], :, columns[n]] = present[:, :, rows[n], :, slots[n]] for every n, from
+        the last step's window (rows: model batch rows; equal-length int arrays)."""
+
+    @abstractmethod
+    def _retain(self, rows: np.ndarray) -> None:
+        """Keep the KV rows of model batch rows `rows` (in order) as rows 0..len(rows) − 1, the
+        new batch (self.batch is still the old one; self.mix is already the new [I', B'])."""
 
     @property
     @abstractmethod
@@ -128,8 +136,16 @@ class ModelRunner(ABC):
         """Images per pass: the head's output rows (the batch is [cond; uncond] under CFG)."""
         return self.mix.shape[0]
 
+    @property
+    def length(self) -> int:
+        """The committed length shared by every image of the batch (one image, or AR's lockstep);
+        ragged batches read `lengths`."""
+        if len(self.lengths) and np.any(self.lengths != self.lengths[0]):
+            raise ValueError("the images of this batch have different lengths: read runner.lengths")
+        return int(self.lengths[0]) if len(self.lengths) else 0
+
     def allocate(self, mix: np.ndarray, capacity: int | None = None) -> None:
-        """Allocate the KV buffer and step inputs for a generate call; length back to 0.
+        """Allocate the KV buffer and step inputs for a generate call; lengths back to 0.
 
         mix [images, batch] is the sampling head's guidance matrix (sampling.guidance_mix);
         its shape sets the model batch.
@@ -146,7 +162,7 @@ class ModelRunner(ABC):
             self._allocate_kv(batch, capacity)
         else:
             self.mix[...] = mix  # same shape: the backends' bound mix buffer takes the new values
-        self.length = 0
+        self.lengths = np.zeros(images, dtype=np.int64)
 
     def _uniform_view(self, uniforms: np.ndarray, size: int) -> np.ndarray:
         view = self._uniforms[: self.images * size].reshape(self.images, size)
@@ -167,27 +183,34 @@ class ModelRunner(ABC):
         out = self._prefill(rows, self._uniform_view(uniforms, 1))
         self.forward_seconds += time.perf_counter() - start
         self.forwards += 1
-        self.length = self.spec.cond_len
+        self.image_forwards += self.images
+        self.lengths[:] = self.spec.cond_len
         return out
 
-    def step(self, window: Window, uniforms: np.ndarray, row_ids: np.ndarray | None = None) -> StepOutput:
-        """Run `window` after the committed cache; the head's rows [I,W,V] (slot w's row predicts
-        the token after it) and a draw per row with `uniforms` [I,W].
+    def step(self, windows: Windows, uniforms: np.ndarray, row_ids: np.ndarray | None = None) -> StepOutput:
+        """Run each image's window after its committed cache; the head's rows [I,W,V] (slot w's
+        row predicts the token after it) and a draw per row with `uniforms` [I,W], W the longest
+        window. Rows past an image's own window are padding: never read, never committed.
 
-        Every batch row gets the window's ids unless `row_ids` [B, W] gives each row its own
-        (the AR baseline decodes different images in one batch).
+        `windows`: one Window for every image, or one per image (None: nothing to run for it).
+        `row_ids` [B, W] overrides the ids of every batch row.
         """
-        size = len(window)
+        windows = [windows] * self.images if isinstance(windows, Window) else list(windows)
+        if len(windows) != self.images:
+            raise ValueError(f"{len(windows)} windows for a batch of {self.images} images")
+        sizes = np.array([len(w) if w is not None else 0 for w in windows], dtype=np.int64)
+        size = max(int(sizes.max()), 1)
         if size > self.max_window:
             raise SpecrtError(f"window of {size} tokens exceeds this model's max_window {self.max_window}")
-        if self.length + size > self.capacity:
-            raise ValueError(f"window of {size} at length {self.length} overflows capacity {self.capacity}")
+        if np.any(self.lengths + sizes > self.capacity):
+            raise ValueError(f"windows of {sizes.tolist()} at lengths {self.lengths.tolist()} overflow "
+                             f"capacity {self.capacity}")
         start = time.perf_counter()
         total = self.capacity + size
         ids = self._ids[: self.batch * size].reshape(self.batch, size)
         positions = self._positions[: self.batch * size].reshape(self.batch, size)
         mask = self._mask[: self.batch * size * total].reshape(self.batch, size, total)
-        fill_step_inputs(window, self.length, self.capacity, ids, positions, mask, self._caption_mask)
+        fill_step_inputs(windows, self.lengths, self.capacity, ids, positions, mask, self._caption_mask)
         if row_ids is not None:
             ids[:] = row_ids
         uniforms = self._uniform_view(uniforms, size)
@@ -196,23 +219,59 @@ class ModelRunner(ABC):
         self.cache_seconds += ready - start
         self.forward_seconds += time.perf_counter() - ready
         self.forwards += 1
+        self.image_forwards += int(np.count_nonzero(sizes))
         return out
 
-    def commit(self, slots: Sequence[int]) -> None:
-        """Append the KV rows of the last window's `slots` (in order) at the committed length."""
-        if not len(slots):
+    def commit(self, slots: Slots) -> None:
+        """Append the KV rows of the last window's slots (in order) at each image's committed
+        length: `slots` for every image, or one entry per image (None or empty: nothing)."""
+        per_image = self._per_image(slots)
+        counts = np.array([len(s) for s in per_image], dtype=np.int64)
+        if not counts.any():
             return
         start = time.perf_counter()
-        self._write_kv(list(slots), self.length)
-        self.length += len(slots)
+        images, pairs = self.images, self.batch // self.images
+        image = np.repeat(np.arange(images), counts)
+        columns = np.concatenate([np.arange(n) for n in counts]) + self.lengths[image]
+        sources = np.concatenate([np.asarray(s, dtype=np.int64) for s in per_image if len(s)])
+        rows = np.concatenate([image + images * k for k in range(pairs)])  # the CFG twins commit alike
+        self._write_kv(rows, np.tile(columns, pairs), np.tile(sources, pairs))
+        self.lengths += counts
         self.cache_seconds += time.perf_counter() - start
 
-    def truncate(self, length: int) -> None:
-        """Roll back to `length` committed rows: free, the stale rows are masked out and overwritten."""
-        self.length = min(self.length, length)
+    def _per_image(self, slots: Slots) -> list[Sequence[int]]:
+        slots = list(slots)
+        if not slots or isinstance(slots[0], (int, np.integer)):
+            return [slots] * self.images
+        if len(slots) != self.images:
+            raise ValueError(f"{len(slots)} slot lists for a batch of {self.images} images")
+        return [s if s is not None else () for s in slots]
+
+    def truncate(self, lengths: int | Sequence[int] | np.ndarray) -> None:
+        """Roll back to `lengths` committed rows (one for every image, or one per image): free,
+        the stale rows are masked out and overwritten."""
+        np.minimum(self.lengths, np.asarray(lengths, dtype=np.int64), out=self.lengths)
+
+    def retain(self, images: Sequence[int]) -> None:
+        """Keep only these images (positions in the current batch, in order), with their CFG
+        twins: finished images leave the batch, and later steps cost nothing for them."""
+        keep = np.asarray(images, dtype=np.int64)
+        if len(keep) == self.images and np.array_equal(keep, np.arange(self.images)):
+            return
+        start = time.perf_counter()
+        old_images, pairs = self.images, self.batch // self.images
+        rows = np.concatenate([keep + old_images * k for k in range(pairs)])
+        self.mix = np.ascontiguousarray(self.mix[np.ix_(keep, rows)])
+        self.lengths = self.lengths[keep]
+        if self._caption_mask is not None:
+            self._caption_mask = self._caption_mask[rows]
+        self._retain(rows)
+        self.batch = len(rows)
+        self.cache_seconds += time.perf_counter() - start
 
     def reset_counters(self) -> None:
         self.forwards, self.forward_seconds, self.cache_seconds, self.host_numbers = 0, 0.0, 0.0, 0
+        self.image_forwards = 0
 
 
 class VQDecoder(ABC):

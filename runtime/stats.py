@@ -16,11 +16,15 @@ import numpy as np
 
 @dataclass
 class Stats:
-    """Per generate call. `accepted_lengths` holds tokens produced per target forward (prefill included)."""
+    """Per generate call. `accepted_lengths` holds tokens produced per target forward (prefill included).
+
+    Forwards count per image: a batched step that runs 8 images counts 8 (so tokens per
+    forward is the accepted length whatever the batch); `target_calls` counts graph runs."""
 
     tokens: int = 0
     target_forwards: int = 0
     draft_forwards: int = 0
+    target_calls: int = 0
     accepted_lengths: Counter = field(default_factory=Counter)
     seconds: dict = field(default_factory=lambda: dict.fromkeys(
         ("target_forward", "draft_forward", "verification", "cache", "vq_decode", "total"), 0.0))
@@ -44,6 +48,20 @@ class Stats:
         finally:
             self.seconds[part] += time.perf_counter() - start
             self._timing_now.discard(part)
+
+    def add(self, other: "Stats") -> None:
+        """Fold another call's counters and times into these (a pipeline's chunks of one call)."""
+        self.tokens += other.tokens
+        self.target_forwards += other.target_forwards
+        self.draft_forwards += other.draft_forwards
+        self.target_calls += other.target_calls
+        self.accepted_lengths.update(other.accepted_lengths)
+        for part, seconds in other.seconds.items():
+            self.seconds[part] = self.seconds.get(part, 0.0) + seconds
+        if other.host_numbers is not None:
+            self.host_numbers = (self.host_numbers or 0) + other.host_numbers
+        self.theorem2_accepted_length += other.theorem2_accepted_length
+        self.theorem2_tv_bound += other.theorem2_tv_bound
 
     def record_round(self, produced: int, images: int = 1) -> None:
         """One target forward produced `produced` tokens (its accepted length) for each of `images`."""
@@ -75,6 +93,7 @@ class Stats:
             "tokens": self.tokens,
             "target_forwards": self.target_forwards,
             "draft_forwards": self.draft_forwards,
+            "target_calls": self.target_calls,
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "accepted_length_histogram": {int(k): int(v) for k, v in sorted(self.accepted_lengths.items())},
             "seconds": {k: round(v, 6) for k, v in self.seconds.items()},

@@ -87,18 +87,43 @@ def _chain_parts(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return parts
 
 
-def fill_step_inputs(window: Window, length: int, capacity: int, ids: np.ndarray, positions: np.ndarray,
-                     mask: np.ndarray, caption_mask: np.ndarray | None = None) -> None:
-    """Write one window's inputs, identical in every batch row, into caller-owned buffers.
+def fill_step_inputs(windows: Window | Sequence[Window | None], lengths: int | Sequence[int] | np.ndarray,
+                     capacity: int, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray,
+                     caption_mask: np.ndarray | None = None) -> None:
+    """Write one step's inputs into caller-owned buffers: image i's window after its `lengths[i]`
+    committed rows, in batch row i and its CFG twins (rows i + images·k).
 
     ids, positions: [B, W]; mask: bool [B, W, capacity + W] (cache columns, then window slots);
     caption_mask: bool [B, cond_len] (t2i), the padded caption columns each row never sees.
+    `windows` is one Window for every image or one per image; a window shorter than W (or None)
+    is padded: a pad slot has id 0, sits at the image's next position and sees the cache and
+    itself only, so every row of the step is a well-defined token nobody reads.
     """
-    size = len(window)
-    ids[:] = window.ids
-    np.add(window.depths(), length, out=positions[:])
-    mask[:, :, :length] = True
+    batch, size = ids.shape
+    windows = [windows] if isinstance(windows, Window) else list(windows)
+    lengths = np.broadcast_to(np.asarray(lengths, dtype=np.int64), (len(windows),))
+    row_lengths = np.tile(lengths, batch // len(windows))  # [B]
+    np.less(np.arange(capacity)[None, None, :], row_lengths[:, None, None], out=mask[:, :, :capacity])
     if caption_mask is not None:
-        mask[:, :, :caption_mask.shape[1]] = caption_mask[:, None, :]
-    mask[:, :, length:capacity] = False
-    mask[:, :, capacity:capacity + size] = window.ancestry()
+        mask[:, :, :caption_mask.shape[1]] &= caption_mask[:, None, :]
+    block = mask[:, :, capacity:capacity + size]
+    first = windows[0]
+    if first is not None and len(first) == size and all(w is first or (w is not None and w.is_chain and first.is_chain
+                                                                      and len(w) == size) for w in windows):
+        # every image runs a window of this shape (AR, and most speculative steps): no padding
+        same = all(w is first for w in windows)
+        ids[:] = first.ids if same else np.tile(np.stack([w.ids for w in windows]), (batch // len(windows), 1))
+        np.add(row_lengths[:, None], first.depths()[None, :], out=positions)
+        block[:] = first.ancestry()
+        return
+    images = len(windows)
+    ids[:] = 0
+    positions[:] = row_lengths[:, None]
+    block[:] = np.eye(size, dtype=bool)
+    for i, window in enumerate(windows):
+        if window is None or not len(window):
+            continue
+        n, rows = len(window), slice(i, batch, images)
+        ids[rows, :n] = window.ids
+        positions[rows, :n] = lengths[i] + window.depths()
+        block[rows, :n, :n] = window.ancestry()

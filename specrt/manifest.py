@@ -31,6 +31,9 @@ HEAD_OUTPUTS = {"probs": "float32", "draws": "int32"}
 HEAD_KINDS = ("prefill", "step")
 
 
+DEFAULT_MAX_IMAGES = 32  # `export --max-batch`: images decoded together in one pass, 64 model rows under CFG
+
+
 def rows_for_images(images: int) -> int:
     """Model rows (the graphs' `batch`) for `images` images under classifier-free guidance: a
     [cond; uncond] pair each. `limits.max_images` is what `specrt export --max-batch` counts,

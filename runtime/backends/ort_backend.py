@@ -22,7 +22,7 @@ from specrt.lazy import require
 from specrt.manifest import GraphSpec, Manifest, read_manifest
 from specrt.runtime.bundle_check import check_manifest, check_session, load_neighbours
 from specrt.runtime.conditions import Conditions
-from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, slot_index
+from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder
 
 Providers = Union[None, Sequence[Any], Callable[[str], Sequence[Any]]]
 HEAD_INPUTS = ("mix", "uniforms")
@@ -108,7 +108,8 @@ class OrtRunner(ModelRunner):
 
     def _allocate_kv(self, batch: int, capacity: int) -> None:
         rows = (self.layers, 2, batch, self.kv_heads)
-        self._kv = np.zeros((*rows, capacity, self.head_dim), dtype=self.kv_dtype)
+        self._kv_flat = np.zeros(int(np.prod(rows)) * capacity * self.head_dim, dtype=self.kv_dtype)
+        self._kv = self._kv_flat.reshape(*rows, capacity, self.head_dim)
         self._kv_value = self.ort.OrtValue.ortvalue_from_numpy(self._kv)
         images, window, vocab = self.images, self.max_window, self.spec.vocab_size
         self._probs = [np.zeros(images * window * vocab, dtype=np.float32) for _ in range(2)]
@@ -123,7 +124,15 @@ class OrtRunner(ModelRunner):
 
     @property
     def kv_buffer(self) -> np.ndarray:
-        return self._kv
+        return self._kv_flat
+
+    def _retain(self, rows: np.ndarray) -> None:
+        """The kept rows move to the front of the same buffer; the bindings are remade for the new batch."""
+        kept = self._kv[:, :, rows]  # a copy: the new view overlaps the old one
+        self._kv = self._kv_flat[: kept.size].reshape(kept.shape)
+        self._kv[...] = kept
+        self._kv_value = self.ort.OrtValue.ortvalue_from_numpy(self._kv)
+        self._bindings.clear()
 
     def _outputs(self, size: int, parity: int) -> tuple[np.ndarray, np.ndarray]:
         """Views [I, W, V] and [I, W] of one of the two probs/draws buffers."""
@@ -166,8 +175,8 @@ class OrtRunner(ModelRunner):
         self.step_session.run_with_iobinding(binding)
         return StepOutput(probs, draws)
 
-    def _write_kv(self, slots: Sequence[int], start: int) -> None:
-        self._kv[:, :, :, :, start:start + len(slots)] = self._present[:, :, :, :, slot_index(slots)]
+    def _write_kv(self, rows: np.ndarray, columns: np.ndarray, slots: np.ndarray) -> None:
+        self._kv[:, :, rows, :, columns] = self._present[:, :, rows, :, slots]
 
 
 class OrtVQ(VQDecoder):

@@ -24,7 +24,7 @@ import numpy as np
 from specrt.export.neighbours import DEFAULT_K, codebook_neighbours, neighbour_count
 from specrt.lazy import require
 from specrt.runtime.conditions import Conditions
-from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, slot_index
+from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder
 
 
 def _torch():
@@ -140,7 +140,9 @@ class TorchRunner(ModelRunner):
     def _allocate_kv(self, batch: int, capacity: int) -> None:
         torch = self.torch
         layers, two, _, heads, _, head_dim = self._kv_shape
-        self._kv = torch.zeros((layers, two, batch, heads, capacity, head_dim), dtype=self.dtype, device=self.device)
+        shape = (layers, two, batch, heads, capacity, head_dim)
+        self._kv_flat = torch.zeros(int(np.prod(shape)), dtype=self.dtype, device=self.device)
+        self._kv = self._kv_flat.view(shape)
         self._mix = torch.zeros(self.mix.shape, dtype=torch.float32, device=self.device)  # filled by allocate()
         self._uniforms_dev = torch.zeros(self._uniforms.shape, dtype=torch.float32, device=self.device)
         if self.device.type != "cpu":  # device-side twins of the host step inputs
@@ -161,7 +163,17 @@ class TorchRunner(ModelRunner):
 
     @property
     def kv_buffer(self) -> Any:
-        return self._kv
+        return self._kv_flat
+
+    def _retain(self, rows: np.ndarray) -> None:
+        """The kept rows move to the front of the same buffer; graphs captured for the old batch go."""
+        with self.torch.inference_mode():
+            kept = self._kv[:, :, self.torch.from_numpy(rows).to(self.device)]  # a copy (advanced index)
+            self._kv = self._kv_flat[: kept.numel()].view(kept.shape)
+            self._kv.copy_(kept)
+        self._mix = self.torch.from_numpy(self.mix).to(self.device)  # a normal tensor: allocate() copies into it
+        self._graphs.clear()
+        self._seen_windows.clear()
 
     def _to_device(self, host: np.ndarray, flat_dev: Any) -> Any:
         """A device tensor with host's shape, backed by the preallocated flat device buffer."""
@@ -219,7 +231,7 @@ class TorchRunner(ModelRunner):
         # whose capture (two warm-up runs and the capture) would cost more than it saves
         present, probs, draws = captured.replay() if captured is not None else run()
         self._present = present
-        kept = self._outputs[self._parity][:, :window]
+        kept = self._outputs[self._parity][: self.images, :window]
         self._parity ^= 1
         kept.copy_(probs)
         return self._handoff(kept, draws)
@@ -230,10 +242,10 @@ class TorchRunner(ModelRunner):
         probs, draws = self._apply_head(logits, self._mix, uniforms_t)
         return present, probs, draws
 
-    def _write_kv(self, slots: Sequence[int], start: int) -> None:
+    def _write_kv(self, rows: np.ndarray, columns: np.ndarray, slots: np.ndarray) -> None:
         with self.torch.inference_mode():
-            rows = self._present[:, :, :, :, slot_index(slots)]
-            self._kv[:, :, :, :, start:start + len(slots)] = rows.to(self.dtype)
+            index = self.torch.from_numpy(np.stack([rows, columns, slots])).to(self.device)  # one copy to the device
+            self._kv[:, :, index[0], :, index[1]] = self._present[:, :, index[0], :, index[2]].to(self.dtype)
 
 
 class CapturedStep:

@@ -10,7 +10,7 @@ needs torch), which is what the exported graphs and the PyTorch backend end in.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -70,7 +70,7 @@ class ToyRunner(ModelRunner):
         return self._kv
 
     def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
-        out = self._out[:, :1]
+        out = self._out[:self.batch, :1]
         for b in range(self.batch):
             condition = caption_tokens(rows, b) if rows.is_caption else (int(rows.class_ids[b]),)
             self._kv[b, :len(condition)] = condition
@@ -80,8 +80,8 @@ class ToyRunner(ModelRunner):
 
     def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray) -> StepOutput:
         batch, size = ids.shape
-        self._present[:, :size] = ids
-        out = self._out[:, :size]
+        self._present[:batch, :size] = ids
+        out = self._out[:batch, :size]
         cap = self.capacity
         for b in range(batch):
             # every (slot, column) the mask allows, in column order: cache rows first, then window slots
@@ -97,8 +97,11 @@ class ToyRunner(ModelRunner):
                 out[b, w] = self.lm.logits(context)
         return head_rows(out, self.mix, uniforms)
 
-    def _write_kv(self, slots: Sequence[int], start: int) -> None:
-        self._kv[:, start:start + len(slots)] = self._present[:, slots]
+    def _write_kv(self, rows: np.ndarray, columns: np.ndarray, slots: np.ndarray) -> None:
+        self._kv[rows, columns] = self._present[rows, slots]
+
+    def _retain(self, rows: np.ndarray) -> None:
+        self._kv[: len(rows)] = self._kv[rows]
 
 
 UNCOND_TOKEN = 9  # the toy's uncond_embedding: a caption of this token at every position

@@ -19,16 +19,10 @@ class Autoregressive(Method):
         tokens = np.zeros((len(conditions), ctx.num_image_tokens), dtype=np.int64)
         tokens[:, 0] = ctx.prefill(target, conditions).draws[:, 0]
         ctx.stats.record_round(1, len(conditions))
-        slot = Window.chain([0])
         for k in range(1, ctx.num_image_tokens):
-            # every row feeds its own token at the same position: a per-row window of one slot
-            out = ctx.run(target, slot, _rows(tokens[:, k - 1], ctx)[:, None])
+            # every image feeds its own last token at its next position: a window of one slot each
+            out = ctx.run(target, [Window.chain([token]) for token in tokens[:, k - 1]])
             target.commit([0])
             tokens[:, k] = out.draws[:, 0]
             ctx.stats.record_round(1, len(conditions))
         return tokens
-
-
-def _rows(image_tokens: np.ndarray, ctx: Decoding) -> np.ndarray:
-    """Token ids per model row: the image tokens, repeated for the uncond half under CFG."""
-    return np.concatenate([image_tokens, image_tokens]) if ctx.sampling.uses_cfg else image_tokens

@@ -1,22 +1,25 @@
 """What every decoding method shares: the decoding context, CFG rows, and parameter parsing.
 
 A method is a small strategy object: `generate(ctx, conditions)` returns image tokens
-[N, grid²]. It calls the runners (target, draft) and runtime.verification; it owns no buffers.
+[N, grid²] for the whole batch, decoded in one pass: every model call runs all unfinished
+images, each with its own window, committed length and random stream (ragged acceptance),
+and the host verifies each image on its own. It calls the runners (target, draft) and
+runtime.verification; it owns no buffers.
 What the images are conditioned on (class ids or captions, runtime.conditions) passes through
 the decoding context untouched: methods only count it and hand it to Decoding.prefill.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from dataclasses import dataclass, replace
+from typing import Any, Callable, ClassVar, Optional, Sequence
 
 import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions, as_conditions
-from specrt.runtime.runner import ModelRunner, StepOutput
-from specrt.runtime.sampling import SamplingParams, inverse_cdf, needs_restriction, restrict
+from specrt.runtime.runner import ModelRunner, StepOutput, Windows
+from specrt.runtime.sampling import SamplingParams, guidance_mix, inverse_cdf, needs_restriction, restrict
 from specrt.runtime.stats import Stats
 from specrt.runtime.window import Window
 from specrt.validation import Param
@@ -24,13 +27,30 @@ from specrt.validation import Param
 
 @dataclass
 class Decoding:
-    """The models, sampling distribution, random stream and counters of one generate call."""
+    """The models, sampling distribution, random streams and counters of one generate call.
+
+    `rngs` holds one random stream per image of the batch, in batch order: everything random
+    about image i (its uniforms for the sampling head, its verification coins, its random
+    drafts) comes from rngs[i] alone, so an image does not depend on what else is decoded
+    with it. `retain` keeps both in step when finished images leave the runners' batch.
+    """
 
     target: ModelRunner
     draft: Optional[ModelRunner]
     sampling: SamplingParams
-    rng: np.random.Generator
+    rngs: list[np.random.Generator]
     stats: Stats
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The random stream of a one-image context (`image(i)` makes one)."""
+        if len(self.rngs) != 1:
+            raise ValueError(f"a context of {len(self.rngs)} images has one stream per image: use rngs[i] or image(i)")
+        return self.rngs[0]
+
+    def image(self, i: int) -> "Decoding":
+        """The same context narrowed to image i's random stream (for per-image verification code)."""
+        return replace(self, rngs=[self.rngs[i]])
 
     def condition_rows(self, conditions: Conditions) -> Conditions:
         """Model batch for these images: [cond; uncond] when CFG is on (null class, or the
@@ -40,14 +60,31 @@ class Decoding:
 
     def prefill(self, runner: ModelRunner, conditions: Conditions) -> StepOutput:
         """The condition rows of these images through `runner`: image token 0's rows and draws."""
-        uniforms = self.rng.random((runner.images, 1))
+        uniforms = self._uniforms([1] * runner.images)
         return self._restricted(runner.prefill(self.condition_rows(conditions), uniforms), uniforms)
 
-    def run(self, runner: ModelRunner, window: Window, row_ids: np.ndarray | None = None) -> StepOutput:
-        """One step of `runner` over `window`: the sampling distribution of every slot (P and Q
-        alike) and one draw per slot, made on the device with uniforms from this call's stream."""
-        uniforms = self.rng.random((runner.images, len(window)))
-        return self._restricted(runner.step(window, uniforms, row_ids), uniforms)
+    def run(self, runner: ModelRunner, windows: Windows, row_ids: np.ndarray | None = None) -> StepOutput:
+        """One step of `runner` over each image's window (one Window for all, or one per image,
+        None for none): the sampling distribution of every slot (P and Q alike) and one draw per
+        slot, made on the device with uniforms from each image's own stream."""
+        sizes = [len(windows)] * runner.images if isinstance(windows, Window) else \
+            [len(w) if w is not None else 0 for w in windows]
+        uniforms = self._uniforms(sizes)
+        return self._restricted(runner.step(windows, uniforms, row_ids), uniforms)
+
+    def _uniforms(self, sizes: Sequence[int]) -> np.ndarray:
+        """[images, longest] uniforms: image i's first sizes[i] from its stream, zeros past them."""
+        out = np.zeros((len(sizes), max(max(sizes, default=1), 1)))
+        for row, (rng, size) in enumerate(zip(self.rngs, sizes)):
+            out[row, :size] = rng.random(size)
+        return out
+
+    def retain(self, images: Sequence[int]) -> None:
+        """Keep only these images (positions in the batch) in the runners and the streams."""
+        for runner in (self.target, self.draft):
+            if runner is not None:
+                runner.retain(images)
+        self.rngs = [self.rngs[i] for i in images]
 
     def _restricted(self, out: StepOutput, uniforms: np.ndarray) -> StepOutput:
         """Greedy, top-k and top-p act on the host (sampling.restrict): they need whole rows, and
@@ -94,18 +131,43 @@ class Method(ABC):
         """Image tokens [N, grid²] for these images' conditions."""
 
 
-class OneImageAtATime(Method):
-    """Speculative methods decode one image (and its CFG pair) per pass; this loops over images."""
+def one_image_at_a_time(ctx: Decoding, conditions: Conditions,
+                        decode_one: Callable[[Decoding, Conditions], np.ndarray]) -> np.ndarray:
+    """For a loop not yet batched (tree drafting): each image alone, the runners sized for one
+    image (and its CFG pair), with that image's own stream; tokens [N, grid²]."""
+    conditions = as_conditions(conditions)
+    tokens = []
+    for i in range(len(conditions)):
+        for runner in (ctx.target, ctx.draft):
+            if runner is not None:
+                runner.allocate(guidance_mix(1, ctx.sampling))
+        tokens.append(decode_one(ctx.image(i), conditions.image(i)))
+    return np.stack(tokens)
 
-    def generate(self, ctx: Decoding, conditions: Conditions) -> np.ndarray:
-        conditions = as_conditions(conditions)
-        return np.stack([self.generate_one(ctx, conditions.image(i)) for i in range(len(conditions))])
 
-    @abstractmethod
-    def generate_one(self, ctx: Decoding, condition: Conditions) -> np.ndarray:
-        """Tokens [grid²] of one image."""
+class Batched:
+    """Which images of a generate call are still being decoded, and when finished ones leave.
 
-    def start(self, ctx: Decoding, runner: ModelRunner, condition: Conditions) -> StepOutput:
-        """Reset `runner` to an empty cache and prefill; image token 0's row and draw ([1, 1, V], [1, 1])."""
-        runner.truncate(0)
-        return ctx.prefill(runner, condition)
+    Methods keep per-image state indexed by image (0..N−1); the runners' batch holds the
+    unfinished images, `images[p]` at batch position p. Dropping a finished image moves KV
+    rows (and, on CUDA, recaptures graphs), so images leave in groups: once at least a
+    quarter of the batch has finished, or all of it. Until then a finished image rides along
+    with an empty window (pad slots only).
+    """
+
+    def __init__(self, count: int):
+        self.images = list(range(count))
+
+    def positions(self) -> range:
+        return range(len(self.images))
+
+    def drop(self, ctx: Decoding, finished: Sequence[bool]) -> bool:
+        """Remove the finished images (finished[image]) when enough have; False once none is left."""
+        done = [p for p, image in enumerate(self.images) if finished[image]]
+        if len(done) == len(self.images):
+            return False
+        if done and 4 * len(done) >= len(self.images):
+            keep = [p for p, image in enumerate(self.images) if not finished[image]]
+            ctx.retain(keep)
+            self.images = [self.images[p] for p in keep]
+        return True

@@ -34,12 +34,13 @@ needs K + K² + … + K^D ≤ L. One iteration:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
-from specrt.runtime.methods.base import Decoding, OneImageAtATime
+from specrt.runtime.methods.base import Batched, Decoding, Method
 from specrt.runtime.verification import draw_without_replacement, verify_position, verify_positions, verify_siblings
 from specrt.runtime.window import Window
 from specrt.validation import Bool, Choice, Int
@@ -76,7 +77,7 @@ def build_window(pending: int, levels: list[Level]) -> tuple[Window, list[dict[i
     return Window.tree(ids, parents), children
 
 
-class JacobiDecoding(OneImageAtATime):
+class JacobiDecoding(Method):
     """SJD with optional adaptive continuation and proactive drafting (SJD-PAC, `003` Alg. 1)."""
 
     name = "sjd"
@@ -103,25 +104,45 @@ class JacobiDecoding(OneImageAtATime):
     def max_window(self) -> int:
         return self.window + 1  # the pending token + L drafts
 
-    def generate_one(self, ctx: Decoding, condition: Conditions) -> np.ndarray:
-        target = ctx.target
+    def generate(self, ctx: Decoding, conditions: Conditions) -> np.ndarray:
+        """Every unfinished image runs one Jacobi iteration per target step, its own proposal
+        and tree in its own window; each verifies, commits and drafts on with its own stream."""
+        target, total = ctx.target, ctx.num_image_tokens
         vocab = target.spec.vocab_size
         uniform = np.full(vocab, 1.0 / vocab)
-        tokens = [int(self.start(ctx, target, condition).draws[0, 0])]
-        ctx.stats.record_round(1)
-        levels: list[Level] = []
-        while len(tokens) < ctx.num_image_tokens:
-            levels = self._fill(ctx, levels, ctx.num_image_tokens - len(tokens) - 1, uniform)
-            window, children = build_window(tokens[-1], levels)
-            out = ctx.run(target, window)
-            p_rows, draws = out.probs[0], out.draws[0]
-            with ctx.stats.timing("verification"):
-                accepted, path, next_token, rejected = self._verify(ctx, p_rows, draws, levels, children)
-                levels = self._next_levels(ctx, levels, p_rows, draws, row_route(path, children), len(accepted),
-                                           rejected)
-            target.commit(path)
-            tokens += accepted + [next_token]
-            ctx.stats.record_round(len(accepted) + 1)
+        target.truncate(0)
+        tokens = [[int(t)] for t in ctx.prefill(target, conditions).draws[:, 0]]
+        ctx.stats.record_round(1, len(tokens))
+        levels: list[list[Level]] = [[] for _ in tokens]
+        batch = Batched(len(tokens))
+        while batch.drop(ctx, [len(t) == total for t in tokens]):
+            images = list(batch.images)
+            windows, trees = [], []
+            for p, i in enumerate(images):
+                if len(tokens[i]) == total:
+                    windows.append(None)
+                    trees.append(None)
+                    continue
+                levels[i] = self._fill(ctx.image(p), levels[i], total - len(tokens[i]) - 1, uniform)
+                window, children = build_window(tokens[i][-1], levels[i])
+                windows.append(window)
+                trees.append(children)
+            out = ctx.run(target, windows)
+            paths: list[Optional[list[int]]] = []
+            for p, i in enumerate(images):
+                if windows[p] is None:
+                    paths.append(None)
+                    continue
+                one, children = ctx.image(p), trees[p]
+                p_rows, draws = out.probs[p], out.draws[p]
+                with ctx.stats.timing("verification"):
+                    accepted, path, next_token, rejected = self._verify(one, p_rows, draws, levels[i], children)
+                    levels[i] = self._next_levels(one, levels[i], p_rows, draws, row_route(path, children),
+                                                  len(accepted), rejected)
+                paths.append(path)
+                tokens[i] += accepted + [next_token]
+                ctx.stats.record_round(len(accepted) + 1)
+            target.commit(paths)
         return np.asarray(tokens, dtype=np.int64)
 
     # ---- one iteration's pieces ----------------------------------------------------------------

@@ -15,12 +15,13 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
-from specrt.runtime.methods.base import Decoding, OneImageAtATime
+from specrt.runtime.methods.base import Batched, Decoding, Method, one_image_at_a_time
 from specrt.runtime.methods.tree_loop import generate_tree_one
+from specrt.runtime.runner import ModelRunner, StepOutput
 from specrt.runtime.tree import STATIC_TREES, TREES, static_shape
 from specrt.runtime.verification import (
-    SCHEDULES, AcceptanceRule, CoolRule, LanternRule, VanillaRule, relaxation_schedule, theorem2_along_path,
-    verify_chain,
+    SCHEDULES, AcceptanceRule, ChainOutcome, CoolRule, LanternRule, VanillaRule, relaxation_schedule,
+    theorem2_along_path, verify_chain,
 )
 from specrt.runtime.window import Window
 from specrt.validation import Bool, Choice, Float, Int
@@ -28,8 +29,15 @@ from specrt.validation import Bool, Choice, Float, Int
 MAX_DECAY = 10.0
 
 
-class DraftThenVerify(OneImageAtATime):
-    """Speculative decoding with a draft model; subclasses choose the acceptance rule."""
+class DraftThenVerify(Method):
+    """Speculative decoding with a draft model; subclasses choose the acceptance rule.
+
+    Chains (tree=chain): the whole batch runs each round together: up to L draft steps (an
+    image whose own draft is shorter, near its end, sits the extra steps out with an empty
+    window), one target step over every image's [pending, drafts], then each image verifies
+    its own chain with its own stream and commits its own accepted prefix. Trees go through
+    the Drafter protocol one image at a time (runtime.methods.tree_loop).
+    """
 
     needs_draft = True
     # tree chain | static | dynamic; static_tree: the static shape; dynamic (EAGLE-2): total_tokens
@@ -62,37 +70,64 @@ class DraftThenVerify(OneImageAtATime):
     def rule(self, ctx: Decoding) -> AcceptanceRule:
         return VanillaRule()
 
-    def generate_one(self, ctx: Decoding, condition: Conditions) -> np.ndarray:
-        if self.tree != "chain":
-            return generate_tree_one(self, ctx, condition)
-        target, draft, cond_len = ctx.target, ctx.draft, ctx.target.spec.cond_len
+    def start(self, ctx: Decoding, runner: ModelRunner, condition: Conditions) -> StepOutput:
+        """Reset `runner` to an empty cache and prefill one image (the tree loop's start)."""
+        runner.truncate(0)
+        return ctx.prefill(runner, condition)
+
+    def generate(self, ctx: Decoding, conditions: Conditions) -> np.ndarray:
+        if self.tree != "chain":  # tree drafting (runtime.methods.tree_loop) still runs image by image
+            return one_image_at_a_time(ctx, conditions, lambda one, condition: generate_tree_one(self, one, condition))
+        target, draft, cond_len, total = ctx.target, ctx.draft, ctx.target.spec.cond_len, ctx.num_image_tokens
         rule = self.rule(ctx)
-        tokens = [int(self.start(ctx, target, condition).draws[0, 0])]
-        self.start(ctx, draft, condition)
-        ctx.stats.record_round(1)
-        while len(tokens) < ctx.num_image_tokens:
-            draft_len = min(self.draft_len, ctx.num_image_tokens - len(tokens) - 1)
-            drafts, q_rows = [], []
-            for _ in range(draft_len):
-                # the draft catches up on every token it has not cached yet (pending + drafts)
-                window = Window.chain((tokens + drafts)[draft.length - cond_len:])
-                out = ctx.run(draft, window)
-                draft.commit(range(len(window)))
-                drafts.append(int(out.draws[0, -1]))
-                q_rows.append(out.probs[0, -1].copy())  # the draft reuses this buffer two steps on
-            scored = ctx.run(target, Window.chain([tokens[-1], *drafts]))
-            p_rows = scored.probs[0]
-            with ctx.stats.timing("verification"):
-                outcome = verify_chain(p_rows, q_rows, drafts, rule, ctx.rng, bonus=int(scored.draws[0, len(drafts)]))
-                if self.theorem2:
-                    estimate = theorem2_along_path(p_rows, q_rows, drafts, rule)
-                    ctx.stats.theorem2_accepted_length.append(estimate.expected_accepted_length)
-                    ctx.stats.theorem2_tv_bound.append(estimate.tv_bound)
-            target.commit(range(outcome.accepted_length + 1))
-            tokens += drafts[: outcome.accepted_length] + [outcome.next_token]
-            draft.truncate(cond_len + len(tokens) - 1)
-            ctx.stats.record_round(outcome.accepted_length + 1)
+        target.truncate(0)
+        draft.truncate(0)
+        tokens = [[int(t)] for t in ctx.prefill(target, conditions).draws[:, 0]]
+        ctx.prefill(draft, conditions)
+        ctx.stats.record_round(1, len(tokens))
+        batch = Batched(len(tokens))
+        while batch.drop(ctx, [len(t) == total for t in tokens]):
+            images = list(batch.images)
+            draft_lens = [min(self.draft_len, total - len(tokens[i]) - 1) for i in images]  # 0 or less: finished
+            drafts: list[list[int]] = [[] for _ in images]
+            q_rows: list[list[np.ndarray]] = [[] for _ in images]
+            for step in range(max(draft_lens)):
+                # each drafting image catches its draft up on every token it has not cached (pending + drafts)
+                windows = [Window.chain((tokens[i] + drafts[p])[draft.lengths[p] - cond_len:])
+                           if step < draft_lens[p] else None for p, i in enumerate(images)]
+                out = ctx.run(draft, windows)
+                draft.commit([range(len(w)) if w is not None else None for w in windows])
+                for p, window in enumerate(windows):
+                    if window is not None:
+                        drafts[p].append(int(out.draws[p, len(window) - 1]))
+                        q_rows[p].append(out.probs[p, len(window) - 1].copy())  # the buffer is reused two steps on
+            scored = ctx.run(target, [Window.chain([tokens[i][-1], *drafts[p]]) if draft_lens[p] >= 0 else None
+                                      for p, i in enumerate(images)])
+            commits: list[Optional[range]] = []
+            for p, i in enumerate(images):
+                if draft_lens[p] < 0:
+                    commits.append(None)
+                    continue
+                outcome = self._verify(ctx, p, scored, q_rows[p], drafts[p], rule)
+                commits.append(range(outcome.accepted_length + 1))
+                tokens[i] += drafts[p][: outcome.accepted_length] + [outcome.next_token]
+                ctx.stats.record_round(outcome.accepted_length + 1)
+            target.commit(commits)
+            draft.truncate([cond_len + len(tokens[i]) - 1 for i in images])
         return np.asarray(tokens, dtype=np.int64)
+
+    def _verify(self, ctx: Decoding, position: int, scored: StepOutput, q_rows: list[np.ndarray], drafts: list[int],
+                rule: AcceptanceRule) -> ChainOutcome:
+        """One image's chain against its target rows, with its own random stream."""
+        p_rows = scored.probs[position]
+        with ctx.stats.timing("verification"):
+            outcome = verify_chain(p_rows, q_rows, drafts, rule, ctx.rngs[position],
+                                   bonus=int(scored.draws[position, len(drafts)]))
+            if self.theorem2:
+                estimate = theorem2_along_path(p_rows, q_rows, drafts, rule)
+                ctx.stats.theorem2_accepted_length.append(estimate.expected_accepted_length)
+                ctx.stats.theorem2_tv_bound.append(estimate.tv_bound)
+        return outcome
 
 
 class SpeculativeDecoding(DraftThenVerify):

@@ -13,6 +13,7 @@ from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
 from specrt.errors import SpecrtError
 from specrt.export.demo.registry import demo_names, help_text as demo_help
 from specrt.runtime.threads import HELP as THREADS_HELP, resolve as resolve_threads
+from specrt.manifest import DEFAULT_MAX_IMAGES
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 
 
@@ -61,9 +62,10 @@ def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo
               help="A `specrt demo train --demo NAME` output folder instead of the packaged weights of that demo.")
 @click.option("--max-window", type=int, default=DEFAULT_MAX_WINDOW, show_default=True,
               help="Largest step window W (profile max): tokens per target step; sjd-pac at L = 64 feeds 65.")
-@click.option("--max-batch", type=int, default=4, show_default=True,
-              help="Most images one call decodes together (with or without CFG); the graphs' batch profile is "
-                   "derived: 2 rows per image for CFG's [cond; uncond] pair. A larger call is refused in one line.")
+@click.option("--max-batch", type=int, default=DEFAULT_MAX_IMAGES, show_default=True,
+              help="Most images one pass decodes together (with or without CFG); the graphs' batch profile is "
+                   "derived: 2 rows per image for CFG's [cond; uncond] pair. A larger generate call runs in passes "
+                   "of this many images (the same images: each has its own random stream).")
 @click.option("--opset", type=int, default=18, show_default=True,
               help="ONNX opset: 18 (TensorRT 10.3, attention as MatMul/Softmax) or 23 (ONNX Attention, newer stacks).")
 @click.option("--no-hidden", is_flag=True, help="Drop the target's `hidden` output (only EAGLE-style drafts need it).")

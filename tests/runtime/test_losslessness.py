@@ -1,4 +1,5 @@
-"""Lossless methods reproduce the target's exact sequence distribution (chi-square, 20,000 images).
+"""Lossless methods reproduce the target's exact sequence distribution (chi-square, 20,000 images,
+decoded in batches of 256).
 
 The toy family (vocab 3, 2x2 grid = 4 tokens) is small enough to enumerate P over all 81
 sequences. Each method samples 20,000 images with a fixed seed; the chi-square statistic must
@@ -20,12 +21,13 @@ from specrt.runtime.verification import VanillaRule
 
 SAMPLES = 20_000
 CLASS_ID = 1
+PASS = 256  # images decoded together: every sample run is a batched one (ragged acceptance, images leaving)
 
 
 def run(method, sampling: SamplingParams, vocab: int = 3, grid: int = 2, samples: int = SAMPLES, max_window: int = 16,
         **params) -> tuple[float, float]:
     target, draft, vq = toy_models(vocab_size=vocab, grid_size=grid, num_classes=2, seed=3, max_window=max_window)
-    pipe = Pipeline(target, vq, draft, sampling_defaults=vars(sampling))
+    pipe = Pipeline(target, vq, draft, sampling_defaults=vars(sampling), max_images=PASS)
     tokens = pipe.generate([CLASS_ID] * samples, method=method, seed=11, **params).tokens
     exact = exact_distribution(target.lm, CLASS_ID, 2, vocab, grid * grid, sampling)
     assert abs(sum(exact.values()) - 1) < 1e-9
@@ -103,7 +105,7 @@ T2I = [("sd", {"draft_len": 3}, GUIDED), ("sjd", {"window": 3}, GUIDED)]
 
 def run_t2i(method, sampling: SamplingParams, **params) -> tuple[float, float]:
     target, draft, vq = toy_models(vocab_size=3, grid_size=2, seed=3, caption_len=4)
-    pipe = Pipeline(target, vq, draft, sampling_defaults=vars(sampling))
+    pipe = Pipeline(target, vq, draft, sampling_defaults=vars(sampling), max_images=PASS)
     captions = np.tile(np.array(CAPTION, dtype=np.float32)[None, :, None], (T2I_SAMPLES, 1, 1))
     tokens = pipe.generate(captions=captions, method=method, seed=11, **params).tokens
     exact = exact_distribution(target.lm, tuple(int(c) for c in CAPTION), (UNCOND_TOKEN,) * len(CAPTION), 3, 4, sampling)

@@ -82,7 +82,26 @@ def test_bundle_limits_are_user_errors(pipelines):
     _, ort_pipe = pipelines
     with pytest.raises(SpecrtError, match="at most 8"):
         ort_pipe.generate([0], method="sjd-pac")  # default window 64
-    with pytest.raises(SpecrtError, match="takes at most 4"):  # exported with max_batch=4 (images)
-        ort_pipe.generate([0, 1, 2, 3, 0], method="ar", cfg_scale=2.0)
+    # exported with max_batch=4 (images): five images run in passes of 4 and 1, each image as alone
+    five = ort_pipe.generate([0, 1, 2, 3, 0], method="ar", cfg_scale=2.0, seed=3, decode=False).tokens
+    np.testing.assert_array_equal(five[4], ort_pipe.generate([0], method="ar", cfg_scale=2.0, seed=7, decode=False).tokens[0])
     with pytest.raises(SpecrtError, match="out of range"):
         ort_pipe.generate([4])
+
+
+BATCHED = [("ar", {}), ("sd", {"draft_len": 3}), ("cool-sd", {"draft_len": 3}), ("lantern", {"draft_len": 2}),
+           ("sjd", {"window": 4}), ("sjd-pac", {"window": 7, "branching": 2, "tree_depth": 2})]
+
+
+@pytest.mark.parametrize("method,params", BATCHED, ids=[m for m, _ in BATCHED])
+def test_a_batch_gives_every_image_the_tokens_it_gets_alone(pipelines, method, params):
+    """onnxruntime and PyTorch, greedy and sampled (CFG, top-k): decoding three images in one
+    pass (ragged windows, finished images leaving the batch) gives image i exactly what
+    generate([class_i], seed=seed + i) gives alone."""
+    classes = [1, 3, 0]
+    for pipe in pipelines:
+        for seed, sampling in ((5, {"temperature": 0.0}), (9, {"cfg_scale": 2.0, "top_k": 8})):
+            batch = pipe.generate(classes, method=method, seed=seed, decode=False, **sampling, **params).tokens
+            for i, class_id in enumerate(classes):
+                alone = pipe.generate([class_id], method=method, seed=seed + i, decode=False, **sampling, **params)
+                np.testing.assert_array_equal(batch[i], alone.tokens[0], err_msg=f"{method} image {i} seed {seed}")

@@ -38,7 +38,7 @@ def chi2(method, samples: int, toy: dict, **params) -> tuple[float, float]:
     """Chi-square of `samples` images of `method` (a name or a Method instance) against the exact
     distribution it must reproduce: the target's for SJD-PAC, Cool-SD's own (COOL) for cool-sd."""
     target, draft, vq = toy_models(grid_size=GRID, num_classes=2, **toy)
-    pipe = Pipeline(target, vq, draft, sampling_defaults=vars(PLAIN))
+    pipe = Pipeline(target, vq, draft, sampling_defaults=vars(PLAIN), max_images=256)  # batched sample runs
     tokens = pipe.generate([CLASS_ID] * samples, method=method, seed=11, **params).tokens
     name = method if isinstance(method, str) else method.name
     exact = cool_sd_distribution(target.lm, draft.lm, toy["vocab_size"], **COOL) if name == "cool-sd" \

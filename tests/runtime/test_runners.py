@@ -31,7 +31,7 @@ def test_tree_mask_and_positions():
     window = Window.tree([5, 6, 7, 8], [-1, 0, 0, 1])
     ids, pos = np.zeros((2, 4), np.int32), np.zeros((2, 4), np.int32)
     mask = np.ones((2, 4, 10 + 4), bool)
-    fill_step_inputs(window, length=3, capacity=10, ids=ids, positions=pos, mask=mask)
+    fill_step_inputs(window, lengths=3, capacity=10, ids=ids, positions=pos, mask=mask)
     np.testing.assert_array_equal(pos[0], [3, 4, 4, 5])
     assert mask[:, :, :3].all() and not mask[:, :, 3:10].any()
     np.testing.assert_array_equal(mask[0, :, 10:], [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]])

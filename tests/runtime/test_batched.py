@@ -1,0 +1,75 @@
+"""Batched decoding on the toy backend: ragged acceptance, per-image random streams, images leaving.
+
+The toy checks every slot's position against the cache columns and window slots its mask
+shows, so a wrong per-image length, a pad slot that leaks into a real one, or a commit at the
+wrong row fails loudly; exact token equality with one-image runs checks the rest.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from _toy_exact import one_torch_thread  # noqa: F401 (autouse fixture)
+from specrt.errors import SpecrtError
+from specrt.runtime.backends.toy import toy_models
+from specrt.runtime.pipeline import Pipeline
+from specrt.runtime.window import Window
+
+METHODS = [("ar", {}), ("sd", {"draft_len": 3}), ("cool-sd", {"draft_len": 2}), ("sjd", {"window": 4}),
+           ("sjd-pac", {"window": 6, "branching": 2, "tree_depth": 2}),
+           ("sjd-pac", {"window": 6, "branching": 2, "tree_depth": 2, "tree": "full"})]
+CLASSES = [0, 1, 2, 3, 1, 2]
+
+
+def toy_pipeline(cfg_scale: float, **options) -> Pipeline:
+    target, draft, vq = toy_models(vocab_size=5, grid_size=3, num_classes=4, seed=3)
+    return Pipeline(target, vq, draft, sampling_defaults={"cfg_scale": cfg_scale}, **options)
+
+
+@pytest.mark.parametrize("method,params", METHODS, ids=[f"{m}-{p.get('tree', '')}" for m, p in METHODS])
+def test_every_image_of_a_batch_is_the_image_it_is_alone(method, params):
+    for cfg_scale, temperature in ((1.0, 1.0), (2.0, 0.0)):
+        pipe = toy_pipeline(cfg_scale)
+        batch = pipe.generate(CLASSES, method=method, seed=5, temperature=temperature, decode=False, **params)
+        for i, class_id in enumerate(CLASSES):
+            alone = pipe.generate([class_id], method=method, seed=5 + i, temperature=temperature, decode=False, **params)
+            np.testing.assert_array_equal(batch.tokens[i], alone.tokens[0], err_msg=f"image {i}, cfg {cfg_scale}")
+
+
+def test_seeds_per_image_passes_and_forward_counts():
+    """A seed per image picks each image's stream; passes of max_images give the same tokens; forwards
+    count per image, so tokens per forward stays the accepted length at any batch size."""
+    pipe = toy_pipeline(1.0)
+    one_pass = pipe.generate(CLASSES, method="sd", seed=[7, 3, 9, 1, 4, 4], decode=False)
+    passes = toy_pipeline(1.0, max_images=4).generate(CLASSES, method="sd", seed=[7, 3, 9, 1, 4, 4], decode=False)
+    np.testing.assert_array_equal(one_pass.tokens, passes.tokens)
+    np.testing.assert_array_equal(one_pass.tokens[2], pipe.generate([2], method="sd", seed=9, decode=False).tokens[0])
+    stats = one_pass.stats
+    assert stats.target_forwards == sum(stats.accepted_lengths.values()) and stats.target_calls < stats.target_forwards
+    with pytest.raises(SpecrtError, match="2 seeds for 6 images"):
+        pipe.generate(CLASSES, method="sd", seed=[1, 2])
+
+
+def test_finished_images_leave_the_batch_and_pads_are_never_committed():
+    pipe = toy_pipeline(2.0)
+    batches = []
+    step = pipe.target.step
+
+    def spy(windows, uniforms, row_ids=None):
+        batches.append(pipe.target.batch)
+        return step(windows, uniforms, row_ids)
+
+    pipe.target.step = spy
+    try:
+        pipe.generate(CLASSES, method="sjd", seed=0, window=3)
+    finally:
+        del pipe.target.step
+    assert batches[0] == 12 and batches[-1] < 12 and batches == sorted(batches, reverse=True)
+    # a ragged step by hand: image 1 has no window, image 0 a chain of 2; only the committed rows land
+    runner = pipe.target
+    runner.allocate(np.eye(2, dtype=np.float32))
+    runner.prefill(np.array([0, 1]), np.zeros((2, 1)))
+    runner.step([Window.chain([4, 2]), None], np.zeros((2, 2)))
+    runner.commit([[0, 1], None])
+    np.testing.assert_array_equal(runner.lengths, [3, 1])
+    np.testing.assert_array_equal(runner.kv_buffer[:, :3], [[0, 4, 2], [1, -1, -1]])
