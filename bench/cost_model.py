@@ -5,11 +5,16 @@ and per-call overhead dominates; a LlamaGen-size target behaves differently. Thi
 measures the target step latency t(W) for a LlamaGen architecture with random weights (no
 checkpoint needed) and turns each method's accepted length τ into a predicted speed-up:
 
-    speed-up = τ · t(1) / (t(W_method) + n_draft · t_draft(1))
+    speed-up = τ · t(1) / (s · (t(W_method) + n_draft · t_draft(1)))
 
 where W_method is the target window a method verifies per forward and n_draft the draft
 forwards per iteration. The draft is an EAGLE-style head, costed as one decoder layer of
 the target's width (that is what LANTERN and Cool-SD draft with).
+
+Batches: with b images per step (`--profile-images b`), t is measured for b CFG pairs and a
+batch runs until its slowest image is done, so a method pays s ≥ 1 steps per image round:
+s = target graph runs × b / per-image target forwards, read from a `specrt bench --batch b`
+run (1 at batch 1 and for AR). Images per second follow: b · τ / (tokens · s · (t(W) + …)).
 """
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ class StepLatency:
     images: int = 1
     dtype: str = "fp32"
     bytes_per_step: int | None = None
+    tokens: int | None = None  # image tokens per image (the architecture's grid²)
 
     def target(self, window: int) -> float:
         """t(W), linearly interpolated between measured windows (clamped to the range)."""
@@ -179,7 +185,8 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
     del kv, fns
     draft = draft.to(device=device, dtype=weights_type).eval()
     draft_s = _interleaved_best([timed(step_fn(draft, 1, kv_for(draft.config)))], repeats, sync)[0]
-    return StepLatency(name, device, list(windows), target_s, draft_s, images, dtype, floor_bytes)
+    return StepLatency(name, device, list(windows), target_s, draft_s, images, dtype, floor_bytes,
+                       config.num_image_tokens)
 
 
 def measure_runners(name: str, target: Any, draft: Any, windows: tuple[int, ...] = DEFAULT_WINDOWS,
@@ -206,7 +213,7 @@ def measure_runners(name: str, target: Any, draft: Any, windows: tuple[int, ...]
     step = lambda runner, w: (lambda: runner.step(Window.chain([0] * w), np.full((1, w), 0.5)))  # noqa: E731
     target_s = _interleaved_best([step(target, w) for w in usable], repeats, lambda: None)
     draft_s = _interleaved_best([step(draft, 1)], repeats, lambda: None)[0]
-    return StepLatency(name, device, usable, target_s, draft_s)
+    return StepLatency(name, device, usable, target_s, draft_s, tokens=target.spec.num_image_tokens)
 
 
 def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, repeats: int = 7,
@@ -245,11 +252,42 @@ def window_cost(method: str, params: dict[str, Any]) -> tuple[int, int]:
     return decoder.max_window, int(decoder.positions) if decoder.needs_draft else 0
 
 
-def predicted_speedup(latency: StepLatency, method: str, params: dict[str, Any], accepted_length: float) -> float:
-    """τ · t(1) / (t(W) + n_draft · t_draft): the speed-up the accepted length would give."""
+def predicted_speedup(latency: StepLatency, method: str, params: dict[str, Any], accepted_length: float,
+                      straggle: float = 1.0) -> float:
+    """τ · t(1) / (s · (t(W) + n_draft · t_draft)): the speed-up the accepted length would give
+    at `latency`'s images per step, s the steps a batch runs per image round (straggle)."""
+    return accepted_length * latency.target(1) / (straggle * _per_iteration(latency, method, params))
+
+
+def predicted_images_per_s(latency: StepLatency, method: str, params: dict[str, Any], accepted_length: float,
+                           straggle: float = 1.0) -> float | None:
+    """b · τ / (tokens · s · (t(W) + n_draft · t_draft)): images per second at `latency`'s batch b."""
+    if not latency.tokens:
+        return None
+    per_iteration = _per_iteration(latency, method, params)
+    return latency.images * accepted_length / (latency.tokens * straggle * per_iteration)
+
+
+def _per_iteration(latency: StepLatency, method: str, params: dict[str, Any]) -> float:
     window, drafts = window_cost(method, params)
-    per_iteration = latency.target(window) + drafts * latency.draft_s
-    return accepted_length * latency.target(1) / per_iteration
+    return latency.target(window) + drafts * latency.draft_s
+
+
+def straggle(result: dict[str, Any]) -> float:
+    """Steps a batch runs per image round in a bench result: target graph runs × batch / per-image
+    target forwards (1 at batch 1; above 1 while a batch waits for its slowest images)."""
+    batch, calls = int(result.get("batch", 1)), result.get("target_calls_per_image")
+    forwards = result.get("target_forwards_per_image")
+    if batch <= 1 or not calls or not forwards:
+        return 1.0
+    return max(1.0, calls * batch / forwards)
+
+
+def at_batch(measured: list[dict[str, Any]], images: int) -> list[dict[str, Any]]:
+    """The bench results measured at this batch size, else the batch-1 ones (the same accepted
+    lengths: images do not depend on their batch; only the straggle is unknown, taken as 1)."""
+    same = [r for r in measured if int(r.get("batch", 1)) == images]
+    return same or [r for r in measured if int(r.get("batch", 1)) == 1]
 
 
 def parse_windows(text: str, flag: str = "--windows") -> tuple[int, ...]:
@@ -275,13 +313,16 @@ def prediction_table(latency: StepLatency, measured: list[dict[str, Any]],
                   row("  t(W)/t(1)", [f"{t / curve.target_s[0]:.2f}" for t in curve.target_s]),
                   f"  draft step (W=1): {1000 * curve.draft_s:.1f} ms = {curve.draft_s / curve.target_s[0]:.2f} t(1)"]
     predictions = []
+    measured = at_batch(measured, latency.images)
     for result in measured:
-        params = result.get("params", {})
+        params, tau, lag = result.get("params", {}), result["mean_accepted_length"], straggle(result)
         window, drafts = window_cost(result["method"], params)
         entry = {"label": result.get("label", result["method"]), "method": result["method"], "params": params,
-                 "window": window, "draft_forwards": drafts, "mean_accepted_length": result["mean_accepted_length"],
+                 "window": window, "draft_forwards": drafts, "mean_accepted_length": tau,
+                 "batch": latency.images, "straggle": lag,
                  "measured_speedup": result.get("speedup_vs_ar"),
-                 "predicted_speedup": predicted_speedup(latency, result["method"], params, result["mean_accepted_length"])}
+                 "predicted_speedup": predicted_speedup(latency, result["method"], params, tau, lag),
+                 "predicted_images_per_s": predicted_images_per_s(latency, result["method"], params, tau, lag)}
         if reference is not None:
             entry["predicted_speedup_reference"] = predicted_speedup(reference, result["method"], params,
                                                                      result["mean_accepted_length"])
@@ -289,15 +330,17 @@ def prediction_table(latency: StepLatency, measured: list[dict[str, Any]],
     _attach_run_costs(predictions, measured)
     width = max([len(p["label"]) for p in predictions] + [7])
     ref_head = f"  {reference.arch[:10]:>10}" if reference is not None else ""
-    lines += ["", f"{'setting':<{width}}  acc.len    W  drafts  {latency.arch[:16]:>16}{ref_head}  measured"
-                  f"  | in the bench run: target fwd / AR's, draft call / AR's target fwd"]
+    lines += ["", f"{'setting':<{width}}  acc.len    W  drafts  straggle  {latency.arch[:16]:>16}  img/s{ref_head}"
+                  f"  measured  | in the bench run: target fwd / AR's, draft call / AR's target fwd"]
     for p in predictions:
         measured_speedup = "-" if p["measured_speedup"] is None else f"{p['measured_speedup']:.2f}x"
         ref_cell = f"  {p['predicted_speedup_reference']:9.2f}x" if reference is not None else ""
         run_cells = "".join("       -" if p.get(k) is None else f"  {p[k]:6.2f}"
                             for k in ("run_target_forward_ratio", "run_draft_call_ratio"))
+        rate = "-" if p["predicted_images_per_s"] is None else f"{p['predicted_images_per_s']:.1f}"
         lines.append(f"{p['label']:<{width}}  {p['mean_accepted_length']:7.2f}  {p['window']:3d}  {p['draft_forwards']:6d}"
-                     f"  {p['predicted_speedup']:15.2f}x{ref_cell}  {measured_speedup:>8}  |{run_cells}")
+                     f"  {p['straggle']:8.2f}  {p['predicted_speedup']:15.2f}x  {rate:>5}{ref_cell}  {measured_speedup:>8}"
+                     f"  |{run_cells}")
     return "\n".join(lines), predictions
 
 

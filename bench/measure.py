@@ -1,11 +1,15 @@
 """The measurement loop: every setting generates the same images, interleaved image by image.
 
-Image i asks for class i mod num_classes with seed base_seed + i, for every setting. The
-settings run in a fresh random order for each image, so slow phases of a shared machine
-(other processes, thermal changes) fall on all settings alike instead of on whichever
-method happened to run during them. Each setting runs one untimed warm-up image first
-(session start-up, first-touch allocations). Latency is wall-clock time around
-Pipeline.generate for one image (its CFG pair included), VQ decode included.
+Image i asks for class i mod num_classes with seed base_seed + i, for every setting and
+batch size. At batch size b the images go to Pipeline.generate b at a time (image plan
+order, each with its own seed, so the tokens are the batch-1 run's). The settings run in a
+fresh random order for each block of images (one image at batch 1; the largest batch size
+otherwise), so slow phases of a shared machine (other processes, thermal changes) fall on
+all settings alike instead of on whichever method happened to run during them. Each setting
+runs one untimed warm-up call per batch size first (session start-up, first-touch
+allocations). Latency per image is the wall-clock time around one Pipeline.generate call
+divided by its images (its CFG pairs and VQ decode included): at batch 1 the image's
+latency, at batch b the amortised cost an image pays (1 / images per second).
 """
 from __future__ import annotations
 
@@ -35,9 +39,12 @@ class SettingRecords:
     """Everything measured for one setting, one entry per image."""
 
     setting: Setting
-    latencies: list[float] = field(default_factory=list)
+    batch: int = 1
+    latencies: list[float] = field(default_factory=list)  # per image, one entry per generate call
+    call_seconds: float = 0.0
     tokens: int = 0
     target_forwards: int = 0
+    target_calls: int = 0
     draft_forwards: int = 0
     host_numbers: Optional[int] = None  # read back from the device, when the backend meters it
     seconds: Counter = field(default_factory=Counter)
@@ -47,11 +54,13 @@ class SettingRecords:
     images: list[np.ndarray] = field(default_factory=list)
     token_maps: list[np.ndarray] = field(default_factory=list)  # [grid, grid] per image
 
-    def add(self, latency: float, result) -> None:
+    def add(self, seconds: float, result) -> None:
         stats = result.stats
-        self.latencies.append(latency)
+        self.latencies.append(seconds / len(result.tokens))
+        self.call_seconds += seconds
         self.tokens += stats.tokens
         self.target_forwards += stats.target_forwards
+        self.target_calls += stats.target_calls
         self.draft_forwards += stats.draft_forwards
         if stats.host_numbers is not None:
             self.host_numbers = (self.host_numbers or 0) + stats.host_numbers
@@ -60,8 +69,12 @@ class SettingRecords:
         self.histogram.update(stats.accepted_lengths)
         self.theorem2_lengths += stats.theorem2_accepted_length
         self.theorem2_tv += stats.theorem2_tv_bound
-        self.images.append(result.images[0])
-        self.token_maps.append(result.tokens[0])
+        self.images.extend(result.images)
+        self.token_maps.extend(result.tokens)
+
+    @property
+    def image_count(self) -> int:
+        return len(self.token_maps)
 
 
 def image_plan(count: int, num_classes: int, base_seed: int) -> list[tuple[int, int]]:
@@ -85,25 +98,33 @@ def has_theory(setting: Setting) -> bool:
 
 
 def run_settings(pipe: Pipeline, settings: Sequence[Setting], images: int, seed: int = 0,
-                 on_image: Optional[Callable[[Setting], None]] = None) -> tuple[list[SettingRecords], np.ndarray]:
-    """Generate `images` images with every setting, interleaved; returns records and the class labels."""
+                 on_image: Optional[Callable[[Setting], None]] = None,
+                 batches: Sequence[int] = (1,)) -> tuple[list[SettingRecords], np.ndarray]:
+    """Generate `images` images with every setting at every batch size, interleaved; returns
+    records (batch-major: every setting at batches[0], then at batches[1], ...) and the class labels."""
     plan = image_plan(images, pipe.target.spec.num_classes, seed)
-    records = [SettingRecords(s) for s in settings]
-    params = [timed_params(s) for s in settings]
+    records = [SettingRecords(s, batch) for batch in batches for s in settings]
+    params = [timed_params(r.setting) for r in records]
     for record, kwargs in zip(records, params):  # warm-up, untimed
-        pipe.generate([0], method=record.setting.method, seed=WARMUP_SEED, **kwargs)
+        pipe.generate([0] * record.batch, method=record.setting.method, seed=WARMUP_SEED, **kwargs)
     order_rng = np.random.default_rng(seed + 7919)
+    block = max(batches)
     gc_was_enabled = gc.isenabled()
-    gc.disable()  # a collection inside one method's timing would bias it; collect between images instead
+    gc.disable()  # a collection inside one method's timing would bias it; collect between blocks instead
     try:
-        for class_id, image_seed in plan:
+        for first in range(0, len(plan), block):
+            chunk = plan[first:first + block]
             for index in order_rng.permutation(len(records)):
                 record = records[index]
-                start = time.perf_counter()
-                result = pipe.generate([class_id], method=record.setting.method, seed=image_seed, **params[index])
-                record.add(time.perf_counter() - start, result)
-                if on_image:
-                    on_image(record.setting)
+                for start in range(0, len(chunk), record.batch):
+                    group = chunk[start:start + record.batch]
+                    began = time.perf_counter()
+                    result = pipe.generate([c for c, _ in group], method=record.setting.method,
+                                           seed=[s for _, s in group], **params[index])
+                    record.add(time.perf_counter() - began, result)
+                    if on_image:
+                        for _ in group:
+                            on_image(record.setting)
             gc.collect()
     finally:
         if gc_was_enabled:
@@ -145,7 +166,7 @@ def _theory(record: Optional[SettingRecords], method: str) -> dict:
         "expected_accepted_length": float(np.mean(record.theorem2_lengths)),
         "tv_bound": float(np.mean(tv)) if finite else None,
         "rounds": len(tv),
-        "images": len(record.latencies),
+        "images": record.image_count,
         "note": "TV bound per verification round (Eq. 8-9), one-sample estimates along the drafted path"
                 + ("" if finite else "; not computable: LANTERN's Eq. 6 resampling depends on the rejected token"),
     }
@@ -153,17 +174,20 @@ def _theory(record: Optional[SettingRecords], method: str) -> dict:
 
 def summarise(record: SettingRecords, theory: Optional[SettingRecords] = None) -> MethodResult:
     """One setting's records (and its Theorem-2 pass) -> its MethodResult (speed-up and quality attached later)."""
-    count = len(record.latencies)
+    count = record.image_count
     breakdown = {name: record.seconds[key] / count for key, name in BREAKDOWN_FROM_STATS.items()}
     calls = record.target_forwards + record.draft_forwards
     read_per_call = 4 * record.host_numbers / calls if record.host_numbers is not None and calls else None
     return MethodResult(
         method=record.setting.method,
         params=dict(record.setting.params),
-        label=record.setting.label,
+        label=record.setting.label if record.batch == 1 else f"{record.setting.label} batch={record.batch}",
         images=count,
+        batch=record.batch,
+        images_per_s=count / record.call_seconds if record.call_seconds else None,
         mean_accepted_length=record.tokens / record.target_forwards if record.target_forwards else 0.0,
         target_forwards_per_image=record.target_forwards / count,
+        target_calls_per_image=record.target_calls / count,
         draft_forwards_per_image=record.draft_forwards / count,
         latency_s=latency_summary(record.latencies),
         speedup_vs_ar=None,

@@ -37,6 +37,9 @@ class MethodResult:
     host_bytes_per_forward: float | None = None  # read back from the device per model call; None: not metered
     quality: dict[str, Any] = field(default_factory=dict)
     theory: dict[str, Any] = field(default_factory=dict)
+    batch: int = 1  # images per Pipeline.generate call; latency_s is per image (call time / images)
+    images_per_s: float | None = None  # images / total time inside generate calls
+    target_calls_per_image: float | None = None  # target graph runs / images: a batch runs until its slowest image
     tokens: list | None = None  # `specrt bench --tokens`: [grid][grid] per image, in image-plan order
 
 
@@ -47,9 +50,9 @@ def latency_summary(latencies: list[float]) -> dict[str, float]:
 
 
 def attach_speedups(results: list[MethodResult]) -> None:
-    """Speed-up of every setting against `ar` from the same run (median latency ratio)."""
-    reference = next((r for r in results if r.method == "ar"), None)
+    """Speed-up of every setting against `ar` at the same batch size from the same run (median latency ratio)."""
     for result in results:
+        reference = next((r for r in results if r.method == "ar" and r.batch == result.batch), None)
         if reference is None:
             result.speedup_vs_ar = None
         else:
@@ -74,14 +77,15 @@ def format_fd(quality: dict[str, Any]) -> str:
 
 def format_table(results: list[MethodResult]) -> str:
     """A fixed-width table: one row per setting, speed first, then fidelity."""
-    headers = ["setting", "acc.len", "tgt fwd/img", "drf fwd/img", "lat med ms", "lat p90 ms", "speed-up",
-               "class acc", "FD ± boot. sd", "TV bound"]
+    batched = any(r.batch != 1 for r in results)
+    headers = ["setting", "acc.len", "tgt fwd/img", "drf fwd/img", "lat med ms", "lat p90 ms",
+               *(["img/s"] if batched else []), "speed-up", "class acc", "FD ± boot. sd", "TV bound"]
     rows = []
     for r in results:
         rows.append([
             r.label, _fmt(r.mean_accepted_length), _fmt(r.target_forwards_per_image, 1),
             _fmt(r.draft_forwards_per_image, 1), _fmt(1000 * r.latency_s["median"], 1),
-            _fmt(1000 * r.latency_s["p90"], 1),
+            _fmt(1000 * r.latency_s["p90"], 1), *([_fmt(r.images_per_s, 1)] if batched else []),
             _fmt(r.speedup_vs_ar) + ("x" if r.speedup_vs_ar is not None else ""),
             _fmt(r.quality.get("class_accuracy"), 3), format_fd(r.quality),
             _fmt(r.theory.get("tv_bound"), 3),

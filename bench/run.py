@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from specrt.bench.device import device_name
-from specrt.bench.measure import THEORY_IMAGES, has_theory, run_settings, summarise, theory_pass
+import numpy as np
+
+from specrt.bench.measure import THEORY_IMAGES, SettingRecords, has_theory, run_settings, summarise, theory_pass
 from specrt.bench.models import BenchModels
 from specrt.bench.report import MethodResult, attach_speedups, to_json_object
 from specrt.bench.settings import Setting
@@ -43,18 +45,30 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def planned_images(settings: Sequence[Setting], images: int) -> int:
+def planned_images(settings: Sequence[Setting], images: int, batches: Sequence[int] = (1,)) -> int:
     """How many images a run generates (timed run + Theorem-2 pass), for a progress bar."""
-    return images * len(settings) + min(images, THEORY_IMAGES) * sum(map(has_theory, settings))
+    return images * len(settings) * len(batches) + min(images, THEORY_IMAGES) * sum(map(has_theory, settings))
+
+
+def same_tokens_at_every_batch(records: Sequence[SettingRecords]) -> bool:
+    """Whether every setting produced the same tokens at each batch size (per-image random streams
+    make batching exact; the run checks it on every image it times)."""
+    first: dict[Setting, list] = {}
+    for record in records:
+        reference = first.setdefault(record.setting, record.token_maps)
+        if not all(np.array_equal(a, b) for a, b in zip(reference, record.token_maps)):
+            return False
+    return True
 
 
 def benchmark(models: BenchModels, settings: Sequence[Setting], images: int, seed: int = 0,
               threads: Optional[int] = None, on_image: Optional[Callable[[Setting], None]] = None,
-              keep_tokens: bool = False) -> BenchRun:
-    """Measure `settings` on `images` images each (interleaved), judge them, and build the JSON payload
-    (with every image's tokens when keep_tokens: to compare settings or backends offline)."""
+              keep_tokens: bool = False, batches: Sequence[int] = (1,)) -> BenchRun:
+    """Measure `settings` on `images` images each (interleaved) at every batch size, judge them, and
+    build the JSON payload (with every image's tokens when keep_tokens: to compare settings or
+    backends offline)."""
     started = time.perf_counter()
-    records, labels = run_settings(models.pipeline, settings, images, seed, on_image)
+    records, labels = run_settings(models.pipeline, settings, images, seed, on_image, batches)
     theory_images = min(images, THEORY_IMAGES)
     theory = theory_pass(models.pipeline, settings, theory_images, seed, on_image)
     results = [summarise(r, theory.get(r.setting)) for r in records]
@@ -63,21 +77,27 @@ def benchmark(models: BenchModels, settings: Sequence[Setting], images: int, see
             result.tokens = [t.tolist() for t in record.token_maps]
     floor = None
     if models.judge is not None:
-        import numpy as np
-
+        judged: dict[Setting, dict] = {}  # the same tokens at every batch size: judged once per setting
         for result, record in zip(results, records):
-            result.quality = {**models.judge.score(np.stack(record.images), labels), "images": len(record.images)}
+            if record.setting not in judged or record.batch == 1:
+                judged[record.setting] = {**models.judge.score(np.stack(record.images), labels),
+                                          "images": len(record.images)}
+            result.quality = judged[record.setting]
         floor = models.judge.noise_floor(images)
         floor["feature_dim"] = models.judge.feature_dim
     attach_speedups(results)
     settings_info = {
         "images_per_setting": images,
         "seed": seed,
-        "image_plan": "image i: class i mod num_classes, seed + i; settings run in a fresh random order per image",
+        "image_plan": "image i: class i mod num_classes, seed + i; settings run in a fresh random order per image "
+                      "(per block of max(batches) images)",
+        "batches": list(batches),
+        "latency": "per image: generate-call wall time / images in the call (batch 1: the image's latency)",
+        "tokens_identical_across_batches": same_tokens_at_every_batch(records) if len(batches) > 1 else None,
         "threads": threads,
         "sampling": dict(models.pipeline.sampling_defaults),
         "settings": [{"method": s.method, "params": s.params, "label": s.label} for s in settings],
-        "speedup": "median latency of ar / median latency of the setting, same run",
+        "speedup": "median latency of ar / median latency of the setting, same run and batch size",
         "theorem2": f"relaxed settings re-run untimed on the first {theory_images} images with the runtime's "
                     "Theorem-2 estimates on (timed runs have them off)",
         "fd_noise_floor": floor,

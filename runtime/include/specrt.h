@@ -77,8 +77,9 @@ SPECRT_API specrt_status specrt_image_size(const specrt_pipeline *pipe, int32_t 
  * "sjd-pac"; sd, cool-sd and lantern need a bundle exported with a draft (without one:
  * SPECRT_ERR_INVALID_ARGUMENT). params_json: a JSON object of method and sampling parameters,
  * or NULL / "{}". Sampling keys (cfg_scale, temperature, top_k, top_p) left out, or null, take
- * the bundle's sampling_defaults (its model family's, as on every other path). Same seed,
- * same images. stats may be NULL. */
+ * the bundle's sampling_defaults (its model family's, as on every other path). The n images
+ * are decoded together; image i uses seed + i and nothing else, so it is the image a call
+ * with that one class id and seed + i gives. Same seed, same images. stats may be NULL. */
 SPECRT_API specrt_status specrt_generate(specrt_pipeline *pipe, const int32_t *class_ids, size_t n,
                                          const char *method, const char *params_json, uint64_t seed,
                                          uint8_t *pixels, size_t pixels_size, specrt_stats *stats);

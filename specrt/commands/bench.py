@@ -142,6 +142,14 @@ def _precisions(text: str) -> tuple[str, ...]:
     return names
 
 
+def _batches(text: str) -> tuple[int, ...]:
+    """'1,4,16' -> (1, 4, 16): images per generate call, each a positive integer."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise SpecrtError(f"--batch {text!r}: expected a comma-separated list such as 1,4,16")
+    return tuple(dict.fromkeys(validation.count("--batch", part) for part in parts))
+
+
 @click.command(name="bench")
 @click.argument("bundle", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--methods", default=None, metavar="LIST",
@@ -156,6 +164,9 @@ def _precisions(text: str) -> tuple[str, ...]:
               help="Images per setting (classes cycle). The demo's FD noise floor has 179 real images to compare "
                    "at most; far fewer make Fréchet distances mostly noise.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Image i uses seed+i for every setting.")
+@click.option("--batch", "batch_text", default="1", show_default=True, metavar="LIST",
+              help="Images per generate call, e.g. 1,4,16: every setting runs at every batch size (same images, "
+                   "same tokens); latency is per image (call time / images), speed-up against ar at the same batch.")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="CPU threads per model call (intra-op, the same for onnxruntime and torch); 1 gives the steadiest "
                    "single-stream latency on a shared CPU.")
@@ -193,11 +204,12 @@ def _precisions(text: str) -> tuple[str, ...]:
                    "into the cache). With --profile-arch (CPU): time the exported "
                    "step graph on onnxruntime at these precisions (fp32, int4; default fp32,int4; 'none' skips).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
-def command(bundle, methods, sweeps, backend, images, seed, threads, keep_tokens, json_path, plot_path, markdown_path, demo_weights,
+def command(bundle, methods, sweeps, backend, images, seed, batch_text, threads, keep_tokens, json_path, plot_path, markdown_path, demo_weights,
             cache_dir, profile_arch, results_path, windows, repeats, profile_images, profile_dtypes, device, cuda_graphs,
             precision, progress) -> None:
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
     validation.seed(seed, "--seed")  # image i uses seed + i: checked before anything loads
+    batches = _batches(batch_text)
     if profile_arch:
         default = "fp32,int4" if device == "cpu" else "none"  # the onnxruntime curves run on the CPU
         _profile(profile_arch, results_path, windows, repeats, device, threads, json_path, plot_path, demo_weights,
@@ -225,14 +237,18 @@ def command(bundle, methods, sweeps, backend, images, seed, threads, keep_tokens
     models = open_models(bundle, backend, demo_weights, threads, cache_dir, progress=say, device=device,
                          cuda_graphs=cuda_graphs and device.startswith("cuda"))
     settings = _draft_free_if_needed(settings, models, chosen)
-    bar = tqdm(total=planned_images(settings, images), unit="img", disable=not progress, dynamic_ncols=True,
+    if max(batches) > (models.pipeline.max_images or max(batches)):
+        raise SpecrtError(f"--batch {max(batches)} exceeds this bundle's {models.pipeline.max_images} images per "
+                          f"call (re-export with `specrt export --max-batch {max(batches)}`)")
+    bar = tqdm(total=planned_images(settings, images, batches), unit="img", disable=not progress, dynamic_ncols=True,
                leave=False, mininterval=0.5)
 
     def tick(setting) -> None:
         bar.set_description(setting.label, refresh=False)
         bar.update()
     try:
-        run = benchmark(models, settings, images, seed, threads, on_image=tick, keep_tokens=keep_tokens)
+        run = benchmark(models, settings, images, seed, threads, on_image=tick, keep_tokens=keep_tokens,
+                        batches=batches)
     finally:
         bar.close()
     run.payload["settings"]["wall_time_s"] = round(time.perf_counter() - started, 1)

@@ -108,6 +108,28 @@ def test_interleaving_does_not_change_images(demo_dir):
     mixed, _ = run_settings(models.pipeline, build_settings("sd,sjd-pac,cool-sd"), images=2, seed=5)
     for a, b in zip(alone[1].images, mixed[1].images):
         assert np.array_equal(a, b)
+    # nor on the batch size they were decoded at
+    batched, _ = run_settings(models.pipeline, build_settings("sd"), images=2, seed=5, batches=(2,))
+    assert batched[1].batch == 2 and len(batched[1].latencies) == 1  # one call of two images
+    for a, b in zip(alone[1].images, batched[1].images):
+        assert np.array_equal(a, b)
+
+
+def test_batch_sizes_in_one_run(demo_dir, tmp_path, capsys):
+    """--batch 1,2: every setting at both sizes, the speed-up against ar at the same size, images/s."""
+    code, out, _ = run_cli(["bench", "--backend", "torch", "--demo-weights", str(demo_dir), "--images", "2",
+                            "--methods", "sjd", "--batch", "1,2", "--no-progress", "--json", str(tmp_path / "b.json")],
+                           capsys)
+    assert code == 0 and "img/s" in out
+    payload = json.loads((tmp_path / "b.json").read_text())
+    assert [(r["label"], r["batch"]) for r in payload["results"]] == [("ar", 1), ("sjd", 1), ("ar batch=2", 2),
+                                                                         ("sjd batch=2", 2)]
+    assert payload["settings"]["tokens_identical_across_batches"] is True
+    by_label = {r["label"]: r for r in payload["results"]}
+    for label in ("sjd", "sjd batch=2"):
+        ar = by_label["ar" if label == "sjd" else "ar batch=2"]
+        assert by_label[label]["speedup_vs_ar"] == pytest.approx(ar["latency_s"]["median"] / by_label[label]["latency_s"]["median"])
+    assert by_label["sjd batch=2"]["images_per_s"] > 0 and by_label["sjd batch=2"]["target_calls_per_image"] > 0
 
 
 @pytest.mark.parametrize("argv, fragment", [
@@ -119,6 +141,7 @@ def test_interleaving_does_not_change_images(demo_dir):
     (["bench", "--profile-arch", "llamagen-c2i-B", "--profile-images", "1,0"], "--profile-images '1,0'"),
     (["bench", "--profile-arch", "llamagen-c2i-B", "--profile-dtypes", "fp32,fp64"], "choose from fp32, bf16"),
     (["bench", "--device", "cuda"], "applies to --backend torch"),
+    (["bench", "--batch", "1,0"], "--batch must be an integer in [1,"),
 ])
 def test_user_errors_exit_2_with_one_line(argv, fragment, capsys):
     code, out, err = run_cli(argv, capsys)

@@ -46,6 +46,26 @@ def test_prediction_table_and_plot(tmp_path):
         assert image.format == "PNG"
 
 
+def test_batches_use_the_batch_run_and_pay_for_stragglers():
+    """At 8 images per step the prediction takes the `--batch 8` results: the same accepted length,
+    but a batch that ran 1.5 steps per image round (its slowest images) costs 1.5 times the steps."""
+    at8 = StepLatency("test", "cuda", [1, 8, 64], [0.020, 0.020, 0.020], draft_s=0.001, images=8, tokens=256)
+    measured = [{"method": "ar", "params": {}, "label": "ar", "mean_accepted_length": 1.0, "batch": 1},
+                {"method": "sjd", "params": {}, "label": "sjd", "mean_accepted_length": 3.0, "batch": 1},
+                {"method": "ar", "params": {}, "label": "ar batch=8", "mean_accepted_length": 1.0, "batch": 8,
+                 "target_forwards_per_image": 256.0, "target_calls_per_image": 32.0},
+                {"method": "sjd", "params": {}, "label": "sjd batch=8", "mean_accepted_length": 3.0, "batch": 8,
+                 "target_forwards_per_image": 80.0, "target_calls_per_image": 15.0}]
+    _, predictions = prediction_table(at8, measured)
+    assert [p["label"] for p in predictions] == ["ar batch=8", "sjd batch=8"]
+    assert [p["straggle"] for p in predictions] == pytest.approx([1.0, 1.5])
+    assert predictions[1]["predicted_speedup"] == pytest.approx(3.0 / 1.5)
+    assert predictions[0]["predicted_images_per_s"] == pytest.approx(8 / (256 * 0.020))
+    assert predictions[1]["predicted_images_per_s"] == pytest.approx(8 * 3.0 / (256 * 1.5 * 0.020))
+    _, at1 = prediction_table(FLAT, measured)  # batch 1: the batch-1 results, no straggle
+    assert [p["label"] for p in at1] == ["ar", "sjd"] and at1[1]["straggle"] == 1.0
+
+
 def test_bytes_per_step_counts_weights_but_embeddings_and_the_whole_kv_buffer():
     torch = pytest.importorskip("torch")
     from specrt.bench.cost_model import bytes_per_step, memory_bandwidth
