@@ -79,6 +79,10 @@ class ModelRunner(ABC):
     """
 
     meters_host_reads = False
+    # Share of the batch that must have finished before finished images leave it (retain): 0 drops
+    # them at once, moving KV rows being cheap next to a step; a runner whose shrink costs more
+    # (CUDA graphs re-captured) waits for a larger share and lets finished images ride as pad rows.
+    retain_share = 0.0
 
     def __init__(self, spec: ModelSpec, max_window: int):
         self.spec = spec

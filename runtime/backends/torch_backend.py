@@ -165,6 +165,11 @@ class TorchRunner(ModelRunner):
     def kv_buffer(self) -> Any:
         return self._kv_flat
 
+    @property
+    def retain_share(self) -> float:  # type: ignore[override]
+        """Replayed CUDA graphs are re-captured after a shrink: finished images wait for a quarter of the batch."""
+        return 0.25 if self.cuda_graphs else 0.0
+
     def _retain(self, rows: np.ndarray) -> None:
         """The kept rows move to the front of the same buffer; graphs captured for the old batch go."""
         with self.torch.inference_mode():

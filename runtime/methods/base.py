@@ -149,10 +149,10 @@ class Batched:
     """Which images of a generate call are still being decoded, and when finished ones leave.
 
     Methods keep per-image state indexed by image (0..N−1); the runners' batch holds the
-    unfinished images, `images[p]` at batch position p. Dropping a finished image moves KV
-    rows (and, on CUDA, recaptures graphs), so images leave in groups: once at least a
-    quarter of the batch has finished, or all of it. Until then a finished image rides along
-    with an empty window (pad slots only).
+    unfinished images, `images[p]` at batch position p. Finished images leave as soon as they
+    finish, or, where a shrink costs more (a runner's `retain_share`: CUDA graphs are
+    re-captured), in groups once that share of the batch has finished; until then a finished
+    image rides along with an empty window (pad slots only).
     """
 
     def __init__(self, count: int):
@@ -166,7 +166,8 @@ class Batched:
         done = [p for p, image in enumerate(self.images) if finished[image]]
         if len(done) == len(self.images):
             return False
-        if done and 4 * len(done) >= len(self.images):
+        runners = [r for r in (ctx.target, ctx.draft) if r is not None]
+        if done and len(done) >= max(r.retain_share for r in runners) * len(self.images):
             keep = [p for p, image in enumerate(self.images) if not finished[image]]
             ctx.retain(keep)
             self.images = [self.images[p] for p in keep]
