@@ -135,3 +135,20 @@ def test_a_triton_load_failure_reads_as_one_line():
     line = _one_line(raised)
     assert "\n" not in line and line.startswith("[400] load failed for model 'specrt'")
     assert line.endswith("AttributeError: '_thread.RLock' object has no attribute '_recursion_count'")
+
+
+def test_prompts_on_a_text_to_image_model():
+    from tiny_t2i import t2i_bundle
+
+    from specrt.runtime.pipeline import Pipeline
+
+    _, models = t2i_bundle()  # the export tests' t2i family, built once per process
+    if models.text_encoder is None:
+        pytest.skip("transformers is not installed: no tiny T5 text encoder")
+    pipe = Pipeline.from_torch(models.target, models.draft, models.vq, max_window=20, text_encoder=models.text_encoder)
+    out = RequestHandler(pipe)([rows(prompt=["a thin seven", "a round zero"], method=["sd", "sd"], seed=[3, 4]),
+                                rows(class_id=[1])])
+    assert errors(out[0]) == ["", ""] and "text-to-image" in errors(out[1])[0]
+    for row, (prompt, seed) in enumerate([("a thin seven", 3), ("a round zero", 4)]):
+        expected = pipe.generate(prompts=[prompt], method="sd", seed=seed)
+        np.testing.assert_array_equal(out[0]["tokens"][row], expected.tokens.reshape(-1))
