@@ -41,8 +41,8 @@ INPUTS = (
 OUTPUTS = (
     TensorSpec("image", "BYTES", (1,), "PNG bytes (empty with tokens_only or on an error)"),
     TensorSpec("tokens", "INT64", (-1,), "the grid's token ids in raster order (-1 on an error)"),
-    TensorSpec("stats", "BYTES", (1,), "JSON: method, accepted_length, target_forwards, images_in_call, "
-                                       "generate_seconds, server_seconds"),
+    TensorSpec("stats", "BYTES", (1,), "JSON: method, accepted_length, target_forwards, target_passes, "
+                                       "images_in_call, generate_seconds, server_seconds"),
     TensorSpec("error", "BYTES", (1,), "one line saying why this row was not served; empty on success"),
 )
 NUMPY_DTYPES = {"INT64": np.int64, "UINT64": np.uint64, "BOOL": np.bool_, "BYTES": np.object_}
