@@ -200,6 +200,7 @@ def draft_dynamic(ctx: "Decoding", drafter: "Drafter", root: int, depth: int, to
         rows = drafter.expand(ctx, tree, frontier)
         new = []
         for node, row in zip(frontier, rows):
+            tree.rows[node] = row  # not needed to verify (point masses), kept for inspection
             for token in top_tokens(row, top_k):
                 new.append(tree.add(node, token))
                 score.append(score[node] + math.log(float(row[token])))

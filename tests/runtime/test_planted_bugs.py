@@ -214,3 +214,20 @@ def test_tree_verification_without_the_sibling_residual_is_flagged(monkeypatch):
     monkeypatch.setattr(verification, "verify_candidates", siblings_keep_the_target)
     statistic, critical = chi2("sd", TREE_SAMPLES, TREE_TOY, tree="static")
     assert statistic > critical, f"broken sibling residual passed: chi2 {statistic:.1f} < {critical:.1f}"
+
+
+real_proposals = verification.candidate_proposals
+
+
+def top_k_children_as_if_sampled(q, candidates, drawn, vocab=0):
+    """Broken: a dynamic tree's top-k children are tested against q^(k), as if drawn from q; they
+    are a deterministic function of q, drawn from point masses (EAGLE-2's qx = 1)."""
+    return real_proposals(q, candidates, verification.SAMPLED, vocab)
+
+
+def test_dynamic_tree_children_tested_against_the_draft_row_are_flagged(monkeypatch):
+    """test_losslessness's dynamic tree (unguided here), verified against q instead of point masses:
+    chi2 ~640 against a critical ~51 at 500 images."""
+    monkeypatch.setattr(verification, "candidate_proposals", top_k_children_as_if_sampled)
+    statistic, critical = chi2("sd", 500, TREE_TOY, tree="dynamic", total_tokens=6, depth=3, tree_top_k=2)
+    assert statistic > critical, f"top-k children against q passed: chi2 {statistic:.1f} < {critical:.1f}"
