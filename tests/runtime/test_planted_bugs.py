@@ -1,5 +1,5 @@
-"""Deliberately broken variants of the subtle parts of SJD-PAC and Cool-SD, which the exactness
-checks must flag (a chi-square against an independent enumeration, tests/runtime/_toy_exact.py).
+"""Deliberately broken variants of the subtle parts of SJD-PAC, Cool-SD and tree drafting, which the
+exactness checks must flag (a chi-square against an independent enumeration, tests/runtime/_toy_exact.py).
 
 Each variant is the real method with one piece swapped (monkeypatched function or subclass), run
 through the public Pipeline.generate on the toy family, in a setting where the real method passes
