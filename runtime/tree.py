@@ -25,7 +25,6 @@ is total_tokens=63, depth=6, tree_top_k=8 here.
 """
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
@@ -114,16 +113,6 @@ class TokenTree:
             path.append(self.parents[path[-1]])
         return path[::-1]
 
-    def keep(self, nodes: Sequence[int]) -> "TokenTree":
-        """The subtree of `nodes` (each one's parent kept too), renumbered in node order; rows carried."""
-        kept = sorted(set(nodes) | {0})
-        index = {old: new for new, old in enumerate(kept)}
-        tree = TokenTree(self.tokens[0], self.drawn)
-        for old in kept[1:]:
-            tree.add(index[self.parents[old]], self.tokens[old])
-        tree.rows = {index[n]: row for n, row in self.rows.items() if n in index}
-        return tree
-
 
 # ---- static shapes ------------------------------------------------------------------------------
 
@@ -177,35 +166,53 @@ def draft_static(ctx: "Decoding", drafter: "Drafter", root: int, shape: StaticSh
 # ---- dynamic trees (EAGLE-2) ---------------------------------------------------------------------
 
 
-def top_tokens(row: Any, count: int) -> list[int]:
-    """The `count` most probable tokens of a draft row with mass, most probable first (ties: lower id)."""
-    row = np.asarray(row)
-    count = min(count, int(np.count_nonzero(row)))
-    if count <= 0:
-        return []
-    best = np.argpartition(-row, count - 1)[:count] if count < row.shape[-1] else np.arange(row.shape[-1])
-    return [int(t) for t in best[np.lexsort((best, -row[best]))]]
+def top_rows(block: np.ndarray, count: int) -> np.ndarray:
+    """Each row's `count` most probable tokens, most probable first (ties: lower id): [F, count] of [F, V]."""
+    count = min(count, block.shape[1])
+    if count < block.shape[1]:
+        best = np.argpartition(-block, count - 1, axis=1)[:, :count]
+    else:
+        best = np.broadcast_to(np.arange(block.shape[1]), block.shape).copy()
+    order = np.lexsort((best, -np.take_along_axis(block, best, axis=1)), axis=-1)
+    return np.take_along_axis(best, order, axis=1)
 
 
 def draft_dynamic(ctx: "Decoding", drafter: "Drafter", root: int, depth: int, top_k: int, total_tokens: int,
                   max_depth: int) -> TokenTree:
     """EAGLE-2's tree: each depth, the top_k frontier nodes (by cumulative draft log-probability)
-    get their row's top_k tokens as children; the top_k best of those are the next frontier;
-    finally the total_tokens best nodes of all are kept (a child never scores above its parent,
-    and ties go to the earlier node, so every kept node's parent is kept)."""
-    tree = TokenTree(root, TOP)
-    score = [0.0]
-    frontier = [0]
+    get their row's top_k tokens (with mass) as children; the top_k best of those are the next
+    frontier; finally the total_tokens best nodes of all are kept (a child never scores above its
+    parent, and ties go to the earlier node, so every kept node's parent is kept).
+
+    Candidates live in arrays (id 0 = the root); only the expanded ones join the tree the drafter
+    sees, and the kept ones make the returned tree, children in order of draft probability."""
+    grown = TokenTree(root, TOP)  # the frontiers the drafter expands (and their ancestors)
+    parent, token, score = np.array([-1]), np.array([int(root)]), np.array([0.0])
+    node = {0: 0}  # candidate id -> node of `grown`
+    frontier = np.array([0])
     for _ in range(min(depth, max_depth)):
-        rows = drafter.expand(ctx, tree, frontier)
-        new = []
-        for node, row in zip(frontier, rows):
-            tree.rows[node] = row  # not needed to verify (point masses), kept for inspection
-            for token in top_tokens(row, top_k):
-                new.append(tree.add(node, token))
-                score.append(score[node] + math.log(float(row[token])))
-        if not new:
+        rows = drafter.expand(ctx, grown, [node[c] for c in frontier])
+        for c, row in zip(frontier, rows):
+            grown.rows[node[c]] = row  # not needed to verify (point masses), kept for inspection
+        block = np.stack([np.asarray(row, dtype=np.float64) for row in rows])
+        best = top_rows(block, top_k)
+        mass = np.take_along_axis(block, best, axis=1)
+        kept = mass > 0
+        if not kept.any():
             break
-        frontier = sorted(new, key=lambda n: (-score[n], n))[:top_k]
-    best = sorted(range(1, len(tree)), key=lambda n: (-score[n], n))[:total_tokens]
-    return tree.keep(best)
+        ids = len(token) + np.arange(int(kept.sum()))
+        with np.errstate(divide="ignore"):
+            new_score = (score[frontier][:, None] + np.log(mass))[kept]
+        parent = np.concatenate([parent, np.broadcast_to(frontier[:, None], best.shape)[kept]])
+        token = np.concatenate([token, best[kept]])
+        score = np.concatenate([score, new_score])
+        frontier = ids[np.lexsort((ids, -new_score))[:top_k]]
+        for c in frontier:
+            node[int(c)] = grown.add(node[int(parent[c])], int(token[c]))
+    candidates = np.arange(1, len(token))
+    chosen = np.sort(candidates[np.lexsort((candidates, -score[1:]))[:total_tokens]])
+    tree, index = TokenTree(root, TOP), {0: 0}
+    for c in chosen.tolist():
+        index[c] = tree.add(index[int(parent[c])], int(token[c]))
+    tree.rows = {index[c]: grown.rows[n] for c, n in node.items() if c in index and n in grown.rows}
+    return tree
