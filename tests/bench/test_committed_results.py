@@ -115,3 +115,16 @@ def test_committed_precision_run_has_the_self_draft_beside_the_independent_one()
     assert rows["self-int4", "ar"]["greedy_agreement"] == 1.0  # the same fp32 target
     assert rows["int4", "ar"]["weight_mb_per_target_step"] < rows["fp32", "ar"]["weight_mb_per_target_step"] / 4
     assert "AMD EPYC" in run["device"]
+
+
+def test_batch_8_costs_every_lossless_method_less_per_image_than_batch_1():
+    """bench/results/demo-batch.json (`specrt bench --batch 1,8`): one run, the same tokens at both
+    sizes, and every lossless method's per-image latency at batch 8 below its own at batch 1."""
+    path = RESULTS / "demo-batch.json"
+    if not path.is_file():
+        pytest.skip("no committed batch run")
+    batch_run = json.loads(path.read_text())
+    assert batch_run["settings"]["tokens_identical_across_batches"] is True
+    latency = {(r["method"], r["batch"]): r["latency_s"]["median"] for r in batch_run["results"]}
+    for method in ("ar", "sd", "sjd", "sjd-pac"):
+        assert latency[(method, 8)] < latency[(method, 1)], method
