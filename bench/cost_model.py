@@ -337,7 +337,7 @@ def prediction_table(latency: StepLatency, measured: list[dict[str, Any]],
         ref_cell = f"  {p['predicted_speedup_reference']:9.2f}x" if reference is not None else ""
         run_cells = "".join("       -" if p.get(k) is None else f"  {p[k]:6.2f}"
                             for k in ("run_target_forward_ratio", "run_draft_call_ratio"))
-        rate = "-" if p["predicted_images_per_s"] is None else f"{p['predicted_images_per_s']:.1f}"
+        rate = "-" if p["predicted_images_per_s"] is None else f"{p['predicted_images_per_s']:.3g}"
         lines.append(f"{p['label']:<{width}}  {p['mean_accepted_length']:7.2f}  {p['window']:3d}  {p['draft_forwards']:6d}"
                      f"  {p['straggle']:8.2f}  {p['predicted_speedup']:15.2f}x  {rate:>5}{ref_cell}  {measured_speedup:>8}"
                      f"  |{run_cells}")

@@ -81,7 +81,8 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
                         "target_step_s": curve.target_s, "draft_step_s": curve.draft_s,
                         "bytes_per_step": curve.bytes_per_step, "memory_bound_floor_s": floor,
                         "predictions": predictions})
-    click.echo(f"\npredicted speed-up = accepted length x t(1) / (t(W) + drafts x t_draft); accepted lengths from "
+    click.echo(f"\npredicted speed-up = accepted length x t(1) / (straggle x (t(W) + drafts x t_draft)), straggle = "
+               f"target steps a batch ran per image round in the --batch run (1 at batch 1); accepted lengths from "
                f"{results_path} ({bench.get('device', '?')}, {bench.get('backend', '?')})")
     onnx_curves = {}
     if precisions:

@@ -180,7 +180,8 @@ def sampling_epilog() -> str:
 @click.option("--text-encoder", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="t2i checkpoints: a local T5 encoder directory for --prompt (a bundle carries its own).")
 @click.option("--demo", type=click.Choice(DEMO_NAMES), default=None, help=DEMO_HELP)
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed: same seed, same image.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed: same seed, same image. The images of a call are decoded together; image i uses "
+                   "seed + i, so it is the image that class (or prompt) alone gives with seed + i.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("img.png"), show_default=True,
               help="PNG to write (numbered when several images are asked for).")
 @click.option("--backend", type=click.Choice(["torch", *BUNDLE_BACKENDS]),
