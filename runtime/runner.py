@@ -191,13 +191,12 @@ class ModelRunner(ABC):
         self.lengths[:] = self.spec.cond_len
         return out
 
-    def step(self, windows: Windows, uniforms: np.ndarray, row_ids: np.ndarray | None = None) -> StepOutput:
+    def step(self, windows: Windows, uniforms: np.ndarray) -> StepOutput:
         """Run each image's window after its committed cache; the head's rows [I,W,V] (slot w's
         row predicts the token after it) and a draw per row with `uniforms` [I,W], W the longest
         window. Rows past an image's own window are padding: never read, never committed.
 
         `windows`: one Window for every image, or one per image (None: nothing to run for it).
-        `row_ids` [B, W] overrides the ids of every batch row.
         """
         windows = [windows] * self.images if isinstance(windows, Window) else list(windows)
         if len(windows) != self.images:
@@ -215,8 +214,6 @@ class ModelRunner(ABC):
         positions = self._positions[: self.batch * size].reshape(self.batch, size)
         mask = self._mask[: self.batch * size * total].reshape(self.batch, size, total)
         fill_step_inputs(windows, self.lengths, self.capacity, ids, positions, mask, self._caption_mask)
-        if row_ids is not None:
-            ids[:] = row_ids
         uniforms = self._uniform_view(uniforms, size)
         ready = time.perf_counter()
         out = self._step(ids, positions, mask, uniforms)

@@ -63,14 +63,14 @@ class Decoding:
         uniforms = self._uniforms([1] * runner.images)
         return self._restricted(runner.prefill(self.condition_rows(conditions), uniforms), uniforms)
 
-    def run(self, runner: ModelRunner, windows: Windows, row_ids: np.ndarray | None = None) -> StepOutput:
+    def run(self, runner: ModelRunner, windows: Windows) -> StepOutput:
         """One step of `runner` over each image's window (one Window for all, or one per image,
         None for none): the sampling distribution of every slot (P and Q alike) and one draw per
         slot, made on the device with uniforms from each image's own stream."""
         sizes = [len(windows)] * runner.images if isinstance(windows, Window) else \
             [len(w) if w is not None else 0 for w in windows]
         uniforms = self._uniforms(sizes)
-        return self._restricted(runner.step(windows, uniforms, row_ids), uniforms)
+        return self._restricted(runner.step(windows, uniforms), uniforms)
 
     def _uniforms(self, sizes: Sequence[int]) -> np.ndarray:
         """[images, longest] uniforms: image i's first sizes[i] from its stream, zeros past them."""

@@ -2,7 +2,7 @@
 
 They mirror methods/base.py's shape (PARAMS checked by specrt.validation, `generate(ctx,
 class_ids)`), but return continuous tokens [N, seq_len, C] and drive ContinuousRunners; the
-formulas are runtime/continuous.py's. One image at a time, like the discrete speculative methods.
+formulas are runtime/continuous.py's. One image at a time (the discrete methods decode whole batches; this family does not yet).
 """
 from __future__ import annotations
 

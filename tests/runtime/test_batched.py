@@ -55,9 +55,9 @@ def test_finished_images_leave_the_batch_and_pads_are_never_committed():
     batches = []
     step = pipe.target.step
 
-    def spy(windows, uniforms, row_ids=None):
+    def spy(windows, uniforms):
         batches.append(pipe.target.batch)
-        return step(windows, uniforms, row_ids)
+        return step(windows, uniforms)
 
     pipe.target.step = spy
     try:

@@ -45,9 +45,9 @@ def test_kv_buffer_is_allocated_once_per_generate_call(tiny_pipeline, method, pa
     runner = pipe.target
     original = runner.step
 
-    def spy(window, uniforms, row_ids=None):
+    def spy(window, uniforms):
         seen.append((id(runner.kv_buffer), runner.kv_buffer.data_ptr()))
-        return original(window, uniforms, row_ids)
+        return original(window, uniforms)
 
     runner.step = spy
     try:
