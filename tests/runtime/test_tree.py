@@ -176,3 +176,40 @@ def test_relaxed_methods_draft_trees_and_accept_at_least_as_much_as_sd(method, p
         sd = pipe.generate([1] * 30, method="sd", seed=2, **kwargs).stats.mean_accepted_length
         relaxed = pipe.generate([1] * 30, method=method, seed=2, **kwargs, **params).stats.mean_accepted_length
         assert relaxed >= sd > 1.0, (tree, relaxed, sd)
+
+
+def test_model_drafter_rows_are_the_drafts_own_and_a_rollback_keeps_the_committed_cache():
+    """ModelDrafter (the independent draft behind the Drafter protocol): chain and tree rows are the
+    draft model's exact rows for each context; after rollback + extend only what is no longer
+    committed is recomputed."""
+    from _toy_exact import next_token_row
+    from specrt.runtime.conditions import Conditions
+    from specrt.runtime.drafting import ModelDrafter, Verified
+    from specrt.runtime.methods.base import Decoding
+    from specrt.runtime.sampling import SamplingParams, guidance_mix
+    from specrt.runtime.stats import Stats
+
+    plain = SamplingParams(cfg_scale=1.0)
+    target, draft, _ = toy_models(vocab_size=5, grid_size=3, max_window=16)
+    draft.allocate(guidance_mix(1, plain))
+    ctx = Decoding(target, draft, plain, [np.random.default_rng(0)], Stats())
+    drafter = ModelDrafter(draft)
+    drafter.start(ctx, Conditions.of_classes([1]), 4, None)
+    row = lambda context: next_token_row(draft.lm, 1, 2, tuple(context), plain)  # noqa: E731
+
+    drafts, rows = drafter.propose_chain(ctx, 3)
+    for k in range(3):
+        np.testing.assert_allclose(rows[k], row([4, *drafts[:k]]), atol=1e-6)
+    assert draft.length == 1 + 3  # the class token, then the pending token and the first two drafts
+    drafter.rollback(1)
+    drafter.extend(ctx, [drafts[0], 2], Verified(None, [0, 1]))  # the first draft accepted, then token 2
+    tree = TokenTree(2, TOP)
+    child = tree.add(0, 3)
+    sizes = []
+    step = draft.step
+    draft.step = lambda windows, *args: sizes.append(len(windows)) or step(windows, *args)
+    root_row, child_row = drafter.expand(ctx, tree, [0, child])
+    assert sizes == [2]  # [4, d0] still cached: only the new pending token 2 and the tree node are fed
+    np.testing.assert_allclose(root_row, row([4, drafts[0], 2]), atol=1e-6)
+    np.testing.assert_allclose(child_row, row([4, drafts[0], 2, 3]), atol=1e-6)
+    assert draft.length == 1 + 2  # the committed tokens before the pending one; the tree left out
