@@ -213,3 +213,15 @@ def test_model_drafter_rows_are_the_drafts_own_and_a_rollback_keeps_the_committe
     np.testing.assert_allclose(root_row, row([4, drafts[0], 2]), atol=1e-6)
     np.testing.assert_allclose(child_row, row([4, drafts[0], 2, 3]), atol=1e-6)
     assert draft.length == 1 + 2  # the committed tokens before the pending one; the tree left out
+
+
+@pytest.mark.parametrize("method", ["sd", "cool-sd"])
+def test_greedy_tree_drafting_reproduces_greedy_decoding(method):
+    """At temperature 0 every row is one-hot: a lossless tree verification must return exactly
+    the target's greedy sequence (and Cool-SD's relaxation cannot accept a non-argmax token: ω·0 = 0)."""
+    target, draft, vq = toy_models(vocab_size=6, grid_size=3, max_window=26, draft_noise=2.0)
+    pipe = Pipeline(target, vq, draft, sampling_defaults={"cfg_scale": 2.0, "temperature": 0.0})
+    want = pipe.generate([0, 1], method="ar", seed=0).tokens
+    for tree in ("static", "dynamic"):
+        got = pipe.generate([0, 1], method=method, seed=5, tree=tree, total_tokens=12, depth=4).tokens
+        np.testing.assert_array_equal(got, want, err_msg=f"{method} tree={tree}")
