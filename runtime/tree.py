@@ -44,7 +44,8 @@ MC_SIM_7B_63 = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 
                 [0, 0, 0], [0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 1, 1], [0, 2, 0], [0, 2, 1], [1, 0, 0],
                 [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 0, 0], [0, 0, 0, 0, 1]]
 # LANTERN's models/drafters/choices.py (its static-tree experiments; naive_extend_57 is the
-# default of its ea_model_llamagen.generate, mc_sim_7b_63 of its generate_images.py).
+# default of its ea_model_llamagen.generate, mc_sim_7b_63 of its generate_images.py; its `chain`
+# is tree=chain draft_len=5 here).
 STATIC_TREES: dict[str, list[list[int]]] = {
     "mc_sim_7b_63": MC_SIM_7B_63,
     "mc_sim_7b_63_balanced": [[0], [1], [2], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2], [2, 0], [2, 1],
@@ -60,6 +61,13 @@ STATIC_TREES: dict[str, list[list[int]]] = {
                         [0, 1, 1, 0], [0, 2, 0, 0],
                         [0, 0, 0, 0, 0], [0, 0, 0, 0, 1], [0, 0, 0, 0, 2], [0, 0, 0, 1, 0], [0, 0, 0, 1, 1],
                         [0, 0, 1, 0, 0], [0, 0, 1, 0, 1], [0, 0, 1, 1, 0], [0, 0, 2, 0, 0]],
+    "medusa_2_7b_63": [[i] for i in range(10)]
+                      + [[0, i] for i in range(10)] + [[1, i] for i in range(5)]
+                      + [[2, 0], [2, 1], [3, 0], [3, 1], [4, 0], [5, 0], [6, 0], [7, 0]]
+                      + [[0, 0, i] for i in range(9)] + [[0, 1, i] for i in range(4)]
+                      + [[0, 2, 0], [0, 2, 1], [0, 3, 0], [0, 4, 0], [0, 5, 0], [1, 0, 0], [1, 0, 1], [1, 0, 2],
+                         [1, 1, 0], [2, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 3], [0, 0, 1, 0],
+                         [0, 0, 2, 0], [0, 1, 0, 0]],
     "reverse_balanced_25": [[0], [1], [2], [0, 0], [0, 1], [1, 0], [2, 0],
                             [0, 0, 0], [0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 1, 1], [1, 0, 0],
                             [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 1, 0], [0, 0, 1, 1],

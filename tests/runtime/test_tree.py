@@ -44,7 +44,8 @@ def test_static_shapes_are_eagle_and_lantern_trees():
     shape = static_shape("mc_sim_7b_63")
     assert (shape.size, shape.depth, len(shape.children[0])) == (25, 5, 4)
     assert {name: StaticShape(c).size for name, c in STATIC_TREES.items()} == {
-        "mc_sim_7b_63": 25, "mc_sim_7b_63_balanced": 25, "naive_extend_57": 57, "reverse_balanced_25": 25}
+        "mc_sim_7b_63": 25, "mc_sim_7b_63_balanced": 25, "naive_extend_57": 57, "medusa_2_7b_63": 63,
+        "reverse_balanced_25": 25}
     with pytest.raises(SpecrtError, match="lower-ranked siblings") as err:
         StaticShape([[0], [2]])  # rank 1 missing: its draw would be skipped by q^(k)
     assert "\n" not in str(err.value)
