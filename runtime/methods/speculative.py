@@ -15,6 +15,7 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
+from specrt.runtime.drafting import ModelDrafter, Verified, make_drafter
 from specrt.runtime.methods.base import Batched, Decoding, Method, one_image_at_a_time
 from specrt.runtime.methods.tree_loop import generate_tree_one
 from specrt.runtime.runner import ModelRunner, StepOutput
@@ -35,8 +36,9 @@ class DraftThenVerify(Method):
     Chains (tree=chain): the whole batch runs each round together: up to L draft steps (an
     image whose own draft is shorter, near its end, sits the extra steps out with an empty
     window), one target step over every image's [pending, drafts], then each image verifies
-    its own chain with its own stream and commits its own accepted prefix. Trees go through
-    the Drafter protocol one image at a time (runtime.methods.tree_loop).
+    its own chain with its own stream and commits its own accepted prefix, driving an
+    independent draft model's runner directly. Trees (runtime.methods.tree_loop), and chains
+    from any other Drafter (runtime.drafting), go through the Drafter protocol one image at a time.
     """
 
     needs_draft = True
@@ -78,6 +80,8 @@ class DraftThenVerify(Method):
     def generate(self, ctx: Decoding, conditions: Conditions) -> np.ndarray:
         if self.tree != "chain":  # tree drafting (runtime.methods.tree_loop) still runs image by image
             return one_image_at_a_time(ctx, conditions, lambda one, condition: generate_tree_one(self, one, condition))
+        if type(make_drafter(ctx)) is not ModelDrafter:  # a drafter this loop cannot batch (e.g. an EAGLE head)
+            return one_image_at_a_time(ctx, conditions, self._generate_chain_one)
         target, draft, cond_len, total = ctx.target, ctx.draft, ctx.target.spec.cond_len, ctx.num_image_tokens
         rule = self.rule(ctx)
         target.truncate(0)
@@ -114,6 +118,28 @@ class DraftThenVerify(Method):
                 ctx.stats.record_round(outcome.accepted_length + 1)
             target.commit(commits)
             draft.truncate([cond_len + len(tokens[i]) - 1 for i in images])
+        return np.asarray(tokens, dtype=np.int64)
+
+    def _generate_chain_one(self, ctx: Decoding, condition: Conditions) -> np.ndarray:
+        """One image's chain rounds through the Drafter protocol (runtime.drafting), for drafters
+        the batched loop does not drive; the same tokens as the batched loop for an independent draft."""
+        target, rule = ctx.target, self.rule(ctx)
+        first = self.start(ctx, target, condition)
+        tokens = [int(first.draws[0, 0])]
+        drafter = make_drafter(ctx)
+        drafter.start(ctx, condition, tokens[0], first)
+        ctx.stats.record_round(1)
+        while len(tokens) < ctx.num_image_tokens:
+            drafts, q_rows = drafter.propose_chain(ctx, min(self.draft_len, ctx.num_image_tokens - len(tokens) - 1))
+            scored = ctx.run(target, Window.chain([tokens[-1], *drafts]))
+            outcome = self._verify(ctx, 0, scored, q_rows, drafts, rule)
+            path = list(range(outcome.accepted_length + 1))
+            target.commit(path)
+            new = drafts[: outcome.accepted_length] + [outcome.next_token]
+            drafter.rollback(len(tokens))
+            drafter.extend(ctx, new, Verified(scored, path))
+            tokens += new
+            ctx.stats.record_round(len(new))
         return np.asarray(tokens, dtype=np.int64)
 
     def _verify(self, ctx: Decoding, position: int, scored: StepOutput, q_rows: list[np.ndarray], drafts: list[int],

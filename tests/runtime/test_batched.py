@@ -73,3 +73,25 @@ def test_finished_images_leave_the_batch_and_pads_are_never_committed():
     runner.commit([[0, 1], None])
     np.testing.assert_array_equal(runner.lengths, [3, 1])
     np.testing.assert_array_equal(runner.kv_buffer[:, :3], [[0, 4, 2], [1, -1, -1]])
+
+
+@pytest.mark.parametrize("method", ["sd", "cool-sd"])
+def test_chains_from_another_drafter_go_image_by_image_with_the_same_tokens(monkeypatch, method):
+    """A Drafter the batched chain loop does not drive (an EAGLE head, here a ModelDrafter subclass)
+    runs each image through the Drafter protocol: for the same independent draft that is exactly
+    the batched loop's result, image by image."""
+    from specrt.runtime.drafting import ModelDrafter
+    from specrt.runtime.methods import speculative
+
+    pipe = toy_pipeline(2.0)
+    batched = pipe.generate(CLASSES, method=method, seed=3, draft_len=3, decode=False).tokens
+    calls = []
+
+    class OtherDrafter(ModelDrafter):
+        def propose_chain(self, ctx, length):
+            calls.append(length)
+            return super().propose_chain(ctx, length)
+
+    monkeypatch.setattr(speculative, "make_drafter", lambda ctx: OtherDrafter(ctx.draft))
+    one_by_one = pipe.generate(CLASSES, method=method, seed=3, draft_len=3, decode=False).tokens
+    assert calls and np.array_equal(one_by_one, batched)
