@@ -17,7 +17,8 @@ from specrt.runtime.window import Window
 
 METHODS = [("ar", {}), ("sd", {"draft_len": 3}), ("cool-sd", {"draft_len": 2}), ("sjd", {"window": 4}),
            ("sjd-pac", {"window": 6, "branching": 2, "tree_depth": 2}),
-           ("sjd-pac", {"window": 6, "branching": 2, "tree_depth": 2, "tree": "full"})]
+           ("sjd-pac", {"window": 6, "branching": 2, "tree_depth": 2, "tree": "full"}),
+           ("sd", {"tree": "dynamic", "total_tokens": 8, "depth": 3, "tree_top_k": 2})]  # trees: image by image
 CLASSES = [0, 1, 2, 3, 1, 2]
 
 
