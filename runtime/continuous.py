@@ -34,6 +34,7 @@ import numpy as np
 from specrt.errors import SpecrtError
 
 SCHEDULES = ("cosine", "linear")
+CFG_SCHEDULES = ("constant", "linear")
 # head(x_t [R,C], t [R] int64 (0 = last step), z) -> predicted noise ε̂ [R,C]
 HeadFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
@@ -76,10 +77,31 @@ def ddpm_schedule(name: str, steps: int, beta_start: float = 1e-4, beta_end: flo
     return Schedule(betas=betas, alpha_bars=np.cumprod(1 - betas))
 
 
-def guided_eps(eps_cond: np.ndarray, eps_uncond: np.ndarray, cfg_scale: float) -> np.ndarray:
-    """Classifier-free guidance on the head's output, as MAR: ε̂ = ε_u + s·(ε_c − ε_u). The
-    guided ε̂ defines the chain both models sample and score, so exactness is unaffected."""
-    return eps_uncond + cfg_scale * (eps_cond - eps_uncond)
+def guided_eps(eps_cond: np.ndarray, eps_uncond: np.ndarray, cfg_scale: float | np.ndarray) -> np.ndarray:
+    """Classifier-free guidance on the head's output, as MAR: ε̂ = ε_u + s·(ε_c − ε_u), with one
+    scale or one per row ([R], see cfg_scales). The guided ε̂ defines the chain both models
+    sample and score, so exactness is unaffected."""
+    scale = np.asarray(cfg_scale, dtype=np.float32)
+    return eps_uncond + (scale[:, None] if scale.ndim else scale) * (eps_cond - eps_uncond)
+
+
+def cfg_scales(cfg_scale: float, cfg_schedule: str, positions: np.ndarray, seq_len: int) -> np.ndarray:
+    """The guidance scale of each token position [R] under MAR's `cfg_schedule`.
+
+    "constant": s everywhere. "linear": MAR's (Muse's) ramp 1 + (s − 1)·(seq_len − mask_len)/seq_len,
+    where mask_len is the number of tokens still masked after the step that generates the token.
+    In raster order one token per step, token n leaves seq_len − n − 1 masked; MAR clamps
+    mask_len to at least 1 before its final step, so the last token shares the one before it's
+    scale: s_n = 1 + (s − 1)·min(n + 1, seq_len − 1)/seq_len. Target and draft use the same
+    scale at the same position, so the scale is part of the distribution both sample and score.
+    """
+    positions = np.asarray(positions, dtype=np.int64)
+    if cfg_schedule not in CFG_SCHEDULES:
+        raise SpecrtError(f"unknown cfg_schedule {cfg_schedule!r}; choose one of {', '.join(CFG_SCHEDULES)}")
+    if cfg_schedule == "constant":
+        return np.full(len(positions), cfg_scale, dtype=np.float32)
+    generated = np.minimum(positions + 1, max(seq_len - 1, 0)) / seq_len
+    return (1.0 + (cfg_scale - 1.0) * generated).astype(np.float32)
 
 
 def denoise_mean(schedule: Schedule, x_t: np.ndarray, eps: np.ndarray, t: int) -> np.ndarray:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
+
+import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime.continuous_runner import ContinuousRunner, ContinuousSpec
@@ -77,3 +79,44 @@ def open_runner(bundle_dir: str | Path, role: str, backend: str = "onnxruntime")
     model = MAR(MARConfig(**entry["config"]))
     model.load_state_dict(load_file(str(bundle_dir / entry["weights"])), strict=True)
     return TorchContinuousRunner(model)
+
+
+DecoderFn = Callable[[np.ndarray], np.ndarray]
+
+
+def open_decoder(bundle_dir: str | Path, backend: str = "onnxruntime", threads: Optional[int] = 1) -> Optional[DecoderFn]:
+    """The bundle's tokenizer decoder as tokens [N, seq_len, C] -> images [N,3,H,W] float in about
+    [-1, 1]; None when the bundle has none (it then makes tokens only)."""
+    if backend not in BACKENDS:
+        raise SpecrtError(f"unknown backend {backend!r} for a continuous bundle; choose one of {', '.join(BACKENDS)}")
+    bundle_dir = Path(bundle_dir)
+    entry = read_continuous_manifest(bundle_dir).get("decoder")
+    if entry is None:
+        return None
+    for key in ("graph", "weights"):
+        if not (bundle_dir / entry[key]).is_file():
+            raise SpecrtError(f"bundle {bundle_dir} lacks {entry[key]} (decoder {key})")
+    if backend == "onnxruntime":
+        from specrt.lazy import require
+
+        ort = require("onnxruntime", "the onnxruntime backend")
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+        session = ort.InferenceSession(str(bundle_dir / entry["graph"]), options, providers=["CPUExecutionProvider"])
+        return lambda tokens: session.run(None, {"tokens": np.ascontiguousarray(tokens, np.float32)})[0]
+    from specrt.export.mar.autoencoder import AEConfig, TokenDecoder
+    from specrt.lazy import require
+
+    torch = require("torch", "the torch backend")
+    from safetensors.torch import load_file
+
+    module = TokenDecoder(AEConfig.from_dict(entry["config"]))
+    module.load_state_dict(load_file(str(bundle_dir / entry["weights"])), strict=True)
+    module.eval()
+
+    def decode(tokens: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return module(torch.from_numpy(np.ascontiguousarray(tokens, np.float32))).numpy()
+    return decode

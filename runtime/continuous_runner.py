@@ -132,13 +132,21 @@ class ContinuousRunner(ABC):
         self.head_calls += 1
         return np.asarray(eps, dtype=np.float32)
 
-    def guided_head(self, x: np.ndarray, t: np.ndarray, z: np.ndarray) -> np.ndarray:
-        """ε̂ for rows x [R,C] under conditions z [B,R,D]: the head itself, or guided under CFG."""
+    def guided_head(self, x: np.ndarray, t: np.ndarray, z: np.ndarray,
+                    cfg_scales: np.ndarray | None = None) -> np.ndarray:
+        """ε̂ for rows x [R,C] under conditions z [B,R,D]: the head itself, or guided under CFG
+        (each row at its cfg_scales entry [R], default the image's cfg_scale)."""
         if len(z) == 1:
             return self.head(x, t, z[0])
         eps = self.head(np.concatenate([x, x]), np.concatenate([t, t]), np.concatenate([z[0], z[1]]))
-        return continuous.guided_eps(eps[: len(x)], eps[len(x):], self.cfg_scale)
+        scale = self.cfg_scale if cfg_scales is None else cfg_scales
+        return continuous.guided_eps(eps[: len(x)], eps[len(x):], scale)
 
-    def sample(self, z: np.ndarray, noise: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens from conditions z [B,R,D] on noise [T+1,R,C]: (x_0, last-step mean), see continuous.chain."""
-        return continuous.chain(self.guided_head, z, noise, self.schedule, temperature)
+    def sample(self, z: np.ndarray, noise: np.ndarray, temperature: float,
+               cfg_scales: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens from conditions z [B,R,D] on noise [T+1,R,C]: (x_0, last-step mean), see
+        continuous.chain; cfg_scales [R] are the rows' guidance scales (continuous.cfg_scales)."""
+        if cfg_scales is None:
+            return continuous.chain(self.guided_head, z, noise, self.schedule, temperature)
+        return continuous.chain(lambda x, t, zz: self.guided_head(x, t, zz, cfg_scales), z, noise,
+                                self.schedule, temperature)

@@ -47,6 +47,8 @@ class DemoEntry:
 
 DEMOS: dict[str, DemoEntry] = {
     "c2i": DemoEntry("c2i", "class-conditional digits (LlamaGen c2i GPTs + VQ)", "specrt.export.demo.c2i"),
+    "mar": DemoEntry("mar", "class-conditional digits from continuous tokens (KL autoencoder, MAR-style target "
+                            "and draft; methods ar, cspd)", "specrt.export.mar.hooks"),
 }
 DEFAULT_DEMO = "c2i"
 

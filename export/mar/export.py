@@ -6,6 +6,8 @@ Per model role (target, draft) two graphs, both with dynamic rows:
                     (B in {1, 2}: CFG's [class; unconditional]; W >= 1 and P >= 0 dynamic;
                     the KV cache is the runtime's, runtime/continuous_runner.py)
   <role>_head.onnx  x [R,C] f32, t [R] i64, z [R,D] f32  ->  eps [R,C]   (R dynamic)
+and, when the bundle has a tokenizer decoder (the continuous demo's KL autoencoder):
+  decoder.onnx      tokens [N, seq_len, C] f32  ->  images [N, 3, H, W] f32 in about [-1, 1]   (N dynamic)
 The bundle's manifest.json says `"family": "continuous"` and carries each model's config
 (runtime/continuous_bundle.py reads it); the weights also ship as <role>.safetensors so the
 torch backend runs the same bundle. Written to a temporary directory and renamed into place.
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from specrt.export.mar.autoencoder import TokenDecoder
 from specrt.export.mar.model import MAR
 
 FAMILY = "continuous"
@@ -29,6 +32,8 @@ STEP_INPUTS = ("tokens", "class_ids", "positions", "past_k", "past_v")
 STEP_OUTPUTS = ("z", "present_k", "present_v")
 HEAD_INPUTS = ("x", "t", "z")
 HEAD_OUTPUTS = ("eps",)
+DECODER_INPUTS = ("tokens",)
+DECODER_OUTPUTS = ("images",)
 
 
 class _Step(torch.nn.Module):
@@ -79,8 +84,21 @@ def export_head(model: MAR, path: Path) -> None:
                           dynamic_axes={"x": rows, "t": rows, "z": rows, "eps": rows})
 
 
-def export_bundle(target: MAR, draft: MAR | None, out_dir: str | Path) -> Path:
-    """Write a continuous bundle (graphs, weights, manifest) to `out_dir` atomically."""
+def export_decoder(decoder: TokenDecoder, seq_len: int, path: Path) -> None:
+    """The tokenizer decoder graph: continuous tokens -> images, rows dynamic."""
+    examples = (torch.zeros(2, seq_len, decoder.cfg.latent_channels),)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(decoder.eval(), examples, str(path), dynamo=False, opset_version=OPSET,
+                          input_names=list(DECODER_INPUTS), output_names=list(DECODER_OUTPUTS),
+                          dynamic_axes={"tokens": {0: "images"}, "images": {0: "images"}})
+
+
+def export_bundle(target: MAR, draft: MAR | None, out_dir: str | Path, decoder: TokenDecoder | None = None,
+                  sampling_defaults: dict | None = None, source: str | None = None) -> Path:
+    """Write a continuous bundle (graphs, weights, manifest) to `out_dir` atomically: the models,
+    optionally the tokenizer decoder (then the bundle makes images), the sampling defaults the
+    runtime starts from and a note of where the weights came from."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
@@ -99,6 +117,20 @@ def export_bundle(target: MAR, draft: MAR | None, out_dir: str | Path) -> Path:
         manifest = {"family": FAMILY, "format_version": FORMAT_VERSION, "opset": OPSET, "models": models,
                     "step_io": [list(STEP_INPUTS), list(STEP_OUTPUTS)],
                     "head_io": [list(HEAD_INPUTS), list(HEAD_OUTPUTS)]}
+        if decoder is not None:
+            if decoder.cfg.latent_channels != target.cfg.token_dim:
+                raise ValueError(f"decoder takes {decoder.cfg.latent_channels}-channel tokens, the target makes "
+                                 f"{target.cfg.token_dim}")
+            export_decoder(decoder, target.cfg.seq_len, tmp / "decoder.onnx")
+            save_file({k: v.detach().contiguous() for k, v in decoder.state_dict().items()},
+                      str(tmp / "decoder.safetensors"))
+            manifest["decoder"] = {"graph": "decoder.onnx", "weights": "decoder.safetensors",
+                                   "config": decoder.cfg.to_dict(), "image_size": decoder.cfg.image_size,
+                                   "io": [list(DECODER_INPUTS), list(DECODER_OUTPUTS)]}
+        if sampling_defaults is not None:
+            manifest["sampling_defaults"] = dict(sampling_defaults)
+        if source is not None:
+            manifest["source"] = source
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         tmp.chmod(0o755)
         if out_dir.exists():
@@ -118,7 +150,7 @@ def verify_bundle(bundle_dir: str | Path, atol: float = 1e-4) -> list[str]:
     import numpy as np
 
     from specrt.errors import SpecrtError
-    from specrt.runtime.continuous_bundle import open_runner, read_continuous_manifest
+    from specrt.runtime.continuous_bundle import open_decoder, open_runner, read_continuous_manifest
 
     lines = []
     rng = np.random.default_rng(0)
@@ -145,4 +177,13 @@ def verify_bundle(bundle_dir: str | Path, atol: float = 1e-4) -> list[str]:
             if worst > atol:
                 raise SpecrtError(f"{role} head ({rows} rows): onnxruntime and torch differ by {worst:.2e}")
             lines.append(f"{role} head rows {rows}: ok (max diff {worst:.1e})")
+    if "decoder" in read_continuous_manifest(bundle_dir):
+        ort_decoder, torch_decoder = open_decoder(bundle_dir), open_decoder(bundle_dir, "torch")
+        spec = open_runner(bundle_dir, "target").spec
+        for rows in (1, 3):
+            tokens = rng.standard_normal((rows, spec.seq_len, spec.token_dim)).astype(np.float32)
+            worst = float(np.abs(ort_decoder(tokens) - torch_decoder(tokens)).max())
+            if worst > atol * 10:  # a conv stack over 32x32 pixels: float error grows with depth
+                raise SpecrtError(f"decoder ({rows} images): onnxruntime and torch differ by {worst:.2e}")
+            lines.append(f"decoder images {rows}: ok (max diff {worst:.1e})")
     return lines

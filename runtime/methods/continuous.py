@@ -50,11 +50,15 @@ class ContinuousDecoding:
     rng: np.random.Generator
     temperature: float = 1.0
     cfg_scale: float = 1.0
+    cfg_schedule: str = "constant"   # MAR's: "constant" or "linear" (continuous.cfg_scales)
     stats: ContinuousStats = field(default_factory=ContinuousStats)
 
     def __post_init__(self) -> None:
         self.temperature = number("temperature", self.temperature, low=0, low_open=True)
         self.cfg_scale = number("cfg_scale", self.cfg_scale, low=0)
+        if self.cfg_schedule not in continuous.CFG_SCHEDULES:
+            raise SpecrtError(f"cfg_schedule must be one of {', '.join(continuous.CFG_SCHEDULES)}, "
+                              f"got {self.cfg_schedule!r}")
         if self.draft is not None:
             t, d = self.target.spec, self.draft.spec
             same_chain = np.array_equal(t.diffusion().betas, d.diffusion().betas)
@@ -66,6 +70,13 @@ class ContinuousDecoding:
     def start(self, runner: ContinuousRunner, class_id: int) -> None:
         """Begin an image on `runner`: empty cache, the CFG rows this call samples with."""
         runner.start(class_id, self.cfg_scale)
+
+    def scales(self, positions) -> Optional[np.ndarray]:
+        """Guidance scales [R] of the token positions sampled or scored together (None: the
+        image's constant scale). Both models get the same scales at the same positions."""
+        if self.cfg_schedule == "constant" or self.cfg_scale == 1.0:
+            return None
+        return continuous.cfg_scales(self.cfg_scale, self.cfg_schedule, positions, self.target.spec.seq_len)
 
     def noise(self, rows: int) -> np.ndarray:
         spec = self.target.spec
@@ -87,9 +98,9 @@ class ContinuousMethod(Method):
         """Tokens [seq_len, C] of one image."""
 
 
-def target_token(ctx: ContinuousDecoding, z: np.ndarray) -> np.ndarray:
-    """One token [C] from the target's condition z [B,D] with fresh noise."""
-    x0, _ = ctx.target.sample(z[:, None], ctx.noise(1), ctx.temperature)
+def target_token(ctx: ContinuousDecoding, z: np.ndarray, position: int) -> np.ndarray:
+    """Token `position` [C] from the target's condition z [B,D] with fresh noise."""
+    x0, _ = ctx.target.sample(z[:, None], ctx.noise(1), ctx.temperature, ctx.scales([position]))
     return x0[0]
 
 
@@ -107,7 +118,7 @@ class ContinuousAR(ContinuousMethod):
             z = ctx.target.step(previous)
             ctx.target.commit(1)
             ctx.stats.target_passes += 1
-            tokens[n] = target_token(ctx, z[:, -1])
+            tokens[n] = target_token(ctx, z[:, -1], n)
             previous = tokens[n : n + 1]
         ctx.stats.tokens += spec.seq_len
         return tokens
@@ -153,7 +164,7 @@ class CSpD(ContinuousMethod):
                 z = target.step(inputs[target.length : n + 1])
                 target.commit(z.shape[1])
                 stats.target_passes += 1
-                inputs[n + 1] = target_token(ctx, z[:, -1])
+                inputs[n + 1] = target_token(ctx, z[:, -1], n)
                 n += 1
                 continue
             count = min(self.draft_len, seq_len - n)
@@ -165,7 +176,7 @@ class CSpD(ContinuousMethod):
                 z = draft.step(inputs[draft.length : n + i + 1])
                 draft.commit(z.shape[1])
                 z_draft[:, i] = z[:, -1]
-                x0, mean = draft.sample(z[:, -1:], noise[:, i : i + 1], ctx.temperature)
+                x0, mean = draft.sample(z[:, -1:], noise[:, i : i + 1], ctx.temperature, ctx.scales([n + i]))
                 inputs[n + i + 1], mean_q[i] = x0[0], mean[0]
             drafted = inputs[n + 1 : n + count + 1].copy()
             # One target pass over the pending inputs and the drafts: conditions for n .. n+count.
@@ -175,16 +186,18 @@ class CSpD(ContinuousMethod):
             stats.drafted += count
             # Score every draft on the target's chain with the same noise as the draft's.
             score_noise = self.verification_noise(ctx, noise)
-            _, mean_p = target.sample(z_target[:, :count], score_noise, ctx.temperature)
+            _, mean_p = target.sample(z_target[:, :count], score_noise, ctx.temperature,
+                                      ctx.scales(np.arange(n, n + count)))
             log_p = continuous.last_step_logpdf(drafted, mean_p, target.schedule, ctx.temperature)
             log_q = continuous.last_step_logpdf(drafted, mean_q, target.schedule, ctx.temperature)
             accept = ctx.rng.random(count) < self.accept_probability(log_p, log_q)
             accepted = int(np.argmin(accept)) if not accept.all() else count
             stats.accepted += accepted
             if accepted < count:
-                inputs[n + accepted + 1] = self.residual_token(ctx, z_target[:, accepted], z_draft[:, accepted])
+                inputs[n + accepted + 1] = self.residual_token(ctx, z_target[:, accepted], z_draft[:, accepted],
+                                                               n + accepted)
             elif n + count < seq_len:
-                inputs[n + count + 1] = target_token(ctx, z_target[:, count])
+                inputs[n + count + 1] = target_token(ctx, z_target[:, count], n + count)
             new_n = min(seq_len, n + accepted + 1)
             target.commit(n + accepted + 1 - start)
             draft.truncate(n + accepted + 1)
@@ -192,16 +205,17 @@ class CSpD(ContinuousMethod):
         stats.tokens += seq_len
         return inputs[1:].copy()
 
-    def residual_token(self, ctx: ContinuousDecoding, z_p: np.ndarray, z_q: np.ndarray) -> np.ndarray:
+    def residual_token(self, ctx: ContinuousDecoding, z_p: np.ndarray, z_q: np.ndarray, position: int) -> np.ndarray:
         # z_p, z_q: [B,D], the two models' conditions (CFG rows) of the rejected position
         """A token from Norm([p − q]_+) by acceptance-rejection with the target as proposal:
         propose x ~ p on fresh noise u, run the draft's chain on the same u, accept with
         α_s = max(0, 1 − q/p). Proposals go `residual_batch` at a time; the first accepted wins."""
         rows = self.residual_batch
+        scales = ctx.scales(np.full(rows, position))
         while True:
             noise = ctx.noise(rows)
-            x0, mean_p = ctx.target.sample(np.repeat(z_p[:, None], rows, 1), noise, ctx.temperature)
-            _, mean_q = ctx.draft.sample(np.repeat(z_q[:, None], rows, 1), noise, ctx.temperature)
+            x0, mean_p = ctx.target.sample(np.repeat(z_p[:, None], rows, 1), noise, ctx.temperature, scales)
+            _, mean_q = ctx.draft.sample(np.repeat(z_q[:, None], rows, 1), noise, ctx.temperature, scales)
             log_p = continuous.last_step_logpdf(x0, mean_p, ctx.target.schedule, ctx.temperature)
             log_q = continuous.last_step_logpdf(x0, mean_q, ctx.target.schedule, ctx.temperature)
             keep = ctx.rng.random(rows) < self.residual_acceptance(log_p, log_q)
