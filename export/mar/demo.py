@@ -60,9 +60,9 @@ def draft_config() -> MARConfig:
 class MARTrainingConfig:
     """Everything `specrt demo train --family mar` needs besides the seed; stored in mar.json."""
 
-    autoencoder: Schedule = field(default_factory=lambda: Schedule(steps=400, batch_size=32, lr=2e-3))
-    target: Schedule = field(default_factory=lambda: Schedule(steps=1400, batch_size=32, lr=1.5e-3, weight_decay=0.02))
-    draft: Schedule = field(default_factory=lambda: Schedule(steps=1400, batch_size=32, lr=2e-3, weight_decay=0.01))
+    autoencoder: Schedule = field(default_factory=lambda: Schedule(steps=120, batch_size=32, lr=2e-3, warmup=12))
+    target: Schedule = field(default_factory=lambda: Schedule(steps=400, batch_size=32, lr=2e-3, warmup=40, weight_decay=0.02))
+    draft: Schedule = field(default_factory=lambda: Schedule(steps=300, batch_size=32, lr=3e-3, warmup=30, weight_decay=0.01))
     kl_weight: float = 1e-3      # the autoencoder's KL term (pixel MSE is ~1e-3 at convergence)
     max_shift: int = 1           # augmentation: translations of up to this many pixels
     class_dropout: float = 0.1   # rows trained unconditionally (CFG)
@@ -175,7 +175,7 @@ def train_mar_demo(out_dir: str | Path | None, seed: int = 0, steps_scale: float
     if out_dir is not None:
         save_mar_demo(demo, out_dir)
     if evaluate:
-        config["quality"] = timed("quality", quality_summary, demo, split, per_class=3, seed=seed)
+        config["quality"] = timed("quality", quality_summary, demo, split, per_class=2, seed=seed)
     seconds["total"] = round(time.time() - started, 1)
     config["training"]["seconds"] = seconds
     if out_dir is not None:

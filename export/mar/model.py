@@ -45,6 +45,8 @@ class MARConfig:
     schedule: str = "cosine"
     beta_start: float = 1e-4    # the linear schedule's endpoints (runtime/continuous.ddpm_schedule)
     beta_end: float = 0.02
+    input_norm: bool = False    # MAR's z_proj_ln: LayerNorm after the position embedding (checkpoint.py)
+    head_freq_dim: int = 64     # the head's sinusoidal timestep features (MAR: 256)
 
     def __post_init__(self) -> None:
         if self.dim % self.n_head:
@@ -104,6 +106,7 @@ class MARTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, cfg.seq_len + 1, cfg.dim))
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = nn.LayerNorm(cfg.dim, eps=1e-6)
+        self.z_proj_ln = nn.LayerNorm(cfg.dim, eps=1e-6) if cfg.input_norm else None
         # MAR's learned unconditional embedding for classifier-free guidance: class id num_classes.
         self.fake_latent = nn.Parameter(torch.zeros(1, cfg.dim))
 
@@ -121,6 +124,8 @@ class MARTransformer(nn.Module):
         cond = torch.where(null, self.fake_latent, labelled)[:, None, :]
         x = torch.where((positions == 0)[None, :, None], cond, self.z_proj(tokens))
         x = x + self.pos_embed[0, positions][None]
+        if self.z_proj_ln is not None:
+            x = self.z_proj_ln(x)
         w, p = positions.shape[0], past_k.shape[3]
         key_pos = torch.arange(p + w, device=tokens.device)
         mask = key_pos[None, :] <= (p + torch.arange(w, device=tokens.device))[:, None]
@@ -185,7 +190,7 @@ class SimpleMLPAdaLN(nn.Module):
     def __init__(self, cfg: MARConfig):
         super().__init__()
         w = cfg.head_width
-        self.time_embed = TimestepEmbedder(w)
+        self.time_embed = TimestepEmbedder(w, cfg.head_freq_dim)
         self.cond_embed = nn.Linear(cfg.dim, w)
         self.input_proj = nn.Linear(cfg.token_dim, w)
         self.res_blocks = nn.ModuleList(ResBlock(w) for _ in range(cfg.head_depth))

@@ -15,6 +15,7 @@ from typing import Optional
 import click
 
 from specrt.bench.models import BACKENDS
+from specrt.export.demo.registry import demo_names, help_text as demo_help
 from specrt import validation
 from specrt.errors import SpecrtError
 
@@ -205,11 +206,22 @@ def _batches(text: str) -> tuple[int, ...]:
                    "into the cache). With --profile-arch (CPU): time the exported "
                    "step graph on onnxruntime at these precisions (fp32, int4; default fp32,int4; 'none' skips).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
+@click.option("--demo", type=click.Choice(demo_names()), default=None,
+              help=demo_help() + " mar: ar against cspd (default sweep cspd:draft_len=2,4,8) on its bundle, "
+                                 "exported once into the cache, on onnxruntime.")
 def command(bundle, methods, sweeps, backend, images, seed, batch_text, threads, keep_tokens, json_path, plot_path, markdown_path, demo_weights,
             cache_dir, profile_arch, results_path, windows, repeats, profile_images, profile_dtypes, device, cuda_graphs,
-            precision, progress) -> None:
+            precision, progress, demo) -> None:
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
     validation.seed(seed, "--seed")  # image i uses seed + i: checked before anything loads
+    from specrt.commands._continuous import is_continuous_bundle
+
+    if demo == "mar" or is_continuous_bundle(bundle):
+        if demo is not None and bundle is not None:
+            raise SpecrtError("--demo picks an embedded demo: give it without a BUNDLE")
+        _continuous_run(bundle, methods, sweeps, backend, images, seed, threads, json_path, markdown_path,
+                        demo_weights, cache_dir, progress)
+        return
     batches = _batches(batch_text)
     if profile_arch:
         default = "fp32,int4" if device == "cpu" else "none"  # the onnxruntime curves run on the CPU
@@ -255,6 +267,54 @@ def command(bundle, methods, sweeps, backend, images, seed, batch_text, threads,
     run.payload["settings"]["wall_time_s"] = round(time.perf_counter() - started, 1)
     _print_run(run)
     _write_outputs(run, json_path, markdown_path, plot_path)
+
+
+def _continuous_run(bundle, methods, sweeps, backend, images, seed, threads, json_path, markdown_path, demo_weights,
+                    cache_dir, progress) -> None:
+    """The continuous family: ar and cspd settings on a continuous bundle (the mar demo's, exported once)."""
+    from tqdm import tqdm
+
+    from specrt.bench import continuous
+    from specrt.bench.device import device_name
+    from specrt.bench.fidelity import FidelityJudge
+    from specrt.runtime.continuous_pipeline import ContinuousPipeline
+    from specrt.runtime.threads import set_torch_threads
+
+    if backend != "ort" or threads != 1:
+        raise SpecrtError("a continuous model is benchmarked on --backend ort with --threads 1 (its runners take one thread)")
+    started = time.perf_counter()
+    settings = continuous.build_settings(methods or "ar,cspd", sweeps or ([] if methods else continuous.DEFAULT_SWEEPS))
+    say = (lambda msg: click.echo(msg, err=True)) if progress else None
+    set_torch_threads(threads)  # torch runs the export and the evaluator
+    path = bundle if bundle is not None else continuous.demo_bundle(demo_weights, cache_dir, say)
+    pipe = ContinuousPipeline.from_bundle(path)
+    judge = FidelityJudge.from_demo(None) if bundle is None or pipe.source.endswith(":mar") else None
+    bar = tqdm(total=images * len(settings), unit="img", disable=not progress, dynamic_ncols=True, leave=False)
+
+    def tick(setting) -> None:
+        bar.set_description(setting.label, refresh=False)
+        bar.update()
+    try:
+        payload = continuous.run_continuous(pipe, settings, images, seed, judge, on_image=tick)
+    finally:
+        bar.close()
+    payload.update(device=device_name(backend), backend=backend, threads=threads,
+                   bundle=f"{pipe.source} (exported to {path})" if bundle is None else str(bundle),
+                   wall_time_s=round(time.perf_counter() - started, 1))
+    table = continuous.format_table(payload)
+    click.echo(f"device: {payload['device']}  backend: ort (1 thread)  bundle: {payload['bundle']}; {images} images "
+               f"per setting, interleaved; speed-up = median latency of ar / setting (generation only)")
+    click.echo(table)
+    click.echo(f"run time {payload['wall_time_s']:.0f} s")
+    if json_path:
+        from specrt.bench.report import write_json
+
+        write_json(str(json_path), payload)
+        click.echo(f"wrote {json_path}")
+    if markdown_path:
+        markdown_path.parent.mkdir(parents=True, exist_ok=True)
+        markdown_path.write_text(table + "\n", encoding="utf-8")
+        click.echo(f"wrote {markdown_path}")
 
 
 def _precision_run(bundle, backend, demo_weights, threads, cache_dir, methods, sweeps, images, seed, json_path,

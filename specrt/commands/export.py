@@ -73,8 +73,8 @@ def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo
               help="LANTERN neighbours per token (clamped, with a note, to the codebook size − 1).")
 @click.option("--verify", is_flag=True, help="Afterwards run every graph in onnxruntime against PyTorch (exit 1 above tolerance).")
 @click.option("--family", type=click.Choice(["llamagen", "continuous"]), default="llamagen", show_default=True,
-              help="Model family: LlamaGen GPT + VQ, or the continuous MAR-style family (export/mar; "
-                   "needs --random-weights for now).")
+              help="Model family: LlamaGen GPT + VQ, or the continuous MAR-style family (export/mar: the mar demo, "
+                   "its --demo-weights, or --random-weights).")
 @click.option("--threads", type=int, default=None, help=f"{THREADS_HELP}.")
 @click.pass_context
 @checkpoint_flags
@@ -90,8 +90,10 @@ def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, rando
     torch = require("torch", "specrt export")
     threads = resolve_threads(threads)
     torch.set_num_threads(threads)
-    if family == "continuous":
-        _export_continuous(ctx, out, force, random_weights, (target, draft, vq, demo_weights), verify)
+    if demo == "mar" or family == "continuous":
+        if demo not in (None, "mar"):
+            raise SpecrtError(f"--demo {demo} is a LlamaGen-family demo: drop --family continuous")
+        _export_continuous(ctx, out, force, random_weights, (target, draft, vq), demo_weights, verify)
         return
     from specrt.export.bundle import ExportOptions, write_bundle
 
@@ -112,18 +114,29 @@ def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, rando
             ctx.exit(1)
 
 
-def _export_continuous(ctx: click.Context, out: Path, force: bool, random_weights: bool, given: tuple, verify: bool) -> None:
-    """The continuous family: a random-weight target/draft pair (export.mar) and its --verify."""
+def _export_continuous(ctx: click.Context, out: Path, force: bool, random_weights: bool, given: tuple,
+                       demo_weights: Path | None, verify: bool) -> None:
+    """The continuous family: the mar demo (or its --demo-weights) with its tokenizer decoder, or a
+    random-weight target/draft pair (export.mar); and its --verify."""
     from specrt.export.mar.export import export_bundle, verify_bundle
     from specrt.export.mar.model import RANDOM_DRAFT, RANDOM_TARGET, random_mar
 
-    if not random_weights or any(given):
-        raise SpecrtError("--family continuous exports random weights only for now: pass --random-weights "
-                          "and no --target/--draft/--vq/--demo-weights")
+    if any(given):
+        raise SpecrtError("the continuous family exports the mar demo (--demo-weights DIR for retrained weights) or "
+                          "--random-weights; LTH14/mar checkpoints load in Python (specrt.export.mar.checkpoint)")
+    if random_weights and demo_weights:
+        raise SpecrtError("--random-weights makes its own weights; drop --demo-weights")
     if out.exists() and not force:
         raise SpecrtError(f"{out} already exists; pass --force to replace it")
-    export_bundle(random_mar(RANDOM_TARGET, seed=0), random_mar(RANDOM_DRAFT, seed=1), out)
-    click.echo(f"wrote continuous bundle {out} (target and draft step + head graphs)")
+    if random_weights:
+        export_bundle(random_mar(RANDOM_TARGET, seed=0), random_mar(RANDOM_DRAFT, seed=1), out)
+        click.echo(f"wrote continuous bundle {out} (target and draft step + head graphs)")
+    else:
+        from specrt.export.mar.hooks import export_bundle as export_demo
+
+        export_demo(out, demo_weights)
+        click.echo(f"wrote continuous bundle {out} (the mar demo: target and draft step + head graphs, tokenizer "
+                   f"decoder); generate with: specrt generate {out} --method cspd")
     if verify:
         click.echo("verifying graphs in onnxruntime (CPU) against PyTorch ...")
         try:

@@ -21,6 +21,8 @@ import numpy as np
 
 from specrt import validation
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
+from specrt.commands._continuous import generate as generate_continuous, is_continuous_bundle
+from specrt.commands._continuous import open_pipeline as open_continuous
 from specrt.errors import SpecrtError
 from specrt.export.demo.registry import demo_names, help_text as demo_help
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
@@ -170,7 +172,8 @@ def sampling_epilog() -> str:
 
 @click.command(name="generate", epilog=sampling_epilog())
 @click.argument("bundle", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--method", "-m", type=click.Choice(METHOD_NAMES), default="ar", show_default=True, help="Decoding method.")
+@click.option("--method", "-m", type=click.Choice(METHOD_NAMES + ("cspd",)), default="ar", show_default=True,
+              help="Decoding method (cspd: continuous models only; there ar and cspd).")
 @click.option("--class", "class_ids", type=int, multiple=True,
               help="Class id of a c2i model (repeat for several images; default 0).")
 @click.option("--prompt", "prompts", multiple=True, help="Prompt for a t2i model (repeat for several images).")
@@ -221,9 +224,19 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
                LANTERN's code: neighbour mass <= (λ-1)·p, the Cool-SD paper's
                λ + 1); neighbours_k counts neighbours, not the token itself.
     """
+    method_params = parse_params(params)
+    if demo == "mar" or is_continuous_bundle(bundle):
+        if demo is not None and (bundle or target or vq or draft):
+            raise SpecrtError("--demo picks an embedded demo: give it without a BUNDLE or checkpoints")
+        refused = {"--top-k": top_k is not None, "--top-p": top_p is not None, "--prompt": prompts,
+                   "--captions": captions_path, "--text-encoder": text_encoder, "--target/--draft/--vq": target or vq or draft}
+        validation.seed(seed, "--seed")
+        pipe = open_continuous(bundle, backend)
+        generate_continuous(pipe, method, class_ids, seed, out, {"cfg_scale": cfg_scale, "temperature": temperature},
+                            method_params, stats_path, tokens_only, tokens_path, refused)
+        return
     sampling = {k: v for k, v in (("cfg_scale", cfg_scale), ("temperature", temperature), ("top_k", top_k),
                                   ("top_p", top_p)) if v is not None}
-    method_params = parse_params(params)
     check_before_loading(method, seed, max_window, checkpoint.image_size, threads, sampling, method_params)
     pipe = build_pipeline(bundle, backend, target, draft, vq, checkpoint, max_window, device, threads, text_encoder,
                           demo)

@@ -90,14 +90,13 @@ def test_method_parameters_are_validated():
         make_continuous_method("sjd")
 
 
-def test_cli_exports_and_verifies_a_continuous_bundle(tmp_path, capsys):
+def test_cli_refuses_continuous_exports_it_cannot_make(tmp_path, capsys):
+    """(The CLI export + --verify itself runs on the mar demo: tests/export/test_mar_demo.py.)"""
     from tiny_export import cli_exit_code
 
-    out = tmp_path / "mar"
-    assert cli_exit_code(["export", "--family", "continuous", "--random-weights", "--out", str(out), "--verify"]) == 0
-    printed = capsys.readouterr().out
-    assert "target step rows 2 past 2 window 3: ok" in printed and "draft head rows 5" in printed
-    assert bundle_family(out) == "continuous"
-    assert cli_exit_code(["export", "--family", "continuous", "--random-weights", "--out", str(out)]) == 2
-    assert cli_exit_code(["export", "--family", "continuous", "--out", str(tmp_path / "x")]) == 2
-    assert "--random-weights" in capsys.readouterr().err
+    out = str(tmp_path / "x")
+    assert cli_exit_code(["export", "--family", "continuous", "--random-weights", "--demo-weights", out, "--out", out]) == 2
+    assert "--random-weights makes its own weights" in capsys.readouterr().err
+    assert cli_exit_code(["export", "--demo", "mar", "--target", __file__, "--out", out]) == 2
+    assert "LTH14/mar checkpoints load in Python" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

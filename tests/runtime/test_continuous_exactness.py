@@ -56,9 +56,10 @@ def single_reference(single):
     return sample(single, ContinuousAR(), seed=1, samples=SINGLE_SAMPLES)[0]
 
 
-def sample(bundle, method, seed: int, samples: int = SAMPLES, backend: str = "onnxruntime", cfg_scale: float = 1.0):
+def sample(bundle, method, seed: int, samples: int = SAMPLES, backend: str = "onnxruntime", cfg_scale: float = 1.0,
+           cfg_schedule: str = "constant"):
     ctx = ContinuousDecoding(open_runner(bundle, "target", backend), open_runner(bundle, "draft", backend),
-                             np.random.default_rng(seed), cfg_scale=cfg_scale)
+                             np.random.default_rng(seed), cfg_scale=cfg_scale, cfg_schedule=cfg_schedule)
     return method.generate(ctx, np.full(samples, CLASS_ID)), ctx.stats
 
 
@@ -67,10 +68,13 @@ def reference(bundle):
     return sample(bundle, ContinuousAR(), seed=1)[0]
 
 
-@pytest.mark.parametrize("cfg_scale", [1.0, 2.5], ids=["plain", "cfg"])
-def test_cspd_matches_the_target_distribution(bundle, reference, cfg_scale):
-    target_tokens = reference if cfg_scale == 1.0 else sample(bundle, ContinuousAR(), seed=1, cfg_scale=cfg_scale)[0]
-    tokens, stats = sample(bundle, CSpD(**CSPD), seed=2, cfg_scale=cfg_scale)
+@pytest.mark.parametrize("cfg_scale, cfg_schedule", [(1.0, "constant"), (3.0, "linear")], ids=["plain", "cfg-linear"])
+def test_cspd_matches_the_target_distribution(bundle, reference, cfg_scale, cfg_schedule):
+    """With CFG under MAR's linear schedule (each token position its own scale, shared by target
+    and draft); the constant schedule's CFG path is the backends-agree test's."""
+    guided = {"cfg_scale": cfg_scale, "cfg_schedule": cfg_schedule}
+    target_tokens = reference if cfg_scale == 1.0 else sample(bundle, ContinuousAR(), seed=1, **guided)[0]
+    tokens, stats = sample(bundle, CSpD(**CSPD), seed=2, **guided)
     assert 0.15 < stats.acceptance_rate < 0.85, "the pair must both accept and reject for the test to mean much"
     assert stats.tokens_per_target_pass > 1
     ok, line = same_distribution(tokens, target_tokens)
@@ -129,3 +133,12 @@ def test_prefilling_takes_the_first_tokens_from_the_target(bundle):
     assert full_stats.drafted == 0 and full_stats.target_passes == 10
     _, half_stats = sample(bundle, CSpD(draft_len=2, prefill_ratio=0.5), seed=4, samples=5)
     assert half_stats.drafted == 5
+
+
+def test_cfg_schedule_follows_mar():
+    """MAR's linear ramp 1 + (s − 1)·(seq_len − mask_len)/seq_len, mask_len clamped to ≥ 1 before the
+    last step (so the last two tokens share a scale); constant is s everywhere."""
+    np.testing.assert_allclose(continuous.cfg_scales(3.0, "linear", np.arange(4), 4), [1.5, 2.0, 2.5, 2.5])
+    np.testing.assert_allclose(continuous.cfg_scales(3.0, "constant", np.arange(3), 4), [3.0, 3.0, 3.0])
+    eps = continuous.guided_eps(np.ones((2, 1)), np.zeros((2, 1)), np.array([1.5, 2.5]))
+    np.testing.assert_allclose(eps[:, 0], [1.5, 2.5])

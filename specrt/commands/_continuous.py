@@ -1,0 +1,93 @@
+"""The continuous family (MAR-style models, methods ar and cspd) on `specrt generate`.
+
+A continuous BUNDLE (manifest family "continuous") runs on onnxruntime from its manifest alone;
+the "mar" demo runs its PyTorch modules (export/mar/hooks.py). Flags mean what they mean for the
+discrete family where they apply (--class, --seed, --out, --cfg-scale, --temperature, --param,
+--stats, --save-tokens, --tokens-only); the ones that do not (top-k/top-p, prompts, checkpoints)
+are refused in one line. MAR's cfg_schedule is a sampling key: --param cfg_schedule=linear.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+import numpy as np
+
+from specrt.errors import SpecrtError
+
+METHODS = ("ar", "cspd")
+
+
+def is_continuous_bundle(bundle: Optional[Path]) -> bool:
+    if bundle is None:
+        return False
+    from specrt.runtime.continuous_bundle import bundle_family
+
+    try:
+        return bundle_family(bundle) == "continuous"
+    except SpecrtError:
+        return False  # not a readable bundle: the discrete route says why, in its words
+
+
+def open_pipeline(bundle: Optional[Path], backend: Optional[str], demo_weights: Optional[Path] = None) -> Any:
+    """A continuous BUNDLE on onnxruntime (or torch), else the mar demo's PyTorch modules."""
+    if bundle is not None:
+        if backend not in (None, "ort", "ort-cpu", "torch"):
+            raise SpecrtError(f"a continuous bundle runs on ort or torch, not --backend {backend}")
+        from specrt.runtime.continuous_pipeline import ContinuousPipeline
+
+        return ContinuousPipeline.from_bundle(bundle, "torch" if backend == "torch" else "onnxruntime")
+    if backend not in (None, "torch"):
+        raise SpecrtError(f"--backend {backend} needs a BUNDLE: export the demo with `specrt export --demo mar --out DIR`")
+    from specrt.export.mar.hooks import torch_pipeline
+
+    return torch_pipeline(demo_weights)
+
+
+def generate(pipe: Any, method: str, class_ids: tuple[int, ...], seed: int, out: Path, sampling: dict[str, Any],
+             params: dict[str, str], stats_path: Optional[Path], tokens_only: bool, tokens_path: Optional[Path],
+             refused: dict[str, Any]) -> None:
+    """Generate with a ContinuousPipeline and write PNGs / tokens / stats as `specrt generate` does."""
+    from specrt.commands.generate import save_images
+
+    given = [flag for flag, value in refused.items() if value]
+    if given:
+        raise SpecrtError(f"{given[0]} does not apply to a continuous (MAR-style) model")
+    if method not in METHODS:
+        raise SpecrtError(f"method {method!r} is for discrete tokens; a continuous model runs {', '.join(METHODS)}")
+    kwargs = {**{k: v for k, v in sampling.items() if v is not None}, **_typed(params)}
+    result = pipe.generate(list(class_ids or (0,)), method=method, seed=seed, decode=not tokens_only, **kwargs)
+    paths = [] if tokens_only else save_images(result.images, out, len(result.tokens))
+    if tokens_only or tokens_path:
+        path = tokens_path or out.with_suffix(".npy")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            np.save(f, result.tokens)
+        paths.append(path)
+    stats = result.stats
+    summary = {"method": method, "tokens": stats.tokens, "target_passes": stats.target_passes,
+               "drafted": stats.drafted, "accepted": stats.accepted, "acceptance_rate": stats.acceptance_rate,
+               "tokens_per_target_pass": stats.tokens_per_target_pass,
+               "residual_proposals": stats.residual_proposals, "seconds": sum(result.seconds),
+               "sampling": result.sampling}
+    if stats_path:
+        stats_path.write_text(json.dumps(summary, indent=2) + "\n")
+    s = result.sampling
+    click.echo(f"wrote {', '.join(str(p) for p in paths)}  ({method}: {stats.tokens} tokens, {stats.target_passes} "
+               f"target passes, {stats.tokens_per_target_pass:.2f} tokens/pass, acceptance {stats.acceptance_rate:.2f}, "
+               f"{sum(result.seconds):.2f} s; sampling cfg_scale={s['cfg_scale']} temperature={s['temperature']} "
+               f"cfg_schedule={s['cfg_schedule']})")
+
+
+def _typed(params: dict[str, str]) -> dict[str, Any]:
+    """--param values stay strings for the methods' own parsers, except the sampling keys."""
+    out: dict[str, Any] = dict(params)
+    for key in ("cfg_scale", "temperature"):
+        if key in out:
+            try:
+                out[key] = float(out[key])
+            except ValueError:
+                raise SpecrtError(f"--param {key} must be a number, got {out[key]!r}") from None
+    return out

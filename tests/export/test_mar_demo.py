@@ -1,0 +1,61 @@
+"""The shipped continuous demo ("mar"): its weights load, the CLI exports and verifies it (the
+tokenizer decoder included), and `specrt generate` makes images with ar and cspd from the demo
+and from the exported bundle through its manifest alone. Kept to a few images: CI time is shared."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from tiny_export import cli_exit_code  # noqa: E402
+
+from specrt.export.mar.demo import load_mar_demo  # noqa: E402
+from specrt.export.mar.hooks import packaged_sampling_defaults, packaged_weights_dir  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def demo_bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mar") / "bundle"
+    assert cli_exit_code(["export", "--demo", "mar", "--out", str(out), "--verify"]) == 0
+    return out
+
+
+def test_the_packaged_weights_load_and_stay_small():
+    demo = load_mar_demo()
+    size = sum(p.stat().st_size for p in packaged_weights_dir().iterdir() if p.suffix == ".safetensors")
+    assert size < 3e6
+    assert demo.target.cfg.token_dim == demo.autoencoder.cfg.latent_channels == demo.draft.cfg.token_dim
+    assert sum(p.numel() for p in demo.draft.parameters()) < sum(p.numel() for p in demo.target.parameters()) / 3
+    assert packaged_sampling_defaults() == demo.sampling_defaults
+
+
+def test_export_verifies_every_graph_with_the_decoder(demo_bundle, capsys):
+    manifest = json.loads((demo_bundle / "manifest.json").read_text())
+    assert manifest["family"] == "continuous" and manifest["decoder"]["graph"] == "decoder.onnx"
+    assert manifest["sampling_defaults"] == packaged_sampling_defaults()
+    assert cli_exit_code(["export", "--demo", "mar", "--out", str(demo_bundle)]) == 2  # exists: refused
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_generate_from_the_demo_and_from_its_bundle(demo_bundle, tmp_path, capsys):
+    from PIL import Image
+
+    capsys.readouterr()
+    for argv, name in [(["--demo", "mar", "--method", "ar"], "ar"),
+                       (["--demo", "mar", "--method", "cspd", "--param", "draft_len=3"], "cspd"),
+                       ([str(demo_bundle), "--method", "cspd", "--class", "7", "--param", "cfg_schedule=linear"], "bundle")]:
+        out = tmp_path / f"{name}.png"
+        stats = tmp_path / f"{name}.json"
+        assert cli_exit_code(["generate", *argv, "--out", str(out), "--stats", str(stats)]) == 0
+        assert np.asarray(Image.open(out)).shape == (32, 32, 3)
+        summary = json.loads(stats.read_text())
+        assert summary["tokens"] == 64 and summary["method"] == argv[argv.index("--method") + 1]
+        if summary["method"] == "cspd":
+            assert summary["drafted"] > 0
+    assert "cfg_schedule=linear" in capsys.readouterr().out
+    assert cli_exit_code(["generate", str(demo_bundle), "--method", "sd"]) == 2
+    assert cli_exit_code(["generate", "--demo", "mar", "--top-k", "5"]) == 2
+    assert "does not apply to a continuous" in capsys.readouterr().err
