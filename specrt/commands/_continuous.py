@@ -57,7 +57,7 @@ def generate(pipe: Any, method: str, class_ids: tuple[int, ...], seed: int, out:
         raise SpecrtError(f"{given[0]} does not apply to a continuous (MAR-style) model")
     if method not in METHODS:
         raise SpecrtError(f"method {method!r} is for discrete tokens; a continuous model runs {', '.join(METHODS)}")
-    kwargs = {**{k: v for k, v in sampling.items() if v is not None}, **_typed(params)}
+    kwargs = {**{k: v for k, v in sampling.items() if v is not None}, **params}  # validated where they are used
     result = pipe.generate(list(class_ids or (0,)), method=method, seed=seed, decode=not tokens_only, **kwargs)
     paths = [] if tokens_only else save_images(result.images, out, len(result.tokens))
     if tokens_only or tokens_path:
@@ -80,14 +80,3 @@ def generate(pipe: Any, method: str, class_ids: tuple[int, ...], seed: int, out:
                f"{sum(result.seconds):.2f} s; sampling cfg_scale={s['cfg_scale']} temperature={s['temperature']} "
                f"cfg_schedule={s['cfg_schedule']})")
 
-
-def _typed(params: dict[str, str]) -> dict[str, Any]:
-    """--param values stay strings for the methods' own parsers, except the sampling keys."""
-    out: dict[str, Any] = dict(params)
-    for key in ("cfg_scale", "temperature"):
-        if key in out:
-            try:
-                out[key] = float(out[key])
-            except ValueError:
-                raise SpecrtError(f"--param {key} must be a number, got {out[key]!r}") from None
-    return out

@@ -59,3 +59,29 @@ def test_generate_from_the_demo_and_from_its_bundle(demo_bundle, tmp_path, capsy
     assert cli_exit_code(["generate", str(demo_bundle), "--method", "sd"]) == 2
     assert cli_exit_code(["generate", "--demo", "mar", "--top-k", "5"]) == 2
     assert "does not apply to a continuous" in capsys.readouterr().err
+
+
+def test_training_code_path_on_a_tiny_subset(tmp_path):
+    """`specrt demo train --demo mar`'s function with tiny models: trains, saves, loads back exactly."""
+    import torch
+
+    from specrt.export.demo.dataset import load_split
+    from specrt.export.demo.pipeline import subset_split
+    from specrt.export.mar.autoencoder import AEConfig
+    from specrt.export.mar.demo import train_mar_demo
+    from specrt.export.mar.model import MARConfig
+
+    ae = AEConfig(latent_channels=2, ch=8, ch_mult=(1, 2, 2), z_channels=8, num_res_blocks=1, norm_groups=4)
+    mar = MARConfig(token_dim=2, seq_len=64, dim=16, n_layer=1, n_head=2, head_width=16, head_depth=1, diffusion_steps=4)
+    models = train_mar_demo(tmp_path, steps_scale=0.005, progress=False, split=subset_split(load_split(), 24, 8),
+                            evaluate=False, configs=(ae, mar, mar))
+    config = json.loads((tmp_path / "mar.json").read_text())
+    assert config["autoencoder"]["scale_factor"] == models.autoencoder.cfg.scale_factor > 0
+    assert config["dataset"]["encoded_sequences"] == 24 * 9
+    loaded = load_mar_demo(tmp_path)
+    tokens = torch.randn(1, 64, 2)
+    with torch.no_grad():  # fp16 storage: what is saved is what was trained and measured
+        assert torch.equal(loaded.autoencoder.decoder_only()(tokens), models.autoencoder.decoder_only()(tokens))
+        past = loaded.target.transformer.empty_cache(1)
+        args = (tokens[:, :3], torch.tensor([4]), torch.arange(3), *past)
+        assert torch.equal(loaded.target.transformer.step(*args)[0], models.target.transformer.step(*args)[0])
