@@ -1,11 +1,11 @@
 """The continuous demo ("mar"): a KL autoencoder, a MAR-style target and a smaller draft, trained
 here on the bundled digits (export/demo/dataset.py) and shipped in export/mar/weights/.
 
-    specrt demo train --family mar --out DIR      # autoencoder -> latents -> target -> draft
+    specrt demo train --demo mar --out DIR      # autoencoder -> latents -> target -> draft
     load_mar_demo()                               # .autoencoder, .target, .draft, .config
 
 Sizes are chosen for a 2-core CPU (the whole training ≤ 60 min with 1 thread): 8×8 tokens of
-4 channels (a ×4 autoencoder over 32×32 digits), a 16-step cosine DDPM head, a 3-layer target
+4 channels (a ×4 autoencoder over 32×32 digits), an 8-step cosine DDPM head, a 3-layer target
 and a 1-layer draft with a narrower head. The digit evaluator is the c2i demo's (it judges
 images, whichever model made them). Weights are stored as fp16 like the c2i demo's.
 """
@@ -28,7 +28,7 @@ safetensors_torch = require("safetensors.torch", "the continuous demo")
 from specrt import __version__  # noqa: E402
 from specrt.export.demo.configs import Schedule  # noqa: E402
 from specrt.export.demo.dataset import NUM_CLASSES, DigitsSplit, load_split  # noqa: E402
-from specrt.export.demo.store import round_to_storage  # noqa: E402
+from specrt.export.demo.store import _load_into, round_to_storage  # noqa: E402  (the c2i demo's fp16 store)
 from specrt.export.mar.autoencoder import AEConfig, KLAutoencoder  # noqa: E402
 from specrt.export.mar.hooks import packaged_weights_dir  # noqa: E402
 from specrt.export.mar.model import MAR, MARConfig  # noqa: E402
@@ -39,7 +39,7 @@ VERSION = 1
 WEIGHT_FILES = {"autoencoder": "autoencoder.safetensors", "target": "target.safetensors",
                 "draft": "draft.safetensors"}
 TOKENS = 4          # channels per token
-DIFFUSION_STEPS = 16
+DIFFUSION_STEPS = 8
 
 
 def autoencoder_config() -> AEConfig:
@@ -58,11 +58,11 @@ def draft_config() -> MARConfig:
 
 @dataclass
 class MARTrainingConfig:
-    """Everything `specrt demo train --family mar` needs besides the seed; stored in mar.json."""
+    """Everything `specrt demo train --demo mar` needs besides the seed; stored in mar.json."""
 
-    autoencoder: Schedule = field(default_factory=lambda: Schedule(steps=120, batch_size=32, lr=2e-3, warmup=12))
-    target: Schedule = field(default_factory=lambda: Schedule(steps=400, batch_size=32, lr=2e-3, warmup=40, weight_decay=0.02))
-    draft: Schedule = field(default_factory=lambda: Schedule(steps=300, batch_size=32, lr=3e-3, warmup=30, weight_decay=0.01))
+    autoencoder: Schedule = field(default_factory=lambda: Schedule(steps=150, batch_size=32, lr=2e-3, warmup=15))
+    target: Schedule = field(default_factory=lambda: Schedule(steps=1500, batch_size=32, lr=1.5e-3, weight_decay=0.02))
+    draft: Schedule = field(default_factory=lambda: Schedule(steps=1000, batch_size=32, lr=2e-3, weight_decay=0.01))
     kl_weight: float = 1e-3      # the autoencoder's KL term (pixel MSE is ~1e-3 at convergence)
     max_shift: int = 1           # augmentation: translations of up to this many pixels
     class_dropout: float = 0.1   # rows trained unconditionally (CFG)
@@ -103,15 +103,8 @@ def save_mar_demo(models: MARDemo, out_dir: str | Path) -> Path:
     return out
 
 
-def _load_into(model: "torch.nn.Module", path: Path) -> "torch.nn.Module":
-    if not path.is_file():
-        raise SpecrtError(f"demo weights file {path} is missing (train them with `specrt demo train --family mar --out DIR`)")
-    model.load_state_dict({k: v.float() for k, v in safetensors_torch.load_file(str(path)).items()}, strict=True)
-    return model.eval()
-
-
 def load_mar_demo(path: str | Path | None = None) -> MARDemo:
-    """The continuous demo from `path` (a `specrt demo train --family mar` output) or the package."""
+    """The continuous demo from `path` (a `specrt demo train --demo mar` output) or the package."""
     root = Path(path) if path is not None else packaged_weights_dir()
     config_path = root / CONFIG_FILE
     if not config_path.is_file():
@@ -175,7 +168,7 @@ def train_mar_demo(out_dir: str | Path | None, seed: int = 0, steps_scale: float
     if out_dir is not None:
         save_mar_demo(demo, out_dir)
     if evaluate:
-        config["quality"] = timed("quality", quality_summary, demo, split, per_class=2, seed=seed)
+        config["quality"] = timed("quality", quality_summary, demo, split, per_class=3, seed=seed)
     seconds["total"] = round(time.time() - started, 1)
     config["training"]["seconds"] = seconds
     if out_dir is not None:

@@ -276,7 +276,7 @@ def _continuous_run(bundle, methods, sweeps, backend, images, seed, threads, jso
 
     from specrt.bench import continuous
     from specrt.bench.device import device_name
-    from specrt.bench.fidelity import FidelityJudge
+    from specrt.export.mar.hooks import fidelity_judge
     from specrt.runtime.continuous_pipeline import ContinuousPipeline
     from specrt.runtime.threads import set_torch_threads
 
@@ -288,7 +288,7 @@ def _continuous_run(bundle, methods, sweeps, backend, images, seed, threads, jso
     set_torch_threads(threads)  # torch runs the export and the evaluator
     path = bundle if bundle is not None else continuous.demo_bundle(demo_weights, cache_dir, say)
     pipe = ContinuousPipeline.from_bundle(path)
-    judge = FidelityJudge.from_demo(None) if bundle is None or pipe.source.endswith(":mar") else None
+    judge = fidelity_judge() if bundle is None or pipe.source.endswith(":mar") else None
     bar = tqdm(total=images * len(settings), unit="img", disable=not progress, dynamic_ncols=True, leave=False)
 
     def tick(setting) -> None:

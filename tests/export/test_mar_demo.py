@@ -44,9 +44,10 @@ def test_generate_from_the_demo_and_from_its_bundle(demo_bundle, tmp_path, capsy
     from PIL import Image
 
     capsys.readouterr()
+    # ar on the demo's PyTorch modules, cspd on its bundle through the manifest alone (onnxruntime)
     for argv, name in [(["--demo", "mar", "--method", "ar"], "ar"),
-                       (["--demo", "mar", "--method", "cspd", "--param", "draft_len=3"], "cspd"),
-                       ([str(demo_bundle), "--method", "cspd", "--class", "7", "--param", "cfg_schedule=linear"], "bundle")]:
+                       ([str(demo_bundle), "--method", "cspd", "--class", "7", "--param", "draft_len=3",
+                         "--param", "cfg_schedule=linear"], "bundle")]:
         out = tmp_path / f"{name}.png"
         stats = tmp_path / f"{name}.json"
         assert cli_exit_code(["generate", *argv, "--out", str(out), "--stats", str(stats)]) == 0
