@@ -114,7 +114,7 @@ def check_manifest(manifest: Manifest) -> dict[str, int]:
 
     limits = {key: validation.integer(f"manifest limits.{key}", manifest.limits.get(key), low=1, strings=False)
               for key in ("max_window", "max_batch")}
-    # images per call (`export --max-batch`); bundles written before it existed: max_batch rows hold
+    # images per pass (`export --max-batch`); bundles written before it existed: max_batch rows hold
     # that many CFG pairs
     images = manifest.limits.get("max_images", max(1, limits["max_batch"] // rows_for_images(1)))
     limits["max_images"] = validation.integer("manifest limits.max_images", images, low=1,

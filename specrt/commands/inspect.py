@@ -67,7 +67,7 @@ def format_manifest(manifest: Manifest) -> str:
         lines.append("sampling defaults (generate's flags override them): "
                      + ", ".join(f"{k} {v}" for k, v in manifest.sampling_defaults.items()))
     if manifest.limits:
-        notes = {"max_images": " (images per call: export --max-batch)", "max_batch": " (model rows: 2 per image for CFG)"}
+        notes = {"max_images": " (images per pass: export --max-batch)", "max_batch": " (model rows: 2 per image for CFG)"}
         lines.append("limits: " + ", ".join(f"{k} {v}{notes.get(k, '')}" for k, v in manifest.limits.items()))
     if manifest.neighbours:
         n = manifest.neighbours
