@@ -8,8 +8,9 @@ checkpoint needed) and turns each method's accepted length τ into a predicted s
     speed-up = τ · t(1) / (s · (t(W_method) + n_draft · t_draft(1)))
 
 where W_method is the target window a method verifies per forward and n_draft the draft
-forwards per iteration. The draft is an EAGLE-style head, costed as one decoder layer of
-the target's width (that is what LANTERN and Cool-SD draft with).
+forwards per iteration. The draft is an EAGLE head for the target (specrt.export.eagle: fc
+over [embedding; feature], one decoder layer of the target's width, the target's lm_head and
+the sampling head), which is what LANTERN and Cool-SD draft with.
 
 Batches: with b images per step (`--profile-images b`), t is measured for b CFG pairs and a
 batch runs until its slowest image is done, so a method pays s ≥ 1 steps per image round:
@@ -156,9 +157,13 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
         mask[:, :, capacity:] = torch.ones(window, window, dtype=torch.bool, device=device).tril()
         uniforms = torch.full((images, window), 0.5, device=device)
 
+        args = (ids, positions, mask, kv)
+        if getattr(model, "draft_kind", None) == "eagle":  # an EAGLE head also reads a feature per token
+            args = (ids, torch.zeros(rows, window, config.dim, device=device, dtype=weights_type), positions, mask, kv)
+
         def run() -> Any:
             with torch.inference_mode():  # the model and the sampling head every step graph ends in
-                return apply_head(model.step(ids, positions, mask, kv)[0], mix, uniforms)
+                return apply_head(model.step(*args)[0], mix, uniforms)
         return run
 
     def kv_for(cfg):
@@ -219,10 +224,11 @@ def measure_runners(name: str, target: Any, draft: Any, windows: tuple[int, ...]
 def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, repeats: int = 7,
                          device: str = "cpu", progress: Callable[[str], None] | None = None, images: int = 1,
                          dtype: str = "fp32", cuda_graphs: bool = True) -> StepLatency:
-    """measure_models on a LlamaGen architecture with random weights and a one-layer draft of its width."""
+    """measure_models on a LlamaGen architecture with random weights and an EAGLE head for it."""
     if arch not in PROFILE_ARCHS:
         raise SpecrtError(f"unknown --profile-arch {arch!r}; choose from {', '.join(PROFILE_ARCHS)}")
     torch = require("torch", "specrt bench --profile-arch")
+    from specrt.export.eagle.model import EagleConfig, EagleHead
     from specrt.export.llamagen_gpt import GPT, gpt_config
 
     name, image_size = PROFILE_ARCHS[arch]
@@ -232,7 +238,8 @@ def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, 
         progress(f"{arch}: random weights ({config.n_layer} layers, dim {config.dim}, {config.num_image_tokens} "
                  f"tokens) on {device}")
     with torch.device(device):  # initialise on the device: XL's random weights are 3 GB
-        target, draft = GPT(config), GPT(gpt_config(name, image_size=image_size, n_layer=1))
+        target = GPT(config)
+        draft = EagleHead(EagleConfig.for_target(target)).tie_to(target)
     return measure_models(arch, target, draft, windows, repeats, device, progress, images, dtype, cuda_graphs)
 
 

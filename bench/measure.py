@@ -97,16 +97,24 @@ def has_theory(setting: Setting) -> bool:
     return "theorem2" in METHODS[setting.method].PARAMS and setting.params.get("tree", "chain") == "chain"
 
 
+def pipeline_for(pipe: Pipeline, setting: Setting, drafts: Optional[dict[str, Pipeline]]) -> Pipeline:
+    """The pipeline a setting runs on: the one with its draft kind when a run compares drafts."""
+    return (drafts or {}).get(setting.draft, pipe)
+
+
 def run_settings(pipe: Pipeline, settings: Sequence[Setting], images: int, seed: int = 0,
                  on_image: Optional[Callable[[Setting], None]] = None,
-                 batches: Sequence[int] = (1,)) -> tuple[list[SettingRecords], np.ndarray]:
+                 batches: Sequence[int] = (1,), drafts: Optional[dict[str, Pipeline]] = None
+                 ) -> tuple[list[SettingRecords], np.ndarray]:
     """Generate `images` images with every setting at every batch size, interleaved; returns
-    records (batch-major: every setting at batches[0], then at batches[1], ...) and the class labels."""
+    records (batch-major: every setting at batches[0], then at batches[1], ...) and the class labels.
+    `drafts` maps a setting's draft kind to the pipeline holding that draft (`--drafts`)."""
     plan = image_plan(images, pipe.target.spec.num_classes, seed)
     records = [SettingRecords(s, batch) for batch in batches for s in settings]
     params = [timed_params(r.setting) for r in records]
     for record, kwargs in zip(records, params):  # warm-up, untimed
-        pipe.generate([0] * record.batch, method=record.setting.method, seed=WARMUP_SEED, **kwargs)
+        pipeline_for(pipe, record.setting, drafts).generate([0] * record.batch, method=record.setting.method,
+                                                            seed=WARMUP_SEED, **kwargs)
     order_rng = np.random.default_rng(seed + 7919)
     block = max(batches)
     gc_was_enabled = gc.isenabled()
@@ -119,8 +127,9 @@ def run_settings(pipe: Pipeline, settings: Sequence[Setting], images: int, seed:
                 for start in range(0, len(chunk), record.batch):
                     group = chunk[start:start + record.batch]
                     began = time.perf_counter()
-                    result = pipe.generate([c for c, _ in group], method=record.setting.method,
-                                           seed=[s for _, s in group], **params[index])
+                    result = pipeline_for(pipe, record.setting, drafts).generate(
+                        [c for c, _ in group], method=record.setting.method, seed=[s for _, s in group],
+                        **params[index])
                     record.add(time.perf_counter() - began, result)
                     if on_image:
                         for _ in group:
@@ -133,7 +142,8 @@ def run_settings(pipe: Pipeline, settings: Sequence[Setting], images: int, seed:
 
 
 def theory_pass(pipe: Pipeline, settings: Sequence[Setting], images: int = THEORY_IMAGES, seed: int = 0,
-                on_image: Optional[Callable[[Setting], None]] = None) -> dict[Setting, SettingRecords]:
+                on_image: Optional[Callable[[Setting], None]] = None,
+                drafts: Optional[dict[str, Pipeline]] = None) -> dict[Setting, SettingRecords]:
     """Untimed re-run of the first images of each relaxed setting with Theorem-2 estimates on.
 
     The estimates consume no random numbers, so these are the same images as the timed run's.
@@ -146,7 +156,8 @@ def theory_pass(pipe: Pipeline, settings: Sequence[Setting], images: int = THEOR
         record = out[setting] = SettingRecords(setting)
         params = {**setting.params, "theorem2": setting.params.get("theorem2", True)}
         for class_id, image_seed in plan:
-            result = pipe.generate([class_id], method=setting.method, seed=image_seed, **params)
+            result = pipeline_for(pipe, setting, drafts).generate([class_id], method=setting.method, seed=image_seed,
+                                                                  **params)
             record.add(float("nan"), result)  # untimed
             if on_image:
                 on_image(setting)

@@ -68,9 +68,9 @@ def benchmark(models: BenchModels, settings: Sequence[Setting], images: int, see
     build the JSON payload (with every image's tokens when keep_tokens: to compare settings or
     backends offline)."""
     started = time.perf_counter()
-    records, labels = run_settings(models.pipeline, settings, images, seed, on_image, batches)
+    records, labels = run_settings(models.pipeline, settings, images, seed, on_image, batches, models.drafts)
     theory_images = min(images, THEORY_IMAGES)
-    theory = theory_pass(models.pipeline, settings, theory_images, seed, on_image)
+    theory = theory_pass(models.pipeline, settings, theory_images, seed, on_image, models.drafts)
     results = [summarise(r, theory.get(r.setting)) for r in records]
     if keep_tokens:
         for result, record in zip(results, records):
@@ -96,7 +96,9 @@ def benchmark(models: BenchModels, settings: Sequence[Setting], images: int, see
         "tokens_identical_across_batches": same_tokens_at_every_batch(records) if len(batches) > 1 else None,
         "threads": threads,
         "sampling": dict(models.pipeline.sampling_defaults),
-        "settings": [{"method": s.method, "params": s.params, "label": s.label} for s in settings],
+        "settings": [{"method": s.method, "params": s.params, "label": s.label, **({"draft": s.draft} if s.draft else {})}
+                     for s in settings],
+        **({"drafts": models.draft_sources} if models.drafts else {}),
         "speedup": "median latency of ar / median latency of the setting, same run and batch size",
         "theorem2": f"relaxed settings re-run untimed on the first {theory_images} images with the runtime's "
                     "Theorem-2 estimates on (timed runs have them off)",

@@ -20,6 +20,7 @@ from specrt.errors import SpecrtError
 from specrt.runtime.methods import METHODS, make_method
 
 DEFAULT_METHODS = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
+DRAFT_KINDS = ("independent", "eagle")  # `--drafts`: the demo's independent draft GPT, its EAGLE head
 
 # The default run sweeps Cool-SD's relaxation budget δ so that its speed–fidelity trade-off
 # (accepted length up with δ, Fréchet distance not better) is visible in one run.
@@ -52,17 +53,19 @@ class Setting:
 
     method: str
     params: dict[str, Any] = field(default_factory=dict)
+    draft: str = ""  # a drafted method's draft when a run compares several (DRAFT_KINDS); "" = the pipeline's own
 
     @property
     def label(self) -> str:
-        """Human-readable name, e.g. `cool-sd(delta=2)`."""
+        """Human-readable name, e.g. `cool-sd(delta=2)`, `sd[eagle]`."""
+        suffix = f"[{self.draft}]" if self.draft else ""
         if not self.params:
-            return self.method
+            return self.method + suffix
         inner = ",".join(f"{_symbol(self.method, k)}={v}" for k, v in sorted(self.params.items()))
-        return f"{self.method}({inner})"
+        return f"{self.method}({inner}){suffix}"
 
     def __hash__(self) -> int:
-        return hash((self.method, json.dumps(self.params, sort_keys=True)))
+        return hash((self.method, json.dumps(self.params, sort_keys=True), self.draft))
 
 
 def _parse_value(text: str) -> Any:
@@ -105,8 +108,21 @@ def parse_sweep(spec: str) -> tuple[str, list[dict[str, Any]]]:
     return method, [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in axes))]
 
 
-def build_settings(methods: str | Sequence[str] = DEFAULT_METHODS, sweeps: Sequence[str] = ()) -> list[Setting]:
-    """The ordered list of settings for a run: `ar` first, sweeps expanded in place, each validated."""
+def parse_drafts(text: str | None) -> tuple[str, ...]:
+    """`--drafts independent,eagle` -> the draft kinds each drafted setting runs with (empty: the pipeline's own)."""
+    if text is None:
+        return ()
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in DRAFT_KINDS]
+    if not names or unknown:
+        raise SpecrtError(f"--drafts {text!r}: expected a comma-separated list of {', '.join(DRAFT_KINDS)}")
+    return names
+
+
+def build_settings(methods: str | Sequence[str] = DEFAULT_METHODS, sweeps: Sequence[str] = (),
+                   drafts: Sequence[str] = ()) -> list[Setting]:
+    """The ordered list of settings for a run: `ar` first, sweeps expanded in place, each validated;
+    with `drafts`, every drafted setting once per draft kind (`sd[independent]`, `sd[eagle]`)."""
     names = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
     unknown = sorted({m for m in names if m not in METHODS})
     if unknown:
@@ -124,6 +140,9 @@ def build_settings(methods: str | Sequence[str] = DEFAULT_METHODS, sweeps: Seque
             make_method(setting.method, **setting.params)
         except SpecrtError as exc:
             raise SpecrtError(f"setting {setting.label}: {exc}") from None
+    if drafts:
+        settings = [Setting(s.method, s.params, d) for s in settings
+                    for d in (drafts if METHODS[s.method].needs_draft else ("",))]
     return settings
 
 

@@ -420,6 +420,10 @@ def pipeline_parts_from_bundle(bundle: str | Path, precision: str = "fp32") -> d
     vq = manifest.models["vq"]
     max_batch = int(manifest.limits.get("max_batch", 8))
     vq_engine = find_engines(bundle, ["vq_decode"], precision)["vq_decode"]
+    from specrt.runtime.backends.ort_backend import is_eagle
+    if is_eagle(manifest):  # its step binds a feature input and output the TrtRunner does not have yet
+        raise SpecrtError("the TensorRT backend does not run EAGLE draft heads yet: use --backend ort or ort-cuda "
+                          "for this bundle (its engines build; only the runner lacks the head's feature I/O)")
     draft = runner_from_bundle(bundle, "draft", precision) if "draft_step" in manifest.graphs else None
     return {"target": runner_from_bundle(bundle, "target", precision), "draft": draft,
             "vq": TrtVQDecoder(vq_engine, int(vq["grid_size"]), max_batch, int(vq["downsample"])),

@@ -28,6 +28,7 @@ from specrt.manifest import (DEFAULT_MAX_IMAGES, FORMAT, MANIFEST_NAME, VERSION,
                              read_manifest, rows_for_images)
 from specrt.runtime import compatibility
 from specrt.runtime.defaults import as_dict, defaults_of
+from specrt.runtime.eagle import EAGLE_KIND
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 from specrt.runtime.sampling import SamplingParams
 
@@ -84,10 +85,23 @@ class ModelSet:
         return self.grid_size * self.vq.config.downsample
 
 
+def is_eagle(draft: nn.Module | None) -> bool:
+    """An EAGLE head (specrt.export.eagle) rather than an independent draft model."""
+    return getattr(draft, "draft_kind", None) == EAGLE_KIND
+
+
 def check_compatible(models: ModelSet) -> None:
     """The draft must speak the target's token language and the VQ must decode it; say which
-    number disagrees otherwise (one line, SpecrtError)."""
-    draft = models.draft.config if models.draft is not None else None
+    number disagrees otherwise (one line, SpecrtError). An EAGLE head must fit the target's
+    features (its loader checks the rest)."""
+    draft = models.draft.config if models.draft is not None and not is_eagle(models.draft) else None
+    if is_eagle(models.draft):
+        head, target = models.draft.config, models.target.config
+        for name in ("dim", "vocab_size", "grid_size", "cond_len"):
+            if getattr(head, name) != getattr(target, name):
+                raise SpecrtError(f"the EAGLE head's {name} {getattr(head, name)} != the target's {getattr(target, name)}")
+        if target.model_type != "c2i":
+            raise SpecrtError("EAGLE heads are exported for class-conditional (c2i) targets only so far")
     compatibility.check_compatible(models.target.config, draft, models.vq.config, "specrt export")
     encoder = models.text_encoder
     if encoder is not None:
@@ -108,6 +122,19 @@ def _model_entry(config, capacity: int, **extra: Any) -> dict[str, Any]:
         "n_head": config.n_head, "n_kv_head": config.n_kv_head, "head_dim": config.head_dim, "dim": config.dim,
         "capacity": capacity, **extra,
     }
+
+
+def _draft_entry(models: ModelSet, capacity: int) -> dict[str, Any]:
+    """models.draft: an independent GPT's own numbers, or an EAGLE head's (kind `eagle`: one
+    layer, the target's condition keys, its FFN width)."""
+    source = models.sources.get("draft", "")
+    if not is_eagle(models.draft):
+        return _model_entry(models.draft.config, capacity, kind="independent", source=source)
+    head, target = models.draft.config, models.target.config
+    entry = _model_entry(target, capacity, kind=EAGLE_KIND, source=source)
+    entry.update(family="eagle", n_layer=1, n_head=head.n_head, n_kv_head=head.n_kv_head, head_dim=head.head_dim,
+                 ffn_hidden=head.ffn_hidden)
+    return entry
 
 
 def _vq_entry(models: ModelSet) -> dict[str, Any]:
@@ -131,8 +158,7 @@ def build_manifest(models: ModelSet, options: ExportOptions, graphs: list[GraphS
         "format": FORMAT, "version": VERSION, "created_by": f"specrt {__version__}",
         "models": {
             "target": _model_entry(models.target.config, capacity, source=sources.get("target", "")),
-            **({"draft": _model_entry(models.draft.config, capacity, kind="independent", source=sources.get("draft", ""))}
-               if models.draft is not None else {}),
+            **({"draft": _draft_entry(models, capacity)} if models.draft is not None else {}),
             "vq": {**_vq_entry(models), "source": sources.get("vq", "")},
         },
         "sampling_defaults": as_dict(s),
@@ -156,7 +182,13 @@ def _graph_jobs(models: ModelSet, options: ExportOptions, limits: GraphLimits) -
     draft = [
         ("draft_prefill", lambda d: onnx_export.export_prefill(models.draft, "draft", limits, d, opset, False)),
         ("draft_step", lambda d: onnx_export.export_step(models.draft, "draft", limits, d, opset, False)),
-    ] if models.draft is not None else []
+    ] if models.draft is not None and not is_eagle(models.draft) else []
+    if is_eagle(models.draft):
+        if not options.target_hidden:
+            raise SpecrtError("an EAGLE draft reads the target's hidden states: drop --no-hidden")
+        from specrt.export.eagle.export import GRAPH, export_head_step
+
+        draft = [(GRAPH, lambda d: export_head_step(models.draft, limits, d, opset))]
     text = []
     if models.text_encoder is not None:
         from specrt.export.text_encoder import GRAPH, export_text_encoder

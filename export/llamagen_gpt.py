@@ -155,20 +155,27 @@ class Attention(nn.Module):
         k = apply_rope(k.view(bsz, width, self.n_kv_head, self.head_dim), cos, sin).transpose(1, 2)
         v = v.view(bsz, width, self.n_kv_head, self.head_dim).transpose(1, 2)
 
-        keys = k if past_k is None else torch.cat([past_k, k], dim=2)
-        values = v if past_v is None else torch.cat([past_v, v], dim=2)
-        keys, values = self._repeat_kv(keys), self._repeat_kv(values)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None)
-        out = out.transpose(1, 2).reshape(bsz, width, q_size)
+        out = attend(q, k, v, past_k, past_v, mask).transpose(1, 2).reshape(bsz, width, q_size)
         return self.dropout(self.wo(out)), k, v
 
-    def _repeat_kv(self, x: torch.Tensor) -> torch.Tensor:
-        """[B,Hkv,T,D] -> [B,H,T,D], each kv head repeated consecutively (repeat_interleave)."""
-        rep = self.n_head // self.n_kv_head
-        if rep == 1:
-            return x
-        b, h, t, d = x.shape
-        return x[:, :, None].expand(b, h, rep, t, d).reshape(b, h * rep, t, d)
+
+def _repeat_kv(x: torch.Tensor, rep: int) -> torch.Tensor:
+    """[B,Hkv,T,D] -> [B,H,T,D], each kv head repeated consecutively (repeat_interleave)."""
+    if rep == 1:
+        return x
+    b, h, t, d = x.shape
+    return x[:, :, None].expand(b, h, rep, t, d).reshape(b, h * rep, t, d)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: Optional[torch.Tensor],
+           past_v: Optional[torch.Tensor], mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """Attention of q [B,H,W,D] over the cache (past_k/v [B,Hkv,C,D] or None) and the window's
+    k/v [B,Hkv,W,D] (GQA heads repeated), mask bool [B,1,W,C+W] or None (causal): [B,H,W,D]."""
+    keys = k if past_k is None else torch.cat([past_k, k], dim=2)
+    values = v if past_v is None else torch.cat([past_v, v], dim=2)
+    rep = q.shape[1] // k.shape[1]
+    keys, values = _repeat_kv(keys, rep), _repeat_kv(values, rep)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None)
 
 
 class TransformerBlock(nn.Module):

@@ -32,6 +32,17 @@ def demo_models(path: str | Path | None = None) -> ModelSet:
                     sources={"target": f"{where}:target", "draft": f"{where}:draft", "vq": f"{where}:vq"})
 
 
+def with_eagle_head(models: ModelSet, head: str | Path) -> ModelSet:
+    """`models` with the draft replaced by an EAGLE head for their target: a LANTERN-layout
+    directory or weight file (`specrt train-draft` writes one), or `demo` (the packaged demo head)."""
+    from dataclasses import replace
+
+    from specrt.export.eagle.checkpoint import load_eagle_head, resolve_head
+
+    return replace(models, draft=load_eagle_head(resolve_head(head), models.target),
+                   sources={**models.sources, "draft": f"eagle:{head}"})
+
+
 @dataclass(frozen=True)
 class GPTChoice:
     """What a GPT checkpoint cannot say about itself; each field is one CLI flag

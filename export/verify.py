@@ -257,16 +257,20 @@ def _verify_step(manifest: Manifest, graph: GraphSpec, model, capacity: int, max
         batch = case.input_ids.shape[0]
         kv_shape = graph.shape_at(graph.input("past_kv"), "max", batch=batch)
         past_kv = rng.standard_normal(kv_shape).astype(np.float32)
+        args = [torch.from_numpy(case.input_ids).long(), torch.from_numpy(case.positions).long(),
+                torch.from_numpy(case.attention_mask), torch.from_numpy(past_kv)]
+        feeds = {}
+        if "hidden" in graph.input_names:  # an EAGLE head: the features before each token
+            feeds["hidden"] = rng.standard_normal((*case.input_ids.shape, config.dim)).astype(np.float32)
+            args.insert(1, torch.from_numpy(feeds["hidden"]))
         with torch.no_grad():
-            logits, hidden, present_kv = model.step(torch.from_numpy(case.input_ids).long(),
-                                                    torch.from_numpy(case.positions).long(),
-                                                    torch.from_numpy(case.attention_mask), torch.from_numpy(past_kv))
+            logits, hidden, present_kv = model.step(*args)
             uniforms, head, usable = head_reference(logits, case.mix, rng)
-        feeds = {"input_ids": case.input_ids, "positions": case.positions,
-                 "attention_mask": case.attention_mask, "past_kv": past_kv, "mix": case.mix, "uniforms": uniforms}
+        feeds.update({"input_ids": case.input_ids, "positions": case.positions,
+                      "attention_mask": case.attention_mask, "past_kv": past_kv, "mix": case.mix, "uniforms": uniforms})
         got = session.run(list(graph.output_names), {name: feeds[name] for name in graph.input_names})
-        yield from _compare(graph, case.name, got,
-                            {"logits": logits, "hidden": hidden, "present_kv": present_kv, **head}, usable)
+        yield from _compare(graph, case.name, got, {"logits": logits, "hidden": hidden, "features": hidden,
+                                                    "present_kv": present_kv, **head}, usable)
 
 
 def prefill_cases(config, rng: np.random.Generator) -> Iterator[tuple[str, dict[str, np.ndarray], np.ndarray]]:

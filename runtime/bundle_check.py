@@ -62,9 +62,10 @@ def _expect(graph: GraphSpec, tensor: TensorSpec, axis: int, want: Any, source: 
         raise SpecrtError(f"bundle: graph {graph.name} {tensor.name} axis {axis} is {have!r} but {source} is {want!r}")
 
 
-def _check_model_graphs(manifest: Manifest, role: str, facts: dict[str, int], limits: dict[str, int]) -> None:
+def _check_model_graphs(manifest: Manifest, role: str, facts: dict[str, int], limits: dict[str, int],
+                        kinds: tuple[str, ...] = ("prefill", "step")) -> None:
     vocab, layers, heads, head_dim = facts["vocab_size"], facts["n_layer"], facts["n_kv_head"], facts["head_dim"]
-    for kind in ("prefill", "step"):
+    for kind in kinds:
         graph = manifest.graphs.get(f"{role}_{kind}")
         if graph is None:
             raise SpecrtError(f"bundle: models.{role} has no graph {role}_{kind}")
@@ -99,11 +100,27 @@ def _check_model_graphs(manifest: Manifest, role: str, facts: dict[str, int], li
     if facts["capacity"] < needed:
         raise SpecrtError(f"bundle: models.{role}.capacity is {facts['capacity']} but cond_len + grid² + max_window "
                           f"is {needed}")
-    for kind in ("prefill", "step"):
+    for kind in kinds:
         batch = manifest.graphs[f"{role}_{kind}"].profile.get("batch", {}).get("max", 0)
         if batch < limits["max_batch"]:
             raise SpecrtError(f"bundle: graph {role}_{kind} profile batch max is {batch!r} "
                               f"but limits.max_batch is {limits['max_batch']}")
+
+
+def _check_eagle(manifest: Manifest, target: dict[str, int], head: dict[str, int]) -> None:
+    """An EAGLE head (models.draft.kind `eagle`, docs/contracts.md) reads the target's features:
+    the target's graphs must output `hidden`, and the head's `hidden` input and `features`
+    output must be the target's dim."""
+    if head.get("dim") != target.get("dim"):
+        raise SpecrtError(f"bundle: models.draft.dim is {head.get('dim')} but an EAGLE head needs the target's dim "
+                          f"{target.get('dim')}")
+    for name in ("target_prefill", "target_step"):
+        if "hidden" not in manifest.graph(name).output_names:
+            raise SpecrtError(f"bundle: graph {name} has no hidden output, which the EAGLE draft reads "
+                              "(re-export without --no-hidden)")
+    step = manifest.graph("draft_step")
+    for tensor in (step.input("hidden"), step.output("features")):
+        _expect(step, tensor, 2, target["dim"], "models.target.dim")
 
 
 def check_manifest(manifest: Manifest) -> dict[str, int]:
@@ -127,7 +144,10 @@ def check_manifest(manifest: Manifest) -> dict[str, int]:
             if draft.get(key) != target.get(key):
                 raise SpecrtError(f"bundle: models.draft.{key} is {draft.get(key)} but models.target.{key} is "
                                   f"{target.get(key)}")
-        _check_model_graphs(manifest, "draft", draft, limits)
+        eagle = manifest.models["draft"].get("kind") == "eagle"
+        _check_model_graphs(manifest, "draft", draft, limits, ("step",) if eagle else ("prefill", "step"))
+        if eagle:
+            _check_eagle(manifest, target, draft)
     vq = model_numbers(manifest, "vq")
     if vq["codebook_size"] != target["vocab_size"]:
         raise SpecrtError(f"bundle: models.vq.codebook_size is {vq['codebook_size']} "

@@ -135,7 +135,7 @@ class ModelDrafter(Drafter):
             self.runner.commit(range(len(feed)))
             self.cached = list(sequence)
             drafts.append(int(out.draws[0, -1]))
-            rows.append(np.array(out.probs[0, -1]))  # the runner reuses this buffer two steps on
+            rows.append(out.probs[0, -1].copy())  # the runner reuses this buffer two steps on (a device row stays there)
         return drafts, rows
 
     def expand(self, ctx, tree, nodes):
@@ -156,5 +156,10 @@ class ModelDrafter(Drafter):
 
 
 def make_drafter(ctx: "Decoding") -> Drafter:
-    """The drafter over this call's draft (an independent model: ModelDrafter)."""
+    """The drafter over this call's draft: an EAGLE head (runtime.eagle.EagleDrafter, fed the
+    target's hidden rows) or an independent model (ModelDrafter)."""
+    from specrt.runtime.eagle import EagleDrafter, HeadRunner  # eagle builds on this module
+
+    if isinstance(ctx.draft, HeadRunner):
+        return EagleDrafter(ctx.draft, ctx.target)
     return ModelDrafter(ctx.draft)

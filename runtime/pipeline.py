@@ -107,7 +107,8 @@ class Pipeline:
                    threads: Optional[int] = None, text_encoder: Any = None,
                    max_images: int = DEFAULT_MAX_IMAGES) -> "Pipeline":
         """PyTorch GPT modules (specrt.export.llamagen_gpt.GPT) and a VQModel or VQDecoder;
-        draft may be None. The three must fit together (runtime.compatibility): one line if not.
+        draft may be None, a GPT (an independent draft) or an EAGLE head (specrt.export.eagle,
+        e.g. from load_eagle_head or train-draft), which drafts from the target's hidden states. The three must fit together (runtime.compatibility): one line if not.
 
         Sampling defaults: `sampling_defaults`, else the target's (specrt.runtime.defaults: what
         its loader recorded, else its family's), which `specrt export` writes into a bundle too,
@@ -118,14 +119,21 @@ class Pipeline:
         `text_encoder` (t2i) turns prompts into caption embeddings (runtime.text).
         `max_images`: images decoded together in one pass (a bundle's `export --max-batch`).
         """
-        from specrt.runtime.backends.torch_backend import TorchRunner, TorchVQ
+        from specrt.runtime.eagle import EAGLE_KIND
+        from specrt.runtime.backends.torch_backend import TorchHeadRunner, TorchRunner, TorchVQ
         max_window = validation.count("max_window", max_window)
         if threads is not None:
             set_torch_threads(validation.count("threads", threads))
-        check_compatible(target_gpt.config, draft_gpt.config if draft_gpt is not None else None, vq.config,
-                         "Pipeline.from_torch")
+        eagle = getattr(draft_gpt, "draft_kind", None) == EAGLE_KIND  # an EAGLE head (specrt.export.eagle)
+        check_compatible(target_gpt.config, draft_gpt.config if draft_gpt is not None and not eagle else None,
+                         vq.config, "Pipeline.from_torch")
         target = TorchRunner(target_gpt, max_window, device, cuda_graphs)
-        draft = TorchRunner(draft_gpt, max_window, device, cuda_graphs) if draft_gpt is not None else None
+        draft = None
+        if eagle:
+            draft = TorchHeadRunner(draft_gpt, target.spec, max_window, device)
+            target.keep_hidden = True
+        elif draft_gpt is not None:
+            draft = TorchRunner(draft_gpt, max_window, device, cuda_graphs)
         if neighbours is None:
             neighbours = TorchVQ.neighbours_of(vq)
         defaults = sampling_defaults or defaults_of(target_gpt)

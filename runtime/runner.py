@@ -83,6 +83,7 @@ class ModelRunner(ABC):
     # them at once, moving KV rows being cheap next to a step; a runner whose shrink costs more
     # (CUDA graphs re-captured) waits for a larger share and lets finished images ride as pad rows.
     retain_share = 0.0
+    keep_hidden = False  # set (before allocate) when an EAGLE head drafts from this model's features
 
     def __init__(self, spec: ModelSpec, max_window: int):
         self.spec = spec
@@ -124,6 +125,11 @@ class ModelRunner(ABC):
     def _retain(self, rows: np.ndarray) -> None:
         """Keep the KV rows of model batch rows `rows` (in order) as rows 0..len(rows) − 1, the
         new batch (self.batch is still the old one; self.mix is already the new [I', B'])."""
+
+    def _hidden_rows(self, slots: Sequence[int]) -> np.ndarray:
+        """float32 [B, n, H]: the final-norm hidden states of the last prefill/step's `slots`."""
+        raise SpecrtError(f"{type(self).__name__} keeps no hidden states: an EAGLE draft needs a target "
+                          "exported with them (drop --no-hidden)")
 
     @property
     @abstractmethod
@@ -247,6 +253,11 @@ class ModelRunner(ABC):
         if len(slots) != self.images:
             raise ValueError(f"{len(slots)} slot lists for a batch of {self.images} images")
         return [s if s is not None else () for s in slots]
+
+    def hidden_rows(self, slots: Sequence[int]) -> np.ndarray:
+        """The last prefill's or step's hidden states at window `slots`, [B, n, H] on the host
+        (needs `keep_hidden`; an EAGLE head reads these, O(n·H) numbers per round)."""
+        return self._hidden_rows(list(slots))
 
     def truncate(self, lengths: int | Sequence[int] | np.ndarray) -> None:
         """Roll back to `lengths` committed rows (one for every image, or one per image): free,

@@ -8,7 +8,7 @@ import sys
 import click
 
 from specrt import __version__
-from specrt.commands import bench, build, demo, export, generate, inspect, quantize, serve
+from specrt.commands import bench, build, demo, export, generate, inspect, quantize, serve, train_draft
 from specrt.errors import SpecrtError
 
 
@@ -26,13 +26,14 @@ def cli() -> None:
       specrt generate bundle --method cool-sd --class 3 --out img.png
       specrt bench                        # every method's speed and fidelity, one run
       specrt serve bundle                 # Triton Inference Server (PyTriton), HTTP + gRPC
+      specrt train-draft --out head       # an EAGLE draft head for the target (then export --eagle head)
 
     With no model arguments every command uses the embedded demo models.
     """
 
 
 for command in (export.command, quantize.command, build.command, generate.command, bench.command, inspect.command,
-                serve.serve_command, serve.triton_repo_command, demo.group):
+                serve.serve_command, serve.triton_repo_command, train_draft.command, demo.group):
     cli.add_command(command)
 
 

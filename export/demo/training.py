@@ -34,6 +34,19 @@ def learning_rate(schedule: Schedule, step: int) -> float:
     return floor + (schedule.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+def descend(optimizer: "torch.optim.Optimizer", parameters, loss: "torch.Tensor", max_grad_norm: float) -> None:
+    """One optimiser step on `loss`, gradients clipped to `max_grad_norm`."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
+    optimizer.step()
+
+
+def log_metrics(history: dict[str, list[float]], metrics: dict[str, float]) -> None:
+    for key, value in metrics.items():
+        history.setdefault(key, []).append(value)
+
+
 def optimise(model: "torch.nn.Module", schedule: Schedule, loss_fn: LossFn, seed: int, desc: str,
              progress: bool = True) -> dict[str, float]:
     """AdamW over `schedule`; returns each logged metric averaged over the last 10% of steps."""
@@ -51,12 +64,8 @@ def optimise(model: "torch.nn.Module", schedule: Schedule, loss_fn: LossFn, seed
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(schedule, step)
         loss, metrics = loss_fn(step, rng)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        for key, value in metrics.items():
-            history.setdefault(key, []).append(value)
+        descend(optimizer, model.parameters(), loss, 1.0)
+        log_metrics(history, metrics)
         if step % 20 == 0 or step == schedule.steps - 1:
             bar.set_postfix({k: f"{v[-1]:.4f}" for k, v in history.items()})
     model.eval()

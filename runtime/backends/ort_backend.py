@@ -22,6 +22,7 @@ from specrt.lazy import require
 from specrt.manifest import GraphSpec, Manifest, read_manifest
 from specrt.runtime.bundle_check import check_manifest, check_session, load_neighbours
 from specrt.runtime.conditions import Conditions
+from specrt.runtime.eagle import EAGLE_KIND, HeadRunner
 from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder
 
 Providers = Union[None, Sequence[Any], Callable[[str], Sequence[Any]]]
@@ -83,20 +84,26 @@ def model_spec(entry: dict[str, Any]) -> ModelSpec:
 class OrtRunner(ModelRunner):
     """A ModelRunner over `<role>_prefill` and `<role>_step` of a bundle."""
 
+    has_prefill = True
+
     def __init__(self, manifest: Manifest, role: str, providers: Providers = None, threads: Optional[int] = None):
         entry = manifest.models[role]
         super().__init__(model_spec(entry), int(manifest.limits["max_window"]))
         self.ort = _ort()
         self.role = role
-        self.prefill_spec, self.step_spec = manifest.graph(f"{role}_prefill"), manifest.graph(f"{role}_step")
-        _check_io(self.prefill_spec, (*CONDITION_INPUTS[self.spec.model_type], *HEAD_INPUTS), STEP_OUTPUTS)
+        self.step_spec = manifest.graph(f"{role}_step")
         _check_io(self.step_spec, STEP_INPUTS, STEP_OUTPUTS)
+        if self.has_prefill:
+            self.prefill_spec = manifest.graph(f"{role}_prefill")
+            _check_io(self.prefill_spec, (*CONDITION_INPUTS[self.spec.model_type], *HEAD_INPUTS), STEP_OUTPUTS)
+            self.prefill_session = _session(manifest, self.prefill_spec.name, providers, threads)
         self.bundle_capacity = int(entry["capacity"])
         self.kv_dtype = np.dtype(self.step_spec.input("past_kv").dtype)
         self._input_dtypes = {n: np.dtype(self.step_spec.input(n).dtype) for n in STEP_INPUTS}
-        self.prefill_session = _session(manifest, self.prefill_spec.name, providers, threads)
         self.step_session = _session(manifest, self.step_spec.name, providers, threads)
         self.layers, self.kv_heads, self.head_dim = (int(entry[k]) for k in ("n_layer", "n_kv_head", "head_dim"))
+        self.dim = int(entry.get("dim", 0))
+        self._hidden = np.zeros((0, 0, 0), dtype=np.float32)
 
     def default_capacity(self) -> int:
         return self.bundle_capacity
@@ -121,6 +128,11 @@ class OrtRunner(ModelRunner):
         # the ids/positions buffers must carry the graph's integer dtype (int32 by contract)
         self._ids = self._ids.astype(self._input_dtypes["input_ids"])
         self._positions = self._positions.astype(self._input_dtypes["positions"])
+        if self.keep_hidden:
+            if "hidden" not in self.step_spec.output_names:
+                raise SpecrtError(f"graph {self.step_spec.name} has no hidden output, which an EAGLE draft reads: "
+                                  "re-export the bundle without --no-hidden")
+            self._hidden_flat = np.zeros(batch * window * self.dim, dtype=np.float32)
 
     @property
     def kv_buffer(self) -> np.ndarray:
@@ -148,9 +160,22 @@ class OrtRunner(ModelRunner):
         return feeds
 
     def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
-        present, probs, draws = self.prefill_session.run(list(STEP_OUTPUTS), self.prefill_feeds(rows, uniforms))
+        names = [*STEP_OUTPUTS, "hidden"] if self.keep_hidden else list(STEP_OUTPUTS)
+        present, probs, draws, *hidden = self.prefill_session.run(names, self.prefill_feeds(rows, uniforms))
         self._kv[:, :, :, :, : present.shape[4]] = present
+        if hidden:
+            self._hidden = hidden[0]
         return StepOutput(probs, draws)
+
+    def _extra_io(self, batch: int, size: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Inputs and outputs bound beside the contract's: the target's hidden rows for an EAGLE head."""
+        if not self.keep_hidden:
+            return {}, {}
+        self._hidden = self._hidden_flat[: batch * size * self.dim].reshape(batch, size, self.dim)
+        return {}, {"hidden": self._hidden}
+
+    def _hidden_rows(self, slots: Sequence[int]) -> np.ndarray:
+        return self._hidden[:, list(slots)]
 
     def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray) -> StepOutput:
         batch, size = ids.shape
@@ -158,6 +183,7 @@ class OrtRunner(ModelRunner):
         self._present = self._present_flat[: int(np.prod(rows)) * size * self.head_dim].reshape(*rows, size, self.head_dim)
         parity = self._parity = 1 - self._parity
         probs, draws = self._outputs(size, parity)
+        extra_inputs, extra_outputs = self._extra_io(batch, size)
         key = (size, parity)
         binding = self._bindings.get(key)
         if binding is None:
@@ -167,16 +193,35 @@ class OrtRunner(ModelRunner):
             value = self.ort.OrtValue.ortvalue_from_numpy
             binding = self._bindings[key] = self.step_session.io_binding()
             for name, array in (("input_ids", ids), ("positions", positions), ("attention_mask", mask),
-                                ("mix", self.mix), ("uniforms", uniforms)):
+                                ("mix", self.mix), ("uniforms", uniforms), *extra_inputs.items()):
                 binding.bind_ortvalue_input(name, value(array))
             binding.bind_ortvalue_input("past_kv", self._kv_value)
-            for name, array in (("present_kv", self._present), ("probs", probs), ("draws", draws)):
+            for name, array in (("present_kv", self._present), ("probs", probs), ("draws", draws),
+                                *extra_outputs.items()):
                 binding.bind_ortvalue_output(name, value(array))
         self.step_session.run_with_iobinding(binding)
         return StepOutput(probs, draws)
 
     def _write_kv(self, rows: np.ndarray, columns: np.ndarray, slots: np.ndarray) -> None:
         self._kv[:, :, rows, :, columns] = self._present[:, :, rows, :, slots]
+
+
+class OrtHeadRunner(HeadRunner, OrtRunner):
+    """An EAGLE head's `draft_step` (models.draft.kind `eagle`): no prefill graph; each step binds
+    the features before its tokens (`hidden`) and the head's own (`features`) beside the contract's."""
+
+    has_prefill = False
+
+    def __init__(self, manifest: Manifest, role: str = "draft", providers: Providers = None,
+                 threads: Optional[int] = None):
+        OrtRunner.__init__(self, manifest, role, providers, threads)
+        _check_io(self.step_spec, ("hidden",), ("features",))
+
+    def _extra_io(self, batch: int, size: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        return {"hidden": self._pending}, {"features": self.features_out}
+
+    def _head_step(self, ids, features, positions, mask, uniforms) -> StepOutput:
+        return OrtRunner._step(self, ids, positions, mask, uniforms)
 
 
 class OrtVQ(VQDecoder):
@@ -210,6 +255,15 @@ def pipeline_parts_from_bundle(path: str | Path, providers: Providers = None,
     """Keyword arguments of Pipeline(...) for a bundle directory (`threads`: see session_options)."""
     manifest = read_manifest(path)
     companions = bundle_companions(manifest)  # first: it cross-checks the manifest
-    draft = OrtRunner(manifest, "draft", providers, threads) if "draft_step" in manifest.graphs else None
-    return {"target": OrtRunner(manifest, "target", providers, threads), "draft": draft,
-            "vq": OrtVQ(manifest, providers, threads), **companions}
+    draft = None
+    if "draft_step" in manifest.graphs:
+        kind = OrtHeadRunner if is_eagle(manifest) else OrtRunner
+        draft = kind(manifest, "draft", providers, threads)
+    target = OrtRunner(manifest, "target", providers, threads)
+    target.keep_hidden = isinstance(draft, HeadRunner)
+    return {"target": target, "draft": draft, "vq": OrtVQ(manifest, providers, threads), **companions}
+
+
+def is_eagle(manifest: Manifest) -> bool:
+    """The bundle's draft is an EAGLE head (models.draft.kind `eagle`)."""
+    return manifest.models.get("draft", {}).get("kind") == EAGLE_KIND

@@ -24,6 +24,7 @@ import numpy as np
 from specrt.export.neighbours import DEFAULT_K, codebook_neighbours, neighbour_count
 from specrt.lazy import require
 from specrt.runtime.conditions import Conditions
+from specrt.runtime.eagle import HeadRunner
 from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder
 
 
@@ -98,6 +99,9 @@ class DeviceRows:
 def model_spec(gpt: Any) -> ModelSpec:
     """The runtime's view of a specrt.export GPT (GPTConfig field names)."""
     cfg = gpt.config
+    if not hasattr(cfg, "num_classes"):  # an EAGLE head: TorchHeadRunner sets the target's spec
+        return ModelSpec(vocab_size=cfg.vocab_size, grid_size=cfg.grid_size, cond_len=cfg.cond_len,
+                         model_type=cfg.model_type)
     return ModelSpec(vocab_size=cfg.vocab_size, grid_size=cfg.grid_size, num_classes=cfg.num_classes,
                      cond_len=cfg.cond_len, model_type=cfg.model_type,
                      caption_dim=cfg.caption_dim if cfg.model_type == "t2i" else 0)
@@ -208,7 +212,8 @@ class TorchRunner(ModelRunner):
                         torch.from_numpy(rows.caption_mask).to(self.device), torch.from_numpy(rows.uncond).to(self.device))
             else:
                 args = (torch.from_numpy(rows.class_ids.astype(np.int64)).to(self.device),)
-            logits, _hidden, present = self.gpt.prefill(*args)
+            logits, hidden, present = self.gpt.prefill(*args)
+            self._hidden = hidden
             self._kv[:, :, :, :, : present.shape[4]] = present.to(self.dtype)
             return self._head(logits, uniforms)
 
@@ -221,7 +226,7 @@ class TorchRunner(ModelRunner):
             uniforms_t = self._to_device(uniforms, self._uniforms_dev)
             if self.cuda_graphs:
                 return self._replay(ids_t, pos_t, mask_t, uniforms_t)
-            self._present, probs, draws = self._eager_step(ids_t, pos_t, mask_t, uniforms_t)
+            self._present, probs, draws, self._hidden = self._eager_step(ids_t, pos_t, mask_t, uniforms_t)
             return self._handoff(probs, draws)
 
     def _replay(self, ids_t: Any, pos_t: Any, mask_t: Any, uniforms_t: Any) -> StepOutput:
@@ -234,23 +239,48 @@ class TorchRunner(ModelRunner):
         self._seen_windows.add(window)
         # a window size's first step runs eagerly: the last rounds of an image use one-off sizes,
         # whose capture (two warm-up runs and the capture) would cost more than it saves
-        present, probs, draws = captured.replay() if captured is not None else run()
-        self._present = present
+        present, probs, draws, hidden = captured.replay() if captured is not None else run()
+        self._present, self._hidden = present, hidden
         kept = self._outputs[self._parity][: self.images, :window]
         self._parity ^= 1
         kept.copy_(probs)
         return self._handoff(kept, draws)
 
-    def _eager_step(self, ids_t: Any, pos_t: Any, mask_t: Any, uniforms_t: Any) -> tuple[Any, Any, Any]:
-        """Model step and sampling head on the fixed input buffers: (present KV, probs, draws)."""
-        logits, _hidden, present = self.gpt.step(ids_t, pos_t, mask_t, self._kv)
+    def _eager_step(self, ids_t: Any, pos_t: Any, mask_t: Any, uniforms_t: Any) -> tuple[Any, Any, Any, Any]:
+        """Model step and sampling head on the fixed input buffers: (present KV, probs, draws, hidden)."""
+        logits, hidden, present = self.gpt.step(ids_t, pos_t, mask_t, self._kv)
         probs, draws = self._apply_head(logits, self._mix, uniforms_t)
-        return present, probs, draws
+        return present, probs, draws, hidden
+
+    def _hidden_rows(self, slots: Sequence[int]) -> np.ndarray:
+        rows = self._hidden[:, list(slots)].float().cpu().numpy()
+        self.host_numbers += rows.size
+        return rows
 
     def _write_kv(self, rows: np.ndarray, columns: np.ndarray, slots: np.ndarray) -> None:
         with self.torch.inference_mode():
             index = self.torch.from_numpy(np.stack([rows, columns, slots])).to(self.device)  # one copy to the device
             self._kv[:, :, index[0], :, index[1]] = self._present[:, :, index[0], :, index[2]].to(self.dtype)
+
+
+class TorchHeadRunner(HeadRunner, TorchRunner):
+    """An EAGLE head (specrt.export.eagle.EagleHead) on PyTorch: eager steps (no CUDA graphs:
+    the feature input changes its host buffer per window size)."""
+
+    def __init__(self, head: Any, target_spec: ModelSpec, max_window: int = 64, device: Optional[str] = None):
+        TorchRunner.__init__(self, head, max_window, device, cuda_graphs=False)
+        self.spec = target_spec  # the head speaks the target's token language and conditions
+        self.dim = head.config.dim
+
+    def _head_step(self, ids, features, positions, mask, uniforms) -> StepOutput:
+        torch = self.torch
+        with torch.inference_mode():
+            dev = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
+            logits, out, self._present = self.gpt.step(dev(ids).long(), dev(features).to(self.dtype),
+                                                       dev(positions).long(), dev(mask), self._kv)
+            self.features_out[...] = out.float().cpu().numpy()
+            probs, draws = self._apply_head(logits, self._mix, self._to_device(uniforms, self._uniforms_dev))
+            return self._handoff(probs, draws)
 
 
 class CapturedStep:

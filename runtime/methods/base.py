@@ -86,6 +86,12 @@ class Decoding:
                 runner.retain(images)
         self.rngs = [self.rngs[i] for i in images]
 
+    def run_pairs(self, head: Any, window: Window, features: np.ndarray) -> StepOutput:
+        """One step of an EAGLE head (runtime.eagle.HeadRunner): `run`, with the feature before
+        each token ([B, W, H]) beside the window's tokens."""
+        uniforms = self._uniforms([len(window)] * head.images)
+        return self._restricted(head.step_pairs(window, features, uniforms), uniforms)
+
     def _restricted(self, out: StepOutput, uniforms: np.ndarray) -> StepOutput:
         """Greedy, top-k and top-p act on the host (sampling.restrict): they need whole rows, and
         the draws are redone on the restricted rows with the same uniforms."""

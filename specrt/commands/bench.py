@@ -159,6 +159,9 @@ def _batches(text: str) -> tuple[int, ...]:
 @click.option("--sweep", "sweeps", multiple=True, metavar="METHOD:KEY=V1,V2",
               help="One setting per value, e.g. cool-sd:delta=1.5,2.5,4 (repeatable; KEY=..;KEY=.. crosses). "
                    "Default without --methods/--sweep: cool-sd:delta=1.5,2.5,4.")
+@click.option("--drafts", "drafts", default=None, metavar="LIST",
+              help="Run every drafted setting once per draft, side by side: independent (the demo's draft GPT), "
+                   "eagle (the demo's EAGLE head on the same target), e.g. --drafts independent,eagle.")
 @click.option("--backend", type=click.Choice(BACKENDS), default="ort", show_default=True,
               help="ort: the bundle (demo: exported once into the cache) on onnxruntime; ort-cuda / ort-trt: onnxruntime's "
                    "CUDA / TensorRT providers; trt: engines from `specrt build`; torch: the demo's PyTorch modules.")
@@ -209,7 +212,7 @@ def _batches(text: str) -> tuple[int, ...]:
 @click.option("--demo", type=click.Choice(demo_names()), default=None,
               help=demo_help() + " mar: ar against cspd (default sweep cspd:draft_len=2,4,8) on its bundle, "
                                  "exported once into the cache, on onnxruntime.")
-def command(bundle, methods, sweeps, backend, images, seed, batch_text, threads, keep_tokens, json_path, plot_path, markdown_path, demo_weights,
+def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, threads, keep_tokens, json_path, plot_path, markdown_path, demo_weights,
             cache_dir, profile_arch, results_path, windows, repeats, profile_images, profile_dtypes, device, cuda_graphs,
             precision, progress, demo) -> None:
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
@@ -236,19 +239,20 @@ def command(bundle, methods, sweeps, backend, images, seed, batch_text, threads,
 
     from specrt.bench.models import open_models
     from specrt.bench.run import benchmark, planned_images
-    from specrt.bench.settings import DEFAULT_METHODS, DEFAULT_SWEEPS, build_settings
+    from specrt.bench.settings import DEFAULT_METHODS, DEFAULT_SWEEPS, build_settings, parse_drafts
 
     started = time.perf_counter()
     chosen = methods is not None or bool(sweeps)
     if not chosen:
         sweeps = DEFAULT_SWEEPS
-    settings = build_settings(methods or ",".join(DEFAULT_METHODS), sweeps)  # validate before loading anything
+    drafts = parse_drafts(drafts)
+    settings = build_settings(methods or ",".join(DEFAULT_METHODS), sweeps, drafts)  # validate before loading anything
     say = (lambda msg: click.echo(msg, err=True)) if progress else None
     if device != "cpu" and backend != "torch":
         raise SpecrtError(f"--device {device} applies to --backend torch (and --profile-arch); "
                           f"--backend {backend} picks its device itself")
     models = open_models(bundle, backend, demo_weights, threads, cache_dir, progress=say, device=device,
-                         cuda_graphs=cuda_graphs and device.startswith("cuda"))
+                         cuda_graphs=cuda_graphs and device.startswith("cuda"), drafts=drafts)
     settings = _draft_free_if_needed(settings, models, chosen)
     if max(batches) > (models.pipeline.max_images or max(batches)):
         raise SpecrtError(f"--batch {max(batches)} exceeds this bundle's {models.pipeline.max_images} images per "

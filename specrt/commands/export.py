@@ -68,6 +68,10 @@ def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo
                    "of this many images (the same images: each has its own random stream).")
 @click.option("--opset", type=int, default=18, show_default=True,
               help="ONNX opset: 18 (TensorRT 10.3, attention as MatMul/Softmax) or 23 (ONNX Attention, newer stacks).")
+@click.option("--eagle", "eagle", metavar="HEAD",
+              help="Draft with an EAGLE head instead of --draft: a LANTERN-layout drafter (directory with config.json "
+                   "and pytorch_model.bin / model.safetensors, or a weight file; `specrt train-draft` writes one), "
+                   "or `demo` for the head shipped with the demo target.")
 @click.option("--no-hidden", is_flag=True, help="Drop the target's `hidden` output (only EAGLE-style drafts need it).")
 @click.option("--neighbours", "neighbours_k", type=int, default=32, show_default=True,
               help="LANTERN neighbours per token (clamped, with a note, to the codebook size − 1).")
@@ -79,7 +83,7 @@ def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo
 @click.pass_context
 @checkpoint_flags
 def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, random_weights,
-            demo, demo_weights, text_encoder, max_window, max_batch, opset, no_hidden, neighbours_k, verify, family, threads) -> None:
+            demo, demo_weights, text_encoder, max_window, max_batch, opset, eagle, no_hidden, neighbours_k, verify, family, threads) -> None:
     """Export target, draft (optional) and VQ decoder to an ONNX bundle (the embedded demo by default;
     --demo t2i adds its text encoder, so the bundle takes prompts).
 
@@ -101,7 +105,13 @@ def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, rando
                             target_hidden=not no_hidden, neighbours_k=neighbours_k)
     if out.exists() and not force:  # refuse before loading multi-GB checkpoints
         raise SpecrtError(f"{out} already exists; pass --force to replace it")
+    if eagle and draft:
+        raise SpecrtError("--eagle replaces the draft model: give --draft or --eagle, not both")
     models = _models(target, draft, vq, checkpoint, random_weights, demo_weights, text_encoder, demo)
+    if eagle:
+        from specrt.export.sources import with_eagle_head
+
+        models = with_eagle_head(models, eagle)
     manifest = write_bundle(models, out, options, force=force, progress=click.echo)
     click.echo(f"wrote bundle {manifest.root} ({len(manifest.graphs)} graphs); check it with: specrt inspect {out}")
     if verify:

@@ -59,3 +59,16 @@ def test_bad_methods_and_sweeps_are_one_line_user_errors(methods, sweeps, fragme
         build_settings(methods, sweeps)
     assert fragment in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_drafts_repeat_each_drafted_setting_per_draft_kind():
+    from specrt.bench.settings import parse_drafts
+
+    drafts = parse_drafts("independent, eagle")
+    settings = build_settings("ar,sd,sjd", ("cool-sd:delta=2",), drafts)
+    assert [s.label for s in settings] == ["ar", "sd[independent]", "sd[eagle]", "sjd",
+                                           "cool-sd(delta=2)[independent]", "cool-sd(delta=2)[eagle]"]
+    assert len({*settings}) == len(settings)  # the draft is part of a setting's identity
+    for bad in ("medusa", ""):
+        with pytest.raises(SpecrtError, match="--drafts"):
+            parse_drafts(bad)

@@ -27,7 +27,8 @@ def per_token_cost(cfg) -> int:
 def test_packaged_weights_are_small_and_complete():
     folder = packaged_weights_dir()
     files = sorted(p.name for p in folder.iterdir() if p.suffix in (".json", ".safetensors"))
-    assert files == ["demo.json", "draft.safetensors", "evaluator.safetensors", "target.safetensors", "vq.safetensors"]
+    assert files == ["demo.json", "draft.safetensors", "eagle.json", "eagle.safetensors", "evaluator.safetensors",
+                     "target.safetensors", "vq.safetensors"]
     assert sum((folder / name).stat().st_size for name in files) <= 25 * 2**20
 
 

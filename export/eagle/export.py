@@ -1,0 +1,68 @@
+"""The EAGLE head as a bundle graph: `draft_step` of a draft of kind `eagle` (docs/contracts.md).
+
+One graph, no prefill (the head has no condition tokens of its own: its first pair is the
+target prefill's feature with image token 0). Inputs: the step graph's, plus `hidden`
+[batch, window, dim], the feature before each token (the target's `hidden` rows, or the head's
+own features for a drafted parent); outputs: logits, the head's own `features` (EAGLE drafts
+further from them; ONNX forbids an output named like an input), present_kv of its one layer,
+then the sampling head's probs and draws, exactly like every other step graph.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from specrt.export.eagle.model import EagleHead
+from specrt.export.onnx_export import (BATCH, CACHE_LEN, DEFAULT_OPSET, TOTAL_LEN, WINDOW, GraphLimits, _example_inputs,
+                                       _export, head_inputs, head_outputs)
+from specrt.manifest import GraphSpec, TensorSpec
+from specrt.runtime.head import SamplingHead
+
+GRAPH = "draft_step"
+
+
+class _HeadStepGraph(nn.Module):
+    def __init__(self, head: EagleHead):
+        super().__init__()
+        self.eagle, self.sampling = head, SamplingHead()
+
+    def forward(self, input_ids, hidden, positions, attention_mask, past_kv, mix, uniforms):
+        logits, features, present = self.eagle.step(input_ids.long(), hidden, positions.long(), attention_mask, past_kv)
+        probs, draws = self.sampling(logits, mix, uniforms)
+        return logits, features, present, probs, draws
+
+
+def kv_shape(config, length) -> tuple:
+    return (1, 2, BATCH, config.n_kv_head, length, config.head_dim)
+
+
+def head_step_spec(config, limits: GraphLimits, opset: int) -> GraphSpec:
+    inputs = (TensorSpec("input_ids", "int32", (BATCH, WINDOW)),
+              TensorSpec("hidden", "float32", (BATCH, WINDOW, config.dim)),
+              TensorSpec("positions", "int32", (BATCH, WINDOW)),
+              TensorSpec("attention_mask", "bool", (BATCH, WINDOW, TOTAL_LEN)),
+              TensorSpec("past_kv", "float32", kv_shape(config, CACHE_LEN)),
+              *head_inputs(WINDOW))
+    outputs = (TensorSpec("logits", "float32", (BATCH, WINDOW, config.vocab_size)),
+               TensorSpec("features", "float32", (BATCH, WINDOW, config.dim)),
+               TensorSpec("present_kv", "float32", kv_shape(config, WINDOW)),
+               *head_outputs(config, WINDOW))
+    return GraphSpec(name=GRAPH, file=f"{GRAPH}.onnx", role="draft", kind="step", opset=opset,
+                     inputs=inputs, outputs=outputs, profile=limits.step_profile())
+
+
+def _examples(spec: GraphSpec, head: EagleHead) -> tuple[torch.Tensor, ...]:
+    """The step graph's examples with a random `hidden` slotted in after input_ids."""
+    plain = GraphSpec(**{**spec.__dict__, "inputs": tuple(t for t in spec.inputs if t.name != "hidden")})
+    examples = list(_example_inputs(plain, head.config))
+    batch, window = examples[0].shape
+    hidden = torch.randn(batch, window, head.config.dim, generator=torch.Generator().manual_seed(1))
+    return (examples[0], hidden, *examples[1:])
+
+
+def export_head_step(head: EagleHead, limits: GraphLimits, out_dir: Path, opset: int = DEFAULT_OPSET) -> GraphSpec:
+    """Export the head's `draft_step` graph (dynamic batch, window and cache length)."""
+    spec = head_step_spec(head.config, limits, opset)
+    return _export(_HeadStepGraph(head), spec, _examples(spec, head), out_dir)
