@@ -96,10 +96,12 @@ def run_continuous(pipe: Any, settings: Sequence[ContinuousSetting], images: int
     rows = {s: ContinuousRow(s) for s in settings}
     labels = np.asarray(conditions if conditions is not None else [i % pipe.num_classes for i in range(images)])
     order_rng = np.random.default_rng(seed)
+    decode = pipe.decoder is not None  # a bundle without a tokenizer decoder is timed, not judged
     for i in range(images):
         for index in order_rng.permutation(len(settings)):
             setting = settings[index]
-            result = pipe.generate([int(labels[i])], method=setting.method, seed=seed + i, **dict(setting.params))
+            result = pipe.generate([int(labels[i])], method=setting.method, seed=seed + i, decode=decode,
+                                   **dict(setting.params))
             row, stats = rows[setting], result.stats
             row.latencies.append(result.seconds[0])
             row.tokens += stats.tokens
@@ -107,11 +109,12 @@ def run_continuous(pipe: Any, settings: Sequence[ContinuousSetting], images: int
             row.drafted += stats.drafted
             row.accepted += stats.accepted
             row.residual_proposals += stats.residual_proposals
-            row.images.append(result.images[0])
+            if decode:
+                row.images.append(result.images[0])
             if on_image:
                 on_image(setting)
     floor = None
-    if judge is not None:
+    if judge is not None and decode:
         for row in rows.values():
             row.quality = judge.score(np.stack(row.images), labels[: len(row.images)])
         floor = {**judge.noise_floor(images), "feature_dim": judge.feature_dim}

@@ -86,3 +86,14 @@ def test_training_code_path_on_a_tiny_subset(tmp_path):
         past = loaded.target.transformer.empty_cache(1)
         args = (tokens[:, :3], torch.tensor([4]), torch.arange(3), *past)
         assert torch.equal(loaded.target.transformer.step(*args)[0], models.target.transformer.step(*args)[0])
+
+
+def test_bench_measures_ar_and_cspd_on_a_continuous_bundle(demo_bundle, tmp_path):
+    out = tmp_path / "bench.json"
+    assert cli_exit_code(["bench", str(demo_bundle), "--images", "2", "--methods", "ar,cspd", "--sweep",
+                          "cspd:draft_len=2", "--json", str(out), "--no-progress"]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [r["label"] for r in rows] == ["ar", "cspd(draft_len=2)"]
+    assert rows[0]["tokens_per_target_pass"] == 1.0 and rows[1]["target_passes_per_image"] <= 64
+    assert 0 <= rows[1]["quality"]["class_accuracy"] <= 1
+    assert cli_exit_code(["bench", str(demo_bundle), "--methods", "sd"]) == 2
