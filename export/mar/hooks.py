@@ -25,14 +25,18 @@ def packaged_sampling_defaults() -> dict:
     return json.loads((packaged_weights_dir() / "mar.json").read_text())["sampling_defaults"]
 
 
-def torch_pipeline(weights: Optional[Path] = None, **_options: Any) -> Any:
-    """A ContinuousPipeline over the demo's PyTorch modules (runners and decoder on torch)."""
+def torch_pipeline(weights: Optional[Path] = None, threads: Optional[int] = 1, **_options: Any) -> Any:
+    """A ContinuousPipeline over the demo's PyTorch modules (runners and decoder on torch), with
+    `threads` intra-op threads (1 by default: the modules are tiny, and on a busy CPU torch's
+    default threading made one cspd image 10× slower)."""
     from specrt.export.mar.demo import load_mar_demo
     from specrt.lazy import require
     from specrt.runtime.backends.torch_continuous import torch_runners
     from specrt.runtime.continuous_pipeline import ContinuousPipeline
+    from specrt.runtime.threads import set_torch_threads
 
     torch = require("torch", "the continuous demo")
+    set_torch_threads(threads)
     demo = load_mar_demo(weights)
     decoder_module = demo.autoencoder.decoder_only().eval()
 

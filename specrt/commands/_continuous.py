@@ -31,19 +31,24 @@ def is_continuous_bundle(bundle: Optional[Path]) -> bool:
         return False  # not a readable bundle: the discrete route says why, in its words
 
 
-def open_pipeline(bundle: Optional[Path], backend: Optional[str], demo_weights: Optional[Path] = None) -> Any:
-    """A continuous BUNDLE on onnxruntime (or torch), else the mar demo's PyTorch modules."""
+def open_pipeline(bundle: Optional[Path], backend: Optional[str], threads: Optional[int] = None,
+                  demo_weights: Optional[Path] = None) -> Any:
+    """A continuous BUNDLE on onnxruntime (or torch), else the mar demo's PyTorch modules (with
+    `threads` torch threads; None: 1, the embedded demo's default as for c2i)."""
     if bundle is not None:
         if backend not in (None, "ort", "ort-cpu", "torch"):
             raise SpecrtError(f"a continuous bundle runs on ort or torch, not --backend {backend}")
         from specrt.runtime.continuous_pipeline import ContinuousPipeline
+        from specrt.runtime.threads import set_torch_threads
 
+        if backend == "torch":
+            set_torch_threads(1 if threads is None else threads)
         return ContinuousPipeline.from_bundle(bundle, "torch" if backend == "torch" else "onnxruntime")
     if backend not in (None, "torch"):
         raise SpecrtError(f"--backend {backend} needs a BUNDLE: export the demo with `specrt export --demo mar --out DIR`")
     from specrt.export.mar.hooks import torch_pipeline
 
-    return torch_pipeline(demo_weights)
+    return torch_pipeline(demo_weights, threads=1 if threads is None else threads)
 
 
 def generate(pipe: Any, method: str, class_ids: tuple[int, ...], seed: int, out: Path, sampling: dict[str, Any],

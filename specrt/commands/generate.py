@@ -231,7 +231,7 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
         refused = {"--top-k": top_k is not None, "--top-p": top_p is not None, "--prompt": prompts,
                    "--captions": captions_path, "--text-encoder": text_encoder, "--target/--draft/--vq": target or vq or draft}
         validation.seed(seed, "--seed")
-        pipe = open_continuous(bundle, backend)
+        pipe = open_continuous(bundle, backend, threads)
         generate_continuous(pipe, method, class_ids, seed, out, {"cfg_scale": cfg_scale, "temperature": temperature},
                             method_params, stats_path, tokens_only, tokens_path, refused)
         return
