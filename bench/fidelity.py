@@ -91,3 +91,41 @@ class FidelityJudge:
                 "frechet_distance_std": self._bootstrap_std(self.spare_features[:n]),
                 "images": n, "reference_images": self.reference_size,
                 "real_class_accuracy": self.real_accuracy}
+
+
+class PromptJudge(FidelityJudge):
+    """The t2i demo's judge: the same Fréchet distance, plus prompt following — the evaluator's
+    digit and attribute predictions against what each image's prompt asked for (per attribute
+    and all at once), read beside the same figures on real held-out digits."""
+
+    def __init__(self, evaluator: Any, reference_images: np.ndarray, spare_real_images: np.ndarray,
+                 real_following: dict[str, Any]):
+        super().__init__(evaluator, reference_images, spare_real_images, real_following.get("digit"))
+        self.real_following = real_following
+
+    @classmethod
+    def from_t2i_demo(cls, demo_weights: Any = None) -> "PromptJudge":
+        """The t2i demo's evaluator with the held-out real digits and their measured captions."""
+        from specrt.export.demo import demo_dataset
+        from specrt.export.demo.t2i import load
+        from specrt.export.demo.t2i.training import real_prompt_following
+
+        split, models = demo_dataset(), load(demo_weights)
+        held_attributes = models.bins.labels(split.held_out_images, split.held_out_labels)
+        real = real_prompt_following(models.evaluator, split, held_attributes,
+                                     from_uint8(to_uint8(split.held_out_images)))
+        return cls(models.evaluator, *split.held_out_halves(), real)
+
+    def score(self, images: np.ndarray, prompts: Any) -> dict[str, Any]:
+        """FidelityJudge's scores (class_accuracy = the digit the prompt names) and
+        `prompt_following`: {digit, each attribute, all} -> share of images right."""
+        from specrt.export.demo.t2i.captions import parse_prompt
+        from specrt.export.demo.t2i.evaluator import predict, prompt_following
+
+        requests = [parse_prompt(p) for p in prompts]
+        digits = np.array([-1 if r.digit is None else r.digit for r in requests])
+        following = prompt_following(predict(self.evaluator, from_uint8(images)), requests)
+        return {**super().score(images, digits), "prompt_following": following}
+
+    def noise_floor(self, n: int) -> dict[str, Any]:
+        return {**super().noise_floor(n), "real_prompt_following": self.real_following}

@@ -1,7 +1,8 @@
 """The measurement loop: every setting generates the same images, interleaved image by image.
 
-Image i asks for class i mod num_classes with seed base_seed + i, for every setting and
-batch size. At batch size b the images go to Pipeline.generate b at a time (image plan
+Image i asks for class i mod num_classes (c2i) or prompt i mod len(prompts) (t2i; each
+prompt is encoded once, before timing, so the text encoder is charged to no method) with
+seed base_seed + i, for every setting and batch size. At batch size b the images go to Pipeline.generate b at a time (image plan
 order, each with its own seed, so the tokens are the batch-1 run's). The settings run in a
 fresh random order for each block of images (one image at batch 1; the largest batch size
 otherwise), so slow phases of a shared machine (other processes, thermal changes) fall on
@@ -17,13 +18,14 @@ import gc
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
 from specrt.bench.report import MethodResult, latency_summary
 from specrt.bench.settings import Setting
 from specrt.runtime.methods import METHODS
+from specrt.runtime.conditions import Conditions
 from specrt.runtime.pipeline import Pipeline
 
 WARMUP_SEED = 1_000_003
@@ -77,9 +79,30 @@ class SettingRecords:
         return len(self.token_maps)
 
 
-def image_plan(count: int, num_classes: int, base_seed: int) -> list[tuple[int, int]]:
-    """(class id, seed) of each benchmark image: classes cycle so every class is equally used."""
-    return [(i % num_classes, base_seed + i) for i in range(count)]
+def image_plan(count: int, num_classes: int, base_seed: int,
+               prompts: Optional[Sequence[str]] = None) -> list[tuple[Union[int, str], int]]:
+    """(condition, seed) of each benchmark image: classes cycle so every class is equally used,
+    or, for a text-to-image model, the prompts do."""
+    cycle: Sequence[Union[int, str]] = list(prompts) if prompts else range(num_classes)
+    return [(cycle[i % len(cycle)], base_seed + i) for i in range(count)]
+
+
+class ConditionFeeds:
+    """Pipeline.generate's condition keyword for any group of a plan's conditions: class ids as
+    they are; prompts through the pipeline's text encoder once each, here, outside every timing."""
+
+    def __init__(self, pipe: Pipeline, plan: Sequence[tuple[Union[int, str], int]]):
+        prompts = list(dict.fromkeys(c for c, _ in plan if isinstance(c, str)))
+        self.rows = {p: i for i, p in enumerate(prompts)}
+        self.captions = pipe.conditions(prompts=prompts) if prompts else None
+
+    def __call__(self, conditions: Sequence[Union[int, str]]) -> dict:
+        if self.captions is None:
+            return {"class_ids": list(conditions)}
+        rows = [self.rows[c] for c in conditions]
+        c = self.captions
+        return {"captions": Conditions(captions=c.captions[rows], caption_mask=c.caption_mask[rows],
+                                       uncond=c.uncond[rows])}
 
 
 def timed_params(setting: Setting) -> dict:
@@ -104,17 +127,19 @@ def pipeline_for(pipe: Pipeline, setting: Setting, drafts: Optional[dict[str, Pi
 
 def run_settings(pipe: Pipeline, settings: Sequence[Setting], images: int, seed: int = 0,
                  on_image: Optional[Callable[[Setting], None]] = None,
-                 batches: Sequence[int] = (1,), drafts: Optional[dict[str, Pipeline]] = None
-                 ) -> tuple[list[SettingRecords], np.ndarray]:
+                 batches: Sequence[int] = (1,), drafts: Optional[dict[str, Pipeline]] = None,
+                 prompts: Optional[Sequence[str]] = None) -> tuple[list[SettingRecords], np.ndarray]:
     """Generate `images` images with every setting at every batch size, interleaved; returns
-    records (batch-major: every setting at batches[0], then at batches[1], ...) and the class labels.
+    records (batch-major: every setting at batches[0], then at batches[1], ...) and each image's
+    condition (class ids, or the prompts of a t2i model).
     `drafts` maps a setting's draft kind to the pipeline holding that draft (`--drafts`)."""
-    plan = image_plan(images, pipe.target.spec.num_classes, seed)
+    plan = image_plan(images, pipe.target.spec.num_classes, seed, prompts)
+    feeds = ConditionFeeds(pipe, plan)
     records = [SettingRecords(s, batch) for batch in batches for s in settings]
     params = [timed_params(r.setting) for r in records]
     for record, kwargs in zip(records, params):  # warm-up, untimed
-        pipeline_for(pipe, record.setting, drafts).generate([0] * record.batch, method=record.setting.method,
-                                                            seed=WARMUP_SEED, **kwargs)
+        pipeline_for(pipe, record.setting, drafts).generate(**feeds([plan[0][0]] * record.batch),
+                                                            method=record.setting.method, seed=WARMUP_SEED, **kwargs)
     order_rng = np.random.default_rng(seed + 7919)
     block = max(batches)
     gc_was_enabled = gc.isenabled()
@@ -128,7 +153,7 @@ def run_settings(pipe: Pipeline, settings: Sequence[Setting], images: int, seed:
                     group = chunk[start:start + record.batch]
                     began = time.perf_counter()
                     result = pipeline_for(pipe, record.setting, drafts).generate(
-                        [c for c, _ in group], method=record.setting.method, seed=[s for _, s in group],
+                        **feeds([c for c, _ in group]), method=record.setting.method, seed=[s for _, s in group],
                         **params[index])
                     record.add(time.perf_counter() - began, result)
                     if on_image:
@@ -138,26 +163,28 @@ def run_settings(pipe: Pipeline, settings: Sequence[Setting], images: int, seed:
     finally:
         if gc_was_enabled:
             gc.enable()
-    return records, np.array([c for c, _ in plan], dtype=np.int64)
+    return records, np.array([c for c, _ in plan])
 
 
 def theory_pass(pipe: Pipeline, settings: Sequence[Setting], images: int = THEORY_IMAGES, seed: int = 0,
                 on_image: Optional[Callable[[Setting], None]] = None,
-                drafts: Optional[dict[str, Pipeline]] = None) -> dict[Setting, SettingRecords]:
+                drafts: Optional[dict[str, Pipeline]] = None,
+                prompts: Optional[Sequence[str]] = None) -> dict[Setting, SettingRecords]:
     """Untimed re-run of the first images of each relaxed setting with Theorem-2 estimates on.
 
     The estimates consume no random numbers, so these are the same images as the timed run's.
     """
-    plan = image_plan(images, pipe.target.spec.num_classes, seed)
+    plan = image_plan(images, pipe.target.spec.num_classes, seed, prompts)
+    feeds = ConditionFeeds(pipe, plan)
     out = {}
     for setting in settings:
         if not has_theory(setting):
             continue
         record = out[setting] = SettingRecords(setting)
         params = {**setting.params, "theorem2": setting.params.get("theorem2", True)}
-        for class_id, image_seed in plan:
-            result = pipeline_for(pipe, setting, drafts).generate([class_id], method=setting.method, seed=image_seed,
-                                                                  **params)
+        for condition, image_seed in plan:
+            result = pipeline_for(pipe, setting, drafts).generate(**feeds([condition]), method=setting.method,
+                                                                  seed=image_seed, **params)
             record.add(float("nan"), result)  # untimed
             if on_image:
                 on_image(setting)

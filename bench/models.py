@@ -32,6 +32,7 @@ class BenchModels:
     judge: Optional[Any] = None  # bench.fidelity.FidelityJudge when an evaluator exists for these models
     drafts: dict[str, Pipeline] = field(default_factory=dict)  # `--drafts`: draft kind -> the pipeline with it
     draft_sources: dict[str, str] = field(default_factory=dict)  # draft kind -> what it is, for the report
+    prompts: Optional[list[str]] = None  # t2i: image i's prompt is prompts[i mod len]; None: class ids cycle
 
 
 def cache_root() -> Path:
@@ -42,48 +43,55 @@ def cache_root() -> Path:
     return Path(base) / "specrt"
 
 
-def demo_weights_dir(demo_weights: Optional[Path]) -> Path:
-    from specrt.export.demo import packaged_weights_dir
+def demo_weights_dir(demo_weights: Optional[Path], demo: Optional[str] = None) -> Path:
+    from specrt.export.demo.registry import get_demo
 
-    return Path(demo_weights) if demo_weights is not None else packaged_weights_dir()
+    return Path(demo_weights) if demo_weights is not None else get_demo(demo).hook("packaged_weights_dir")()
 
 
 def weights_digest(folder: Path, eagle: bool = False) -> str:
-    """Short sha256 over a demo weights folder's files (demo.json and the safetensors; the
-    EAGLE head's eagle.* only for the bundle that drafts with it)."""
+    """Short sha256 over a demo weights folder's files (demo.json and the safetensors, also in
+    subfolders such as the t2i demo's text_encoder/; the EAGLE head's eagle.* only for the bundle
+    that drafts with it)."""
     digest = hashlib.sha256()
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".json", ".safetensors")
                    and (eagle or p.stem != "eagle"))
     if not files:
         raise SpecrtError(f"no demo weights in {folder} (train them with `specrt demo train --out DIR`)")
     for path in files:
-        digest.update(path.name.encode())
+        digest.update(str(path.relative_to(folder)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 
 
 def demo_bundle(demo_weights: Optional[Path] = None, cache_dir: Optional[Path] = None,
-                progress: Optional[Progress] = None, eagle: bool = False) -> Path:
-    """The demo exported to <cache>/bench/demo-v<manifest version>-<digest>/, exporting it on first use.
+                progress: Optional[Progress] = None, eagle: bool = False, demo: Optional[str] = None) -> Path:
+    """The demo `demo` (export.demo.registry, default c2i) exported to
+    <cache>/bench/demo[-NAME]-v<manifest version>-<digest>/, exporting it on first use.
 
     The bundle format version and the export defaults (max window, max batch, opset, ...) are
     part of the name, so a specrt that changes the graphs' contract or their limits exports
     afresh instead of refusing a cached bundle made by the previous one (a bundle exported before
     sjd-pac's window grew to L + 1 would refuse default sjd-pac)."""
     from specrt.export.bundle import ExportOptions, write_bundle
+    from specrt.export.demo.registry import DEFAULT_DEMO, get_demo
     from specrt.manifest import MANIFEST_NAME, VERSION
 
-    weights = demo_weights_dir(demo_weights)
+    entry = get_demo(demo)
+    weights = demo_weights_dir(demo_weights, entry.name)
     options = hashlib.sha256(repr(ExportOptions()).encode()).hexdigest()[:8]
-    kind = "-eagle" if eagle else ""  # the demo with its EAGLE head as the draft (export --eagle demo)
+    # the demo with its EAGLE head as the draft (export --eagle demo); another demo than c2i: its name
+    kind = ("-eagle" if eagle else "") + ("" if entry.name == DEFAULT_DEMO else f"-{entry.name}")
     out = Path(cache_dir or cache_root() / "bench") / f"demo{kind}-v{VERSION}-{weights_digest(weights, eagle)}-{options}"
     if (out / MANIFEST_NAME).is_file():
         return out
-    from specrt.export.sources import demo_models, with_eagle_head
+    from specrt.export.sources import with_eagle_head
 
     say = progress or (lambda _msg: None)
-    say(f"exporting the demo{' + EAGLE head' if eagle else ''} bundle once to {out} (about a minute on a 2-core CPU) ...")
-    models = demo_models(demo_weights)
+    which = "" if entry.name == DEFAULT_DEMO else f"{entry.name} "
+    say(f"exporting the {which}demo{' + EAGLE head' if eagle else ''} bundle once to {out} "
+        "(about a minute on a 2-core CPU) ...")
+    models = entry.hook("model_set")(demo_weights)
     if eagle:
         models = with_eagle_head(models, "demo")
     try:
@@ -95,37 +103,61 @@ def demo_bundle(demo_weights: Optional[Path] = None, cache_dir: Optional[Path] =
 
 
 def _judge_for_bundle(bundle: Path) -> Optional[Any]:
-    """The demo's fidelity judge when the bundle was exported from demo weights, else None."""
+    """The demo's fidelity judge when the bundle was exported from demo weights, else None.
+
+    The manifest's target source says which: "demo:target" (c2i), "demo-NAME:target" (the
+    packaged weights of demo NAME) or "FOLDER:target" (a `specrt demo train` folder, whose
+    demo.json names its demo; c2i folders predate that key)."""
+    import json
+
+    from specrt.export.demo.registry import DEFAULT_DEMO, DEMOS
     from specrt.manifest import read_manifest
 
     source = str(read_manifest(bundle, check_hashes=False).models["target"].get("source", ""))
     where, sep, _role = source.rpartition(":")
     if not sep:
         return None
-    if where == "demo":
-        weights = None
+    if where == "demo" or (where.startswith("demo-") and where[5:] in DEMOS):
+        name, weights = (where[5:] or DEFAULT_DEMO), None
     elif (Path(where) / "demo.json").is_file():
         weights = Path(where)
+        name = json.loads((weights / "demo.json").read_text()).get("demo", DEFAULT_DEMO)
     else:
         return None
-    from specrt.bench.fidelity import FidelityJudge
+    return DEMOS[name].hook("fidelity_judge")(weights) if name in DEMOS else None
 
-    return FidelityJudge.from_demo(weights)
+
+def bench_prompts(pipe: Pipeline, prompts: Optional[list[str]]) -> Optional[list[str]]:
+    """The prompts a t2i model is benchmarked on (the t2i demo's default set unless given);
+    None for a class-conditional model, which refuses prompts in one line."""
+    if pipe.target.spec.model_type == "c2i":
+        if prompts:
+            raise SpecrtError("--prompts goes with a text-to-image model; this one is class-conditional")
+        return None
+    if prompts:
+        return list(prompts)
+    from specrt.export.demo.t2i.captions import default_prompts
+
+    return default_prompts()
 
 
 def open_models(bundle: Optional[Path] = None, backend: str = "ort", demo_weights: Optional[Path] = None,
                 threads: Optional[int] = 1, cache_dir: Optional[Path] = None, judge: bool = True,
                 progress: Optional[Progress] = None, device: str = "cpu",
-                cuda_graphs: Optional[bool] = None, drafts: Sequence[str] = ()) -> BenchModels:
-    """A BUNDLE on onnxruntime, or the demo on onnxruntime (cached export) or PyTorch.
+                cuda_graphs: Optional[bool] = None, drafts: Sequence[str] = (), demo: Optional[str] = None,
+                prompts: Optional[list[str]] = None) -> BenchModels:
+    """A BUNDLE on onnxruntime, or the demo `demo` (export.demo.registry; default c2i) on
+    onnxruntime (cached export) or PyTorch. `prompts`: a t2i model's prompts (bench_prompts).
 
     `device` and `cuda_graphs` are the torch backend's (Pipeline.from_torch); the backend is
     reported as 'torch-cuda' on a GPU so the run names the GPU. `drafts` (the demo only):
     the draft kinds to compare, each a pipeline of its own (`independent`: the demo's draft
     GPT; `eagle`: the packaged EAGLE head, on the same target)."""
-    models = _open_models(bundle, backend, demo_weights, threads, cache_dir, judge, progress, device, cuda_graphs)
+    models = _open_models(bundle, backend, demo_weights, threads, cache_dir, judge, progress, device, cuda_graphs,
+                          demo)
+    models.prompts = bench_prompts(models.pipeline, prompts)
     if drafts:
-        if bundle is not None or demo_weights is not None:
+        if bundle is not None or demo_weights is not None or demo not in (None, "c2i"):
             raise SpecrtError("--drafts compares the packaged demo's draft GPT and EAGLE head; drop the BUNDLE / "
                               "--demo-weights (or benchmark each bundle on its own)")
         for kind in drafts:
@@ -148,33 +180,33 @@ def _eagle_demo_pipeline(backend: str, threads: Optional[int], cache_dir: Option
                                device=device, threads=threads, cuda_graphs=False)
 
 
-def _open_models(bundle, backend, demo_weights, threads, cache_dir, judge, progress, device, cuda_graphs) -> BenchModels:
+def _open_models(bundle, backend, demo_weights, threads, cache_dir, judge, progress, device, cuda_graphs,
+                 demo=None) -> BenchModels:
+    from specrt.export.demo.registry import DEFAULT_DEMO, get_demo
+
     if backend not in BACKENDS:
         raise SpecrtError(f"unknown --backend {backend!r}; choose from {', '.join(BACKENDS)}")
     set_torch_threads(threads)  # torch runs the export, the evaluator and the torch backend
     if bundle is not None:
-        if demo_weights is not None:
-            raise SpecrtError("give either a BUNDLE or --demo-weights, not both")
+        if demo_weights is not None or demo is not None:
+            raise SpecrtError(f"give either a BUNDLE or {'--demo' if demo else '--demo-weights'}, not both")
         if backend == "torch":
             raise SpecrtError("a BUNDLE runs on the ort backend (or ort-cpu, ort-cuda, ort-trt, trt); "
                               "--backend torch benchmarks the demo's PyTorch modules")
         pipe = Pipeline.from_bundle(bundle, backend=backend, threads=threads)
         return BenchModels(pipe, backend, str(bundle), _judge_for_bundle(bundle) if judge else None)
 
-    from specrt.bench.fidelity import FidelityJudge
-
-    fidelity = FidelityJudge.from_demo(demo_weights) if judge else None
-    where = "demo" if demo_weights is None else f"demo weights {demo_weights}"
+    entry = get_demo(demo)
+    fidelity = entry.hook("fidelity_judge")(demo_weights) if judge else None
+    where = "demo" if entry.name == DEFAULT_DEMO else f"{entry.name} demo"
+    where += "" if demo_weights is None else f" weights {demo_weights}"
     if backend != "torch":
-        path = demo_bundle(demo_weights, cache_dir, progress)
+        path = demo_bundle(demo_weights, cache_dir, progress, demo=entry.name)
         return BenchModels(Pipeline.from_bundle(path, backend=backend, threads=threads), backend,
                            f"{where} (exported to {path})", fidelity)
 
-    from specrt.export.demo import load_demo
-
-    demo = load_demo(demo_weights)
-    pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq, device=device, threads=threads,
-                               cuda_graphs=cuda_graphs)  # the demo's own sampling defaults
+    # the demo's own sampling defaults
+    pipe = entry.hook("torch_pipeline")(demo_weights, device=device, threads=threads, cuda_graphs=cuda_graphs)
     on_gpu = device.startswith("cuda")
     graphs = " with CUDA graphs" if on_gpu and pipe.target.cuda_graphs else ""
     return BenchModels(pipe, "torch-cuda" if on_gpu else "torch", f"{where} (PyTorch modules{graphs})", fidelity)

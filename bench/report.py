@@ -97,6 +97,25 @@ def format_table(results: list[MethodResult]) -> str:
     return "\n".join(out)
 
 
+def format_prompt_following(results: list[MethodResult], real: dict[str, Any] | None = None) -> str:
+    """Text-to-image runs: per setting, the share of images whose digit / each attribute / all
+    of them the evaluator reads as the prompt asked, with the real-image figures and, per
+    setting, `all` as a share of the real one (the t2i demo's acceptance reads ≥ 0.8 for ar)."""
+    keys = list(next(r.quality["prompt_following"] for r in results if "prompt_following" in r.quality))
+    headers = ["setting", *keys, "all / real"]
+    rows = []
+    if real:
+        rows.append(["real held-out", *(_fmt(real.get(k), 3) for k in keys), "1.00"])
+    for r in results:
+        following = r.quality.get("prompt_following", {})
+        ratio = following.get("all") / real["all"] if real and real.get("all") and following.get("all") is not None else None
+        rows.append([r.label, *(_fmt(following.get(k), 3) for k in keys), _fmt(ratio)])
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+    line = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                                   for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
 def host_share(result: MethodResult) -> float:
     """Share of the mean latency spent outside the model graphs (target, draft, VQ decode): the
     verification/sampling, cache maintenance and orchestration the runtime adds (Stats.overhead_share)."""
@@ -254,4 +273,13 @@ def format_markdown(payload: dict[str, Any]) -> str:
         notes.append(f"Fréchet-distance noise floor (real vs real, {floor['images']} vs {floor['reference_images']} "
                      f"images): {format_fd(floor)}; evaluator accuracy on real held-out digits: "
                      f"{_fmt(floor.get('real_class_accuracy'), 3)}.")
-    return "\n".join(lines) + "\n\n" + " ".join(notes) + "\n"
+    text = "\n".join(lines) + "\n\n" + " ".join(notes) + "\n"
+    following = [(r["label"], r.get("quality", {}).get("prompt_following")) for r in payload["results"]]
+    if any(f for _, f in following):
+        real = floor.get("real_prompt_following") or {}
+        keys = list(next(f for _, f in following if f))
+        rows = ([("real held-out", real)] if real else []) + following
+        text += ("\n| prompt following | " + " | ".join(keys) + " |\n|---|" + "---:|" * len(keys) + "\n"
+                 + "".join(f"| {label} | " + " | ".join(_fmt((f or {}).get(k), 3) for k in keys) + " |\n"
+                           for label, f in rows))
+    return text

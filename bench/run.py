@@ -68,9 +68,10 @@ def benchmark(models: BenchModels, settings: Sequence[Setting], images: int, see
     build the JSON payload (with every image's tokens when keep_tokens: to compare settings or
     backends offline)."""
     started = time.perf_counter()
-    records, labels = run_settings(models.pipeline, settings, images, seed, on_image, batches, models.drafts)
+    records, labels = run_settings(models.pipeline, settings, images, seed, on_image, batches, models.drafts,
+                                   models.prompts)
     theory_images = min(images, THEORY_IMAGES)
-    theory = theory_pass(models.pipeline, settings, theory_images, seed, on_image, models.drafts)
+    theory = theory_pass(models.pipeline, settings, theory_images, seed, on_image, models.drafts, models.prompts)
     results = [summarise(r, theory.get(r.setting)) for r in records]
     if keep_tokens:
         for result, record in zip(results, records):
@@ -89,8 +90,9 @@ def benchmark(models: BenchModels, settings: Sequence[Setting], images: int, see
     settings_info = {
         "images_per_setting": images,
         "seed": seed,
-        "image_plan": "image i: class i mod num_classes, seed + i; settings run in a fresh random order per image "
-                      "(per block of max(batches) images)",
+        "image_plan": ("image i: prompt i mod len(prompts)" if models.prompts else "image i: class i mod num_classes")
+                      + ", seed + i; settings run in a fresh random order per image (per block of max(batches) images)",
+        **({"prompts": list(models.prompts)} if models.prompts else {}),
         "batches": list(batches),
         "latency": "per image: generate-call wall time / images in the call (batch 1: the image's latency)",
         "tokens_identical_across_batches": same_tokens_at_every_batch(records) if len(batches) > 1 else None,

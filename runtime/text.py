@@ -60,6 +60,7 @@ class T5TextEncoder(TextEncoder):
         directory = Path(directory)
         if not (directory / "config.json").is_file():
             raise SpecrtError(f"{directory} is not a T5 model directory (no config.json)")
+        transformers.utils.logging.disable_progress_bar()  # a local load: no "Loading weights" bar on stderr
         try:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
             self.model = transformers.T5EncoderModel.from_pretrained(str(directory)).float().eval()

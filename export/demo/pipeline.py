@@ -47,13 +47,8 @@ def train_demo(out_dir: str | Path | None, seed: int = 0, steps_scale: float = 1
     draft_cfg = draft_config or configs.draft_config()
     evaluator_cfg = configs.DEFAULT_EVALUATOR
     metrics: dict[str, dict] = {}
-    seconds: dict[str, float] = {}
-
-    def timed(name: str, fn, *args, **kwargs):
-        t0 = time.time()
-        result = fn(*args, **kwargs)
-        seconds[name] = round(time.time() - t0, 1)
-        return result
+    timed = training.StageTimer()
+    seconds = timed.seconds
 
     vq, metrics["vq"] = timed("vq", training.train_vq, split, vq_cfg, schedule.vq, schedule.max_shift,
                               seed * 100 + 1, progress)

@@ -49,6 +49,8 @@ DEMOS: dict[str, DemoEntry] = {
     "c2i": DemoEntry("c2i", "class-conditional digits (LlamaGen c2i GPTs + VQ)", "specrt.export.demo.c2i"),
     "mar": DemoEntry("mar", "class-conditional digits from continuous tokens (KL autoencoder, MAR-style target "
                             "and draft; methods ar, cspd)", "specrt.export.mar.hooks"),
+    "t2i": DemoEntry("t2i", "captioned digits, e.g. \"a thick slanted seven\" (LlamaGen t2i GPTs, "
+                            "a small T5 text encoder, VQ)", "specrt.export.demo.t2i"),
 }
 DEFAULT_DEMO = "c2i"
 

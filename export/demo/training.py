@@ -25,6 +25,21 @@ from specrt.export.llamagen_vq import VQConfig, VQModel  # noqa: E402
 LossFn = Callable[[int, np.random.Generator], "tuple[torch.Tensor, dict[str, float]]"]
 
 
+class StageTimer:
+    """Runs training stages and keeps each one's wall-clock seconds (demo.json's training.seconds)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, name: str, fn: Callable, *args, **kwargs):
+        import time
+
+        t0 = time.time()
+        result = fn(*args, **kwargs)
+        self.seconds[name] = round(time.time() - t0, 1)
+        return result
+
+
 def learning_rate(schedule: Schedule, step: int) -> float:
     """Linear warm-up over `warmup` steps, then cosine decay to lr·min_lr_ratio at the last step."""
     if step < schedule.warmup:

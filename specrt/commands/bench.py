@@ -15,7 +15,7 @@ from typing import Optional
 import click
 
 from specrt.bench.models import BACKENDS
-from specrt.export.demo.registry import demo_names, help_text as demo_help
+from specrt.export.demo.registry import DEFAULT_DEMO, demo_names, help_text as demo_help
 from specrt import validation
 from specrt.errors import SpecrtError
 
@@ -183,8 +183,12 @@ def _batches(text: str) -> tuple[int, ...]:
               help="Write a PNG of the speed–fidelity trade-off (with --profile-arch: step latency against W).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the table as Markdown (for a README).")
+@click.option("--prompts", "prompts_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Text-to-image: one prompt a line (# comments and blank lines skipped); image i uses prompt "
+                   "i mod count. Default: the t2i demo's 80 prompts (every digit × thick/thin × slanted/upright "
+                   "× wide/narrow).")
 @click.option("--demo-weights", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="A `specrt demo train` folder instead of the packaged demo weights.")
+              help="A `specrt demo train` folder instead of the packaged weights of the demo.")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the exported demo bundle is kept (default: ~/.cache/specrt/bench).")
 @click.option("--profile-arch", metavar="ARCH",
@@ -211,8 +215,9 @@ def _batches(text: str) -> tuple[int, ...]:
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 @click.option("--demo", type=click.Choice(demo_names()), default=None,
               help=demo_help() + " mar: ar against cspd (default sweep cspd:draft_len=2,4,8) on its bundle, "
-                                 "exported once into the cache, on onnxruntime.")
-def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, threads, keep_tokens, json_path, plot_path, markdown_path, demo_weights,
+                                 "exported once into the cache, on onnxruntime. t2i: prompt following (digit, each "
+                                 "attribute, all) beside the Fréchet distance.")
+def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, threads, keep_tokens, json_path, plot_path, markdown_path, prompts_path, demo_weights,
             cache_dir, profile_arch, results_path, windows, repeats, profile_images, profile_dtypes, device, cuda_graphs,
             precision, progress, demo) -> None:
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
@@ -232,6 +237,8 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
                  profile_images, profile_dtypes, cuda_graphs, _precisions(precision if precision is not None else default))
         return
     if precision is not None:
+        if demo not in (None, DEFAULT_DEMO) or prompts_path:
+            raise SpecrtError("--precision runs the c2i demo or a class-conditional BUNDLE")
         _precision_run(bundle, backend, demo_weights, threads, cache_dir, methods, sweeps, images, seed, json_path,
                        progress, _precisions(precision))
         return
@@ -251,8 +258,10 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     if device != "cpu" and backend != "torch":
         raise SpecrtError(f"--device {device} applies to --backend torch (and --profile-arch); "
                           f"--backend {backend} picks its device itself")
+    prompts = _read_prompts(prompts_path) if prompts_path else None
     models = open_models(bundle, backend, demo_weights, threads, cache_dir, progress=say, device=device,
-                         cuda_graphs=cuda_graphs and device.startswith("cuda"), drafts=drafts)
+                         cuda_graphs=cuda_graphs and device.startswith("cuda"), drafts=drafts,
+                         demo=demo, prompts=prompts)
     settings = _draft_free_if_needed(settings, models, chosen)
     if max(batches) > (models.pipeline.max_images or max(batches)):
         raise SpecrtError(f"--batch {max(batches)} exceeds this bundle's {models.pipeline.max_images} images per "
@@ -374,6 +383,19 @@ def _precision_run(bundle, backend, demo_weights, threads, cache_dir, methods, s
         click.echo(f"wrote {json_path}")
 
 
+def _read_prompts(path: Path) -> list[str]:
+    """--prompts FILE: one prompt a line; an empty file is a one-line error."""
+    from specrt.export.demo.t2i.captions import read_prompt_file
+
+    try:
+        prompts = read_prompt_file(path.read_text(encoding="utf-8").splitlines())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecrtError(f"cannot read prompts from {path}: {exc}") from exc
+    if not prompts:
+        raise SpecrtError(f"{path} holds no prompt (one a line; blank lines and # comments are skipped)")
+    return prompts
+
+
 def _draft_free_if_needed(settings: list, models, chosen: bool) -> list:
     """A bundle without a draft runs the draft-free methods: the default list drops the others
     (saying so), an explicit choice of them is a one-line error naming how to get a draft."""
@@ -407,6 +429,12 @@ def _print_run(run) -> None:
         click.echo(f"FD noise floor (real vs real, {floor['images']} vs {floor['reference_images']} images, "
                    f"{floor['feature_dim']}-d evaluator features): {format_fd(floor)}"
                    + (f"; evaluator accuracy on real held-out digits: {acc:.3f}" if acc is not None else ""))
+    if any("prompt_following" in r.quality for r in run.results):
+        from specrt.bench.report import format_prompt_following
+
+        click.echo("\nprompt following (share of images the evaluator reads as asked; real = held-out digits "
+                   "against their own measured captions)")
+        click.echo(format_prompt_following(run.results, (floor or {}).get("real_prompt_following")))
     click.echo("\ntime per image, ms (means; other = Python orchestration between model calls)")
     click.echo(format_breakdown(run.results))
     click.echo(f"\nrun time {settings['wall_time_s']:.0f} s")

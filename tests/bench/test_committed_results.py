@@ -128,3 +128,20 @@ def test_batch_8_costs_every_lossless_method_less_per_image_than_batch_1():
     latency = {(r["method"], r["batch"]): r["latency_s"]["median"] for r in batch_run["results"]}
     for method in ("ar", "sd", "sjd", "sjd-pac"):
         assert latency[(method, 8)] < latency[(method, 1)], method
+
+
+@pytest.mark.skipif(not (RESULTS / "demo-t2i.json").is_file(), reason="no committed t2i bench results")
+def test_t2i_demo_run_scores_prompt_following_for_every_method_and_ar_passes_the_bar():
+    """Issue 12: `specrt bench --demo t2i` on a named device, every method with prompt following
+    beside the Fréchet distance, and AR samples showing the words of their prompts at >= 80% of
+    the rate the evaluator reads them on real held-out digits (all words together)."""
+    run = json.loads((RESULTS / "demo-t2i.json").read_text())
+    assert "EPYC" in run["device"] and run["settings"]["prompts"]
+    assert {r["method"] for r in run["results"]} == set(DEFAULT_METHODS)
+    real = run["settings"]["fd_noise_floor"]["real_prompt_following"]
+    for result in run["results"]:
+        following = result["quality"]["prompt_following"]
+        assert set(following) == set(real) == {"digit", "thickness", "slant", "width", "words", "all"}
+        assert result["quality"]["frechet_distance"] is not None
+    ar = by_label(run)["ar"]["quality"]["prompt_following"]
+    assert ar["words"] >= 0.8 * real["words"]
