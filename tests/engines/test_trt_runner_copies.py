@@ -49,19 +49,63 @@ def _runner(kv, layout, batch, capacity, cudart):
     return runner
 
 
-@pytest.mark.parametrize("slots, start, expected_copies", [
-    ([0, 1, 2], 4, 1), ([0, 2, 3, 5], 7, 3), ([4], 0, 1), ([1, 0], 3, 2)])
-def test_commit_copies_match_the_contract_formula(slots, start, expected_copies):
-    layout, batch, capacity, window = KVLayout(n_layer=2, n_kv_head=3, head_dim=4), 2, 12, 6
+def _kv_and_present(batch, capacity, window):
     rng = np.random.default_rng(0)
     kv = rng.standard_normal((2, 2, batch, 3, capacity, 4)).astype(np.float32)
     present = rng.standard_normal((2, 2, batch, 3, window, 4)).astype(np.float32)
+    return kv, present
+
+
+def _commit(kv, present, batch, capacity, rows, columns, slots):
+    cudart = HostCudart()
+    runner = _runner(kv, KVLayout(n_layer=2, n_kv_head=3, head_dim=4), batch, capacity, cudart)
+    runner.step_engine.addresses = {"present_kv": present.ctypes.data}
+    runner._last_window = present.shape[4]
+    runner._write_kv(np.asarray(rows), np.asarray(columns), np.asarray(slots))
+    return cudart.calls
+
+
+@pytest.mark.parametrize("slots, start, expected_copies", [
+    ([0, 1, 2], 4, 1), ([0, 2, 3, 5], 7, 3), ([4], 0, 1), ([1, 0], 3, 2)])
+def test_commits_alike_in_every_row_are_one_strided_copy_per_run(slots, start, expected_copies):
+    batch, capacity, window = 2, 12, 6
+    kv, present = _kv_and_present(batch, capacity, window)
     expected = kv.copy()
     expected[:, :, :, :, start:start + len(slots)] = present[:, :, :, :, slots]
-    cudart = HostCudart()
-    _runner(kv, layout, batch, capacity, cudart)._copy_rows(present.ctypes.data, window, slots, start)
+    columns = np.arange(start, start + len(slots))
+    calls = _commit(kv, present, batch, capacity, np.repeat(np.arange(batch), len(slots)),
+                    np.tile(columns, batch), np.tile(slots, batch))
     np.testing.assert_array_equal(kv, expected)
-    assert cudart.calls == expected_copies
+    assert calls == expected_copies
+
+
+def test_ragged_commits_copy_each_row_its_own_slots_to_its_own_columns():
+    """Batched decoding: each image commits its own accepted slots at its own length."""
+    batch, capacity, window = 3, 12, 5
+    kv, present = _kv_and_present(batch, capacity, window)
+    commits = {0: ([0, 1, 2], 4), 1: ([0, 3], 9), 2: ([], 0)}  # row: (slots, first column)
+    expected = kv.copy()
+    rows, columns, slots = [], [], []
+    for row, (row_slots, start) in commits.items():
+        expected[:, :, row][..., start:start + len(row_slots), :] = present[:, :, row][..., row_slots, :]
+        rows += [row] * len(row_slots)
+        columns += list(range(start, start + len(row_slots)))
+        slots += row_slots
+    calls = _commit(kv, present, batch, capacity, rows, columns, slots)
+    np.testing.assert_array_equal(kv, expected)
+    assert calls == (1 + 2) * 2 * 2  # runs per row × (layers × k/v): one copy over the heads each
+
+
+def test_retain_moves_the_kept_rows_to_the_front(monkeypatch):
+    """Finished images leave the batch: the kept rows' caches move to the front, in order."""
+    batch, capacity = 4, 6
+    kv, _ = _kv_and_present(batch, capacity, 1)
+    expected = kv[:, :, [3, 1]].copy()
+    monkeypatch.setattr("specrt.engines.trt_runner.DeviceBuffer",
+                        lambda nbytes: SimpleNamespace(**vars(HostBuffer(nbytes)), nbytes=nbytes, free=lambda: None))
+    runner = _runner(kv, KVLayout(n_layer=2, n_kv_head=3, head_dim=4), batch, capacity, HostCudart())
+    runner._retain(np.array([3, 1]))
+    np.testing.assert_array_equal(kv.reshape(-1)[:expected.size], expected.reshape(-1))
 
 
 # ---- the sampling head's outputs ------------------------------------------------------
@@ -145,7 +189,7 @@ def test_step_outputs_alternate_buffers_and_outlive_the_next_step():
 
 def test_prefill_output_shares_the_alternation():
     runner = _head_runner()
-    runner._copy_rows = lambda *args: None  # KV rows are tested above
+    runner._copy_block = lambda *args: None  # KV rows are tested above
     runner.prefill_engine.addresses["present_kv"] = 0
     prefill = runner._prefill(Conditions.of_classes(np.arange(4)), np.full((2, 1), 0.5, np.float32))
     step = _step(runner, 2)
