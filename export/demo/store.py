@@ -115,15 +115,21 @@ def _load_into(model: "torch.nn.Module", path: Path) -> "torch.nn.Module":
     return model.eval()
 
 
-def load_demo(path: str | Path | None = None) -> DemoModels:
-    """Load the demo family from `path` (a `specrt demo train` output) or the packaged weights."""
-    root = Path(path) if path is not None else packaged_weights_dir()
+def read_config(root: Path, fmt: str = FORMAT, version: int = VERSION, hint: str = "") -> dict:
+    """A weights folder's demo.json, checked to be `fmt` v`version` (one line otherwise)."""
     config_path = root / CONFIG_FILE
     if not config_path.is_file():
         raise SpecrtError(f"no {CONFIG_FILE} in {root}: not a demo weights folder")
     config = json.loads(config_path.read_text())
-    if config.get("format") != FORMAT or config.get("version") != VERSION:
-        raise SpecrtError(f"{config_path} is not a {FORMAT} v{VERSION} file")
+    if config.get("format") != fmt or config.get("version") != version:
+        raise SpecrtError(f"{config_path} is not a {fmt} v{version} file{hint}")
+    return config
+
+
+def load_demo(path: str | Path | None = None) -> DemoModels:
+    """Load the demo family from `path` (a `specrt demo train` output) or the packaged weights."""
+    root = Path(path) if path is not None else packaged_weights_dir()
+    config = read_config(root)
     target = _load_into(GPT(gpt_config_from_dict(config["target"])), root / WEIGHT_FILES["target"])
     draft = _load_into(GPT(gpt_config_from_dict(config["draft"])), root / WEIGHT_FILES["draft"])
     vq = _load_into(VQModel(vq_config_from_dict(config["vq"])), root / WEIGHT_FILES["vq"])

@@ -17,7 +17,9 @@ from specrt.lazy import require
 torch = require("torch", "the t2i demo models")
 
 from specrt.export.demo.evaluator import EvaluatorConfig  # noqa: E402
-from specrt.export.demo.store import CONFIG_FILE, DemoModels, _load_into, _save_tensors, gpt_config_from_dict, vq_config_from_dict  # noqa: E402
+from specrt.export.demo.store import (  # noqa: E402
+    CONFIG_FILE, DemoModels, _load_into, _save_tensors, gpt_config_from_dict, read_config, vq_config_from_dict,
+)
 from specrt.export.demo.t2i import packaged_weights_dir  # noqa: E402
 from specrt.export.demo.t2i.captions import AttributeBins  # noqa: E402
 from specrt.export.demo.t2i.evaluator import PromptEvaluator  # noqa: E402
@@ -65,12 +67,7 @@ def save_t2i_demo(models: T2IDemoModels, out_dir: str | Path) -> Path:
 def load_t2i_demo(path: str | Path | None = None) -> T2IDemoModels:
     """The t2i family from `path` (a `specrt demo train --demo t2i` output) or the packaged weights."""
     root = Path(path) if path is not None else packaged_weights_dir()
-    config_path = root / CONFIG_FILE
-    if not config_path.is_file():
-        raise SpecrtError(f"no {CONFIG_FILE} in {root}: not a demo weights folder")
-    config = json.loads(config_path.read_text())
-    if config.get("format") != FORMAT or config.get("version") != VERSION:
-        raise SpecrtError(f"{config_path} is not a {FORMAT} v{VERSION} file (a c2i demo folder goes with --demo c2i)")
+    config = read_config(root, FORMAT, VERSION, " (a c2i demo folder goes with --demo c2i)")
     encoder_dir = root / TEXT_ENCODER_DIR
     if not (encoder_dir / "config.json").is_file():
         raise SpecrtError(f"the t2i demo's text encoder is missing from {encoder_dir}")
