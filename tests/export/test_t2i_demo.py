@@ -153,3 +153,24 @@ def test_the_t2i_demo_refuses_class_ids_in_one_line(tmp_path, capsys):
     assert cli_exit_code(["generate", "--demo", "t2i", "--class", "3", "--out", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err.strip()
     assert "text-to-image: give --prompt" in err and "\n" not in err
+
+
+def test_bench_reads_a_prompt_file_and_scores_its_prompts(tmp_path, capsys):
+    """`specrt bench --demo t2i --prompts FILE`: the file's prompts (comments and blank lines
+    skipped) cycle over the images and each setting gets prompt following; a class-conditional
+    model refuses --prompts in one line."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("# two prompts\na thick seven\n\nthe digit 2, slanted\n")
+    out = tmp_path / "r.json"
+    argv = ["bench", "--demo", "t2i", "--backend", "torch", "--images", "3", "--methods", "ar", "--prompts",
+            str(prompts), "--no-progress", "--json", str(out)]
+    assert cli_exit_code(argv) == 0
+    payload = json.loads(out.read_text())
+    assert payload["settings"]["prompts"] == ["a thick seven", "the digit 2, slanted"]
+    following = payload["results"][0]["quality"]["prompt_following"]
+    assert following["width"] is None and following["thickness"] in (0.0, 0.5, 1.0)  # 2 of 3 images name it
+    capsys.readouterr()
+    argv = ["bench", "--demo", "c2i", "--backend", "torch", "--images", "1", "--methods", "ar", "--prompts", str(prompts)]
+    assert cli_exit_code(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--prompts goes with a text-to-image model" in err and "\n" not in err
