@@ -33,7 +33,9 @@ def group() -> None:
 @click.option("--threads", type=click.IntRange(min=1), help=f"{THREADS_HELP} (use 1 on a machine other jobs keep busy).")
 @click.option("--no-eval", is_flag=True, help="Skip the sampling-quality summary at the end.")
 def train(demo: str, out_dir: Path, seed: int, steps_scale: float, threads: int, no_eval: bool) -> None:
-    """Train a demo family from scratch (c2i: tokenizer, target, draft and evaluator, CPU ~30 min)."""
+    """Train a demo family (c2i: tokenizer, target, draft and evaluator from scratch, CPU ~30 min;
+    t2i: text encoder, target, draft and evaluator on top of the packaged c2i demo, ~46 min on the
+    shared 2-core CPU)."""
     entry = get_demo(demo)
     models = entry.hook("train")(out_dir, seed=seed, steps_scale=steps_scale, evaluate=not no_eval,
                                  threads=resolve_threads(threads))
@@ -64,7 +66,8 @@ def train(demo: str, out_dir: Path, seed: int, steps_scale: float, threads: int,
 def report(weights: Path | None, per_class: int, grid_path: Path | None, seed: int, cfg_scale: float | None,
            temperature: float | None, top_k: int | None, draft_len: int, json_path: Path | None,
            record: bool, threads: int) -> None:
-    """Sample per class, print evaluator accuracy, Fréchet distances and SD accepted length."""
+    """The c2i demo: sample per class, print evaluator accuracy, Fréchet distances and SD accepted
+    length (the t2i demo's figures: `specrt demo train --demo t2i` and `specrt bench --demo t2i`)."""
     import dataclasses
 
     import torch
