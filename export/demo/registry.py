@@ -8,9 +8,10 @@ Each demo is a module with the same small set of hooks, imported only when the d
     model_set(weights) -> ModelSet          what `specrt export --demo NAME` writes
     torch_pipeline(weights, **kw) -> Pipeline   `specrt generate --demo NAME` without a BUNDLE
     fidelity_judge(weights) -> judge        how `specrt bench --demo NAME` scores images
-    bench_conditions(count) -> list         image i's condition: class id (c2i) or prompt (t2i)
+    bench_conditions(count) -> list         image i's condition, as `specrt bench` plans it by default
+                                            (class i mod 10; the t2i default prompts, cycled)
     train(out_dir, seed, steps_scale, threads, evaluate) -> models   `specrt demo train --demo NAME`
-    report(weights, ...) -> str             `specrt demo report --demo NAME`
+    format_quality(quality) -> str          how `specrt demo train` prints the weights' "quality"
 
 `weights` is None for the packaged weights or a `specrt demo train` output folder. A demo
 that lacks a hook answers the command that needs it with a one-line SpecrtError (`hook`).
