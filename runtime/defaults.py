@@ -55,10 +55,17 @@ def as_dict(params: SamplingParams) -> dict[str, float]:
 
 
 def describe(params: SamplingParams | dict) -> str:
-    """'cfg 4.0, temperature 1.0, top-k 2000, top-p 1.0' for help texts and output lines."""
+    """'cfg 4.0, temperature 1.0, top-k 2000, top-p 1.0' for help texts and output lines; the keys
+    a model family has (a continuous model has no top-k/top-p but a cfg_schedule), in that order."""
     p = as_dict(params) if isinstance(params, SamplingParams) else params
-    return (f"cfg {p['cfg_scale']:g}, temperature {p['temperature']:g}, top-k {int(p['top_k'])}, "
-            f"top-p {p['top_p']:g}")
+    parts = [f"cfg {p['cfg_scale']:g}", f"temperature {p['temperature']:g}"]
+    if "top_k" in p:
+        parts.append(f"top-k {int(p['top_k'])}")
+    if "top_p" in p:
+        parts.append(f"top-p {p['top_p']:g}")
+    if "cfg_schedule" in p:
+        parts.append(f"cfg schedule {p['cfg_schedule']}")
+    return ", ".join(parts)
 
 
 def families_help() -> list[str]:

@@ -40,5 +40,6 @@ def test_generate_help_shows_the_defaults_that_apply():
     out = CliRunner().invoke(cli, ["generate", "--help"], terminal_width=200).output
     assert "--target llamagen-c2i: cfg 4, temperature 1, top-k 2000, top-p 1 (LlamaGen sample_c2i.py)" in out
     assert "--target llamagen-t2i: cfg 7.5, temperature 1, top-k 1000, top-p 1 (LlamaGen sample_t2i.py)" in out
-    assert "the embedded demo: cfg 2, temperature 1, top-k 0, top-p 1" in out
+    assert "--demo c2i: cfg 2, temperature 1, top-k 0, top-p 1" in out
+    assert "--demo mar: cfg 2, temperature 1, cfg schedule constant" in out
     assert "--threads" in out and "--tokens-only" in out and "--save-tokens" in out
