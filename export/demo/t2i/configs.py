@@ -36,6 +36,10 @@ class T2ITrainingConfig:
     # width) are learnt later than the digit and thickness
     target_refine: Schedule = field(default_factory=lambda: Schedule(steps=500, batch_size=32, lr=5e-4, warmup=50,
                                                                      weight_decay=0.05))
+    # and a third, longer one at a quarter of the rate: width (a whole-shape attribute) is the last
+    # the target picks up (AR width accuracy 0.51 after the first pass, 0.64 after the second)
+    target_polish: Schedule = field(default_factory=lambda: Schedule(steps=1000, batch_size=32, lr=2.5e-4, warmup=50,
+                                                                     weight_decay=0.05))
     draft: Schedule = field(default_factory=lambda: Schedule(steps=800, batch_size=32, lr=3e-3, weight_decay=0.01))
     evaluator: Schedule = field(default_factory=lambda: Schedule(steps=600, batch_size=64, lr=2e-3, weight_decay=1e-4))
     max_shift: int = 2            # the c2i demo's augmentation (the attributes do not move with the digit)
@@ -43,6 +47,7 @@ class T2ITrainingConfig:
 
     def scaled(self, steps_scale: float) -> "T2ITrainingConfig":
         return T2ITrainingConfig(self.target.scaled(steps_scale), self.target_refine.scaled(steps_scale),
+                                 self.target_polish.scaled(steps_scale),
                                  self.draft.scaled(steps_scale), self.evaluator.scaled(steps_scale), self.max_shift,
                                  self.caption_dropout)
 
