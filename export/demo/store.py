@@ -115,11 +115,13 @@ def _load_into(model: "torch.nn.Module", path: Path) -> "torch.nn.Module":
     return model.eval()
 
 
-def read_config(root: Path, fmt: str = FORMAT, version: int = VERSION, hint: str = "") -> dict:
-    """A weights folder's demo.json, checked to be `fmt` v`version` (one line otherwise)."""
-    config_path = root / CONFIG_FILE
+def read_config(root: Path, fmt: str = FORMAT, version: int = VERSION, hint: str = "",
+                config_file: str = CONFIG_FILE, kind: str = "demo") -> dict:
+    """A weights folder's `config_file` (demo.json), checked to be `fmt` v`version` (one line
+    otherwise); every demo family's loader reads its JSON through here."""
+    config_path = root / config_file
     if not config_path.is_file():
-        raise SpecrtError(f"no {CONFIG_FILE} in {root}: not a demo weights folder")
+        raise SpecrtError(f"no {config_file} in {root}: not a {kind} weights folder")
     config = json.loads(config_path.read_text())
     if config.get("format") != fmt or config.get("version") != version:
         raise SpecrtError(f"{config_path} is not a {fmt} v{version} file{hint}")

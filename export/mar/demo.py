@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-from specrt.errors import SpecrtError
 from specrt.lazy import require
 
 torch = require("torch", "the continuous demo")
@@ -28,7 +27,7 @@ safetensors_torch = require("safetensors.torch", "the continuous demo")
 from specrt import __version__  # noqa: E402
 from specrt.export.demo.configs import Schedule  # noqa: E402
 from specrt.export.demo.dataset import NUM_CLASSES, DigitsSplit, load_split  # noqa: E402
-from specrt.export.demo.store import _load_into, round_to_storage  # noqa: E402  (the c2i demo's fp16 store)
+from specrt.export.demo.store import _load_into, read_config, round_to_storage  # noqa: E402  (the c2i demo's fp16 store)
 from specrt.export.mar.autoencoder import AEConfig, KLAutoencoder  # noqa: E402
 from specrt.export.mar.hooks import packaged_weights_dir  # noqa: E402
 from specrt.export.mar.model import MAR, MARConfig  # noqa: E402
@@ -106,12 +105,7 @@ def save_mar_demo(models: MARDemo, out_dir: str | Path) -> Path:
 def load_mar_demo(path: str | Path | None = None) -> MARDemo:
     """The continuous demo from `path` (a `specrt demo train --demo mar` output) or the package."""
     root = Path(path) if path is not None else packaged_weights_dir()
-    config_path = root / CONFIG_FILE
-    if not config_path.is_file():
-        raise SpecrtError(f"no {CONFIG_FILE} in {root}: not a continuous demo weights folder")
-    config = json.loads(config_path.read_text())
-    if config.get("format") != FORMAT or config.get("version") != VERSION:
-        raise SpecrtError(f"{config_path} is not a {FORMAT} v{VERSION} file")
+    config = read_config(root, FORMAT, VERSION, config_file=CONFIG_FILE, kind="continuous demo")
     ae = _load_into(KLAutoencoder(AEConfig.from_dict(config["autoencoder"])), root / WEIGHT_FILES["autoencoder"])
     target = _load_into(MAR(MARConfig(**config["target"])), root / WEIGHT_FILES["target"])
     draft = _load_into(MAR(MARConfig(**config["draft"])), root / WEIGHT_FILES["draft"])
