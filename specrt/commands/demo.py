@@ -34,8 +34,8 @@ def group() -> None:
 @click.option("--no-eval", is_flag=True, help="Skip the sampling-quality summary at the end.")
 def train(demo: str, out_dir: Path, seed: int, steps_scale: float, threads: int, no_eval: bool) -> None:
     """Train a demo family (c2i: tokenizer, target, draft and evaluator from scratch, CPU ~30 min;
-    t2i: text encoder, target, draft and evaluator on top of the packaged c2i demo, ~46 min on the
-    shared 2-core CPU)."""
+    t2i: text encoder, target, draft and evaluator on top of the packaged c2i demo, ~44 min on a
+    2-core CPU with --threads 2)."""
     entry = get_demo(demo)
     models = entry.hook("train")(out_dir, seed=seed, steps_scale=steps_scale, evaluate=not no_eval,
                                  threads=resolve_threads(threads))

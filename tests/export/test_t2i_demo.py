@@ -132,9 +132,9 @@ def test_packaged_weights_fit_the_budget_and_record_prompt_following():
     assert size <= 25 * 2**20
     ratio = json.loads((folder / "demo.json").read_text())["quality"]["ratio"]
     # AR samples' share of the named words the evaluator reads as asked, over the same on real
-    # digits: >= 0.8 overall, and for the digit, thickness and slant each (width and "every word
-    # of the prompt at once" fall short: see the README)
-    assert ratio["words"] >= 0.8 and min(ratio["digit"], ratio["thickness"], ratio["slant"]) >= 0.8
+    # digits: >= 0.8 overall and for the digit and each attribute ("every word of the prompt at
+    # once" falls short, 0.72: see the README)
+    assert min(ratio[k] for k in ("words", "digit", "thickness", "slant", "width")) >= 0.8
 
 
 @pytest.mark.parametrize("method", METHODS)

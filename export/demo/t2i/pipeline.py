@@ -60,14 +60,6 @@ def train_t2i_demo(out_dir: str | Path | None, seed: int = 0, steps_scale: float
     target, metrics["target"] = timed("target", training.train_gpt, target_cfg, c2i.target, encoder, data, codes,
                                       sequence_images, schedule.target, schedule.caption_dropout, seed * 100 + 2,
                                       "target gpt + text encoder", True, held, progress)
-    round_to_storage(target)  # the stage-1 weights as they would be stored: the second pass resumes from those
-    target, metrics["target_refine"] = timed("target_refine", training.train_gpt, target_cfg, target, encoder, data,
-                                             codes, sequence_images, schedule.target_refine, schedule.caption_dropout,
-                                             seed * 100 + 6, "target refine", True, held, progress)
-    round_to_storage(target)  # likewise for the third pass
-    target, metrics["target_polish"] = timed("target_polish", training.train_gpt, target_cfg, target, encoder, data,
-                                             codes, sequence_images, schedule.target_polish, schedule.caption_dropout,
-                                             seed * 100 + 7, "target polish", True, held, progress)
     draft, metrics["draft"] = timed("draft", training.train_gpt, draft_cfg, c2i.draft, encoder, data, codes,
                                     sequence_images, schedule.draft, schedule.caption_dropout, seed * 100 + 3,
                                     "draft gpt", False, held, progress)
