@@ -134,7 +134,8 @@ def test_batch_8_costs_every_lossless_method_less_per_image_than_batch_1():
 def test_t2i_demo_run_scores_prompt_following_for_every_method_and_ar_passes_the_bar():
     """Issue 12: `specrt bench --demo t2i` on a named device, every method with prompt following
     beside the Fréchet distance, and AR samples showing the words of their prompts at >= 80% of
-    the rate the evaluator reads them on real held-out digits (all words together)."""
+    the rate the evaluator reads them on real held-out digits (all words together, and each
+    word: the digit and every attribute)."""
     run = json.loads((RESULTS / "demo-t2i.json").read_text())
     assert "EPYC" in run["device"] and run["settings"]["prompts"]
     assert {r["method"] for r in run["results"]} == set(DEFAULT_METHODS)
@@ -144,4 +145,5 @@ def test_t2i_demo_run_scores_prompt_following_for_every_method_and_ar_passes_the
         assert set(following) == set(real) == {"digit", "thickness", "slant", "width", "words", "all"}
         assert result["quality"]["frechet_distance"] is not None
     ar = by_label(run)["ar"]["quality"]["prompt_following"]
-    assert ar["words"] >= 0.8 * real["words"]
+    for key in ("words", "digit", "thickness", "slant", "width"):  # "all" (every word at once) falls short
+        assert ar[key] >= 0.8 * real[key], key
