@@ -23,7 +23,7 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions, as_conditions
-from specrt.runtime.window import Window, fill_step_inputs
+from specrt.runtime.window import Window, Windows, fill_step_inputs
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,6 @@ class StepOutput:
     draws: np.ndarray
 
 
-Windows = Union[Window, Sequence[Optional[Window]]]  # one for every image, or one per image (None: no work)
 Slots = Union[Sequence[int], Sequence[Optional[Sequence[int]]]]  # the same for every image, or per image
 
 
@@ -202,16 +201,14 @@ class ModelRunner(ABC):
         row predicts the token after it) and a draw per row with `uniforms` [I,W], W the longest
         window. Rows past an image's own window are padding: never read, never committed.
 
-        `windows`: one Window for every image, or one per image (None: nothing to run for it).
+        `windows`: one Window for every image, an int array [images, W] (each image's chain of W
+        tokens), or one Window per image (None: nothing to run for it).
         """
-        windows = [windows] * self.images if isinstance(windows, Window) else list(windows)
-        if len(windows) != self.images:
-            raise ValueError(f"{len(windows)} windows for a batch of {self.images} images")
-        sizes = np.array([len(w) if w is not None else 0 for w in windows], dtype=np.int64)
+        sizes = window_sizes(windows, self.images)
         size = max(int(sizes.max()), 1)
         if size > self.max_window:
             raise SpecrtError(f"window of {size} tokens exceeds this model's max_window {self.max_window}")
-        if np.any(self.lengths + sizes > self.capacity):
+        if int((self.lengths + sizes).max()) > self.capacity:
             raise ValueError(f"windows of {sizes.tolist()} at lengths {self.lengths.tolist()} overflow "
                              f"capacity {self.capacity}")
         start = time.perf_counter()
@@ -219,6 +216,8 @@ class ModelRunner(ABC):
         ids = self._ids[: self.batch * size].reshape(self.batch, size)
         positions = self._positions[: self.batch * size].reshape(self.batch, size)
         mask = self._mask[: self.batch * size * total].reshape(self.batch, size, total)
+        if isinstance(windows, Window):
+            windows = [windows] * self.images
         fill_step_inputs(windows, self.lengths, self.capacity, ids, positions, mask, self._caption_mask)
         uniforms = self._uniform_view(uniforms, size)
         ready = time.perf_counter()
@@ -231,20 +230,56 @@ class ModelRunner(ABC):
 
     def commit(self, slots: Slots) -> None:
         """Append the KV rows of the last window's slots (in order) at each image's committed
-        length: `slots` for every image, or one entry per image (None or empty: nothing)."""
+        length: `slots` for every image, or one entry per image (None or empty: nothing).
+
+        The common case, every image keeping a prefix 0..n_i − 1 of its window (AR, chains, the
+        Jacobi spine), is a strided block copy per image (one for the whole batch when every
+        image keeps the same count at the same length), not a gather of single rows."""
+        start = time.perf_counter()
+        prefixes = self._prefix_counts(slots)
+        if prefixes is not None:
+            if prefixes.any():
+                self._write_prefixes(self.lengths, prefixes)
+                self.lengths += prefixes
+            self.cache_seconds += time.perf_counter() - start
+            return
         per_image = self._per_image(slots)
         counts = np.array([len(s) for s in per_image], dtype=np.int64)
-        if not counts.any():
-            return
-        start = time.perf_counter()
+        if counts.any():
+            images, pairs = self.images, self.batch // self.images
+            image = np.repeat(np.arange(images), counts)
+            columns = np.concatenate([np.arange(n) for n in counts]) + self.lengths[image]
+            sources = np.concatenate([np.asarray(s, dtype=np.int64) for s in per_image if len(s)])
+            rows = np.concatenate([image + images * k for k in range(pairs)])  # the CFG twins commit alike
+            self._write_kv(rows, np.tile(columns, pairs), np.tile(sources, pairs))
+            self.lengths += counts
+        self.cache_seconds += time.perf_counter() - start
+
+    def _prefix_counts(self, slots: Slots) -> Optional[np.ndarray]:
+        """n_i per image when image i keeps its window's first n_i slots (in order); None otherwise."""
+        if isinstance(slots, range) or not len(slots) or isinstance(slots[0], (int, np.integer)):
+            count = _prefix_length(slots)
+            return None if count is None else np.full(self.images, count, dtype=np.int64)
+        if len(slots) != self.images:
+            raise ValueError(f"{len(slots)} slot lists for a batch of {self.images} images")
+        counts = np.zeros(self.images, dtype=np.int64)
+        for i, image_slots in enumerate(slots):
+            if image_slots is not None:
+                count = _prefix_length(image_slots)
+                if count is None:
+                    return None
+                counts[i] = count
+        return counts
+
+    def _write_prefixes(self, columns: np.ndarray, counts: np.ndarray) -> None:
+        """kv[rows of image i, columns[i] + n] = present[rows of image i, slot n] for n < counts[i],
+        the CFG twins alike. Backends override it with block copies; this default goes through
+        the general `_write_kv`."""
         images, pairs = self.images, self.batch // self.images
         image = np.repeat(np.arange(images), counts)
-        columns = np.concatenate([np.arange(n) for n in counts]) + self.lengths[image]
-        sources = np.concatenate([np.asarray(s, dtype=np.int64) for s in per_image if len(s)])
-        rows = np.concatenate([image + images * k for k in range(pairs)])  # the CFG twins commit alike
-        self._write_kv(rows, np.tile(columns, pairs), np.tile(sources, pairs))
-        self.lengths += counts
-        self.cache_seconds += time.perf_counter() - start
+        sources = np.concatenate([np.arange(n) for n in counts])
+        rows = np.concatenate([image + images * k for k in range(pairs)])
+        self._write_kv(rows, np.tile(sources + columns[image], pairs), np.tile(sources, pairs))
 
     def _per_image(self, slots: Slots) -> list[Sequence[int]]:
         slots = list(slots)
@@ -284,6 +319,34 @@ class ModelRunner(ABC):
     def reset_counters(self) -> None:
         self.forwards, self.forward_seconds, self.cache_seconds, self.host_numbers = 0, 0.0, 0.0, 0
         self.image_forwards = 0
+
+
+def window_sizes(windows: Windows, images: int) -> np.ndarray:
+    """Each image's window length (0: no window) for the forms runner.step takes."""
+    if isinstance(windows, Window):
+        return np.full(images, len(windows), dtype=np.int64)
+    if isinstance(windows, np.ndarray):
+        if windows.ndim != 2 or len(windows) != images:
+            raise ValueError(f"chains of shape {windows.shape} for a batch of {images} images")
+        return np.full(images, windows.shape[1], dtype=np.int64)
+    if len(windows) != images:
+        raise ValueError(f"{len(windows)} windows for a batch of {images} images")
+    return np.array([len(w) if w is not None else 0 for w in windows], dtype=np.int64)
+
+
+def _prefix_length(slots: Sequence[int]) -> Optional[int]:
+    """len(slots) if slots is 0, 1, ..., n − 1, else None."""
+    if isinstance(slots, range):
+        return len(slots) if not len(slots) or (slots.start == 0 and slots.step == 1) else None
+    count = len(slots)
+    return count if all(int(s) == n for n, s in enumerate(slots)) else None
+
+
+def uniform_prefix(columns: np.ndarray, counts: np.ndarray) -> Optional[tuple[int, int]]:
+    """(column, count) when every image writes the same count at the same column: one block copy."""
+    if len(counts) == 1 or (len(counts) and (counts == counts[0]).all() and (columns == columns[0]).all()):
+        return int(columns[0]), int(counts[0])
+    return None
 
 
 class VQDecoder(ABC):

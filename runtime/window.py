@@ -9,7 +9,7 @@ ancestors, which is the causal mask for a chain and the tree mask for a tree.
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -87,7 +87,17 @@ def _chain_parts(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return parts
 
 
-def fill_step_inputs(windows: Window | Sequence[Window | None], lengths: int | Sequence[int] | np.ndarray,
+@functools.lru_cache(maxsize=8)
+def _columns(capacity: int) -> np.ndarray:
+    columns = np.arange(capacity)
+    columns.setflags(write=False)
+    return columns
+
+
+Windows = Union[Window, np.ndarray, Sequence[Optional[Window]]]
+
+
+def fill_step_inputs(windows: Windows, lengths: int | Sequence[int] | np.ndarray,
                      capacity: int, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray,
                      caption_mask: np.ndarray | None = None) -> None:
     """Write one step's inputs into caller-owned buffers: image i's window after its `lengths[i]`
@@ -95,30 +105,39 @@ def fill_step_inputs(windows: Window | Sequence[Window | None], lengths: int | S
 
     ids, positions: [B, W]; mask: bool [B, W, capacity + W] (cache columns, then window slots);
     caption_mask: bool [B, cond_len] (t2i), the padded caption columns each row never sees.
-    `windows` is one Window for every image or one per image; a window shorter than W (or None)
-    is padded: a pad slot has id 0, sits at the image's next position and sees the cache and
-    itself only, so every row of the step is a well-defined token nobody reads.
+    `windows` is one Window for every image, an int array [images, W] (image i's chain of W
+    tokens: AR and lockstep drafting, with no Window objects to build), or one Window per image;
+    a window shorter than W (or None) is padded: a pad slot has id 0, sits at the image's next
+    position and sees the cache and itself only, so every row of the step is a well-defined
+    token nobody reads.
     """
     batch, size = ids.shape
-    windows = [windows] if isinstance(windows, Window) else list(windows)
-    lengths = np.broadcast_to(np.asarray(lengths, dtype=np.int64), (len(windows),))
-    row_lengths = np.tile(lengths, batch // len(windows))  # [B]
-    np.less(np.arange(capacity)[None, None, :], row_lengths[:, None, None], out=mask[:, :, :capacity])
+    if isinstance(windows, Window):
+        windows = [windows]
+    images = len(windows)
+    pairs = batch // images
+    lengths = np.broadcast_to(np.asarray(lengths, dtype=np.int64), (images,))
+    by_pair = (pairs, images)  # batch row k·images + i is image i's CFG twin k
+    np.less(_columns(capacity), lengths[:, None, None], out=mask[:, :, :capacity].reshape(*by_pair, size, capacity))
     if caption_mask is not None:
         mask[:, :, :caption_mask.shape[1]] &= caption_mask[:, None, :]
     block = mask[:, :, capacity:capacity + size]
+    if isinstance(windows, np.ndarray):  # chains of the full width, one per image
+        ids.reshape(*by_pair, size)[:] = windows
+        np.add(lengths[:, None], _chain_parts(size)[1], out=positions.reshape(*by_pair, size))
+        block[:] = _chain_parts(size)[2]
+        return
     first = windows[0]
     if first is not None and len(first) == size and all(w is first or (w is not None and w.is_chain and first.is_chain
                                                                       and len(w) == size) for w in windows):
-        # every image runs a window of this shape (AR, and most speculative steps): no padding
-        same = all(w is first for w in windows)
-        ids[:] = first.ids if same else np.tile(np.stack([w.ids for w in windows]), (batch // len(windows), 1))
-        np.add(row_lengths[:, None], first.depths()[None, :], out=positions)
+        # every image runs a window of this shape (most speculative steps): no padding
+        ids.reshape(*by_pair, size)[:] = first.ids if all(w is first for w in windows) else \
+            np.stack([w.ids for w in windows])
+        np.add(lengths[:, None], first.depths(), out=positions.reshape(*by_pair, size))
         block[:] = first.ancestry()
         return
-    images = len(windows)
     ids[:] = 0
-    positions[:] = row_lengths[:, None]
+    positions.reshape(*by_pair, size)[:] = lengths[:, None]
     block[:] = np.eye(size, dtype=bool)
     for i, window in enumerate(windows):
         if window is None or not len(window):

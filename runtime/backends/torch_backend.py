@@ -25,7 +25,7 @@ from specrt.export.neighbours import DEFAULT_K, codebook_neighbours, neighbour_c
 from specrt.lazy import require
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.eagle import HeadRunner
-from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder
+from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, uniform_prefix
 
 
 def _torch():
@@ -261,6 +261,20 @@ class TorchRunner(ModelRunner):
         with self.torch.inference_mode():
             index = self.torch.from_numpy(np.stack([rows, columns, slots])).to(self.device)  # one copy to the device
             self._kv[:, :, index[0], :, index[1]] = self._present[:, :, index[0], :, index[2]].to(self.dtype)
+
+    def _write_prefixes(self, columns: np.ndarray, counts: np.ndarray) -> None:
+        """Block copies on the device (no index tensor to send): one for the whole batch when
+        every image keeps the same count at the same length, else one per image."""
+        with self.torch.inference_mode():
+            block = uniform_prefix(columns, counts)
+            if block is not None:
+                column, count = block
+                self._kv[:, :, :, :, column:column + count].copy_(self._present[:, :, :, :, :count])
+                return
+            images = self.images
+            for i in np.flatnonzero(counts).tolist():
+                column, count = int(columns[i]), int(counts[i])
+                self._kv[:, :, i::images, :, column:column + count].copy_(self._present[:, :, i::images, :, :count])
 
 
 class TorchHeadRunner(HeadRunner, TorchRunner):

@@ -100,6 +100,12 @@ class ToyRunner(ModelRunner):
     def _write_kv(self, rows: np.ndarray, columns: np.ndarray, slots: np.ndarray) -> None:
         self._kv[rows, columns] = self._present[rows, slots]
 
+    def _write_prefixes(self, columns: np.ndarray, counts: np.ndarray) -> None:
+        images, batch = self.images, self.batch  # the buffers keep rows past the batch after a retain
+        for i in np.flatnonzero(counts).tolist():
+            column, count = int(columns[i]), int(counts[i])
+            self._kv[i:batch:images, column:column + count] = self._present[i:batch:images, :count]
+
     def _retain(self, rows: np.ndarray) -> None:
         self._kv[: len(rows)] = self._kv[rows]
 

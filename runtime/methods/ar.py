@@ -5,7 +5,6 @@ import numpy as np
 
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.methods.base import Decoding, Method
-from specrt.runtime.window import Window
 
 
 class Autoregressive(Method):
@@ -21,7 +20,7 @@ class Autoregressive(Method):
         ctx.stats.record_round(1, len(conditions))
         for k in range(1, ctx.num_image_tokens):
             # every image feeds its own last token at its next position: a window of one slot each
-            out = ctx.run(target, [Window.chain([token]) for token in tokens[:, k - 1]])
+            out = ctx.run(target, tokens[:, k - 1:k])
             target.commit([0])
             tokens[:, k] = out.draws[:, 0]
             ctx.stats.record_round(1, len(conditions))

@@ -18,7 +18,7 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions, as_conditions
-from specrt.runtime.runner import ModelRunner, StepOutput, Windows
+from specrt.runtime.runner import ModelRunner, StepOutput, Windows, window_sizes
 from specrt.runtime.sampling import SamplingParams, guidance_mix, inverse_cdf, needs_restriction, restrict
 from specrt.runtime.stats import Stats
 from specrt.runtime.window import Window
@@ -67,16 +67,16 @@ class Decoding:
         """One step of `runner` over each image's window (one Window for all, or one per image,
         None for none): the sampling distribution of every slot (P and Q alike) and one draw per
         slot, made on the device with uniforms from each image's own stream."""
-        sizes = [len(windows)] * runner.images if isinstance(windows, Window) else \
-            [len(w) if w is not None else 0 for w in windows]
-        uniforms = self._uniforms(sizes)
+        uniforms = self._uniforms(window_sizes(windows, runner.images))
         return self._restricted(runner.step(windows, uniforms), uniforms)
 
     def _uniforms(self, sizes: Sequence[int]) -> np.ndarray:
         """[images, longest] uniforms: image i's first sizes[i] from its stream, zeros past them."""
+        sizes = [int(size) for size in sizes]
         out = np.zeros((len(sizes), max(max(sizes, default=1), 1)))
         for row, (rng, size) in enumerate(zip(self.rngs, sizes)):
-            out[row, :size] = rng.random(size)
+            if size:
+                rng.random(out=out[row, :size])
         return out
 
     def retain(self, images: Sequence[int]) -> None:
