@@ -16,6 +16,10 @@ Batches: with b images per step (`--profile-images b`), t is measured for b CFG 
 batch runs until its slowest image is done, so a method pays s ≥ 1 steps per image round:
 s = target graph runs × b / per-image target forwards, read from a `specrt bench --batch b`
 run (1 at batch 1 and for AR). Images per second follow: b · τ / (tokens · s · (t(W) + …)).
+
+Every `specrt bench` run also applies the formula to its own graph timings (run_predicted_speedup:
+each setting's t(W), draft cost, τ and s as the run measured them), so the time-per-image table
+shows, per setting, the speed-up the graphs alone would give beside the measured one.
 """
 from __future__ import annotations
 
@@ -273,6 +277,32 @@ def predicted_images_per_s(latency: StepLatency, method: str, params: dict[str, 
         return None
     per_iteration = _per_iteration(latency, method, params)
     return latency.images * accepted_length / (latency.tokens * straggle * per_iteration)
+
+
+GRAPH_PARTS = ("target_forward", "draft_forward", "vq_decode")  # bench breakdown keys spent inside model graphs
+
+
+def graph_seconds(breakdown: dict[str, float]) -> float:
+    """Seconds per image a bench setting spent inside model graphs (target, draft, VQ decode):
+    the part of its latency the cost model accounts for; the rest is host work."""
+    return sum(breakdown.get(part, 0.0) for part in GRAPH_PARTS)
+
+
+def run_predicted_speedup(breakdown: dict[str, float], ar_breakdown: dict[str, float]) -> float | None:
+    """The cost model on a bench run's own graph timings: ar's graph seconds per image over the
+    setting's, i.e. the speed-up the setting would show if host work cost nothing.
+
+    It is predicted_speedup's τ · t(1) / (s · (t(W) + n_draft · t_draft)) with every term read
+    from the run instead of a profile. An image takes tokens / τ target forwards; at b images per
+    graph step and straggle s it pays for s · tokens / (b · τ) steps of t(W) + n_draft · t_draft
+    each, ar for tokens / b steps of t(1), so the ratio of their target + draft seconds per image
+    is the formula, with t(W) the setting's own target seconds per step at its windows and
+    n_draft · t_draft the draft seconds it really spent per step (test_cost_model.py checks the
+    two agree). The VQ decode every setting pays alike is added to both sides, so measured /
+    predicted (on mean latencies) is (1 − the setting's host share) / (1 − ar's): the host's cost
+    alone. None when either breakdown has no graph time."""
+    setting, ar = graph_seconds(breakdown), graph_seconds(ar_breakdown)
+    return ar / setting if setting > 0 and ar > 0 else None
 
 
 def _per_iteration(latency: StepLatency, method: str, params: dict[str, Any]) -> float:

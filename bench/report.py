@@ -3,7 +3,9 @@
 The JSON layout is a contract (issue 7): one object with `device`, `backend`, `bundle`,
 `settings` and `results`, each result carrying `method`, `params`, `mean_accepted_length`,
 `target_forwards_per_image`, `latency_s` {median, p90}, `speedup_vs_ar`, `breakdown_s` and
-`quality`.
+`quality`; since issue 30 also `predicted_speedup_vs_ar` (the cost model on the run's own graph
+timings: ar's graph seconds per image over the setting's), `mean_speedup_vs_ar` and
+`measured_over_predicted` (their ratio), absent from files written before.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+
+from specrt.bench.cost_model import graph_seconds, run_predicted_speedup
 
 BREAKDOWN_KEYS = ("target_forward", "draft_forward", "verify_sample", "cache", "vq_decode")
 
@@ -41,6 +45,11 @@ class MethodResult:
     images_per_s: float | None = None  # images / total time inside generate calls
     target_calls_per_image: float | None = None  # target graph runs / images: a batch runs until its slowest image
     tokens: list | None = None  # `specrt bench --tokens`: [grid][grid] per image, in image-plan order
+    # the cost model on this run's graph timings (cost_model.run_predicted_speedup), and the measured
+    # speed-up on mean latencies beside it (the breakdown's own statistic), ar at the same batch
+    predicted_speedup_vs_ar: float | None = None
+    mean_speedup_vs_ar: float | None = None
+    measured_over_predicted: float | None = None
 
 
 def latency_summary(latencies: list[float]) -> dict[str, float]:
@@ -49,14 +58,27 @@ def latency_summary(latencies: list[float]) -> dict[str, float]:
     return {"median": float(np.median(values)), "p90": float(np.percentile(values, 90)), "mean": float(values.mean())}
 
 
+def mean_latency(latency_s: dict[str, float]) -> float:
+    """The mean per-image latency (the median in results written before the mean was kept)."""
+    return latency_s.get("mean", latency_s["median"])
+
+
 def attach_speedups(results: list[MethodResult]) -> None:
-    """Speed-up of every setting against `ar` at the same batch size from the same run (median latency ratio)."""
+    """Speed-up of every setting against `ar` at the same batch size from the same run (median latency
+    ratio), and beside it the cost model's prediction from the run's graph timings with the measured
+    speed-up it compares to: mean latencies, the statistic the graph times are (their ratio is then
+    the host's cost alone, see run_predicted_speedup)."""
     for result in results:
         reference = next((r for r in results if r.method == "ar" and r.batch == result.batch), None)
+        result.speedup_vs_ar = result.predicted_speedup_vs_ar = None
+        result.mean_speedup_vs_ar = result.measured_over_predicted = None
         if reference is None:
-            result.speedup_vs_ar = None
-        else:
-            result.speedup_vs_ar = reference.latency_s["median"] / result.latency_s["median"]
+            continue
+        result.speedup_vs_ar = reference.latency_s["median"] / result.latency_s["median"]
+        result.mean_speedup_vs_ar = mean_latency(reference.latency_s) / mean_latency(result.latency_s)
+        result.predicted_speedup_vs_ar = run_predicted_speedup(result.breakdown_s, reference.breakdown_s)
+        if result.predicted_speedup_vs_ar:
+            result.measured_over_predicted = result.mean_speedup_vs_ar / result.predicted_speedup_vs_ar
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -65,6 +87,10 @@ def _fmt(value: Any, digits: int = 2) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
+
+
+def _speedup(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
 
 
 def format_fd(quality: dict[str, Any]) -> str:
@@ -86,7 +112,7 @@ def format_table(results: list[MethodResult]) -> str:
             r.label, _fmt(r.mean_accepted_length), _fmt(r.target_forwards_per_image, 1),
             _fmt(r.draft_forwards_per_image, 1), _fmt(1000 * r.latency_s["median"], 1),
             _fmt(1000 * r.latency_s["p90"], 1), *([_fmt(r.images_per_s, 1)] if batched else []),
-            _fmt(r.speedup_vs_ar) + ("x" if r.speedup_vs_ar is not None else ""),
+            _speedup(r.speedup_vs_ar),
             _fmt(r.quality.get("class_accuracy"), 3), format_fd(r.quality),
             _fmt(r.theory.get("tv_bound"), 3),
         ])
@@ -119,25 +145,28 @@ def format_prompt_following(results: list[MethodResult], real: dict[str, Any] | 
 def host_share(result: MethodResult) -> float:
     """Share of the mean latency spent outside the model graphs (target, draft, VQ decode): the
     verification/sampling, cache maintenance and orchestration the runtime adds (Stats.overhead_share)."""
-    total = result.latency_s.get("mean", result.latency_s["median"])
-    graphs = sum(result.breakdown_s.get(k, 0.0) for k in ("target_forward", "draft_forward", "vq_decode"))
-    return max(total - graphs, 0.0) / total if total else 0.0
+    total = mean_latency(result.latency_s)
+    return max(total - graph_seconds(result.breakdown_s), 0.0) / total if total else 0.0
 
 
 def format_breakdown(results: list[MethodResult]) -> str:
     """Where each setting's time goes: mean per image, in milliseconds; `other` is the rest of the
     mean latency (Python orchestration of the method between model calls); `host %` is everything
     but the graphs (host_share); `read B/fwd` the bytes read back from the device per model call
-    (device backends only)."""
-    headers = ["setting"] + [k for k in BREAKDOWN_KEYS] + ["other", "total", "host %", "read B/fwd"]
+    (device backends only). Then the speed-up against ar on these means, the cost model's from the
+    same run's graph timings (`pred.`, host work free) and their ratio: below 1 where the setting
+    loses more of its time to the host than ar does (attach_speedups)."""
+    headers = (["setting"] + [k for k in BREAKDOWN_KEYS]
+               + ["other", "total", "host %", "read B/fwd", "speed-up", "pred.", "meas/pred"])
     rows = []
     for r in results:
         parts = [r.breakdown_s.get(k, 0.0) for k in BREAKDOWN_KEYS]
-        other = max(r.latency_s.get("mean", r.latency_s["median"]) - sum(parts), 0.0)
-        total = r.latency_s.get("mean", r.latency_s["median"])
+        total = mean_latency(r.latency_s)
+        other = max(total - sum(parts), 0.0)
         rows.append([r.label] + [f"{1000 * p:.1f}" for p in parts]
                     + [f"{1000 * other:.1f}", f"{1000 * total:.1f}", f"{100 * host_share(r):.1f}",
-                       _fmt(r.host_bytes_per_forward, 0)])
+                       _fmt(r.host_bytes_per_forward, 0), _speedup(r.mean_speedup_vs_ar),
+                       _speedup(r.predicted_speedup_vs_ar), _fmt(r.measured_over_predicted)])
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
     line = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
                                    for i, (c, w) in enumerate(zip(cells, widths)))
@@ -258,17 +287,22 @@ def format_markdown(payload: dict[str, Any]) -> str:
     """The run as a Markdown table (for the README), with its device, backend and noise floor."""
     settings = payload["settings"]
     lines = ["| setting | accepted length | target fwd / image | latency median (ms) | p90 (ms) | speed-up vs ar "
+             "| predicted (graphs only) | measured / predicted "
              "| class accuracy | Fréchet distance ± bootstrap sd | TV bound / round |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in payload["results"]:
         q, tv = r.get("quality", {}), r.get("theory", {}).get("tv_bound")
         lines.append(f"| {r['label']} | {r['mean_accepted_length']:.2f} | {r['target_forwards_per_image']:.1f} "
                      f"| {1000 * r['latency_s']['median']:.1f} | {1000 * r['latency_s']['p90']:.1f} "
-                     f"| {_fmt(r['speedup_vs_ar'])}x | {_fmt(q.get('class_accuracy'), 3)} "
+                     f"| {_speedup(r['speedup_vs_ar'])} | {_speedup(r.get('predicted_speedup_vs_ar'))} "
+                     f"| {_fmt(r.get('measured_over_predicted'))} | {_fmt(q.get('class_accuracy'), 3)} "
                      f"| {format_fd(q)} | {_fmt(tv, 3)} |")
     floor = settings.get("fd_noise_floor") or {}
     notes = [f"{payload['device']}, {payload['backend']} backend, {settings.get('threads')} thread(s); "
-             f"{settings['images_per_setting']} images per setting, interleaved in random order."]
+             f"{settings['images_per_setting']} images per setting, interleaved in random order.",
+             "Predicted: the cost model on this run's own graph timings (ar's target + draft + VQ-decode time "
+             "per image over the setting's: its speed-up if host work cost nothing); measured / predicted "
+             "compares it with the speed-up on mean latencies (the table's speed-up is of medians)."]
     if floor.get("frechet_distance") is not None:
         notes.append(f"Fréchet-distance noise floor (real vs real, {floor['images']} vs {floor['reference_images']} "
                      f"images): {format_fd(floor)}; evaluator accuracy on real held-out digits: "

@@ -102,6 +102,9 @@ def benchmark(models: BenchModels, settings: Sequence[Setting], images: int, see
                      for s in settings],
         **({"drafts": models.draft_sources} if models.drafts else {}),
         "speedup": "median latency of ar / median latency of the setting, same run and batch size",
+        "predicted_speedup": "the cost model on this run's graph timings: ar's target + draft + VQ-decode seconds "
+                             "per image / the setting's (host work free); measured_over_predicted = mean_speedup_vs_ar "
+                             "(mean latencies) / predicted_speedup_vs_ar",
         "theorem2": f"relaxed settings re-run untimed on the first {theory_images} images with the runtime's "
                     "Theorem-2 estimates on (timed runs have them off)",
         "fd_noise_floor": floor,

@@ -435,7 +435,9 @@ def _print_run(run) -> None:
         click.echo("\nprompt following (share of images the evaluator reads as asked; real = held-out digits "
                    "against their own measured captions)")
         click.echo(format_prompt_following(run.results, (floor or {}).get("real_prompt_following")))
-    click.echo("\ntime per image, ms (means; other = Python orchestration between model calls)")
+    click.echo("\ntime per image, ms (means; other = Python orchestration between model calls); speed-up = ar's "
+               "total / total;\npred. = the cost model on this run's graph timings: ar's target_forward + draft_forward"
+               " + vq_decode / the setting's (host work free); meas/pred = (1 - host %) / (1 - ar's host %)")
     click.echo(format_breakdown(run.results))
     click.echo(f"\nrun time {settings['wall_time_s']:.0f} s")
 

@@ -77,9 +77,16 @@ def test_numbers_are_consistent_with_the_methods(tiny_run):
     assert ar["target_forwards_per_image"] == TOKENS and ar["breakdown_s"]["draft_forward"] == 0.0
     for label in ("sd", "cool-sd(delta=1.5)", "lantern"):
         assert by_label[label]["draft_forwards_per_image"] > 0
+    graphs = lambda r: sum(r["breakdown_s"][k] for k in ("target_forward", "draft_forward", "vq_decode"))  # noqa: E731
+    assert ar["predicted_speedup_vs_ar"] == 1.0 and ar["measured_over_predicted"] == 1.0
     for label, result in by_label.items():
         expected = ar["latency_s"]["median"] / result["latency_s"]["median"]
         assert result["speedup_vs_ar"] == pytest.approx(expected)
+        # the cost model on the run's own graph timings, beside the measured speed-up (means) for every setting
+        assert result["predicted_speedup_vs_ar"] == pytest.approx(graphs(ar) / graphs(result))
+        assert result["mean_speedup_vs_ar"] == pytest.approx(ar["latency_s"]["mean"] / result["latency_s"]["mean"])
+        assert result["measured_over_predicted"] == pytest.approx(
+            result["mean_speedup_vs_ar"] / result["predicted_speedup_vs_ar"])
     # Theorem 2: lossless methods have zero TV; Cool-SD gets positive estimates from the runtime
     assert by_label["sjd-pac"]["theory"]["tv_bound"] == 0.0
     cool = by_label["cool-sd(delta=3)"]["theory"]

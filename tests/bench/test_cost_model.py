@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from specrt.bench.cost_model import StepLatency, parse_windows, prediction_table, predicted_speedup, window_cost, \
-    write_profile_plot
+from specrt.bench.cost_model import StepLatency, parse_windows, prediction_table, predicted_speedup, \
+    run_predicted_speedup, window_cost, write_profile_plot
 from specrt.errors import SpecrtError
 
 FLAT = StepLatency("test", "cpu", [1, 8, 64], [0.010, 0.010, 0.010], draft_s=0.001)
@@ -64,6 +64,27 @@ def test_batches_use_the_batch_run_and_pay_for_stragglers():
     assert predictions[1]["predicted_images_per_s"] == pytest.approx(8 * 3.0 / (256 * 1.5 * 0.020))
     _, at1 = prediction_table(FLAT, measured)  # batch 1: the batch-1 results, no straggle
     assert [p["label"] for p in at1] == ["ar", "sjd"] and at1[1]["straggle"] == 1.0
+
+
+@pytest.mark.parametrize("images, lag", [(1, 1.0), (8, 1.5)], ids=["batch1", "batch8-straggling"])
+def test_run_prediction_is_the_cost_model_on_the_run_own_step_costs(images, lag):
+    """A bench run whose graphs cost exactly what a t(W) profile says (sd: W = 5, 4 draft calls per
+    step) gets, from its breakdown alone, the speed-up predicted_speedup gives on that profile."""
+    tokens, tau = 64, 2.5
+    latency = StepLatency("run", "cpu", [1, 5], [0.010, 0.015], draft_s=0.002, images=images, tokens=tokens)
+    steps = tokens / tau * lag / images  # graph steps an image pays for: its forwards, straggle, shared by the batch
+    setting = {"target_forward": steps * 0.015, "draft_forward": steps * 4 * 0.002, "vq_decode": 0.0}
+    ar = {"target_forward": tokens / images * 0.010, "draft_forward": 0.0, "vq_decode": 0.0}
+    assert run_predicted_speedup(setting, ar) == pytest.approx(predicted_speedup(latency, "sd", {}, tau, lag))
+    assert run_predicted_speedup(ar, ar) == 1.0
+
+
+def test_run_prediction_adds_the_vq_decode_to_both_sides():
+    ar = {"target_forward": 0.090, "draft_forward": 0.0, "verify_sample": 0.0, "cache": 0.012, "vq_decode": 0.010}
+    setting = {"target_forward": 0.040, "draft_forward": 0.010, "verify_sample": 0.004, "cache": 0.020,
+               "vq_decode": 0.010}
+    assert run_predicted_speedup(setting, ar) == pytest.approx(0.100 / 0.060)  # host parts (verify, cache) are free
+    assert run_predicted_speedup({}, ar) is None and run_predicted_speedup(setting, {}) is None
 
 
 def test_bytes_per_step_counts_weights_but_embeddings_and_the_whole_kv_buffer():
