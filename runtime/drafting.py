@@ -99,19 +99,35 @@ class ModelDrafter(Drafter):
     Its KV cache holds a prefix of the sequence it last ran (`cached`, image tokens); before each
     pass it keeps the longest part of that prefix still committed (free: runner.truncate) and
     feeds the rest, so accepted chain drafts are never recomputed and rejected ones cost nothing.
+
+    Trees: on a runner that stages rows (ModelRunner.stage), every node is run once. The round's
+    first pass catches up and runs the root; each later pass feeds only the nodes not yet run,
+    under a mask that shows them their staged ancestors (Window.level); after verification the
+    accepted path's staged rows become committed rows (ModelRunner.adopt), so the next round
+    feeds only the new pending token. Other runners re-feed the tree's closure each pass.
     """
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner
         self.tokens: list[int] = []   # the committed sequence, pending token last
         self.cached: list[int] = []   # image tokens whose KV rows the runner holds, in order
+        self._staged: dict[int, int] = {}  # tree node -> its staged row, this round
 
     def start(self, ctx, condition, first, target):
         self.runner.truncate(0)
         ctx.prefill(self.runner, condition)
-        self.tokens, self.cached = [int(first)], []
+        self.tokens, self.cached, self._staged = [int(first)], [], {}
 
     def extend(self, ctx, tokens, verified):
+        if self._staged:  # keep the accepted path's rows: the root, then each accepted node that was run
+            path = []
+            for node in verified.slots:
+                if node not in self._staged:
+                    break
+                path.append(node)
+            self.runner.adopt([self._staged[node] for node in path])
+            self.cached = self.tokens + [int(t) for t in tokens[:len(path) - 1]]
+            self._staged = {}
         self.tokens += [int(t) for t in tokens]
 
     def rollback(self, length):
@@ -122,6 +138,7 @@ class ModelDrafter(Drafter):
         after it (at least the last one)."""
         keep = common_prefix(self.cached, sequence[:-1])
         self.runner.truncate(self.runner.spec.cond_len + keep)
+        self._staged = {}
         del self.cached[keep:]
         return list(sequence[keep:])
 
@@ -139,6 +156,18 @@ class ModelDrafter(Drafter):
         return drafts, rows
 
     def expand(self, ctx, tree, nodes):
+        if self.runner.stages_trees and 0 in self._staged:
+            return self._expand_level(ctx, tree, nodes)
+        out, slot, below = self._run_closure(ctx, tree, nodes)
+        if self.runner.stages_trees:  # the round's first pass: the root (and its closure) stays staged
+            self.runner.stage([slot[n] for n in (0, *below)])
+            self._staged = {n: i for i, n in enumerate((0, *below))}
+        return [np.array(out.probs[0, slot[n]]) for n in nodes]
+
+    def _run_closure(self, ctx, tree, nodes) -> tuple[StepOutput, dict[int, int], list[int]]:
+        """Catch up on the committed tokens, then run the root and the closure of `nodes` below it
+        under the tree mask; only the tokens before the root are committed.
+        (output, window slot of each node run, the nodes run below the root)."""
         feed = self._unfed(self.tokens)  # ends with the pending token, the tree's root
         below = [n for n in tree.closure(nodes) if n]  # the tree's nodes the window needs, root excluded
         if len(feed) + len(below) > self.runner.max_window and len(feed) > 1:
@@ -148,10 +177,29 @@ class ModelDrafter(Drafter):
         root = len(feed) - 1
         slot = {0: root, **{n: root + 1 + i for i, n in enumerate(below)}}
         parents = [*range(-1, root), *(slot[tree.parents[n]] for n in below)]
-        window = Window.tree([*feed, *(tree.tokens[n] for n in below)], parents)
-        out = ctx.run(self.runner, window)
-        self.runner.commit(range(root))  # the committed tokens before the root; the tree stays out
+        out = ctx.run(self.runner, Window.tree([*feed, *(tree.tokens[n] for n in below)], parents))
+        self.runner.commit(range(root))  # the committed tokens before the root
         self.cached = self.tokens[:-1]
+        return out, slot, below
+
+    def _expand_level(self, ctx, tree, nodes):
+        """A later pass of the round: only the nodes not yet run, each seeing its staged ancestors."""
+        new = [n for n in tree.closure(nodes) if n not in self._staged]
+        if any(n not in new for n in nodes):
+            raise ValueError("expand: a node asked for was run in an earlier pass of this round")
+        slot = {n: w for w, n in enumerate(new)}
+        staged = np.zeros((len(new), len(self._staged)), dtype=bool)
+        for w, n in enumerate(new):
+            ancestor = tree.parents[n]
+            while ancestor >= 0:
+                if ancestor in self._staged:
+                    staged[w, self._staged[ancestor]] = True
+                ancestor = tree.parents[ancestor]
+        window = Window.level([tree.tokens[n] for n in new], [slot.get(tree.parents[n], -1) for n in new],
+                              [tree.depths[n] for n in new], staged)
+        out = ctx.run(self.runner, window)
+        self.runner.stage(range(len(new)))
+        self._staged.update({n: len(self._staged) + w for w, n in enumerate(new)})
         return [np.array(out.probs[0, slot[n]]) for n in nodes]
 
 

@@ -90,6 +90,7 @@ class ModelRunner(ABC):
         self.batch = 0
         self.capacity = 0
         self.lengths = np.zeros(0, dtype=np.int64)  # committed KV rows of each image in the batch
+        self.staged = np.zeros(0, dtype=np.int64)   # rows held after them: a drafted tree's nodes (stage)
         self.forwards = 0
         self.image_forwards = 0  # images run, summed over graph runs (an empty window runs none)
         self.forward_seconds = 0.0
@@ -172,6 +173,7 @@ class ModelRunner(ABC):
         else:
             self.mix[...] = mix  # same shape: the backends' bound mix buffer takes the new values
         self.lengths = np.zeros(images, dtype=np.int64)
+        self.staged = np.zeros(images, dtype=np.int64)
 
     def _uniform_view(self, uniforms: np.ndarray, size: int) -> np.ndarray:
         view = self._uniforms[: self.images * size].reshape(self.images, size)
@@ -208,7 +210,7 @@ class ModelRunner(ABC):
         size = max(int(sizes.max()), 1)
         if size > self.max_window:
             raise SpecrtError(f"window of {size} tokens exceeds this model's max_window {self.max_window}")
-        if int((self.lengths + sizes).max()) > self.capacity:
+        if int((self.lengths + self.staged + sizes).max()) > self.capacity:
             raise ValueError(f"windows of {sizes.tolist()} at lengths {self.lengths.tolist()} overflow "
                              f"capacity {self.capacity}")
         start = time.perf_counter()
@@ -281,6 +283,53 @@ class ModelRunner(ABC):
         rows = np.concatenate([image + images * k for k in range(pairs)])
         self._write_kv(rows, np.tile(sources + columns[image], pairs), np.tile(sources, pairs))
 
+    # ---- trees held in the cache (a drafter's nodes, each run once) ------------------------------
+
+    stages_trees = False  # the backend implements _move_kv: stage/adopt work
+
+    def stage(self, slots: Sequence[int]) -> None:
+        """Keep the last window's `slots` (every image alike) as staged rows after the rows staged
+        so far: not committed (lengths do not move), visible to later windows only where a
+        window's `staged` mask says so (runtime.window.Window.level). A tree drafter keeps its
+        nodes here, so each depth feeds only the new level (EAGLE's tree attention)."""
+        slots = np.asarray(list(slots), dtype=np.int64)
+        if not len(slots):
+            return
+        start = time.perf_counter()
+        images, pairs = self.images, self.batch // self.images
+        if int((self.lengths + self.staged).max()) + len(slots) > self.capacity:
+            raise ValueError(f"staging {len(slots)} rows overflows capacity {self.capacity}")
+        image = np.repeat(np.arange(images), len(slots))
+        columns = (self.lengths + self.staged)[image] + np.tile(np.arange(len(slots)), images)
+        rows = np.concatenate([image + images * k for k in range(pairs)])
+        self._write_kv(rows, np.tile(columns, pairs), np.tile(np.tile(slots, images), pairs))
+        self.staged += len(slots)
+        self.cache_seconds += time.perf_counter() - start
+
+    def adopt(self, staged_rows: Sequence[int]) -> None:
+        """Commit these staged rows (indices in staging order, increasing: an accepted tree path)
+        after the committed length, every image alike, and drop the rest of the staged rows."""
+        order = np.asarray(list(staged_rows), dtype=np.int64)
+        if len(order) and (np.any(np.diff(order) <= 0) or order[0] < 0 or int(order[-1]) >= int(self.staged.min())):
+            raise ValueError(f"staged rows {order.tolist()} are not increasing indices below {self.staged.tolist()}")
+        start = time.perf_counter()
+        moving = np.flatnonzero(order != np.arange(len(order)))  # a path's first rows are often in place
+        if len(moving):
+            images, pairs = self.images, self.batch // self.images
+            image = np.repeat(np.arange(images), len(moving))
+            base = self.lengths[image]
+            rows = np.concatenate([image + images * k for k in range(pairs)])
+            targets = np.tile(base + np.tile(moving, images), pairs)
+            sources = np.tile(base + np.tile(order[moving], images), pairs)
+            self._move_kv(rows, targets, sources)
+        self.lengths += len(order)
+        self.staged[:] = 0
+        self.cache_seconds += time.perf_counter() - start
+
+    def _move_kv(self, rows: np.ndarray, columns: np.ndarray, sources: np.ndarray) -> None:
+        """kv[:, :, rows[n], :, columns[n]] = kv[:, :, rows[n], :, sources[n]] (columns[n] < sources[n])."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no staged rows")
+
     def _per_image(self, slots: Slots) -> list[Sequence[int]]:
         slots = list(slots)
         if not slots or isinstance(slots[0], (int, np.integer)):
@@ -298,6 +347,7 @@ class ModelRunner(ABC):
         """Roll back to `lengths` committed rows (one for every image, or one per image): free,
         the stale rows are masked out and overwritten."""
         np.minimum(self.lengths, np.asarray(lengths, dtype=np.int64), out=self.lengths)
+        self.staged[:] = 0
 
     def retain(self, images: Sequence[int]) -> None:
         """Keep only these images (positions in the current batch, in order), with their CFG
@@ -310,6 +360,7 @@ class ModelRunner(ABC):
         rows = np.concatenate([keep + old_images * k for k in range(pairs)])
         self.mix = np.ascontiguousarray(self.mix[np.ix_(keep, rows)])
         self.lengths = self.lengths[keep]
+        self.staged = self.staged[keep]
         if self._caption_mask is not None:
             self._caption_mask = self._caption_mask[rows]
         self._retain(rows)

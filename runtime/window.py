@@ -22,12 +22,29 @@ class Window:
     cost more than the arithmetic they do at these sizes.
     """
 
-    __slots__ = ("ids", "_parents", "is_chain")
+    __slots__ = ("ids", "_parents", "is_chain", "_depths", "staged")
 
     def __init__(self, ids: np.ndarray, parents: np.ndarray | None = None):
         self.ids = ids              # int64 [W]
         self._parents = parents     # int64 [W]; None for a chain
         self.is_chain = parents is None
+        self._depths: np.ndarray | None = None  # a level's own depths (Window.level)
+        self.staged: np.ndarray | None = None   # bool [W, S]: which staged cache rows each slot sees
+
+    @classmethod
+    def level(cls, ids: Sequence[int], parents: Sequence[int], depths: Sequence[int], staged: np.ndarray) -> "Window":
+        """New nodes of a tree whose earlier nodes are staged in the cache (ModelRunner.stage):
+        slot w sits at depth depths[w] below the committed length, sees its in-window parent
+        chain (parents[w] < w, or −1 where its parent is staged) and the staged rows marked in
+        staged[w] (its staged ancestors). Each tree node is run once, level by level."""
+        parents = np.asarray(parents, dtype=np.int64)
+        if np.any(parents >= np.arange(len(parents))):
+            raise ValueError("level windows need parents[w] < w (or −1: staged)")
+        window = cls(np.asarray(ids, dtype=np.int64), parents)
+        window.is_chain = False
+        window._depths = np.asarray(depths, dtype=np.int64)
+        window.staged = np.asarray(staged, dtype=bool).reshape(len(parents), -1)
+        return window
 
     @classmethod
     def chain(cls, ids: Sequence[int]) -> "Window":
@@ -51,6 +68,8 @@ class Window:
         return _chain_parts(len(self))[0] if self._parents is None else self._parents
 
     def depths(self) -> np.ndarray:
+        if self._depths is not None:
+            return self._depths
         if self.is_chain:
             return _chain_parts(len(self))[1]
         depth = np.zeros(len(self), dtype=np.int64)
@@ -59,12 +78,14 @@ class Window:
         return depth
 
     def ancestry(self) -> np.ndarray:
-        """bool [W, W]: row w true at w and at every ancestor of w (the in-window attention mask)."""
+        """bool [W, W]: row w true at w and at every ancestor of w in the window (the in-window
+        attention mask)."""
         if self.is_chain:
             return _chain_parts(len(self))[2]
         seen = np.eye(len(self), dtype=bool)
         for w in range(1, len(self)):
-            seen[w] |= seen[self._parents[w]]
+            if self._parents[w] >= 0:
+                seen[w] |= seen[self._parents[w]]
         return seen
 
     def path_to(self, slot: int) -> list[int]:
@@ -128,7 +149,8 @@ def fill_step_inputs(windows: Windows, lengths: int | Sequence[int] | np.ndarray
         block[:] = _chain_parts(size)[2]
         return
     first = windows[0]
-    if first is not None and len(first) == size and all(w is first or (w is not None and w.is_chain and first.is_chain
+    if first is not None and len(first) == size and first.staged is None and \
+            all(w is first or (w is not None and w.is_chain and first.is_chain
                                                                       and len(w) == size) for w in windows):
         # every image runs a window of this shape (most speculative steps): no padding
         ids.reshape(*by_pair, size)[:] = first.ids if all(w is first for w in windows) else \
@@ -146,3 +168,6 @@ def fill_step_inputs(windows: Windows, lengths: int | Sequence[int] | np.ndarray
         ids[rows, :n] = window.ids
         positions[rows, :n] = lengths[i] + window.depths()
         block[rows, :n, :n] = window.ancestry()
+        if window.staged is not None:  # the staged rows after the committed ones (ModelRunner.stage)
+            start = int(lengths[i])
+            mask[rows, :n, start:start + window.staged.shape[1]] = window.staged

@@ -205,6 +205,11 @@ class OrtRunner(ModelRunner):
     def _write_kv(self, rows: np.ndarray, columns: np.ndarray, slots: np.ndarray) -> None:
         self._kv[:, :, rows, :, columns] = self._present[:, :, rows, :, slots]
 
+    stages_trees = True
+
+    def _move_kv(self, rows: np.ndarray, columns: np.ndarray, sources: np.ndarray) -> None:
+        self._kv[:, :, rows, :, columns] = self._kv[:, :, rows, :, sources]  # the gather copies first
+
     def _write_prefixes(self, columns: np.ndarray, counts: np.ndarray) -> None:
         block = uniform_prefix(columns, counts)
         if block is not None:  # one strided copy for the whole batch

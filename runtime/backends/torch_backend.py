@@ -262,6 +262,13 @@ class TorchRunner(ModelRunner):
             index = self.torch.from_numpy(np.stack([rows, columns, slots])).to(self.device)  # one copy to the device
             self._kv[:, :, index[0], :, index[1]] = self._present[:, :, index[0], :, index[2]].to(self.dtype)
 
+    stages_trees = True
+
+    def _move_kv(self, rows: np.ndarray, columns: np.ndarray, sources: np.ndarray) -> None:
+        with self.torch.inference_mode():
+            index = self.torch.from_numpy(np.stack([rows, columns, sources])).to(self.device)
+            self._kv[:, :, index[0], :, index[1]] = self._kv[:, :, index[0], :, index[2]]  # the gather copies first
+
     def _write_prefixes(self, columns: np.ndarray, counts: np.ndarray) -> None:
         """Block copies on the device (no index tensor to send): one for the whole batch when
         every image keeps the same count at the same length, else one per image."""

@@ -100,6 +100,11 @@ class ToyRunner(ModelRunner):
     def _write_kv(self, rows: np.ndarray, columns: np.ndarray, slots: np.ndarray) -> None:
         self._kv[rows, columns] = self._present[rows, slots]
 
+    stages_trees = True
+
+    def _move_kv(self, rows: np.ndarray, columns: np.ndarray, sources: np.ndarray) -> None:
+        self._kv[rows, columns] = self._kv[rows, sources]
+
     def _write_prefixes(self, columns: np.ndarray, counts: np.ndarray) -> None:
         images, batch = self.images, self.batch  # the buffers keep rows past the batch after a retain
         for i in np.flatnonzero(counts).tolist():
