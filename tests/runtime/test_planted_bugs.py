@@ -1,5 +1,6 @@
 """Deliberately broken variants of the subtle parts of SJD-PAC, Cool-SD and tree drafting, which the
-exactness checks must flag (a chi-square against an independent enumeration, tests/runtime/_toy_exact.py).
+exactness checks must flag (a chi-square against an independent enumeration, tests/runtime/_toy_exact.py;
+_tree_exact.py for tree drafting's rounds, relaxed ones included).
 
 Each variant is the real method with one piece swapped (monkeypatched function or subclass), run
 through the public Pipeline.generate on the toy family, in a setting where the real method passes
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from _toy_exact import chi_square, exact_distribution, next_token_row, one_torch_thread  # noqa: F401 (autouse fixture)
+from _tree_exact import exp_weights, tree_distribution
 from specrt.runtime.backends.toy import toy_models
 from specrt.runtime import verification
 from specrt.runtime.methods import jacobi
@@ -21,6 +23,7 @@ from specrt.runtime.methods.jacobi import SJDPAC
 from specrt.runtime.methods.speculative import CoolSD
 from specrt.runtime.pipeline import Pipeline
 from specrt.runtime.sampling import SamplingParams, sample
+from specrt.runtime.tree import STATIC_TREES
 from specrt.runtime.verification import (
     CoolRule, draw_without_replacement, normalise, residual, verify_positions, without_replacement,
 )
@@ -231,3 +234,115 @@ def test_dynamic_tree_children_tested_against_the_draft_row_are_flagged(monkeypa
     monkeypatch.setattr(verification, "candidate_proposals", top_k_children_as_if_sampled)
     statistic, critical = chi2("sd", 500, TREE_TOY, tree="dynamic", total_tokens=6, depth=3, tree_top_k=2)
     assert statistic > critical, f"top-k children against q passed: chi2 {statistic:.1f} < {critical:.1f}"
+
+
+# ---- tree drafting alone: siblings against q^(k), and Cool-SD's ω by depth ---------------------------
+# Against tree_distribution (tests/runtime/_tree_exact.py), every round enumerated from the definitions.
+# TREE_TOY's draft is close to its target (noise 1): a node's first child is mostly accepted, so what
+# its later siblings are tested against barely shows (every sibling against q: chi2 57 against a
+# critical 85 at 2,000 images, enumerated non-centrality 11). With a draft far from the target
+# (noise 3) first children are mostly rejected and the siblings carry the output.
+
+TREE_FAR_TOY = {"vocab_size": 3, "seed": 0, "draft_noise": 3.0, "max_window": 26}
+TREE_COOL = {"relaxation_budget": 1.5, "schedule": "exp", "decay": 0.7}  # ω by depth 3.89, 1.93, 0.96, ...
+DYNAMIC = {"total_tokens": 6, "depth": 3, "tree_top_k": 2}  # test_losslessness's dynamic tree
+TREES = {"static": {"tree": "static"}, "dynamic": {"tree": "dynamic", **DYNAMIC}}
+
+
+def tree_shape(tree: str) -> dict:
+    """tree_distribution's description of a TREES entry (the static one is the default mc_sim_7b_63)."""
+    if tree == "static":
+        return {"static": STATIC_TREES["mc_sim_7b_63"]}
+    return {"dynamic": {"depth": DYNAMIC["depth"], "top_k": DYNAMIC["tree_top_k"],
+                        "total_tokens": DYNAMIC["total_tokens"]}}
+
+
+def tree_chi2(method, tree: str, omega=None, **params) -> tuple[tuple[float, float], tuple[float, float]]:
+    """TREE_SAMPLES images of `method` (a name with its `params`, or a Method) drafting `tree` on
+    TREE_FAR_TOY: chi-square against tree drafting's exact distribution with ω_d = omega[d − 1] (None:
+    SD, the target's P), and against the target's P."""
+    target, draft, vq = toy_models(grid_size=GRID, num_classes=2, **TREE_FAR_TOY)
+    pipe = Pipeline(target, vq, draft, sampling_defaults=vars(PLAIN), max_images=256)
+    params = {**TREES[tree], **params} if isinstance(method, str) else params
+    tokens = pipe.generate([CLASS_ID] * TREE_SAMPLES, method=method, seed=11, **params).tokens
+    vocab = TREE_FAR_TOY["vocab_size"]
+    exact_p = exact_distribution(target.lm, CLASS_ID, 2, vocab, GRID * GRID, PLAIN)
+    exact = exact_p if omega is None else tree_distribution(target.lm, draft.lm, CLASS_ID, 2, vocab, GRID * GRID,
+                                                             PLAIN, omega=omega, **tree_shape(tree))
+    return chi_square(tokens, exact), chi_square(tokens, exact_p)
+
+
+def test_tree_enumeration_reproduces_sd_and_separates_siblings_against_q():
+    """The enumerator gives SD's P for both tree kinds (so its sibling walk is right), and every
+    static sibling against q is far from P on TREE_FAR_TOY (non-centrality ~5,400 at 2,000 images)."""
+    target, draft, _ = toy_models(grid_size=GRID, num_classes=2, **TREE_FAR_TOY)
+    args = (target.lm, draft.lm, CLASS_ID, 2, TREE_FAR_TOY["vocab_size"], GRID * GRID, PLAIN)
+    exact = exact_distribution(target.lm, CLASS_ID, 2, TREE_FAR_TOY["vocab_size"], GRID * GRID, PLAIN)
+    for tree in TREES:
+        enumerated = tree_distribution(*args, **tree_shape(tree))
+        assert max(abs(enumerated[s] - exact[s]) for s in exact) < 1e-12, tree
+    broken = tree_distribution(*args, **tree_shape("static"), siblings_against_q=True)
+    noncentrality = TREE_SAMPLES * sum((broken[s] - exact[s]) ** 2 / exact[s] for s in exact)
+    assert noncentrality > 1_000, f"siblings against q barely change the output here: {noncentrality:.0f}"
+
+
+def test_sd_static_tree_is_exact_with_a_far_draft():
+    """The setting of the planted bug below: the real static tree passes there (chi2 ~35 < ~68)."""
+    (statistic, critical), _ = tree_chi2("sd", "static")
+    assert statistic < critical, f"sd static tree: chi2 {statistic:.1f} >= {critical:.1f}"
+
+
+def siblings_against_q(q, candidates, drawn, vocab=0):
+    """Broken: every sibling of a static tree is tested against q itself, not q^(k) (q with its
+    earlier siblings removed and renormalised), though it was drawn without replacement."""
+    if drawn != verification.SAMPLED:
+        yield from real_proposals(q, candidates, drawn, vocab)
+        return
+    for token in candidates:
+        yield int(token), q
+
+
+def test_static_tree_siblings_tested_against_q_are_flagged(monkeypatch):
+    """sd with tree=static alone (no SJD-PAC), at TREE_SAMPLES: chi2 ~5,500 against a critical ~68."""
+    monkeypatch.setattr(verification, "candidate_proposals", siblings_against_q)
+    (statistic, critical), _ = tree_chi2("sd", "static")
+    assert statistic > critical, f"siblings against q passed: chi2 {statistic:.1f} < {critical:.1f}"
+
+
+def tree_weights(tree: str) -> np.ndarray:
+    """ω_1..ω_L over the tree's depth (mc_sim_7b_63: 5; the dynamic tree: DYNAMIC's depth), Eq. 16."""
+    depth = max(map(len, STATIC_TREES["mc_sim_7b_63"])) if tree == "static" else DYNAMIC["depth"]
+    return exp_weights(depth, TREE_COOL["relaxation_budget"], TREE_COOL["decay"])
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_cool_sd_trees_match_their_exact_distribution(tree):
+    """Cool-SD's siblings at depth d use ω_d: the pipeline matches the enumeration (chi2 ~18 < ~63
+    static, ~21 < ~54 dynamic) and is far from P (chi2 in the thousands), so the check has power."""
+    (statistic, critical), (from_p, critical_p) = tree_chi2("cool-sd", tree, tree_weights(tree), **TREE_COOL)
+    assert statistic < critical, f"cool-sd {tree} tree: chi2 {statistic:.1f} >= {critical:.1f}"
+    assert from_p > critical_p, f"cool-sd {tree} tree is not relaxed here: chi2 to P {from_p:.1f} < {critical_p:.1f}"
+
+
+class DepthShiftedCoolSD(CoolSD):
+    """Broken: the siblings at depth d are verified with the schedule's weight of depth d + shift
+    (clamped to ω_1..ω_L), not ω_d."""
+
+    shift = 1
+
+    def weights(self) -> np.ndarray:
+        omega = super().weights()
+        return omega[np.clip(np.arange(len(omega)) + self.shift, 0, len(omega) - 1)]
+
+
+class DepthShiftedDown(DepthShiftedCoolSD):
+    shift = -1
+
+
+@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("broken", [DepthShiftedCoolSD, DepthShiftedDown], ids=["omega_d+1", "omega_d-1"])
+def test_cool_sd_trees_with_a_depth_shifted_schedule_are_flagged(tree, broken):
+    """Enumerated non-centralities at 2,000 images: static 2,234 (ω_{d+1}) and 492 (ω_{d−1}, ω_1 at
+    depth 1), dynamic 338 and 699, against critical values ~54-63."""
+    (statistic, critical), _ = tree_chi2(broken(**TREE_COOL, **TREES[tree]), tree, tree_weights(tree))
+    assert statistic > critical, f"{broken.__name__} on a {tree} tree passed: chi2 {statistic:.1f} < {critical:.1f}"
