@@ -1,35 +1,42 @@
-"""The drafting interface the tree loop (and any chain loop) calls, and the independent draft behind it.
+"""The drafting interface the draft-then-verify loops call, and the independent draft behind it.
 
-A round of draft-then-verify, as runtime.methods.tree_loop runs it:
+A round of draft-then-verify for a batch of images, as runtime.methods.tree_loop runs it (lists
+are indexed by batch position; None marks an image with nothing to do this round):
 
-    drafter.start(ctx, condition, first, target_prefill)      # once per image
-    while the image is not complete:
-        tree = grow a TokenTree with drafter.expand(...)       # or drafter.propose_chain(ctx, L)
-        scored = ctx.run(target, tree.window())                # one target pass, tree mask
-        outcome = verify_tree(...)                             # runtime.verification
-        target.commit(outcome.path)
-        drafter.rollback(committed)                            # drop everything drafted this round
-        drafter.extend(ctx, outcome.accepted + [outcome.next_token], Verified(scored, outcome.path))
+    drafter.start(ctx, conditions, firsts, target_prefill)          # once per batch
+    while some image is not complete:
+        trees = grow_trees(ctx, drafter, ...)                        # drafter.expand per depth
+                                                                     # (or drafter.propose_chain(ctx, lengths))
+        scored = ctx.run(target, [tree.window() ...])                # one target pass, tree masks
+        outcomes = verify_tree(...) per image                        # runtime.verification
+        target.commit([outcome.path ...])
+        drafter.rollback(committed lengths)                          # drop what was drafted this round
+        drafter.extend(ctx, [outcome.accepted + [outcome.next_token] ...], Verified(scored, paths))
+        drafter.retain(kept positions) when finished images leave the batch
+
+Every call runs the whole batch through the draft at once (ragged windows), and each image keeps
+its own state, random stream and committed sequence: an image's tokens are the same alone or in
+any batch.
 
 The committed sequence is the image tokens decided so far; its last one is *pending*: sampled,
 but not yet run through the target (its KV and hidden row come with the next verification pass,
 where it is the root of the tree, window slot 0). `Verified` hands the drafter the target's own
-step output for the committed path, so a drafter fed by the target's hidden states (an EAGLE
+step output for the committed paths, so a drafter fed by the target's hidden states (an EAGLE
 head: fc(cat(embedding of token t+1, target hidden at t))) can read the rows of exactly the
 tokens that were committed (window slots `path`: the old pending token, then the accepted drafts);
 an independent draft model ignores it. `start` gets the target's prefill output for the same reason
 (its row is the hidden state that image token 0 is paired with).
 
-Within one round the loop grows a single tree and calls `expand` only for nodes whose ancestors
-are the root or were expanded earlier in that round, so a drafter may keep per-node state for the
-round (an EAGLE head: its own predicted features of the nodes, which feed their children);
-`rollback` ends the round.
+Within one round the loop grows one tree per image and calls `expand` only for nodes whose
+ancestors are the root or were expanded earlier in that round, so a drafter may keep per-node
+state for the round (its staged KV rows; an EAGLE head's own predicted features of the nodes,
+which feed their children); `rollback` ends the round.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
@@ -45,43 +52,49 @@ if TYPE_CHECKING:  # pragma: no cover
 @dataclass
 class Verified:
     """The target's verification pass as the drafter sees it: its step output (rows [I, W, ...] by
-    window slot; its hidden rows where the backend returns them) and the window slots of the
-    committed path in order (slot 0, the old pending token, first; then each accepted draft)."""
+    window slot; its hidden rows where the backend returns them) and, per image, the window slots
+    of the committed path in order (slot 0, the old pending token, first; then each accepted draft)."""
 
     output: StepOutput
-    slots: list[int]
+    slots: list[Optional[list[int]]]  # per image (None: the image had no pass)
 
 
 class Drafter(ABC):
     """What a draft-then-verify loop asks of a draft, whatever kind it is (an independent model, an
-    EAGLE head). Rows are draft distributions over the vocabulary after the sampling restriction
-    (CFG, temperature, top-k, top-p as for the target; Decoding.run applies them), on the host."""
+    EAGLE head), for a batch of images at once. Rows are draft distributions over the vocabulary
+    after the sampling restriction (CFG, temperature, top-k, top-p as for the target; Decoding.run
+    applies them), indexable like numpy."""
 
     @abstractmethod
-    def start(self, ctx: "Decoding", condition: Conditions, first: int, target: StepOutput) -> None:
-        """Begin an image: reset, prefill on `condition`; `first` is image token 0 (pending), drawn from
-        the target's prefill output `target`."""
+    def start(self, ctx: "Decoding", conditions: Conditions, firsts: Sequence[int], target: StepOutput) -> None:
+        """Begin the batch: reset, prefill on `conditions`; firsts[p] is image p's token 0 (pending),
+        drawn from the target's prefill output `target`."""
 
     @abstractmethod
-    def extend(self, ctx: "Decoding", tokens: Sequence[int], verified: Verified) -> None:
-        """The committed sequence grew by `tokens` (the accepted drafts, then the new pending token);
-        `verified` is the pass that decided them."""
+    def extend(self, ctx: "Decoding", tokens: Sequence[Optional[Sequence[int]]], verified: Verified) -> None:
+        """Each image's committed sequence grew by tokens[p] (the accepted drafts, then the new
+        pending token; None: unchanged); `verified` is the pass that decided them."""
 
     @abstractmethod
-    def rollback(self, length: int) -> None:
-        """Forget everything after the first `length` committed image tokens (this round's drafts):
-        cheap, and the next call drafts after the committed sequence again."""
+    def rollback(self, lengths: Sequence[Optional[int]]) -> None:
+        """Forget everything after image p's first lengths[p] committed tokens (this round's
+        drafts): cheap, and the next call drafts after the committed sequences again."""
 
     @abstractmethod
-    def propose_chain(self, ctx: "Decoding", length: int) -> tuple[list[int], list[Any]]:
-        """`length` drafts after the committed sequence, drawn one after another from the draft's rows;
-        (tokens, the row each was drawn from)."""
+    def retain(self, positions: Sequence[int]) -> None:
+        """Keep only these batch positions' state, in order (finished images left the batch;
+        Decoding.retain has already shrunk the runners)."""
 
     @abstractmethod
-    def expand(self, ctx: "Decoding", tree: "TokenTree", nodes: Sequence[int]) -> list[Any]:
-        """The draft's row after each of `nodes` of `tree` (node 0 = the pending token; each node sees
-        its ancestors, a tree attention mask), one draft pass for all of them; commits nothing
-        of the tree."""
+    def propose_chain(self, ctx: "Decoding", lengths: Sequence[int]) -> tuple[list[list[int]], list[list[Any]]]:
+        """lengths[p] drafts after image p's committed sequence, drawn one after another from the
+        draft's rows, all images in one pass per draft position; (tokens, the row each was drawn from)."""
+
+    @abstractmethod
+    def expand(self, ctx: "Decoding", trees: Sequence[Optional["TokenTree"]],
+               nodes: Sequence[Sequence[int]]) -> list[list[Any]]:
+        """The draft's row after each of nodes[p] of trees[p] (node 0 = the pending token; each node
+        sees its ancestors, a tree mask), one draft pass for every image; commits nothing of the trees."""
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -96,111 +109,177 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class ModelDrafter(Drafter):
     """An independent draft model (a ModelRunner of its own, sharing the tokenizer).
 
-    Its KV cache holds a prefix of the sequence it last ran (`cached`, image tokens); before each
-    pass it keeps the longest part of that prefix still committed (free: runner.truncate) and
-    feeds the rest, so accepted chain drafts are never recomputed and rejected ones cost nothing.
+    Its KV cache holds, per image, a prefix of the sequence it last ran (`cached`, image tokens);
+    before each pass it keeps the longest part of that prefix still committed (free:
+    runner.truncate) and feeds the rest, so accepted chain drafts are never recomputed and
+    rejected ones cost nothing.
 
     Trees: on a runner that stages rows (ModelRunner.stage), every node is run once. The round's
-    first pass catches up and runs the root; each later pass feeds only the nodes not yet run,
+    first pass catches up and runs the roots; each later pass feeds only the nodes not yet run,
     under a mask that shows them their staged ancestors (Window.level); after verification the
     accepted path's staged rows become committed rows (ModelRunner.adopt), so the next round
-    feeds only the new pending token. Other runners re-feed the tree's closure each pass.
+    feeds only the new pending token. Other runners re-feed each tree's closure every pass.
     """
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner
-        self.tokens: list[int] = []   # the committed sequence, pending token last
-        self.cached: list[int] = []   # image tokens whose KV rows the runner holds, in order
-        self._staged: dict[int, int] = {}  # tree node -> its staged row, this round
+        self.tokens: list[list[int]] = []   # per image: the committed sequence, pending token last
+        self.cached: list[list[int]] = []   # per image: image tokens whose KV rows the runner holds
+        self._staged: list[dict[int, int]] = []   # per image: tree node -> its staged row, this round
+        self._trees: list[Any] = []               # per image: the tree those nodes belong to
 
-    def start(self, ctx, condition, first, target):
+    def start(self, ctx, conditions, firsts, target):
         self.runner.truncate(0)
-        ctx.prefill(self.runner, condition)
-        self.tokens, self.cached, self._staged = [int(first)], [], {}
+        ctx.prefill(self.runner, conditions)
+        count = len(firsts)
+        self.tokens, self.cached = [[int(f)] for f in firsts], [[] for _ in range(count)]
+        self._staged, self._trees = [{} for _ in range(count)], [None] * count
+
+    def retain(self, positions):
+        for name in ("tokens", "cached", "_staged", "_trees"):
+            setattr(self, name, [getattr(self, name)[p] for p in positions])
 
     def extend(self, ctx, tokens, verified):
-        if self._staged:  # keep the accepted path's rows: the root, then each accepted node that was run
-            path = []
-            for node in verified.slots:
-                if node not in self._staged:
-                    break
-                path.append(node)
-            self.runner.adopt([self._staged[node] for node in path])
-            self.cached = self.tokens + [int(t) for t in tokens[:len(path) - 1]]
-            self._staged = {}
-        self.tokens += [int(t) for t in tokens]
+        adopt: list[list[int]] = [[] for _ in self.tokens]
+        for p, new in enumerate(tokens):
+            if new is None:
+                continue
+            if self._staged[p]:  # keep the accepted path's rows: the root, then each accepted node run
+                path = _staged_path(self._trees[p], self._staged[p], new[:-1])
+                adopt[p] = [self._staged[p][node] for node in path]
+                self.cached[p] = self.tokens[p] + [int(t) for t in new[:len(path) - 1]]
+            self.tokens[p] += [int(t) for t in new]
+        if any(self._staged):
+            self.runner.adopt(adopt)
+            self._staged = [{} for _ in self.tokens]
 
-    def rollback(self, length):
-        del self.tokens[length:]
+    def rollback(self, lengths):
+        for tokens, length in zip(self.tokens, lengths):
+            if length is not None:
+                del tokens[length:]
 
-    def _unfed(self, sequence: Sequence[int]) -> list[int]:
-        """Cut the cache back to the longest prefix of sequence[:-1] it holds; the tokens to feed
-        after it (at least the last one)."""
-        keep = common_prefix(self.cached, sequence[:-1])
-        self.runner.truncate(self.runner.spec.cond_len + keep)
-        self._staged = {}
-        del self.cached[keep:]
-        return list(sequence[keep:])
+    def _unfed(self, sequences: Sequence[Optional[Sequence[int]]]) -> list[Optional[list[int]]]:
+        """Cut each image's cache back to the longest prefix of sequences[p][:-1] it holds (None:
+        keep it); the tokens to feed after it (at least the last one). Staged rows are dropped."""
+        keeps = [common_prefix(cached, sequence[:-1]) if sequence is not None else len(cached)
+                 for cached, sequence in zip(self.cached, sequences)]
+        self.runner.truncate(self.runner.spec.cond_len + np.asarray(keeps, dtype=np.int64))
+        self._staged = [{} for _ in self.tokens]
+        feeds: list[Optional[list[int]]] = []
+        for cached, sequence, keep in zip(self.cached, sequences, keeps):
+            del cached[keep:]
+            feeds.append(list(sequence[keep:]) if sequence is not None else None)
+        return feeds
 
-    def propose_chain(self, ctx, length):
-        drafts: list[int] = []
-        rows: list[Any] = []
-        for _ in range(length):
-            sequence = self.tokens + drafts
-            feed = self._unfed(sequence)
-            out = ctx.run(self.runner, Window.chain(feed))
-            self.runner.commit(range(len(feed)))
-            self.cached = list(sequence)
-            drafts.append(int(out.draws[0, -1]))
-            rows.append(out.probs[0, -1].copy())  # the runner reuses this buffer two steps on (a device row stays there)
+    def propose_chain(self, ctx, lengths):
+        drafts: list[list[int]] = [[] for _ in lengths]
+        rows: list[list[Any]] = [[] for _ in lengths]
+        for step in range(max(lengths, default=0)):
+            sequences = [self.tokens[p] + drafts[p] if step < length else None for p, length in enumerate(lengths)]
+            feeds = self._unfed(sequences)
+            out = ctx.run(self.runner, [Window.chain(f) if f is not None else None for f in feeds])
+            self.runner.commit([range(len(f)) if f is not None else None for f in feeds])
+            for p, feed in enumerate(feeds):
+                if feed is not None:
+                    self.cached[p] = list(sequences[p])
+                    drafts[p].append(int(out.draws[p, len(feed) - 1]))
+                    rows[p].append(out.probs[p, len(feed) - 1].copy())  # the buffer is reused two steps on
         return drafts, rows
 
-    def expand(self, ctx, tree, nodes):
-        if self.runner.stages_trees and 0 in self._staged:
-            return self._expand_level(ctx, tree, nodes)
-        out, slot, below = self._run_closure(ctx, tree, nodes)
-        if self.runner.stages_trees:  # the round's first pass: the root (and its closure) stays staged
-            self.runner.stage([slot[n] for n in (0, *below)])
-            self._staged = {n: i for i, n in enumerate((0, *below))}
-        return [np.array(out.probs[0, slot[n]]) for n in nodes]
+    def expand(self, ctx, trees, nodes):
+        rows: list[list[Any]] = [[] for _ in trees]
+        staging = self.runner.stages_trees
+        later = [tree is not None and staging and 0 in self._staged[p] for p, tree in enumerate(trees)]
+        first = [tree is not None and not late for tree, late in zip(trees, later)]
+        if any(first) and any(later):  # a first pass truncates, which would drop the others' staged nodes
+            raise ValueError("expand: every image of a pass must be at the same phase of its round")
+        if any(first):
+            self._run_closures(ctx, [t if f else None for t, f in zip(trees, first)], nodes, rows)
+        if any(later):
+            self._run_level(ctx, [t if late else None for t, late in zip(trees, later)], nodes, rows)
+        return rows
 
-    def _run_closure(self, ctx, tree, nodes) -> tuple[StepOutput, dict[int, int], list[int]]:
-        """Catch up on the committed tokens, then run the root and the closure of `nodes` below it
-        under the tree mask; only the tokens before the root are committed.
-        (output, window slot of each node run, the nodes run below the root)."""
-        feed = self._unfed(self.tokens)  # ends with the pending token, the tree's root
-        below = [n for n in tree.closure(nodes) if n]  # the tree's nodes the window needs, root excluded
-        if len(feed) + len(below) > self.runner.max_window and len(feed) > 1:
-            ctx.run(self.runner, Window.chain(feed[:-1]))  # catch up first, so the tree fits the window
-            self.runner.commit(range(len(feed) - 1))
-            self.cached, feed = self.tokens[:-1], feed[-1:]
-        root = len(feed) - 1
-        slot = {0: root, **{n: root + 1 + i for i, n in enumerate(below)}}
-        parents = [*range(-1, root), *(slot[tree.parents[n]] for n in below)]
-        out = ctx.run(self.runner, Window.tree([*feed, *(tree.tokens[n] for n in below)], parents))
-        self.runner.commit(range(root))  # the committed tokens before the root
-        self.cached = self.tokens[:-1]
-        return out, slot, below
+    def _run_closures(self, ctx, trees, nodes, rows) -> None:
+        """Catch up on the committed tokens, then run each root and the closure of its nodes below
+        it under the tree mask; only the tokens before the roots are committed (the round's first
+        pass; on a staging runner the roots, and what ran below them, stay staged)."""
+        feeds = self._unfed([self.tokens[p] if tree is not None else None for p, tree in enumerate(trees)])
+        below = [[n for n in tree.closure(nodes[p]) if n] if tree is not None else [] for p, tree in enumerate(trees)]
+        long = [f is not None and len(f) > 1 and len(f) + len(b) > self.runner.max_window for f, b in zip(feeds, below)]
+        if any(long):  # catch up first, so the trees fit the window
+            catch = [f[:-1] if too else None for f, too in zip(feeds, long)]
+            ctx.run(self.runner, [Window.chain(c) if c is not None else None for c in catch])
+            self.runner.commit([range(len(c)) if c is not None else None for c in catch])
+            feeds = [f[-1:] if too else f for f, too in zip(feeds, long)]
+        windows, slots = [], []
+        for p, tree in enumerate(trees):
+            if tree is None:
+                windows.append(None)
+                slots.append({})
+                continue
+            root = len(feeds[p]) - 1
+            slot = {0: root, **{n: root + 1 + i for i, n in enumerate(below[p])}}
+            parents = [*range(-1, root), *(slot[tree.parents[n]] for n in below[p])]
+            windows.append(Window.tree([*feeds[p], *(tree.tokens[n] for n in below[p])], parents))
+            slots.append(slot)
+        out = ctx.run(self.runner, windows)
+        self.runner.commit([range(len(f) - 1) if f is not None else None for f in feeds])  # before the roots
+        for p, tree in enumerate(trees):
+            if tree is not None:
+                self.cached[p] = self.tokens[p][:-1]
+                rows[p] = [np.array(out.probs[p, slots[p][n]]) for n in nodes[p]]
+        if self.runner.stages_trees:
+            self.runner.stage([[slots[p][n] for n in (0, *below[p])] if tree is not None else None
+                               for p, tree in enumerate(trees)])
+            for p, tree in enumerate(trees):
+                if tree is not None:
+                    self._staged[p] = {n: i for i, n in enumerate((0, *below[p]))}
+                    self._trees[p] = tree
 
-    def _expand_level(self, ctx, tree, nodes):
-        """A later pass of the round: only the nodes not yet run, each seeing its staged ancestors."""
-        new = [n for n in tree.closure(nodes) if n not in self._staged]
-        if any(n not in new for n in nodes):
-            raise ValueError("expand: a node asked for was run in an earlier pass of this round")
-        slot = {n: w for w, n in enumerate(new)}
-        staged = np.zeros((len(new), len(self._staged)), dtype=bool)
-        for w, n in enumerate(new):
-            ancestor = tree.parents[n]
-            while ancestor >= 0:
-                if ancestor in self._staged:
-                    staged[w, self._staged[ancestor]] = True
-                ancestor = tree.parents[ancestor]
-        window = Window.level([tree.tokens[n] for n in new], [slot.get(tree.parents[n], -1) for n in new],
-                              [tree.depths[n] for n in new], staged)
-        out = ctx.run(self.runner, window)
-        self.runner.stage(range(len(new)))
-        self._staged.update({n: len(self._staged) + w for w, n in enumerate(new)})
-        return [np.array(out.probs[0, slot[n]]) for n in nodes]
+    def _run_level(self, ctx, trees, nodes, rows) -> None:
+        """A later pass of the round: each image's nodes not yet run, each seeing its staged ancestors."""
+        windows, new_nodes = [], []
+        for p, tree in enumerate(trees):
+            if tree is None:
+                windows.append(None)
+                new_nodes.append([])
+                continue
+            staged_at = self._staged[p]
+            new = [n for n in tree.closure(nodes[p]) if n not in staged_at]
+            if any(n not in new for n in nodes[p]):
+                raise ValueError("expand: a node asked for was run in an earlier pass of this round")
+            slot = {n: w for w, n in enumerate(new)}
+            seen = np.zeros((len(new), len(staged_at)), dtype=bool)
+            for w, n in enumerate(new):
+                ancestor = tree.parents[n]
+                while ancestor >= 0:
+                    if ancestor in staged_at:
+                        seen[w, staged_at[ancestor]] = True
+                    ancestor = tree.parents[ancestor]
+            windows.append(Window.level([tree.tokens[n] for n in new], [slot.get(tree.parents[n], -1) for n in new],
+                                        [tree.depths[n] for n in new], seen))
+            new_nodes.append(new)
+        out = ctx.run(self.runner, windows)
+        self.runner.stage([range(len(new)) if trees[p] is not None else None for p, new in enumerate(new_nodes)])
+        for p, new in enumerate(new_nodes):
+            if trees[p] is None:
+                continue
+            slot = {n: w for w, n in enumerate(new)}
+            rows[p] = [np.array(out.probs[p, slot[n]]) for n in nodes[p]]
+            self._staged[p].update({n: len(self._staged[p]) + w for w, n in enumerate(new)})
+
+
+def _staged_path(tree: Any, staged: dict[int, int], accepted: Sequence[int]) -> list[int]:
+    """The root, then the nodes of `tree` holding the accepted tokens in order, as far as they were
+    run (staged). Followed by token, not by node id: the tree verified may be a re-indexed copy of
+    the one drafted (a dynamic tree keeps the best of its grown nodes)."""
+    node, path = 0, [0]
+    for token in accepted:
+        node = next((c for c in tree.children[node] if tree.tokens[c] == int(token)), -1)
+        if node < 0 or node not in staged:
+            break
+        path.append(node)
+    return path
 
 
 def make_drafter(ctx: "Decoding") -> Drafter:

@@ -15,7 +15,7 @@ methods call, for chains and trees.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.drafting import Drafter, Verified
-from specrt.runtime.runner import ModelRunner, StepOutput
-from specrt.runtime.window import Window
+from specrt.runtime.runner import ModelRunner, StepOutput, window_sizes
+from specrt.runtime.window import Window, Windows
 
 if TYPE_CHECKING:  # pragma: no cover
     from specrt.runtime.tree import TokenTree
@@ -59,13 +59,18 @@ class HeadRunner(ModelRunner):
     def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
         raise AssertionError("an EAGLE head has no prefill: begin() and step_pairs() instead")
 
-    def step_pairs(self, window: Window, features: np.ndarray, uniforms: np.ndarray) -> StepOutput:
-        """Run the pairs (features [B, W, H], window's tokens) at the next positions."""
-        size = len(window)
+    def step_pairs(self, windows: Windows, features: Sequence[Optional[np.ndarray]], uniforms: np.ndarray) -> StepOutput:
+        """Run each image's pairs (features[p] [pairs, W_p, H] for image p's window tokens) after its
+        committed rows; images without a window (None) run pad slots."""
+        sizes = window_sizes(windows, self.images)
+        size, images = max(int(sizes.max()), 1), self.images
         view = self._features_in[: self.batch * size * self.dim].reshape(self.batch, size, self.dim)
-        view[...] = features
+        view[...] = 0.0
+        for p, feature in enumerate(features):
+            if feature is not None and sizes[p]:
+                view[p::images, : sizes[p]] = feature
         self._pending = view
-        return self.step(window, uniforms)
+        return self.step(windows, uniforms)
 
     def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray) -> StepOutput:
         mask[:, :, : self.spec.cond_len] = False  # no pairs at the condition positions
@@ -79,78 +84,132 @@ class HeadRunner(ModelRunner):
 
 
 class EagleDrafter(Drafter):
-    """runtime.drafting's Drafter over an EAGLE head (chains and trees).
+    """runtime.drafting's Drafter over an EAGLE head (chains and trees), for a batch of images.
 
-    Queued pairs are stable pairs not yet in the head's cache, the pending token's pair last.
-    propose_chain: catch up on the queue (committed for good), then draft from the head's own
+    Per image, queued pairs are stable pairs not yet in the head's cache, the pending token's pair last.
+    propose_chain: catch up on the queues (committed for good), then draft from the head's own
       features; those rows are temporary.
-    expand: the queue before the pending token is committed; the pending pair is the tree's root
-      slot, and each node below it is the pair (its parent's feature g, its token): every pass
-      re-feeds the nodes' closure (nothing of the tree is committed), and the features g of the
-      nodes expanded so far this round feed their children.
-    rollback: drop this round's rows (truncate to the stable length) and node features;
-    extend: queue (the target's feature of each verified path slot, the token after it).
+    expand: the queues before the pending tokens are committed; each pending pair is its tree's
+      root, and each node below it is the pair (its parent's feature g, its token). Every node is
+      run once: the round's nodes stay as staged rows of the head (ModelRunner.stage), and each
+      pass feeds only the new nodes under a mask over their staged ancestors (Window.level); the
+      features g of the nodes run so far this round feed their children.
+    rollback: drop this round's rows (truncate to the stable lengths, staged rows included) and
+      node features; extend: queue (the target's feature of each verified path slot, the token after it).
     The target runner must keep its hidden rows (`keep_hidden`).
     """
 
     def __init__(self, head: HeadRunner, target: ModelRunner):
         self.head, self.target = head, target
-        self._tokens: list[int] = []
-        self._features: list[np.ndarray] = []  # [B, H] per queued pair
-        self._stable = 0
-        self._node_features: dict[int, np.ndarray] = {}  # tree node -> the head's g after it, this round
+        self._tokens: list[list[int]] = []
+        self._features: list[list[np.ndarray]] = []  # per image: [pairs, H] per queued pair
+        self._stable = np.zeros(0, dtype=np.int64)
+        self._node_features: list[dict[int, np.ndarray]] = []  # per image: node -> the head's g after it [pairs, H]
+        self._staged: list[dict[int, int]] = []  # per image: node -> its staged row, this round
 
-    def start(self, ctx, condition: Conditions, first: int, target: StepOutput) -> None:
+    def _image_rows(self, block: np.ndarray, p: int) -> np.ndarray:
+        """Image p's model rows (it and its CFG twins) of a [B, ...] block."""
+        return block[p::self.head.images]
+
+    def start(self, ctx, conditions: Conditions, firsts: Sequence[int], target: StepOutput) -> None:
         self.head.begin()
-        self._stable = self.head.length
-        self._tokens, self._features = [int(first)], [self.target.hidden_rows([0])[:, 0].copy()]
-        self._node_features = {}
+        self._stable = self.head.lengths.copy()
+        hidden = self.target.hidden_rows([0])  # [B, 1, H]
+        self._tokens = [[int(first)] for first in firsts]
+        self._features = [[self._image_rows(hidden, p)[:, 0].copy()] for p in range(len(firsts))]
+        self._node_features = [{} for _ in firsts]
+        self._staged = [{} for _ in firsts]
 
-    def extend(self, ctx, tokens: Sequence[int], verified: Verified) -> None:
-        features = self.target.hidden_rows(verified.slots)  # f of the old pending token, then each accepted draft
-        self._tokens += [int(t) for t in tokens]
-        self._features += [features[:, i].copy() for i in range(len(tokens))]
+    def retain(self, positions: Sequence[int]) -> None:
+        for name in ("_tokens", "_features", "_node_features", "_staged"):
+            setattr(self, name, [getattr(self, name)[p] for p in positions])
+        self._stable = self._stable[list(positions)]
 
-    def rollback(self, length: int) -> None:
+    def extend(self, ctx, tokens: Sequence[Optional[Sequence[int]]], verified: Verified) -> None:
+        for p, new in enumerate(tokens):
+            if new is None:
+                continue
+            # f of the old pending token, then of each accepted draft
+            features = self._image_rows(self.target.hidden_rows(verified.slots[p]), p)
+            self._tokens[p] += [int(t) for t in new]
+            self._features[p] += [features[:, i].copy() for i in range(len(new))]
+
+    def rollback(self, lengths: Sequence[Optional[int]]) -> None:
         self.head.truncate(self._stable)
-        self._node_features = {}
+        self._node_features = [{} for _ in self._tokens]
+        self._staged = [{} for _ in self._tokens]
 
-    def _catch_up(self, ctx, keep_pending: bool) -> None:
-        """Commit the queued stable pairs (all, or all but the pending one) in one pass."""
-        count = len(self._tokens) - (1 if keep_pending else 0)
-        if count > 0:
-            ctx.run_pairs(self.head, Window.chain(self._tokens[:count]), np.stack(self._features[:count], axis=1))
-            self.head.commit(range(count))
-            del self._tokens[:count], self._features[:count]
-        self._stable = self.head.length
+    def _run_queues(self, ctx, counts: Sequence[int]) -> StepOutput:
+        """Run and commit the first counts[p] queued pairs of each image (stable from now on)."""
+        windows = [Window.chain(self._tokens[p][:n]) if n > 0 else None for p, n in enumerate(counts)]
+        features = [np.stack(self._features[p][:n], axis=1) if n > 0 else None for p, n in enumerate(counts)]
+        out = ctx.run_pairs(self.head, windows, features)
+        self.head.commit([range(n) if n > 0 else None for n in counts])
+        for p, n in enumerate(counts):
+            del self._tokens[p][:n], self._features[p][:n]
+        self._stable = self.head.lengths.copy()
+        return out
 
-    def propose_chain(self, ctx, length: int) -> tuple[list[int], list]:
-        head = self.head
-        drafts: list[int] = []
-        rows: list = []
-        if length == 0:
+    def propose_chain(self, ctx, lengths: Sequence[int]) -> tuple[list[list[int]], list[list[Any]]]:
+        drafts: list[list[int]] = [[] for _ in lengths]
+        rows: list[list[Any]] = [[] for _ in lengths]
+        counts = [len(self._tokens[p]) if length > 0 else 0 for p, length in enumerate(lengths)]
+        if not any(counts):
             return drafts, rows
-        out = ctx.run_pairs(head, Window.chain(self._tokens), np.stack(self._features, axis=1))
-        head.commit(range(len(self._tokens)))  # stable: the target's own features
-        self._stable = head.length
-        self._tokens, self._features = [], []
+        out, sizes = self._run_queues(ctx, counts), counts
         while True:
-            drafts.append(int(out.draws[0, -1]))
-            rows.append(out.probs[0, -1].copy())  # the head reuses this buffer two steps on (a device row stays there)
-            if len(drafts) == length:
+            for p, size in enumerate(sizes):
+                if size:
+                    drafts[p].append(int(out.draws[p, size - 1]))
+                    rows[p].append(out.probs[p, size - 1].copy())  # the head reuses this buffer two steps on
+            going = [bool(size) and len(drafts[p]) < lengths[p] for p, size in enumerate(sizes)]
+            if not any(going):
                 return drafts, rows
-            feature = head.features_out[:, -1:].copy()  # the head's own g stands in for the target's f
-            out = ctx.run_pairs(head, Window.chain([drafts[-1]]), feature)
-            head.commit([0])
+            # the head's own g stands in for the target's f
+            features = [self._image_rows(self.head.features_out, p)[:, size - 1:size].copy() if go else None
+                        for p, (size, go) in enumerate(zip(sizes, going))]
+            out = ctx.run_pairs(self.head, [Window.chain([drafts[p][-1]]) if go else None
+                                            for p, go in enumerate(going)], features)
+            self.head.commit([[0] if go else None for go in going])
+            sizes = [1 if go else 0 for go in going]
 
-    def expand(self, ctx, tree: "TokenTree", nodes: Sequence[int]) -> list:
-        self._catch_up(ctx, keep_pending=True)
-        below = [n for n in tree.closure(nodes) if n]  # the nodes the window needs, root excluded
-        slot = {0: 0, **{n: 1 + i for i, n in enumerate(below)}}
-        window = Window.tree([self._tokens[0], *(tree.tokens[n] for n in below)],
-                             [-1, *(slot[tree.parents[n]] for n in below)])
-        features = np.stack([self._features[0], *(self._node_features[tree.parents[n]][:, 0] for n in below)], axis=1)
-        out = ctx.run_pairs(self.head, window, features)
-        for n in (0, *below):
-            self._node_features[n] = self.head.features_out[:, slot[n]:slot[n] + 1].copy()
-        return [np.array(out.probs[0, slot[n]]) for n in nodes]
+    def expand(self, ctx, trees: Sequence[Optional["TokenTree"]], nodes: Sequence[Sequence[int]]) -> list[list[Any]]:
+        later = [tree is not None and 0 in self._staged[p] for p, tree in enumerate(trees)]
+        if not any(later):  # the round's first pass: the queues before the pending pairs go in for good
+            self._run_queues(ctx, [len(q) - 1 if tree is not None else 0 for q, tree in zip(self._tokens, trees)])
+        windows, features, runs = [], [], []
+        for p, tree in enumerate(trees):
+            if tree is None:
+                windows.append(None)
+                features.append(None)
+                runs.append([])
+                continue
+            staged_at = self._staged[p]
+            run = [n for n in tree.closure(nodes[p]) if n not in staged_at]
+            slot = {n: w for w, n in enumerate(run)}
+            seen = np.zeros((len(run), len(staged_at)), dtype=bool)
+            for w, n in enumerate(run):
+                ancestor = tree.parents[n]
+                while ancestor >= 0:
+                    if ancestor in staged_at:
+                        seen[w, staged_at[ancestor]] = True
+                    ancestor = tree.parents[ancestor]
+            windows.append(Window.level([tree.tokens[n] if n else self._tokens[p][0] for n in run],
+                                        [slot.get(tree.parents[n], -1) for n in run],
+                                        [tree.depths[n] for n in run], seen))
+            features.append(np.stack([self._node_features[p][tree.parents[n]] if n else self._features[p][0]
+                                      for n in run], axis=1))
+            runs.append(run)
+        out = ctx.run_pairs(self.head, windows, features)
+        self.head.stage([range(len(run)) if trees[p] is not None else None for p, run in enumerate(runs)])
+        rows: list[list[Any]] = [[] for _ in trees]
+        for p, run in enumerate(runs):
+            if trees[p] is None:
+                continue
+            mine = self._image_rows(self.head.features_out, p)
+            for w, n in enumerate(run):
+                self._node_features[p][n] = mine[:, w].copy()
+                self._staged[p][n] = len(self._staged[p])
+            slot = {n: w for w, n in enumerate(run)}
+            rows[p] = [np.array(out.probs[p, slot[n]]) for n in nodes[p]]
+        return rows

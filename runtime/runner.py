@@ -287,42 +287,48 @@ class ModelRunner(ABC):
 
     stages_trees = False  # the backend implements _move_kv: stage/adopt work
 
-    def stage(self, slots: Sequence[int]) -> None:
-        """Keep the last window's `slots` (every image alike) as staged rows after the rows staged
-        so far: not committed (lengths do not move), visible to later windows only where a
-        window's `staged` mask says so (runtime.window.Window.level). A tree drafter keeps its
-        nodes here, so each depth feeds only the new level (EAGLE's tree attention)."""
-        slots = np.asarray(list(slots), dtype=np.int64)
-        if not len(slots):
+    def stage(self, slots: Slots) -> None:
+        """Keep the last window's `slots` (for every image, or one list per image) as staged rows
+        after each image's rows staged so far: not committed (lengths do not move), visible to
+        later windows only where a window's `staged` mask says so (runtime.window.Window.level).
+        A tree drafter keeps its nodes here, so each depth feeds only the new level (EAGLE's
+        tree attention); truncate drops them, adopt commits a path of them."""
+        per_image = self._per_image(slots)
+        counts = np.array([len(s) for s in per_image], dtype=np.int64)
+        if not counts.any():
             return
         start = time.perf_counter()
+        if int((self.lengths + self.staged + counts).max()) > self.capacity:
+            raise ValueError(f"staging {counts.tolist()} rows overflows capacity {self.capacity}")
         images, pairs = self.images, self.batch // self.images
-        if int((self.lengths + self.staged).max()) + len(slots) > self.capacity:
-            raise ValueError(f"staging {len(slots)} rows overflows capacity {self.capacity}")
-        image = np.repeat(np.arange(images), len(slots))
-        columns = (self.lengths + self.staged)[image] + np.tile(np.arange(len(slots)), images)
+        image = np.repeat(np.arange(images), counts)
+        columns = np.concatenate([np.arange(n) for n in counts]) + (self.lengths + self.staged)[image]
+        sources = np.concatenate([np.asarray(s, dtype=np.int64) for s in per_image if len(s)])
         rows = np.concatenate([image + images * k for k in range(pairs)])
-        self._write_kv(rows, np.tile(columns, pairs), np.tile(np.tile(slots, images), pairs))
-        self.staged += len(slots)
+        self._write_kv(rows, np.tile(columns, pairs), np.tile(sources, pairs))
+        self.staged += counts
         self.cache_seconds += time.perf_counter() - start
 
-    def adopt(self, staged_rows: Sequence[int]) -> None:
-        """Commit these staged rows (indices in staging order, increasing: an accepted tree path)
-        after the committed length, every image alike, and drop the rest of the staged rows."""
-        order = np.asarray(list(staged_rows), dtype=np.int64)
-        if len(order) and (np.any(np.diff(order) <= 0) or order[0] < 0 or int(order[-1]) >= int(self.staged.min())):
-            raise ValueError(f"staged rows {order.tolist()} are not increasing indices below {self.staged.tolist()}")
+    def adopt(self, staged_rows: Slots) -> None:
+        """Commit these staged rows (indices in staging order, increasing: an accepted tree path;
+        for every image, or one list per image) after each image's committed length, and drop
+        the rest of the staged rows."""
+        per_image = [np.asarray(list(s), dtype=np.int64) for s in self._per_image(staged_rows)]
+        for order, staged in zip(per_image, self.staged):
+            if len(order) and (np.any(np.diff(order) <= 0) or order[0] < 0 or int(order[-1]) >= int(staged)):
+                raise ValueError(f"staged rows {order.tolist()} are not increasing indices below {int(staged)}")
         start = time.perf_counter()
-        moving = np.flatnonzero(order != np.arange(len(order)))  # a path's first rows are often in place
-        if len(moving):
+        moving = [np.flatnonzero(order != np.arange(len(order))) for order in per_image]  # often in place
+        counts = np.array([len(m) for m in moving], dtype=np.int64)
+        if counts.any():
             images, pairs = self.images, self.batch // self.images
-            image = np.repeat(np.arange(images), len(moving))
+            image = np.repeat(np.arange(images), counts)
             base = self.lengths[image]
+            targets = base + np.concatenate(moving)
+            sources = base + np.concatenate([order[m] for order, m in zip(per_image, moving)])
             rows = np.concatenate([image + images * k for k in range(pairs)])
-            targets = np.tile(base + np.tile(moving, images), pairs)
-            sources = np.tile(base + np.tile(order[moving], images), pairs)
-            self._move_kv(rows, targets, sources)
-        self.lengths += len(order)
+            self._move_kv(rows, np.tile(targets, pairs), np.tile(sources, pairs))
+        self.lengths += np.array([len(order) for order in per_image], dtype=np.int64)
         self.staged[:] = 0
         self.cache_seconds += time.perf_counter() - start
 

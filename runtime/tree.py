@@ -152,23 +152,31 @@ def static_shape(name: str) -> StaticShape:
     return StaticShape(STATIC_TREES[name])
 
 
-def draft_static(ctx: "Decoding", drafter: "Drafter", root: int, shape: StaticShape, max_depth: int) -> TokenTree:
-    """Grow `shape` below `root`, one draft pass per depth: every node with children in the shape
+class StaticGrowth:
+    """Grows `shape` below `root`, one draft pass per depth: every node with children in the shape
     gets them drawn without replacement from its row (fewer where the row has fewer tokens with
     mass; their subtrees go too). Nodes deeper than `max_depth` (the image's end) are left out."""
-    tree = TokenTree(root, SAMPLED)
-    frontier = [(0, 0)]  # (tree node, shape node)
-    while frontier:
-        expanding = [(n, s) for n, s in frontier if shape.children[s] and tree.depths[n] < max_depth]
-        if not expanding:
-            break
-        rows = drafter.expand(ctx, tree, [n for n, _ in expanding])
-        frontier = []
-        for (node, at), row in zip(expanding, rows):
-            tree.rows[node] = row
-            for rank, token in enumerate(draw_without_replacement(row, len(shape.children[at]), ctx.rng)):
-                frontier.append((tree.add(node, token), shape.children[at][rank]))
-    return tree
+
+    def __init__(self, root: int, shape: StaticShape, max_depth: int):
+        self.tree = TokenTree(root, SAMPLED)
+        self.shape, self.max_depth = shape, max_depth
+        self._frontier = [(0, 0)]  # (tree node, shape node)
+        self._expanding: list[tuple[int, int]] = []
+
+    def pending(self) -> list[int]:
+        """The nodes whose draft rows the next pass must give ([] once the tree is grown)."""
+        self._expanding = [(n, s) for n, s in self._frontier if self.shape.children[s] and self.tree.depths[n] < self.max_depth]
+        return [n for n, _ in self._expanding]
+
+    def receive(self, rows: Sequence[Any], rng: np.random.Generator) -> None:
+        self._frontier = []
+        for (node, at), row in zip(self._expanding, rows):
+            self.tree.rows[node] = row
+            for rank, token in enumerate(draw_without_replacement(row, len(self.shape.children[at]), rng)):
+                self._frontier.append((self.tree.add(node, token), self.shape.children[at][rank]))
+
+    def result(self) -> TokenTree:
+        return self.tree
 
 
 # ---- dynamic trees (EAGLE-2) ---------------------------------------------------------------------
@@ -185,42 +193,66 @@ def top_rows(block: np.ndarray, count: int) -> np.ndarray:
     return np.take_along_axis(best, order, axis=1)
 
 
-def draft_dynamic(ctx: "Decoding", drafter: "Drafter", root: int, depth: int, top_k: int, total_tokens: int,
-                  max_depth: int) -> TokenTree:
+class DynamicGrowth:
     """EAGLE-2's tree: each depth, the top_k frontier nodes (by cumulative draft log-probability)
     get their row's top_k tokens (with mass) as children; the top_k best of those are the next
     frontier; finally the total_tokens best nodes of all are kept (a child never scores above its
     parent, and ties go to the earlier node, so every kept node's parent is kept).
 
     Candidates live in arrays (id 0 = the root); only the expanded ones join the tree the drafter
-    sees, and the kept ones make the returned tree, children in order of draft probability."""
-    grown = TokenTree(root, TOP)  # the frontiers the drafter expands (and their ancestors)
-    parent, token, score = np.array([-1]), np.array([int(root)]), np.array([0.0])
-    node = {0: 0}  # candidate id -> node of `grown`
-    frontier = np.array([0])
-    for _ in range(min(depth, max_depth)):
-        rows = drafter.expand(ctx, grown, [node[c] for c in frontier])
+    sees (`tree`), and the kept ones make the result, children in order of draft probability."""
+
+    def __init__(self, root: int, depth: int, top_k: int, total_tokens: int, max_depth: int):
+        self.tree = TokenTree(root, TOP)  # the frontiers the drafter expands (and their ancestors)
+        self.top_k, self.total_tokens = top_k, total_tokens
+        self._passes = min(depth, max_depth)
+        self._parent, self._token, self._score = np.array([-1]), np.array([int(root)]), np.array([0.0])
+        self._node = {0: 0}  # candidate id -> node of `tree`
+        self._frontier = np.array([0])
+
+    def pending(self) -> list[int]:
+        return [self._node[int(c)] for c in self._frontier] if self._passes > 0 else []
+
+    def receive(self, rows: Sequence[Any], rng: np.random.Generator) -> None:
+        self._passes -= 1
+        frontier = self._frontier
         for c, row in zip(frontier, rows):
-            grown.rows[node[c]] = row  # not needed to verify (point masses), kept for inspection
+            self.tree.rows[self._node[int(c)]] = row  # not needed to verify (point masses), kept for inspection
         block = np.stack([np.asarray(row, dtype=np.float64) for row in rows])
-        best = top_rows(block, top_k)
+        best = top_rows(block, self.top_k)
         mass = np.take_along_axis(block, best, axis=1)
         kept = mass > 0
         if not kept.any():
-            break
-        ids = len(token) + np.arange(int(kept.sum()))
+            self._passes = 0
+            return
+        ids = len(self._token) + np.arange(int(kept.sum()))
         with np.errstate(divide="ignore"):
-            new_score = (score[frontier][:, None] + np.log(mass))[kept]
-        parent = np.concatenate([parent, np.broadcast_to(frontier[:, None], best.shape)[kept]])
-        token = np.concatenate([token, best[kept]])
-        score = np.concatenate([score, new_score])
-        frontier = ids[np.lexsort((ids, -new_score))[:top_k]]
-        for c in frontier:
-            node[int(c)] = grown.add(node[int(parent[c])], int(token[c]))
-    candidates = np.arange(1, len(token))
-    chosen = np.sort(candidates[np.lexsort((candidates, -score[1:]))[:total_tokens]])
-    tree, index = TokenTree(root, TOP), {0: 0}
-    for c in chosen.tolist():
-        index[c] = tree.add(index[int(parent[c])], int(token[c]))
-    tree.rows = {index[c]: grown.rows[n] for c, n in node.items() if c in index and n in grown.rows}
-    return tree
+            new_score = (self._score[frontier][:, None] + np.log(mass))[kept]
+        self._parent = np.concatenate([self._parent, np.broadcast_to(frontier[:, None], best.shape)[kept]])
+        self._token = np.concatenate([self._token, best[kept]])
+        self._score = np.concatenate([self._score, new_score])
+        self._frontier = ids[np.lexsort((ids, -new_score))[: self.top_k]]
+        for c in self._frontier:
+            self._node[int(c)] = self.tree.add(self._node[int(self._parent[c])], int(self._token[c]))
+
+    def result(self) -> TokenTree:
+        candidates = np.arange(1, len(self._token))
+        chosen = np.sort(candidates[np.lexsort((candidates, -self._score[1:]))[: self.total_tokens]])
+        tree, index = TokenTree(int(self._token[0]), TOP), {0: 0}
+        for c in chosen.tolist():
+            index[c] = tree.add(index[int(self._parent[c])], int(self._token[c]))
+        tree.rows = {index[c]: self.tree.rows[n] for c, n in self._node.items() if c in index and n in self.tree.rows}
+        return tree
+
+
+def grow_trees(ctx: "Decoding", drafter: "Drafter", growths: Sequence[Optional[Any]]) -> list[Optional[TokenTree]]:
+    """Grow one tree per image of the batch (StaticGrowth or DynamicGrowth; None: no tree), every
+    image's next depth in one draft pass; each image's draws come from its own stream."""
+    while True:
+        asks = [g.pending() if g is not None else [] for g in growths]
+        if not any(asks):
+            return [g.result() if g is not None else None for g in growths]
+        rows = drafter.expand(ctx, [g.tree if ask else None for g, ask in zip(growths, asks)], asks)
+        for p, (growth, ask) in enumerate(zip(growths, asks)):
+            if ask:
+                growth.receive(rows[p], ctx.rngs[p])

@@ -21,7 +21,6 @@ from specrt.runtime.conditions import Conditions, as_conditions
 from specrt.runtime.runner import ModelRunner, StepOutput, Windows, window_sizes
 from specrt.runtime.sampling import SamplingParams, guidance_mix, inverse_cdf, needs_restriction, restrict
 from specrt.runtime.stats import Stats
-from specrt.runtime.window import Window
 from specrt.validation import Param
 
 
@@ -86,11 +85,11 @@ class Decoding:
                 runner.retain(images)
         self.rngs = [self.rngs[i] for i in images]
 
-    def run_pairs(self, head: Any, window: Window, features: np.ndarray) -> StepOutput:
-        """One step of an EAGLE head (runtime.eagle.HeadRunner): `run`, with the feature before
-        each token ([B, W, H]) beside the window's tokens."""
-        uniforms = self._uniforms([len(window)] * head.images)
-        return self._restricted(head.step_pairs(window, features, uniforms), uniforms)
+    def run_pairs(self, head: Any, windows: Windows, features: Sequence[Optional[np.ndarray]]) -> StepOutput:
+        """One step of an EAGLE head (runtime.eagle.HeadRunner): `run`, with the features before
+        each image's tokens (features[p] [pairs, W_p, H]; None where image p has no window)."""
+        uniforms = self._uniforms(window_sizes(windows, head.images))
+        return self._restricted(head.step_pairs(windows, features, uniforms), uniforms)
 
     def _restricted(self, out: StepOutput, uniforms: np.ndarray) -> StepOutput:
         """Greedy, top-k and top-p act on the host (sampling.restrict): they need whole rows, and
@@ -137,20 +136,6 @@ class Method(ABC):
         """Image tokens [N, grid²] for these images' conditions."""
 
 
-def one_image_at_a_time(ctx: Decoding, conditions: Conditions,
-                        decode_one: Callable[[Decoding, Conditions], np.ndarray]) -> np.ndarray:
-    """For a loop not yet batched (tree drafting): each image alone, the runners sized for one
-    image (and its CFG pair), with that image's own stream; tokens [N, grid²]."""
-    conditions = as_conditions(conditions)
-    tokens = []
-    for i in range(len(conditions)):
-        for runner in (ctx.target, ctx.draft):
-            if runner is not None:
-                runner.allocate(guidance_mix(1, ctx.sampling))
-        tokens.append(decode_one(ctx.image(i), conditions.image(i)))
-    return np.stack(tokens)
-
-
 class Batched:
     """Which images of a generate call are still being decoded, and when finished ones leave.
 
@@ -167,8 +152,9 @@ class Batched:
     def positions(self) -> range:
         return range(len(self.images))
 
-    def drop(self, ctx: Decoding, finished: Sequence[bool]) -> bool:
-        """Remove the finished images (finished[image]) when enough have; False once none is left."""
+    def drop(self, ctx: Decoding, finished: Sequence[bool], drafter: Any = None) -> bool:
+        """Remove the finished images (finished[image]) when enough have, from the runners, the
+        streams and the `drafter`'s per-image state (runtime.drafting); False once none is left."""
         done = [p for p, image in enumerate(self.images) if finished[image]]
         if len(done) == len(self.images):
             return False
@@ -176,5 +162,7 @@ class Batched:
         if done and len(done) >= max(r.retain_share for r in runners) * len(self.images):
             keep = [p for p, image in enumerate(self.images) if not finished[image]]
             ctx.retain(keep)
+            if drafter is not None:
+                drafter.retain(keep)
             self.images = [self.images[p] for p in keep]
         return True

@@ -16,8 +16,8 @@ import numpy as np
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.drafting import ModelDrafter, Verified, make_drafter
-from specrt.runtime.methods.base import Batched, Decoding, Method, one_image_at_a_time
-from specrt.runtime.methods.tree_loop import generate_tree_one
+from specrt.runtime.methods.base import Batched, Decoding, Method
+from specrt.runtime.methods.tree_loop import generate_trees
 from specrt.runtime.runner import ModelRunner, StepOutput
 from specrt.runtime.tree import STATIC_TREES, TREES, static_shape
 from specrt.runtime.verification import (
@@ -38,7 +38,8 @@ class DraftThenVerify(Method):
     window), one target step over every image's [pending, drafts], then each image verifies
     its own chain with its own stream and commits its own accepted prefix, driving an
     independent draft model's runner directly. Trees (runtime.methods.tree_loop), and chains
-    from any other Drafter (runtime.drafting), go through the Drafter protocol one image at a time.
+    from any other Drafter (runtime.drafting: an EAGLE head), go through the Drafter protocol,
+    batched the same way.
     """
 
     needs_draft = True
@@ -72,16 +73,11 @@ class DraftThenVerify(Method):
     def rule(self, ctx: Decoding) -> AcceptanceRule:
         return VanillaRule()
 
-    def start(self, ctx: Decoding, runner: ModelRunner, condition: Conditions) -> StepOutput:
-        """Reset `runner` to an empty cache and prefill one image (the tree loop's start)."""
-        runner.truncate(0)
-        return ctx.prefill(runner, condition)
-
     def generate(self, ctx: Decoding, conditions: Conditions) -> np.ndarray:
-        if self.tree != "chain":  # tree drafting (runtime.methods.tree_loop) still runs image by image
-            return one_image_at_a_time(ctx, conditions, lambda one, condition: generate_tree_one(self, one, condition))
-        if type(make_drafter(ctx)) is not ModelDrafter:  # a drafter this loop cannot batch (e.g. an EAGLE head)
-            return one_image_at_a_time(ctx, conditions, self._generate_chain_one)
+        if self.tree != "chain":  # tree drafting: runtime.methods.tree_loop
+            return generate_trees(self, ctx, conditions)
+        if type(make_drafter(ctx)) is not ModelDrafter:  # a drafter this loop does not drive (an EAGLE head)
+            return self._generate_chain_drafted(ctx, conditions)
         target, draft, cond_len, total = ctx.target, ctx.draft, ctx.target.spec.cond_len, ctx.num_image_tokens
         rule = self.rule(ctx)
         target.truncate(0)
@@ -120,26 +116,40 @@ class DraftThenVerify(Method):
             draft.truncate([cond_len + len(tokens[i]) - 1 for i in images])
         return np.asarray(tokens, dtype=np.int64)
 
-    def _generate_chain_one(self, ctx: Decoding, condition: Conditions) -> np.ndarray:
-        """One image's chain rounds through the Drafter protocol (runtime.drafting), for drafters
-        the batched loop does not drive; the same tokens as the batched loop for an independent draft."""
-        target, rule = ctx.target, self.rule(ctx)
-        first = self.start(ctx, target, condition)
-        tokens = [int(first.draws[0, 0])]
+    def _generate_chain_drafted(self, ctx: Decoding, conditions: Conditions) -> np.ndarray:
+        """Chain rounds through the Drafter protocol (runtime.drafting), for drafters the loop above
+        does not drive, the whole batch at once; the same tokens as that loop for an independent draft."""
+        target, rule, total = ctx.target, self.rule(ctx), ctx.num_image_tokens
+        target.truncate(0)
+        first = ctx.prefill(target, conditions)
+        tokens = [[int(t)] for t in first.draws[:, 0]]
         drafter = make_drafter(ctx)
-        drafter.start(ctx, condition, tokens[0], first)
-        ctx.stats.record_round(1)
-        while len(tokens) < ctx.num_image_tokens:
-            drafts, q_rows = drafter.propose_chain(ctx, min(self.draft_len, ctx.num_image_tokens - len(tokens) - 1))
-            scored = ctx.run(target, Window.chain([tokens[-1], *drafts]))
-            outcome = self._verify(ctx, 0, scored, q_rows, drafts, rule)
-            path = list(range(outcome.accepted_length + 1))
-            target.commit(path)
-            new = drafts[: outcome.accepted_length] + [outcome.next_token]
-            drafter.rollback(len(tokens))
-            drafter.extend(ctx, new, Verified(scored, path))
-            tokens += new
-            ctx.stats.record_round(len(new))
+        drafter.start(ctx, conditions, [t[0] for t in tokens], first)
+        ctx.stats.record_round(1, len(tokens))
+        batch = Batched(len(tokens))
+        while batch.drop(ctx, [len(t) == total for t in tokens], drafter):
+            images = list(batch.images)
+            draft_lens = [min(self.draft_len, total - len(tokens[i]) - 1) for i in images]  # < 0: finished
+            drafts, q_rows = drafter.propose_chain(ctx, [max(n, 0) for n in draft_lens])
+            scored = ctx.run(target, [Window.chain([tokens[i][-1], *drafts[p]]) if draft_lens[p] >= 0 else None
+                                      for p, i in enumerate(images)])
+            paths: list[Optional[list[int]]] = []
+            new: list[Optional[list[int]]] = []
+            for p, i in enumerate(images):
+                if draft_lens[p] < 0:
+                    paths.append(None)
+                    new.append(None)
+                    continue
+                outcome = self._verify(ctx, p, scored, q_rows[p], drafts[p], rule)
+                paths.append(list(range(outcome.accepted_length + 1)))
+                new.append(drafts[p][: outcome.accepted_length] + [outcome.next_token])
+            target.commit(paths)
+            drafter.rollback([len(tokens[i]) if n is not None else None for i, n in zip(images, new)])
+            drafter.extend(ctx, new, Verified(scored, paths))
+            for i, n in zip(images, new):
+                if n is not None:
+                    tokens[i] += n
+                    ctx.stats.record_round(len(n))
         return np.asarray(tokens, dtype=np.int64)
 
     def _verify(self, ctx: Decoding, position: int, scored: StepOutput, q_rows: list[np.ndarray], drafts: list[int],

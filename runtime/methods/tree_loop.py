@@ -4,48 +4,62 @@ One round: the drafter grows a TokenTree below the pending token (runtime.tree: 
 children drawn without replacement; or EAGLE-2's dynamic tree, top-k children kept by cumulative
 draft probability); the target scores every node in one pass with the tree mask; verify_tree
 walks it with the method's acceptance rule (recursive rejection over siblings), and the accepted
-path's KV rows are committed. Images are decoded one at a time (with their CFG pair).
+path's KV rows are committed. The images of a batch go through every round together (ragged
+windows), each with its own stream, so an image's tokens do not depend on its batch-mates.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.drafting import Verified, make_drafter
-from specrt.runtime.methods.base import Decoding
-from specrt.runtime.tree import draft_dynamic, draft_static, static_shape
+from specrt.runtime.methods.base import Batched, Decoding
+from specrt.runtime.tree import DynamicGrowth, StaticGrowth, grow_trees, static_shape
 from specrt.runtime.verification import verify_tree
 
 if TYPE_CHECKING:  # pragma: no cover
     from specrt.runtime.methods.speculative import DraftThenVerify
 
 
-def generate_tree_one(method: "DraftThenVerify", ctx: Decoding, condition: Conditions) -> np.ndarray:
-    """Tokens [grid²] of one image, drafted as trees and verified with method.rule(ctx)."""
-    target = ctx.target
-    rule = method.rule(ctx)
-    first = method.start(ctx, target, condition)
-    tokens = [int(first.draws[0, 0])]
+def generate_trees(method: "DraftThenVerify", ctx: Decoding, conditions: Conditions) -> np.ndarray:
+    """Tokens [N, grid²] of a batch of images, drafted as trees and verified with method.rule(ctx):
+    every round grows all unfinished images' trees together (grow_trees: one draft pass per depth)
+    and scores them in one target pass; each image verifies with its own stream."""
+    target, rule, total = ctx.target, method.rule(ctx), ctx.num_image_tokens
+    target.truncate(0)
+    first = ctx.prefill(target, conditions)
+    tokens = [[int(t)] for t in first.draws[:, 0]]
     drafter = make_drafter(ctx)
-    drafter.start(ctx, condition, tokens[0], first)
+    drafter.start(ctx, conditions, [t[0] for t in tokens], first)
+    ctx.stats.record_round(1, len(tokens))
     shape = static_shape(method.static_tree) if method.tree == "static" else None
-    ctx.stats.record_round(1)
-    while len(tokens) < ctx.num_image_tokens:
-        max_depth = ctx.num_image_tokens - len(tokens) - 1  # drafts that still fit in the image
-        if shape is not None:
-            tree = draft_static(ctx, drafter, tokens[-1], shape, max_depth)
-        else:
-            tree = draft_dynamic(ctx, drafter, tokens[-1], method.depth, method.tree_top_k, method.total_tokens,
-                                 max_depth)
-        scored = ctx.run(target, tree.window())
+    batch = Batched(len(tokens))
+    while batch.drop(ctx, [len(t) == total for t in tokens], drafter):
+        images = list(batch.images)
+        growths: list[Optional[Any]] = []
+        for i in images:
+            max_depth = total - len(tokens[i]) - 1  # drafts that still fit in the image (−1: finished)
+            if max_depth < 0:
+                growths.append(None)
+            elif shape is not None:
+                growths.append(StaticGrowth(tokens[i][-1], shape, max_depth))
+            else:
+                growths.append(DynamicGrowth(tokens[i][-1], method.depth, method.tree_top_k, method.total_tokens,
+                                             max_depth))
+        trees = grow_trees(ctx, drafter, growths)
+        scored = ctx.run(target, [tree.window() if tree is not None else None for tree in trees])
         with ctx.stats.timing("verification"):
-            outcome = verify_tree(scored.probs[0], tree, rule, ctx.rng, scored.draws[0])
-        target.commit(outcome.path)
-        new = outcome.accepted + [outcome.next_token]
-        drafter.rollback(len(tokens))
-        drafter.extend(ctx, new, Verified(scored, outcome.path))
-        tokens += new
-        ctx.stats.record_round(len(new))
+            outcomes = [verify_tree(scored.probs[p], tree, rule, ctx.rngs[p], scored.draws[p])
+                        if tree is not None else None for p, tree in enumerate(trees)]
+        paths = [outcome.path if outcome is not None else None for outcome in outcomes]
+        target.commit(paths)
+        new = [outcome.accepted + [outcome.next_token] if outcome is not None else None for outcome in outcomes]
+        drafter.rollback([len(tokens[i]) if n is not None else None for i, n in zip(images, new)])
+        drafter.extend(ctx, new, Verified(scored, paths))
+        for i, n in zip(images, new):
+            if n is not None:
+                tokens[i] += n
+                ctx.stats.record_round(len(n))
     return np.asarray(tokens, dtype=np.int64)

@@ -18,7 +18,9 @@ from specrt.runtime.window import Window
 METHODS = [("ar", {}), ("sd", {"draft_len": 3}), ("cool-sd", {"draft_len": 2}), ("sjd", {"window": 4}),
            ("sjd-pac", {"window": 6, "branching": 2, "tree_depth": 2}),
            ("sjd-pac", {"window": 6, "branching": 2, "tree_depth": 2, "tree": "full"}),
-           ("sd", {"tree": "dynamic", "total_tokens": 8, "depth": 3, "tree_top_k": 2})]  # trees: image by image
+           ("sd", {"tree": "dynamic", "total_tokens": 8, "depth": 3, "tree_top_k": 2}),
+           ("cool-sd", {"tree": "static", "static_tree": "reverse_balanced_25"}),
+           ("lantern", {"tree": "dynamic", "total_tokens": 6, "depth": 3, "tree_top_k": 2})]
 CLASSES = [0, 1, 2, 3, 1, 2]
 
 
@@ -77,10 +79,10 @@ def test_finished_images_leave_the_batch_and_pads_are_never_committed():
 
 
 @pytest.mark.parametrize("method", ["sd", "cool-sd"])
-def test_chains_from_another_drafter_go_image_by_image_with_the_same_tokens(monkeypatch, method):
+def test_chains_from_another_drafter_give_the_same_tokens(monkeypatch, method):
     """A Drafter the batched chain loop does not drive (an EAGLE head, here a ModelDrafter subclass)
-    runs each image through the Drafter protocol: for the same independent draft that is exactly
-    the batched loop's result, image by image."""
+    runs the batch through the Drafter protocol: for the same independent draft that is exactly
+    the batched loop's result."""
     from specrt.runtime.drafting import ModelDrafter
     from specrt.runtime.methods import speculative
 
@@ -89,10 +91,26 @@ def test_chains_from_another_drafter_go_image_by_image_with_the_same_tokens(monk
     calls = []
 
     class OtherDrafter(ModelDrafter):
-        def propose_chain(self, ctx, length):
-            calls.append(length)
-            return super().propose_chain(ctx, length)
+        def propose_chain(self, ctx, lengths):
+            calls.append(list(lengths))
+            return super().propose_chain(ctx, lengths)
 
     monkeypatch.setattr(speculative, "make_drafter", lambda ctx: OtherDrafter(ctx.draft))
     one_by_one = pipe.generate(CLASSES, method=method, seed=3, draft_len=3, decode=False).tokens
-    assert calls and np.array_equal(one_by_one, batched)
+    assert calls and max(len(c) for c in calls) == len(CLASSES)  # the batch drafts together
+    assert np.array_equal(one_by_one, batched)
+
+
+@pytest.mark.parametrize("tree", ["static", "dynamic"])
+def test_a_batch_of_trees_runs_each_depth_once_for_every_image(tree):
+    """Trees decode batches like chains: one draft pass per depth and one target pass per round for
+    the whole batch (fewer graph runs than the images alone), each image's tokens unchanged."""
+    pipe = toy_pipeline(2.0)
+    params = {"tree": tree, "total_tokens": 8, "depth": 3, "tree_top_k": 2, "static_tree": "reverse_balanced_25"}
+    batch = pipe.generate(CLASSES, method="sd", seed=5, decode=False, **params)
+    alone = [pipe.generate([c], method="sd", seed=5 + i, decode=False, **params) for i, c in enumerate(CLASSES)]
+    for i, one in enumerate(alone):
+        np.testing.assert_array_equal(batch.tokens[i], one.tokens[0])
+    assert batch.stats.target_forwards == sum(one.stats.target_forwards for one in alone)  # per image
+    assert batch.stats.target_calls <= max(one.stats.target_calls for one in alone) + 1
+    assert batch.stats.target_calls < sum(one.stats.target_calls for one in alone) / 3

@@ -75,9 +75,10 @@ def test_sd_with_an_eagle_head_samples_the_target_distribution(models, exact, pa
 def test_the_check_catches_a_head_that_reports_the_wrong_q(models, exact, monkeypatch):
     propose = EagleDrafter.propose_chain
 
-    def wrong_rows(self, ctx, length):
-        drafts, rows = propose(self, ctx, length)
-        return drafts, [np.full(VOCAB, 1.0 / VOCAB, dtype=np.float32) for _ in rows]  # not what was drawn from
+    def wrong_rows(self, ctx, lengths):
+        drafts, rows = propose(self, ctx, lengths)
+        uniform = np.full(VOCAB, 1.0 / VOCAB, dtype=np.float32)  # not what was drawn from
+        return drafts, [[uniform for _ in image] for image in rows]
 
     monkeypatch.setattr(EagleDrafter, "propose_chain", wrong_rows)
     statistic, critical = chi_square(_sample(models), exact)

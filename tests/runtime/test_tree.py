@@ -15,7 +15,8 @@ from specrt.errors import SpecrtError
 from specrt.runtime.backends.toy import toy_models
 from specrt.runtime.methods import make_method
 from specrt.runtime.pipeline import Pipeline
-from specrt.runtime.tree import STATIC_TREES, StaticShape, TokenTree, draft_dynamic, draft_static, static_shape
+from specrt.runtime.runner import window_sizes
+from specrt.runtime.tree import STATIC_TREES, DynamicGrowth, StaticGrowth, StaticShape, TokenTree, grow_trees, static_shape
 from specrt.runtime.verification import (
     SAMPLED, TOP, CoolRule, LanternRule, VanillaRule, draw_without_replacement, verify_tree,
 )
@@ -31,13 +32,14 @@ class RowsDrafter:
         rng = np.random.default_rng([self.seed, len(path), *path])
         return rng.dirichlet(np.ones(self.vocab))
 
-    def expand(self, ctx, tree, nodes):
-        self.calls.append(list(nodes))
-        return [self.row(tuple(tree.tokens[n] for n in tree.path(node))) for node in nodes]
+    def expand(self, ctx, trees, nodes):
+        (tree,), (asked,) = trees, nodes  # one image
+        self.calls.append(list(asked))
+        return [[self.row(tuple(tree.tokens[n] for n in tree.path(node))) for node in asked]]
 
 
 class Ctx:
-    rng = np.random.default_rng(0)
+    rngs = [np.random.default_rng(0)]
 
 
 def test_static_shapes_are_eagle_and_lantern_trees():
@@ -53,19 +55,19 @@ def test_static_shapes_are_eagle_and_lantern_trees():
 
 def test_static_tree_grows_its_shape_one_pass_per_depth_and_stops_at_the_image_end():
     drafter = RowsDrafter(vocab=50)
-    tree = draft_static(Ctx(), drafter, root=7, shape=static_shape("mc_sim_7b_63"), max_depth=9)
+    tree, = grow_trees(Ctx(), drafter, [StaticGrowth(7, static_shape("mc_sim_7b_63"), max_depth=9)])
     assert len(tree) == 26 and max(tree.depths) == 5 and len(drafter.calls) == 5
     assert [len(tree.children[n]) for n in drafter.calls[0]] == [4]
     for node, kids in enumerate(tree.children):  # siblings are distinct draws (without replacement)
         assert len({tree.tokens[k] for k in kids}) == len(kids)
-    short = draft_static(Ctx(), RowsDrafter(vocab=50), root=7, shape=static_shape("mc_sim_7b_63"), max_depth=2)
+    short, = grow_trees(Ctx(), RowsDrafter(vocab=50), [StaticGrowth(7, static_shape("mc_sim_7b_63"), max_depth=2)])
     assert max(short.depths) == 2 and len(short) == 1 + 4 + 8
 
 
 def test_dynamic_tree_is_eagle2s_expand_and_rerank():
     drafter = RowsDrafter(vocab=20, seed=3)
     top_k, depth, total = 3, 4, 10
-    tree = draft_dynamic(Ctx(), drafter, root=5, depth=depth, top_k=top_k, total_tokens=total, max_depth=99)
+    tree, = grow_trees(Ctx(), drafter, [DynamicGrowth(5, depth=depth, top_k=top_k, total_tokens=total, max_depth=99)])
     assert len(tree) == total + 1 and tree.drawn == TOP
     assert [len(c) for c in drafter.calls] == [1, top_k, top_k, top_k]  # the frontier: top_k nodes per depth
 
@@ -195,25 +197,39 @@ def test_model_drafter_rows_are_the_drafts_own_and_a_rollback_keeps_the_committe
     draft.allocate(guidance_mix(1, plain))
     ctx = Decoding(target, draft, plain, [np.random.default_rng(0)], Stats())
     drafter = ModelDrafter(draft)
-    drafter.start(ctx, Conditions.of_classes([1]), 4, None)
+    drafter.start(ctx, Conditions.of_classes([1]), [4], None)
     row = lambda context: next_token_row(draft.lm, 1, 2, tuple(context), plain)  # noqa: E731
 
-    drafts, rows = drafter.propose_chain(ctx, 3)
+    (drafts,), (rows,) = drafter.propose_chain(ctx, [3])
     for k in range(3):
         np.testing.assert_allclose(rows[k], row([4, *drafts[:k]]), atol=1e-6)
     assert draft.length == 1 + 3  # the class token, then the pending token and the first two drafts
-    drafter.rollback(1)
-    drafter.extend(ctx, [drafts[0], 2], Verified(None, [0, 1]))  # the first draft accepted, then token 2
+    drafter.rollback([1])
+    drafter.extend(ctx, [[drafts[0], 2]], Verified(None, [[0, 1]]))  # the first draft accepted, then token 2
     tree = TokenTree(2, TOP)
     child = tree.add(0, 3)
     sizes = []
     step = draft.step
-    draft.step = lambda windows, *args: sizes.append(len(windows)) or step(windows, *args)
-    root_row, child_row = drafter.expand(ctx, tree, [0, child])
+    draft.step = lambda windows, *args: sizes.append(int(window_sizes(windows, 1).max())) or step(windows, *args)
+    (root_row, child_row), = drafter.expand(ctx, [tree], [[0, child]])
     assert sizes == [2]  # [4, d0] still cached: only the new pending token 2 and the tree node are fed
     np.testing.assert_allclose(root_row, row([4, drafts[0], 2]), atol=1e-6)
     np.testing.assert_allclose(child_row, row([4, drafts[0], 2, 3]), atol=1e-6)
     assert draft.length == 1 + 2  # the committed tokens before the pending one; the tree left out
+    # the next depth feeds only its own nodes: the root and the child stay as staged rows
+    grandchild, cousin = tree.add(child, 1), tree.add(0, 4)
+    (grandchild_row, cousin_row), = drafter.expand(ctx, [tree], [[grandchild, cousin]])
+    assert sizes == [2, 2] and draft.length == 1 + 2
+    np.testing.assert_allclose(grandchild_row, row([4, drafts[0], 2, 3, 1]), atol=1e-6)
+    np.testing.assert_allclose(cousin_row, row([4, drafts[0], 2, 4]), atol=1e-6)
+    # verification accepted the child and the grandchild: their staged rows become committed ones
+    drafter.rollback([3])
+    drafter.extend(ctx, [[3, 1, 0]], Verified(None, [[0, child, grandchild]]))
+    assert draft.length == 1 + 2 + 3  # the root, the child and the grandchild, without a pass
+    assert drafter.cached[0] == [4, drafts[0], 2, 3, 1]
+    _, (rows,) = drafter.propose_chain(ctx, [1])
+    assert sizes[-1] == 1  # only the new pending token 0
+    np.testing.assert_allclose(rows[0], row([4, drafts[0], 2, 3, 1, 0]), atol=1e-6)
 
 
 @pytest.mark.parametrize("method", ["sd", "cool-sd"])
