@@ -25,8 +25,9 @@ CLASSES = [0, 1, 2, 3, 1, 2]
 
 
 def toy_pipeline(cfg_scale: float, **options) -> Pipeline:
-    target, draft, vq = toy_models(vocab_size=5, grid_size=3, num_classes=4, seed=3)
-    return Pipeline(target, vq, draft, sampling_defaults={"cfg_scale": cfg_scale}, **options)
+    target, draft, vq = toy_models(vocab_size=5, grid_size=3, num_classes=4, seed=3, max_window=26)
+    neighbours = np.array([[j for j in sorted(range(5), key=lambda j: (abs(i - j), j)) if j != i] for i in range(5)])
+    return Pipeline(target, vq, draft, sampling_defaults={"cfg_scale": cfg_scale}, neighbours=neighbours, **options)
 
 
 @pytest.mark.parametrize("method,params", METHODS, ids=[f"{m}-{p.get('tree', '')}" for m, p in METHODS])
