@@ -227,7 +227,7 @@ class ModelDrafter(Drafter):
         for p, tree in enumerate(trees):
             if tree is not None:
                 self.cached[p] = self.tokens[p][:-1]
-                rows[p] = [np.array(out.probs[p, slots[p][n]]) for n in nodes[p]]
+                rows[p] = [np.array(out.tree_rows()[p, slots[p][n]]) for n in nodes[p]]
         if self.runner.stages_trees:
             self.runner.stage([[slots[p][n] for n in (0, *below[p])] if tree is not None else None
                                for p, tree in enumerate(trees)])
@@ -265,7 +265,7 @@ class ModelDrafter(Drafter):
             if trees[p] is None:
                 continue
             slot = {n: w for w, n in enumerate(new)}
-            rows[p] = [np.array(out.probs[p, slot[n]]) for n in nodes[p]]
+            rows[p] = [np.array(out.tree_rows()[p, slot[n]]) for n in nodes[p]]
             self._staged[p].update({n: len(self._staged[p]) + w for w, n in enumerate(new)})
 
 

@@ -211,5 +211,5 @@ class EagleDrafter(Drafter):
                 self._node_features[p][n] = mine[:, w].copy()
                 self._staged[p][n] = len(self._staged[p])
             slot = {n: w for w, n in enumerate(run)}
-            rows[p] = [np.array(out.probs[p, slot[n]]) for n in nodes[p]]
+            rows[p] = [np.array(out.tree_rows()[p, slot[n]]) for n in nodes[p]]
         return rows

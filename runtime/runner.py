@@ -60,6 +60,13 @@ class StepOutput:
 
     probs: Any
     draws: np.ndarray
+    # greedy decoding only: the head's softmax before the argmax (probs are then one-hot), the
+    # order in which a tree drafts its top-k children (EAGLE's greedy trees)
+    ranking: Any = None
+
+    def tree_rows(self) -> Any:
+        """The rows a tree drafter grows children from: `ranking` under greedy decoding, else probs."""
+        return self.probs if self.ranking is None else self.ranking
 
 
 Slots = Union[Sequence[int], Sequence[Optional[Sequence[int]]]]  # the same for every image, or per image

@@ -155,11 +155,17 @@ def static_shape(name: str) -> StaticShape:
 class StaticGrowth:
     """Grows `shape` below `root`, one draft pass per depth: every node with children in the shape
     gets them drawn without replacement from its row (fewer where the row has fewer tokens with
-    mass; their subtrees go too). Nodes deeper than `max_depth` (the image's end) are left out."""
+    mass; their subtrees go too). Nodes deeper than `max_depth` (the image's end) are left out.
 
-    def __init__(self, root: int, shape: StaticShape, max_depth: int):
-        self.tree = TokenTree(root, SAMPLED)
-        self.shape, self.max_depth = shape, max_depth
+    Greedy decoding (`greedy`): every row is one-hot, so draws without replacement would give one
+    child per node and the tree would collapse to a chain. As EAGLE does at temperature 0, a node's
+    children are then its row's top-k tokens by the head's softmax before the argmax
+    (StepOutput.ranking), drafted as TOP: each child is verified as a point mass, which accepts
+    it exactly when it is the target's argmax, so the output is greedy decoding's."""
+
+    def __init__(self, root: int, shape: StaticShape, max_depth: int, greedy: bool = False):
+        self.tree = TokenTree(root, TOP if greedy else SAMPLED)
+        self.shape, self.max_depth, self.greedy = shape, max_depth, greedy
         self._frontier = [(0, 0)]  # (tree node, shape node)
         self._expanding: list[tuple[int, int]] = []
 
@@ -172,7 +178,13 @@ class StaticGrowth:
         self._frontier = []
         for (node, at), row in zip(self._expanding, rows):
             self.tree.rows[node] = row
-            for rank, token in enumerate(draw_without_replacement(row, len(self.shape.children[at]), rng)):
+            count = len(self.shape.children[at])
+            if self.greedy:
+                best = top_rows(np.asarray(row, dtype=np.float64)[None], count)[0]
+                children = [int(t) for t in best if row[t] > 0]
+            else:
+                children = draw_without_replacement(row, count, rng)
+            for rank, token in enumerate(children):
                 self._frontier.append((self.tree.add(node, token), self.shape.children[at][rank]))
 
     def result(self) -> TokenTree:

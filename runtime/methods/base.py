@@ -97,8 +97,9 @@ class Decoding:
         if not needs_restriction(self.sampling):
             return out
         with self.stats.timing("verification"):
-            probs = restrict(np.asarray(out.probs), self.sampling)
-            return StepOutput(probs, inverse_cdf(probs, uniforms))
+            raw = np.asarray(out.probs)
+            probs = restrict(raw, self.sampling)
+            return StepOutput(probs, inverse_cdf(probs, uniforms), raw if self.sampling.temperature == 0.0 else None)
 
     @property
     def num_image_tokens(self) -> int:

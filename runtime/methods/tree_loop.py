@@ -44,7 +44,7 @@ def generate_trees(method: "DraftThenVerify", ctx: Decoding, conditions: Conditi
             if max_depth < 0:
                 growths.append(None)
             elif shape is not None:
-                growths.append(StaticGrowth(tokens[i][-1], shape, max_depth))
+                growths.append(StaticGrowth(tokens[i][-1], shape, max_depth, greedy=ctx.sampling.temperature == 0.0))
             else:
                 growths.append(DynamicGrowth(tokens[i][-1], method.depth, method.tree_top_k, method.total_tokens,
                                              max_depth))

@@ -239,6 +239,14 @@ def test_greedy_tree_drafting_reproduces_greedy_decoding(method):
     target, draft, vq = toy_models(vocab_size=6, grid_size=3, max_window=26, draft_noise=2.0)
     pipe = Pipeline(target, vq, draft, sampling_defaults={"cfg_scale": 2.0, "temperature": 0.0})
     want = pipe.generate([0, 1], method="ar", seed=0).tokens
+    widths = []
+    step = target.step
+    target.step = lambda windows, *args: widths.append(int(window_sizes(windows, target.images).max())) or \
+        step(windows, *args)
     for tree in ("static", "dynamic"):
-        got = pipe.generate([0, 1], method=method, seed=5, tree=tree, total_tokens=12, depth=4).tokens
+        widths.clear()
+        got = pipe.generate([0, 1], method=method, seed=5, tree=tree, total_tokens=12, depth=4,
+                            static_tree="reverse_balanced_25").tokens
         np.testing.assert_array_equal(got, want, err_msg=f"{method} tree={tree}")
+        # siblings still drafted (the draft's top-k children), not a chain of argmaxes
+        assert max(widths) > 1 + 5 if tree == "static" else max(widths) > 1 + 4, (tree, max(widths))
