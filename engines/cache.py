@@ -162,9 +162,20 @@ class EngineCache:
                    "engine_bytes": len(engine_bytes), "build_seconds": build_seconds}
         self.dir.mkdir(parents=True, exist_ok=True)
         with self._locked(exclusive=True):
+            self._remove_stale_temporaries()
             atomic_write_bytes(engine, engine_bytes)
             atomic_write_bytes(self.sidecar_path(key.graph, key.precision), json.dumps(sidecar, indent=2).encode())
         return engine
+
+    def _remove_stale_temporaries(self) -> None:
+        """Remove half-written engines and sidecars (atomic_write_bytes' `.NAME.*.tmp`) that a killed
+        build left. Called under the exclusive lock every engine writer holds, so none is in use."""
+        for pattern in (".*.engine.*.tmp", ".*.json.*.tmp"):
+            for stale in self.dir.glob(pattern):
+                try:
+                    stale.unlink()
+                except OSError:
+                    pass
 
     def load_timing_cache(self) -> bytes:
         """Serialized timing cache from earlier builds on this GPU + TensorRT, or b'' for a fresh one."""

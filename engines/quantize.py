@@ -306,7 +306,7 @@ def quantize_bundle(bundle: str | Path, out: str | Path, options: QuantizeOption
 
     replaced = set(plan)
     raw = json.loads(json.dumps(manifest.raw))
-    with partial_dir(out) as work:
+    with partial_dir(out, note=progress) as work:
         for rel in manifest.files:
             owner = next((g for g, spec in manifest.graphs.items() if rel in (spec.file, spec.external_data)), None)
             if owner not in replaced:
@@ -336,7 +336,7 @@ def quantize_bundle(bundle: str | Path, out: str | Path, options: QuantizeOption
         raw["files"] = {name: file_record(work / name) for name in names}
         raw["quantized_from"] = str(manifest.root)
         (work / MANIFEST_NAME).write_text(json.dumps(raw, indent=2) + "\n")
-        read_manifest(work)  # never rename something we could not read back
+        read_manifest(work, partial_ok=True)  # never rename something we could not read back
         move_into_place(work, out, force)
     return read_manifest(out, check_hashes=False)
 

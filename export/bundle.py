@@ -227,7 +227,7 @@ def write_bundle(models: ModelSet, out: str | Path, options: ExportOptions | Non
     limits = GraphLimits(capacity=capacity_for(models.target.config, options.max_window),
                          max_window=options.max_window, max_batch=rows_for_images(options.max_batch),
                          max_images=options.max_batch)
-    with partial_dir(out) as work:
+    with partial_dir(out, note=progress) as work:
         jobs = _graph_jobs(models, options, limits)
         total = len(jobs) + 2
         graphs = []
@@ -247,6 +247,6 @@ def write_bundle(models: ModelSet, out: str | Path, options: ExportOptions | Non
         say(f"[{total}/{total}] {MANIFEST_NAME}")
         manifest = build_manifest(models, replace(options, neighbours_k=k), graphs, work, _text_encoder_entry(models))
         (work / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
-        read_manifest(work)  # never rename something we could not read back
+        read_manifest(work, partial_ok=True)  # never rename something we could not read back
         move_into_place(work, out, force)
     return read_manifest(out, check_hashes=False)

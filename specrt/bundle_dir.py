@@ -5,15 +5,28 @@ writer of bundles (`specrt export`, `specrt quantize`) assembles its files in a 
 temporary directory beside the destination and renames it into place at the end: an
 interrupted or failed run never leaves a directory that looks complete. Pure os/shutil, no
 torch, so tools that only rewrite graphs use it too.
+
+Leftovers: an error or a signal the CLI handles (Ctrl-C, SIGTERM) removes the temporary
+directory; a SIGKILL or a power cut cannot. So the writer holds an advisory lock (flock) on its
+temporary directory while it works, and every later write beside the same destination removes
+the `.NAME.partial-*` directories nobody holds a lock on: stale ones, left by a killed run.
+A directory with that name is never a bundle (specrt.manifest refuses to read one).
 """
 from __future__ import annotations
 
+import glob
 import os
+import re
 import shutil
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, Optional
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks, no stale-directory cleanup
+    fcntl = None
 
 from specrt.errors import SpecrtError
 
@@ -24,17 +37,74 @@ def refuse_existing(out: Path, force: bool) -> None:
         raise SpecrtError(f"{out} already exists; pass --force to replace it")
 
 
+PARTIAL_PATTERN = re.compile(r"\.(?P<name>.+)\.partial-[0-9a-f]{8}")
+
+
+def is_partial(path: Path) -> bool:
+    """True for a writer's temporary directory name (`.NAME.partial-1234abcd`): never a bundle."""
+    return PARTIAL_PATTERN.fullmatch(Path(path).name) is not None
+
+
+def _lock(directory: Path) -> Optional[int]:
+    """An fd holding an exclusive flock on `directory`, or None where locks are unavailable or
+    someone else holds it."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held by a live writer (or a filesystem without locks: then leave it be)
+        os.close(fd)
+        return None
+    return fd
+
+
+def remove_stale_partials(out: Path, note: Optional[Callable[[str], None]] = None) -> list[Path]:
+    """Remove the `.NAME.partial-*` directories beside `out` whose writer is gone (no lock held:
+    a run that was killed), saying so through `note`; returns them. Live writers keep theirs."""
+    out = Path(out)
+    if fcntl is None or not out.parent.is_dir():
+        return []
+    removed = []
+    for entry in sorted(out.parent.glob(f".{glob.escape(out.name)}.partial-*")):
+        match = PARTIAL_PATTERN.fullmatch(entry.name)
+        if match is None or match["name"] != out.name or entry.is_symlink() or not entry.is_dir():
+            continue
+        fd = _lock(entry)
+        if fd is None:
+            continue
+        try:
+            shutil.rmtree(entry, ignore_errors=True)
+        finally:
+            os.close(fd)
+        if not entry.exists():
+            removed.append(entry)
+            if note is not None:
+                note(f"removed {entry}, left by an earlier run that was killed")
+    return removed
+
+
 @contextmanager
-def partial_dir(out: Path) -> Iterator[Path]:
-    """A fresh hidden directory beside `out`, removed when the block raises (Ctrl-C included)."""
+def partial_dir(out: Path, note: Optional[Callable[[str], None]] = None) -> Iterator[Path]:
+    """A fresh hidden directory beside `out`, locked while the block runs and removed when it
+    raises (Ctrl-C and, through the CLI's handler, SIGTERM included). Stale ones a killed run
+    left beside `out` are removed first (remove_stale_partials)."""
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_partials(out, note)
     work = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
     work.mkdir()
+    lock = _lock(work)
     try:
         yield work
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
+    finally:
+        if lock is not None:
+            os.close(lock)
 
 
 def move_into_place(work: Path, out: Path, force: bool) -> None:

@@ -3,13 +3,17 @@
 Every subcommand lives in specrt/commands/<name>.py and maps its flags onto one Python API
 call. User mistakes raise SpecrtError, printed here as one line with exit code 2.
 """
+import signal
 import sys
+import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 import click
 
 from specrt import __version__
 from specrt.commands import bench, build, demo, export, generate, inspect, quantize, serve, train_draft
-from specrt.errors import SpecrtError
+from specrt.errors import SpecrtError, Terminated
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -37,17 +41,43 @@ for command in (export.command, quantize.command, build.command, generate.comman
     cli.add_command(command)
 
 
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises Terminated (a KeyboardInterrupt) while the block runs, so it unwinds like
+    Ctrl-C: temporary folders are removed, servers stop; the previous handler comes back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the CLI, turning SpecrtError into one line on stderr and exit code 2."""
+    """Entry point: run the CLI, turning SpecrtError into one line on stderr and exit code 2,
+    Ctrl-C into exit code 130 and SIGTERM into 143, each after the command's cleanup ran."""
     try:
         # With standalone_mode=False click returns ctx.exit(code)'s code instead of exiting.
-        code = cli.main(args=argv, prog_name="specrt", standalone_mode=False)
+        with sigterm_as_interrupt():
+            code = cli.main(args=argv, prog_name="specrt", standalone_mode=False)
         if isinstance(code, int) and code:
             sys.exit(code)
     except SpecrtError as exc:
         click.echo(f"specrt: error: {exc}", err=True)
         sys.exit(2)
-    except click.exceptions.Abort:
+    except Terminated:  # outside click's own handling (its Abort below carries the cause)
+        click.echo("specrt: terminated", err=True)
+        sys.exit(143)
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__cause__, Terminated):
+            click.echo("specrt: terminated", err=True)
+            sys.exit(143)
         click.echo("specrt: aborted", err=True)
         sys.exit(130)
     except click.UsageError as exc:

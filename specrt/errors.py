@@ -11,3 +11,9 @@ class SpecrtError(Exception):
 
 class MissingDependency(SpecrtError):
     """An optional dependency a feature needs (torch, TensorRT, ...) is not installed."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (what `timeout`, systemd and `docker stop` send). The CLI raises it from its
+    signal handler so it unwinds exactly like Ctrl-C: every `except BaseException` / `finally`
+    that removes temporary files runs, and the process exits with 143 (128 + SIGTERM)."""

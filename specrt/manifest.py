@@ -302,17 +302,32 @@ def verify_files(manifest: Manifest, check_hashes: bool = True) -> None:
                               "(corrupt or modified bundle)")
 
 
-def read_manifest(path: str | Path, check_hashes: bool = True) -> Manifest:
+def refuse_partial(path: str | Path) -> None:
+    """SpecrtError when `path` is a bundle writer's temporary directory (specrt.bundle_dir)."""
+    from specrt.bundle_dir import PARTIAL_PATTERN
+
+    match = PARTIAL_PATTERN.fullmatch(Path(path).absolute().name)
+    if match is not None:
+        raise SpecrtError(f"{path} is not a bundle: it is the temporary folder of an unfinished write of "
+                          f"{match['name']} (killed, or still running); the next export or quantize to {match['name']} "
+                          f"removes it")
+
+
+def read_manifest(path: str | Path, check_hashes: bool = True, partial_ok: bool = False) -> Manifest:
     """Load a bundle's manifest (`path` is the bundle directory or its manifest.json), validate
     version, structure and profiles, and check every listed file's size and sha256.
 
     Raises SpecrtError with one line saying what is wrong. check_hashes=False skips only the
     sha256 pass (sizes are still checked) for callers that re-open a bundle they just verified.
+    A writer's temporary directory (`.NAME.partial-*`, specrt.bundle_dir) is never a bundle, even
+    with a manifest in it; only the writer itself reads its work back (partial_ok=True).
     """
     path = Path(path)
     manifest_path = path / MANIFEST_NAME if path.is_dir() else path
     if not path.exists():
         raise SpecrtError(f"bundle {path} does not exist")
+    if not partial_ok:
+        refuse_partial(manifest_path.parent)
     if not manifest_path.is_file():
         raise SpecrtError(f"{path} is not a specrt bundle: it has no {MANIFEST_NAME}")
     try:

@@ -15,8 +15,6 @@ torch backend runs the same bundle. Written to a temporary directory and renamed
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -101,10 +99,10 @@ def export_bundle(target: MAR, draft: MAR | None, out_dir: str | Path, decoder: 
     runtime starts from and a note of where the weights came from."""
     from safetensors.torch import save_file
 
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    from specrt.bundle_dir import move_into_place, partial_dir
+
+    out_dir = Path(out_dir).absolute()
+    with partial_dir(out_dir) as tmp:  # removed on failure; a killed run's is removed by the next write
         models = {}
         for role, model in (("target", target), ("draft", draft)):
             if model is None:
@@ -132,13 +130,7 @@ def export_bundle(target: MAR, draft: MAR | None, out_dir: str | Path, decoder: 
         if source is not None:
             manifest["source"] = source
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        tmp.chmod(0o755)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        move_into_place(tmp, out_dir, force=True)
     return out_dir
 
 

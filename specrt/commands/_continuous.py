@@ -23,8 +23,10 @@ METHODS = ("ar", "cspd")
 def is_continuous_bundle(bundle: Optional[Path]) -> bool:
     if bundle is None:
         return False
+    from specrt.manifest import refuse_partial
     from specrt.runtime.continuous_bundle import bundle_family
 
+    refuse_partial(bundle)  # an interrupted export's temporary folder is no bundle of either family
     try:
         return bundle_family(bundle) == "continuous"
     except SpecrtError:
@@ -51,15 +53,20 @@ def open_pipeline(bundle: Optional[Path], backend: Optional[str], threads: Optio
     return torch_pipeline(demo_weights, threads=1 if threads is None else threads)
 
 
+def refuse(refused: dict[str, Any]) -> None:
+    """SpecrtError naming the first flag in `refused` ({flag: given?}) that was given."""
+    given = [flag for flag, value in refused.items() if value]
+    if given:
+        raise SpecrtError(f"{given[0]} does not apply to a continuous (MAR-style) model")
+
+
 def generate(pipe: Any, method: str, class_ids: tuple[int, ...], seed: int, out: Path, sampling: dict[str, Any],
              params: dict[str, str], stats_path: Optional[Path], tokens_only: bool, tokens_path: Optional[Path],
              refused: dict[str, Any]) -> None:
     """Generate with a ContinuousPipeline and write PNGs / tokens / stats as `specrt generate` does."""
     from specrt.commands.generate import save_images
 
-    given = [flag for flag, value in refused.items() if value]
-    if given:
-        raise SpecrtError(f"{given[0]} does not apply to a continuous (MAR-style) model")
+    refuse(refused)
     if method not in METHODS:
         raise SpecrtError(f"method {method!r} is for discrete tokens; a continuous model runs {', '.join(METHODS)}")
     kwargs = {**{k: v for k, v in sampling.items() if v is not None}, **params}  # validated where they are used
@@ -67,7 +74,6 @@ def generate(pipe: Any, method: str, class_ids: tuple[int, ...], seed: int, out:
     paths = [] if tokens_only else save_images(result.images, out, len(result.tokens))
     if tokens_only or tokens_path:
         path = tokens_path or out.with_suffix(".npy")
-        path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:
             np.save(f, result.tokens)
         paths.append(path)

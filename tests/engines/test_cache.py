@@ -43,6 +43,19 @@ def test_store_then_lookup_hits(tmp_path):
     assert sidecar["digest"] == _key().digest and sidecar["engine_bytes"] == 12
 
 
+def test_a_store_removes_what_a_killed_build_half_wrote(tmp_path):
+    cache = EngineCache(tmp_path, ORIN, "10.3.0")
+    cache.dir.mkdir(parents=True)
+    stale = [cache.dir / ".target_step.fp16.engine.k2j4_x.tmp", cache.dir / ".draft_step.fp32.json.ab12cd.tmp"]
+    for path in stale:
+        path.write_bytes(b"half an engine")  # atomic_write_bytes' temporaries, left by a SIGKILL
+    kept = cache.dir / ".timing.cache.zz99.tmp"  # the timing cache is written outside the lock: not touched
+    kept.write_bytes(b"")
+    cache.store(_key(), b"engine-bytes")
+    assert not any(path.exists() for path in stale) and kept.exists()
+    assert cache.lookup(_key()) is not None
+
+
 def test_a_different_key_misses(tmp_path):
     cache = EngineCache(tmp_path, ORIN, "10.3.0")
     cache.store(_key(), b"engine-bytes")
