@@ -4,8 +4,11 @@ An error is something that makes the TensorRT build fail or breaks the runtime's
 (an unsupported op, opset > 20, a graph I/O that disagrees with the manifest, a dynamic dim
 without a profile, int64 where the runtime binds int32). A warning is legal but against our
 deployment policy or likely slow (If/Loop control flow is an error by policy: the default
-export promises none). Only the graph structure is read, never the weights, so linting a
-multi-GB bundle is fast.
+export promises none). A note marks a graph made for onnxruntime on purpose: its own ops
+(domain com.microsoft, e.g. MatMulNBits from `specrt quantize --mode int4`) run on onnxruntime,
+not TensorRT; `specrt inspect` says the bundle is onnxruntime-only and fails only with
+--require-trt. Only the graph structure is read, never the weights, so linting a multi-GB
+bundle is fast.
 """
 from __future__ import annotations
 
@@ -17,13 +20,14 @@ from specrt.export import trt_ops
 from specrt.lazy import require
 from specrt.manifest import GraphSpec, Manifest
 
-ERROR, WARNING = "error", "warning"
+ERROR, WARNING, NOTE = "error", "warning", "note"
+ONNXRUNTIME_DOMAIN = "com.microsoft"  # onnxruntime's contrib ops
 _ONNX_DTYPE_NAMES = {1: "float32", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "float64", 16: "bfloat16"}
 
 
 @dataclass(frozen=True)
 class Finding:
-    severity: str  # ERROR | WARNING
+    severity: str  # ERROR | WARNING | NOTE (onnxruntime-only, see the module docstring)
     graph: str
     message: str
 
@@ -64,6 +68,11 @@ def _check_ops(model, name: str, max_opset: int) -> list[Finding]:
         where = f"{op} ({count} node{'s' * (count > 1)})"
         if (domain, op) in local_functions:
             findings.append(Finding(WARNING, name, f"{where} is a local ONNX function; TensorRT inlines it, check its body ops"))
+        elif domain == ONNXRUNTIME_DOMAIN:
+            how = ("int4: for TensorRT quantize the fp32 bundle with `specrt quantize --mode int4 --tool modelopt` "
+                   "(QDQ)") if op == "MatMulNBits" else "TensorRT would need a plugin for it"
+            findings.append(Finding(NOTE, name, f"{where} is onnxruntime's own op ({domain}): this graph runs on "
+                                                f"onnxruntime (ort, ort-cuda), not TensorRT; {how}"))
         elif domain not in ("", "ai.onnx"):
             findings.append(Finding(ERROR, name, f"{where} is in custom domain {domain!r}; TensorRT needs a plugin for it"))
         elif op in trt_ops.CONTROL_FLOW_OPS:

@@ -146,6 +146,15 @@ def test_bad_input_is_one_line_and_exit_2(demo_bundle, tmp_path, capsys, argv, m
     assert not out.exists()
 
 
+def test_inspect_reports_an_int4_bundle_as_onnxruntime_only(int4_bundle, capsys):
+    """MatMulNBits is not TensorRT's, yet the bundle works: notes and exit 0; --require-trt: exit 1."""
+    assert run_cli(["inspect", str(int4_bundle)]) == 0
+    out = capsys.readouterr().out
+    assert "0 error(s), 0 warning(s), 4 note(s)" in out
+    assert "runs on: onnxruntime only (ort, ort-cuda); TensorRT 10.3 cannot build target_prefill, target_step" in out
+    assert run_cli(["inspect", str(int4_bundle), "--require-trt"]) == 1
+
+
 def test_an_already_quantized_bundle_is_refused(int4_bundle, tmp_path, capsys):
     assert run_cli(["quantize", str(int4_bundle), "--mode", "int4", "--out", str(tmp_path / "again")]) == 2
     assert "already quantized" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from specrt.export.lint import ERROR, WARNING, lint_graph
+from specrt.export.lint import ERROR, NOTE, WARNING, lint_graph
 from specrt.manifest import GraphSpec, TensorSpec, file_record
 from tiny_export import cli_exit_code as _exit_code, tiny_bundle
 
@@ -92,6 +92,20 @@ def test_control_flow_unsupported_and_custom_ops_are_errors(tmp_path):
     assert any(m.startswith("If (1 node)") and "control flow" in m for m in errors)
     assert any(m.startswith("Unique") and "not supported by TensorRT 10.3" in m for m in errors)
     assert any("FusedThing" in m and "custom domain 'com.example'" in m for m in errors)
+
+
+def test_onnxruntime_ops_are_notes_not_errors(tmp_path):
+    """MatMulNBits (onnxruntime's int4) marks a graph made for onnxruntime: TensorRT cannot build it,
+    but nothing is wrong with it (specrt inspect: onnxruntime-only, exit 0 unless --require-trt)."""
+    nodes = [helper.make_node("MatMulNBits", ["x", "w", "s"], ["m"], domain="com.microsoft", K=4, N=4, bits=4,
+                              block_size=32),
+             helper.make_node("Relu", ["m"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [_io("x", TensorProto.FLOAT, ["batch", 4])], [_io("y", TensorProto.FLOAT, ["batch", 4])])
+    findings = _lint(tmp_path, graph, SPEC_X)
+    assert _messages(findings, ERROR) == [] and _messages(findings, WARNING) == []
+    [note] = _messages(findings, NOTE)
+    assert note.startswith("MatMulNBits (1 node) is onnxruntime's own op (com.microsoft)")
+    assert "--mode int4 --tool modelopt" in note
 
 
 def test_opset_above_20_and_attention_are_errors_for_tensorrt_10_3_only(tmp_path):
