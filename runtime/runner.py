@@ -248,7 +248,7 @@ class ModelRunner(ABC):
         prefixes = self._prefix_counts(slots)
         if prefixes is not None:
             if prefixes.any():
-                self._write_prefixes(self.lengths, prefixes)
+                self._write_runs(self.lengths, np.zeros_like(prefixes), prefixes)
                 self.lengths += prefixes
             self.cache_seconds += time.perf_counter() - start
             return
@@ -280,15 +280,16 @@ class ModelRunner(ABC):
                 counts[i] = count
         return counts
 
-    def _write_prefixes(self, columns: np.ndarray, counts: np.ndarray) -> None:
-        """kv[rows of image i, columns[i] + n] = present[rows of image i, slot n] for n < counts[i],
-        the CFG twins alike. Backends override it with block copies; this default goes through
-        the general `_write_kv`."""
+    def _write_runs(self, columns: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> None:
+        """kv[rows of image i, columns[i] + n] = present[rows of image i, starts[i] + n] for
+        n < counts[i], the CFG twins alike: contiguous runs of window slots (a prefix to commit,
+        a tree level to stage). Backends override it with block copies; this default goes
+        through the general `_write_kv`."""
         images, pairs = self.images, self.batch // self.images
         image = np.repeat(np.arange(images), counts)
-        sources = np.concatenate([np.arange(n) for n in counts])
+        offsets = np.concatenate([np.arange(n) for n in counts])
         rows = np.concatenate([image + images * k for k in range(pairs)])
-        self._write_kv(rows, np.tile(sources + columns[image], pairs), np.tile(sources, pairs))
+        self._write_kv(rows, np.tile(offsets + columns[image], pairs), np.tile(offsets + starts[image], pairs))
 
     # ---- trees held in the cache (a drafter's nodes, each run once) ------------------------------
 
@@ -300,19 +301,24 @@ class ModelRunner(ABC):
         later windows only where a window's `staged` mask says so (runtime.window.Window.level).
         A tree drafter keeps its nodes here, so each depth feeds only the new level (EAGLE's
         tree attention); truncate drops them, adopt commits a path of them."""
-        per_image = self._per_image(slots)
+        per_image = [np.asarray(list(s), dtype=np.int64) for s in self._per_image(slots)]
         counts = np.array([len(s) for s in per_image], dtype=np.int64)
         if not counts.any():
             return
         start = time.perf_counter()
         if int((self.lengths + self.staged + counts).max()) > self.capacity:
             raise ValueError(f"staging {counts.tolist()} rows overflows capacity {self.capacity}")
-        images, pairs = self.images, self.batch // self.images
-        image = np.repeat(np.arange(images), counts)
-        columns = np.concatenate([np.arange(n) for n in counts]) + (self.lengths + self.staged)[image]
-        sources = np.concatenate([np.asarray(s, dtype=np.int64) for s in per_image if len(s)])
-        rows = np.concatenate([image + images * k for k in range(pairs)])
-        self._write_kv(rows, np.tile(columns, pairs), np.tile(sources, pairs))
+        columns = self.lengths + self.staged
+        if all(not len(s) or int(s[-1]) - int(s[0]) == len(s) - 1 and np.all(np.diff(s) == 1) for s in per_image):
+            # each image stages a run of consecutive slots (a level, a root and its closure): block copies
+            self._write_runs(columns, np.array([s[0] if len(s) else 0 for s in per_image], dtype=np.int64), counts)
+        else:
+            images, pairs = self.images, self.batch // self.images
+            image = np.repeat(np.arange(images), counts)
+            targets = np.concatenate([np.arange(n) for n in counts]) + columns[image]
+            sources = np.concatenate([s for s in per_image if len(s)])
+            rows = np.concatenate([image + images * k for k in range(pairs)])
+            self._write_kv(rows, np.tile(targets, pairs), np.tile(sources, pairs))
         self.staged += counts
         self.cache_seconds += time.perf_counter() - start
 
@@ -406,10 +412,11 @@ def _prefix_length(slots: Sequence[int]) -> Optional[int]:
     return count if all(int(s) == n for n, s in enumerate(slots)) else None
 
 
-def uniform_prefix(columns: np.ndarray, counts: np.ndarray) -> Optional[tuple[int, int]]:
-    """(column, count) when every image writes the same count at the same column: one block copy."""
-    if len(counts) == 1 or (len(counts) and (counts == counts[0]).all() and (columns == columns[0]).all()):
-        return int(columns[0]), int(counts[0])
+def uniform_run(columns: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> Optional[tuple[int, int, int]]:
+    """(column, start, count) when every image copies the same run to the same column: one block copy."""
+    if len(counts) == 1 or (len(counts) and (counts == counts[0]).all() and (columns == columns[0]).all()
+                            and (starts == starts[0]).all()):
+        return int(columns[0]), int(starts[0]), int(counts[0])
     return None
 
 

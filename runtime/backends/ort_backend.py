@@ -23,7 +23,7 @@ from specrt.manifest import GraphSpec, Manifest, read_manifest
 from specrt.runtime.bundle_check import check_manifest, check_session, load_neighbours
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.eagle import EAGLE_KIND, HeadRunner
-from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, uniform_prefix
+from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, uniform_run
 
 Providers = Union[None, Sequence[Any], Callable[[str], Sequence[Any]]]
 HEAD_INPUTS = ("mix", "uniforms")
@@ -210,16 +210,16 @@ class OrtRunner(ModelRunner):
     def _move_kv(self, rows: np.ndarray, columns: np.ndarray, sources: np.ndarray) -> None:
         self._kv[:, :, rows, :, columns] = self._kv[:, :, rows, :, sources]  # the gather copies first
 
-    def _write_prefixes(self, columns: np.ndarray, counts: np.ndarray) -> None:
-        block = uniform_prefix(columns, counts)
+    def _write_runs(self, columns: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> None:
+        block = uniform_run(columns, starts, counts)
         if block is not None:  # one strided copy for the whole batch
-            column, count = block
-            self._kv[:, :, :, :, column:column + count] = self._present[:, :, :, :, :count]
+            column, start, count = block
+            self._kv[:, :, :, :, column:column + count] = self._present[:, :, :, :, start:start + count]
             return
         images = self.images
         for i in np.flatnonzero(counts).tolist():  # one strided copy per image, its CFG twins included
-            column, count = int(columns[i]), int(counts[i])
-            self._kv[:, :, i::images, :, column:column + count] = self._present[:, :, i::images, :, :count]
+            column, start, count = int(columns[i]), int(starts[i]), int(counts[i])
+            self._kv[:, :, i::images, :, column:column + count] = self._present[:, :, i::images, :, start:start + count]
 
 
 class OrtHeadRunner(HeadRunner, OrtRunner):

@@ -25,7 +25,7 @@ from specrt.export.neighbours import DEFAULT_K, codebook_neighbours, neighbour_c
 from specrt.lazy import require
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.eagle import HeadRunner
-from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, uniform_prefix
+from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, uniform_run
 
 
 def _torch():
@@ -269,19 +269,20 @@ class TorchRunner(ModelRunner):
             index = self.torch.from_numpy(np.stack([rows, columns, sources])).to(self.device)
             self._kv[:, :, index[0], :, index[1]] = self._kv[:, :, index[0], :, index[2]]  # the gather copies first
 
-    def _write_prefixes(self, columns: np.ndarray, counts: np.ndarray) -> None:
+    def _write_runs(self, columns: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> None:
         """Block copies on the device (no index tensor to send): one for the whole batch when
-        every image keeps the same count at the same length, else one per image."""
+        every image copies the same run to the same column, else one per image."""
         with self.torch.inference_mode():
-            block = uniform_prefix(columns, counts)
+            block = uniform_run(columns, starts, counts)
             if block is not None:
-                column, count = block
-                self._kv[:, :, :, :, column:column + count].copy_(self._present[:, :, :, :, :count])
+                column, start, count = block
+                self._kv[:, :, :, :, column:column + count].copy_(self._present[:, :, :, :, start:start + count])
                 return
             images = self.images
             for i in np.flatnonzero(counts).tolist():
-                column, count = int(columns[i]), int(counts[i])
-                self._kv[:, :, i::images, :, column:column + count].copy_(self._present[:, :, i::images, :, :count])
+                column, start, count = int(columns[i]), int(starts[i]), int(counts[i])
+                self._kv[:, :, i::images, :, column:column + count].copy_(
+                    self._present[:, :, i::images, :, start:start + count])
 
 
 class TorchHeadRunner(HeadRunner, TorchRunner):

@@ -105,11 +105,11 @@ class ToyRunner(ModelRunner):
     def _move_kv(self, rows: np.ndarray, columns: np.ndarray, sources: np.ndarray) -> None:
         self._kv[rows, columns] = self._kv[rows, sources]
 
-    def _write_prefixes(self, columns: np.ndarray, counts: np.ndarray) -> None:
+    def _write_runs(self, columns: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> None:
         images, batch = self.images, self.batch  # the buffers keep rows past the batch after a retain
         for i in np.flatnonzero(counts).tolist():
-            column, count = int(columns[i]), int(counts[i])
-            self._kv[i:batch:images, column:column + count] = self._present[i:batch:images, :count]
+            column, start, count = int(columns[i]), int(starts[i]), int(counts[i])
+            self._kv[i:batch:images, column:column + count] = self._present[i:batch:images, start:start + count]
 
     def _retain(self, rows: np.ndarray) -> None:
         self._kv[: len(rows)] = self._kv[rows]
