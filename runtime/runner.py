@@ -301,7 +301,7 @@ class ModelRunner(ABC):
         later windows only where a window's `staged` mask says so (runtime.window.Window.level).
         A tree drafter keeps its nodes here, so each depth feeds only the new level (EAGLE's
         tree attention); truncate drops them, adopt commits a path of them."""
-        per_image = [np.asarray(list(s), dtype=np.int64) for s in self._per_image(slots)]
+        per_image = [s if isinstance(s, range) else [int(x) for x in s] for s in self._per_image(slots)]
         counts = np.array([len(s) for s in per_image], dtype=np.int64)
         if not counts.any():
             return
@@ -309,14 +309,15 @@ class ModelRunner(ABC):
         if int((self.lengths + self.staged + counts).max()) > self.capacity:
             raise ValueError(f"staging {counts.tolist()} rows overflows capacity {self.capacity}")
         columns = self.lengths + self.staged
-        if all(not len(s) or int(s[-1]) - int(s[0]) == len(s) - 1 and np.all(np.diff(s) == 1) for s in per_image):
+        firsts = [s[0] if len(s) else 0 for s in per_image]
+        if all(_consecutive(s) for s in per_image):
             # each image stages a run of consecutive slots (a level, a root and its closure): block copies
-            self._write_runs(columns, np.array([s[0] if len(s) else 0 for s in per_image], dtype=np.int64), counts)
+            self._write_runs(columns, np.array(firsts, dtype=np.int64), counts)
         else:
             images, pairs = self.images, self.batch // self.images
             image = np.repeat(np.arange(images), counts)
             targets = np.concatenate([np.arange(n) for n in counts]) + columns[image]
-            sources = np.concatenate([s for s in per_image if len(s)])
+            sources = np.concatenate([np.asarray(s, dtype=np.int64) for s in per_image if len(s)])
             rows = np.concatenate([image + images * k for k in range(pairs)])
             self._write_kv(rows, np.tile(targets, pairs), np.tile(sources, pairs))
         self.staged += counts
@@ -402,6 +403,13 @@ def window_sizes(windows: Windows, images: int) -> np.ndarray:
     if len(windows) != images:
         raise ValueError(f"{len(windows)} windows for a batch of {images} images")
     return np.array([len(w) if w is not None else 0 for w in windows], dtype=np.int64)
+
+
+def _consecutive(slots: Sequence[int]) -> bool:
+    """slots is k, k + 1, ..., k + n − 1 (or empty)."""
+    if isinstance(slots, range):
+        return slots.step == 1 or len(slots) < 2
+    return all(b == a + 1 for a, b in zip(slots, slots[1:]))
 
 
 def _prefix_length(slots: Sequence[int]) -> Optional[int]:

@@ -12,6 +12,7 @@ TensorRT execution-provider options of specrt.engines plug in unchanged.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -180,7 +181,7 @@ class OrtRunner(ModelRunner):
     def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray) -> StepOutput:
         batch, size = ids.shape
         rows = (self.layers, 2, batch, self.kv_heads)
-        self._present = self._present_flat[: int(np.prod(rows)) * size * self.head_dim].reshape(*rows, size, self.head_dim)
+        self._present = self._present_flat[: math.prod(rows) * size * self.head_dim].reshape(*rows, size, self.head_dim)
         parity = self._parity = 1 - self._parity
         probs, draws = self._outputs(size, parity)
         extra_inputs, extra_outputs = self._extra_io(batch, size)
