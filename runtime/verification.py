@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import numpy as np
 
 from specrt.errors import SpecrtError
-from specrt.runtime.sampling import sample
+from specrt.runtime.sampling import inverse_cdf, sample
 
 # ---- the basic building blocks ------------------------------------------------------------
 
@@ -55,9 +55,9 @@ def acceptance(target_mass: float | np.ndarray, draft_mass: float | np.ndarray) 
         return 1.0 if draft <= 0 else min(1.0, max(0.0, float(target_mass) / draft))
     target_mass = np.asarray(target_mass, dtype=np.float64)
     draft_mass = np.asarray(draft_mass, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(draft_mass > 0, target_mass / np.where(draft_mass > 0, draft_mass, 1.0), 1.0)
-    return np.clip(ratio, 0.0, 1.0)
+    ratio = np.ones(np.broadcast(target_mass, draft_mass).shape)
+    np.divide(target_mass, draft_mass, out=ratio, where=draft_mass > 0)
+    return np.maximum(np.minimum(ratio, 1.0, out=ratio), 0.0, out=ratio)
 
 
 def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -130,40 +130,64 @@ def relaxation_schedule(name: str, draft_len: int, relaxation_budget: float, dec
 # ---- LANTERN's latent-neighbour relaxation ------------------------------------------------
 
 
-def lantern_neighbourhood(p: np.ndarray, neighbours: np.ndarray, token: int, *,
-                          tvd_budget: Optional[float] = None, ratio: Optional[float] = None) -> np.ndarray:
-    """A^{k,δ}(x̃) \\ {x̃}: the largest prefix of x̃'s k nearest neighbours whose mass stays in budget.
+def lantern_kept(neighbour_mass: np.ndarray, token_mass: Any, *, tvd_budget: Optional[float] = None,
+                 ratio: Optional[float] = None) -> np.ndarray:
+    """A^{k,δ}(x̃) \\ {x̃} as a mask over x̃'s k nearest neighbours: the largest prefix whose mass
+    stays in budget.
 
-    Neighbours are taken nearest first; `neighbours` never lists the token itself, so k counts
-    neighbours only (as LANTERN's code, whose table has V − 1 entries per token; LANTERN's paper
-    text counts x̃ among its k). Exactly one of the two budgets is given:
+    neighbour_mass [..., k] is P at the neighbours, nearest first; token_mass [...] is P(x̃). The
+    table never lists a token as its own neighbour, so k counts neighbours only (as LANTERN's code,
+    whose table has V − 1 entries per token; LANTERN's paper text counts x̃ among its k). Exactly
+    one of the two budgets is given:
     - LANTERN, tvd_budget δ: cumulative neighbour mass ≤ δ.
     - LANTERN++, ratio λ, in the convention of LANTERN's code (`cumsum <= (lantern_delta − 1)·px`):
       cumulative neighbour mass ≤ (λ − 1)·p(x̃), i.e. p̃(x̃) ≤ λ·p(x̃). The Cool-SD paper's Eq. 3-5
       writes the set with neighbour mass < λ·p(x̃), one off from this: its λ is our ratio − 1.
       Its Table 1 row "LANTERN++ (λ = 2, k = 10)" takes LANTERN++'s own values, so it is
       ratio=2, neighbours_k=10 here (the strict < differs only on exact ties).
+    Masses are non-negative, so the cumulative sum only grows and the kept entries are a prefix.
     """
-    nbrs = neighbours[token]
-    cumulative = np.cumsum(p[nbrs])
-    limit = tvd_budget if tvd_budget is not None else (ratio - 1.0) * p[token]
-    return nbrs[: int(np.searchsorted(cumulative, limit, side="right"))]
+    cumulative = np.cumsum(neighbour_mass, axis=-1)
+    limit = tvd_budget if tvd_budget is not None else (ratio - 1.0) * np.asarray(token_mass)[..., None]
+    return cumulative <= limit
+
+
+def lantern_columns(neighbours: np.ndarray, tokens: Any) -> np.ndarray:
+    """[..., 1 + k]: each token, then its k nearest neighbours (the entries of P its p̃ reads)."""
+    tokens = np.asarray(tokens)
+    return np.concatenate([tokens[..., None], neighbours[tokens]], axis=-1)
+
+
+def lantern_relaxed(columns_mass: np.ndarray, *, tvd_budget: Optional[float] = None,
+                    ratio: Optional[float] = None) -> np.ndarray:
+    """p̃(x) = p(x) + mass of A^{k,δ}(x) \\ {x} (LANTERN Eq. 5's numerator) from P at lantern_columns(x),
+    [..., 1 + k] -> [...]."""
+    token_mass, neighbour_mass = columns_mass[..., 0], columns_mass[..., 1:]
+    kept = lantern_kept(neighbour_mass, token_mass, tvd_budget=tvd_budget, ratio=ratio)
+    return token_mass + np.where(kept, neighbour_mass, 0.0).sum(axis=-1)
 
 
 def lantern_relaxed_mass(p: np.ndarray, neighbours: np.ndarray, *, tvd_budget: Optional[float] = None,
                          ratio: Optional[float] = None) -> np.ndarray:
-    """p̃(x) = p(x) + mass of A^{k,δ}(x) \\ {x}, for every x at once ([V]); LANTERN Eq. 5's numerator."""
-    mass = p[neighbours]  # [V, k]
-    cumulative = np.cumsum(mass, axis=-1)
-    limit = tvd_budget if tvd_budget is not None else (ratio - 1.0) * p[:, None]
-    return p + np.where(cumulative <= limit, mass, 0.0).sum(axis=-1)
+    """p̃ at every token of rows p [..., V] at once ([..., V]; G* needs f everywhere)."""
+    p = np.asarray(p, dtype=np.float64)
+    columns = lantern_columns(neighbours, np.arange(p.shape[-1]))  # [V, 1 + k]
+    return lantern_relaxed(p[..., columns], tvd_budget=tvd_budget, ratio=ratio)
 
 
-def lantern_moved_target(p: np.ndarray, neighbourhood: np.ndarray, token: int) -> np.ndarray:
-    """P^{k,λ} of Cool-SD Eq. 4: the neighbourhood's mass moved onto x̃ (for Eq. 6's residual)."""
+def lantern_moved_target(p: np.ndarray, neighbours: np.ndarray, tokens: Any, *, tvd_budget: Optional[float] = None,
+                         ratio: Optional[float] = None) -> np.ndarray:
+    """P^{k,λ} of Cool-SD Eq. 4 for rows p [..., V] and the rejected tokens x̃ [...]: the mass of
+    A^{k,δ}(x̃) \\ {x̃} moved onto x̃ (for Eq. 6's residual); a fresh float64 array."""
     moved = np.array(p, dtype=np.float64)
-    moved[token] = moved[token] + moved[neighbourhood].sum()
-    moved[neighbourhood] = 0.0
+    rows = moved.reshape(-1, moved.shape[-1])  # a view: [R, V]
+    tokens = np.asarray(tokens).reshape(-1)
+    nearest = neighbours[tokens]  # [R, k]
+    token_mass = rows[np.arange(len(tokens)), tokens]
+    mass = np.take_along_axis(rows, nearest, axis=-1)
+    kept = lantern_kept(mass, token_mass, tvd_budget=tvd_budget, ratio=ratio)
+    np.put_along_axis(rows, nearest, np.where(kept, 0.0, mass), axis=-1)  # x̃ is not its own neighbour
+    rows[np.arange(len(tokens)), tokens] = token_mass + np.where(kept, mass, 0.0).sum(axis=-1)
     return moved
 
 
@@ -173,18 +197,31 @@ def lantern_moved_target(p: np.ndarray, neighbourhood: np.ndarray, token: int) -
 class AcceptanceRule:
     """f_i and G_i of one draft position i (1-based), as the Cool-SD paper's Relaxed SD frames it.
 
-    accept_probability(p, q, x̃) is f_i(x̃); acceptance_row(p, q) is f_i at every token (needed
-    by G* and by the Theorem-2 quantities); resample(p, q, x̃) is the distribution sampled at a
-    rejection of x̃. Subclasses set only what differs.
+    Every method takes rows [..., V] with tokens and positions [...] (one row, or a block of rows
+    with a token and a position each) unless it says otherwise:
+    - columns(x̃) [..., c]: the entries of P that f_i(x̃) reads (x̃ itself first); a batch gathers
+      them for every drafted token in one indexing op;
+    - accept_probabilities(P at columns, Q(x̃), i) is f_i(x̃) from those entries;
+      accept_probability(p, q, x̃, i) the same for one row (a float);
+    - acceptance_row(p, q, i) is f_i at every token (needed by G* and by the Theorem-2 quantities);
+    - resample(p, q, x̃, i) is the distribution sampled at a rejection of x̃.
+    Subclasses set only what differs.
     """
 
-    def acceptance_row(self, p: np.ndarray, q: np.ndarray, position: int) -> np.ndarray:
+    def columns(self, tokens: Any) -> np.ndarray:
+        return np.asarray(tokens)[..., None]
+
+    def accept_probabilities(self, p_at: np.ndarray, q_at: np.ndarray, positions: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def acceptance_row(self, p: np.ndarray, q: np.ndarray, position: Any) -> np.ndarray:
         raise NotImplementedError
 
     def accept_probability(self, p: np.ndarray, q: np.ndarray, token: int, position: int) -> float:
-        return float(self.acceptance_row(p, q, position)[token])
+        p_at = np.asarray(p[self.columns(int(token))], dtype=np.float64)
+        return float(self.accept_probabilities(p_at, np.float64(q[int(token)]), position))
 
-    def resample(self, p: np.ndarray, q: np.ndarray, token: int, position: int) -> np.ndarray:
+    def resample(self, p: np.ndarray, q: np.ndarray, token: Any, position: Any) -> np.ndarray:
         return g_star(p, q, self.acceptance_row(p, q, position))
 
     @property
@@ -196,11 +233,14 @@ class AcceptanceRule:
 class VanillaRule(AcceptanceRule):
     """Lossless SD: f = min(1, P/Q), G = Norm([P − Q]_+)."""
 
+    def accept_probabilities(self, p_at, q_at, positions):
+        return acceptance(p_at[..., 0], q_at)
+
     def acceptance_row(self, p, q, position):
         return acceptance(np.asarray(p), np.asarray(q))
 
     def accept_probability(self, p, q, token, position):
-        return float(acceptance(p[token], q[token]))
+        return float(acceptance(p[token], q[token]))  # Python floats: tree siblings test one at a time
 
     def resample(self, p, q, token, position):
         return residual(p, q)
@@ -215,11 +255,18 @@ class CoolRule(AcceptanceRule):
 
     weights: np.ndarray  # ω_1..ω_L
 
+    def omega(self, positions: Any) -> np.ndarray:
+        """ω_i at 1-based draft positions (any shape)."""
+        return np.asarray(self.weights)[np.asarray(positions) - 1]
+
+    def accept_probabilities(self, p_at, q_at, positions):
+        return acceptance(self.omega(positions) * p_at[..., 0], q_at)
+
     def acceptance_row(self, p, q, position):
-        return acceptance(self.weights[position - 1] * np.asarray(p), np.asarray(q))
+        return acceptance(self.omega(position)[..., None] * np.asarray(p), np.asarray(q))
 
     def accept_probability(self, p, q, token, position):
-        return float(acceptance(self.weights[position - 1] * p[token], q[token]))
+        return float(acceptance(self.weights[position - 1] * p[token], q[token]))  # Python floats, as SD's
 
 
 @dataclass
@@ -234,48 +281,124 @@ class LanternRule(AcceptanceRule):
     def _budget(self) -> dict:
         return {"tvd_budget": self.tvd_budget, "ratio": self.ratio}
 
-    def acceptance_row(self, p, q, position):
-        return acceptance(lantern_relaxed_mass(np.asarray(p), self.neighbours, **self._budget()), np.asarray(q))
+    def columns(self, tokens):
+        return lantern_columns(self.neighbours, tokens)
 
-    def accept_probability(self, p, q, token, position):
-        hood = lantern_neighbourhood(p, self.neighbours, token, **self._budget())
-        return float(acceptance(p[token] + p[hood].sum(), q[token]))
+    def accept_probabilities(self, p_at, q_at, positions):
+        return acceptance(lantern_relaxed(p_at, **self._budget()), q_at)
+
+    def acceptance_row(self, p, q, position):
+        return acceptance(lantern_relaxed_mass(p, self.neighbours, **self._budget()), np.asarray(q))
 
     def resample(self, p, q, token, position):
         if self.resampling == "gstar":
             return g_star(p, q, self.acceptance_row(p, q, position))
-        hood = lantern_neighbourhood(p, self.neighbours, token, **self._budget())
-        return residual(lantern_moved_target(p, hood, token), q)
+        return residual(lantern_moved_target(p, self.neighbours, token, **self._budget()), q)
 
     @property
     def resample_depends_on_token(self) -> bool:
         return self.resampling != "gstar"
 
 
-# ---- verifying a drafted chain (SD family) -----------------------------------------------------
+# ---- verifying drafted chains (SD family), a batch of images at once ------------------------------
 
 
 @dataclass
-class ChainOutcome:
-    """accepted_length τ, the token sampled after the accepted prefix (resampled or bonus)."""
+class ChainOutcomes:
+    """Per image of a batch: the accepted length τ, and the token sampled after the accepted prefix
+    (resampled at the first rejection, or the bonus token)."""
 
-    accepted_length: int
-    next_token: int
+    accepted_lengths: np.ndarray  # [images] int64
+    next_tokens: np.ndarray  # [images] int64
 
 
-def verify_chain(p_rows: np.ndarray, q_rows: Sequence[np.ndarray], drafts: Sequence[int], rule: AcceptanceRule,
-                 rng: np.random.Generator, bonus: int) -> ChainOutcome:
-    """Cool-SD Alg. 1 lines 4-17: accept x̃_i while r_i ≤ f_i; at the first rejection sample G_i;
-    if all L are accepted the token after them is `bonus`, a draw from P_{L+1} (the head's).
+def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], rule: AcceptanceRule,
+                  rngs: Sequence[np.random.Generator], draws: Any) -> ChainOutcomes:
+    """Cool-SD Alg. 1 lines 4-17 for every image of a batch: accept x̃_i while r_i ≤ f_i; at the first
+    rejection sample G_i; if all of an image's drafts are accepted its next token is the head's
+    draw from its P_{L+1} (the bonus token).
 
-    p_rows [L+1, V] (row i predicts draft i; row L the bonus), q_rows [L, V]. Only the drafted
-    tokens' entries are read until a rejection needs the two rows of one position.
+    p_block [images, ≥ L+1, V] with draws [images, ≥ L+1], the target step's rows and the head's
+    draw from each: image b's row i predicts its draft i + 1, and draws[b, L_b] is its bonus token.
+    q_block [L, images, V]: row (i, b) is the draft distribution image b's draft i + 1 was drawn
+    from (one draft pass per position, over the batch; rows_by_position builds it from per-image
+    lists). Chains may differ in length, down to none (the bonus token, no uniforms drawn); rows
+    past an image's own chain are never used. Rows may be device-resident (`gather`).
+
+    As array operations over the batch padded to the longest chain L: P and Q at the drafted tokens
+    (and whatever else the rule's f reads, rule.columns) in one gather each, every f_i at once, the
+    first rejection per image as the count of leading passes; then the resampling rows of the
+    rejected images only, as one [R, V] block sampled by inverse CDF. The only whole rows read are
+    the two of each rejection.
+
+    Random streams: image b draws L_b + 1 uniforms from rngs[b] up front (L_b tests, then the draw
+    from G at a rejection), so what it consumes depends on its own chain alone and an image is the
+    same alone or in any batch. As exact as testing position by position with fresh uniforms: the
+    tests' uniforms are independent, and the resampling uniform is independent of them.
     """
-    for i, token in enumerate(drafts):
-        if rng.random() <= rule.accept_probability(p_rows[i], q_rows[i], int(token), i + 1):
-            continue
-        return ChainOutcome(i, int(sample(rule.resample(p_rows[i], q_rows[i], int(token), i + 1), rng)))
-    return ChainOutcome(len(drafts), int(bonus))
+    count, sizes = len(drafts), [len(chain) for chain in drafts]
+    lengths = np.array(sizes, dtype=np.int64)
+    next_tokens = np.asarray(draws)[np.arange(count), lengths].astype(np.int64)  # bonus tokens; rejections below
+    longest = max(sizes, default=0)
+    if longest == 0:
+        return ChainOutcomes(np.zeros(count, dtype=np.int64), next_tokens)
+    tokens = np.array([[*chain, *[0] * (longest - len(chain))] for chain in drafts], dtype=np.int64)  # pads: 0
+    uniforms = np.zeros((count, longest + 1))
+    for size, rng, row in zip(sizes, rngs, uniforms):
+        if size:
+            rng.random(out=row[: size + 1])
+    images, steps = np.arange(count), np.arange(longest)
+    q_at = gather(q_block, (steps, images[:, None], tokens))  # [images, L]
+    p_at = gather(p_block, (images[:, None, None], steps[:, None], rule.columns(tokens)))  # [images, L, c]
+    passed = uniforms[:, :longest] <= rule.accept_probabilities(p_at, q_at, steps + 1)
+    accepted = np.minimum(passed.cumprod(axis=1).sum(axis=1), lengths)  # leading passes within the chain: τ
+    rejected = np.flatnonzero(accepted < lengths)
+    if rejected.size:
+        at = accepted[rejected]
+        p_rows = gather(p_block, (rejected, at))  # [R, V]: the two whole rows of each rejection
+        q_rows = gather(q_block, (at, rejected))
+        resampled = rule.resample(p_rows, q_rows, tokens[rejected, at], at + 1)
+        next_tokens[rejected] = inverse_cdf(resampled, uniforms[rejected, lengths[rejected]])
+    return ChainOutcomes(accepted, next_tokens)
+
+
+def rows_by_position(rows: Sequence[Sequence[Any]]) -> Any:
+    """Per-image lists of draft rows (rows[b][i]: image b's draft i + 1) as verify_chains' q_block
+    [L, images, V], stacked where the rows live (stack_rows); a shorter chain is padded with a row
+    that is never read. None when no image drafted."""
+    longest = max(map(len, rows), default=0)
+    if longest == 0:
+        return None
+    filler = next(row for chain in rows for row in chain)
+    return stack_rows([stack_rows([chain[i] if i < len(chain) else filler for chain in rows])
+                       for i in range(longest)])
+
+
+def _gathers_in_place(block: Any) -> bool:
+    """A host array, or a device view that gathers where it lives (it has a `stack_rows`, as the
+    torch backend's DeviceRows: advanced indexing runs on the device)."""
+    return isinstance(block, np.ndarray) or hasattr(type(block), "stack_rows")
+
+
+def take(block: Any, index: tuple) -> Any:
+    """block[index] for integer arrays that broadcast together (entries, or rows when the index
+    names fewer axes than the block has), kept where the block lives when it gathers in place (a
+    copy either way: later steps may reuse the block's buffer); other views (TensorRT's
+    DeviceProbs, which reads a whole view for any array index) are read one entry or row at a time
+    to the host, never a whole block."""
+    if _gathers_in_place(block):
+        return block[index]
+    arrays = np.broadcast_arrays(*[np.asarray(part) for part in index])
+    out = np.empty(arrays[0].shape + tuple(block.shape[len(index):]))
+    for at in np.ndindex(*arrays[0].shape):
+        out[at] = block[tuple(int(part[at]) for part in arrays)]
+    return out
+
+
+def gather(block: Any, index: tuple) -> np.ndarray:
+    """take(block, index) on the host as float64: for device rows the gathered numbers alone cross,
+    in one transfer."""
+    return np.asarray(take(block, index), dtype=np.float64)
 
 
 def verify_position(p: np.ndarray, q: np.ndarray, token: int, rng: np.random.Generator) -> tuple[bool, int]:
@@ -401,11 +524,11 @@ def verify_candidates(p: np.ndarray, proposals: Iterable[tuple[int, np.ndarray]]
     is one SD step from p^(k) with proposal q_k, which returns a draw from p^(k) when it accepts
     and a draw from p^(k+1) in the rejecting branch, so by induction over k the result is a draw
     from p (SJD-PAC Theorem 2 for draws without replacement; point masses are the K = 1 case of
-    each step). With K = 1 it is verify_chain's step. The relaxed rules are applied the same way,
-    to the current residual p^(k) at every sibling: neither the Cool-SD paper nor LANTERN's
-    defines multi-candidate verification; LANTERN's code (evaluate_posterior, _v1) likewise
-    computes the relaxed p̃ on the residual at each sibling. Cool-SD's ω is that of the siblings'
-    depth (draft position `position`, 1-based).
+    each step). With K = 1 it is one position of verify_chains. The relaxed rules are applied the
+    same way, to the current residual p^(k) at every sibling: neither the Cool-SD paper nor
+    LANTERN's defines multi-candidate verification; LANTERN's code (evaluate_posterior, _v1)
+    likewise computes the relaxed p̃ on the residual at each sibling. Cool-SD's ω is that of the
+    siblings' depth (draft position `position`, 1-based).
     """
     target = p
     for k, (token, q) in enumerate(proposals):

@@ -9,7 +9,7 @@ one (tree_top_k, not top_k: that is the sampling filter's name); draft_len is th
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -21,8 +21,8 @@ from specrt.runtime.methods.tree_loop import generate_trees
 from specrt.runtime.runner import ModelRunner, StepOutput
 from specrt.runtime.tree import STATIC_TREES, TREES, static_shape
 from specrt.runtime.verification import (
-    SCHEDULES, AcceptanceRule, ChainOutcome, CoolRule, LanternRule, VanillaRule, relaxation_schedule,
-    theorem2_along_path, verify_chain,
+    SCHEDULES, AcceptanceRule, ChainOutcomes, CoolRule, LanternRule, VanillaRule, relaxation_schedule,
+    rows_by_position, stack_rows, take, theorem2_along_path, verify_chains,
 )
 from specrt.runtime.window import Window
 from specrt.validation import Bool, Choice, Float, Int
@@ -35,11 +35,11 @@ class DraftThenVerify(Method):
 
     Chains (tree=chain): the whole batch runs each round together: up to L draft steps (an
     image whose own draft is shorter, near its end, sits the extra steps out with an empty
-    window), one target step over every image's [pending, drafts], then each image verifies
-    its own chain with its own stream and commits its own accepted prefix, driving an
-    independent draft model's runner directly. Trees (runtime.methods.tree_loop), and chains
-    from any other Drafter (runtime.drafting: an EAGLE head), go through the Drafter protocol,
-    batched the same way.
+    window), one target step over every image's [pending, drafts], then one verification of all
+    chains as array operations (runtime.verification.verify_chains; each image with its own
+    stream), and each image commits its own accepted prefix, driving an independent draft
+    model's runner directly. Trees (runtime.methods.tree_loop), and chains from any other Drafter
+    (runtime.drafting: an EAGLE head), go through the Drafter protocol, batched the same way.
     """
 
     needs_draft = True
@@ -90,28 +90,29 @@ class DraftThenVerify(Method):
             images = list(batch.images)
             draft_lens = [min(self.draft_len, total - len(tokens[i]) - 1) for i in images]  # 0 or less: finished
             drafts: list[list[int]] = [[] for _ in images]
-            q_rows: list[list[np.ndarray]] = [[] for _ in images]
+            q_steps = []  # per draft position, the rows [images, V] the batch's drafts were drawn from
             for step in range(max(draft_lens)):
                 # each drafting image catches its draft up on every token it has not cached (pending + drafts)
                 windows = [Window.chain((tokens[i] + drafts[p])[draft.lengths[p] - cond_len:])
                            if step < draft_lens[p] else None for p, i in enumerate(images)]
                 out = ctx.run(draft, windows)
                 draft.commit([range(len(w)) if w is not None else None for w in windows])
-                for p, window in enumerate(windows):
+                index = np.arange(len(images)), np.array([len(w) - 1 if w is not None else 0 for w in windows])
+                q_steps.append(take(out.probs, index))  # one gather, a copy: the buffer is reused two steps on
+                for chain, window, token in zip(drafts, windows, out.draws[index].tolist()):
                     if window is not None:
-                        drafts[p].append(int(out.draws[p, len(window) - 1]))
-                        q_rows[p].append(out.probs[p, len(window) - 1].copy())  # the buffer is reused two steps on
+                        chain.append(int(token))
             scored = ctx.run(target, [Window.chain([tokens[i][-1], *drafts[p]]) if draft_lens[p] >= 0 else None
                                       for p, i in enumerate(images)])
+            verified = [length >= 0 for length in draft_lens]  # the others finished: no window, no drafts
+            outcomes = self._verify(ctx, scored, stack_rows(q_steps) if q_steps else None, drafts, rule, verified)
             commits: list[Optional[range]] = []
-            for p, i in enumerate(images):
-                if draft_lens[p] < 0:
-                    commits.append(None)
-                    continue
-                outcome = self._verify(ctx, p, scored, q_rows[p], drafts[p], rule)
-                commits.append(range(outcome.accepted_length + 1))
-                tokens[i] += drafts[p][: outcome.accepted_length] + [outcome.next_token]
-                ctx.stats.record_round(outcome.accepted_length + 1)
+            for p, (i, accepted, token) in enumerate(zip(images, outcomes.accepted_lengths.tolist(),
+                                                         outcomes.next_tokens.tolist())):
+                commits.append(range(accepted + 1) if verified[p] else None)
+                if verified[p]:
+                    tokens[i] += drafts[p][:accepted] + [token]
+                    ctx.stats.record_round(accepted + 1)
             target.commit(commits)
             draft.truncate([cond_len + len(tokens[i]) - 1 for i in images])
         return np.asarray(tokens, dtype=np.int64)
@@ -133,16 +134,14 @@ class DraftThenVerify(Method):
             drafts, q_rows = drafter.propose_chain(ctx, [max(n, 0) for n in draft_lens])
             scored = ctx.run(target, [Window.chain([tokens[i][-1], *drafts[p]]) if draft_lens[p] >= 0 else None
                                       for p, i in enumerate(images)])
+            verified = [length >= 0 for length in draft_lens]
+            outcomes = self._verify(ctx, scored, rows_by_position(q_rows), drafts, rule, verified)
             paths: list[Optional[list[int]]] = []
             new: list[Optional[list[int]]] = []
-            for p, i in enumerate(images):
-                if draft_lens[p] < 0:
-                    paths.append(None)
-                    new.append(None)
-                    continue
-                outcome = self._verify(ctx, p, scored, q_rows[p], drafts[p], rule)
-                paths.append(list(range(outcome.accepted_length + 1)))
-                new.append(drafts[p][: outcome.accepted_length] + [outcome.next_token])
+            for p, (accepted, token) in enumerate(zip(outcomes.accepted_lengths.tolist(),
+                                                      outcomes.next_tokens.tolist())):
+                paths.append(list(range(accepted + 1)) if verified[p] else None)
+                new.append(drafts[p][:accepted] + [token] if verified[p] else None)
             target.commit(paths)
             drafter.rollback([len(tokens[i]) if n is not None else None for i, n in zip(images, new)])
             drafter.extend(ctx, new, Verified(scored, paths))
@@ -152,18 +151,21 @@ class DraftThenVerify(Method):
                     ctx.stats.record_round(len(n))
         return np.asarray(tokens, dtype=np.int64)
 
-    def _verify(self, ctx: Decoding, position: int, scored: StepOutput, q_rows: list[np.ndarray], drafts: list[int],
-                rule: AcceptanceRule) -> ChainOutcome:
-        """One image's chain against its target rows, with its own random stream."""
-        p_rows = scored.probs[position]
+    def _verify(self, ctx: Decoding, scored: StepOutput, q_block: Any, drafts: list[list[int]], rule: AcceptanceRule,
+                verified: list[bool]) -> ChainOutcomes:
+        """Every image's chain (batch position p: drafts[p], drafted from q_block[:, p]) against its
+        target rows in one verify_chains, each image with its own stream; `verified` marks the
+        images that had a pass (the others pass no drafts and their outcome is ignored)."""
         with ctx.stats.timing("verification"):
-            outcome = verify_chain(p_rows, q_rows, drafts, rule, ctx.rngs[position],
-                                   bonus=int(scored.draws[position, len(drafts)]))
-            if self.theorem2:
-                estimate = theorem2_along_path(p_rows, q_rows, drafts, rule)
-                ctx.stats.theorem2_accepted_length.append(estimate.expected_accepted_length)
-                ctx.stats.theorem2_tv_bound.append(estimate.tv_bound)
-        return outcome
+            outcomes = verify_chains(scored.probs, q_block, drafts, rule, ctx.rngs, scored.draws)
+            if self.theorem2:  # opt-in estimates, image by image
+                for p, chain in enumerate(drafts):
+                    if verified[p]:
+                        rows = q_block[:, p] if chain else []
+                        estimate = theorem2_along_path(scored.probs[p], rows, chain, rule)
+                        ctx.stats.theorem2_accepted_length.append(estimate.expected_accepted_length)
+                        ctx.stats.theorem2_tv_bound.append(estimate.tv_bound)
+        return outcomes
 
 
 class SpeculativeDecoding(DraftThenVerify):

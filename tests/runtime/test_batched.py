@@ -15,7 +15,10 @@ from specrt.runtime.backends.toy import toy_models
 from specrt.runtime.pipeline import Pipeline
 from specrt.runtime.window import Window
 
-METHODS = [("ar", {}), ("sd", {"draft_len": 3}), ("cool-sd", {"draft_len": 2}), ("sjd", {"window": 4}),
+METHODS = [("ar", {}), ("sd", {"draft_len": 3}), ("cool-sd", {"draft_len": 2}),
+           ("lantern", {"draft_len": 3, "tvd_budget": 0.3}),
+           ("lantern", {"draft_len": 2, "ratio": 2.0, "resampling": "gstar"}),
+           ("sjd", {"window": 4}),
            ("sjd-pac", {"window": 6, "branching": 2, "tree_depth": 2}),
            ("sjd-pac", {"window": 6, "branching": 2, "tree_depth": 2, "tree": "full"}),
            ("sd", {"tree": "dynamic", "total_tokens": 8, "depth": 3, "tree_top_k": 2}),
@@ -79,7 +82,7 @@ def test_finished_images_leave_the_batch_and_pads_are_never_committed():
     np.testing.assert_array_equal(runner.kv_buffer[:, :3], [[0, 4, 2], [1, -1, -1]])
 
 
-@pytest.mark.parametrize("method", ["sd", "cool-sd"])
+@pytest.mark.parametrize("method", ["sd", "cool-sd", "lantern"])
 def test_chains_from_another_drafter_give_the_same_tokens(monkeypatch, method):
     """A Drafter the batched chain loop does not drive (an EAGLE head, here a ModelDrafter subclass)
     runs the batch through the Drafter protocol: for the same independent draft that is exactly

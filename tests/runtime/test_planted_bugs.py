@@ -179,8 +179,10 @@ def test_cool_sd_matches_its_exact_distribution():
 class GStarAtDraftedToken(CoolRule):
     """Broken: G = Norm([P − Q·f(x̃)]_+) with f of the rejected token only, not f at every token."""
 
-    def resample(self, p, q, token, position):
-        f = self.accept_probability(p, q, token, position)
+    def resample(self, p, q, token, position):  # rows [..., V], tokens and positions [...] (verify_chains' block)
+        at = lambda rows: np.take_along_axis(np.asarray(rows, dtype=np.float64),  # noqa: E731
+                                             np.asarray(token)[..., None], -1)
+        f = self.accept_probabilities(at(p), at(q)[..., 0], position)[..., None]  # f(x̃) of each row's x̃ only
         mass = np.subtract(p, np.asarray(q, dtype=np.float64) * f)
         return normalise(np.maximum(mass, 0.0), p)
 

@@ -20,7 +20,7 @@ from _toy_exact import next_token_row, one_torch_thread  # noqa: F401 (autouse f
 from specrt.runtime.sampling import SamplingParams, sample
 from specrt.runtime.verification import (
     CoolRule, VanillaRule, accepted_mass, exponential_schedule, linear_schedule, relaxation_schedule,
-    theorem2_along_path, tv_bound_term, verify_chain,
+    theorem2_along_path, tv_bound_term, verify_chains,
 )
 
 VOCAB, DRAFT_LEN, SAMPLES = 3, 2, 20_000
@@ -61,8 +61,10 @@ def sampled_round(rule, seed: int = 0) -> tuple[float, float, float]:
             q_rows.append(row(DRAFT, tuple(drafts)))
             drafts.append(int(sample(q_rows[-1], rng)))
         p_rows = np.stack([row(TARGET, tuple(drafts[:i])) for i in range(DRAFT_LEN + 1)])
-        out = verify_chain(p_rows, q_rows, drafts, rule, rng, bonus=int(sample(p_rows[DRAFT_LEN], rng)))
-        seq = drafts[: out.accepted_length] + [out.next_token]
+        draws = np.zeros((1, DRAFT_LEN + 1), dtype=np.int64)
+        draws[0, DRAFT_LEN] = sample(p_rows[DRAFT_LEN], rng)  # the bonus token, the head's draw from P_{L+1}
+        out = verify_chains(p_rows[None], np.stack(q_rows)[:, None], [drafts], rule, [rng], draws)
+        seq = drafts[: out.accepted_lengths[0]] + [int(out.next_tokens[0])]
         produced += len(seq)
         while len(seq) < DRAFT_LEN + 1:  # Theorem 2's virtual extension from P
             seq.append(int(sample(row(TARGET, tuple(seq)), rng)))

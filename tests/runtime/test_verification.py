@@ -1,0 +1,167 @@
+"""runtime.verification's batched chain verification against its one-row formulas.
+
+verify_chains verifies a whole batch of drafted chains as array operations; these tests hold it to
+the per-position definitions (each rule's accept_probability and resample, one row at a time), on
+random rows with chains of different lengths, and check that an image's outcome depends on its own
+rows and stream alone. Exactness through the public API is test_losslessness's and test_relaxed's.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specrt.runtime.sampling import inverse_cdf
+from specrt.runtime.verification import (
+    CoolRule, LanternRule, VanillaRule, acceptance, relaxation_schedule, rows_by_position, verify_chains,
+)
+
+VOCAB, DRAFT_LEN = 12, 4
+LENGTHS = [4, 0, 2, 4, 1, 3]  # per image; 0: nothing drafted (the bonus token only)
+NEIGHBOURS = np.array([[j for j in sorted(range(VOCAB), key=lambda j: (abs(i - j), j)) if j != i][:5]
+                       for i in range(VOCAB)])
+RULES = {
+    "sd": VanillaRule(),
+    "cool-sd": CoolRule(relaxation_schedule("exp", DRAFT_LEN, 2.0)),
+    "lantern": LanternRule(NEIGHBOURS, tvd_budget=0.2),
+    "lantern++-gstar": LanternRule(NEIGHBOURS, ratio=2.0, resampling="gstar"),
+}
+
+
+def random_batch(seed: int, lengths=LENGTHS):
+    """p_block [images, L+1, V], per-image q rows and drafts (drawn from their q), the head's draws
+    [images, L+1] (random: only each image's bonus draw, after its chain, is used)."""
+    rng = np.random.default_rng(seed)
+    sharp = lambda n: rng.dirichlet(np.full(VOCAB, 0.3), size=n).astype(np.float32)  # noqa: E731
+    p_block = sharp(len(lengths) * (DRAFT_LEN + 1)).reshape(len(lengths), DRAFT_LEN + 1, VOCAB)
+    q_rows = [list(sharp(n)) for n in lengths]
+    drafts = [[int(inverse_cdf(row.astype(np.float64), rng.random())) for row in rows] for rows in q_rows]
+    draws = rng.integers(0, VOCAB, size=(len(lengths), DRAFT_LEN + 1))
+    return p_block, q_rows, drafts, draws
+
+
+def streams(seed: int, count: int) -> list[np.random.Generator]:
+    return [np.random.default_rng([seed, b]) for b in range(count)]
+
+
+def one_image(p_rows, q_rows, drafts, rule, rng, draws) -> tuple[int, int]:
+    """The per-image definition, one position at a time: L + 1 uniforms from the image's stream; accept
+    x̃_i while r_i ≤ rule.accept_probability; at the first rejection draw from rule.resample's row with
+    the last uniform; else the bonus token (the head's draw from the row after the chain)."""
+    uniforms = rng.random(len(drafts) + 1) if drafts else np.zeros(1)
+    for i, token in enumerate(drafts):
+        if uniforms[i] > rule.accept_probability(p_rows[i], q_rows[i], token, i + 1):
+            row = rule.resample(np.asarray(p_rows[i], dtype=np.float64), np.asarray(q_rows[i], dtype=np.float64),
+                                token, i + 1)
+            return i, int(inverse_cdf(row, uniforms[len(drafts)]))
+    return len(drafts), int(draws[len(drafts)])
+
+
+def relaxed_mass_by_definition(p: np.ndarray, token: int, rule: LanternRule) -> float:
+    """p̃(x̃) written out: add the nearest neighbours' mass while the sum stays within budget."""
+    limit = rule.tvd_budget if rule.tvd_budget is not None else (rule.ratio - 1.0) * float(p[token])
+    total = 0.0
+    for neighbour in rule.neighbours[token]:
+        if total + float(p[neighbour]) > limit:
+            break
+        total += float(p[neighbour])
+    return float(p[token]) + total
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_batched_acceptance_probabilities_are_the_rules_per_position_ones(name):
+    rule = RULES[name]
+    p_block, q_rows, drafts, _ = random_batch(0, lengths=[DRAFT_LEN] * 5)
+    tokens = np.array(drafts)
+    steps = np.arange(DRAFT_LEN)
+    p_at = p_block[np.arange(5)[:, None, None], steps[None, :, None], rule.columns(tokens)].astype(np.float64)
+    q_at = np.array([[q_rows[b][i][tokens[b, i]] for i in steps] for b in range(5)], dtype=np.float64)
+    batched = rule.accept_probabilities(p_at, q_at, steps + 1)
+    for b in range(5):
+        for i in steps:
+            p, q, token = p_block[b, i], q_rows[b][i], int(tokens[b, i])
+            one = rule.accept_probability(p, q, token, i + 1)
+            assert batched[b, i] == pytest.approx(one, rel=1e-12, abs=1e-15)
+            assert batched[b, i] == pytest.approx(rule.acceptance_row(p, q, i + 1)[token], rel=1e-12, abs=1e-15)
+            if isinstance(rule, LanternRule):
+                expected = float(acceptance(relaxed_mass_by_definition(p.astype(np.float64), token, rule), q[token]))
+                assert batched[b, i] == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_block_resampling_rows_are_the_per_row_ones(name):
+    rule = RULES[name]
+    p_block, q_rows, drafts, _ = random_batch(1, lengths=[DRAFT_LEN] * 3)
+    p = p_block[:, :DRAFT_LEN].reshape(-1, VOCAB).astype(np.float64)
+    q = np.array([row for rows in q_rows for row in rows], dtype=np.float64)
+    tokens = np.array(drafts).reshape(-1)
+    positions = np.tile(np.arange(1, DRAFT_LEN + 1), 3)
+    block = rule.resample(p, q, tokens, positions)
+    for r in range(len(tokens)):
+        np.testing.assert_allclose(block[r], rule.resample(p[r], q[r], int(tokens[r]), int(positions[r])),
+                                   rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_verify_chains_is_the_per_image_definition_and_each_image_its_own(name):
+    """Every image's accepted length and next token equal the per-position definition run on its own
+    rows with its own stream, over many random batches (rejections at every position included), and
+    equal what the image gets verified alone."""
+    rule = RULES[name]
+    rejected_at = set()
+    for seed in range(40):
+        p_block, q_rows, drafts, draws = random_batch(seed)
+        out = verify_chains(p_block, rows_by_position(q_rows), drafts, rule, streams(seed, len(drafts)), draws)
+        for b, rng in enumerate(streams(seed, len(drafts))):
+            expected = one_image(p_block[b], q_rows[b], drafts[b], rule, rng, draws[b])
+            assert (int(out.accepted_lengths[b]), int(out.next_tokens[b])) == expected, (seed, b)
+            alone = verify_chains(p_block[b:b + 1], rows_by_position(q_rows[b:b + 1]), drafts[b:b + 1], rule,
+                                  streams(seed, len(drafts))[b:b + 1], draws[b:b + 1])
+            assert (int(alone.accepted_lengths[0]), int(alone.next_tokens[0])) == expected
+            if expected[0] < len(drafts[b]):
+                rejected_at.add(expected[0])
+    assert rejected_at == set(range(DRAFT_LEN))  # the check saw rejections at every position
+
+
+def test_device_rows_are_gathered_once_and_whole_rows_read_only_at_rejections():
+    """On device-resident rows (the torch backend's DeviceRows) the outcome is the host one, and what
+    crosses is the gathered entries plus the two rows of each rejection."""
+    torch = pytest.importorskip("torch")
+    from specrt.runtime.backends.torch_backend import DeviceRows
+
+    class Meter:
+        host_numbers = 0
+
+    rule = RULES["lantern"]
+    p_block, q_rows, drafts, draws = random_batch(3)
+    host = verify_chains(p_block, rows_by_position(q_rows), drafts, rule, streams(3, len(drafts)), draws)
+    meter = Meter()
+    device_p = DeviceRows(torch.from_numpy(p_block.copy()), meter)
+    device_q = rows_by_position([[DeviceRows(torch.from_numpy(row.copy()), meter) for row in rows] for rows in q_rows])
+    assert isinstance(device_q, DeviceRows) and meter.host_numbers == 0
+    out = verify_chains(device_p, device_q, drafts, rule, streams(3, len(drafts)), draws)
+    np.testing.assert_array_equal(out.accepted_lengths, host.accepted_lengths)
+    np.testing.assert_array_equal(out.next_tokens, host.next_tokens)
+    entries = len(drafts) * max(LENGTHS) * (1 + NEIGHBOURS.shape[1] + 1)  # P at x̃ and its neighbours, Q at x̃
+    rejections = int((host.accepted_lengths < np.array(LENGTHS)).sum())
+    assert rejections and meter.host_numbers == entries + 2 * VOCAB * rejections
+
+
+def test_views_that_read_what_they_index_are_read_entry_by_entry():
+    """TensorRT's DeviceProbs reads a whole view for any array index: verify_chains reads it one entry
+    (and one rejected row) at a time instead, never the whole block, with the same outcome."""
+    from specrt.engines.trt_runner import DeviceProbs
+
+    rule = RULES["cool-sd"]
+    p_block, q_rows, drafts, draws = random_batch(4)
+    q_block = rows_by_position(q_rows)
+    host = verify_chains(p_block, q_block, drafts, rule, streams(4, len(drafts)), draws)
+    reads = []
+
+    def read(offset, count):
+        reads.append(count)
+        return p_block.reshape(-1)[offset:offset + count].copy()
+
+    out = verify_chains(DeviceProbs(read, p_block.shape), q_block, drafts, rule, streams(4, len(drafts)), draws)
+    np.testing.assert_array_equal(out.accepted_lengths, host.accepted_lengths)
+    np.testing.assert_array_equal(out.next_tokens, host.next_tokens)
+    assert max(reads) == VOCAB and set(reads) == {1, VOCAB}
