@@ -17,18 +17,28 @@ _EXTRA_FOR = {
     "matplotlib": "pip install 'specrt[export]'",
     "tensorrt": "pip install 'specrt[trt]' (on Jetson, TensorRT comes with JetPack)",
     "polygraphy": "pip install 'specrt[trt]'",
+    "scipy": "pip install 'specrt[export]'",
     "onnxruntime": "pip install onnxruntime (or 'specrt[gpu]' for onnxruntime-gpu)",
+    "transformers": "pip install 'specrt[t2i]'",
+    "tokenizers": "pip install 'specrt[t2i]' (a bundle's own text encoder needs only tokenizers)",
+    "modelopt": "pip install 'specrt[quant]'",
+    "onnx_graphsurgeon": "pip install 'specrt[quant]'",
+    "pytriton": "pip install 'specrt[serve]' in a venv made with the system python3.11 (README, Serving)",
+    "tritonclient": "pip install 'specrt[serve]'",
+    "cuda": "pip install 'specrt[trt]'",
 }
 
 
 def require(module_name: str, feature: str) -> ModuleType:
-    """Import `module_name` or raise MissingDependency (a SpecrtError) saying which feature needs it and how to install it."""
+    """Import `module_name` or raise MissingDependency (a SpecrtError), one line saying what is missing,
+    what needs it and how to install it: `transformers is not installed (needed for T5 text
+    encoders): pip install 'specrt[t2i]'`."""
     try:
         return importlib.import_module(module_name)
     except ImportError as exc:
         top = module_name.split(".")[0]
         hint = _EXTRA_FOR.get(top, f"pip install {top}")
-        raise MissingDependency(f"{feature} needs {top}, which is not installed: {hint}") from exc
+        raise MissingDependency(f"{top} is not installed (needed for {feature}): {hint}") from exc
 
 
 def available(module_name: str) -> bool:

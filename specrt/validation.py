@@ -18,7 +18,8 @@ Use it for any new numeric option or method parameter:
 
 Strings are accepted where they spell a value exactly ("4", "0.5", "true"), since CLI
 `--param key=value` and config files hand strings in; bools are never numbers and numbers
-are never bools. Pure Python (no numpy, no torch) so every layer can import it.
+are never bools. Pure Python (no numpy, no torch) so every layer can import it; torch_device
+imports torch lazily, only to ask it about a CUDA device.
 """
 from __future__ import annotations
 
@@ -153,6 +154,37 @@ def seed(value: Any, name: str = "seed") -> int:
 def count(name: str, value: Any, low: int = 1, high: int = COUNT_MAX) -> int:
     """A size a user picks (batch size, window, tree width): an integer in [low, high]."""
     return integer(name, value, low=low, high=high)
+
+
+TORCH_INSTALL = "https://pytorch.org/get-started/locally/"
+
+
+def torch_device(value: Optional[str], name: str = "--device") -> Optional[str]:
+    """A torch device the installed torch can use: cpu, cuda or cuda:N (None passes through).
+
+    Checked before a model loads, against what torch reports (imported here, lazily: only a
+    CUDA device needs it); a CPU-only torch or a missing GPU is one line naming the fix."""
+    if value is None:
+        return None
+    text = str(value).strip().lower()
+    kind, colon, index = text.partition(":")
+    if kind not in ("cpu", "cuda") or (colon and (kind == "cpu" or not index.isdigit())):
+        raise SpecrtError(f"{name} must be cpu, cuda or cuda:N, got {_shown(value)}")
+    if kind == "cpu":
+        return "cpu"
+    from specrt.lazy import require
+
+    torch = require("torch", f"{name} {text}")
+    if not torch.cuda.is_available():
+        if getattr(torch.version, "cuda", None) is None:
+            raise SpecrtError(f"{name} {text}: the installed torch {torch.__version__} is a CPU-only build; install a "
+                              f"CUDA build of torch ({TORCH_INSTALL}) on a machine with an NVIDIA GPU, or use {name} cpu")
+        raise SpecrtError(f"{name} {text}: torch {torch.__version__} (CUDA {torch.version.cuda}) finds no GPU "
+                          f"(check the driver, nvidia-smi and CUDA_VISIBLE_DEVICES), or use {name} cpu")
+    count = torch.cuda.device_count()
+    if index and int(index) >= count:
+        raise SpecrtError(f"{name} {text}: this machine has {count} GPU(s), cuda:0 to cuda:{count - 1}")
+    return text
 
 
 def class_ids(values: Any, num_classes: int, name: str = "class id") -> list[int]:

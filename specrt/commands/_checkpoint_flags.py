@@ -1,6 +1,8 @@
 """The flags that say what a LlamaGen checkpoint cannot say about itself, shared by every
 command that reads checkpoints (`specrt generate`, `specrt export`), so both read a file
 the same way (specrt.export.sources.checkpoint_models).
+Where there is no checkpoint to describe (the embedded demo, a BUNDLE) they are refused in
+one line (CheckpointFlags.refuse), never ignored.
 
 The weights give vocab, dim, layers, conditioning, codebook and the VQ's downsampling; the
 head count (for sizes LlamaGen does not name) and the image size must come from here.
@@ -28,6 +30,20 @@ class CheckpointFlags:
     draft_n_kv_head: Optional[int] = None
     vq_arch: Optional[str] = None
     image_size: Optional[int] = None
+
+    def given(self, *fields: str) -> list[str]:
+        """The flags (as typed: --arch, --draft-n-head, ...) among `fields` (default: all) that were given."""
+        names = fields or tuple(self.__dataclass_fields__)
+        return [f"--{name.replace('_', '-')}" for name in names if getattr(self, name) is not None]
+
+    def refuse(self, reason: str, *fields: str) -> None:
+        """SpecrtError naming the first given flag among `fields` (default: all), which `reason` says
+        does not apply here: a flag that would be ignored is refused, never ignored."""
+        from specrt.errors import SpecrtError
+
+        given = self.given(*fields)
+        if given:
+            raise SpecrtError(f"{given[0]} {reason}")
 
     def choices(self) -> tuple[Any, Any]:
         """(target, draft) specrt.export.sources.GPTChoice (imported here: it needs torch)."""

@@ -190,7 +190,7 @@ def _batches(text: str) -> tuple[int, ...]:
 @click.option("--demo-weights", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="A `specrt demo train` folder instead of the packaged weights of the demo.")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Where the exported demo bundle is kept (default: ~/.cache/specrt/bench).")
+              help="Where the exported demo bundle is kept (default: ~/.cache/specrt/bench; created if missing).")
 @click.option("--profile-arch", metavar="ARCH",
               help="Instead of a run: time target steps of this LlamaGen architecture (random weights) against W, "
                    "e.g. llamagen-c2i-B, and predict each method's speed-up from measured accepted lengths.")
@@ -223,15 +223,23 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
     validation.seed(seed, "--seed")  # image i uses seed + i: checked before anything loads
     from specrt.commands._continuous import is_continuous_bundle
+    from specrt.paths import cache_folder, output_file
 
+    for flag, path in (("--json", json_path), ("--plot", plot_path), ("--markdown", markdown_path)):
+        output_file(flag, path)  # before minutes of measuring: the folder exists and takes files
+    cache_dir = cache_folder("--cache-dir", cache_dir)
     if demo == "mar" or is_continuous_bundle(bundle):
         if demo is not None and bundle is not None:
             raise SpecrtError("--demo picks an embedded demo: give it without a BUNDLE")
+        if device.strip().lower() != "cpu":
+            raise SpecrtError(f"--device {device} applies to --backend torch (and --profile-arch); a continuous model "
+                              "is benchmarked on onnxruntime on the CPU")
         _continuous_run(bundle, methods, sweeps, backend, images, seed, threads, json_path, markdown_path,
                         demo_weights, cache_dir, progress)
         return
     batches = _batches(batch_text)
     if profile_arch:
+        device = validation.torch_device(device)
         default = "fp32,int4" if device == "cpu" else "none"  # the onnxruntime curves run on the CPU
         _profile(profile_arch, results_path, windows, repeats, device, threads, json_path, plot_path, demo_weights,
                  profile_images, profile_dtypes, cuda_graphs, _precisions(precision if precision is not None else default))
@@ -239,6 +247,9 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     if precision is not None:
         if demo not in (None, DEFAULT_DEMO) or prompts_path:
             raise SpecrtError("--precision runs the c2i demo or a class-conditional BUNDLE")
+        if device.strip().lower() != "cpu":
+            raise SpecrtError(f"--device {device} applies to --backend torch (and --profile-arch); --precision runs "
+                              f"bundles, on the device --backend picks")
         _precision_run(bundle, backend, demo_weights, threads, cache_dir, methods, sweeps, images, seed, json_path,
                        progress, _precisions(precision))
         return
@@ -258,6 +269,7 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     if device != "cpu" and backend != "torch":
         raise SpecrtError(f"--device {device} applies to --backend torch (and --profile-arch); "
                           f"--backend {backend} picks its device itself")
+    device = validation.torch_device(device)  # a CPU-only torch and --device cuda: one line, before loading
     prompts = _read_prompts(prompts_path) if prompts_path else None
     models = open_models(bundle, backend, demo_weights, threads, cache_dir, progress=say, device=device,
                          cuda_graphs=cuda_graphs and device.startswith("cuda"), drafts=drafts,
@@ -325,7 +337,6 @@ def _continuous_run(bundle, methods, sweeps, backend, images, seed, threads, jso
         write_json(str(json_path), payload)
         click.echo(f"wrote {json_path}")
     if markdown_path:
-        markdown_path.parent.mkdir(parents=True, exist_ok=True)
         markdown_path.write_text(table + "\n", encoding="utf-8")
         click.echo(f"wrote {markdown_path}")
 
@@ -450,7 +461,6 @@ def _write_outputs(run, json_path: Optional[Path], markdown_path: Optional[Path]
         write_json(str(json_path), info)
         click.echo(f"wrote {json_path}")
     if markdown_path:
-        markdown_path.parent.mkdir(parents=True, exist_ok=True)
         markdown_path.write_text(format_markdown(info), encoding="utf-8")
         click.echo(f"wrote {markdown_path}")
     if plot_path:

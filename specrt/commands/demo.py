@@ -36,6 +36,9 @@ def train(demo: str, out_dir: Path, seed: int, steps_scale: float, threads: int,
     """Train a demo family (c2i: tokenizer, target, draft and evaluator from scratch, CPU ~30 min;
     t2i: text encoder, target, draft and evaluator on top of the packaged c2i demo, ~44 min on a
     2-core CPU with --threads 2)."""
+    from specrt.paths import output_folder
+
+    output_folder("--out", out_dir, write_into_existing=True)
     entry = get_demo(demo)
     models = entry.hook("train")(out_dir, seed=seed, steps_scale=steps_scale, evaluate=not no_eval,
                                  threads=resolve_threads(threads))
@@ -60,12 +63,13 @@ def train(demo: str, out_dir: Path, seed: int, steps_scale: float, threads: int,
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the numbers as JSON.")
 @click.option("--threads", type=click.IntRange(min=1), help=f"{THREADS_HELP}.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress lines on stderr.")
 @click.option("--record", is_flag=True,
               help="Store these sampling settings as the weights' defaults and the numbers as their "
                    "\"quality\" entry in demo.json (needs --weights; for maintainers re-tuning the demo).")
 def report(weights: Path | None, per_class: int, grid_path: Path | None, seed: int, cfg_scale: float | None,
            temperature: float | None, top_k: int | None, draft_len: int, json_path: Path | None,
-           record: bool, threads: int) -> None:
+           progress: bool, record: bool, threads: int) -> None:
     """The c2i demo: sample per class, print evaluator accuracy, Fréchet distances and SD accepted
     length (the t2i demo's figures: `specrt demo train --demo t2i` and `specrt bench --demo t2i`)."""
     import dataclasses
@@ -75,16 +79,21 @@ def report(weights: Path | None, per_class: int, grid_path: Path | None, seed: i
     from specrt.export.demo import demo_dataset, load_demo
     from specrt.export.demo.report import format_summary, quality_summary
 
+    from specrt.paths import output_file
+
     if record and weights is None:
         raise SpecrtError("--record rewrites a weights folder's demo.json: name it with --weights DIR")
+    output_file("--grid", grid_path)
+    output_file("--json", json_path)
     validation.seed(seed, "--seed")
     torch.set_num_threads(resolve_threads(threads))
     models = load_demo(weights)
     overrides = {k: v for k, v in (("cfg_scale", cfg_scale), ("temperature", temperature), ("top_k", top_k))
                  if v is not None}
     params = dataclasses.replace(models.sampling_defaults, **overrides)
+    say = (lambda msg: click.echo(msg, err=True)) if progress else None
     summary = quality_summary(models, demo_dataset(), per_class, seed=seed, params=params, draft_len=draft_len,
-                              grid_path=grid_path)
+                              grid_path=grid_path, progress=say)
     click.echo(format_summary(summary))
     if grid_path is not None:
         click.echo(f"wrote {grid_path}")

@@ -11,7 +11,7 @@ import click
 
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
 from specrt.errors import SpecrtError
-from specrt.export.demo.registry import demo_names, help_text as demo_help
+from specrt.export.demo.registry import DEFAULT_DEMO, demo_names, help_text as demo_help
 from specrt.runtime.threads import HELP as THREADS_HELP, resolve as resolve_threads
 from specrt.manifest import DEFAULT_MAX_IMAGES
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
@@ -42,6 +42,23 @@ def _models(target, draft, vq, checkpoint: CheckpointFlags, random_weights, demo
                                          checkpoint.vq_arch, checkpoint.image_size, where="specrt export",
                                          text_encoder=text_encoder)
     return get_demo(demo).hook("model_set")(demo_path)
+
+
+def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_weights: bool, demo,
+                         continuous: bool) -> None:
+    """Checkpoint flags where nothing reads them are one line, never ignored (before any model loads)."""
+    if continuous:
+        checkpoint.refuse("describes LlamaGen checkpoints; the continuous family has no such flag")
+    elif random_weights:
+        checkpoint.refuse("describes a checkpoint's custom size; --random-weights takes the named sizes --arch / "
+                          "--draft-arch", "n_head", "n_kv_head", "draft_n_head", "draft_n_kv_head")
+    elif target or draft or vq:
+        if draft is None:
+            checkpoint.refuse("describes the --draft checkpoint, and no --draft is given",
+                              "draft_arch", "draft_n_head", "draft_n_kv_head")
+    else:
+        checkpoint.refuse(f"describes LlamaGen checkpoints (--target/--vq) or --random-weights; the embedded demo "
+                          f"({demo or DEFAULT_DEMO}) has a fixed architecture and image size")
 
 
 @click.command(name="export")
@@ -90,7 +107,12 @@ def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, rando
     Class-conditional (c2i) and text-to-image (t2i) LlamaGen checkpoints; the model type comes
     from the weights."""
     from specrt.lazy import require
+    from specrt.paths import output_folder
 
+    output_folder("--out", out)  # its parent exists and takes files: before any model loads
+    _refuse_inapplicable(checkpoint, target, draft, vq, random_weights, demo, demo == "mar" or family == "continuous")
+    if out.exists() and not force:  # refuse before loading multi-GB checkpoints
+        raise SpecrtError(f"{out} already exists; pass --force to replace it")
     torch = require("torch", "specrt export")
     threads = resolve_threads(threads)
     torch.set_num_threads(threads)
@@ -103,8 +125,6 @@ def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, rando
 
     options = ExportOptions(opset=opset, max_window=max_window, max_batch=max_batch,
                             target_hidden=not no_hidden, neighbours_k=neighbours_k)
-    if out.exists() and not force:  # refuse before loading multi-GB checkpoints
-        raise SpecrtError(f"{out} already exists; pass --force to replace it")
     if eagle and draft:
         raise SpecrtError("--eagle replaces the draft model: give --draft or --eagle, not both")
     models = _models(target, draft, vq, checkpoint, random_weights, demo_weights, text_encoder, demo)

@@ -22,9 +22,9 @@ import numpy as np
 from specrt import validation
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
 from specrt.commands._continuous import generate as generate_continuous, is_continuous_bundle
-from specrt.commands._continuous import open_pipeline as open_continuous
+from specrt.commands._continuous import open_pipeline as open_continuous, refuse as refuse_continuous
 from specrt.errors import SpecrtError
-from specrt.export.demo.registry import demo_names, help_text as demo_help
+from specrt.export.demo.registry import DEFAULT_DEMO, demo_names, help_text as demo_help
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 from specrt.runtime.defaults import describe
 from specrt.runtime.threads import HELP as THREADS_HELP, resolve as resolve_threads
@@ -64,6 +64,64 @@ def check_before_loading(method: str, seed: int, max_window: int, image_size: Op
         raise SpecrtError(f"{given_twice[0]} given both as --{given_twice[0].replace('_', '-')} and as --param")
     SamplingParams(**sampling, **{k: v for k, v in method_params.items() if k in SAMPLING_KEYS})
     make_method(method, **{k: v for k, v in method_params.items() if k not in SAMPLING_KEYS})
+
+
+def check_outputs(out: Path, stats_path: Optional[Path], tokens_path: Optional[Path], tokens_only: bool) -> None:
+    """Every file generate will write, checked before a model loads (specrt.paths): its folder
+    exists and takes new files; no folder is created."""
+    from specrt.paths import output_file
+
+    if not tokens_only:
+        output_file("--out", out)
+    elif tokens_path is None:
+        output_file("--out", out.with_suffix(".npy"))
+    output_file("--stats", stats_path)
+    output_file("--save-tokens", tokens_path)
+
+
+def check_prompts(prompts: tuple[str, ...]) -> None:
+    """An empty --prompt is a mistake (a caption of padding only), not an unconditional image."""
+    for i, prompt in enumerate(prompts):
+        if not prompt.strip():
+            which = "" if len(prompts) == 1 else f" (the {_ordinal(i + 1)})"
+            raise SpecrtError(f"--prompt{which} is empty; give the text to draw, e.g. --prompt \"a thick slanted seven\"")
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _given(name: str) -> bool:
+    """Whether the flag of parameter `name` was typed (not its default) on the running command."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
+
+
+def check_applicable(bundle: Optional[Path], demo: Optional[str], target: Optional[Path], draft: Optional[Path],
+                     vq: Optional[Path], checkpoint: CheckpointFlags, device: Optional[str],
+                     backend: Optional[str] = None) -> None:
+    """A flag that does not apply to what runs is refused in one line, never ignored; --device is
+    checked against the installed torch (specrt.validation.torch_device) before a model loads."""
+    if not (target or vq or draft):
+        if bundle is not None:
+            checkpoint.refuse("describes LlamaGen checkpoints (--target/--vq); a BUNDLE's architecture and image size "
+                              "were fixed when it was exported")
+        else:
+            checkpoint.refuse(f"describes LlamaGen checkpoints (--target/--vq); the embedded demo "
+                              f"({demo or DEFAULT_DEMO}) has a fixed architecture and image size")
+    elif not draft:
+        checkpoint.refuse("describes the --draft checkpoint, and no --draft is given",
+                          "draft_arch", "draft_n_head", "draft_n_kv_head")
+    if bundle is not None:
+        if device is not None and not (device.strip().lower() == "cpu" and backend in (None, "ort", "ort-cpu")):
+            raise SpecrtError("--device picks the torch device of checkpoints or the demo; a BUNDLE runs where "
+                              "--backend says (ort, ort-cuda, ort-trt, trt)")
+        if _given("max_window"):
+            raise SpecrtError("--max-window sizes the torch backend's windows; a BUNDLE's largest window was fixed "
+                              "at export (specrt export --max-window)")
+    validation.torch_device(device)
 
 
 def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optional[Path], draft: Optional[Path],
@@ -115,7 +173,6 @@ def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optio
 
 def save_tokens(tokens: np.ndarray, path: Path) -> Path:
     """tokens [N, grid, grid] as .npy at exactly `path` (np.save would append .npy to other names)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
         np.save(f, np.asarray(tokens, dtype=np.int64))
     return path
@@ -140,10 +197,9 @@ def condition_args(model_type: str, class_ids: tuple[int, ...], prompts: tuple[s
 
 
 def save_images(images: np.ndarray, out: Path, count: int) -> list[Path]:
-    """img.png for one image; img_0.png, img_1.png, ... for several."""
+    """img.png for one image; img_0.png, img_1.png, ... for several (into an existing folder)."""
     from PIL import Image
 
-    out.parent.mkdir(parents=True, exist_ok=True)
     paths = [out] if count == 1 else [out.with_name(f"{out.stem}_{i}{out.suffix or '.png'}") for i in range(count)]
     for image, path in zip(images, paths):
         Image.fromarray(image).save(path)
@@ -225,12 +281,18 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
                λ + 1); neighbours_k counts neighbours, not the token itself.
     """
     method_params = parse_params(params)
+    check_outputs(out, stats_path, tokens_path, tokens_only)
+    check_prompts(prompts)
     if demo == "mar" or is_continuous_bundle(bundle):
         if demo is not None and (bundle or target or vq or draft):
             raise SpecrtError("--demo picks an embedded demo: give it without a BUNDLE or checkpoints")
         refused = {"--top-k": top_k is not None, "--top-p": top_p is not None, "--prompt": prompts,
-                   "--captions": captions_path, "--text-encoder": text_encoder, "--target/--draft/--vq": target or vq or draft}
+                   "--captions": captions_path, "--text-encoder": text_encoder, "--target/--draft/--vq": target or vq or draft,
+                   "--device": device is not None and device.strip().lower() != "cpu",  # it runs on the CPU
+                   "--max-window": _given("max_window"),
+                   **{name: True for name in checkpoint.given()}}
         validation.seed(seed, "--seed")
+        refuse_continuous(refused)  # before the model loads
         pipe = open_continuous(bundle, backend, threads)
         generate_continuous(pipe, method, class_ids, seed, out, {"cfg_scale": cfg_scale, "temperature": temperature},
                             method_params, stats_path, tokens_only, tokens_path, refused)
@@ -238,6 +300,7 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
     sampling = {k: v for k, v in (("cfg_scale", cfg_scale), ("temperature", temperature), ("top_k", top_k),
                                   ("top_p", top_p)) if v is not None}
     check_before_loading(method, seed, max_window, checkpoint.image_size, threads, sampling, method_params)
+    check_applicable(bundle, demo, target, draft, vq, checkpoint, device, backend)
     pipe = build_pipeline(bundle, backend, target, draft, vq, checkpoint, max_window, device, threads, text_encoder,
                           demo)
     conditions = condition_args(pipe.target.spec.model_type, class_ids, prompts, captions_path)

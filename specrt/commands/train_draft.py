@@ -110,7 +110,14 @@ def command(out, target, vq, data_kind, sample_count, tokens, labels, steps, bat
     The head (LANTERN's drafter layout) goes to OUT; `specrt export --eagle OUT` bundles it and
     `Pipeline.from_torch(target, load_eagle_head(OUT, target), vq)` runs it."""
     from specrt.lazy import require
+    from specrt.paths import output_folder
 
+    output_folder("--out", out, write_into_existing=True)  # a run resumes into its own folder
+    checkpoint.refuse("describes a draft checkpoint; train-draft trains a head for the --target",
+                      "draft_arch", "draft_n_head", "draft_n_kv_head")
+    if target is None and vq is None:
+        checkpoint.refuse("describes LlamaGen checkpoints (--target/--vq); the demo target has a fixed architecture "
+                          "and image size")
     torch = require("torch", "specrt train-draft")
     from specrt.export.eagle.model import EagleConfig
     from specrt.export.eagle.train import Recipe, metrics_line, train_eagle_head

@@ -104,6 +104,7 @@ def test_generate_cli_same_tokens_on_both_routes_with_threads_and_tokens_only(ch
         assert np.abs(a - b).max() <= 1
 
     only = tmp_path / "only"
+    only.mkdir()  # specrt creates no parent folders (specrt.paths)
     assert cli_exit_code(["generate", str(bundle), *common, "--tokens-only", "--out", str(only / "img.png")]) == 0
     assert sorted(p.name for p in only.iterdir()) == ["img.npy"]  # tokens, no PNG
     np.testing.assert_array_equal(np.load(only / "img.npy"), on_ort)

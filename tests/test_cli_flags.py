@@ -1,0 +1,158 @@
+"""Flags that cannot work here are refused in one line (exit 2) before a model loads, never
+ignored: --device against the installed torch, checkpoint flags on the embedded demo or a
+BUNDLE, an empty --prompt.
+
+The model loaders are replaced with a function that fails the test, so a flag that slipped
+through to loading (or was ignored) shows as that failure instead of exit 2.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specrt.errors import SpecrtError
+from specrt.validation import torch_device
+
+torch = pytest.importorskip("torch")
+
+
+def run(argv: list[str], capsys) -> tuple[int, str]:
+    from specrt.cli import main
+
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+def one_line(err: str) -> str:
+    assert err.startswith("specrt: error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model was loaded although a flag should have been refused")
+
+    from specrt.bench import models as bench_models
+    from specrt.commands import bench, export, generate, train_draft
+    from specrt.export.mar import hooks as mar_hooks
+
+    monkeypatch.setattr(generate, "build_pipeline", loaded)
+    monkeypatch.setattr(export, "_models", loaded)
+    monkeypatch.setattr(bench_models, "open_models", loaded)
+    monkeypatch.setattr(bench, "_profile", loaded)
+    monkeypatch.setattr(train_draft, "_target", loaded)
+    monkeypatch.setattr(mar_hooks, "torch_pipeline", loaded)
+
+
+@pytest.fixture
+def cpu_only_torch(monkeypatch):
+    """torch as a CPU-only wheel reports itself, whatever this machine has."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+
+
+# ---- --device --------------------------------------------------------------------------------
+
+
+def test_torch_device_values():
+    assert torch_device(None) is None and torch_device("cpu") == "cpu" and torch_device(" CPU ") == "cpu"
+    for bad in ("foo", "cuda:x", "cpu:0", "cuda:", "gpu"):
+        with pytest.raises(SpecrtError, match="--device must be cpu, cuda or cuda:N"):
+            torch_device(bad)
+
+
+def test_cuda_on_a_cpu_only_torch_names_the_fix(cpu_only_torch):
+    with pytest.raises(SpecrtError, match=r"CPU-only build; install a CUDA build of torch .* or use --device cpu"):
+        torch_device("cuda")
+
+
+def test_cuda_without_a_gpu_on_a_cuda_torch(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    with pytest.raises(SpecrtError, match="finds no GPU .*nvidia-smi"):
+        torch_device("cuda:0")
+
+
+def test_gpu_index_beyond_the_machine(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert torch_device("cuda:0") == "cuda:0"
+    with pytest.raises(SpecrtError, match="has 1 GPU"):
+        torch_device("cuda:3")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--device", "foo"], "--device must be cpu, cuda or cuda:N, got 'foo'"),
+    (["generate", "--device", "cuda"], "CPU-only build"),
+    (["bench", "--backend", "torch", "--device", "cuda"], "CPU-only build"),
+    (["bench", "--backend", "torch", "--device", "foo"], "--device must be cpu, cuda or cuda:N"),
+    (["bench", "--profile-arch", "llamagen-c2i-B", "--device", "cuda"], "CPU-only build"),
+    (["bench", "--precision", "fp32,int4", "--device", "cuda"], "applies to --backend torch"),
+    (["bench", "--demo", "mar", "--device", "cuda"], "applies to --backend torch"),
+    (["serve", "--device", "cuda"], "CPU-only build"),
+    (["serve", "--device", "foo"], "--device must be cpu"),
+    (["generate", "--demo", "mar", "--device", "cuda"], "--device does not apply to a continuous"),
+])
+def test_devices_this_torch_cannot_use_exit_2(argv, message, capsys, no_model_loads, cpu_only_torch):
+    code, err = run(argv, capsys)
+    assert code == 2 and message in one_line(err)
+
+
+def test_device_with_a_bundle_is_refused(tmp_path, capsys, no_model_loads):
+    code, err = run(["generate", str(tmp_path), "--device", "cuda"], capsys)
+    assert code == 2 and "a BUNDLE runs where --backend says" in one_line(err)
+
+
+# ---- flags that do not apply -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--image-size", "33"], "--image-size describes LlamaGen checkpoints"),
+    (["generate", "--arch", "GPT-XL"], "--arch describes LlamaGen checkpoints"),
+    (["generate", "--demo", "t2i", "--n-head", "4", "--prompt", "a seven"], "the embedded demo (t2i)"),
+    (["generate", "--demo", "mar", "--arch", "GPT-B"], "--arch does not apply to a continuous"),
+    (["export", "--out", "{tmp}/b", "--image-size", "33"], "--image-size describes LlamaGen checkpoints"),
+    (["export", "--out", "{tmp}/b", "--arch", "GPT-XL"], "the embedded demo (c2i) has a fixed architecture"),
+    (["export", "--out", "{tmp}/b", "--random-weights", "--n-head", "3"], "--random-weights takes the named sizes"),
+    (["train-draft", "--out", "{tmp}/h", "--image-size", "64"], "the demo target has a fixed architecture"),
+    (["train-draft", "--out", "{tmp}/h", "--draft-arch", "GPT-B"], "train-draft trains a head for the --target"),
+])
+def test_flags_that_do_not_apply_exit_2(argv, message, tmp_path, capsys, no_model_loads):
+    code, err = run([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
+    assert code == 2 and message in one_line(err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_checkpoint_flags_on_a_bundle_and_draft_flags_without_a_draft(tmp_path, capsys, no_model_loads):
+    code, err = run(["generate", str(tmp_path), "--image-size", "256"], capsys)
+    assert code == 2 and "a BUNDLE's architecture and image size were fixed" in one_line(err)
+    for name in ("t.pt", "v.pt"):
+        (tmp_path / name).write_bytes(b"")
+    code, err = run(["generate", "--target", str(tmp_path / "t.pt"), "--vq", str(tmp_path / "v.pt"),
+                     "--draft-n-head", "2"], capsys)
+    assert code == 2 and "--draft-n-head describes the --draft checkpoint" in one_line(err)
+
+
+def test_max_window_with_a_bundle_is_refused(tmp_path, capsys, no_model_loads):
+    code, err = run(["generate", str(tmp_path), "--max-window", "8"], capsys)
+    assert code == 2 and "--max-window sizes the torch backend's windows" in one_line(err)
+
+
+# ---- prompts ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prompts, message", [
+    ([""], "--prompt is empty"),
+    (["  "], "--prompt is empty"),
+    (["a seven", ""], "--prompt (the 2nd) is empty"),
+])
+def test_empty_prompts_exit_2(prompts, message, capsys, no_model_loads):
+    argv = ["generate", "--demo", "t2i"] + [a for p in prompts for a in ("--prompt", p)]
+    code, err = run(argv, capsys)
+    assert code == 2 and message in one_line(err)
