@@ -4,7 +4,9 @@
         image = client.generate(class_id=3, method="sjd", seed=1, window=16)
         open("three.png", "wb").write(image.png); print(image.stats["accepted_length"])
 
-A row the server could not serve raises SpecrtError with the server's one-line reason.
+A row the server could not serve raises SpecrtError with the server's one-line reason; so
+does a request the server cannot take at all (nothing listening yet, a model name it does not
+serve, a timeout), in one line naming the URL and the model instead of tritonclient's exception.
 Any Triton client in any language works the same way: docs/contracts.md, "Serving".
 """
 from __future__ import annotations
@@ -36,7 +38,7 @@ class Client:
                  timeout_s: float = 60.0):
         if protocol not in ("http", "grpc"):
             raise SpecrtError(f"protocol must be http or grpc, got {protocol!r}")
-        self.protocol, self.model, self.timeout_s = protocol, model, timeout_s
+        self.url, self.protocol, self.model, self.timeout_s = url, protocol, model, timeout_s
         self._lib = require(f"tritonclient.{protocol}", "the specrt Triton client")
         if protocol == "http":
             self._client = self._lib.InferenceServerClient(url, connection_timeout=timeout_s, network_timeout=timeout_s)
@@ -60,12 +62,28 @@ class Client:
         outputs = [self._lib.InferRequestedOutput(spec.name) for spec in OUTPUTS
                    if not (tokens_only and spec.name == "image")]
         extra = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
-        result = self._client.infer(self.model, inputs, outputs=outputs, **extra)
+        try:
+            result = self._client.infer(self.model, inputs, outputs=outputs, **extra)
+        except Exception as exc:  # tritonclient's, gevent's and socket errors: the request never got an answer
+            raise SpecrtError(self._unanswered(exc)) from exc
         error = bytes(result.as_numpy("error")[0, 0]).decode()
         if error:
             raise SpecrtError(error)
         png = b"" if tokens_only else bytes(result.as_numpy("image")[0, 0])
         return ServedImage(png, result.as_numpy("tokens")[0], json.loads(bytes(result.as_numpy("stats")[0, 0])))
+
+    def _unanswered(self, exc: Exception) -> str:
+        """One line for a request Triton did not answer with a row: why, and what to check."""
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        where = f"{self.protocol} {self.url}"
+        if "unknown model" in text.lower() or ("not found" in text.lower() and self.model in text):
+            return (f"{where} serves no model {self.model!r} (or not yet: `specrt serve` prints 'ready' once it "
+                    f"does); the name is specrt serve's --model-name, 'specrt' by default")
+        if isinstance(exc, (ConnectionError, OSError)) or any(
+                word in text.lower() for word in ("connect", "unavailable", "refused", "reset")):
+            return (f"no Triton server answers at {where} ({text[:160]}); start one with `specrt serve` and wait for "
+                    f"its 'ready' line")
+        return f"{where}, model {self.model!r}: the request failed: {text[:240]}"
 
     def close(self) -> None:
         self._client.close()

@@ -9,15 +9,23 @@ The venv quirk: the wheel's Python-backend stub links the system libpython3.11, 
 interpreter running this must be that same build (a venv made with /usr/bin/python3.11 on
 Debian). Another 3.11 build (pyenv's, conda's) fails at model load with "'_thread.RLock'
 object has no attribute '_recursion_count'"; `model_load_hint` says so when loading fails.
+
+Ready means ready: `running` yields only once Triton reports the model ready to a health check
+over HTTP (`wait_until_ready`), so `specrt serve` prints its "ready" line when a request would
+succeed. Triton's own log (~65 lines at start, CUDA/NVML complaints on a CPU machine among
+them) goes to `ServeConfig.log_file` instead of the terminal; GPU metrics are off where there
+is no NVIDIA driver.
 """
 from __future__ import annotations
 
+import os
 import re
 import socket
 import sys
+import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -47,6 +55,10 @@ class ServeConfig:
     # process behind, so keep it well above the unload time
     exit_timeout_s: int = 10
     log_verbose: int = 0
+    # Triton's own log: a file (None: Triton's default, the terminal)
+    log_file: Optional[str] = None
+    # how long to wait for the model to answer a health check once Triton has started
+    ready_timeout_s: float = 60.0
 
 
 def _pytriton() -> Any:
@@ -87,6 +99,52 @@ def check_ports_free(config: ServeConfig) -> None:
                 raise SpecrtError(f"{config.host}:{port} cannot be used ({exc.strerror}); pick another {flag}") from None
 
 
+def has_nvidia_driver() -> bool:
+    """Whether this machine has an NVIDIA driver (else Triton's GPU metrics only log errors)."""
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia/version")
+
+
+def _client_host(host: str) -> str:
+    return "127.0.0.1" if host in ("", "0.0.0.0") else ("::1" if host == "::" else host)
+
+
+def wait_until_ready(config: ServeConfig) -> None:
+    """Return once Triton says over HTTP that config.model_name is ready (a health check, the
+    one a load balancer would make); SpecrtError after config.ready_timeout_s."""
+    http = require("tritonclient.http", FEATURE)
+    url = f"{_client_host(config.host)}:{config.http_port}"
+    deadline = time.monotonic() + config.ready_timeout_s
+    last = "no answer"
+    with http.InferenceServerClient(url, connection_timeout=5.0, network_timeout=5.0) as client:
+        while True:
+            try:
+                if client.is_server_ready() and client.is_model_ready(config.model_name):
+                    return
+                last = f"model {config.model_name!r} not ready yet"
+            except Exception as exc:  # connection refused, reset, timed out: the server is still coming up
+                last = _one_line(exc)
+            if time.monotonic() >= deadline:
+                raise SpecrtError(f"Triton started but model {config.model_name!r} did not pass a health check in "
+                                  f"{config.ready_timeout_s:.0f} s ({last}){_log_hint(config)}")
+            time.sleep(0.1)
+
+
+def _no_echo(triton: Any) -> None:
+    """PyTriton echoes whatever tritonserver and its stubs print to our stdout (its TritonServer's
+    verbose=True, with no public switch); with the log in a file what is left is shutdown chatter
+    ("Signal (2) received."). Private attributes, guarded: a PyTriton without them keeps echoing."""
+    try:
+        if triton._triton_server is None:
+            triton._initialize_server()  # creates the server object; __enter__ then only starts it
+        triton._triton_server._verbose = False
+    except AttributeError:
+        pass
+
+
+def _log_hint(config: ServeConfig) -> str:
+    return f"; Triton's log: {config.log_file}" if config.log_file else ""
+
+
 def _one_line(exc: BaseException) -> str:
     """A Triton error as one line: its first line, and the exception a traceback inside it ends in."""
     lines = [line.strip() for line in str(exc).replace("\\n", "\n").splitlines() if line.strip()]
@@ -106,10 +164,13 @@ def running(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> Iterator
     triton_config = triton_mod.TritonConfig(
         http_address=config.host, http_port=config.http_port, grpc_address=config.host, grpc_port=config.grpc_port,
         metrics_address=config.host, metrics_port=config.metrics_port, exit_timeout_secs=config.exit_timeout_s,
-        log_verbose=config.log_verbose)
+        log_verbose=config.log_verbose, log_file=config.log_file, allow_gpu_metrics=has_nvidia_driver())
     with ExitStack() as stack:
         try:  # starting the server, loading the model (in Triton's Python-backend stub), going live
-            triton = stack.enter_context(triton_mod.Triton(config=triton_config))
+            triton = triton_mod.Triton(config=triton_config)
+            if config.log_file:
+                _no_echo(triton)
+            triton = stack.enter_context(triton)
             triton.bind(model_name=config.model_name, infer_func=handler,
                         inputs=_tensors(model_config, INPUTS, optional=True),
                         outputs=_tensors(model_config, OUTPUTS, optional=False),
@@ -118,11 +179,15 @@ def running(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> Iterator
                         strict=False)
             triton.run()
         except Exception as exc:  # PyTriton's and Triton's own errors, as one line
-            raise SpecrtError(f"Triton did not start: {_one_line(exc)}{model_load_hint()}") from exc
+            raise SpecrtError(f"Triton did not start: {_one_line(exc)}{model_load_hint()}{_log_hint(config)}") from exc
+        wait_until_ready(config)
         yield triton
 
 
-def serve(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> None:
-    """Serve until interrupted (Ctrl-C / SIGTERM)."""
+def serve(pipeline: Pipeline, config: ServeConfig = ServeConfig(), on_ready: Optional[Any] = None) -> None:
+    """Serve until interrupted (Ctrl-C / SIGTERM); `on_ready()` runs once the model has passed its
+    health check, i.e. when a request would succeed."""
     with running(pipeline, config) as triton:
+        if on_ready is not None:
+            on_ready()
         triton.serve()

@@ -41,30 +41,48 @@ def _port(name: str, value: int) -> int:
               help="Most images the dynamic batcher merges into one model call (capped by the bundle's --max-batch).")
 @click.option("--queue-delay-us", type=int, default=2000, show_default=True,
               help="How long the batcher waits for more requests before starting a call.")
+@click.option("--triton-log", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="File for Triton's own log (default: specrt-triton-HTTPPORT.log in the temporary folder); "
+                   "'-' leaves it on the terminal.")
 def serve_command(bundle, demo, backend, device, threads, host, http_port, grpc_port, metrics_port, model_name, max_batch,
-                  queue_delay_us) -> None:
+                  queue_delay_us, triton_log) -> None:
     """Serve a bundle (or the embedded demo) through Triton Inference Server (PyTriton).
 
     Requests carry a class id (or a prompt), method, seed and parameters; responses carry PNG
     bytes, the tokens and stats. Triton's dynamic batcher merges requests that arrive
     together; rows with the same method and parameters run in one generate call. A bad
-    request gets a one-line `error` back. Stop with Ctrl-C.
+    request gets a one-line `error` back. The "ready" line comes once the model has passed a
+    health check, i.e. when a request would succeed. Stop with Ctrl-C or SIGTERM.
     """
-    from specrt.commands.generate import build_pipeline
+    from specrt.commands.generate import build_pipeline, check_applicable
     from specrt.commands._checkpoint_flags import CheckpointFlags
     from specrt.runtime.methods import DEFAULT_MAX_WINDOW
     from specrt.runtime.serving.pytriton_server import ServeConfig, check_ports_free, serve
 
-    config = ServeConfig(host=host, http_port=_port("--http-port", http_port), grpc_port=_port("--grpc-port", grpc_port),
+    import tempfile
+
+    from specrt.paths import output_file
+
+    http_port = _port("--http-port", http_port)
+    if triton_log is None:
+        triton_log = Path(tempfile.gettempdir()) / f"specrt-triton-{http_port}.log"
+    log_file = None if str(triton_log) == "-" else str(output_file("--triton-log", triton_log))
+    config = ServeConfig(host=host, http_port=http_port, grpc_port=_port("--grpc-port", grpc_port),
                          metrics_port=_port("--metrics-port", metrics_port), model_name=model_name,
                          max_batch=validation.count("--max-batch", max_batch),
-                         queue_delay_us=validation.integer("--queue-delay-us", queue_delay_us, low=0))
+                         queue_delay_us=validation.integer("--queue-delay-us", queue_delay_us, low=0),
+                         log_file=log_file)
+    check_applicable(bundle, demo, None, None, None, CheckpointFlags(), device, backend)  # --device: a torch that has it
     check_ports_free(config)  # before a model loads: a taken port costs a second
     pipeline = build_pipeline(bundle, backend, None, None, None, CheckpointFlags(), DEFAULT_MAX_WINDOW, device, threads,
                               demo=demo)
-    click.echo(f"specrt serve: model {model_name!r} on http://{host}:{config.http_port} and grpc {host}:{config.grpc_port}",
-               err=True)
-    serve(pipeline, config)
+    click.echo(f"specrt serve: starting Triton (its log: {log_file or 'the terminal'}) ...", err=True)
+
+    def ready() -> None:
+        click.echo(f"specrt serve: ready: model {model_name!r} on http://{host}:{config.http_port} and grpc "
+                   f"{host}:{config.grpc_port}", err=True)
+
+    serve(pipeline, config, on_ready=ready)
 
 
 @click.command(name="triton-repo")
@@ -92,8 +110,10 @@ def triton_repo_command(bundle, out, model_name, backend, instance_kind, instanc
     REPO/<model>/1/bundle/      a copy of BUNDLE
     The README ("Serving") has the docker command.
     """
+    from specrt.paths import output_folder
     from specrt.runtime.serving.repository import RepoConfig, write_repository
 
+    output_folder("--out", out)
     config = RepoConfig(model_name=model_name, backend=backend, instance_kind=instance_kind,
                         instances=validation.count("--instances", instances),
                         max_batch=validation.count("--max-batch", max_batch),
