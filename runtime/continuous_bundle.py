@@ -18,12 +18,6 @@ FAMILY = "continuous"
 BACKENDS = ("onnxruntime", "torch")
 
 
-def bundle_family(bundle_dir: str | Path) -> str:
-    """The model family a bundle holds ("llamagen" when the manifest names none)."""
-    manifest = read_continuous_manifest(bundle_dir, check_family=False)
-    return manifest.get("family", "llamagen")
-
-
 def read_continuous_manifest(bundle_dir: str | Path, check_family: bool = True) -> dict[str, Any]:
     path = Path(bundle_dir) / "manifest.json"
     try:

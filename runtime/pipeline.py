@@ -76,8 +76,21 @@ class Pipeline:
 
     @classmethod
     def from_bundle(cls, path: str | Path, backend: str = "ort", providers: Optional[Sequence[Any]] = None,
-                    threads: Optional[int] = None, precision: str = "fp32") -> "Pipeline":
-        """A bundle directory (manifest.json + ONNX graphs) on one of BUNDLE_BACKENDS.
+                    threads: Optional[int] = None, precision: Optional[str] = None) -> Any:
+        """Any bundle: its manifest is read once and checked, and the family it names
+        (runtime/families: LlamaGen-layout VQ models, continuous MAR-style models) opens it on
+        `backend`. A LlamaGen bundle gives this class (open_discrete_bundle); another family
+        gives its own pipeline, with the same generate(class_ids, method=..., seed=...) call."""
+        from specrt.runtime.families import read_bundle
+
+        family, _ = read_bundle(path)
+        options = {"providers": providers, "precision": precision}
+        return family.open(Path(path), backend=backend, threads=threads, **options)
+
+    @classmethod
+    def open_discrete_bundle(cls, path: str | Path, backend: str = "ort", providers: Optional[Sequence[Any]] = None,
+                             threads: Optional[int] = None, precision: Optional[str] = None) -> "Pipeline":
+        """A LlamaGen-family bundle directory (manifest.json + ONNX graphs) on one of BUNDLE_BACKENDS.
 
         'ort' is onnxruntime with its default providers (CPU here); 'ort-cpu', 'ort-cuda' and
         'ort-trt' pick onnxruntime's execution provider with the bundle's profiles and caches
@@ -86,6 +99,7 @@ class Pipeline:
         onnxruntime's default, one per core); `precision` picks the engines ('trt') or
         TensorRT EP precision ('ort-trt').
         """
+        precision = precision or "fp32"
         if threads is not None:
             threads = validation.count("threads", threads)
         if backend not in BUNDLE_BACKENDS:

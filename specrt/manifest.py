@@ -242,8 +242,8 @@ def parse_graph(name: str, raw: dict[str, Any]) -> GraphSpec:
 def parse_manifest(raw: dict[str, Any], root: Path) -> Manifest:
     """Validate a manifest's structure (not the files it names) and wrap it."""
     if isinstance(raw, dict) and raw.get("family") == "continuous":
-        raise SpecrtError(f"bundle {root} holds a continuous (MAR-style) model: open it with "
-                          "specrt.runtime.continuous_bundle (methods ar, cspd)")
+        raise SpecrtError(f"bundle {root} holds a continuous (MAR-style) model, not a LlamaGen one: open it "
+                          "with Pipeline.from_bundle or specrt.runtime.families.open_bundle (methods ar, cspd)")
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise SpecrtError(f"{root / MANIFEST_NAME} is not a specrt bundle manifest (format must be {FORMAT!r})")
     version = raw.get("version")

@@ -20,32 +20,14 @@ from specrt.errors import SpecrtError
 METHODS = ("ar", "cspd")
 
 
-def is_continuous_bundle(bundle: Optional[Path]) -> bool:
-    if bundle is None:
-        return False
-    from specrt.manifest import refuse_partial
-    from specrt.runtime.continuous_bundle import bundle_family
-
-    refuse_partial(bundle)  # an interrupted export's temporary folder is no bundle of either family
-    try:
-        return bundle_family(bundle) == "continuous"
-    except SpecrtError:
-        return False  # not a readable bundle: the discrete route says why, in its words
-
-
 def open_pipeline(bundle: Optional[Path], backend: Optional[str], threads: Optional[int] = None,
                   demo_weights: Optional[Path] = None) -> Any:
     """A continuous BUNDLE on onnxruntime (or torch), else the mar demo's PyTorch modules (with
     `threads` torch threads; None: 1, the embedded demo's default as for c2i)."""
     if bundle is not None:
-        if backend not in (None, "ort", "ort-cpu", "torch"):
-            raise SpecrtError(f"a continuous bundle runs on ort or torch, not --backend {backend}")
-        from specrt.runtime.continuous_pipeline import ContinuousPipeline
-        from specrt.runtime.threads import set_torch_threads
+        from specrt.runtime.families import open_bundle
 
-        if backend == "torch":
-            set_torch_threads(1 if threads is None else threads)
-        return ContinuousPipeline.from_bundle(bundle, "torch" if backend == "torch" else "onnxruntime")
+        return open_bundle(bundle, backend or "ort", threads)
     if backend not in (None, "torch"):
         raise SpecrtError(f"--backend {backend} needs a BUNDLE: export the demo with `specrt export --demo mar --out DIR`")
     from specrt.export.mar.hooks import torch_pipeline
@@ -64,7 +46,7 @@ def generate(pipe: Any, method: str, class_ids: tuple[int, ...], seed: int, out:
              params: dict[str, str], stats_path: Optional[Path], tokens_only: bool, tokens_path: Optional[Path],
              refused: dict[str, Any]) -> None:
     """Generate with a ContinuousPipeline and write PNGs / tokens / stats as `specrt generate` does."""
-    from specrt.commands.generate import save_images
+    from specrt.commands._outputs import save_images
 
     refuse(refused)
     if method not in METHODS:

@@ -222,13 +222,14 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
             precision, progress, demo) -> None:
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
     validation.seed(seed, "--seed")  # image i uses seed + i: checked before anything loads
-    from specrt.commands._continuous import is_continuous_bundle
     from specrt.paths import cache_folder, output_file
+    from specrt.runtime.families import bundle_family
 
     for flag, path in (("--json", json_path), ("--plot", plot_path), ("--markdown", markdown_path)):
         output_file(flag, path)  # before minutes of measuring: the folder exists and takes files
     cache_dir = cache_folder("--cache-dir", cache_dir)
-    if demo == "mar" or is_continuous_bundle(bundle):
+    family = bundle_family(bundle) if bundle is not None else ("continuous" if demo == "mar" else "llamagen")
+    if family == "continuous":  # a damaged manifest was one line just now, before anything runs
         if demo is not None and bundle is not None:
             raise SpecrtError("--demo picks an embedded demo: give it without a BUNDLE")
         if device.strip().lower() != "cpu":
@@ -302,7 +303,7 @@ def _continuous_run(bundle, methods, sweeps, backend, images, seed, threads, jso
     from specrt.bench import continuous
     from specrt.bench.device import device_name
     from specrt.export.mar.hooks import fidelity_judge
-    from specrt.runtime.continuous_pipeline import ContinuousPipeline
+    from specrt.runtime.families import open_bundle
     from specrt.runtime.threads import set_torch_threads
 
     if backend != "ort" or threads != 1:
@@ -312,7 +313,7 @@ def _continuous_run(bundle, methods, sweeps, backend, images, seed, threads, jso
     say = (lambda msg: click.echo(msg, err=True)) if progress else None
     set_torch_threads(threads)  # torch runs the export and the evaluator
     path = bundle if bundle is not None else continuous.demo_bundle(demo_weights, cache_dir, say)
-    pipe = ContinuousPipeline.from_bundle(path)
+    pipe = open_bundle(path)
     judge = fidelity_judge() if bundle is None or pipe.source.endswith(":mar") else None
     bar = tqdm(total=images * len(settings), unit="img", disable=not progress, dynamic_ncols=True, leave=False)
 

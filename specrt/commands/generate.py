@@ -21,7 +21,8 @@ import numpy as np
 
 from specrt import validation
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
-from specrt.commands._continuous import generate as generate_continuous, is_continuous_bundle
+from specrt.commands._continuous import generate as generate_continuous
+from specrt.commands._outputs import save_images, save_tokens
 from specrt.commands._continuous import open_pipeline as open_continuous, refuse as refuse_continuous
 from specrt.errors import SpecrtError
 from specrt.export.demo.registry import DEFAULT_DEMO, demo_names, help_text as demo_help
@@ -171,11 +172,13 @@ def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optio
                                                  threads=1 if threads is None else threads)
 
 
-def save_tokens(tokens: np.ndarray, path: Path) -> Path:
-    """tokens [N, grid, grid] as .npy at exactly `path` (np.save would append .npy to other names)."""
-    with open(path, "wb") as f:
-        np.save(f, np.asarray(tokens, dtype=np.int64))
-    return path
+def _family(bundle: Optional[Path], demo: Optional[str]) -> str:
+    """The model family generate runs (runtime/families): the bundle manifest's, else the demo's."""
+    if bundle is not None:
+        from specrt.runtime.families import bundle_family
+
+        return bundle_family(bundle)
+    return "continuous" if demo == "mar" else "llamagen"
 
 
 def condition_args(model_type: str, class_ids: tuple[int, ...], prompts: tuple[str, ...],
@@ -194,16 +197,6 @@ def condition_args(model_type: str, class_ids: tuple[int, ...], prompts: tuple[s
     from specrt.runtime.text import load_caption_file
 
     return {"captions": load_caption_file(captions_path)}
-
-
-def save_images(images: np.ndarray, out: Path, count: int) -> list[Path]:
-    """img.png for one image; img_0.png, img_1.png, ... for several (into an existing folder)."""
-    from PIL import Image
-
-    paths = [out] if count == 1 else [out.with_name(f"{out.stem}_{i}{out.suffix or '.png'}") for i in range(count)]
-    for image, path in zip(images, paths):
-        Image.fromarray(image).save(path)
-    return paths
 
 
 def sampling_epilog() -> str:
@@ -283,7 +276,7 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
     method_params = parse_params(params)
     check_outputs(out, stats_path, tokens_path, tokens_only)
     check_prompts(prompts)
-    if demo == "mar" or is_continuous_bundle(bundle):
+    if _family(bundle, demo) == "continuous":  # a damaged manifest is one line here, before any other check
         if demo is not None and (bundle or target or vq or draft):
             raise SpecrtError("--demo picks an embedded demo: give it without a BUNDLE or checkpoints")
         refused = {"--top-k": top_k is not None, "--top-p": top_p is not None, "--prompt": prompts,

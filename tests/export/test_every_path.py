@@ -64,7 +64,7 @@ def test_export_without_a_draft_writes_a_draftless_bundle_with_llamagen_defaults
     assert sorted(manifest.graphs) == ["target_prefill", "target_step", "vq_decode"]
     assert "draft" not in manifest.models and manifest.models["target"]["vocab_size"] == VOCAB
     assert manifest.sampling_defaults == {"cfg_scale": 4.0, "temperature": 1.0, "top_k": 2000, "top_p": 1.0}
-    from specrt.commands.inspect import format_manifest
+    from specrt.runtime.families.llamagen.describe import format_manifest
 
     shown = format_manifest(manifest)  # what `specrt inspect` prints
     assert "cfg_scale 4.0, temperature 1.0, top_k 2000, top_p 1.0" in shown and "max_images 4" in shown
