@@ -141,6 +141,13 @@ def bench_prompts(pipe: Pipeline, prompts: Optional[list[str]]) -> Optional[list
     return default_prompts()
 
 
+def refuse_torch_bundle(bundle: Optional[Path | str], backend: str) -> None:
+    """One line for a BUNDLE with --backend torch: the bench's torch backend runs the demo's modules."""
+    if bundle is not None and backend == "torch":
+        raise SpecrtError("a BUNDLE runs on the ort backend (or ort-cpu, ort-cuda, ort-trt, trt); "
+                          "--backend torch benchmarks the demo's PyTorch modules")
+
+
 def open_models(bundle: Optional[Path] = None, backend: str = "ort", demo_weights: Optional[Path] = None,
                 threads: Optional[int] = 1, cache_dir: Optional[Path] = None, judge: bool = True,
                 progress: Optional[Progress] = None, device: str = "cpu",
@@ -190,9 +197,7 @@ def _open_models(bundle, backend, demo_weights, threads, cache_dir, judge, progr
     if bundle is not None:
         if demo_weights is not None or demo is not None:
             raise SpecrtError(f"give either a BUNDLE or {'--demo' if demo else '--demo-weights'}, not both")
-        if backend == "torch":
-            raise SpecrtError("a BUNDLE runs on the ort backend (or ort-cpu, ort-cuda, ort-trt, trt); "
-                              "--backend torch benchmarks the demo's PyTorch modules")
+        refuse_torch_bundle(bundle, backend)
         pipe = Pipeline.from_bundle(bundle, backend=backend, threads=threads)
         return BenchModels(pipe, backend, str(bundle), _judge_for_bundle(bundle) if judge else None)
 

@@ -104,8 +104,15 @@ def test_devices_this_torch_cannot_use_exit_2(argv, message, capsys, no_model_lo
     assert code == 2 and message in one_line(err)
 
 
+def llamagen_manifest(folder):
+    """A manifest that names its family and nothing more: read_bundle takes it (the flags are
+    checked before the LlamaGen reader looks further), so these tests load no model."""
+    (folder / "manifest.json").write_text('{"family": "llamagen"}')
+    return str(folder)
+
+
 def test_device_with_a_bundle_is_refused(tmp_path, capsys, no_model_loads):
-    code, err = run(["generate", str(tmp_path), "--device", "cuda"], capsys)
+    code, err = run(["generate", llamagen_manifest(tmp_path), "--device", "cuda"], capsys)
     assert code == 2 and "a BUNDLE runs where --backend says" in one_line(err)
 
 
@@ -130,7 +137,7 @@ def test_flags_that_do_not_apply_exit_2(argv, message, tmp_path, capsys, no_mode
 
 
 def test_checkpoint_flags_on_a_bundle_and_draft_flags_without_a_draft(tmp_path, capsys, no_model_loads):
-    code, err = run(["generate", str(tmp_path), "--image-size", "256"], capsys)
+    code, err = run(["generate", llamagen_manifest(tmp_path), "--image-size", "256"], capsys)
     assert code == 2 and "a BUNDLE's architecture and image size were fixed" in one_line(err)
     for name in ("t.pt", "v.pt"):
         (tmp_path / name).write_bytes(b"")
@@ -140,7 +147,7 @@ def test_checkpoint_flags_on_a_bundle_and_draft_flags_without_a_draft(tmp_path, 
 
 
 def test_max_window_with_a_bundle_is_refused(tmp_path, capsys, no_model_loads):
-    code, err = run(["generate", str(tmp_path), "--max-window", "8"], capsys)
+    code, err = run(["generate", llamagen_manifest(tmp_path), "--max-window", "8"], capsys)
     assert code == 2 and "--max-window sizes the torch backend's windows" in one_line(err)
 
 

@@ -228,6 +228,9 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     for flag, path in (("--json", json_path), ("--plot", plot_path), ("--markdown", markdown_path)):
         output_file(flag, path)  # before minutes of measuring: the folder exists and takes files
     cache_dir = cache_folder("--cache-dir", cache_dir)
+    from specrt.bench.models import refuse_torch_bundle
+
+    refuse_torch_bundle(bundle, backend)  # a flag mistake first, then what the manifest says
     family = bundle_family(bundle) if bundle is not None else ("continuous" if demo == "mar" else "llamagen")
     if family == "continuous":  # a damaged manifest was one line just now, before anything runs
         if demo is not None and bundle is not None:
