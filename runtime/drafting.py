@@ -42,7 +42,7 @@ import numpy as np
 
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.runner import ModelRunner, StepOutput
-from specrt.runtime.window import Window
+from specrt.runtime.window import Window, chains
 
 if TYPE_CHECKING:  # pragma: no cover
     from specrt.runtime.methods.base import Decoding
@@ -177,7 +177,7 @@ class ModelDrafter(Drafter):
         for step in range(max(lengths, default=0)):
             sequences = [self.tokens[p] + drafts[p] if step < length else None for p, length in enumerate(lengths)]
             feeds = self._unfed(sequences)
-            out = ctx.run(self.runner, [Window.chain(f) if f is not None else None for f in feeds])
+            out = ctx.run(self.runner, chains(feeds))
             self.runner.commit([range(len(f)) if f is not None else None for f in feeds])
             for p, feed in enumerate(feeds):
                 if feed is not None:

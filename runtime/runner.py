@@ -106,6 +106,7 @@ class ModelRunner(ABC):
         self._ids = self._positions = self._mask = self._uniforms = np.zeros(0)
         self.mix = np.zeros((0, 0), dtype=np.float32)
         self._caption_mask: np.ndarray | None = None  # t2i: bool [B, cond_len] of the last prefill
+        self._views: dict[int, tuple[np.ndarray, ...]] = {}  # window size -> step input views (_step_views)
 
     # ---- hooks a backend implements -----------------------------------------------------
 
@@ -177,6 +178,7 @@ class ModelRunner(ABC):
             self._mask = np.zeros(batch * self.max_window * (capacity + self.max_window), dtype=bool)
             self._uniforms = np.zeros(images * self.max_window, dtype=np.float32)
             self._allocate_kv(batch, capacity)
+            self._views = {}
         else:
             self.mix[...] = mix  # same shape: the backends' bound mix buffer takes the new values
         self.lengths = np.zeros(images, dtype=np.int64)
@@ -213,29 +215,43 @@ class ModelRunner(ABC):
         `windows`: one Window for every image, an int array [images, W] (each image's chain of W
         tokens), or one Window per image (None: nothing to run for it).
         """
-        sizes = window_sizes(windows, self.images)
-        size = max(int(sizes.max()), 1)
+        if isinstance(windows, np.ndarray):  # chains of one width: the common step, kept cheap
+            if windows.ndim != 2 or len(windows) != self.images:
+                raise ValueError(f"chains of shape {windows.shape} for a batch of {self.images} images")
+            size, running, top = windows.shape[1], self.images, windows.shape[1]
+        else:
+            sizes = window_sizes(windows, self.images)
+            size, running, top = max(int(sizes.max()), 1), int(np.count_nonzero(sizes)), sizes
         if size > self.max_window:
             raise SpecrtError(f"window of {size} tokens exceeds this model's max_window {self.max_window}")
-        if int((self.lengths + self.staged + sizes).max()) > self.capacity:
-            raise ValueError(f"windows of {sizes.tolist()} at lengths {self.lengths.tolist()} overflow "
+        if int((self.lengths + self.staged + top).max()) > self.capacity:
+            raise ValueError(f"windows of up to {size} tokens at lengths {self.lengths.tolist()} overflow "
                              f"capacity {self.capacity}")
         start = time.perf_counter()
-        total = self.capacity + size
-        ids = self._ids[: self.batch * size].reshape(self.batch, size)
-        positions = self._positions[: self.batch * size].reshape(self.batch, size)
-        mask = self._mask[: self.batch * size * total].reshape(self.batch, size, total)
+        ids, positions, mask, uniform_buffer = self._step_views(size)
         if isinstance(windows, Window):
             windows = [windows] * self.images
         fill_step_inputs(windows, self.lengths, self.capacity, ids, positions, mask, self._caption_mask)
-        uniforms = self._uniform_view(uniforms, size)
+        uniform_buffer[...] = uniforms
         ready = time.perf_counter()
-        out = self._step(ids, positions, mask, uniforms)
+        out = self._step(ids, positions, mask, uniform_buffer)
         self.cache_seconds += ready - start
         self.forward_seconds += time.perf_counter() - ready
         self.forwards += 1
-        self.image_forwards += int(np.count_nonzero(sizes))
+        self.image_forwards += running
         return out
+
+    def _step_views(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """ids, positions [B, W], mask [B, W, capacity + W] and uniforms [I, W] for a window of
+        `size`: views of the flat buffers, made once per size for the current batch."""
+        views = self._views.get(size)
+        if views is None:
+            batch, total = self.batch, self.capacity + size
+            views = self._views[size] = (
+                self._ids[: batch * size].reshape(batch, size), self._positions[: batch * size].reshape(batch, size),
+                self._mask[: batch * size * total].reshape(batch, size, total),
+                self._uniforms[: self.images * size].reshape(self.images, size))
+        return views
 
     def commit(self, slots: Slots) -> None:
         """Append the KV rows of the last window's slots (in order) at each image's committed
@@ -266,6 +282,8 @@ class ModelRunner(ABC):
 
     def _prefix_counts(self, slots: Slots) -> Optional[np.ndarray]:
         """n_i per image when image i keeps its window's first n_i slots (in order); None otherwise."""
+        if isinstance(slots, range) and slots.start == 0 and slots.step == 1:
+            return np.full(self.images, len(slots), dtype=np.int64)
         if isinstance(slots, range) or not len(slots) or isinstance(slots[0], (int, np.integer)):
             count = _prefix_length(slots)
             return None if count is None else np.full(self.images, count, dtype=np.int64)
@@ -385,6 +403,7 @@ class ModelRunner(ABC):
             self._caption_mask = self._caption_mask[rows]
         self._retain(rows)
         self.batch = len(rows)
+        self._views = {}
         self.cache_seconds += time.perf_counter() - start
 
     def reset_counters(self) -> None:

@@ -108,6 +108,16 @@ def _chain_parts(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return parts
 
 
+def chains(feeds: Sequence[Optional[Sequence[int]]]) -> "Windows":
+    """Each image's chain of tokens (None: no window) in the cheapest form runner.step takes: an
+    int array [images, W] when every image feeds W tokens (no Window objects, no padding: most
+    steps of a batch, every step at batch 1), else one Window per image."""
+    first = feeds[0] if len(feeds) else None
+    if first is not None and all(f is not None and len(f) == len(first) for f in feeds):
+        return np.array(feeds, dtype=np.int64).reshape(len(feeds), len(first))
+    return [Window.chain(f) if f is not None else None for f in feeds]
+
+
 @functools.lru_cache(maxsize=8)
 def _columns(capacity: int) -> np.ndarray:
     columns = np.arange(capacity)

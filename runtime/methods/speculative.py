@@ -24,7 +24,7 @@ from specrt.runtime.verification import (
     SCHEDULES, AcceptanceRule, ChainOutcomes, CoolRule, LanternRule, VanillaRule, relaxation_schedule,
     rows_by_position, stack_rows, take, theorem2_along_path, verify_chains,
 )
-from specrt.runtime.window import Window
+from specrt.runtime.window import chains
 from specrt.validation import Bool, Choice, Float, Int
 
 MAX_DECAY = 10.0
@@ -93,17 +93,17 @@ class DraftThenVerify(Method):
             q_steps = []  # per draft position, the rows [images, V] the batch's drafts were drawn from
             for step in range(max(draft_lens)):
                 # each drafting image catches its draft up on every token it has not cached (pending + drafts)
-                windows = [Window.chain((tokens[i] + drafts[p])[draft.lengths[p] - cond_len:])
-                           if step < draft_lens[p] else None for p, i in enumerate(images)]
-                out = ctx.run(draft, windows)
-                draft.commit([range(len(w)) if w is not None else None for w in windows])
-                index = np.arange(len(images)), np.array([len(w) - 1 if w is not None else 0 for w in windows])
+                feeds = [(tokens[i] + drafts[p])[draft.lengths[p] - cond_len:] if step < draft_lens[p] else None
+                         for p, i in enumerate(images)]
+                out = ctx.run(draft, chains(feeds))
+                draft.commit([range(len(f)) if f is not None else None for f in feeds])
+                index = np.arange(len(images)), np.array([len(f) - 1 if f is not None else 0 for f in feeds])
                 q_steps.append(take(out.probs, index))  # one gather, a copy: the buffer is reused two steps on
-                for chain, window, token in zip(drafts, windows, out.draws[index].tolist()):
-                    if window is not None:
+                for chain, feed, token in zip(drafts, feeds, out.draws[index].tolist()):
+                    if feed is not None:
                         chain.append(int(token))
-            scored = ctx.run(target, [Window.chain([tokens[i][-1], *drafts[p]]) if draft_lens[p] >= 0 else None
-                                      for p, i in enumerate(images)])
+            scored = ctx.run(target, chains([[tokens[i][-1], *drafts[p]] if draft_lens[p] >= 0 else None
+                                             for p, i in enumerate(images)]))
             verified = [length >= 0 for length in draft_lens]  # the others finished: no window, no drafts
             outcomes = self._verify(ctx, scored, stack_rows(q_steps) if q_steps else None, drafts, rule, verified)
             commits: list[Optional[range]] = []
@@ -132,8 +132,8 @@ class DraftThenVerify(Method):
             images = list(batch.images)
             draft_lens = [min(self.draft_len, total - len(tokens[i]) - 1) for i in images]  # < 0: finished
             drafts, q_rows = drafter.propose_chain(ctx, [max(n, 0) for n in draft_lens])
-            scored = ctx.run(target, [Window.chain([tokens[i][-1], *drafts[p]]) if draft_lens[p] >= 0 else None
-                                      for p, i in enumerate(images)])
+            scored = ctx.run(target, chains([[tokens[i][-1], *drafts[p]] if draft_lens[p] >= 0 else None
+                                             for p, i in enumerate(images)]))
             verified = [length >= 0 for length in draft_lens]
             outcomes = self._verify(ctx, scored, rows_by_position(q_rows), drafts, rule, verified)
             paths: list[Optional[list[int]]] = []
