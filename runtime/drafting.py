@@ -42,6 +42,7 @@ import numpy as np
 
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.runner import ModelRunner, StepOutput
+from specrt.runtime.tree import level_window
 from specrt.runtime.window import Window, chains
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -248,16 +249,7 @@ class ModelDrafter(Drafter):
             new = [n for n in tree.closure(nodes[p]) if n not in staged_at]
             if any(n not in new for n in nodes[p]):
                 raise ValueError("expand: a node asked for was run in an earlier pass of this round")
-            slot = {n: w for w, n in enumerate(new)}
-            seen = np.zeros((len(new), len(staged_at)), dtype=bool)
-            for w, n in enumerate(new):
-                ancestor = tree.parents[n]
-                while ancestor >= 0:
-                    if ancestor in staged_at:
-                        seen[w, staged_at[ancestor]] = True
-                    ancestor = tree.parents[ancestor]
-            windows.append(Window.level([tree.tokens[n] for n in new], [slot.get(tree.parents[n], -1) for n in new],
-                                        [tree.depths[n] for n in new], seen))
+            windows.append(level_window(tree, new, staged_at))
             new_nodes.append(new)
         out = ctx.run(self.runner, windows)
         self.runner.stage([range(len(new)) if trees[p] is not None else None for p, new in enumerate(new_nodes)])
@@ -267,6 +259,20 @@ class ModelDrafter(Drafter):
             slot = {n: w for w, n in enumerate(new)}
             rows[p] = [np.array(out.tree_rows()[p, slot[n]]) for n in nodes[p]]
             self._staged[p].update({n: len(self._staged[p]) + w for w, n in enumerate(new)})
+
+
+def finish_round(ctx: "Decoding", drafter: Drafter, tokens: list[list[int]], images: Sequence[int], scored: StepOutput,
+                 paths: Sequence[Optional[list[int]]], new: Sequence[Optional[list[int]]]) -> None:
+    """After a round's verification: commit each image's accepted path in the target, hand the
+    round to the drafter (rollback, then extend with what was decided) and append the new tokens
+    (accepted drafts + the next token) to each image's sequence; None: the image had no round."""
+    ctx.target.commit(list(paths))
+    drafter.rollback([len(tokens[i]) if n is not None else None for i, n in zip(images, new)])
+    drafter.extend(ctx, list(new), Verified(scored, list(paths)))
+    for i, n in zip(images, new):
+        if n is not None:
+            tokens[i] += n
+            ctx.stats.record_round(len(n))
 
 
 def _staged_path(tree: Any, staged: dict[int, int], accepted: Sequence[int]) -> list[int]:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.drafting import Drafter, Verified
 from specrt.runtime.runner import ModelRunner, StepOutput, window_sizes
+from specrt.runtime.tree import level_window
 from specrt.runtime.window import Window, Windows
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -184,19 +185,8 @@ class EagleDrafter(Drafter):
                 features.append(None)
                 runs.append([])
                 continue
-            staged_at = self._staged[p]
-            run = [n for n in tree.closure(nodes[p]) if n not in staged_at]
-            slot = {n: w for w, n in enumerate(run)}
-            seen = np.zeros((len(run), len(staged_at)), dtype=bool)
-            for w, n in enumerate(run):
-                ancestor = tree.parents[n]
-                while ancestor >= 0:
-                    if ancestor in staged_at:
-                        seen[w, staged_at[ancestor]] = True
-                    ancestor = tree.parents[ancestor]
-            windows.append(Window.level([tree.tokens[n] if n else self._tokens[p][0] for n in run],
-                                        [slot.get(tree.parents[n], -1) for n in run],
-                                        [tree.depths[n] for n in run], seen))
+            run = [n for n in tree.closure(nodes[p]) if n not in self._staged[p]]
+            windows.append(level_window(tree, run, self._staged[p]))  # the root is the pending pair's token
             features.append(np.stack([self._node_features[p][tree.parents[n]] if n else self._features[p][0]
                                       for n in run], axis=1))
             runs.append(run)

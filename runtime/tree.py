@@ -122,6 +122,22 @@ class TokenTree:
         return path[::-1]
 
 
+def level_window(tree: TokenTree, nodes: Sequence[int], staged: dict[int, int]) -> Window:
+    """The window that runs `nodes` of `tree` (in node order, parents first) when the nodes in
+    `staged` (node -> staged cache row, runner.stage) were run earlier this round: each node sits
+    at its depth, sees its parent chain inside the window and its staged ancestors in the cache."""
+    slot = {n: w for w, n in enumerate(nodes)}
+    seen = np.zeros((len(nodes), len(staged)), dtype=bool)
+    for w, node in enumerate(nodes):
+        ancestor = tree.parents[node]
+        while ancestor >= 0:
+            if ancestor in staged:
+                seen[w, staged[ancestor]] = True
+            ancestor = tree.parents[ancestor]
+    return Window.level([tree.tokens[n] for n in nodes], [slot.get(tree.parents[n], -1) for n in nodes],
+                        [tree.depths[n] for n in nodes], seen)
+
+
 # ---- static shapes ------------------------------------------------------------------------------
 
 

@@ -313,15 +313,10 @@ def refuse_partial(path: str | Path) -> None:
                           f"removes it")
 
 
-def read_manifest(path: str | Path, check_hashes: bool = True, partial_ok: bool = False) -> Manifest:
-    """Load a bundle's manifest (`path` is the bundle directory or its manifest.json), validate
-    version, structure and profiles, and check every listed file's size and sha256.
-
-    Raises SpecrtError with one line saying what is wrong. check_hashes=False skips only the
-    sha256 pass (sizes are still checked) for callers that re-open a bundle they just verified.
-    A writer's temporary directory (`.NAME.partial-*`, specrt.bundle_dir) is never a bundle, even
-    with a manifest in it; only the writer itself reads its work back (partial_ok=True).
-    """
+def read_manifest_json(path: str | Path, partial_ok: bool = False) -> tuple[Any, Path]:
+    """(the parsed JSON of a bundle's manifest, its path), for every family's reader: a missing
+    bundle or manifest, an interrupted write's folder (unless partial_ok) and invalid JSON are
+    one line each."""
     path = Path(path)
     manifest_path = path / MANIFEST_NAME if path.is_dir() else path
     if not path.exists():
@@ -331,9 +326,21 @@ def read_manifest(path: str | Path, check_hashes: bool = True, partial_ok: bool 
     if not manifest_path.is_file():
         raise SpecrtError(f"{path} is not a specrt bundle: it has no {MANIFEST_NAME}")
     try:
-        raw = json.loads(manifest_path.read_text())
+        return json.loads(manifest_path.read_text()), manifest_path
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SpecrtError(f"{manifest_path} is not valid JSON: {exc}") from None
+
+
+def read_manifest(path: str | Path, check_hashes: bool = True, partial_ok: bool = False) -> Manifest:
+    """Load a bundle's manifest (`path` is the bundle directory or its manifest.json), validate
+    version, structure and profiles, and check every listed file's size and sha256.
+
+    Raises SpecrtError with one line saying what is wrong. check_hashes=False skips only the
+    sha256 pass (sizes are still checked) for callers that re-open a bundle they just verified.
+    A writer's temporary directory (`.NAME.partial-*`, specrt.bundle_dir) is never a bundle, even
+    with a manifest in it; only the writer itself reads its work back (partial_ok=True).
+    """
+    raw, manifest_path = read_manifest_json(path, partial_ok)
     manifest = parse_manifest(raw, manifest_path.parent)
     verify_files(manifest, check_hashes=check_hashes)
     return manifest

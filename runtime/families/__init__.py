@@ -12,7 +12,6 @@ beside these plug-ins plus one line in FAMILIES.
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ FAMILIES: dict[str, str] = {
     "continuous": "specrt.runtime.families.continuous",  # MAR-style diffusion-head models (cspd)
 }
 DEFAULT_FAMILY = "llamagen"  # manifests written before families were named carry none
-MANIFEST_NAME = "manifest.json"
 
 
 def family(name: str) -> Family:
@@ -40,19 +38,9 @@ def read_bundle(path: str | Path) -> tuple[Family, dict[str, Any]]:
     """(the bundle's family, its raw manifest): the file is read and parsed once, and what is wrong
     with it (missing, not JSON, not an object, an unknown family, an interrupted write's temporary
     folder) is one line before any family's own code runs."""
-    from specrt.manifest import refuse_partial
+    from specrt.manifest import read_manifest_json
 
-    path = Path(path)
-    manifest_path = path / MANIFEST_NAME if path.is_dir() else path
-    if not path.exists():
-        raise SpecrtError(f"bundle {path} does not exist")
-    refuse_partial(manifest_path.parent)
-    if not manifest_path.is_file():
-        raise SpecrtError(f"{path} is not a specrt bundle: it has no {MANIFEST_NAME}")
-    try:
-        raw = json.loads(manifest_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SpecrtError(f"{manifest_path} is not valid JSON: {exc}") from None
+    raw, manifest_path = read_manifest_json(path)
     if not isinstance(raw, dict):
         raise SpecrtError(f"{manifest_path} must hold a JSON object, not {type(raw).__name__}")
     name = raw.get("family", DEFAULT_FAMILY)
@@ -70,3 +58,14 @@ def open_bundle(path: str | Path, backend: str = "ort", threads: int | None = No
 def bundle_family(path: str | Path) -> str:
     """The name of the family a bundle holds (its manifest read and checked, read_bundle)."""
     return read_bundle(path)[0].name
+
+
+def pipeline_family(pipeline: Any) -> Family:
+    """The family whose pipeline class `pipeline` is an instance of (serving gets pipelines built
+    elsewhere too: an embedded demo's); matched by the class's module and name, importing nothing."""
+    names = {f"{cls.__module__}:{cls.__qualname__}" for cls in type(pipeline).__mro__}
+    for name in FAMILIES:
+        plugin = family(name)
+        if getattr(plugin, "pipeline_class", None) in names:
+            return plugin
+    raise SpecrtError(f"{type(pipeline).__name__} is no registered family's pipeline ({', '.join(FAMILIES)})")

@@ -15,7 +15,7 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
-from specrt.runtime.drafting import ModelDrafter, Verified, make_drafter
+from specrt.runtime.drafting import ModelDrafter, finish_round, make_drafter
 from specrt.runtime.methods.base import Batched, Decoding, Method
 from specrt.runtime.methods.tree_loop import generate_trees
 from specrt.runtime.runner import ModelRunner, StepOutput
@@ -142,13 +142,7 @@ class DraftThenVerify(Method):
                                                       outcomes.next_tokens.tolist())):
                 paths.append(list(range(accepted + 1)) if verified[p] else None)
                 new.append(drafts[p][:accepted] + [token] if verified[p] else None)
-            target.commit(paths)
-            drafter.rollback([len(tokens[i]) if n is not None else None for i, n in zip(images, new)])
-            drafter.extend(ctx, new, Verified(scored, paths))
-            for i, n in zip(images, new):
-                if n is not None:
-                    tokens[i] += n
-                    ctx.stats.record_round(len(n))
+            finish_round(ctx, drafter, tokens, images, scored, paths, new)
         return np.asarray(tokens, dtype=np.int64)
 
     def _verify(self, ctx: Decoding, scored: StepOutput, q_block: Any, drafts: list[list[int]], rule: AcceptanceRule,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 
 from specrt.runtime.conditions import Conditions
-from specrt.runtime.drafting import Verified, make_drafter
+from specrt.runtime.drafting import finish_round, make_drafter
 from specrt.runtime.methods.base import Batched, Decoding
 from specrt.runtime.tree import DynamicGrowth, StaticGrowth, grow_trees, static_shape
 from specrt.runtime.verification import verify_tree
@@ -53,13 +53,7 @@ def generate_trees(method: "DraftThenVerify", ctx: Decoding, conditions: Conditi
         with ctx.stats.timing("verification"):
             outcomes = [verify_tree(scored.probs[p], tree, rule, ctx.rngs[p], scored.draws[p])
                         if tree is not None else None for p, tree in enumerate(trees)]
-        paths = [outcome.path if outcome is not None else None for outcome in outcomes]
-        target.commit(paths)
-        new = [outcome.accepted + [outcome.next_token] if outcome is not None else None for outcome in outcomes]
-        drafter.rollback([len(tokens[i]) if n is not None else None for i, n in zip(images, new)])
-        drafter.extend(ctx, new, Verified(scored, paths))
-        for i, n in zip(images, new):
-            if n is not None:
-                tokens[i] += n
-                ctx.stats.record_round(len(n))
+        finish_round(ctx, drafter, tokens, images, scored,
+                     [outcome.path if outcome is not None else None for outcome in outcomes],
+                     [outcome.accepted + [outcome.next_token] if outcome is not None else None for outcome in outcomes])
     return np.asarray(tokens, dtype=np.int64)
