@@ -7,7 +7,6 @@ through to loading (or was ignored) shows as that failure instead of exit 2.
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
