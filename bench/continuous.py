@@ -105,7 +105,7 @@ def run_continuous(pipe: Any, settings: Sequence[ContinuousSetting], images: int
             row, stats = rows[setting], result.stats
             row.latencies.append(result.seconds[0])
             row.tokens += stats.tokens
-            row.target_passes += stats.target_passes
+            row.target_passes += stats.target_forwards  # per image (one image per call here)
             row.drafted += stats.drafted
             row.accepted += stats.accepted
             row.residual_proposals += stats.residual_proposals

@@ -7,8 +7,10 @@
 Beside runtime/pipeline.py's Pipeline (discrete tokens, sampling heads inside the graphs), not
 a subclass: the runners, methods and formulas are the continuous ones (continuous_runner,
 methods/continuous, continuous). Sampling defaults come from the bundle's manifest (the demo's
-from its mar.json); each keyword given overrides that key. Image i of a call uses seed + i, so
-an image does not depend on what else is in the batch.
+from its mar.json); each keyword given overrides that key. The images of a call are decoded
+together in one pass (in passes of `max_images` when there are more); image i draws all its
+randomness from its own stream seeded with seed + i (or seed[i]), so it is the same image alone
+or in any batch, as in the discrete Pipeline.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import numpy as np
 
 from specrt import validation
 from specrt.errors import SpecrtError
+from specrt.manifest import DEFAULT_MAX_IMAGES
 from specrt.runtime.continuous_runner import ContinuousRunner
 from specrt.runtime.methods.continuous import ContinuousDecoding, ContinuousStats, make_continuous_method
 
@@ -34,7 +37,7 @@ class ContinuousResult:
     tokens: np.ndarray                 # [N, seq_len, C] float32
     images: Optional[np.ndarray]       # uint8 [N, H, W, 3], None when not decoded
     stats: ContinuousStats
-    seconds: list[float]               # per image: generation (without the decode)
+    seconds: list[float]               # per image: the generation of its pass (without the decode)
     sampling: dict[str, Any]
 
 
@@ -46,39 +49,53 @@ def to_pixels(images: np.ndarray) -> np.ndarray:
 
 
 class ContinuousPipeline:
-    """A continuous target, an optional draft and an optional tokenizer decoder; calls take turns."""
+    """A continuous target, an optional draft and an optional tokenizer decoder; calls take turns.
+
+    `max_images`: images decoded together in one pass (the discrete Pipeline's limit, 32 by
+    default); a call with more runs in several passes, the same images either way."""
 
     def __init__(self, target: ContinuousRunner, draft: Optional[ContinuousRunner],
                  decoder: Optional[Callable[[np.ndarray], np.ndarray]], sampling_defaults: dict[str, Any],
-                 source: str = ""):
+                 source: str = "", max_images: Optional[int] = None):
         self.target, self.draft, self.decoder = target, draft, decoder
         self.sampling_defaults = {**FALLBACK_SAMPLING, **sampling_defaults}
         self.source = source
+        self.max_images = validation.count("max_images", max_images) if max_images is not None else DEFAULT_MAX_IMAGES
         self._lock = threading.Lock()
 
     @classmethod
-    def from_bundle(cls, bundle_dir: str | Path, backend: str = "onnxruntime") -> "ContinuousPipeline":
+    def from_bundle(cls, bundle_dir: str | Path, backend: str = "onnxruntime",
+                    max_images: Optional[int] = None) -> "ContinuousPipeline":
         """Everything from the bundle's manifest: models, decoder, sampling defaults."""
         from specrt.runtime.continuous_bundle import open_decoder, open_runner, read_continuous_manifest
 
         manifest = read_continuous_manifest(bundle_dir)
         return cls(open_runner(bundle_dir, "target", backend), open_runner(bundle_dir, "draft", backend),
                    open_decoder(bundle_dir, backend), manifest.get("sampling_defaults", {}),
-                   str(manifest.get("source", bundle_dir)))
+                   str(manifest.get("source", bundle_dir)), max_images)
 
     @property
     def num_classes(self) -> int:
         return self.target.spec.num_classes
 
-    def generate(self, class_ids: Sequence[int], method: str = "ar", seed: int = 0, decode: bool = True,
-                 **kwargs: Any) -> ContinuousResult:
+    def generate(self, class_ids: Sequence[int] | int, method: str = "ar", seed: int | Sequence[int] = 0,
+                 decode: bool = True, **kwargs: Any) -> ContinuousResult:
         """Images for `class_ids` with `method` (ar, cspd); keyword arguments are sampling keys
-        (cfg_scale, temperature, cfg_schedule) or the method's parameters."""
+        (cfg_scale, temperature, cfg_schedule) or the method's parameters.
+
+        All images are decoded together, in one pass (passes of `max_images` when there are
+        more). Image i draws its randomness from its own stream, seeded with `seed + i` (or
+        `seed[i]` when a seed per image is given), so generate([a, b], seed=s)'s second image is
+        generate([b], seed=s + 1)'s only one."""
+        from specrt.runtime.pipeline import image_seeds
+
         sampling = {**self.sampling_defaults, **{k: kwargs.pop(k) for k in list(kwargs) if k in SAMPLING_KEYS}}
         strategy = make_continuous_method(method, **kwargs)
-        validation.seed(seed, "seed")
+        if isinstance(class_ids, (int, np.integer)):
+            class_ids = [class_ids]
         ids = np.asarray([validation.integer("class id", c, low=0, high=self.num_classes - 1) for c in class_ids],
                          dtype=np.int64)
+        seeds = image_seeds(seed, len(ids))
         if not len(ids):
             raise SpecrtError("generate needs at least one class id")
         if strategy.needs_draft and self.draft is None:
@@ -87,12 +104,13 @@ class ContinuousPipeline:
             raise SpecrtError(f"{self.source or 'this model'} has no tokenizer decoder: generate tokens only (decode=False)")
         with self._lock:
             stats, tokens, seconds = ContinuousStats(), [], []
-            for i, class_id in enumerate(ids):
+            for first in range(0, len(ids), self.max_images):
+                part = slice(first, first + self.max_images)
                 ctx = ContinuousDecoding(self.target, self.draft if strategy.needs_draft else None,
-                                         np.random.default_rng(seed + i), stats=stats, **sampling)
+                                         [np.random.default_rng(s) for s in seeds[part]], stats=stats, **sampling)
                 start = time.perf_counter()
-                tokens.append(strategy.generate(ctx, ids[i : i + 1])[0])
-                seconds.append(time.perf_counter() - start)
-            tokens = np.stack(tokens)
+                tokens.append(strategy.generate(ctx, ids[part]))
+                seconds += [time.perf_counter() - start] * len(ids[part])
+            tokens = np.concatenate(tokens)
             images = to_pixels(self.decoder(tokens)) if decode else None
         return ContinuousResult(tokens, images, stats, seconds, sampling)

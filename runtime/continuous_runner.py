@@ -3,23 +3,33 @@
 Beside runtime/runner.py's ModelRunner (discrete heads that sample on the device), not a
 subclass of it: the step here returns the per-token condition z instead of probabilities,
 and sampling is a chain of diffusion-head calls the method drives (runtime/continuous.py).
-The runner owns the KV cache [L, B, H, capacity, hd] (B = 1, or 2 for CFG's [cond; uncond]
-rows; allocated when B changes), feeds the committed rows as the step graph's past, keeps the
-window's present rows, and `commit(n)` appends the first n of them, so a rejected draft costs
-nothing. Under CFG the head runs on both rows and guides ε̂ (continuous.guided_eps) before the
-chain uses it. Backends implement two hooks.
+It has the same shape for batches, though: the runner decodes a batch of images, model rows
+[image 0..N−1] or, under CFG, [images; their unconditional twins] (row i + N is image i's
+twin, class id num_classes). It owns the KV cache [L, rows, H, seq_len + 1, hd] (allocated when
+the rows change) and each image's committed length (`lengths`, shared by its twin): `step`
+runs one window per image after its own cache (ragged: shorter windows are padded, a pad slot
+sits at the image's next position and sees only the image's cache and itself, and is never
+committed), `commit(counts)` appends the first n_i present rows of image i's window, so a
+rejected draft costs nothing, `truncate` rolls images back and `retain` drops finished images.
+Under CFG the head runs on both rows of every chain and guides ε̂ (continuous.guided_eps)
+before the chain uses it. Backends implement two hooks.
 """
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime import continuous
 from specrt.runtime.continuous import Schedule
+
+# What step takes: one [W,C] window for every image, [N,W,C] (one per image, all W wide), or a
+# list with one [W_i,C] window per image (None: nothing to run for that image).
+ContinuousWindows = Union[np.ndarray, Sequence[Optional[np.ndarray]]]
 
 
 @dataclass(frozen=True)
@@ -42,31 +52,53 @@ class ContinuousSpec:
         return continuous.ddpm_schedule(self.schedule, self.diffusion_steps, self.beta_start, self.beta_end)
 
 
-class ContinuousRunner(ABC):
-    """One continuous model (target or draft) decoding one image at a time.
+def step_inputs(lengths: np.ndarray, sizes: np.ndarray, width: int, past: int,
+                seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """positions [N,W] int64 and attention_mask [N,W,past+W] bool of a ragged window.
 
-    Counters: `forwards` (transformer steps), `head_calls` (diffusion-head calls),
-    `forward_seconds` (time inside both).
+    Image i has `lengths[i]` committed positions and a window of `sizes[i]` ≤ W slots: slot w
+    sits at position lengths[i] + w and sees the image's cache (columns < lengths[i] of the
+    `past` passed) and the window's slots up to itself; a pad slot (w ≥ sizes[i]) sits at the
+    image's next positions (clamped to the table) and sees the cache and itself only."""
+    slots = np.arange(width)
+    positions = np.minimum(lengths[:, None] + slots[None, :], seq_len).astype(np.int64)
+    mask = np.empty((len(lengths), width, past + width), dtype=bool)
+    mask[:, :, :past] = np.arange(past)[None, None, :] < lengths[:, None, None]
+    causal = slots[:, None] >= slots[None, :]
+    real = slots[None, :] < sizes[:, None]
+    mask[:, :, past:] = np.where(real[:, :, None], causal[None], np.eye(width, dtype=bool)[None])
+    return positions, mask
+
+
+class ContinuousRunner(ABC):
+    """One continuous model (target or draft) decoding a batch of images.
+
+    Counters: `forwards` (transformer steps, one per graph run), `image_forwards` (images those
+    runs advanced), `head_calls` (diffusion-head calls), `forward_seconds` (time inside both).
     """
+
+    # Finished images leave the batch at once (Batched.drop): moving KV rows is cheap next to a step.
+    retain_share = 0.0
 
     def __init__(self, spec: ContinuousSpec):
         self.spec = spec
         self.schedule = spec.diffusion()
-        self.length = 0
-        self.forwards = self.head_calls = 0
+        self.lengths = np.zeros(0, dtype=np.int64)  # committed positions of each image (position 0 = class)
+        self.forwards = self.image_forwards = self.head_calls = 0
         self.forward_seconds = 0.0
         self.cfg_scale = 1.0
-        self._class_ids = np.zeros(1, dtype=np.int64)
+        self._class_ids = np.zeros(0, dtype=np.int64)
         self._k = self._v = np.zeros((spec.n_layer, 0, spec.n_head, 0, spec.head_dim), dtype=np.float32)
         self._present: tuple[np.ndarray, np.ndarray] | None = None
+        self._sizes = np.zeros(0, dtype=np.int64)  # the last window's size per image
 
     # ---- hooks a backend implements ------------------------------------------------------
 
     @abstractmethod
-    def _transformer(self, tokens: np.ndarray, class_ids: np.ndarray, positions: np.ndarray,
+    def _transformer(self, tokens: np.ndarray, class_ids: np.ndarray, positions: np.ndarray, mask: np.ndarray,
                      past_k: np.ndarray, past_v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """tokens [1,W,C] f32, class_ids [1] i64, positions [W] i64, past [L,1,H,P,hd] ->
-        (z [1,W,D], present_k, present_v [L,1,H,W,hd])."""
+        """tokens [B,W,C] f32, class_ids [B] i64, positions [B,W] i64, mask [B,W,P+W] bool,
+        past [L,B,H,P,hd] -> (z [B,W,D], present_k, present_v [L,B,H,W,hd])."""
 
     @abstractmethod
     def _head(self, x: np.ndarray, t: np.ndarray, z: np.ndarray) -> np.ndarray:
@@ -74,55 +106,122 @@ class ContinuousRunner(ABC):
 
     # ---- the interface the continuous methods use ----------------------------------------------
 
-    def start(self, class_id: int, cfg_scale: float = 1.0) -> None:
-        """Begin an image of `class_id`: empty cache; rows [class] or, when cfg_scale != 1,
-        [class; unconditional] (class id num_classes)."""
-        rows = [class_id] if cfg_scale == 1.0 else [class_id, self.spec.num_classes]
-        self._class_ids = np.array(rows, dtype=np.int64)
-        self.cfg_scale = cfg_scale
-        shape = (self.spec.n_layer, len(rows), self.spec.n_head, self.spec.seq_len + 1, self.spec.head_dim)
-        if self._k.shape != shape:
-            self._k = np.zeros(shape, dtype=np.float32)
-            self._v = np.zeros(shape, dtype=np.float32)
-        self.length = 0
+    @property
+    def capacity(self) -> int:
+        """Positions per image: the class token and seq_len tokens."""
+        return self.spec.seq_len + 1
+
+    @property
+    def images(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def pairs(self) -> int:
+        """Model rows per image: 1, or 2 under CFG ([cond; uncond])."""
+        return len(self._class_ids) // self.images if self.images else 1
 
     @property
     def class_ids(self) -> np.ndarray:
-        """The model rows of the current image: [class] or [class; unconditional]."""
+        """The model rows of the batch: [classes] or [classes; unconditional]."""
         return self._class_ids
 
-    def truncate(self, length: int) -> None:
-        """Roll back to `length` committed positions (position 0 is the class token)."""
-        self.length = min(self.length, length)
+    @property
+    def length(self) -> int:
+        """The committed length shared by every image (one image, or lockstep); ragged batches
+        read `lengths`."""
+        if len(self.lengths) and np.any(self.lengths != self.lengths[0]):
+            raise ValueError("the images of this batch have different lengths: read runner.lengths")
+        return int(self.lengths[0]) if len(self.lengths) else 0
 
-    def step(self, tokens: np.ndarray) -> np.ndarray:
-        """Run positions length .. length+W−1 (inputs: the class token at position 0, token j at
-        position j+1; `tokens` [W,C] holds the window's inputs, its row for position 0 is
-        ignored). Returns z [B,W,D]: column w conditions the token at position length+w."""
-        rows = len(self._class_ids)
-        tokens = np.ascontiguousarray(np.broadcast_to(np.asarray(tokens, dtype=np.float32).reshape(1, -1, self.spec.token_dim),
-                                                      (rows, len(tokens), self.spec.token_dim)))
-        width = tokens.shape[1]
-        if self.length + width > self.spec.seq_len + 1:
-            raise SpecrtError(f"window of {width} at length {self.length} runs past {self.spec.seq_len} tokens")
-        positions = np.arange(self.length, self.length + width, dtype=np.int64)
-        past_k = np.ascontiguousarray(self._k[:, :, :, : self.length])
-        past_v = np.ascontiguousarray(self._v[:, :, :, : self.length])
+    def start(self, class_ids: int | Sequence[int] | np.ndarray, cfg_scale: float = 1.0) -> None:
+        """Begin a batch of images of these classes: empty caches; rows [classes] or, when
+        cfg_scale != 1, [classes; unconditional] (class id num_classes)."""
+        ids = np.atleast_1d(np.asarray(class_ids, dtype=np.int64))
+        rows = ids if cfg_scale == 1.0 else np.concatenate([ids, np.full_like(ids, self.spec.num_classes)])
+        self._class_ids = rows
+        self.cfg_scale = cfg_scale
+        shape = (self.spec.n_layer, len(rows), self.spec.n_head, self.capacity, self.spec.head_dim)
+        if self._k.shape != shape:
+            self._k = np.zeros(shape, dtype=np.float32)
+            self._v = np.zeros(shape, dtype=np.float32)
+        self.lengths = np.zeros(len(ids), dtype=np.int64)
+        self._sizes = np.zeros(len(ids), dtype=np.int64)
+        self._present = None
+
+    def truncate(self, lengths: int | Sequence[int] | np.ndarray) -> None:
+        """Roll back to `lengths` committed positions (one for every image, or one per image)."""
+        np.minimum(self.lengths, np.asarray(lengths, dtype=np.int64), out=self.lengths)
+
+    def step(self, windows: ContinuousWindows) -> np.ndarray:
+        """Run each image's window after its committed positions (inputs: the class token at
+        position 0, token j at position j+1; a window's row for position 0 is ignored).
+
+        Returns z [rows, W, D] in model-row order (W the longest window; `by_image` gives
+        [pairs, N, W, D]): column w of image i conditions the token at position lengths[i] + w.
+        Columns past an image's own window are padding: never read, never committed."""
+        per_image = self._windows(windows)
+        sizes = np.array([0 if w is None else len(w) for w in per_image], dtype=np.int64)
+        width = max(int(sizes.max()), 1)
+        if int((self.lengths + sizes).max()) > self.capacity:
+            raise SpecrtError(f"windows of {sizes.tolist()} at lengths {self.lengths.tolist()} run past "
+                              f"{self.spec.seq_len} tokens")
+        tokens = np.zeros((self.images, width, self.spec.token_dim), dtype=np.float32)
+        for i, window in enumerate(per_image):
+            if window is not None and len(window):
+                tokens[i, : len(window)] = window
+        past = int(self.lengths.max())
+        positions, mask = step_inputs(self.lengths, sizes, width, past, self.spec.seq_len)
+        pairs = self.pairs
+        if pairs > 1:  # the CFG twins run the same window at the same positions
+            tokens, positions, mask = (np.concatenate([a] * pairs) for a in (tokens, positions, mask))
+        past_k = np.ascontiguousarray(self._k[:, :, :, :past])
+        past_v = np.ascontiguousarray(self._v[:, :, :, :past])
         start = time.perf_counter()
-        z, present_k, present_v = self._transformer(tokens, self._class_ids, positions, past_k, past_v)
+        z, present_k, present_v = self._transformer(tokens, self._class_ids, positions, mask, past_k, past_v)
         self.forward_seconds += time.perf_counter() - start
         self.forwards += 1
-        self._present = (present_k, present_v)
+        self.image_forwards += int(np.count_nonzero(sizes))
+        self._present = (np.asarray(present_k), np.asarray(present_v))
+        self._sizes = sizes
         return np.asarray(z, dtype=np.float32)
 
-    def commit(self, count: int) -> None:
-        """Append the first `count` rows of the last window to the cache."""
-        if count <= 0:
+    def by_image(self, z: np.ndarray) -> np.ndarray:
+        """A step's z [rows, W, D] as [pairs, N, W, D]: z4[:, i, w] is image i's slot w, [cond; uncond]."""
+        return z.reshape(self.pairs, self.images, *z.shape[1:])
+
+    def commit(self, counts: int | Sequence[int] | np.ndarray) -> None:
+        """Append the first counts[i] present rows of image i's last window (its CFG twin alike)
+        at its committed length; one count for every image, or one per image (0: nothing)."""
+        counts = np.broadcast_to(np.asarray(counts, dtype=np.int64), (self.images,))
+        if not counts.any():
             return
+        if np.any(counts < 0) or np.any(counts > self._sizes):
+            raise ValueError(f"cannot commit {counts.tolist()} rows of windows of {self._sizes.tolist()}")
         present_k, present_v = self._present
-        self._k[:, :, :, self.length : self.length + count] = present_k[:, :, :, :count]
-        self._v[:, :, :, self.length : self.length + count] = present_v[:, :, :, :count]
-        self.length += count
+        if (counts == counts[0]).all() and (self.lengths == self.lengths[0]).all():  # lockstep: one block copy
+            start, count = int(self.lengths[0]), int(counts[0])
+            self._k[:, :, :, start : start + count] = present_k[:, :, :, :count]
+            self._v[:, :, :, start : start + count] = present_v[:, :, :, :count]
+        else:
+            image = np.repeat(np.arange(self.images), counts)
+            slots = np.concatenate([np.arange(n) for n in counts])
+            rows = np.concatenate([image + self.images * k for k in range(self.pairs)])
+            columns, slots = np.tile(slots + self.lengths[image], self.pairs), np.tile(slots, self.pairs)
+            self._k[:, rows, :, columns] = present_k[:, rows, :, slots]
+            self._v[:, rows, :, columns] = present_v[:, rows, :, slots]
+        self.lengths += counts
+
+    def retain(self, images: Sequence[int]) -> None:
+        """Keep only these images (positions in the batch, in order) with their CFG twins: finished
+        images leave the batch, and later steps cost nothing for them."""
+        keep = np.asarray(images, dtype=np.int64)
+        if len(keep) == self.images and np.array_equal(keep, np.arange(self.images)):
+            return
+        rows = np.concatenate([keep + self.images * k for k in range(self.pairs)])
+        self._k, self._v = np.ascontiguousarray(self._k[:, rows]), np.ascontiguousarray(self._v[:, rows])
+        self._class_ids = self._class_ids[rows]
+        self.lengths, self._sizes = self.lengths[keep], self._sizes[keep]
+        self._present = None
 
     def head(self, x: np.ndarray, t: np.ndarray, z: np.ndarray) -> np.ndarray:
         start = time.perf_counter()
@@ -134,8 +233,9 @@ class ContinuousRunner(ABC):
 
     def guided_head(self, x: np.ndarray, t: np.ndarray, z: np.ndarray,
                     cfg_scales: np.ndarray | None = None) -> np.ndarray:
-        """ε̂ for rows x [R,C] under conditions z [B,R,D]: the head itself, or guided under CFG
-        (each row at its cfg_scales entry [R], default the image's cfg_scale)."""
+        """ε̂ for chain rows x [R,C] under conditions z [pairs,R,D]: the head itself, or guided under
+        CFG (each row at its cfg_scales entry [R], default the batch's cfg_scale). The rows may
+        belong to any images: the head treats every row on its own."""
         if len(z) == 1:
             return self.head(x, t, z[0])
         eps = self.head(np.concatenate([x, x]), np.concatenate([t, t]), np.concatenate([z[0], z[1]]))
@@ -144,9 +244,25 @@ class ContinuousRunner(ABC):
 
     def sample(self, z: np.ndarray, noise: np.ndarray, temperature: float,
                cfg_scales: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens from conditions z [B,R,D] on noise [T+1,R,C]: (x_0, last-step mean), see
+        """Tokens from conditions z [pairs,R,D] on noise [T+1,R,C]: (x_0, last-step mean), see
         continuous.chain; cfg_scales [R] are the rows' guidance scales (continuous.cfg_scales)."""
         if cfg_scales is None:
             return continuous.chain(self.guided_head, z, noise, self.schedule, temperature)
         return continuous.chain(lambda x, t, zz: self.guided_head(x, t, zz, cfg_scales), z, noise,
                                 self.schedule, temperature)
+
+    def reset_counters(self) -> None:
+        self.forwards = self.image_forwards = self.head_calls = 0
+        self.forward_seconds = 0.0
+
+    def _windows(self, windows: ContinuousWindows) -> list[Optional[np.ndarray]]:
+        if isinstance(windows, np.ndarray):
+            if windows.ndim == 2:
+                return [windows] * self.images
+            if windows.ndim != 3 or len(windows) != self.images:
+                raise ValueError(f"windows of shape {windows.shape} for a batch of {self.images} images")
+            return list(windows)
+        windows = list(windows)
+        if len(windows) != self.images:
+            raise ValueError(f"{len(windows)} windows for a batch of {self.images} images")
+        return windows

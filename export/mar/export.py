@@ -1,10 +1,13 @@
 """ONNX graphs of the continuous family and the bundle that holds them.
 
 Per model role (target, draft) two graphs, both with dynamic rows:
-  <role>_step.onnx  tokens [B,W,C] f32, class_ids [B] i64, positions [W] i64,
-                    past_k, past_v [L,B,H,P,hd] f32  ->  z [B,W,D], present_k, present_v [L,B,H,W,hd]
-                    (B in {1, 2}: CFG's [class; unconditional]; W >= 1 and P >= 0 dynamic;
-                    the KV cache is the runtime's, runtime/continuous_runner.py)
+  <role>_step.onnx  tokens [B,W,C] f32, class_ids [B] i64, positions [B,W] i64,
+                    attention_mask [B,W,P+W] bool, past_k, past_v [L,B,H,P,hd] f32
+                    ->  z [B,W,D], present_k, present_v [L,B,H,W,hd]
+                    (B rows: the images of a batch, then under CFG their unconditional twins;
+                    each row its own positions and mask, so images of one pass may have
+                    different committed lengths; W >= 1 and P >= 0 dynamic; the KV cache is
+                    the runtime's, runtime/continuous_runner.py)
   <role>_head.onnx  x [R,C] f32, t [R] i64, z [R,D] f32  ->  eps [R,C]   (R dynamic)
 and, when the bundle has a tokenizer decoder (the continuous demo's KL autoencoder):
   decoder.onnx      tokens [N, seq_len, C] f32  ->  images [N, 3, H, W] f32 in about [-1, 1]   (N dynamic)
@@ -24,9 +27,9 @@ from specrt.export.mar.autoencoder import TokenDecoder
 from specrt.export.mar.model import MAR
 
 FAMILY = "continuous"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-row positions and an attention mask (batches of images); 1: one image
 OPSET = 17
-STEP_INPUTS = ("tokens", "class_ids", "positions", "past_k", "past_v")
+STEP_INPUTS = ("tokens", "class_ids", "positions", "attention_mask", "past_k", "past_v")
 STEP_OUTPUTS = ("z", "present_k", "present_v")
 HEAD_INPUTS = ("x", "t", "z")
 HEAD_OUTPUTS = ("eps",)
@@ -39,8 +42,8 @@ class _Step(torch.nn.Module):
         super().__init__()
         self.transformer = model.transformer
 
-    def forward(self, tokens, class_ids, positions, past_k, past_v):
-        return self.transformer.step(tokens, class_ids, positions, past_k, past_v)
+    def forward(self, tokens, class_ids, positions, attention_mask, past_k, past_v):
+        return self.transformer.step(tokens, class_ids, positions, past_k, past_v, attention_mask)
 
 
 class _Head(torch.nn.Module):
@@ -57,15 +60,17 @@ def export_step(model: MAR, path: Path) -> None:
     cfg = model.cfg
     past = torch.zeros(cfg.n_layer, 2, cfg.n_head, 1, cfg.head_dim)
     window = min(2, cfg.seq_len)  # example positions 1..window stay inside the position table
+    mask = torch.ones(window, 1 + window, dtype=torch.bool).tril(diagonal=1)
     examples = (torch.zeros(2, window, cfg.token_dim), torch.tensor([0, cfg.num_classes]),
-                torch.arange(1, window + 1), past, past.clone())
+                torch.arange(1, window + 1).repeat(2, 1), mask.repeat(2, 1, 1), past, past.clone())
     kv_axes = {1: "batch", 3: "past_len"}
     rows = {0: "batch", 1: "window"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(_Step(model).eval(), examples, str(path), dynamo=False, opset_version=OPSET,
                           input_names=list(STEP_INPUTS), output_names=list(STEP_OUTPUTS),
-                          dynamic_axes={"tokens": rows, "class_ids": {0: "batch"}, "positions": {0: "window"},
+                          dynamic_axes={"tokens": rows, "class_ids": {0: "batch"}, "positions": rows,
+                                        "attention_mask": {0: "batch", 1: "window", 2: "total_len"},
                                         "past_k": kv_axes, "past_v": kv_axes, "z": rows,
                                         "present_k": {1: "batch", 3: "window"}, "present_v": {1: "batch", 3: "window"}})
 
@@ -137,30 +142,37 @@ def export_bundle(target: MAR, draft: MAR | None, out_dir: str | Path, decoder: 
 def verify_bundle(bundle_dir: str | Path, atol: float = 1e-4) -> list[str]:
     """Run every graph of a continuous bundle on onnxruntime and its weights on PyTorch over
     windows 1 and 3 after caches of 0 and 2 positions, for one row and for CFG's two (class,
-    unconditional), and head batches of 1 and 5 rows;
+    unconditional), over a ragged batch (rows at different committed lengths, a padded window),
+    and head batches of 1 and 5 rows;
     one line per check. Raises SpecrtError on the first disagreement beyond `atol`."""
     import numpy as np
 
     from specrt.errors import SpecrtError
     from specrt.runtime.continuous_bundle import open_decoder, open_runner, read_continuous_manifest
+    from specrt.runtime.continuous_runner import step_inputs
 
     lines = []
     rng = np.random.default_rng(0)
     for role in read_continuous_manifest(bundle_dir)["models"]:
         ort_runner, torch_runner = open_runner(bundle_dir, role), open_runner(bundle_dir, role, "torch")
         spec = ort_runner.spec
-        cases = [(b, p, w) for b in (1, 2) for p in (0, 2) for w in (1, 3) if p + w <= spec.seq_len + 1]
-        for batch, past, window in cases:
-            past_kv = rng.standard_normal((2, spec.n_layer, batch, spec.n_head, past, spec.head_dim)).astype(np.float32)
-            class_ids = np.array([0, spec.num_classes][:batch], np.int64)
-            args = (rng.standard_normal((batch, window, spec.token_dim)).astype(np.float32), class_ids,
-                    np.arange(past, past + window, dtype=np.int64), past_kv[0], past_kv[1])
+        cases = [(f"rows {b} past {p} window {w}", [p] * b, [w] * b, [0, spec.num_classes][:b])
+                 for b in (1, 2) for p in (0, 2) for w in (1, 3) if p + w <= spec.seq_len + 1]
+        if spec.seq_len >= 2:  # three rows at lengths 0, 2, 1 with windows 2, 1, 0 (pads)
+            cases.append(("ragged rows 3 past 0/2/1 window 2/1/0", [0, 2, 1], [2, 1, 0], [0, spec.num_classes, 1]))
+        for name, lengths, sizes, class_ids in cases:
+            lengths, sizes = np.array(lengths, np.int64), np.array(sizes, np.int64)
+            past, width = int(lengths.max()), max(int(sizes.max()), 1)
+            positions, mask = step_inputs(lengths, sizes, width, past, spec.seq_len)
+            past_kv = rng.standard_normal((2, spec.n_layer, len(lengths), spec.n_head, past, spec.head_dim)
+                                          ).astype(np.float32)
+            args = (rng.standard_normal((len(lengths), width, spec.token_dim)).astype(np.float32),
+                    np.array(class_ids, np.int64), positions, mask, past_kv[0], past_kv[1])
             for got, want in zip(ort_runner._transformer(*args), torch_runner._transformer(*args)):
                 worst = float(np.abs(np.asarray(got) - np.asarray(want)).max())
                 if worst > atol:
-                    raise SpecrtError(f"{role} step (rows {batch}, past {past}, window {window}): "
-                                      f"onnxruntime and torch differ by {worst:.2e}")
-            lines.append(f"{role} step rows {batch} past {past} window {window}: ok")
+                    raise SpecrtError(f"{role} step ({name}): onnxruntime and torch differ by {worst:.2e}")
+            lines.append(f"{role} step {name}: ok")
         for rows in (1, 5):
             args = (rng.standard_normal((rows, spec.token_dim)).astype(np.float32),
                     rng.integers(0, spec.diffusion_steps, rows).astype(np.int64),

@@ -68,12 +68,12 @@ class Attention(nn.Module):
         self.proj = nn.Linear(cfg.dim, cfg.dim)
 
     def forward(self, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor, mask: torch.Tensor):
-        # x [B,W,D]; past_k/v [B,H,P,hd]; mask [W, P+W] bool (True = may attend)
+        # x [B,W,D]; past_k/v [B,H,P,hd]; mask [B, W, P+W] bool (True = may attend)
         b, w, _ = x.shape
         q, k, v = self.qkv(x).view(b, w, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
         scores = (q @ keys.transpose(-1, -2)) / math.sqrt(self.head_dim)
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores = scores.masked_fill(~mask[:, None], float("-inf"))
         out = (scores.softmax(-1) @ values).transpose(1, 2).reshape(b, w, -1)
         return self.proj(out), k, v
 
@@ -111,27 +111,33 @@ class MARTransformer(nn.Module):
         self.fake_latent = nn.Parameter(torch.zeros(1, cfg.dim))
 
     def step(self, tokens: torch.Tensor, class_ids: torch.Tensor, positions: torch.Tensor,
-             past_k: torch.Tensor, past_v: torch.Tensor):
-        """One window after P cached positions.
+             past_k: torch.Tensor, past_v: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        """One window after P cached columns, every row (image, or CFG twin) with its own positions.
 
         tokens [B,W,C] float (ignored where positions == 0), class_ids [B] int64 (num_classes:
-        the unconditional row, MAR's fake_latent),
-        positions [W] int64 (consecutive, starting at P), past_k/past_v [L,B,H,P,hd].
-        Returns z [B,W,D] and the window's present_k/present_v [L,B,H,W,hd].
+        the unconditional row, MAR's fake_latent), positions [B,W] int64 (each row's absolute
+        positions; [W]: the same for every row), past_k/past_v [L,B,H,P,hd],
+        attention_mask [B,W,P+W] bool (True = may attend; column j < P is cache column j, column
+        P + w window slot w; None: every row sees the whole cache and the window causally, the
+        training layout). Returns z [B,W,D] and the window's present_k/present_v [L,B,H,W,hd].
         """
+        b, w, p = tokens.shape[0], tokens.shape[1], past_k.shape[3]
+        if positions.dim() == 1:
+            positions = positions[None].expand(b, w)
+        if attention_mask is None:
+            key_pos = torch.arange(p + w, device=tokens.device)
+            causal = key_pos[None, :] <= (p + torch.arange(w, device=tokens.device))[:, None]
+            attention_mask = causal[None].expand(b, w, p + w)
         null = (class_ids == self.cfg.num_classes)[:, None]
         labelled = self.class_emb(class_ids.clamp(max=self.cfg.num_classes - 1))
         cond = torch.where(null, self.fake_latent, labelled)[:, None, :]
-        x = torch.where((positions == 0)[None, :, None], cond, self.z_proj(tokens))
-        x = x + self.pos_embed[0, positions][None]
+        x = torch.where((positions == 0)[:, :, None], cond, self.z_proj(tokens))
+        x = x + self.pos_embed[0, positions]
         if self.z_proj_ln is not None:
             x = self.z_proj_ln(x)
-        w, p = positions.shape[0], past_k.shape[3]
-        key_pos = torch.arange(p + w, device=tokens.device)
-        mask = key_pos[None, :] <= (p + torch.arange(w, device=tokens.device))[:, None]
         present_k, present_v = [], []
         for i, block in enumerate(self.blocks):
-            x, k, v = block(x, past_k[i], past_v[i], mask)
+            x, k, v = block(x, past_k[i], past_v[i], attention_mask)
             present_k.append(k)
             present_v.append(v)
         return self.norm(x), torch.stack(present_k), torch.stack(present_v)

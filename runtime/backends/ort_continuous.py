@@ -6,6 +6,7 @@ from typing import Optional
 
 import numpy as np
 
+from specrt.errors import SpecrtError
 from specrt.lazy import require
 from specrt.runtime.continuous_runner import ContinuousRunner, ContinuousSpec
 
@@ -23,10 +24,14 @@ class OrtContinuousRunner(ContinuousRunner):
         providers = ["CPUExecutionProvider"]
         self.step_session = ort.InferenceSession(str(step_path), options, providers=providers)
         self.head_session = ort.InferenceSession(str(head_path), options, providers=providers)
+        if "attention_mask" not in {i.name for i in self.step_session.get_inputs()}:
+            raise SpecrtError(f"{step_path} is a step graph of continuous bundle format 1 (one image per pass, "
+                              "no attention_mask): re-export the bundle with this specrt (`specrt export "
+                              "--demo mar` or `--family continuous`), or open it on the torch backend")
 
-    def _transformer(self, tokens, class_ids, positions, past_k, past_v):
+    def _transformer(self, tokens, class_ids, positions, mask, past_k, past_v):
         z, k, v = self.step_session.run(None, {"tokens": tokens, "class_ids": class_ids, "positions": positions,
-                                               "past_k": past_k, "past_v": past_v})
+                                               "attention_mask": mask, "past_k": past_k, "past_v": past_v})
         return z, k, v
 
     def _head(self, x, t, z):

@@ -30,12 +30,12 @@ class TorchContinuousRunner(ContinuousRunner):
         self.torch = require("torch", "the torch backend")
         self.model = model.eval()
 
-    def _transformer(self, tokens, class_ids, positions, past_k, past_v):
+    def _transformer(self, tokens, class_ids, positions, mask, past_k, past_v):
         torch = self.torch
         with torch.inference_mode():
             z, k, v = self.model.transformer.step(torch.from_numpy(tokens), torch.from_numpy(class_ids),
                                                   torch.from_numpy(positions), torch.from_numpy(past_k),
-                                                  torch.from_numpy(past_v))
+                                                  torch.from_numpy(past_v), torch.from_numpy(mask))
         return z.numpy(), k.numpy(), v.numpy()
 
     def _head(self, x, t, z):

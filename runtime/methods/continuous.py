@@ -2,21 +2,27 @@
 
 They mirror methods/base.py's shape (PARAMS checked by specrt.validation, `generate(ctx,
 class_ids)`), but return continuous tokens [N, seq_len, C] and drive ContinuousRunners; the
-formulas are runtime/continuous.py's. One image at a time (the discrete methods decode whole batches; this family does not yet).
+formulas are runtime/continuous.py's. Like the discrete methods they decode all images of a
+call together: every transformer step and every denoising chain runs the unfinished images
+at once, each image with its own window, committed length and random stream (ragged
+acceptance), and finished images leave the batch (methods.base.Batched). Everything random
+about image i (chain noise, acceptance coins, residual proposals) comes from ctx.rngs[i], drawn
+in the same order whatever else is decoded, so an image is the same alone or in any batch
+(up to float rounding of the batched graphs). One image is a batch of one.
 """
 from __future__ import annotations
 
 import math
 from abc import abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime import continuous
-from specrt.runtime.continuous_runner import ContinuousRunner
-from specrt.runtime.methods.base import Method
+from specrt.runtime.continuous_runner import ContinuousRunner, ContinuousWindows
+from specrt.runtime.methods.base import Batched, Method
 from specrt.validation import Float, Int, number
 
 MAX_DRAFT = 256
@@ -24,10 +30,15 @@ MAX_DRAFT = 256
 
 @dataclass
 class ContinuousStats:
-    """Counters of one generate call: what speed-up and acceptance are computed from."""
+    """Counters of one generate call: what speed-up and acceptance are computed from.
+
+    `target_passes` counts target transformer steps (graph runs: a step over a batch of 8
+    images counts 1); `target_forwards` counts them per image (that step counts 8), so tokens
+    per target forward is the per-image figure whatever the batch."""
 
     tokens: int = 0
-    target_passes: int = 0          # target transformer steps
+    target_passes: int = 0          # target transformer steps (graph runs)
+    target_forwards: int = 0        # images those steps advanced, summed
     drafted: int = 0
     accepted: int = 0
     residual_proposals: int = 0     # target chains drawn by the acceptance-rejection loop
@@ -38,22 +49,30 @@ class ContinuousStats:
 
     @property
     def tokens_per_target_pass(self) -> float:
-        return self.tokens / self.target_passes if self.target_passes else 0.0
+        """Tokens per target step of one image (accepted drafts + the one the target adds)."""
+        return self.tokens / self.target_forwards if self.target_forwards else 0.0
 
 
 @dataclass
 class ContinuousDecoding:
-    """The models, temperature, random stream and counters of one generate call."""
+    """The models, sampling distribution, random streams and counters of one generate call.
+
+    `rngs` holds one random stream per image of the batch, in batch order (one Generator: a
+    one-image call); `retain` keeps them in step with the runners when finished images leave.
+    """
 
     target: ContinuousRunner
     draft: Optional[ContinuousRunner]
-    rng: np.random.Generator
+    rngs: list[np.random.Generator]
     temperature: float = 1.0
     cfg_scale: float = 1.0
     cfg_schedule: str = "constant"   # MAR's: "constant" or "linear" (continuous.cfg_scales)
     stats: ContinuousStats = field(default_factory=ContinuousStats)
 
     def __post_init__(self) -> None:
+        if isinstance(self.rngs, np.random.Generator):
+            self.rngs = [self.rngs]
+        self.rngs = list(self.rngs)
         self.temperature = number("temperature", self.temperature, low=0, low_open=True)
         self.cfg_scale = number("cfg_scale", self.cfg_scale, low=0)
         if self.cfg_schedule not in continuous.CFG_SCHEDULES:
@@ -67,20 +86,46 @@ class ContinuousDecoding:
                                   f"(target {t.token_dim}/{t.seq_len}/{t.schedule}:{t.diffusion_steps}, "
                                   f"draft {d.token_dim}/{d.seq_len}/{d.schedule}:{d.diffusion_steps})")
 
-    def start(self, runner: ContinuousRunner, class_id: int) -> None:
-        """Begin an image on `runner`: empty cache, the CFG rows this call samples with."""
-        runner.start(class_id, self.cfg_scale)
+    def start(self, runner: ContinuousRunner, class_ids: np.ndarray) -> None:
+        """Begin the batch on `runner`: empty caches, the CFG rows this call samples with."""
+        runner.start(class_ids, self.cfg_scale)
 
     def scales(self, positions) -> Optional[np.ndarray]:
         """Guidance scales [R] of the token positions sampled or scored together (None: the
-        image's constant scale). Both models get the same scales at the same positions."""
+        batch's constant scale). Both models get the same scales at the same positions."""
         if self.cfg_schedule == "constant" or self.cfg_scale == 1.0:
             return None
         return continuous.cfg_scales(self.cfg_scale, self.cfg_schedule, positions, self.target.spec.seq_len)
 
-    def noise(self, rows: int) -> np.ndarray:
+    def noise(self, counts: Sequence[int]) -> np.ndarray:
+        """The noise of counts[p] chains of the image at batch position p, each from its own
+        stream: [T+1, Σ counts, C], image by image in batch order."""
         spec = self.target.spec
-        return continuous.draw_noise(self.rng, rows, spec.token_dim, spec.diffusion_steps)
+        parts = [continuous.draw_noise(rng, int(n), spec.token_dim, spec.diffusion_steps)
+                 for rng, n in zip(self.rngs, counts) if n]
+        if not parts:
+            return np.zeros((spec.diffusion_steps + 1, 0, spec.token_dim), dtype=np.float32)
+        return np.concatenate(parts, axis=1)
+
+    def uniforms(self, counts: Sequence[int]) -> np.ndarray:
+        """counts[p] uniforms of the image at batch position p from its own stream, concatenated."""
+        parts = [rng.random(int(n)) for rng, n in zip(self.rngs, counts) if n]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def step_target(self, windows: ContinuousWindows) -> np.ndarray:
+        """One target step over these windows, counted (stats), as [pairs, N, W, D]."""
+        z = self.target.step(windows)
+        self.stats.target_passes += 1
+        self.stats.target_forwards += self.target.images if isinstance(windows, np.ndarray) else \
+            sum(w is not None and len(w) > 0 for w in windows)
+        return self.target.by_image(z)
+
+    def retain(self, images: Sequence[int]) -> None:
+        """Keep only these images (positions in the batch) in the runners and the streams."""
+        for runner in (self.target, self.draft):
+            if runner is not None:
+                runner.retain(images)
+        self.rngs = [self.rngs[i] for i in images]
 
 
 class ContinuousMethod(Method):
@@ -88,39 +133,47 @@ class ContinuousMethod(Method):
     context is a ContinuousDecoding and the result continuous tokens."""
 
     def generate(self, ctx: ContinuousDecoding, class_ids: np.ndarray) -> np.ndarray:  # type: ignore[override]
-        """Continuous tokens [N, seq_len, C] for these class ids."""
+        """Continuous tokens [N, seq_len, C] for these class ids, decoded together."""
         if self.needs_draft and ctx.draft is None:
             raise SpecrtError(f"method {self.name!r} needs a draft model")
-        return np.stack([self.generate_one(ctx, int(c)) for c in class_ids])
+        ids = np.atleast_1d(np.asarray(class_ids, dtype=np.int64))
+        if len(ids) != len(ctx.rngs):
+            raise ValueError(f"{len(ids)} images but {len(ctx.rngs)} random streams: one stream per image")
+        if not len(ids):
+            spec = ctx.target.spec
+            return np.zeros((0, spec.seq_len, spec.token_dim), dtype=np.float32)
+        tokens = self.decode(ctx, ids)
+        ctx.stats.tokens += int(tokens.shape[0] * tokens.shape[1])
+        return tokens
 
     @abstractmethod
-    def generate_one(self, ctx: ContinuousDecoding, class_id: int) -> np.ndarray:
-        """Tokens [seq_len, C] of one image."""
+    def decode(self, ctx: ContinuousDecoding, class_ids: np.ndarray) -> np.ndarray:
+        """Tokens [N, seq_len, C] of a batch (one random stream per image in ctx.rngs)."""
 
 
-def target_token(ctx: ContinuousDecoding, z: np.ndarray, position: int) -> np.ndarray:
-    """Token `position` [C] from the target's condition z [B,D] with fresh noise."""
-    x0, _ = ctx.target.sample(z[:, None], ctx.noise(1), ctx.temperature, ctx.scales([position]))
-    return x0[0]
+def target_tokens(ctx: ContinuousDecoding, z: np.ndarray, positions: np.ndarray, counts: Sequence[int]) -> np.ndarray:
+    """Tokens [R,C] at `positions` [R] from the target's conditions z [pairs,R,D], one fresh chain
+    each: row r belongs to the r-th image p with counts[p] = 1 (batch order)."""
+    x0, _ = ctx.target.sample(z, ctx.noise(counts), ctx.temperature, ctx.scales(positions))
+    return x0
 
 
 class ContinuousAR(ContinuousMethod):
-    """The target alone: one transformer step and one denoising chain per token."""
+    """The target alone: one transformer step and one denoising chain per token, all images in step."""
 
     name = "ar"
 
-    def generate_one(self, ctx: ContinuousDecoding, class_id: int) -> np.ndarray:
-        spec = ctx.target.spec
-        tokens = np.zeros((spec.seq_len, spec.token_dim), dtype=np.float32)
-        ctx.start(ctx.target, class_id)
-        previous = np.zeros((1, spec.token_dim), dtype=np.float32)  # position 0's input is the class
+    def decode(self, ctx: ContinuousDecoding, class_ids: np.ndarray) -> np.ndarray:
+        spec, images = ctx.target.spec, len(class_ids)
+        tokens = np.zeros((images, spec.seq_len, spec.token_dim), dtype=np.float32)
+        ctx.start(ctx.target, class_ids)
+        previous = np.zeros((images, 1, spec.token_dim), dtype=np.float32)  # position 0's input is the class
+        everyone = np.ones(images, dtype=np.int64)
         for n in range(spec.seq_len):
-            z = ctx.target.step(previous)
+            z = ctx.step_target(previous)
             ctx.target.commit(1)
-            ctx.stats.target_passes += 1
-            tokens[n] = target_token(ctx, z[:, -1], n)
-            previous = tokens[n : n + 1]
-        ctx.stats.tokens += spec.seq_len
+            tokens[:, n] = target_tokens(ctx, z[:, :, -1], np.full(images, n), everyone)
+            previous = tokens[:, n : n + 1]
         return tokens
 
 
@@ -129,6 +182,12 @@ class CSpD(ContinuousMethod):
     target pass with trajectory-aligned density ratios, resample the first rejected token from
     the residual by acceptance-rejection (M = 1/Z), or take a bonus token when all are accepted.
     The first ceil(prefill_ratio · seq_len) tokens come from the target alone (token pre-filling).
+
+    A round runs the whole batch: up to draft_len draft steps (an image whose own draft is
+    shorter, near its end, sits the extra steps out), one target step over every image's
+    [pending inputs, drafts], one scoring chain over every draft, each image's coins from its
+    own stream, and one acceptance-rejection loop for the images that rejected; each image
+    commits its own accepted prefix.
     """
 
     name = "cspd"
@@ -146,83 +205,114 @@ class CSpD(ContinuousMethod):
     accept_probability = staticmethod(continuous.accept_probability)
     residual_acceptance = staticmethod(continuous.residual_acceptance)
 
-    def verification_noise(self, ctx: ContinuousDecoding, draft_noise: np.ndarray) -> np.ndarray:
-        """The noise the target's chains use to score drafted tokens: the draft's own (alignment)."""
+    def verification_noise(self, ctx: ContinuousDecoding, draft_noise: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """The noise the target's chains use to score the drafts (counts[p] of image p): the
+        draft's own (alignment)."""
         return draft_noise
 
-    def generate_one(self, ctx: ContinuousDecoding, class_id: int) -> np.ndarray:
+    def decode(self, ctx: ContinuousDecoding, class_ids: np.ndarray) -> np.ndarray:
         spec = ctx.target.spec
-        seq_len, channels = spec.seq_len, spec.token_dim
-        inputs = np.zeros((seq_len + 1, channels), dtype=np.float32)  # inputs[j + 1] = token j
-        target, draft, stats = ctx.target, ctx.draft, ctx.stats
-        ctx.start(target, class_id)
-        ctx.start(draft, class_id)
+        seq_len, channels, images = spec.seq_len, spec.token_dim, len(class_ids)
+        inputs = np.zeros((images, seq_len + 1, channels), dtype=np.float32)  # inputs[i, j + 1] = token j of image i
+        target, draft = ctx.target, ctx.draft
+        ctx.start(target, class_ids)
+        ctx.start(draft, class_ids)
         prefilled = min(seq_len, math.ceil(self.prefill_ratio * seq_len))
-        n = 0
-        while n < seq_len:
-            if n < prefilled:
-                z = target.step(inputs[target.length : n + 1])
-                target.commit(z.shape[1])
-                stats.target_passes += 1
-                inputs[n + 1] = target_token(ctx, z[:, -1], n)
-                n += 1
-                continue
-            count = min(self.draft_len, seq_len - n)
-            # Draft `count` tokens, keeping each one's condition z_q and noise.
-            z_draft = np.zeros((len(draft.class_ids), count, draft.spec.hidden), np.float32)
-            mean_q = np.zeros((count, channels), np.float32)
-            noise = ctx.noise(count)
-            for i in range(count):
-                z = draft.step(inputs[draft.length : n + i + 1])
-                draft.commit(z.shape[1])
-                z_draft[:, i] = z[:, -1]
-                x0, mean = draft.sample(z[:, -1:], noise[:, i : i + 1], ctx.temperature, ctx.scales([n + i]))
-                inputs[n + i + 1], mean_q[i] = x0[0], mean[0]
-            drafted = inputs[n + 1 : n + count + 1].copy()
-            # One target pass over the pending inputs and the drafts: conditions for n .. n+count.
-            start = target.length
-            z_target = target.step(inputs[start : n + count + 1])[:, n - start :]
-            stats.target_passes += 1
-            stats.drafted += count
-            # Score every draft on the target's chain with the same noise as the draft's.
-            score_noise = self.verification_noise(ctx, noise)
-            _, mean_p = target.sample(z_target[:, :count], score_noise, ctx.temperature,
-                                      ctx.scales(np.arange(n, n + count)))
-            log_p = continuous.last_step_logpdf(drafted, mean_p, target.schedule, ctx.temperature)
-            log_q = continuous.last_step_logpdf(drafted, mean_q, target.schedule, ctx.temperature)
-            accept = ctx.rng.random(count) < self.accept_probability(log_p, log_q)
-            accepted = int(np.argmin(accept)) if not accept.all() else count
-            stats.accepted += accepted
-            if accepted < count:
-                inputs[n + accepted + 1] = self.residual_token(ctx, z_target[:, accepted], z_draft[:, accepted],
-                                                               n + accepted)
-            elif n + count < seq_len:
-                inputs[n + count + 1] = target_token(ctx, z_target[:, count], n + count)
-            new_n = min(seq_len, n + accepted + 1)
-            target.commit(n + accepted + 1 - start)
-            draft.truncate(n + accepted + 1)
-            n = new_n
-        stats.tokens += seq_len
-        return inputs[1:].copy()
+        everyone = np.ones(images, dtype=np.int64)
+        for n in range(prefilled):  # token pre-filling: the target alone, every image in step
+            z = ctx.step_target(inputs[:, n : n + 1])
+            target.commit(1)
+            inputs[:, n + 1] = target_tokens(ctx, z[:, :, 0], np.full(images, n), everyone)
+        decided = np.full(images, prefilled, dtype=np.int64)  # tokens decided per image
+        batch = Batched(images)
+        while batch.drop(ctx, decided == seq_len):
+            self._round(ctx, inputs, decided, np.array(batch.images))
+        return inputs[:, 1:].copy()
 
-    def residual_token(self, ctx: ContinuousDecoding, z_p: np.ndarray, z_q: np.ndarray, position: int) -> np.ndarray:
-        # z_p, z_q: [B,D], the two models' conditions (CFG rows) of the rejected position
-        """A token from Norm([p − q]_+) by acceptance-rejection with the target as proposal:
-        propose x ~ p on fresh noise u, run the draft's chain on the same u, accept with
-        α_s = max(0, 1 − q/p). Proposals go `residual_batch` at a time; the first accepted wins."""
+    def _round(self, ctx: ContinuousDecoding, inputs: np.ndarray, decided: np.ndarray, images: np.ndarray) -> None:
+        """One draft-verify round of the unfinished `images` (batch position p holds images[p])."""
+        target, draft, stats = ctx.target, ctx.draft, ctx.stats
+        seq_len = target.spec.seq_len
+        n = decided[images]
+        counts = np.minimum(self.draft_len, seq_len - n)        # every unfinished image drafts ≥ 1
+        owner = np.repeat(np.arange(len(images)), counts)        # draft row -> batch position
+        offsets = np.cumsum(counts) - counts                     # image p's draft rows start here
+        depth = np.arange(len(owner)) - offsets[owner]           # draft row -> its index in the image's draft
+        noise = ctx.noise(counts)
+        # Draft every image's tokens, keeping each one's condition z_q, last-step mean and token.
+        z_draft = np.zeros((draft.pairs, len(owner), draft.spec.hidden), np.float32)
+        mean_q = np.zeros((len(owner), inputs.shape[2]), np.float32)
+        for i in range(int(counts.max())):
+            live = np.flatnonzero(counts > i)
+            windows = [inputs[image, draft.lengths[p] : n[p] + i + 1] if counts[p] > i else None
+                       for p, image in enumerate(images)]
+            sizes = np.array([0 if w is None else len(w) for w in windows])
+            z = draft.by_image(draft.step(windows))[:, live, sizes[live] - 1]
+            draft.commit(sizes)
+            rows = offsets[live] + i
+            x0, mean = draft.sample(z, noise[:, rows], ctx.temperature, ctx.scales(n[live] + i))
+            inputs[images[live], n[live] + i + 1] = x0
+            z_draft[:, rows], mean_q[rows] = z, mean
+        drafted = inputs[images[owner], n[owner] + depth + 1]
+        # One target pass over each image's pending inputs and drafts: conditions for n .. n+count.
+        start = target.lengths.copy()
+        z_target = ctx.step_target([inputs[image, start[p] : n[p] + counts[p] + 1] for p, image in enumerate(images)])
+        stats.drafted += int(counts.sum())
+        # Score every draft on the target's chain with the same noise as the draft's.
+        first = n - start                                        # image p's slot of position n
+        score_noise = self.verification_noise(ctx, noise, counts)
+        _, mean_p = target.sample(z_target[:, owner, first[owner] + depth], score_noise, ctx.temperature,
+                                  ctx.scales(n[owner] + depth))
+        log_p = continuous.last_step_logpdf(drafted, mean_p, target.schedule, ctx.temperature)
+        log_q = continuous.last_step_logpdf(drafted, mean_q, target.schedule, ctx.temperature)
+        passes = ctx.uniforms(counts) < self.accept_probability(log_p, log_q)
+        # accepted length: the depth of each image's first rejection (its count when none)
+        accepted = np.minimum.reduceat(np.where(passes, counts[owner], depth), offsets)
+        stats.accepted += int(accepted.sum())
+        rejected = np.flatnonzero(accepted < counts)
+        if len(rejected):
+            at = n[rejected] + accepted[rejected]
+            inputs[images[rejected], at + 1] = self.residual_tokens(
+                ctx, z_target[:, rejected, first[rejected] + accepted[rejected]],
+                z_draft[:, offsets[rejected] + accepted[rejected]], at, rejected)
+        bonus = np.flatnonzero((accepted == counts) & (n + counts < seq_len))
+        if len(bonus):
+            at = n[bonus] + counts[bonus]
+            one = np.zeros(len(images), dtype=np.int64)
+            one[bonus] = 1
+            z_bonus = z_target[:, bonus, first[bonus] + counts[bonus]]
+            inputs[images[bonus], at + 1] = target_tokens(ctx, z_bonus, at, one)
+        target.commit(n + accepted + 1 - start)
+        draft.truncate(n + accepted + 1)
+        decided[images] = np.minimum(seq_len, n + accepted + 1)
+
+    def residual_tokens(self, ctx: ContinuousDecoding, z_p: np.ndarray, z_q: np.ndarray, positions: np.ndarray,
+                        who: np.ndarray) -> np.ndarray:
+        """Tokens [U,C] from Norm([p − q]_+), one for each rejecting image (batch positions `who`,
+        increasing; z_p, z_q [pairs,U,D]: the two models' conditions of its rejected position),
+        by acceptance-rejection with the target as proposal: propose x ~ p on fresh noise u, run
+        the draft's chain on the same u, accept with α_s = max(0, 1 − q/p). Every image still
+        waiting draws `residual_batch` proposals a round, all images' chains run together; an
+        image's first accepted proposal wins."""
         rows = self.residual_batch
-        scales = ctx.scales(np.full(rows, position))
-        while True:
-            noise = ctx.noise(rows)
-            x0, mean_p = ctx.target.sample(np.repeat(z_p[:, None], rows, 1), noise, ctx.temperature, scales)
-            _, mean_q = ctx.draft.sample(np.repeat(z_q[:, None], rows, 1), noise, ctx.temperature, scales)
+        out = np.zeros((len(who), ctx.target.spec.token_dim), dtype=np.float32)
+        waiting = np.arange(len(who))
+        counts = np.zeros(len(ctx.rngs), dtype=np.int64)
+        while len(waiting):
+            counts[:] = 0
+            counts[who[waiting]] = rows
+            noise = ctx.noise(counts)
+            scales = ctx.scales(np.repeat(positions[waiting], rows))
+            x0, mean_p = ctx.target.sample(np.repeat(z_p[:, waiting], rows, 1), noise, ctx.temperature, scales)
+            _, mean_q = ctx.draft.sample(np.repeat(z_q[:, waiting], rows, 1), noise, ctx.temperature, scales)
             log_p = continuous.last_step_logpdf(x0, mean_p, ctx.target.schedule, ctx.temperature)
             log_q = continuous.last_step_logpdf(x0, mean_q, ctx.target.schedule, ctx.temperature)
-            keep = ctx.rng.random(rows) < self.residual_acceptance(log_p, log_q)
-            hits = np.flatnonzero(keep)
-            ctx.stats.residual_proposals += int(hits[0]) + 1 if len(hits) else rows
-            if len(hits):
-                return x0[hits[0]]
+            keep = (ctx.uniforms(counts) < self.residual_acceptance(log_p, log_q)).reshape(len(waiting), rows)
+            hit, pick = keep.any(1), keep.argmax(1)
+            ctx.stats.residual_proposals += int(np.where(hit, pick + 1, rows).sum())
+            out[waiting[hit]] = x0.reshape(len(waiting), rows, -1)[hit, pick[hit]]
+            waiting = waiting[~hit]
+        return out
 
 
 CONTINUOUS_METHODS: dict[str, type[ContinuousMethod]] = {cls.name: cls for cls in (ContinuousAR, CSpD)}

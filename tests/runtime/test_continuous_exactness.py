@@ -7,7 +7,10 @@ channel, a 2-step chain: the residual step in isolation, cheap enough for the la
 subtler bugs need). The target alone (ar) and cspd sample with fixed seeds; per-dimension KS
 and a permutation MMD (tests/runtime/_continuous_exact.py) must not tell them apart, and must
 flag the planted bugs: a residual bound M far below 1/Z, a residual drawn from the target
-itself, and independent instead of aligned noise in the acceptance ratio.
+itself, and independent instead of aligned noise in the acceptance ratio. Every image has its
+own random stream; the samples are decoded as one batch (ragged acceptance, the product's
+path) and, for the plain case, one image per call too; cspd is also checked at a noise
+temperature of 0.9 (MAR's temperature: it scales every denoising step's noise, τ·σ_t).
 """
 from __future__ import annotations
 
@@ -17,13 +20,13 @@ import pytest
 from _continuous_exact import same_distribution
 from specrt.runtime import continuous
 from specrt.runtime.continuous_bundle import open_runner
-from specrt.runtime.methods.continuous import CSpD, ContinuousAR, ContinuousDecoding
+from specrt.runtime.methods.continuous import CSpD, ContinuousAR, ContinuousDecoding, ContinuousStats
 
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
 SAMPLES = 600          # CHAIN
-SINGLE_SAMPLES = 2000  # SINGLE
+SINGLE_SAMPLES = 20000  # SINGLE (batched, so cheap: the too-small bound moves KS by ~0.045)
 CLASS_ID = 3
 SINGLE_SCALE = 0.5
 CSPD = {"draft_len": 2, "prefill_ratio": 0.0}
@@ -56,11 +59,19 @@ def single_reference(single):
     return sample(single, ContinuousAR(), seed=1, samples=SINGLE_SAMPLES)[0]
 
 
-def sample(bundle, method, seed: int, samples: int = SAMPLES, backend: str = "onnxruntime", cfg_scale: float = 1.0,
-           cfg_schedule: str = "constant"):
-    ctx = ContinuousDecoding(open_runner(bundle, "target", backend), open_runner(bundle, "draft", backend),
-                             np.random.default_rng(seed), cfg_scale=cfg_scale, cfg_schedule=cfg_schedule)
-    return method.generate(ctx, np.full(samples, CLASS_ID)), ctx.stats
+def sample(bundle, method, seed: int, samples: int = SAMPLES, backend: str = "onnxruntime", per_call: int = 0,
+           **sampling):
+    """`samples` images of CLASS_ID, image i from its own stream (SeedSequence(seed).spawn), decoded
+    `per_call` images a call (0: all in one batch); sampling: cfg_scale, cfg_schedule, temperature."""
+    target, draft = open_runner(bundle, "target", backend), open_runner(bundle, "draft", backend)
+    streams = np.random.SeedSequence(seed).spawn(samples)
+    per_call = per_call or samples
+    stats, tokens = ContinuousStats(), []
+    for first in range(0, samples, per_call):
+        rngs = [np.random.default_rng(stream) for stream in streams[first : first + per_call]]
+        ctx = ContinuousDecoding(target, draft, rngs, stats=stats, **sampling)
+        tokens.append(method.generate(ctx, np.full(len(rngs), CLASS_ID)))
+    return np.concatenate(tokens), stats
 
 
 @pytest.fixture(scope="module")
@@ -68,19 +79,24 @@ def reference(bundle):
     return sample(bundle, ContinuousAR(), seed=1)[0]
 
 
-@pytest.mark.parametrize("cfg_scale, cfg_schedule", [(1.0, "constant"), (3.0, "linear")], ids=["plain", "cfg-linear"])
-def test_cspd_matches_the_target_distribution(bundle, reference, cfg_scale, cfg_schedule):
-    """With CFG under MAR's linear schedule (each token position its own scale, shared by target
-    and draft); the constant schedule's CFG path is the backends-agree test's."""
-    guided = {"cfg_scale": cfg_scale, "cfg_schedule": cfg_schedule}
-    target_tokens = reference if cfg_scale == 1.0 else sample(bundle, ContinuousAR(), seed=1, **guided)[0]
-    tokens, stats = sample(bundle, CSpD(**CSPD), seed=2, **guided)
+@pytest.mark.parametrize("sampling, per_call", [
+    ({}, 0), ({}, 1), ({"cfg_scale": 3.0, "cfg_schedule": "linear"}, 0), ({"temperature": 0.9}, 0),
+], ids=["plain-batched", "plain-one-image-per-call", "cfg-linear-batched", "temperature-0.9-batched"])
+def test_cspd_matches_the_target_distribution(bundle, reference, sampling, per_call):
+    """Batched (all samples in one call: ragged acceptance, per-image streams) and one image per
+    call; with CFG under MAR's linear schedule (each token position its own scale, shared by
+    target and draft; the constant schedule's CFG path is the backends-agree test's); and at
+    temperature 0.9 against ar at 0.9."""
+    target_tokens = sample(bundle, ContinuousAR(), seed=1, **sampling)[0] if sampling else reference
+    tokens, stats = sample(bundle, CSpD(**CSPD), seed=2, per_call=per_call, **sampling)
     assert 0.15 < stats.acceptance_rate < 0.85, "the pair must both accept and reject for the test to mean much"
     assert stats.tokens_per_target_pass > 1
     ok, line = same_distribution(tokens, target_tokens)
     assert ok, line
-    if cfg_scale != 1.0:  # same seed, same noise: guidance (the unconditional rows) moved the tokens
+    if sampling:  # same seeds, same noise: guidance (the unconditional rows) or τ moved the tokens
         assert np.abs(target_tokens - reference).max() > 1e-3
+    if not per_call:  # one batch: a target pass serves every unfinished image
+        assert stats.target_passes < stats.target_forwards / 10
 
 
 class TooSmallBound(CSpD):
@@ -98,8 +114,8 @@ class ResidualFromTarget(CSpD):
 class IndependentNoise(CSpD):
     """Broken on purpose: the target scores the drafts on its own noise, not the draft's."""
 
-    def verification_noise(self, ctx, draft_noise):
-        return ctx.noise(draft_noise.shape[1])
+    def verification_noise(self, ctx, draft_noise, counts):
+        return ctx.noise(counts)
 
 
 def test_independent_noise_is_caught(bundle, reference):
@@ -125,12 +141,12 @@ def test_pytorch_and_onnxruntime_emit_the_same_tokens(bundle):
 
 
 def test_prefilling_takes_the_first_tokens_from_the_target(bundle):
-    """prefill_ratio = 1 is the target alone (same random stream, same tokens as ar); 0.5 of
+    """prefill_ratio = 1 is the target alone (same random streams, same tokens as ar); 0.5 of
     2 tokens drafts only the second."""
     ar_tokens, _ = sample(bundle, ContinuousAR(), seed=4, samples=5)
     full, full_stats = sample(bundle, CSpD(draft_len=2, prefill_ratio=1.0), seed=4, samples=5)
     np.testing.assert_array_equal(full, ar_tokens)
-    assert full_stats.drafted == 0 and full_stats.target_passes == 10
+    assert full_stats.drafted == 0 and full_stats.target_passes == 2 and full_stats.target_forwards == 10
     _, half_stats = sample(bundle, CSpD(draft_len=2, prefill_ratio=0.5), seed=4, samples=5)
     assert half_stats.drafted == 5
 
