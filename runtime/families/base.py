@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional
 
 
 class Family(ABC):
@@ -37,3 +37,32 @@ class Family(ABC):
     def has_decoder(self, pipeline: Any) -> bool:
         """True when generate(decode=True) gives images (else tokens only)."""
         return True
+
+    # ---- what serving asks (runtime/serving: `specrt serve`, `specrt triton-repo`) ----------------
+
+    pipeline_class: ClassVar[str]        # "module:Class" of open()'s pipeline: families.pipeline_family finds
+    #                                      the family of a pipeline built elsewhere (an embedded demo) by it
+
+    def token_shape(self, pipeline: Any) -> tuple[int, ...]:
+        """One image's tokens as served: positions in raster order, then a continuous token's
+        channels ((grid*grid,) VQ codes; (seq_len, C) latents). Triton declares (-1, *channels)."""
+        raise NotImplementedError(f"family {self.name!r} does not say its served token shape")
+
+    def manifest_token_shape(self, manifest: dict[str, Any]) -> tuple[int, ...]:
+        """token_shape from the bundle's raw manifest alone (triton-repo writes config.pbtxt
+        without opening a graph); SpecrtError in one line when the manifest does not say it."""
+        raise NotImplementedError(f"family {self.name!r} does not say its served token shape")
+
+    def check_request(self, pipeline: Any, method: str, params: dict[str, Any], class_id: Optional[int] = None,
+                      prompt: Optional[str] = None) -> None:
+        """SpecrtError for what generate would refuse in one served row (its class id or prompt,
+        method, method parameters and sampling keys in `params`), found without generating, so
+        a bad row fails alone and never the call of the rows batched with it. The row carries
+        the condition conditions(pipeline) names (the handler refuses the other kind first)."""
+        raise NotImplementedError(f"family {self.name!r} cannot check a served request")
+
+    def serving_stats(self, result: Any) -> dict[str, Any]:
+        """A generate result's numbers for a served row's `stats`: accepted_length (tokens per
+        target forward), target_forwards (summed over the call's images), target_passes (target
+        graph runs), generate_seconds when measured, and what else the family counts."""
+        raise NotImplementedError(f"family {self.name!r} does not report serving stats")

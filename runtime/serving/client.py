@@ -3,6 +3,7 @@
     with Client("127.0.0.1:8001", protocol="grpc") as client:
         image = client.generate(class_id=3, method="sjd", seed=1, window=16)
         open("three.png", "wb").write(image.png); print(image.stats["accepted_length"])
+        # a continuous bundle: method="cspd", draft_len=4; image.tokens float32 [seq_len, C]
 
 A row the server could not serve raises SpecrtError with the server's one-line reason; so
 does a request the server cannot take at all (nothing listening yet, a model name it does not
@@ -24,7 +25,8 @@ from specrt.runtime.serving.protocol import NUMPY_DTYPES, OUTPUTS
 
 @dataclass
 class ServedImage:
-    """One served image: PNG bytes (b'' with tokens_only), tokens [grid*grid] and the call's stats."""
+    """One served image: PNG bytes (b'' with tokens_only or from a model without a decoder), its
+    tokens (int64 [grid*grid] VQ codes, or float32 [seq_len, C] continuous latents) and the call's stats."""
 
     png: bytes
     tokens: np.ndarray

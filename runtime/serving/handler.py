@@ -7,21 +7,25 @@ row's image depends only on its own condition, method, parameters and seed — t
 per-image random streams — so batching never changes what a client gets. Mistakes in a row
 become that row's `error`; an unexpected exception in one call becomes the `error` of that
 call's rows and is logged, and the server keeps serving.
+
+Nothing here knows a model family: the pipeline's Family (runtime/families) says what a row is
+conditioned on, checks it, whether the model decodes images, and its tokens' dtype and shape,
+so LlamaGen's VQ codes and a continuous model's latents are served by the same code.
 """
 from __future__ import annotations
 
 import logging
 import time
 from collections import defaultdict
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from specrt.errors import SpecrtError
-from specrt.runtime.methods import make_method
-from specrt.runtime.pipeline import SAMPLING_KEYS, Pipeline
-from specrt.runtime.sampling import SamplingParams
-from specrt.runtime.serving.protocol import ImageRequest, ImageResult, decode_request, encode_response, png_bytes
+from specrt.runtime.families import pipeline_family
+from specrt.runtime.families.base import Family
+from specrt.runtime.serving.protocol import (ImageRequest, ImageResult, TensorSpec, decode_request, encode_response,
+                                             outputs, png_bytes)
 
 LOG = logging.getLogger("specrt.serve")
 
@@ -29,10 +33,16 @@ LOG = logging.getLogger("specrt.serve")
 class RequestHandler:
     """Callable over a list of requests (input name -> array [rows, 1]); returns their outputs."""
 
-    def __init__(self, pipeline: Pipeline):
+    def __init__(self, pipeline: Any, family: Optional[Family] = None):
         self.pipeline = pipeline
-        spec = pipeline.target.spec
-        self.tokens_per_image = spec.grid_size * spec.grid_size
+        self.family = family or pipeline_family(pipeline)
+        self.token_shape = tuple(self.family.token_shape(pipeline))
+        self.decodes = self.family.has_decoder(pipeline)  # else every row is served tokens only
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        """The output tensors this model declares (tokens of its family's dtype and shape)."""
+        return outputs(self.family.token_dtype, self.token_shape)
 
     def __call__(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         start = time.perf_counter()
@@ -49,23 +59,21 @@ class RequestHandler:
         for members in groups.values():
             for (key, _), result in zip(members, self.run_group([row for _, row in members], start)):
                 results[key] = result
-        return [encode_response([results[r, i] for i in range(len(request_rows))], self.tokens_per_image)
+        return [encode_response([results[r, i] for i in range(len(request_rows))], self.token_shape,
+                                self.family.token_dtype)
                 for r, request_rows in enumerate(rows)]
 
     def check(self, row: ImageRequest) -> Union[SpecrtError, None]:
         """What rules a row out before it can spoil its group's call: its condition against the
         model, its method and parameters (the checks Pipeline.generate makes, row by row)."""
         try:
-            if row.class_id is not None:
-                self.pipeline.conditions(class_ids=[row.class_id])
-            elif self.pipeline.target.spec.model_type == "c2i":
-                raise SpecrtError("this model is class-conditional: send class_id, not prompt")
-            elif self.pipeline.text_encoder is None:
-                raise SpecrtError("this model has no text encoder: export the bundle with --text-encoder to send prompts")
-            params = dict(row.params)
-            SamplingParams(**{**self.pipeline.sampling_defaults,
-                              **{k: v for k, v in params.items() if k in SAMPLING_KEYS and v is not None}})
-            make_method(row.method, **{k: v for k, v in params.items() if k not in SAMPLING_KEYS})
+            if self.family.conditions(self.pipeline) == "class ids":
+                if row.class_id is None:
+                    raise SpecrtError("this model is class-conditional: send class_id, not prompt")
+            elif row.prompt is None:
+                raise SpecrtError("this model is text-to-image: send prompt, not class_id")
+            self.family.check_request(self.pipeline, row.method, dict(row.params), class_id=row.class_id,
+                                      prompt=row.prompt)
         except SpecrtError as exc:
             return exc
         return None
@@ -76,21 +84,21 @@ class RequestHandler:
         first = rows[0]
         condition: dict[str, Any] = ({"class_ids": [r.class_id for r in rows]} if first.class_id is not None
                                      else {"prompts": [r.prompt for r in rows]})
+        called = time.perf_counter()
         try:
             result = self.pipeline.generate(**condition, method=first.method, seed=[r.seed for r in rows],
-                                            decode=not first.tokens_only, **dict(first.params))
+                                            decode=self.decodes and not first.tokens_only, **dict(first.params))
         except SpecrtError as exc:
             return [ImageResult(error=str(exc)) for _ in rows]
         except Exception as exc:  # a bug, not the client's mistake: log it, answer, keep serving
             LOG.exception("generate failed for %d rows (method %s)", len(rows), first.method)
             line = (str(exc).splitlines() or [""])[0]
             return [ImageResult(error=f"internal error: {type(exc).__name__}: {line}") for _ in rows]
-        stats = result.stats
-        shared = {"method": first.method, "accepted_length": round(stats.mean_accepted_length, 4),
-                  "target_forwards": stats.target_forwards / len(rows), "target_passes": stats.target_calls,
+        numbers = self.family.serving_stats(result)
+        shared = {"method": first.method, **numbers, "target_forwards": numbers["target_forwards"] / len(rows),
                   "images_in_call": len(rows),
-                  "generate_seconds": round(stats.seconds["total"], 6),
+                  "generate_seconds": numbers.get("generate_seconds", round(time.perf_counter() - called, 6)),
                   "server_seconds": round(time.perf_counter() - start, 6)}
-        return [ImageResult(tokens=result.tokens[i].reshape(-1),
+        return [ImageResult(tokens=result.tokens[i].reshape(self.token_shape),
                             png=b"" if result.images is None else png_bytes(result.images[i]), stats=dict(shared))
                 for i in range(len(rows))]

@@ -6,6 +6,11 @@ row, so Triton's dynamic batcher can stack requests of any mix. Requests that ca
 served get a one-line `error` in their own rows, never an exception: PyTriton fails a whole
 merged batch on an exception, which would punish the requests batched with a bad one.
 docs/contracts.md ("Serving") lists the same tensors for client writers.
+
+The `tokens` output is the one tensor that depends on the model family (runtime/families):
+its dtype is the family's token dtype and its shape the family's token shape with the
+positions axis variable — INT64 [positions] for VQ codes (OUTPUTS, the LlamaGen family), FP32
+[positions, channels] for continuous latents (`outputs(...)` builds the model's list).
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ class TensorSpec:
     """One model input or output as Triton declares it; `shape` is per row (no batch dim)."""
 
     name: str
-    dtype: str  # Triton's data type name without TYPE_: INT64, UINT64, BOOL, BYTES
+    dtype: str  # Triton's data type name without TYPE_: INT64, UINT64, FP32, BOOL, BYTES
     shape: tuple[int, ...]
     doc: str
 
@@ -33,19 +38,34 @@ class TensorSpec:
 INPUTS = (
     TensorSpec("class_id", "INT64", (1,), "class id (class-conditional models)"),
     TensorSpec("prompt", "BYTES", (1,), "UTF-8 prompt (text-to-image models with a text encoder)"),
-    TensorSpec("method", "BYTES", (1,), "ar | sd | cool-sd | lantern | sjd | sjd-pac (default ar)"),
+    TensorSpec("method", "BYTES", (1,), "ar | sd | cool-sd | lantern | sjd | sjd-pac; continuous models: ar | cspd "
+                                        "(default ar)"),
     TensorSpec("seed", "UINT64", (1,), "random seed (default 0); the image is generate(seed=seed)'s"),
     TensorSpec("params", "BYTES", (1,), "JSON object of method parameters and sampling keys"),
-    TensorSpec("tokens_only", "BOOL", (1,), "skip the VQ decoder: `image` comes back empty"),
+    TensorSpec("tokens_only", "BOOL", (1,), "skip the decoder: `image` comes back empty (always so for a model "
+                                            "without one)"),
 )
 OUTPUTS = (
     TensorSpec("image", "BYTES", (1,), "PNG bytes (empty with tokens_only or on an error)"),
-    TensorSpec("tokens", "INT64", (-1,), "the grid's token ids in raster order (-1 on an error)"),
+    TensorSpec("tokens", "INT64", (-1,), "the grid's token ids in raster order (-1 on an error); continuous "
+                                         "models: FP32 [positions, channels] (NaN on an error)"),
     TensorSpec("stats", "BYTES", (1,), "JSON: method, accepted_length, target_forwards, target_passes, "
-                                       "images_in_call, generate_seconds, server_seconds"),
+                                       "images_in_call, generate_seconds, server_seconds (continuous: + "
+                                       "acceptance_rate, residual_proposals)"),
     TensorSpec("error", "BYTES", (1,), "one line saying why this row was not served; empty on success"),
 )
-NUMPY_DTYPES = {"INT64": np.int64, "UINT64": np.uint64, "BOOL": np.bool_, "BYTES": np.object_}
+NUMPY_DTYPES = {"INT64": np.int64, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_, "BYTES": np.object_}
+TOKEN_DTYPES = {"int64": "INT64", "float32": "FP32"}  # a family's token_dtype -> its Triton data type
+
+
+def outputs(token_dtype: str = "int64", token_shape: tuple[int, ...] = (-1,)) -> tuple[TensorSpec, ...]:
+    """The model's outputs: OUTPUTS with `tokens` of the family's dtype ("int64" | "float32") and
+    shape (one image's, Family.token_shape; the positions axis is declared -1)."""
+    if token_dtype not in TOKEN_DTYPES:
+        raise ValueError(f"token dtype {token_dtype!r} is none of {', '.join(TOKEN_DTYPES)}")
+    dims = (-1, *token_shape[1:])
+    return tuple(TensorSpec(spec.name, TOKEN_DTYPES[token_dtype], dims, spec.doc) if spec.name == "tokens" else spec
+                 for spec in OUTPUTS)
 
 
 @dataclass(frozen=True)
@@ -67,7 +87,7 @@ class ImageRequest:
 
 @dataclass
 class ImageResult:
-    """What one row gets back: tokens [grid*grid] and PNG bytes, or an error."""
+    """What one row gets back: its tokens (the family's token shape) and PNG bytes, or an error."""
 
     tokens: Optional[np.ndarray] = None
     png: bytes = b""
@@ -90,7 +110,7 @@ def params_object(text: str) -> dict[str, Any]:
     """The `params` input: a JSON object of method parameters and sampling keys ('' = none)."""
     params = validation.json_object("params", text)
     if "decode" in params:
-        raise SpecrtError("params: 'decode' is not a parameter here; send tokens_only=true to skip the VQ decoder")
+        raise SpecrtError("params: 'decode' is not a parameter here; send tokens_only=true to skip the decoder")
     return params
 
 
@@ -161,12 +181,16 @@ def png_bytes(image: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def encode_response(results: list[ImageResult], tokens_per_image: int) -> dict[str, np.ndarray]:
-    """One request's rows -> its output arrays (name -> [rows, ...])."""
-    tokens = np.full((len(results), tokens_per_image), -1, dtype=np.int64)
+def encode_response(results: list[ImageResult], token_shape: int | tuple[int, ...],
+                    token_dtype: str = "int64") -> dict[str, np.ndarray]:
+    """One request's rows -> its output arrays (name -> [rows, ...]); `tokens` is [rows,
+    *token_shape] of `token_dtype`, -1 (int64) or NaN (float32) in a row that has none."""
+    shape = (token_shape,) if isinstance(token_shape, int) else tuple(token_shape)
+    dtype = NUMPY_DTYPES[TOKEN_DTYPES[token_dtype]]
+    tokens = np.full((len(results), *shape), -1 if np.issubdtype(dtype, np.integer) else np.nan, dtype=dtype)
     for row, result in enumerate(results):
         if result.tokens is not None:
-            tokens[row] = np.asarray(result.tokens, dtype=np.int64).reshape(-1)
+            tokens[row] = np.asarray(result.tokens, dtype=dtype).reshape(shape)
 
     def column(values: list[bytes]) -> np.ndarray:
         array = np.empty((len(values), 1), dtype=object)

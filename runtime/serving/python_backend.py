@@ -5,7 +5,8 @@ Triton's Python backend runs each model instance in its own stub process and cal
 repository's model.py only re-exports TritonPythonModel from here, so what the container
 runs is this tested module of the installed specrt. config.pbtxt's parameters name the
 bundle folder (beside model.py's version folder), the backend (ort, ort-cpu, ort-cuda,
-ort-trt, trt) and the onnxruntime threads.
+ort-trt, trt; a continuous bundle's: ort, ort-cpu) and the onnxruntime threads. The bundle is
+opened through its manifest's family (runtime/families), as `specrt serve` opens it.
 """
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ def _parameters(model_config: dict) -> dict[str, str]:
 
 
 class TritonPythonModel:
-    """One instance: a Pipeline over the bundle on the instance's GPU (or the CPU)."""
+    """One instance: the bundle's pipeline on the instance's GPU (or the CPU)."""
 
     def initialize(self, args: dict[str, Any]) -> None:
-        from specrt.runtime.pipeline import Pipeline
+        from specrt.runtime.families import read_bundle
 
         parameters = _parameters(json.loads(args["model_config"]))
         bundle = Path(args["model_repository"]) / str(args["model_version"]) / parameters.get("bundle", "bundle")
@@ -36,8 +37,9 @@ class TritonPythonModel:
             # every backend (onnxruntime's providers, TensorRT) then uses "its" device 0
             os.environ["CUDA_VISIBLE_DEVICES"] = str(args.get("model_instance_device_id", 0))
         threads = int(parameters["threads"]) if parameters.get("threads") else None
-        pipeline = Pipeline.from_bundle(bundle, backend=parameters.get("backend") or "ort", threads=threads)
-        self.handler = RequestHandler(pipeline)
+        family, _ = read_bundle(bundle)
+        pipeline = family.open(bundle, backend=parameters.get("backend") or "ort", threads=threads)
+        self.handler = RequestHandler(pipeline, family)
 
     def execute(self, requests: list) -> list:
         pb_utils = importlib.import_module("triton_python_backend_utils")  # exists inside the stub only

@@ -1,9 +1,10 @@
-"""`specrt serve`: a Pipeline behind Triton Inference Server, in this process, through PyTriton.
+"""`specrt serve`: a pipeline behind Triton Inference Server, in this process, through PyTriton.
 
 PyTriton starts the tritonserver binary its wheel bundles and binds our RequestHandler as a
 Python model with Triton's dynamic batcher in front, so requests that arrive while a call runs
 are merged into the next. Triton speaks HTTP/REST and gRPC (KServe v2); the ports and the
-address are flags, 127.0.0.1 by default.
+address are flags, 127.0.0.1 by default. Any family's pipeline (runtime/families) is served the
+same way; the declared `tokens` output is its family's (RequestHandler.outputs).
 
 The venv quirk: the wheel's Python-backend stub links the system libpython3.11, so the
 interpreter running this must be that same build (a venv made with /usr/bin/python3.11 on
@@ -31,9 +32,8 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.lazy import require
-from specrt.runtime.pipeline import Pipeline
 from specrt.runtime.serving.handler import RequestHandler
-from specrt.runtime.serving.protocol import INPUTS, NUMPY_DTYPES, OUTPUTS
+from specrt.runtime.serving.protocol import INPUTS, NUMPY_DTYPES
 
 FEATURE = "specrt serve"
 INSTALL = "pip install 'specrt[serve]' in a venv made with the system python3.11 (README, Serving)"
@@ -155,12 +155,14 @@ def _one_line(exc: BaseException) -> str:
 
 
 @contextmanager
-def running(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> Iterator[Any]:
-    """Triton up with `pipeline` bound as config.model_name; stopped (cleanly) when the block ends."""
+def running(pipeline: Any, config: ServeConfig = ServeConfig()) -> Iterator[Any]:
+    """Triton up with `pipeline` (any family's) bound as config.model_name; stopped (cleanly)
+    when the block ends."""
     triton_mod, model_config = _pytriton()
     check_ports_free(config)
     handler = RequestHandler(pipeline)
-    max_batch = min(pipeline.max_images or config.max_batch, config.max_batch)
+    # images one generate pass decodes (a family's pipeline without that limit has none)
+    max_batch = min(getattr(pipeline, "max_images", None) or config.max_batch, config.max_batch)
     triton_config = triton_mod.TritonConfig(
         http_address=config.host, http_port=config.http_port, grpc_address=config.host, grpc_port=config.grpc_port,
         metrics_address=config.host, metrics_port=config.metrics_port, exit_timeout_secs=config.exit_timeout_s,
@@ -173,7 +175,7 @@ def running(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> Iterator
             triton = stack.enter_context(triton)
             triton.bind(model_name=config.model_name, infer_func=handler,
                         inputs=_tensors(model_config, INPUTS, optional=True),
-                        outputs=_tensors(model_config, OUTPUTS, optional=False),
+                        outputs=_tensors(model_config, handler.outputs, optional=False),
                         config=model_config.ModelConfig(max_batch_size=max_batch, batcher=model_config.DynamicBatcher(
                             max_queue_delay_microseconds=config.queue_delay_us)),
                         strict=False)
@@ -184,7 +186,7 @@ def running(pipeline: Pipeline, config: ServeConfig = ServeConfig()) -> Iterator
         yield triton
 
 
-def serve(pipeline: Pipeline, config: ServeConfig = ServeConfig(), on_ready: Optional[Any] = None) -> None:
+def serve(pipeline: Any, config: ServeConfig = ServeConfig(), on_ready: Optional[Any] = None) -> None:
     """Serve until interrupted (Ctrl-C / SIGTERM); `on_ready()` runs once the model has passed its
     health check, i.e. when a request would succeed."""
     with running(pipeline, config) as triton:

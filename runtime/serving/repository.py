@@ -4,22 +4,28 @@
     REPO/<model>/1/model.py           re-exports specrt.runtime.serving.python_backend's model
     REPO/<model>/1/bundle/            a copy of the bundle
 
-The tensors come from protocol.py (the same as `specrt serve`), so one client talks to both.
-Scale-out is Triton's: more instances per GPU (instance_group count), more GPUs, replicas of
-the container behind a load balancer. Written to a hidden temporary folder and renamed.
+The tensors come from protocol.py (the same as `specrt serve`), so one client talks to both;
+the `tokens` output is declared from the bundle's family and manifest (Family.token_dtype,
+manifest_token_shape), without opening a graph. The backend and instance kind default to the
+family's: ort-cuda on GPU instances where the family runs on it (LlamaGen), else its first
+backend on CPU instances (a continuous bundle: ort). Scale-out is Triton's: more instances per
+GPU (instance_group count), more GPUs, replicas of the container behind a load balancer.
+Written to a hidden temporary folder and renamed.
 """
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Optional
 
 from specrt.bundle_dir import move_into_place, partial_dir, refuse_existing
 from specrt.errors import SpecrtError
-from specrt.runtime.pipeline import BUNDLE_BACKENDS
+from specrt.runtime.families.base import Family
 from specrt.runtime.serving.protocol import INPUTS, OUTPUTS, TensorSpec
 
 INSTANCE_KINDS = ("gpu", "cpu")
+GPU_BACKENDS = ("ort-cuda", "ort-trt", "trt")
 MODEL_PY = '''"""Triton Python-backend model for a specrt bundle (written by `specrt triton-repo`).
 
 The container needs specrt installed (pip install specrt, plus onnxruntime-gpu for ort-cuda);
@@ -34,12 +40,29 @@ class RepoConfig:
     """What config.pbtxt says besides the tensors (the `specrt triton-repo` flags)."""
 
     model_name: str = "specrt"
-    backend: str = "ort-cuda"
-    instance_kind: str = "gpu"
+    backend: Optional[str] = None        # None: the family's default (for_family)
+    instance_kind: Optional[str] = None  # None: gpu where the backend runs on a GPU, else cpu
     instances: int = 1  # per GPU with kind gpu; in all with kind cpu
     max_batch: int = 8
     queue_delay_us: int = 2000
     threads: int = 0  # onnxruntime intra-op threads per session; 0: its default
+
+
+def for_family(config: RepoConfig, family: Family) -> RepoConfig:
+    """`config` with its defaults filled in for `family` and checked against what it runs on."""
+    backend = config.backend or ("ort-cuda" if "ort-cuda" in family.backends else family.backends[0])
+    on_gpu = any(b in GPU_BACKENDS for b in family.backends)
+    kind = config.instance_kind or ("gpu" if on_gpu else "cpu")
+    if backend not in family.backends:
+        raise SpecrtError(f"a {family.name} bundle runs on {', '.join(family.backends)}, not backend {backend!r}")
+    if kind not in INSTANCE_KINDS:
+        raise SpecrtError(f"instance kind must be one of {', '.join(INSTANCE_KINDS)}, got {kind!r}")
+    if kind == "cpu" and backend in GPU_BACKENDS:
+        raise SpecrtError(f"backend {backend} runs on a GPU; with --instance-kind cpu use ort or ort-cpu")
+    if kind == "gpu" and not on_gpu:
+        raise SpecrtError(f"a {family.name} bundle runs on the CPU ({', '.join(family.backends)}): use "
+                          f"--instance-kind cpu")
+    return replace(config, backend=backend, instance_kind=kind)
 
 
 def config_dtype(dtype: str) -> str:
@@ -53,8 +76,9 @@ def _tensor(spec: TensorSpec, optional: bool) -> str:
     return f'  {{ name: "{spec.name}" data_type: {config_dtype(spec.dtype)} dims: [ {dims} ]{extra} }}'
 
 
-def config_pbtxt(config: RepoConfig) -> str:
-    """The model's config.pbtxt (protobuf text of Triton's ModelConfig)."""
+def config_pbtxt(config: RepoConfig, outputs: tuple[TensorSpec, ...] = OUTPUTS) -> str:
+    """The model's config.pbtxt (protobuf text of Triton's ModelConfig); `outputs`: the model's
+    (protocol.outputs for its family; OUTPUTS is LlamaGen's)."""
     lines = [
         f'name: "{config.model_name}"',
         'backend: "python"',
@@ -65,7 +89,7 @@ def config_pbtxt(config: RepoConfig) -> str:
         ",\n".join(_tensor(spec, optional=True) for spec in INPUTS),
         "]",
         "output [",
-        ",\n".join(_tensor(spec, optional=False) for spec in OUTPUTS),
+        ",\n".join(_tensor(spec, optional=False) for spec in outputs),
         "]",
     ]
     parameters = {"bundle": "bundle", "backend": config.backend, "threads": str(config.threads or "")}
@@ -74,24 +98,22 @@ def config_pbtxt(config: RepoConfig) -> str:
 
 
 def write_repository(bundle: Path, out: Path, config: RepoConfig = RepoConfig(), force: bool = False) -> Path:
-    """Write the repository for `bundle` at `out`; returns the model folder."""
-    from specrt.manifest import read_manifest
+    """Write the repository for `bundle` (any family's) at `out`; returns the model folder."""
+    from specrt.runtime.families import read_bundle
+    from specrt.runtime.serving.protocol import outputs
 
     bundle, out = Path(bundle), Path(out)
-    read_manifest(bundle)  # a readable, complete bundle or one line saying what is wrong
-    if config.backend not in BUNDLE_BACKENDS:
-        raise SpecrtError(f"unknown backend {config.backend!r}; choose one of {', '.join(BUNDLE_BACKENDS)}")
-    if config.instance_kind not in INSTANCE_KINDS:
-        raise SpecrtError(f"instance kind must be one of {', '.join(INSTANCE_KINDS)}, got {config.instance_kind!r}")
-    if config.instance_kind == "cpu" and config.backend not in ("ort", "ort-cpu"):
-        raise SpecrtError(f"backend {config.backend} runs on a GPU; with --instance-kind cpu use ort or ort-cpu")
+    family, manifest = read_bundle(bundle)
+    family.describe(bundle)  # the family's own checks (those of `specrt inspect`), or one line saying what is wrong
+    config = for_family(config, family)
+    tensors = outputs(family.token_dtype, family.manifest_token_shape(manifest))
     if not config.model_name or not config.model_name.replace("-", "_").replace(".", "_").isidentifier():
         raise SpecrtError(f"model name {config.model_name!r}: use letters, digits, '-', '_' or '.'")
     refuse_existing(out, force)
     with partial_dir(out) as work:
         model = work / config.model_name
         (model / "1").mkdir(parents=True)
-        (model / "config.pbtxt").write_text(config_pbtxt(config))
+        (model / "config.pbtxt").write_text(config_pbtxt(config, tensors))
         (model / "1" / "model.py").write_text(MODEL_PY)
         shutil.copytree(bundle, model / "1" / "bundle", ignore=shutil.ignore_patterns(".*"))
         move_into_place(work, out, force)

@@ -1,9 +1,10 @@
 """`specrt serve [BUNDLE]` and `specrt triton-repo BUNDLE --out REPO`: specrt behind Triton.
 
-`serve` maps onto specrt.runtime.serving.pytriton_server.serve (a Pipeline from the BUNDLE,
-or the embedded demo, bound in this process through PyTriton); `triton-repo` onto
+`serve` maps onto specrt.runtime.serving.pytriton_server.serve (the pipeline of the BUNDLE's
+family, or the embedded demo, bound in this process through PyTriton); `triton-repo` onto
 specrt.runtime.serving.repository.write_repository (a model repository for the stock
-tritonserver container). Both speak specrt.runtime.serving.protocol's tensors.
+tritonserver container). Both speak specrt.runtime.serving.protocol's tensors, with `tokens`
+of the model family's dtype and shape (INT64 codes, FP32 continuous latents).
 """
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def serve_command(bundle, demo, backend, device, threads, host, http_port, grpc_
     """Serve a bundle (or the embedded demo) through Triton Inference Server (PyTriton).
 
     Requests carry a class id (or a prompt), method, seed and parameters; responses carry PNG
-    bytes, the tokens and stats. Triton's dynamic batcher merges requests that arrive
+    bytes, the tokens (INT64 VQ codes; FP32 [positions, channels] for a continuous bundle, whose
+    `image` is empty when it has no decoder) and stats. Triton's dynamic batcher merges requests that arrive
     together; rows with the same method and parameters run in one generate call. A bad
     request gets a one-line `error` back. The "ready" line comes once the model has passed a
     health check, i.e. when a request would succeed. Stop with Ctrl-C or SIGTERM.
@@ -89,11 +91,12 @@ def serve_command(bundle, demo, backend, device, threads, host, http_port, grpc_
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Repository folder to write.")
 @click.option("--model-name", default="specrt", show_default=True, help="The model's name in the repository.")
-@click.option("--backend", type=click.Choice(BUNDLE_BACKENDS), default="ort-cuda", show_default=True,
-              help="What each instance runs the bundle on (ort-cuda needs onnxruntime-gpu in the container; trt "
-                   "needs engines built with `specrt build` for that GPU).")
-@click.option("--instance-kind", type=click.Choice(["gpu", "cpu"]), default="gpu", show_default=True,
-              help="gpu: --instances per GPU (KIND_GPU); cpu: --instances in all, with --backend ort.")
+@click.option("--backend", type=click.Choice(BUNDLE_BACKENDS), default=None,
+              help="What each instance runs the bundle on (default: ort-cuda, which needs onnxruntime-gpu in the "
+                   "container; trt needs engines built with `specrt build` for that GPU; a continuous bundle: ort).")
+@click.option("--instance-kind", type=click.Choice(["gpu", "cpu"]), default=None,
+              help="gpu: --instances per GPU (KIND_GPU); cpu: --instances in all, with --backend ort (default: gpu; "
+                   "cpu for a continuous bundle, which runs on the CPU).")
 @click.option("--instances", type=int, default=1, show_default=True, help="Model instances (per GPU with gpu).")
 @click.option("--max-batch", type=int, default=8, show_default=True, help="Triton's max_batch_size.")
 @click.option("--queue-delay-us", type=int, default=2000, show_default=True, help="Dynamic batcher queue delay.")
@@ -102,7 +105,7 @@ def serve_command(bundle, demo, backend, device, threads, host, http_port, grpc_
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
 def triton_repo_command(bundle, out, model_name, backend, instance_kind, instances, max_batch, queue_delay_us,
                         threads, force) -> None:
-    """Write a Triton model repository serving BUNDLE on the stock tritonserver container.
+    """Write a Triton model repository serving BUNDLE (any model family) on the stock tritonserver container.
 
     \b
     REPO/<model>/config.pbtxt   Python backend, dynamic batching, instance_group

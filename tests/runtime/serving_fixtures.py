@@ -36,3 +36,23 @@ def free_ports(count: int) -> list[int]:
     for s in sockets:
         s.close()
     return ports
+
+
+def tiny_continuous_bundle(out: Path) -> Path:
+    """A random-weight continuous bundle at `out` (tests/runtime/test_families.py's sizes: 4 tokens
+    of 3 channels, 3 classes), target and draft, no decoder: a server gives its tokens only."""
+    from specrt.export.mar.export import export_bundle
+    from specrt.export.mar.model import MARConfig, random_mar
+
+    shared = dict(token_dim=3, seq_len=4, n_head=2, diffusion_steps=4, num_classes=3)
+    target = random_mar(MARConfig(dim=32, n_layer=2, **shared), seed=0)
+    draft = random_mar(MARConfig(dim=16, n_layer=1, head_width=16, head_depth=1, **shared), seed=1)
+    return export_bundle(target, draft, out)
+
+
+def continuous_demo_bundle(out: Path) -> Path:
+    """The continuous demo as a bundle at `out` (`specrt export --demo mar`: 8x8 tokens of 4
+    channels, 10 classes, the tokenizer decoder: 32 px images); a few seconds."""
+    from specrt.export.mar.hooks import export_bundle
+
+    return export_bundle(out)

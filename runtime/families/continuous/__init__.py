@@ -5,7 +5,7 @@ Its pipeline is ContinuousPipeline; its manifest reader is runtime/continuous_bu
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from specrt.errors import SpecrtError
 from specrt.runtime.families.base import Family
@@ -16,6 +16,7 @@ class ContinuousFamily(Family):
     methods = ("ar", "cspd")
     token_dtype = "float32"
     backends = ("ort", "ort-cpu", "torch")
+    pipeline_class = "specrt.runtime.continuous_pipeline:ContinuousPipeline"
 
     def open(self, path: Path, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:
         from specrt.runtime.continuous_pipeline import ContinuousPipeline
@@ -37,6 +38,41 @@ class ContinuousFamily(Family):
 
     def has_decoder(self, pipeline: Any) -> bool:
         return pipeline.decoder is not None
+
+    def token_shape(self, pipeline: Any) -> tuple[int, ...]:
+        return pipeline.target.spec.seq_len, pipeline.target.spec.token_dim
+
+    def manifest_token_shape(self, manifest: dict[str, Any]) -> tuple[int, ...]:
+        from specrt.runtime.continuous_bundle import model_spec
+
+        target = (manifest.get("models") or {}).get("target")
+        if not isinstance(target, dict) or not isinstance(target.get("config"), dict):
+            raise SpecrtError("the manifest's models need a target with a 'config' object")
+        spec = model_spec(target["config"])
+        return spec.seq_len, spec.token_dim
+
+    def check_request(self, pipeline: Any, method: str, params: dict[str, Any], class_id: Optional[int] = None,
+                      prompt: Optional[str] = None) -> None:
+        """ContinuousPipeline.generate's checks of one row, in its order (sampling keys, method,
+        class id, draft), without generating."""
+        from specrt import validation
+        from specrt.runtime.continuous_pipeline import SAMPLING_KEYS
+        from specrt.runtime.methods.continuous import ContinuousDecoding, make_continuous_method
+
+        sampling = {**pipeline.sampling_defaults, **{k: v for k, v in params.items() if k in SAMPLING_KEYS}}
+        ContinuousDecoding(pipeline.target, None, [], **sampling)  # checks temperature, cfg_scale, cfg_schedule
+        strategy = make_continuous_method(method, **{k: v for k, v in params.items() if k not in SAMPLING_KEYS})
+        validation.class_ids([class_id], pipeline.num_classes)
+        if strategy.needs_draft and pipeline.draft is None:
+            raise SpecrtError(f"method {method!r} needs a draft model and {pipeline.source or 'this model'} has none")
+
+    def serving_stats(self, result: Any) -> dict[str, Any]:
+        """Tokens per target forward of one image, forwards and passes (graph runs), cspd's
+        acceptance rate and residual proposals; the handler times the call (no total here)."""
+        stats = result.stats
+        return {"accepted_length": round(stats.tokens_per_target_pass, 4), "target_forwards": stats.target_forwards,
+                "target_passes": stats.target_passes, "acceptance_rate": round(stats.acceptance_rate, 4),
+                "residual_proposals": stats.residual_proposals}
 
 
 FAMILY = ContinuousFamily()

@@ -5,8 +5,9 @@ Its pipeline is runtime/pipeline.py's Pipeline; its manifest reader is specrt.ma
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
+from specrt.errors import SpecrtError
 from specrt.runtime.families.base import Family
 
 
@@ -15,6 +16,7 @@ class LlamaGenFamily(Family):
     methods = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
     token_dtype = "int64"
     backends = ("ort", "ort-cpu", "ort-cuda", "ort-trt", "trt")
+    pipeline_class = "specrt.runtime.pipeline:Pipeline"
 
     def open(self, path: Path, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:
         from specrt.runtime.pipeline import Pipeline
@@ -32,6 +34,34 @@ class LlamaGenFamily(Family):
 
     def conditions(self, pipeline: Any) -> str:
         return "prompts" if pipeline.target.spec.model_type == "t2i" else "class ids"
+
+    def token_shape(self, pipeline: Any) -> tuple[int, ...]:
+        return (pipeline.target.spec.grid_size ** 2,)
+
+    def manifest_token_shape(self, manifest: dict[str, Any]) -> tuple[int, ...]:
+        grid = ((manifest.get("models") or {}).get("target") or {}).get("grid_size")
+        if isinstance(grid, bool) or not isinstance(grid, int) or grid <= 0:
+            raise SpecrtError(f"the manifest's target needs a positive integer 'grid_size', not {grid!r:.40}")
+        return (grid * grid,)
+
+    def check_request(self, pipeline: Any, method: str, params: dict[str, Any], class_id: Optional[int] = None,
+                      prompt: Optional[str] = None) -> None:
+        from specrt.runtime.methods import make_method
+        from specrt.runtime.pipeline import SAMPLING_KEYS
+        from specrt.runtime.sampling import SamplingParams
+
+        if class_id is not None:
+            pipeline.conditions(class_ids=[class_id])
+        elif pipeline.text_encoder is None:
+            raise SpecrtError("this model has no text encoder: export the bundle with --text-encoder to send prompts")
+        SamplingParams(**{**pipeline.sampling_defaults,
+                          **{k: v for k, v in params.items() if k in SAMPLING_KEYS and v is not None}})
+        make_method(method, **{k: v for k, v in params.items() if k not in SAMPLING_KEYS})
+
+    def serving_stats(self, result: Any) -> dict[str, Any]:
+        stats = result.stats
+        return {"accepted_length": round(stats.mean_accepted_length, 4), "target_forwards": stats.target_forwards,
+                "target_passes": stats.target_calls, "generate_seconds": round(stats.seconds["total"], 6)}
 
 
 FAMILY = LlamaGenFamily()
