@@ -46,7 +46,9 @@ class HeadRunner(ModelRunner):
     def allocate(self, mix: np.ndarray, capacity: int | None = None) -> None:
         super().allocate(mix, capacity)
         size = self.batch * self.max_window * self.dim
-        if getattr(self, "_features_in", np.zeros(0)).size != size:
+        # grown only, never swapped for a smaller one: a backend binds views of these buffers once
+        # per window size (onnxruntime's IOBinding), and a batch that shrank by retain keeps them
+        if getattr(self, "_features_in", np.zeros(0)).size < size:
             self._features_in = np.zeros(size, dtype=np.float32)
             self._features_out_flat = np.zeros(size, dtype=np.float32)
         self.features_out = self._features_out_flat[:0]

@@ -178,6 +178,40 @@ def test_the_eagle_bundle_verifies_and_drafts_like_pytorch(eagle_bundle):
     assert ort.stats.draft_forwards == ref.stats.draft_forwards > 0
 
 
+def test_an_eagle_head_after_a_shrunk_batch_steps_as_a_fresh_one(eagle_bundle):
+    """Images leave a batch as they finish (retain), and the next call may find the head's batch
+    already the size it needs: the feature buffers its onnxruntime bindings view must still be
+    the ones it writes (a swapped buffer once fed every later call dead features: still exact,
+    but accepted lengths fell from 2.8 to 1.3 on the demo)."""
+    from specrt.runtime.sampling import SamplingParams, guidance_mix
+    from specrt.runtime.window import Window
+
+    manifest, _ = eagle_bundle
+    plain = SamplingParams(cfg_scale=1.0)
+    rng = np.random.default_rng(0)
+
+    def step(head, images):
+        head.begin()
+        features = [rng.standard_normal((1, 3, head.dim)).astype(np.float32) for _ in range(images)]
+        return features, head.step_pairs([Window.chain([1, 2, 3])] * images, features, np.full((images, 3), 0.5))
+
+    used = Pipeline.from_bundle(manifest.root, threads=1).draft
+    used.allocate(guidance_mix(6, plain))
+    step(used, 6)
+    used.retain([4])  # five images finished; the last runs on alone
+    step(used, 1)
+    step(used, 1)  # both output buffers (the runner alternates two) bound for this window size
+    used.allocate(guidance_mix(1, plain))  # the next call: one image, the batch it already has
+    rng = np.random.default_rng(1)
+    _, out = step(used, 1)
+    fresh = Pipeline.from_bundle(manifest.root, threads=1).draft
+    fresh.allocate(guidance_mix(1, plain))
+    rng = np.random.default_rng(1)
+    _, want = step(fresh, 1)
+    np.testing.assert_allclose(np.asarray(out.probs), np.asarray(want.probs), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(used.features_out, fresh.features_out, rtol=1e-5, atol=1e-5)
+
+
 def test_an_eagle_bundle_without_target_hidden_is_one_line(eagle_bundle, tmp_path):
     import shutil
 
