@@ -38,6 +38,20 @@ class Family(ABC):
         """True when generate(decode=True) gives images (else tokens only)."""
         return True
 
+    def image_size(self, pipeline: Any, manifest: dict[str, Any]) -> Optional[tuple[int, int]]:
+        """(height, width) in pixels of one decoded image, None when the pipeline has no decoder
+        (tokens only). `manifest` is the bundle's raw manifest (read_bundle); the C API asks this
+        once, when it opens a bundle, so a caller can size its pixel buffer."""
+        return tuple(pipeline.image_size) if self.has_decoder(pipeline) else None
+
+    def call_stats(self, result: Any) -> dict[str, float]:
+        """A generate result's numbers under the names every family shares (runtime/stats.py's
+        Stats.as_dict: tokens, target_forwards, draft_forwards, mean_accepted_length, seconds_total,
+        seconds_target, seconds_draft, seconds_verify, seconds_cache, seconds_decode). A number the
+        family does not measure is left out: the C API reports it as 0 (seconds_total as the call's
+        wall time)."""
+        return result.stats.as_dict()
+
     # ---- what serving asks (runtime/serving: `specrt serve`, `specrt triton-repo`) ----------------
 
     pipeline_class: ClassVar[str]        # "module:Class" of open()'s pipeline: families.pipeline_family finds

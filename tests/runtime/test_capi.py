@@ -1,10 +1,12 @@
 """The C API end to end: configure and build the library and the example host program with
 CMake, install the CMake package, build the example against it with find_package(specrt),
-run it on the demo bundle and compare its pixels with the Python API's, byte for byte; then
-the error cases, with their codes and messages.
+run it on the demo bundles (LlamaGen's and the continuous one, and a continuous bundle without
+a decoder) and compare its pixels and tokens with the Python API's, byte for byte; then the
+error cases, with their codes and messages, and the output object's calls (capi_output.c).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -68,20 +70,117 @@ def _generate(example: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(example), *args], capture_output=True, text=True, env=env, timeout=600)
 
 
-@pytest.mark.parametrize("method, params", [("ar", "{}"), ("sd", '{"draft_len": 3}')])
-def test_example_matches_python_api_byte_for_byte(example, demo_bundle, tmp_path, method, params):
-    out = tmp_path / "out.ppm"
-    done = _generate(example, str(demo_bundle), str(out), "--class", "1", "--class", "7",
-                     "--method", method, "--params", params, "--seed", "5")
-    assert done.returncode == 0, done.stderr
-    assert "wrote" in done.stdout
-    width, height, pixels = _read_ppm(out)
+@pytest.fixture(scope="module")
+def continuous_demo_bundle(tmp_path_factory) -> Path:
+    """`specrt export --demo mar`: the continuous demo, with its tokenizer decoder."""
+    pytest.importorskip("torch")
+    from specrt.cli import main
 
-    import json
-    result = Pipeline.from_bundle(demo_bundle).generate([1, 7], method=method, seed=5, **json.loads(params))
+    out = tmp_path_factory.mktemp("mar") / "mar"
+    try:
+        main(["export", "--demo", "mar", "--out", str(out)])
+    except SystemExit as exc:
+        assert not exc.code, f"specrt export --demo mar exited {exc.code}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def decoderless_bundle(tmp_path_factory) -> Path:
+    """A continuous bundle exported without a decoder: it generates float tokens only."""
+    pytest.importorskip("torch")
+    from specrt.export.mar.export import export_bundle
+    from specrt.export.mar.model import MARConfig, random_mar
+
+    shared = dict(token_dim=3, seq_len=4, n_head=2, diffusion_steps=4, num_classes=3)
+    target = random_mar(MARConfig(dim=32, n_layer=2, **shared), seed=0)
+    draft = random_mar(MARConfig(dim=16, n_layer=1, head_width=16, head_depth=1, **shared), seed=1)
+    return export_bundle(target, draft, tmp_path_factory.mktemp("nodecoder") / "bundle")
+
+
+def _expect_example_output(example: Path, bundle: Path, tmp_path: Path, method: str, params: str,
+                           route: str) -> None:
+    """The example's PPM (and --save-tokens .npy) equal the Python API's images and tokens for
+    class ids 1 and 7, seed 5. route "output": specrt_generate_output; "buffer": specrt_generate
+    into a caller buffer of exactly the images' size (--buffer-bytes)."""
+    result = Pipeline.from_bundle(bundle).generate([1, 7], method=method, seed=5, **json.loads(params))
     expected = np.ascontiguousarray(result.images)  # [2, H, W, 3]
+    out, tokens = tmp_path / "out.ppm", tmp_path / "tokens.npy"
+    args = ["--buffer-bytes", str(expected.nbytes)] if route == "buffer" else ["--save-tokens", str(tokens)]
+    done = _generate(example, str(bundle), str(out), "--class", "1", "--class", "7",
+                     "--method", method, "--params", params, "--seed", "5", *args)
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {out}: 2 image(s)" in done.stdout
+    width, height, pixels = _read_ppm(out)
     assert (height, width) == (2 * expected.shape[1], expected.shape[2])
     assert pixels == expected.tobytes()
+    if route == "output":
+        saved = np.load(tokens)
+        assert saved.dtype == result.tokens.dtype and saved.shape == result.tokens.shape
+        np.testing.assert_array_equal(saved, result.tokens)
+
+
+@pytest.mark.parametrize("route", ["output", "buffer"])
+@pytest.mark.parametrize("method, params", [("ar", "{}"), ("sd", '{"draft_len": 3}')])
+def test_example_matches_python_api_byte_for_byte(example, demo_bundle, tmp_path, method, params, route):
+    _expect_example_output(example, demo_bundle, tmp_path, method, params, route)
+
+
+@pytest.mark.parametrize("route", ["output", "buffer"])
+@pytest.mark.parametrize("method, params", [("ar", "{}"), ("cspd", '{"draft_len": 3}')])
+def test_example_on_the_continuous_demo_bundle_matches_python_api(example, continuous_demo_bundle, tmp_path,
+                                                                  method, params, route):
+    """A continuous bundle through the same calls: class ids in, the decoder's images out (and
+    its float32 latents with --save-tokens), byte for byte the Python API's."""
+    _expect_example_output(example, continuous_demo_bundle, tmp_path, method, params, route)
+
+
+@pytest.mark.parametrize("bundle_name", ["demo_bundle", "continuous_demo_bundle"])
+def test_example_tokens_only_writes_the_familys_tokens(example, request, tmp_path, bundle_name):
+    """--tokens-only (decode 0): OUT is the tokens as .npy, int64 from LlamaGen, float32 latents
+    from a continuous bundle, equal to the Python API's."""
+    bundle = request.getfixturevalue(bundle_name)
+    out = tmp_path / "tokens.npy"
+    done = _generate(example, str(bundle), str(out), "--class", "3", "--seed", "2", "--tokens-only")
+    assert done.returncode == 0, done.stderr
+    expected = Pipeline.from_bundle(bundle).generate([3], method="ar", seed=2, decode=False).tokens
+    dtype = "float32" if bundle_name == "continuous_demo_bundle" else "int64"
+    assert f"wrote {out}: {dtype} tokens [{', '.join(map(str, expected.shape))}]" in done.stdout
+    saved = np.load(out)
+    assert saved.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(saved, expected)
+
+
+def test_example_on_a_bundle_without_decoder_writes_float_tokens(example, decoderless_bundle, tmp_path):
+    out = tmp_path / "tokens.npy"
+    done = _generate(example, str(decoderless_bundle), str(out), "--class", "0", "--class", "2",
+                     "--method", "cspd", "--params", '{"draft_len": 2}', "--seed", "3")
+    assert done.returncode == 0, done.stderr
+    assert "float32 tokens [2, 4, 3] (the bundle has no decoder)" in done.stdout
+    expected = Pipeline.from_bundle(decoderless_bundle).generate([0, 2], method="cspd", seed=3, decode=False,
+                                                                 draft_len=2).tokens
+    saved = np.load(out)
+    assert saved.dtype == np.float32 and saved.shape == (2, 4, 3)
+    assert saved.tobytes() == np.ascontiguousarray(expected, dtype=np.float32).tobytes()
+    # specrt_generate wants pixels: one line naming the call that gives tokens
+    done = _generate(example, str(decoderless_bundle), str(tmp_path / "x.ppm"), "--class", "0", "--buffer-bytes", "64")
+    assert done.returncode == INVALID_ARGUMENT
+    assert "no decoder" in done.stderr and "specrt_generate_output" in done.stderr
+    assert not (tmp_path / "x.ppm").exists()
+
+
+@pytest.mark.parametrize("bundle_name, dtype, decoder", [("demo_bundle", "int64", 1),
+                                                          ("continuous_demo_bundle", "float32", 1),
+                                                          ("decoderless_bundle", "float32", 0)])
+def test_output_object_calls(example, request, tmp_path, bundle_name, dtype, decoder):
+    """tests/runtime/capi_output.c against the installed library: the family queries, the token
+    dtype and shape, the accessor of each dtype (the other refused), images, statistics, errors."""
+    bundle = request.getfixturevalue(bundle_name)
+    binary = _compile(example, "capi_output.c", tmp_path)
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    done = subprocess.run([str(binary), str(bundle), dtype, str(decoder)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"ok: {dtype} tokens")
 
 
 @pytest.mark.parametrize("args, code, message", [
@@ -112,18 +211,24 @@ def test_missing_bundle_is_not_found(example, tmp_path):
     assert "no specrt bundle" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_many_threads_on_one_pipeline_get_their_solo_results(example, demo_bundle, tmp_path):
-    """tests/runtime/capi_threads.c: six threads generate at once on one pipeline (one with a bad
-    parameter); each result must equal its solo run and the bad one fail alone, with its own
-    message. Compiled against the library the `example` fixture installed (one small C file)."""
+def _compile(example: Path, source: str, tmp_path: Path) -> Path:
+    """One small C file of tests/runtime, built against the library the `example` fixture installed."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         pytest.skip("needs a C compiler")
     prefix = example.parent.parent / "prefix"
     libdir = next(prefix.glob("lib*/libspecrt.so*")).parent
-    binary = tmp_path / "capi_threads"
-    _run([compiler, "-O1", str(Path(__file__).with_name("capi_threads.c")), f"-I{prefix / 'include'}", f"-L{libdir}",
+    binary = tmp_path / Path(source).stem
+    _run([compiler, "-O1", str(Path(__file__).with_name(source)), f"-I{prefix / 'include'}", f"-L{libdir}",
           "-lspecrt", "-lpthread", f"-Wl,-rpath,{libdir}", "-o", str(binary)])
+    return binary
+
+
+def test_many_threads_on_one_pipeline_get_their_solo_results(example, demo_bundle, tmp_path):
+    """tests/runtime/capi_threads.c: six threads generate at once on one pipeline (one with a bad
+    parameter); each result must equal its solo run and the bad one fail alone, with its own
+    message. Compiled against the library the `example` fixture installed (one small C file)."""
+    binary = _compile(example, "capi_threads.c", tmp_path)
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     done = subprocess.run([str(binary), str(demo_bundle)], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr

@@ -39,6 +39,24 @@ class ContinuousFamily(Family):
     def has_decoder(self, pipeline: Any) -> bool:
         return pipeline.decoder is not None
 
+    def image_size(self, pipeline: Any, manifest: dict[str, Any]) -> Optional[tuple[int, int]]:
+        """The decoder's square images, as the manifest's decoder entry gives their side."""
+        if not self.has_decoder(pipeline):
+            return None
+        side = (manifest.get("decoder") or {}).get("image_size")
+        if isinstance(side, bool) or not isinstance(side, int) or side <= 0:
+            raise SpecrtError(f"the manifest's decoder needs a positive integer 'image_size', not {side!r:.40}")
+        return side, side
+
+    def call_stats(self, result: Any) -> dict[str, float]:
+        """Tokens and target forwards per image (a batched step of 8 images counts 8), one draft
+        forward per drafted token, tokens per target forward; no per-part timings."""
+        stats = result.stats
+        return {"tokens": stats.tokens,
+                "target_forwards": stats.target_forwards,
+                "draft_forwards": stats.drafted,
+                "mean_accepted_length": stats.tokens_per_target_pass}
+
     def token_shape(self, pipeline: Any) -> tuple[int, ...]:
         return pipeline.target.spec.seq_len, pipeline.target.spec.token_dim
 
