@@ -116,7 +116,8 @@ SPECRT_API specrt_status specrt_token_dtype(const specrt_pipeline *pipe, specrt_
  * temperature, top_k, top_p; continuous cfg_scale, temperature, cfg_schedule) left out, or null,
  * take the bundle's sampling_defaults (its model family's, as on every other path). The n images
  * are decoded together; image i uses seed + i and nothing else, so it is the image a call
- * with that one class id and seed + i gives. Same seed, same images. stats may be NULL.
+ * with that one class id and seed + i gives (a continuous model's: up to the float rounding of
+ * its batched graphs). Same seed and class ids, same images. stats may be NULL.
  * A bundle without a decoder: SPECRT_ERR_INVALID_ARGUMENT (use specrt_generate_output). */
 SPECRT_API specrt_status specrt_generate(specrt_pipeline *pipe, const int32_t *class_ids, size_t n,
                                          const char *method, const char *params_json, uint64_t seed,
