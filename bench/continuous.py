@@ -20,7 +20,7 @@ import numpy as np
 from specrt.bench.report import latency_summary
 from specrt.bench.settings import _parse_value
 from specrt.errors import SpecrtError
-from specrt.runtime.methods.continuous import CONTINUOUS_METHODS, make_continuous_method
+from specrt.runtime.families.continuous.methods import CONTINUOUS_METHODS, make_continuous_method
 
 DEFAULT_SWEEPS = ("cspd:draft_len=2,4,8",)
 SAMPLING_SWEEP_KEYS = ("cfg_scale", "temperature", "cfg_schedule")

@@ -4,7 +4,7 @@ What maps, and how (facts from LTH14/mar's module definitions; no code of theirs
 - the diffusion head `diffloss.net.*` (SimpleMLPAdaLN) maps key for key onto ours, with two
   stated differences: MAR's head predicts [ε, learned variance] (out_channels = 2C); specrt
   keeps the ε rows of `final_layer.linear` and samples with the fixed σ_t² = β_t (why:
-  runtime/continuous.py needs each step's density). Its timestep features are 256 wide
+  runtime/families/continuous/formulas.py needs each step's density). Its timestep features are 256 wide
   (`head_freq_dim` 256) and its timesteps are those of MAR's 1000-step cosine training chain:
   specrt runs that chain unrespaced (`diffusion_steps` 1000); MAR's respaced sampling
   (num_sampling_steps 100) is not supported.

@@ -174,8 +174,8 @@ def sample_tokens(models: MARDemo, class_ids: np.ndarray, method: str = "ar", se
                   **params) -> tuple[np.ndarray, object]:
     """Continuous tokens [N, seq_len, C] from the runtime's own methods on the PyTorch backend,
     decoded together (image i from its own stream, seeded with seed + i, as the pipeline does)."""
-    from specrt.runtime.backends.torch_continuous import torch_runners
-    from specrt.runtime.methods.continuous import ContinuousDecoding, make_continuous_method
+    from specrt.runtime.families.continuous.torch_runner import torch_runners
+    from specrt.runtime.families.continuous.methods import ContinuousDecoding, make_continuous_method
 
     sampling = dict(models.sampling_defaults)
     sampling.update({k: params.pop(k) for k in list(params) if k in ("cfg_scale", "temperature")})

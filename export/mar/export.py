@@ -7,12 +7,12 @@ Per model role (target, draft) two graphs, both with dynamic rows:
                     (B rows: the images of a batch, then under CFG their unconditional twins;
                     each row its own positions and mask, so images of one pass may have
                     different committed lengths; W >= 1 and P >= 0 dynamic; the KV cache is
-                    the runtime's, runtime/continuous_runner.py)
+                    the runtime's, runtime/families/continuous/runner.py)
   <role>_head.onnx  x [R,C] f32, t [R] i64, z [R,D] f32  ->  eps [R,C]   (R dynamic)
 and, when the bundle has a tokenizer decoder (the continuous demo's KL autoencoder):
   decoder.onnx      tokens [N, seq_len, C] f32  ->  images [N, 3, H, W] f32 in about [-1, 1]   (N dynamic)
 The bundle's manifest.json says `"family": "continuous"` and carries each model's config
-(runtime/continuous_bundle.py reads it); the weights also ship as <role>.safetensors so the
+(runtime/families/continuous/bundle.py reads it); the weights also ship as <role>.safetensors so the
 torch backend runs the same bundle. Written to a temporary directory and renamed into place.
 """
 from __future__ import annotations
@@ -148,8 +148,8 @@ def verify_bundle(bundle_dir: str | Path, atol: float = 1e-4) -> list[str]:
     import numpy as np
 
     from specrt.errors import SpecrtError
-    from specrt.runtime.continuous_bundle import open_decoder, open_runner, read_continuous_manifest
-    from specrt.runtime.continuous_runner import step_inputs
+    from specrt.runtime.families.continuous.bundle import open_decoder, open_runner, read_continuous_manifest
+    from specrt.runtime.families.continuous.runner import step_inputs
 
     lines = []
     rng = np.random.default_rng(0)

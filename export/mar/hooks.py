@@ -31,8 +31,8 @@ def torch_pipeline(weights: Optional[Path] = None, threads: Optional[int] = 1, *
     default threading made one cspd image 10× slower)."""
     from specrt.export.mar.demo import load_mar_demo
     from specrt.lazy import require
-    from specrt.runtime.backends.torch_continuous import torch_runners
-    from specrt.runtime.continuous_pipeline import ContinuousPipeline
+    from specrt.runtime.families.continuous.torch_runner import torch_runners
+    from specrt.runtime.families.continuous.pipeline import ContinuousPipeline
     from specrt.runtime.threads import set_torch_threads
 
     torch = require("torch", "the continuous demo")

@@ -11,7 +11,7 @@ into an adaLN condition, residual MLP blocks, adaLN final layer) predicting the 
 sampling is DDPM with a fixed variance σ_t² = β_t at every step, the last one included, so
 every transition p(x_{t−1} | x_t) is a Gaussian with a known density (MAR learns σ and adds
 no noise at its last step, which leaves x_0 without a density; a fixed schedule is what the
-acceptance ratio of runtime/continuous.py needs).
+acceptance ratio of runtime/families/continuous/formulas.py needs).
 
 Parameter names follow MAR where a counterpart exists (`z_proj`, `class_emb`, `blocks.N`,
 `norm`, `diffloss.net.*`). Inference entry points are pure functions of tensors: the KV
@@ -43,7 +43,7 @@ class MARConfig:
     head_depth: int = 2         # residual blocks (MAR: 3 for MAR-B)
     diffusion_steps: int = 8    # T of the fixed DDPM schedule used for sampling
     schedule: str = "cosine"
-    beta_start: float = 1e-4    # the linear schedule's endpoints (runtime/continuous.ddpm_schedule)
+    beta_start: float = 1e-4    # the linear schedule's endpoints (runtime/families/continuous/formulas.ddpm_schedule)
     beta_end: float = 0.02
     input_norm: bool = False    # MAR's z_proj_ln: LayerNorm after the position embedding (checkpoint.py)
     head_freq_dim: int = 64     # the head's sinusoidal timestep features (MAR: 256)

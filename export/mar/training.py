@@ -4,7 +4,7 @@ The optimiser, schedule and seeding are the c2i demo's (export/demo/training.opt
 is new is the two losses. The autoencoder: pixel MSE + a small KL to N(0, I). The MAR model:
 MAR's diffusion loss — teacher-forced causal transformer gives z per token, the head predicts
 the noise of x_t = sqrt(ᾱ_t)·x_0 + sqrt(1 − ᾱ_t)·ε at a random step t of the very schedule the
-runtime samples with (runtime/continuous.ddpm_schedule), `diffusion_batch_mul` draws per token.
+runtime samples with (runtime/families/continuous/formulas.ddpm_schedule), `diffusion_batch_mul` draws per token.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from specrt.export.demo.dataset import DigitsSplit, shift  # noqa: E402
 from specrt.export.demo.training import _batch, optimise  # noqa: E402
 from specrt.export.mar.autoencoder import AEConfig, KLAutoencoder, to_tokens  # noqa: E402
 from specrt.export.mar.model import MAR, MARConfig  # noqa: E402
-from specrt.runtime.continuous import ddpm_schedule  # noqa: E402
+from specrt.runtime.families.continuous.formulas import ddpm_schedule  # noqa: E402
 
 
 def train_autoencoder(split: DigitsSplit, cfg: AEConfig, schedule: Schedule, kl_weight: float, max_shift: int,

@@ -16,8 +16,8 @@ pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
 from specrt.errors import SpecrtError  # noqa: E402
-from specrt.runtime.continuous_bundle import open_runner  # noqa: E402
-from specrt.runtime.continuous_pipeline import ContinuousPipeline  # noqa: E402
+from specrt.runtime.families.continuous.bundle import open_runner  # noqa: E402
+from specrt.runtime.families.continuous.pipeline import ContinuousPipeline  # noqa: E402
 
 CLASSES = [1, 3, 5, 7]
 CSPD = {"draft_len": 3, "prefill_ratio": 0.1}

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from _continuous_exact import same_distribution
-from specrt.runtime import continuous
-from specrt.runtime.continuous_bundle import open_runner
-from specrt.runtime.methods.continuous import CSpD, ContinuousAR, ContinuousDecoding, ContinuousStats
+from specrt.runtime.families.continuous import formulas as continuous
+from specrt.runtime.families.continuous.bundle import open_runner
+from specrt.runtime.families.continuous.methods import CSpD, ContinuousAR, ContinuousDecoding, ContinuousStats
 
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
