@@ -1,7 +1,7 @@
 """The continuous family: MAR-style models whose tokens are continuous latents drawn by a
 diffusion head, with ar and continuous speculative decoding (cspd, paper 002).
 
-Its pipeline is ContinuousPipeline; its manifest reader is runtime/continuous_bundle.py."""
+Its pipeline is ContinuousPipeline; its manifest reader is runtime/families/continuous/bundle.py."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,10 +16,10 @@ class ContinuousFamily(Family):
     methods = ("ar", "cspd")
     token_dtype = "float32"
     backends = ("ort", "ort-cpu", "torch")
-    pipeline_class = "specrt.runtime.continuous_pipeline:ContinuousPipeline"
+    pipeline_class = "specrt.runtime.families.continuous.pipeline:ContinuousPipeline"
 
     def open(self, path: Path, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:
-        from specrt.runtime.continuous_pipeline import ContinuousPipeline
+        from specrt.runtime.families.continuous.pipeline import ContinuousPipeline
         from specrt.runtime.threads import set_torch_threads
 
         if backend not in self.backends:
@@ -61,7 +61,7 @@ class ContinuousFamily(Family):
         return pipeline.target.spec.seq_len, pipeline.target.spec.token_dim
 
     def manifest_token_shape(self, manifest: dict[str, Any]) -> tuple[int, ...]:
-        from specrt.runtime.continuous_bundle import model_spec
+        from specrt.runtime.families.continuous.bundle import model_spec
 
         target = (manifest.get("models") or {}).get("target")
         if not isinstance(target, dict) or not isinstance(target.get("config"), dict):
@@ -74,8 +74,8 @@ class ContinuousFamily(Family):
         """ContinuousPipeline.generate's checks of one row, in its order (sampling keys, method,
         class id, draft), without generating."""
         from specrt import validation
-        from specrt.runtime.continuous_pipeline import SAMPLING_KEYS
-        from specrt.runtime.methods.continuous import ContinuousDecoding, make_continuous_method
+        from specrt.runtime.families.continuous.pipeline import SAMPLING_KEYS
+        from specrt.runtime.families.continuous.methods import ContinuousDecoding, make_continuous_method
 
         sampling = {**pipeline.sampling_defaults, **{k: v for k, v in params.items() if k in SAMPLING_KEYS}}
         ContinuousDecoding(pipeline.target, None, [], **sampling)  # checks temperature, cfg_scale, cfg_schedule

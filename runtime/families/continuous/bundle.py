@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from specrt.errors import SpecrtError
-from specrt.runtime.continuous_runner import ContinuousRunner, ContinuousSpec
+from specrt.runtime.families.continuous.runner import ContinuousRunner, ContinuousSpec
 
 FAMILY = "continuous"
 BACKENDS = ("onnxruntime", "torch")
@@ -60,12 +60,12 @@ def open_runner(bundle_dir: str | Path, role: str, backend: str = "onnxruntime")
         if not (bundle_dir / entry[key]).is_file():
             raise SpecrtError(f"bundle {bundle_dir} lacks {entry[key]} ({role} {key})")
     if backend == "onnxruntime":
-        from specrt.runtime.backends.ort_continuous import OrtContinuousRunner
+        from specrt.runtime.families.continuous.ort_runner import OrtContinuousRunner
 
         return OrtContinuousRunner(spec, bundle_dir / entry["step"], bundle_dir / entry["head"])
     from specrt.export.mar.model import MAR, MARConfig
     from specrt.lazy import require
-    from specrt.runtime.backends.torch_continuous import TorchContinuousRunner
+    from specrt.runtime.families.continuous.torch_runner import TorchContinuousRunner
 
     require("torch", "the torch backend")
     from safetensors.torch import load_file

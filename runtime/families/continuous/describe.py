@@ -14,7 +14,7 @@ from specrt.errors import SpecrtError
 
 
 def describe_bundle(path: Path) -> str:
-    from specrt.runtime.continuous_bundle import model_spec, read_continuous_manifest
+    from specrt.runtime.families.continuous.bundle import model_spec, read_continuous_manifest
 
     path = Path(path)
     raw = read_continuous_manifest(path)

@@ -2,7 +2,7 @@
 
 They mirror methods/base.py's shape (PARAMS checked by specrt.validation, `generate(ctx,
 class_ids)`), but return continuous tokens [N, seq_len, C] and drive ContinuousRunners; the
-formulas are runtime/continuous.py's. Like the discrete methods they decode all images of a
+formulas are runtime/families/continuous/formulas.py's. Like the discrete methods they decode all images of a
 call together: every transformer step and every denoising chain runs the unfinished images
 at once, each image with its own window, committed length and random stream (ragged
 acceptance), and finished images leave the batch (methods.base.Batched). Everything random
@@ -20,8 +20,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from specrt.errors import SpecrtError
-from specrt.runtime import continuous
-from specrt.runtime.continuous_runner import ContinuousRunner, ContinuousWindows
+from specrt.runtime.families.continuous import formulas as continuous
+from specrt.runtime.families.continuous.runner import ContinuousRunner, ContinuousWindows
 from specrt.runtime.methods.base import Batched, Method
 from specrt.validation import Float, Int, number
 

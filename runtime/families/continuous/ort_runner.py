@@ -8,7 +8,7 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.lazy import require
-from specrt.runtime.continuous_runner import ContinuousRunner, ContinuousSpec
+from specrt.runtime.families.continuous.runner import ContinuousRunner, ContinuousSpec
 
 
 class OrtContinuousRunner(ContinuousRunner):

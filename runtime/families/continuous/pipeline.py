@@ -4,9 +4,9 @@
     result = pipe.generate([3, 7], method="cspd", seed=0, draft_len=4)
     result.images   # uint8 [N, H, W, 3] (None without a tokenizer decoder), result.tokens [N, seq_len, C]
 
-Beside runtime/pipeline.py's Pipeline (discrete tokens, sampling heads inside the graphs), not
-a subclass: the runners, methods and formulas are the continuous ones (continuous_runner,
-methods/continuous, continuous). Sampling defaults come from the bundle's manifest (the demo's
+The continuous family's own pipeline beside runtime/pipeline.py's (discrete tokens, sampling heads
+inside the graphs), with the same generate call (runtime/families/base.py): its runners, methods
+and formulas are this folder's (runner.py, methods.py, formulas.py). Sampling defaults come from the bundle's manifest (the demo's
 from its mar.json); each keyword given overrides that key. The images of a call are decoded
 together in one pass (in passes of `max_images` when there are more); image i draws all its
 randomness from its own stream seeded with seed + i (or seed[i]), so it is the same image alone
@@ -25,8 +25,8 @@ import numpy as np
 from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.manifest import DEFAULT_MAX_IMAGES
-from specrt.runtime.continuous_runner import ContinuousRunner
-from specrt.runtime.methods.continuous import ContinuousDecoding, ContinuousStats, make_continuous_method
+from specrt.runtime.families.continuous.runner import ContinuousRunner
+from specrt.runtime.families.continuous.methods import ContinuousDecoding, ContinuousStats, make_continuous_method
 
 SAMPLING_KEYS = ("cfg_scale", "temperature", "cfg_schedule")
 FALLBACK_SAMPLING = {"cfg_scale": 1.0, "temperature": 1.0, "cfg_schedule": "constant"}
@@ -67,7 +67,7 @@ class ContinuousPipeline:
     def from_bundle(cls, bundle_dir: str | Path, backend: str = "onnxruntime",
                     max_images: Optional[int] = None) -> "ContinuousPipeline":
         """Everything from the bundle's manifest: models, decoder, sampling defaults."""
-        from specrt.runtime.continuous_bundle import open_decoder, open_runner, read_continuous_manifest
+        from specrt.runtime.families.continuous.bundle import open_decoder, open_runner, read_continuous_manifest
 
         manifest = read_continuous_manifest(bundle_dir)
         return cls(open_runner(bundle_dir, "target", backend), open_runner(bundle_dir, "draft", backend),

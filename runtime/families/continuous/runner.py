@@ -2,7 +2,7 @@
 
 Beside runtime/runner.py's ModelRunner (discrete heads that sample on the device), not a
 subclass of it: the step here returns the per-token condition z instead of probabilities,
-and sampling is a chain of diffusion-head calls the method drives (runtime/continuous.py).
+and sampling is a chain of diffusion-head calls the method drives (runtime/families/continuous/formulas.py).
 It has the same shape for batches, though: the runner decodes a batch of images, model rows
 [image 0..N−1] or, under CFG, [images; their unconditional twins] (row i + N is image i's
 twin, class id num_classes). It owns the KV cache [L, rows, H, seq_len + 1, hd] (allocated when
@@ -24,8 +24,8 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from specrt.errors import SpecrtError
-from specrt.runtime import continuous
-from specrt.runtime.continuous import Schedule
+from specrt.runtime.families.continuous import formulas as continuous
+from specrt.runtime.families.continuous.formulas import Schedule
 
 # What step takes: one [W,C] window for every image, [N,W,C] (one per image, all W wide), or a
 # list with one [W_i,C] window per image (None: nothing to run for that image).

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from specrt.lazy import require
-from specrt.runtime.continuous_runner import ContinuousRunner, ContinuousSpec
+from specrt.runtime.families.continuous.runner import ContinuousRunner, ContinuousSpec
 
 
 def spec_of(cfg: Any) -> ContinuousSpec:
