@@ -126,27 +126,45 @@ def run_continuous(pipe: Any, settings: Sequence[ContinuousSetting], images: int
                        "the tokenizer decode excluded)"}
 
 
-def format_table(payload: dict[str, Any]) -> str:
-    """The run as a Markdown table (what the CLI prints and the README quotes)."""
-    head = ("| setting | tokens / target pass | target passes / image | acceptance | residual proposals / image | "
-            "latency median (ms) | speed-up vs ar | class accuracy | Fréchet distance ± sd |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+HEADERS = ["setting", "tokens / target pass", "target passes / image", "acceptance", "residual proposals / image",
+           "latency median (ms)", "speed-up vs ar", "class accuracy", "Fréchet distance ± sd"]
+
+
+def _rows(payload: dict[str, Any]) -> list[list[str]]:
+    rows = []
     for r in payload["results"]:
         q = r["quality"]
         fd = (f"{q['frechet_distance']:.1f} ± {q['frechet_distance_std']:.1f}"
               if q.get("frechet_distance") is not None and q.get("frechet_distance_std") is not None else "-")
-        acc = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.3f}"
-        accuracy = f"{q['class_accuracy']:.3f}" if "class_accuracy" in q else "-"
-        lines.append(f"| {r['label']} | {r['tokens_per_target_pass']:.2f} | {r['target_passes_per_image']:.1f} | "
-                     f"{acc} | {r['residual_proposals_per_image']:.1f} | {1000 * r['latency_s']['median']:.0f} | "
-                     f"{r['speedup_vs_ar']:.2f}x | {accuracy} | {fd} |")
+        rows.append([r["label"], f"{r['tokens_per_target_pass']:.2f}", f"{r['target_passes_per_image']:.1f}",
+                     "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.3f}",
+                     f"{r['residual_proposals_per_image']:.1f}", f"{1000 * r['latency_s']['median']:.0f}",
+                     f"{r['speedup_vs_ar']:.2f}x", f"{q['class_accuracy']:.3f}" if "class_accuracy" in q else "-", fd])
+    return rows
+
+
+def _floor(payload: dict[str, Any]) -> list[str]:
     floor = payload.get("fd_noise_floor")
-    if floor and floor.get("frechet_distance") is not None:
-        lines.append(f"\nFréchet-distance noise floor (real vs real, {floor['images']} vs {floor['reference_images']} "
-                     f"images, {floor['feature_dim']}-d evaluator features): {floor['frechet_distance']:.1f} ± "
-                     f"{floor['frechet_distance_std'] or 0:.1f}; evaluator accuracy on real held-out digits: "
-                     f"{floor['real_class_accuracy']:.3f}")
-    return "\n".join(lines)
+    if not floor or floor.get("frechet_distance") is None:
+        return []
+    return [f"Fréchet-distance noise floor (real vs real, {floor['images']} vs {floor['reference_images']} "
+            f"images, {floor['feature_dim']}-d evaluator features): {floor['frechet_distance']:.1f} ± "
+            f"{floor['frechet_distance_std'] or 0:.1f}; evaluator accuracy on real held-out digits: "
+            f"{floor['real_class_accuracy']:.3f}"]
+
+
+def format_text(payload: dict[str, Any]) -> str:
+    """The run as the terminal table every `specrt bench` prints."""
+    from specrt.bench.report import fixed_width
+
+    return "\n".join([fixed_width(HEADERS, _rows(payload)), *_floor(payload)])
+
+
+def format_table(payload: dict[str, Any]) -> str:
+    """The run as a Markdown table (`--markdown`; what the README quotes)."""
+    lines = ["| " + " | ".join(HEADERS) + " |", "|---|" + "---:|" * (len(HEADERS) - 1)]
+    lines += ["| " + " | ".join(row) + " |" for row in _rows(payload)]
+    return "\n".join(lines + [("\n" + line) for line in _floor(payload)])
 
 
 def demo_bundle(weights: Any = None, cache_dir: Any = None, progress: Optional[Callable[[str], None]] = None) -> Any:

@@ -116,11 +116,16 @@ def format_table(results: list[MethodResult]) -> str:
             _fmt(r.quality.get("class_accuracy"), 3), format_fd(r.quality),
             _fmt(r.theory.get("tv_bound"), 3),
         ])
+    return fixed_width(headers, rows)
+
+
+def fixed_width(headers: list[str], rows: list[list[Any]]) -> str:
+    """The terminal's table: the first column left-aligned, the others right-aligned, a rule under
+    the headers (every `specrt bench` table reads alike)."""
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
-    line = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+    line = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)  # noqa: E731
                                    for i, (c, w) in enumerate(zip(cells, widths)))
-    out = [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
-    return "\n".join(out)
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
 def format_prompt_following(results: list[MethodResult], real: dict[str, Any] | None = None) -> str:

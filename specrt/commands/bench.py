@@ -330,10 +330,9 @@ def _continuous_run(bundle, methods, sweeps, backend, images, seed, threads, jso
     payload.update(device=device_name(backend), backend=backend, threads=threads,
                    bundle=f"{pipe.source} (exported to {path})" if bundle is None else str(bundle),
                    wall_time_s=round(time.perf_counter() - started, 1))
-    table = continuous.format_table(payload)
     click.echo(f"device: {payload['device']}  backend: ort (1 thread)  bundle: {payload['bundle']}; {images} images "
                f"per setting, interleaved; speed-up = median latency of ar / setting (generation only)")
-    click.echo(table)
+    click.echo(continuous.format_text(payload))
     click.echo(f"run time {payload['wall_time_s']:.0f} s")
     if json_path:
         from specrt.bench.report import write_json
@@ -341,7 +340,7 @@ def _continuous_run(bundle, methods, sweeps, backend, images, seed, threads, jso
         write_json(str(json_path), payload)
         click.echo(f"wrote {json_path}")
     if markdown_path:
-        markdown_path.write_text(table + "\n", encoding="utf-8")
+        markdown_path.write_text(continuous.format_table(payload) + "\n", encoding="utf-8")
         click.echo(f"wrote {markdown_path}")
 
 

@@ -88,10 +88,14 @@ def test_training_code_path_on_a_tiny_subset(tmp_path):
         assert torch.equal(loaded.target.transformer.step(*args)[0], models.target.transformer.step(*args)[0])
 
 
-def test_bench_measures_ar_and_cspd_on_a_continuous_bundle(demo_bundle, tmp_path):
-    out = tmp_path / "bench.json"
+def test_bench_measures_ar_and_cspd_on_a_continuous_bundle(demo_bundle, tmp_path, capsys):
+    out, markdown = tmp_path / "bench.json", tmp_path / "bench.md"
     assert cli_exit_code(["bench", str(demo_bundle), "--images", "2", "--methods", "ar,cspd", "--sweep",
-                          "cspd:draft_len=2", "--json", str(out), "--no-progress"]) == 0
+                          "cspd:draft_len=2", "--json", str(out), "--markdown", str(markdown), "--no-progress"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(printed) if line.startswith("setting "))  # the plain table
+    assert set(printed[header + 1].replace(" ", "")) == {"-"} and not any(line.startswith("|") for line in printed)
+    assert markdown.read_text().startswith("| setting | tokens / target pass |")  # Markdown only in the file
     rows = json.loads(out.read_text())["results"]
     assert [r["label"] for r in rows] == ["ar", "cspd(draft_len=2)"]
     assert rows[0]["tokens_per_target_pass"] == 1.0 and rows[1]["target_passes_per_image"] <= 64
