@@ -7,29 +7,13 @@ through to loading (or was ignored) shows as that failure instead of exit 2.
 """
 from __future__ import annotations
 
-
 import pytest
 
+from cli_helpers import one_line, run
 from specrt.errors import SpecrtError
 from specrt.validation import torch_device
 
 torch = pytest.importorskip("torch")
-
-
-def run(argv: list[str], capsys) -> tuple[int, str]:
-    from specrt.cli import main
-
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr().err
-
-
-def one_line(err: str) -> str:
-    assert err.startswith("specrt: error: ") and err.count("\n") == 1, err
-    return err
 
 
 @pytest.fixture

@@ -12,27 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from cli_helpers import one_line, run
 from specrt.errors import SpecrtError
 from specrt.paths import cache_folder, output_file, output_folder
 
 NOT_WRITABLE = [p for p in ("/proc/x.png", "/sys/x") if Path(p).parent.is_dir()]
 as_root = hasattr(os, "geteuid") and os.geteuid() == 0
-
-
-def run(argv: list[str], capsys) -> tuple[int, str]:
-    from specrt.cli import main
-
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr().err
-
-
-def one_line(err: str) -> str:
-    assert err.startswith("specrt: error: ") and err.count("\n") == 1, err
-    return err
 
 
 @pytest.fixture

@@ -39,8 +39,8 @@ def free_ports(count: int) -> list[int]:
 
 
 def tiny_continuous_bundle(out: Path) -> Path:
-    """A random-weight continuous bundle at `out` (tests/runtime/test_families.py's sizes: 4 tokens
-    of 3 channels, 3 classes), target and draft, no decoder: a server gives its tokens only."""
+    """A random-weight continuous bundle at `out` (4 tokens of 3 channels, 3 classes), target and
+    draft, no decoder: a server gives its tokens only (the families, serving and C API tests)."""
     from specrt.export.mar.export import export_bundle
     from specrt.export.mar.model import MARConfig, random_mar
 

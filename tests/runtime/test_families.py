@@ -14,18 +14,13 @@ from specrt.runtime.families import FAMILIES, family, read_bundle
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from specrt.export.mar.export import export_bundle  # noqa: E402
-from specrt.export.mar.model import MARConfig, random_mar  # noqa: E402
+from serving_fixtures import tiny_continuous_bundle  # noqa: E402
 from specrt.runtime.pipeline import Pipeline  # noqa: E402
-
-SHARED = dict(token_dim=3, seq_len=4, n_head=2, diffusion_steps=4, num_classes=3)
 
 
 @pytest.fixture(scope="module")
 def continuous_bundle(tmp_path_factory):
-    target = random_mar(MARConfig(dim=32, n_layer=2, **SHARED), seed=0)
-    draft = random_mar(MARConfig(dim=16, n_layer=1, head_width=16, head_depth=1, **SHARED), seed=1)
-    return export_bundle(target, draft, tmp_path_factory.mktemp("families") / "bundle")
+    return tiny_continuous_bundle(tmp_path_factory.mktemp("families") / "bundle")
 
 
 def specrt(capsys, *args):

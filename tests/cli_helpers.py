@@ -1,0 +1,18 @@
+"""The CLI in-process for tests: exit code and stderr, and the one-line error check."""
+from __future__ import annotations
+
+
+def run(argv: list[str], capsys) -> tuple[int, str]:
+    from specrt.cli import main
+
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+def one_line(err: str) -> str:
+    assert err.startswith("specrt: error: ") and err.count("\n") == 1, err
+    return err
