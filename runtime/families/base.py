@@ -21,6 +21,8 @@ class Family(ABC):
     methods: ClassVar[tuple[str, ...]]   # what generate(method=...) accepts
     token_dtype: ClassVar[str]           # "int64" (VQ codes) or "float32" (continuous latents)
     backends: ClassVar[tuple[str, ...]]  # what open(backend=...) accepts
+    description: ClassVar[str]           # how messages name the family's models ("a ... model")
+    sampling_keys: ClassVar[tuple[str, ...]]  # the sampling keys generate takes (CLI flags beyond them are refused)
 
     @abstractmethod
     def open(self, path: Path, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:
@@ -37,6 +39,17 @@ class Family(ABC):
     def has_decoder(self, pipeline: Any) -> bool:
         """True when generate(decode=True) gives images (else tokens only)."""
         return True
+
+    def summary(self, result: Any) -> dict[str, Any]:
+        """A generate result's numbers as `specrt generate --stats` writes them (JSON-ready; at
+        least tokens and method-specific counters)."""
+        return result.stats.summary()
+
+    def demo_pipeline(self, name: str, threads: Optional[int] = None) -> Any:
+        """The family's embedded demo `name` as a pipeline (`specrt generate --demo NAME`)."""
+        from specrt.errors import SpecrtError
+
+        raise SpecrtError(f"the {self.name} family has no embedded demo {name!r}")
 
     def image_size(self, pipeline: Any, manifest: dict[str, Any]) -> Optional[tuple[int, int]]:
         """(height, width) in pixels of one decoded image, None when the pipeline has no decoder

@@ -21,9 +21,8 @@ import numpy as np
 
 from specrt import validation
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
-from specrt.commands._continuous import generate as generate_continuous
+from specrt.commands import _family
 from specrt.commands._outputs import save_images, save_tokens
-from specrt.commands._continuous import open_pipeline as open_continuous, refuse as refuse_continuous
 from specrt.errors import SpecrtError
 from specrt.export.demo.registry import DEFAULT_DEMO, demo_names, help_text as demo_help
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
@@ -172,13 +171,13 @@ def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optio
                                                  threads=1 if threads is None else threads)
 
 
-def _family(bundle: Optional[Path], demo: Optional[str]) -> str:
+def _bundle_family(bundle: Optional[Path], demo: Optional[str]) -> Any:
     """The model family generate runs (runtime/families): the bundle manifest's, else the demo's."""
-    if bundle is not None:
-        from specrt.runtime.families import bundle_family
+    from specrt.runtime.families import family, read_bundle
 
-        return bundle_family(bundle)
-    return "continuous" if demo == "mar" else "llamagen"
+    if bundle is not None:
+        return read_bundle(bundle)[0]
+    return family("continuous" if demo == "mar" else "llamagen")
 
 
 def condition_args(model_type: str, class_ids: tuple[int, ...], prompts: tuple[str, ...],
@@ -276,19 +275,22 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
     method_params = parse_params(params)
     check_outputs(out, stats_path, tokens_path, tokens_only)
     check_prompts(prompts)
-    if _family(bundle, demo) == "continuous":  # a damaged manifest is one line here, before any other check
+    family = _bundle_family(bundle, demo)  # a damaged manifest is one line here, before any other check
+    if family.name != "llamagen":  # another family: through its plug-in alone (commands/_family.py)
         if demo is not None and (bundle or target or vq or draft):
             raise SpecrtError("--demo picks an embedded demo: give it without a BUNDLE or checkpoints")
-        refused = {"--top-k": top_k is not None, "--top-p": top_p is not None, "--prompt": prompts,
+        refused = {"--top-k": top_k is not None and "top_k" not in family.sampling_keys,
+                   "--top-p": top_p is not None and "top_p" not in family.sampling_keys, "--prompt": prompts,
                    "--captions": captions_path, "--text-encoder": text_encoder, "--target/--draft/--vq": target or vq or draft,
                    "--device": device is not None and device.strip().lower() != "cpu",  # it runs on the CPU
                    "--max-window": _given("max_window"),
                    **{name: True for name in checkpoint.given()}}
         validation.seed(seed, "--seed")
-        refuse_continuous(refused)  # before the model loads
-        pipe = open_continuous(bundle, backend, threads)
-        generate_continuous(pipe, method, class_ids, seed, out, {"cfg_scale": cfg_scale, "temperature": temperature},
-                            method_params, stats_path, tokens_only, tokens_path, refused)
+        _family.refuse(family, method, refused)  # before the model loads
+        pipe = _family.open_pipeline(family, bundle, demo, backend, threads)
+        _family.generate(family, pipe, method, class_ids, seed, out,
+                         {"cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k, "top_p": top_p},
+                         method_params, stats_path, tokens_only, tokens_path)
         return
     sampling = {k: v for k, v in (("cfg_scale", cfg_scale), ("temperature", temperature), ("top_k", top_k),
                                   ("top_p", top_p)) if v is not None}

@@ -17,6 +17,23 @@ class ContinuousFamily(Family):
     token_dtype = "float32"
     backends = ("ort", "ort-cpu", "torch")
     pipeline_class = "specrt.runtime.families.continuous.pipeline:ContinuousPipeline"
+    description = "continuous (MAR-style)"
+    sampling_keys = ("cfg_scale", "temperature", "cfg_schedule")
+
+    def summary(self, result: Any) -> dict[str, Any]:
+        stats = result.stats
+        return {"tokens": stats.tokens, "target_passes": stats.target_passes, "drafted": stats.drafted,
+                "accepted": stats.accepted, "acceptance_rate": stats.acceptance_rate,
+                "tokens_per_target_pass": stats.tokens_per_target_pass,
+                "residual_proposals": stats.residual_proposals, "seconds": sum(result.seconds),
+                "sampling": result.sampling}
+
+    def demo_pipeline(self, name: str, threads: int | None = None) -> Any:
+        if name != "mar":
+            return super().demo_pipeline(name, threads)
+        from specrt.export.mar.hooks import torch_pipeline
+
+        return torch_pipeline(None, threads=1 if threads is None else threads)
 
     def open(self, path: Path, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:
         from specrt.runtime.families.continuous.pipeline import ContinuousPipeline

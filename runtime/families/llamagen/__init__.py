@@ -17,6 +17,8 @@ class LlamaGenFamily(Family):
     token_dtype = "int64"
     backends = ("ort", "ort-cpu", "ort-cuda", "ort-trt", "trt")
     pipeline_class = "specrt.runtime.pipeline:Pipeline"
+    description = "LlamaGen-layout (VQ-token)"
+    sampling_keys = ("cfg_scale", "temperature", "top_k", "top_p")
 
     def open(self, path: Path, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:
         from specrt.runtime.pipeline import Pipeline
