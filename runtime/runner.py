@@ -107,6 +107,7 @@ class ModelRunner(ABC):
         self.mix = np.zeros((0, 0), dtype=np.float32)
         self._caption_mask: np.ndarray | None = None  # t2i: bool [B, cond_len] of the last prefill
         self._views: dict[int, tuple[np.ndarray, ...]] = {}  # window size -> step input views (_step_views)
+        self._zeros = np.zeros(0, dtype=np.int64)
 
     # ---- hooks a backend implements -----------------------------------------------------
 
@@ -183,6 +184,8 @@ class ModelRunner(ABC):
             self.mix[...] = mix  # same shape: the backends' bound mix buffer takes the new values
         self.lengths = np.zeros(images, dtype=np.int64)
         self.staged = np.zeros(images, dtype=np.int64)
+        self._zeros = np.zeros(images, dtype=np.int64)  # runs from slot 0 (commits of prefixes)
+        self._zeros.setflags(write=False)
 
     def _uniform_view(self, uniforms: np.ndarray, size: int) -> np.ndarray:
         view = self._uniforms[: self.images * size].reshape(self.images, size)
@@ -264,7 +267,7 @@ class ModelRunner(ABC):
         prefixes = self._prefix_counts(slots)
         if prefixes is not None:
             if prefixes.any():
-                self._write_runs(self.lengths, np.zeros_like(prefixes), prefixes)
+                self._write_runs(self.lengths, self._zeros[: len(prefixes)], prefixes)
                 self.lengths += prefixes
             self.cache_seconds += time.perf_counter() - start
             return

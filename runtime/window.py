@@ -147,7 +147,8 @@ def fill_step_inputs(windows: Windows, lengths: int | Sequence[int] | np.ndarray
         windows = [windows]
     images = len(windows)
     pairs = batch // images
-    lengths = np.broadcast_to(np.asarray(lengths, dtype=np.int64), (images,))
+    if not (isinstance(lengths, np.ndarray) and lengths.shape == (images,)):  # a runner's own: as it is
+        lengths = np.broadcast_to(np.asarray(lengths, dtype=np.int64), (images,))
     by_pair = (pairs, images)  # batch row k·images + i is image i's CFG twin k
     np.less(_columns(capacity), lengths[:, None, None], out=mask[:, :, :capacity].reshape(*by_pair, size, capacity))
     if caption_mask is not None:

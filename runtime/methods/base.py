@@ -71,7 +71,7 @@ class Decoding:
 
     def _uniforms(self, sizes: Sequence[int]) -> np.ndarray:
         """[images, longest] uniforms: image i's first sizes[i] from its stream, zeros past them."""
-        sizes = [int(size) for size in sizes]
+        sizes = sizes.tolist() if isinstance(sizes, np.ndarray) else [int(size) for size in sizes]
         out = np.zeros((len(sizes), max(max(sizes, default=1), 1)))
         for row, (rng, size) in enumerate(zip(self.rngs, sizes)):
             if size:
