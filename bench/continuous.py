@@ -167,6 +167,62 @@ def format_table(payload: dict[str, Any]) -> str:
     return "\n".join(lines + [("\n" + line) for line in _floor(payload)])
 
 
+def run_command(bundle: Any, demo: Optional[str], methods: Optional[str], sweeps: Sequence[str], backend: str,
+                device: str, images: int, seed: int, threads: int, json_path: Any, markdown_path: Any,
+                demo_weights: Any, cache_dir: Any, progress: bool) -> None:
+    """`specrt bench` for the continuous family (runtime/families names it): ar and cspd settings on
+    a continuous bundle (the mar demo's, exported once), tables on stdout, JSON / Markdown on request."""
+    import time
+
+    import click
+    from tqdm import tqdm
+
+    from specrt.bench.device import device_name
+    from specrt.errors import SpecrtError
+    from specrt.export.mar.hooks import fidelity_judge
+    from specrt.runtime.families import open_bundle
+    from specrt.runtime.threads import set_torch_threads
+
+    if demo is not None and bundle is not None:
+        raise SpecrtError("--demo picks an embedded demo: give it without a BUNDLE")
+    if device.strip().lower() != "cpu":
+        raise SpecrtError(f"--device {device} applies to --backend torch (and --profile-arch); a continuous model "
+                          "is benchmarked on onnxruntime on the CPU")
+    if backend != "ort" or threads != 1:
+        raise SpecrtError("a continuous model is benchmarked on --backend ort with --threads 1 (its runners take one thread)")
+    started = time.perf_counter()
+    settings = build_settings(methods or "ar,cspd", sweeps or ([] if methods else DEFAULT_SWEEPS))
+    say = (lambda msg: click.echo(msg, err=True)) if progress else None
+    set_torch_threads(threads)  # torch runs the export and the evaluator
+    path = bundle if bundle is not None else demo_bundle(demo_weights, cache_dir, say)
+    pipe = open_bundle(path)
+    judge = fidelity_judge() if bundle is None or pipe.source.endswith(":mar") else None
+    bar = tqdm(total=images * len(settings), unit="img", disable=not progress, dynamic_ncols=True, leave=False)
+
+    def tick(setting) -> None:
+        bar.set_description(setting.label, refresh=False)
+        bar.update()
+    try:
+        payload = run_continuous(pipe, settings, images, seed, judge, on_image=tick)
+    finally:
+        bar.close()
+    payload.update(device=device_name(backend), backend=backend, threads=threads,
+                   bundle=f"{pipe.source} (exported to {path})" if bundle is None else str(bundle),
+                   wall_time_s=round(time.perf_counter() - started, 1))
+    click.echo(f"device: {payload['device']}  backend: ort (1 thread)  bundle: {payload['bundle']}; {images} images "
+               f"per setting, interleaved; speed-up = median latency of ar / setting (generation only)")
+    click.echo(format_text(payload))
+    click.echo(f"run time {payload['wall_time_s']:.0f} s")
+    if json_path:
+        from specrt.bench.report import write_json
+
+        write_json(str(json_path), payload)
+        click.echo(f"wrote {json_path}")
+    if markdown_path:
+        markdown_path.write_text(format_table(payload) + "\n", encoding="utf-8")
+        click.echo(f"wrote {markdown_path}")
+
+
 def demo_bundle(weights: Any = None, cache_dir: Any = None, progress: Optional[Callable[[str], None]] = None) -> Any:
     """The mar demo exported once to <cache>/bench/mar-v<format>-<digest>/ (onnxruntime runs it,
     as the discrete bench runs its demo: a bundle is what specrt deploys)."""

@@ -25,6 +25,7 @@ FAMILIES: dict[str, str] = {
     "continuous": "specrt.runtime.families.continuous",  # MAR-style diffusion-head models (cspd)
 }
 DEFAULT_FAMILY = "llamagen"  # manifests written before families were named carry none
+DEMO_FAMILIES: dict[str, str] = {"mar": "continuous"}  # embedded demos outside the LlamaGen family
 
 
 def family(name: str) -> Family:
@@ -69,3 +70,11 @@ def pipeline_family(pipeline: Any) -> Family:
         if getattr(plugin, "pipeline_class", None) in names:
             return plugin
     raise SpecrtError(f"{type(pipeline).__name__} is no registered family's pipeline ({', '.join(FAMILIES)})")
+
+
+def family_for(bundle: str | Path | None, demo: str | None) -> Family:
+    """The family a command runs: the bundle manifest's (read_bundle: its damage is one line),
+    else the embedded demo's (LlamaGen's c2i/t2i demos unless DEMO_FAMILIES names another)."""
+    if bundle is not None:
+        return read_bundle(bundle)[0]
+    return family(DEMO_FAMILIES.get(demo or "", DEFAULT_FAMILY))

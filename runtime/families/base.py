@@ -23,6 +23,9 @@ class Family(ABC):
     backends: ClassVar[tuple[str, ...]]  # what open(backend=...) accepts
     description: ClassVar[str]           # how messages name the family's models ("a ... model")
     sampling_keys: ClassVar[tuple[str, ...]]  # the sampling keys generate takes (CLI flags beyond them are refused)
+    # "module:function" running `specrt bench` for this family (its own settings and fidelity
+    # judge), called with the command's options as keywords; None: the LlamaGen bench
+    bench_runner: ClassVar[Optional[str]] = None
 
     @abstractmethod
     def open(self, path: Path, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:

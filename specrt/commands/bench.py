@@ -7,6 +7,7 @@ open_models, --methods / --sweep onto build_settings, --images / --seed onto ben
 """
 from __future__ import annotations
 
+import importlib
 import json
 import time
 from pathlib import Path
@@ -223,7 +224,7 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
     validation.seed(seed, "--seed")  # image i uses seed + i: checked before anything loads
     from specrt.paths import cache_folder, output_file
-    from specrt.runtime.families import bundle_family
+    from specrt.runtime.families import family_for
 
     for flag, path in (("--json", json_path), ("--plot", plot_path), ("--markdown", markdown_path)):
         output_file(flag, path)  # before minutes of measuring: the folder exists and takes files
@@ -231,15 +232,13 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     from specrt.bench.models import refuse_torch_bundle
 
     refuse_torch_bundle(bundle, backend)  # a flag mistake first, then what the manifest says
-    family = bundle_family(bundle) if bundle is not None else ("continuous" if demo == "mar" else "llamagen")
-    if family == "continuous":  # a damaged manifest was one line just now, before anything runs
-        if demo is not None and bundle is not None:
-            raise SpecrtError("--demo picks an embedded demo: give it without a BUNDLE")
-        if device.strip().lower() != "cpu":
-            raise SpecrtError(f"--device {device} applies to --backend torch (and --profile-arch); a continuous model "
-                              "is benchmarked on onnxruntime on the CPU")
-        _continuous_run(bundle, methods, sweeps, backend, images, seed, threads, json_path, markdown_path,
-                        demo_weights, cache_dir, progress)
+    family = family_for(bundle, demo)  # a damaged manifest is one line here, before anything runs
+    if family.bench_runner is not None:  # a family with its own bench (runtime/families)
+        module, _, function = family.bench_runner.partition(":")
+        getattr(importlib.import_module(module), function)(
+            bundle=bundle, demo=demo, methods=methods, sweeps=sweeps, backend=backend, device=device, images=images,
+            seed=seed, threads=threads, json_path=json_path, markdown_path=markdown_path, demo_weights=demo_weights,
+            cache_dir=cache_dir, progress=progress)
         return
     batches = _batches(batch_text)
     if profile_arch:
@@ -296,52 +295,6 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     run.payload["settings"]["wall_time_s"] = round(time.perf_counter() - started, 1)
     _print_run(run)
     _write_outputs(run, json_path, markdown_path, plot_path)
-
-
-def _continuous_run(bundle, methods, sweeps, backend, images, seed, threads, json_path, markdown_path, demo_weights,
-                    cache_dir, progress) -> None:
-    """The continuous family: ar and cspd settings on a continuous bundle (the mar demo's, exported once)."""
-    from tqdm import tqdm
-
-    from specrt.bench import continuous
-    from specrt.bench.device import device_name
-    from specrt.export.mar.hooks import fidelity_judge
-    from specrt.runtime.families import open_bundle
-    from specrt.runtime.threads import set_torch_threads
-
-    if backend != "ort" or threads != 1:
-        raise SpecrtError("a continuous model is benchmarked on --backend ort with --threads 1 (its runners take one thread)")
-    started = time.perf_counter()
-    settings = continuous.build_settings(methods or "ar,cspd", sweeps or ([] if methods else continuous.DEFAULT_SWEEPS))
-    say = (lambda msg: click.echo(msg, err=True)) if progress else None
-    set_torch_threads(threads)  # torch runs the export and the evaluator
-    path = bundle if bundle is not None else continuous.demo_bundle(demo_weights, cache_dir, say)
-    pipe = open_bundle(path)
-    judge = fidelity_judge() if bundle is None or pipe.source.endswith(":mar") else None
-    bar = tqdm(total=images * len(settings), unit="img", disable=not progress, dynamic_ncols=True, leave=False)
-
-    def tick(setting) -> None:
-        bar.set_description(setting.label, refresh=False)
-        bar.update()
-    try:
-        payload = continuous.run_continuous(pipe, settings, images, seed, judge, on_image=tick)
-    finally:
-        bar.close()
-    payload.update(device=device_name(backend), backend=backend, threads=threads,
-                   bundle=f"{pipe.source} (exported to {path})" if bundle is None else str(bundle),
-                   wall_time_s=round(time.perf_counter() - started, 1))
-    click.echo(f"device: {payload['device']}  backend: ort (1 thread)  bundle: {payload['bundle']}; {images} images "
-               f"per setting, interleaved; speed-up = median latency of ar / setting (generation only)")
-    click.echo(continuous.format_text(payload))
-    click.echo(f"run time {payload['wall_time_s']:.0f} s")
-    if json_path:
-        from specrt.bench.report import write_json
-
-        write_json(str(json_path), payload)
-        click.echo(f"wrote {json_path}")
-    if markdown_path:
-        markdown_path.write_text(continuous.format_table(payload) + "\n", encoding="utf-8")
-        click.echo(f"wrote {markdown_path}")
 
 
 def _precision_run(bundle, backend, demo_weights, threads, cache_dir, methods, sweeps, images, seed, json_path,

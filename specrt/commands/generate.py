@@ -171,15 +171,6 @@ def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optio
                                                  threads=1 if threads is None else threads)
 
 
-def _bundle_family(bundle: Optional[Path], demo: Optional[str]) -> Any:
-    """The model family generate runs (runtime/families): the bundle manifest's, else the demo's."""
-    from specrt.runtime.families import family, read_bundle
-
-    if bundle is not None:
-        return read_bundle(bundle)[0]
-    return family("continuous" if demo == "mar" else "llamagen")
-
-
 def condition_args(model_type: str, class_ids: tuple[int, ...], prompts: tuple[str, ...],
                    captions_path: Optional[Path]) -> dict[str, Any]:
     """Pipeline.generate's condition keyword from the flags; a c2i model defaults to class 0."""
@@ -275,7 +266,9 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
     method_params = parse_params(params)
     check_outputs(out, stats_path, tokens_path, tokens_only)
     check_prompts(prompts)
-    family = _bundle_family(bundle, demo)  # a damaged manifest is one line here, before any other check
+    from specrt.runtime.families import family_for
+
+    family = family_for(bundle, demo)  # a damaged manifest is one line here, before any other check
     if family.name != "llamagen":  # another family: through its plug-in alone (commands/_family.py)
         if demo is not None and (bundle or target or vq or draft):
             raise SpecrtError("--demo picks an embedded demo: give it without a BUNDLE or checkpoints")

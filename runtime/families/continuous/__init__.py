@@ -19,6 +19,7 @@ class ContinuousFamily(Family):
     pipeline_class = "specrt.runtime.families.continuous.pipeline:ContinuousPipeline"
     description = "continuous (MAR-style)"
     sampling_keys = ("cfg_scale", "temperature", "cfg_schedule")
+    bench_runner = "specrt.bench.continuous:run_command"
 
     def summary(self, result: Any) -> dict[str, Any]:
         stats = result.stats
