@@ -227,7 +227,9 @@ class ModelRunner(ABC):
             size, running, top = max(int(sizes.max()), 1), int(np.count_nonzero(sizes)), sizes
         if size > self.max_window:
             raise SpecrtError(f"window of {size} tokens exceeds this model's max_window {self.max_window}")
-        if int((self.lengths + self.staged + top).max()) > self.capacity:
+        highest = int(self.lengths.max()) + int(self.staged.max()) + top if isinstance(top, int) else \
+            int((self.lengths + self.staged + top).max())
+        if highest > self.capacity:
             raise ValueError(f"windows of up to {size} tokens at lengths {self.lengths.tolist()} overflow "
                              f"capacity {self.capacity}")
         start = time.perf_counter()
@@ -264,6 +266,12 @@ class ModelRunner(ABC):
         Jacobi spine), is a strided block copy per image (one for the whole batch when every
         image keeps the same count at the same length), not a gather of single rows."""
         start = time.perf_counter()
+        if isinstance(slots, range) and slots.start == 0 and slots.step == 1 and len(self.lengths) == 1:
+            if len(slots):  # one image keeps a prefix of its window (every chain step at batch 1)
+                self._write_runs(self.lengths, self._zeros, np.array([len(slots)]))
+                self.lengths += len(slots)
+            self.cache_seconds += time.perf_counter() - start
+            return
         prefixes = self._prefix_counts(slots)
         if prefixes is not None:
             if prefixes.any():

@@ -66,7 +66,12 @@ class Decoding:
         """One step of `runner` over each image's window (one Window for all, or one per image,
         None for none): the sampling distribution of every slot (P and Q alike) and one draw per
         slot, made on the device with uniforms from each image's own stream."""
-        uniforms = self._uniforms(window_sizes(windows, runner.images))
+        if isinstance(windows, np.ndarray) and len(windows) == len(self.rngs):  # chains of one width
+            uniforms = np.empty(windows.shape)
+            for row, rng in zip(uniforms, self.rngs):
+                rng.random(out=row)
+        else:
+            uniforms = self._uniforms(window_sizes(windows, runner.images))
         return self._restricted(runner.step(windows, uniforms), uniforms)
 
     def _uniforms(self, sizes: Sequence[int]) -> np.ndarray:
