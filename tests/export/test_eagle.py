@@ -212,6 +212,21 @@ def test_an_eagle_head_after_a_shrunk_batch_steps_as_a_fresh_one(eagle_bundle):
     np.testing.assert_allclose(used.features_out, fresh.features_out, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("params", [{}, {"tree": "dynamic", "total_tokens": 8, "depth": 3, "tree_top_k": 2}],
+                         ids=["chain", "dynamic-tree"])
+def test_an_eagle_head_batch_gives_each_image_as_alone(eagle_bundle, params):
+    """EAGLE chains and trees decode a batch together (one head pass per draft position or tree
+    depth for every image); each image keeps its own features, queue and stream."""
+    manifest, _ = eagle_bundle
+    pipe = Pipeline.from_bundle(manifest.root, threads=1)
+    classes = [0, 3, 1, 2]
+    batch = pipe.generate(classes, method="sd", seed=6, decode=False, **params)
+    for i, class_id in enumerate(classes):
+        alone = pipe.generate([class_id], method="sd", seed=6 + i, decode=False, **params)
+        np.testing.assert_array_equal(batch.tokens[i], alone.tokens[0])
+    assert batch.stats.target_calls < len(classes) * alone.stats.target_calls
+
+
 def test_an_eagle_bundle_without_target_hidden_is_one_line(eagle_bundle, tmp_path):
     import shutil
 
