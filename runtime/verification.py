@@ -461,10 +461,26 @@ def draw_without_replacement(q: np.ndarray, count: int, rng: np.random.Generator
                              first: Optional[int] = None) -> list[int]:
     """`count` distinct candidates, candidate k drawn from q^(k); `first` fixes candidate 1 when the
     caller already holds a draw from q (SJD-PAC keeps its adaptive-continuation token there)."""
-    q = np.asarray(q)
+    q = np.asarray(q, dtype=np.float64)
     picked: list[int] = [] if first is None else [int(first)]
-    while len(picked) < min(count, int(np.count_nonzero(q))):
-        picked.append(int(sample(without_replacement(q, picked), rng)))
+    wanted = min(count, int(np.count_nonzero(q)))
+    if len(picked) >= wanted:
+        return picked
+    # one CDF of q for all draws: q^(k)'s CDF is q's minus the mass of the candidates drawn below
+    # each token, so a draw is the smallest token whose reduced CDF passes u·(what is left)
+    cdf = np.cumsum(q)
+    for _ in range(wanted - len(picked)):
+        left = cdf[-1] - sum(float(q[t]) for t in picked)
+        if left <= 1e-12:
+            break
+        target, below, token = rng.random() * left, 0.0, -1
+        while True:  # grows to the answer: each pass adds the drawn mass it has stepped over
+            token = min(int(np.searchsorted(cdf, target + below, side="right")), len(q) - 1)
+            mass = sum(float(q[t]) for t in picked if t <= token)
+            if mass == below:
+                break
+            below = mass
+        picked.append(token)
     return picked
 
 
