@@ -266,35 +266,22 @@ class ModelRunner(ABC):
         Jacobi spine), is a strided block copy per image (one for the whole batch when every
         image keeps the same count at the same length), not a gather of single rows."""
         start = time.perf_counter()
-        if isinstance(slots, range) and slots.start == 0 and slots.step == 1 and len(self.lengths) == 1:
-            if len(slots):  # one image keeps a prefix of its window (every chain step at batch 1)
-                self._write_runs(self.lengths, self._zeros, np.array([len(slots)]))
+        if isinstance(slots, range) and slots.start == 0 and slots.step == 1:  # every image, one prefix
+            if len(slots):
+                self._write_runs(self.lengths, self._zeros[: self.images], np.full(self.images, len(slots)))
                 self.lengths += len(slots)
-            self.cache_seconds += time.perf_counter() - start
-            return
-        prefixes = self._prefix_counts(slots)
-        if prefixes is not None:
+        elif (prefixes := self._prefix_counts(slots)) is not None:
             if prefixes.any():
-                self._write_runs(self.lengths, self._zeros[: len(prefixes)], prefixes)
+                self._write_runs(self.lengths, self._zeros[: self.images], prefixes)
                 self.lengths += prefixes
-            self.cache_seconds += time.perf_counter() - start
-            return
-        per_image = self._per_image(slots)
-        counts = np.array([len(s) for s in per_image], dtype=np.int64)
-        if counts.any():
-            images, pairs = self.images, self.batch // self.images
-            image = np.repeat(np.arange(images), counts)
-            columns = np.concatenate([np.arange(n) for n in counts]) + self.lengths[image]
-            sources = np.concatenate([np.asarray(s, dtype=np.int64) for s in per_image if len(s)])
-            rows = np.concatenate([image + images * k for k in range(pairs)])  # the CFG twins commit alike
-            self._write_kv(rows, np.tile(columns, pairs), np.tile(sources, pairs))
-            self.lengths += counts
+        else:
+            per_image = self._per_image(slots)
+            self._write_slots(per_image, self.lengths)
+            self.lengths += [len(s) for s in per_image]
         self.cache_seconds += time.perf_counter() - start
 
     def _prefix_counts(self, slots: Slots) -> Optional[np.ndarray]:
         """n_i per image when image i keeps its window's first n_i slots (in order); None otherwise."""
-        if isinstance(slots, range) and slots.start == 0 and slots.step == 1:
-            return np.full(self.images, len(slots), dtype=np.int64)
         if isinstance(slots, range) or not len(slots) or isinstance(slots[0], (int, np.integer)):
             count = _prefix_length(slots)
             return None if count is None else np.full(self.images, count, dtype=np.int64)
@@ -314,11 +301,27 @@ class ModelRunner(ABC):
         n < counts[i], the CFG twins alike: contiguous runs of window slots (a prefix to commit,
         a tree level to stage). Backends override it with block copies; this default goes
         through the general `_write_kv`."""
-        images, pairs = self.images, self.batch // self.images
-        image = np.repeat(np.arange(images), counts)
+        image = np.repeat(np.arange(self.images), counts)
         offsets = np.concatenate([np.arange(n) for n in counts])
+        self._write_kv(*self._twin_rows(image, offsets + columns[image], offsets + starts[image]))
+
+    def _write_slots(self, per_image: Sequence[Sequence[int]], base: np.ndarray) -> None:
+        """The last window's slots of each image (in order) to its rows base[i], base[i] + 1, ...
+        (the general case of commit and stage: any slots, a gather)."""
+        counts = np.array([len(s) for s in per_image], dtype=np.int64)
+        if not counts.any():
+            return
+        image = np.repeat(np.arange(self.images), counts)
+        targets = np.concatenate([np.arange(n) for n in counts]) + base[image]
+        sources = np.concatenate([np.asarray(s, dtype=np.int64) for s in per_image if len(s)])
+        self._write_kv(*self._twin_rows(image, targets, sources))
+
+    def _twin_rows(self, image: np.ndarray, columns: np.ndarray, sources: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(model rows, columns, sources) of per-image (column, source) pairs: image i's pairs for
+        its row i and each of its CFG twins (rows i + images·k), which commit alike."""
+        images, pairs = self.images, self.batch // self.images
         rows = np.concatenate([image + images * k for k in range(pairs)])
-        self._write_kv(rows, np.tile(offsets + columns[image], pairs), np.tile(offsets + starts[image], pairs))
+        return rows, np.tile(columns, pairs), np.tile(sources, pairs)
 
     # ---- trees held in the cache (a drafter's nodes, each run once) ------------------------------
 
@@ -338,17 +341,11 @@ class ModelRunner(ABC):
         if int((self.lengths + self.staged + counts).max()) > self.capacity:
             raise ValueError(f"staging {counts.tolist()} rows overflows capacity {self.capacity}")
         columns = self.lengths + self.staged
-        firsts = [s[0] if len(s) else 0 for s in per_image]
         if all(_consecutive(s) for s in per_image):
             # each image stages a run of consecutive slots (a level, a root and its closure): block copies
-            self._write_runs(columns, np.array(firsts, dtype=np.int64), counts)
+            self._write_runs(columns, np.array([s[0] if len(s) else 0 for s in per_image], dtype=np.int64), counts)
         else:
-            images, pairs = self.images, self.batch // self.images
-            image = np.repeat(np.arange(images), counts)
-            targets = np.concatenate([np.arange(n) for n in counts]) + columns[image]
-            sources = np.concatenate([np.asarray(s, dtype=np.int64) for s in per_image if len(s)])
-            rows = np.concatenate([image + images * k for k in range(pairs)])
-            self._write_kv(rows, np.tile(targets, pairs), np.tile(sources, pairs))
+            self._write_slots(per_image, columns)
         self.staged += counts
         self.cache_seconds += time.perf_counter() - start
 
@@ -364,13 +361,10 @@ class ModelRunner(ABC):
         moving = [np.flatnonzero(order != np.arange(len(order))) for order in per_image]  # often in place
         counts = np.array([len(m) for m in moving], dtype=np.int64)
         if counts.any():
-            images, pairs = self.images, self.batch // self.images
-            image = np.repeat(np.arange(images), counts)
+            image = np.repeat(np.arange(self.images), counts)
             base = self.lengths[image]
-            targets = base + np.concatenate(moving)
-            sources = base + np.concatenate([order[m] for order, m in zip(per_image, moving)])
-            rows = np.concatenate([image + images * k for k in range(pairs)])
-            self._move_kv(rows, np.tile(targets, pairs), np.tile(sources, pairs))
+            self._move_kv(*self._twin_rows(image, base + np.concatenate(moving),
+                                           base + np.concatenate([order[m] for order, m in zip(per_image, moving)])))
         self.lengths += np.array([len(order) for order in per_image], dtype=np.int64)
         self.staged[:] = 0
         self.cache_seconds += time.perf_counter() - start
