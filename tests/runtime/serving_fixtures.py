@@ -3,6 +3,10 @@ and draft and a VQ with a 4x4 token grid (tests/export/tiny_export.py), so one i
 milliseconds and a load test of 64 requests stays within seconds."""
 from __future__ import annotations
 
+import queue
+import threading
+import time
+
 import socket
 import sys
 from pathlib import Path
@@ -56,3 +60,28 @@ def continuous_demo_bundle(out: Path) -> Path:
     from specrt.export.mar.hooks import export_bundle
 
     return export_bundle(out)
+
+
+def wait_until_ready(proc, timeout_s: float) -> list[str]:
+    """The stderr lines of `specrt serve` (a Popen with text stderr) up to and including its
+    "ready:" line; fails the test if the server exits first or says nothing in `timeout_s`.
+    A reader thread keeps draining stderr afterwards, so the server never blocks on it."""
+    lines: queue.Queue = queue.Queue()
+
+    def read(stream) -> None:
+        for line in stream:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=read, args=(proc.stderr,), daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while not any("ready:" in line for line in seen):
+        assert time.monotonic() < deadline, f"no 'ready' line in {timeout_s:.0f} s: {seen}"
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            continue
+        assert line is not None, f"specrt serve exited: {seen}"
+        seen.append(line)
+    return seen

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import io
 import json
-import queue
 import signal
 import subprocess
 import sys
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -21,7 +18,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from serving_fixtures import continuous_demo_bundle, free_ports, tiny_continuous_bundle  # noqa: E402
+from serving_fixtures import continuous_demo_bundle, free_ports, tiny_continuous_bundle, wait_until_ready  # noqa: E402
 
 from specrt.errors import SpecrtError  # noqa: E402
 from specrt.runtime.families import open_bundle  # noqa: E402
@@ -73,12 +70,6 @@ def test_the_handler_serves_float_tokens_and_fails_bad_rows_alone(tiny):
     assert json.loads(out[1]["stats"][0, 0])["images_in_call"] == 2
 
 
-def _lines(stream, sink: queue.Queue) -> None:
-    for line in stream:
-        sink.put(line.rstrip("\n"))
-    sink.put(None)
-
-
 def test_specrt_serve_serves_the_continuous_demo_bundle_to_the_client(tmp_path):
     """`specrt serve BUNDLE` on the continuous demo bundle: one cspd request through the Client
     gets the PNG and float tokens a single generate gives; a bad class id is one line."""
@@ -95,19 +86,8 @@ def test_specrt_serve_serves_the_continuous_demo_bundle_to_the_client(tmp_path):
                              "--grpc-port", str(grpc), "--metrics-port", str(metrics),
                              "--triton-log", str(tmp_path / "triton.log")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    errors: queue.Queue = queue.Queue()
-    threading.Thread(target=_lines, args=(proc.stderr, errors), daemon=True).start()
-    seen: list[str] = []
     try:
-        deadline = time.monotonic() + START_S
-        while not any("ready:" in line for line in seen):
-            assert time.monotonic() < deadline, f"no 'ready' line in {START_S:.0f} s: {seen}"
-            try:
-                line = errors.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                continue
-            assert line is not None, f"specrt serve exited: {seen}"
-            seen.append(line)
+        wait_until_ready(proc, START_S)
         reference = open_bundle(bundle)
         expected = reference.generate([3], method="cspd", seed=1, draft_len=2)
         with Client(f"127.0.0.1:{grpc}", protocol="grpc", timeout_s=60.0) as client:

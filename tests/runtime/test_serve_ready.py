@@ -5,12 +5,9 @@ wait bounded (reader thread with a deadline, client timeouts, communicate timeou
 """
 from __future__ import annotations
 
-import queue
 import signal
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
@@ -19,7 +16,7 @@ pytest.importorskip("pytriton.triton", reason="nvidia-pytriton is not installed 
                                               "venv made with /usr/bin/python3.11; README, Serving)")
 pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed (pip install 'specrt[serve]')")
 
-from serving_fixtures import free_ports  # noqa: E402
+from serving_fixtures import free_ports, wait_until_ready  # noqa: E402
 
 from specrt.errors import SpecrtError  # noqa: E402
 from specrt.runtime.serving.client import Client  # noqa: E402
@@ -35,31 +32,14 @@ def test_a_request_with_no_server_is_one_line(protocol):
             client.generate(class_id=1)
 
 
-def _lines(stream, sink: queue.Queue) -> None:
-    for line in stream:
-        sink.put(line.rstrip("\n"))
-    sink.put(None)
-
-
 def test_serve_is_ready_when_it_says_so(tmp_path):
     http, grpc, metrics = free_ports(3)
     log = tmp_path / "triton.log"
     proc = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", "--http-port", str(http), "--grpc-port",
                              str(grpc), "--metrics-port", str(metrics), "--triton-log", str(log)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    errors: queue.Queue = queue.Queue()
-    threading.Thread(target=_lines, args=(proc.stderr, errors), daemon=True).start()
-    seen = []
     try:
-        deadline = time.monotonic() + START_S
-        while not any("ready:" in line for line in seen):
-            assert time.monotonic() < deadline, f"no 'ready' line in {START_S:.0f} s: {seen}"
-            try:
-                line = errors.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                continue
-            assert line is not None, f"specrt serve exited: {seen}"
-            seen.append(line)
+        seen = wait_until_ready(proc, START_S)
         # the very first request after "ready" is served, on both protocols
         for protocol, port in (("http", http), ("grpc", grpc)):
             with Client(f"127.0.0.1:{port}", protocol=protocol, timeout_s=60.0) as client:
