@@ -88,19 +88,27 @@ def fake_pb_utils() -> types.ModuleType:
     return module
 
 
-def test_model_py_runs_execute_without_triton(repo, monkeypatch):
+def loaded_model(model_dir, monkeypatch, backend=None):
+    """The repository's model.py loaded and initialized as Triton's Python backend would (its
+    config as Triton hands it over; `backend` overrides the config's), on the fake pb_utils."""
     from google.protobuf import json_format
 
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
-    model_dir = repo / "specrt"
-    spec = importlib.util.spec_from_file_location("specrt_triton_model", model_dir / "1" / "model.py")
+    spec = importlib.util.spec_from_file_location(f"specrt_triton_model_{model_dir.parent.name}",
+                                                  model_dir / "1" / "model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = json_format.MessageToDict(parsed_config(model_dir / "config.pbtxt"), preserving_proto_field_name=True)
-    config["parameters"]["backend"] = {"string_value": "ort"}  # no GPU here
+    if backend is not None:
+        config["parameters"]["backend"] = {"string_value": backend}
     model = module.TritonPythonModel()
     model.initialize({"model_config": json.dumps(config), "model_repository": str(model_dir), "model_version": "1",
                       "model_instance_kind": "CPU", "model_instance_device_id": "0"})
+    return model
+
+
+def test_model_py_runs_execute_without_triton(repo, monkeypatch):
+    model = loaded_model(repo / "specrt", monkeypatch, backend="ort")  # no GPU here
 
     def request(**inputs):
         return {name: _Tensor(name, value) for name, value in inputs.items()}
@@ -237,19 +245,10 @@ def test_a_continuous_repository_declares_float_tokens_on_cpu_instances(continuo
 
 
 def test_continuous_model_py_runs_execute_without_triton(continuous_repo, monkeypatch):
-    from google.protobuf import json_format
-
     from specrt.runtime.families import open_bundle
 
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
     model_dir = continuous_repo / "specrt"
-    spec = importlib.util.spec_from_file_location("specrt_triton_continuous_model", model_dir / "1" / "model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = json_format.MessageToDict(parsed_config(model_dir / "config.pbtxt"), preserving_proto_field_name=True)
-    model = module.TritonPythonModel()
-    model.initialize({"model_config": json.dumps(config), "model_repository": str(model_dir), "model_version": "1",
-                      "model_instance_kind": "CPU", "model_instance_device_id": "0"})
+    model = loaded_model(model_dir, monkeypatch)
     request = {"class_id": _Tensor("class_id", np.array([[2], [5]], np.int64)),
                "method": _Tensor("method", np.array([[b"cspd"], [b"cspd"]], object)),
                "seed": _Tensor("seed", np.array([[3], [4]], np.uint64)),
