@@ -1,0 +1,98 @@
+"""An image's token grammar: which tokens of the generated stream are sampled and which are forced.
+
+Unified-vocabulary generators (Emu3, Lumina-mGPT / Chameleon) do not emit a bare grid of VQ codes:
+after every row of the image comes a row-end token, which their own sample code forces (a
+prefix-constrained logits processor allows only that token there). Janus, like LlamaGen, emits
+the bare grid. The runtime decodes a *stream*: stream token k sits at sequence position
+`cond_len + k`, exactly like LlamaGen's image token k, and its value is a *head index*: a VQ code
+in 0..image_vocab − 1, or a structural token after them (the row end is index image_vocab).
+
+Why the grammar lives in the model's logits and not in the methods: a forced position's
+distribution is a point mass for the target and for every draft (the graphs set every other
+logit to FORCED_LOGIT), so any exact method accepts a forced token with probability 1 and never
+resamples it (p = q = 1 at the forced token), and a sampled position gives the structural tokens
+probability 0 — no method needs to know the grammar exists, and a method that mishandles it
+fails the exactness tests like any other bug. The runtime only needs the stream's length and
+how to read the grid back (`grid`); drafters that initialise windows without a model (SJD)
+may start forced slots at their forced token (`forced`).
+
+This module is torch-free (the runtime's side); the torch side that applies the table to logits
+is specrt.export.unified.model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# The logit every token but the allowed one gets at a forced position, and the structural
+# tokens get at a sampled one: finite (CFG's mix of two such rows must not make inf − inf),
+# far enough below any real logit that softmax gives it exactly 0 in float32 at any temperature
+# a user sets (the head divides by T inside `mix`; T >= 1e-3 keeps it below −1e12 / 1e3).
+FORCED_LOGIT = -1e9
+
+
+@dataclass(frozen=True)
+class ImageGrammar:
+    """The stream of one image: `rows` rows of `cols` sampled codes, each row followed by a
+    forced row-end token when `row_end` (head index `image_vocab`)."""
+
+    rows: int
+    cols: int
+    image_vocab: int
+    row_end: bool = False
+
+    def __post_init__(self) -> None:
+        if min(self.rows, self.cols, self.image_vocab) < 1:
+            raise ValueError(f"an image grammar needs positive rows, cols and image_vocab, got {self}")
+
+    @property
+    def vocab_size(self) -> int:
+        """The head's vocabulary: the codes, then the structural tokens."""
+        return self.image_vocab + int(self.row_end)
+
+    @property
+    def row_end_index(self) -> int:
+        """The row-end token's head index (only meaningful when row_end)."""
+        return self.image_vocab
+
+    @property
+    def row_len(self) -> int:
+        return self.cols + int(self.row_end)
+
+    @property
+    def stream_len(self) -> int:
+        """Tokens generated per image (what the runtime's methods decode)."""
+        return self.rows * self.row_len
+
+    def forced(self) -> np.ndarray:
+        """int64 [stream_len]: the head index stream token k must be, −1 where it is sampled."""
+        table = np.full(self.stream_len, -1, dtype=np.int64)
+        if self.row_end:
+            table[self.cols::self.row_len] = self.row_end_index
+        return table
+
+    def grid(self, stream: np.ndarray) -> np.ndarray:
+        """[..., stream_len] -> [..., rows, cols]: the VQ codes, structural tokens dropped."""
+        stream = np.asarray(stream)
+        if stream.shape[-1] != self.stream_len:
+            raise ValueError(f"an image stream has {self.stream_len} tokens, got {stream.shape[-1]}")
+        return stream.reshape(*stream.shape[:-1], self.rows, self.row_len)[..., : self.cols]
+
+    def stream(self, grid: np.ndarray) -> np.ndarray:
+        """[..., rows, cols] codes -> [..., stream_len] with the forced tokens in place (teacher forcing)."""
+        grid = np.asarray(grid)
+        if grid.shape[-2:] != (self.rows, self.cols):
+            raise ValueError(f"an image grid is {self.rows}x{self.cols}, got {grid.shape[-2:]}")
+        if not self.row_end:
+            return grid.reshape(*grid.shape[:-2], self.stream_len)
+        ends = np.full((*grid.shape[:-1], 1), self.row_end_index, dtype=grid.dtype)
+        return np.concatenate([grid, ends], axis=-1).reshape(*grid.shape[:-2], self.stream_len)
+
+    def is_valid(self, stream: np.ndarray) -> np.ndarray:
+        """bool [...]: each stream obeys the grammar (forced tokens in place, codes elsewhere)."""
+        stream = np.asarray(stream)
+        forced = self.forced()
+        free = forced < 0
+        codes_ok = ((stream[..., free] >= 0) & (stream[..., free] < self.image_vocab)).all(axis=-1)
+        return codes_ok & (stream[..., ~free] == forced[~free]).all(axis=-1)
