@@ -18,7 +18,8 @@ from specrt.errors import SpecrtError
 from specrt.manifest import GraphSpec, Manifest, TensorSpec, rows_for_images
 
 MODEL_INTS = ("vocab_size", "grid_size", "n_layer", "n_kv_head", "head_dim", "capacity")
-CONDITION_INT = {"c2i": "num_classes", "t2i": "caption_dim"}  # what a model is conditioned on
+CONDITION_INT = {"c2i": "num_classes", "t2i": "caption_dim", "prompt": "image_vocab"}  # what a model is conditioned on
+# (a token-prompt model's: its head's image codes; unified-vocabulary models, docs/contracts.md)
 VQ_INTS = ("codebook_size", "downsample", "grid_size")
 # onnxruntime's type strings -> the manifest's numpy dtype names
 ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
@@ -37,13 +38,17 @@ def model_numbers(manifest: Manifest, role: str) -> dict[str, int]:
     entry = _entry(manifest, role)
     model_type = "c2i"
     if role != "vq" and "model_type" in entry:
-        model_type = validation.choice(f"manifest models.{role}.model_type", entry["model_type"], ("c2i", "t2i"))
+        model_type = validation.choice(f"manifest models.{role}.model_type", entry["model_type"],
+                                       ("c2i", "t2i", "prompt"))
     keys = VQ_INTS if role == "vq" else (*MODEL_INTS, CONDITION_INT[model_type])
     numbers = {key: validation.integer(f"manifest models.{role}.{key}", entry.get(key), low=1, strings=False) for key in keys}
+    if role == "vq":  # a non-square grid names its columns (unified-vocabulary models)
+        numbers["grid_cols"] = validation.integer("manifest models.vq.grid_cols", entry.get("grid_cols", numbers["grid_size"]),
+                                                  low=1, strings=False)
     if role != "vq":
         numbers["cond_len"] = validation.integer(f"manifest models.{role}.cond_len", entry.get("cond_len", 1), low=1,
                                                 strings=False)
-        for key in ("dim", "n_head"):  # optional: checked where present
+        for key in ("dim", "n_head", "stream_len", "grid_cols"):  # optional: checked where present
             if key in entry:
                 numbers[key] = validation.integer(f"manifest models.{role}.{key}", entry[key], low=1, strings=False)
         if "null_class" in entry and entry["null_class"] != numbers.get("num_classes"):
@@ -96,10 +101,11 @@ def _check_model_graphs(manifest: Manifest, role: str, facts: dict[str, int], li
         if profile.get("window", {}).get("max", 0) < limits["max_window"]:
             raise SpecrtError(f"bundle: graph {graph.name} profile window max is {profile.get('window', {}).get('max')!r} "
                               f"but limits.max_window is {limits['max_window']}")
-    needed = facts["cond_len"] + facts["grid_size"] ** 2 + limits["max_window"]
+    stream = facts.get("stream_len", facts["grid_size"] ** 2)
+    needed = facts["cond_len"] + stream + limits["max_window"]
     if facts["capacity"] < needed:
-        raise SpecrtError(f"bundle: models.{role}.capacity is {facts['capacity']} but cond_len + grid² + max_window "
-                          f"is {needed}")
+        raise SpecrtError(f"bundle: models.{role}.capacity is {facts['capacity']} but cond_len + image tokens "
+                          f"({stream}) + max_window is {needed}")
     for kind in kinds:
         batch = manifest.graphs[f"{role}_{kind}"].profile.get("batch", {}).get("max", 0)
         if batch < limits["max_batch"]:
@@ -140,7 +146,7 @@ def check_manifest(manifest: Manifest) -> dict[str, int]:
     _check_model_graphs(manifest, "target", target, limits)
     if "draft_step" in manifest.graphs or "draft_prefill" in manifest.graphs:
         draft = model_numbers(manifest, "draft")
-        for key in ("vocab_size", "grid_size", "num_classes", "caption_dim", "cond_len"):
+        for key in ("vocab_size", "grid_size", "num_classes", "caption_dim", "cond_len", "image_vocab", "stream_len"):
             if draft.get(key) != target.get(key):
                 raise SpecrtError(f"bundle: models.draft.{key} is {draft.get(key)} but models.target.{key} is "
                                   f"{target.get(key)}")
@@ -149,18 +155,22 @@ def check_manifest(manifest: Manifest) -> dict[str, int]:
         if eagle:
             _check_eagle(manifest, target, draft)
     vq = model_numbers(manifest, "vq")
-    if vq["codebook_size"] != target["vocab_size"]:
+    codes = target.get("image_vocab", target["vocab_size"])  # a unified model's head adds structural tokens
+    if vq["codebook_size"] != codes:
+        key = "image_vocab" if "image_vocab" in target else "vocab_size"
         raise SpecrtError(f"bundle: models.vq.codebook_size is {vq['codebook_size']} "
-                          f"but models.target.vocab_size is {target['vocab_size']}")
-    if vq["grid_size"] != target["grid_size"]:
-        raise SpecrtError(f"bundle: models.vq.grid_size is {vq['grid_size']} but models.target.grid_size is {target['grid_size']}")
+                          f"but models.target.{key} is {codes}")
+    for key in ("grid_size", "grid_cols"):
+        want = target.get(key, target["grid_size"])
+        if vq[key] != want:
+            raise SpecrtError(f"bundle: models.vq.{key} is {vq[key]} but models.target.{key} is {want}")
     decode = manifest.graph("vq_decode")
-    for axis in (1, 2):
-        _expect(decode, decode.input("codes"), axis, vq["grid_size"], "models.vq.grid_size")
+    _expect(decode, decode.input("codes"), 1, vq["grid_size"], "models.vq.grid_size")
+    _expect(decode, decode.input("codes"), 2, vq["grid_cols"], "models.vq.grid_cols")
     image = decode.output("image")
     _expect(decode, image, 1, 3, "the contract's RGB axis")
-    for axis in (2, 3):
-        _expect(decode, image, axis, vq["grid_size"] * vq["downsample"], "models.vq.grid_size × downsample")
+    _expect(decode, image, 2, vq["grid_size"] * vq["downsample"], "models.vq.grid_size × downsample")
+    _expect(decode, image, 3, vq["grid_cols"] * vq["downsample"], "models.vq.grid_cols × downsample")
     if decode.profile.get("batch", {}).get("max", 0) < limits["max_batch"]:
         raise SpecrtError(f"bundle: graph vq_decode profile batch max is {decode.profile.get('batch', {}).get('max')!r} "
                           f"but limits.max_batch is {limits['max_batch']}")

@@ -9,6 +9,11 @@ is a real one), padded positions are zeroed, and the mask hides them from every 
 Under CFG the unconditional rows keep the same mask and are flagged `uncond`: the graph
 replaces their captions by the checkpoint's own `uncond_embedding` (LlamaGen's generate()).
 
+Unified-vocabulary models (Janus, Emu3, Lumina-mGPT) take their prompt as token ids of their own
+vocabulary, left-padded the same way (docs/contracts.md, "Unified-vocabulary models"); under CFG
+the unconditional rows carry their own ids (the unconditional prompt each model's code builds),
+padded to the same length, so `with_uncond` stacks them instead of flagging rows.
+
 Methods never look inside: they pass a Conditions through Decoding.prefill to the runners,
 which hand `feeds()` to the graph and keep `caption_mask` for the attention mask of every
 later step (docs/contracts.md, "Attention mask").
@@ -29,8 +34,11 @@ class Conditions:
 
     class_ids: Optional[np.ndarray] = None     # int32 [N]
     captions: Optional[np.ndarray] = None      # float32 [N, cond_len, caption_dim]
-    caption_mask: Optional[np.ndarray] = None  # bool [N, cond_len], False = padded position
+    caption_mask: Optional[np.ndarray] = None  # bool [N, cond_len], False = padded position (captions or prompts)
     uncond: Optional[np.ndarray] = None        # bool [N], True = CFG row (t2i)
+    prompt_ids: Optional[np.ndarray] = None    # int32 [N, cond_len] token prompts (their mask: caption_mask)
+    null_ids: Optional[np.ndarray] = None      # int32 [N, cond_len] each row's unconditional prompt (CFG)
+    null_mask: Optional[np.ndarray] = None     # bool [N, cond_len] its padding mask
 
     @classmethod
     def of_classes(cls, class_ids: Union[Sequence[int], np.ndarray, int]) -> "Conditions":
@@ -69,12 +77,40 @@ class Conditions:
         return cls(captions=np.ascontiguousarray(embeddings * mask[..., None]), caption_mask=mask,
                    uncond=np.zeros(count, dtype=bool))
 
+    @classmethod
+    def of_prompt_ids(cls, ids: np.ndarray, mask: np.ndarray, null_ids: Optional[np.ndarray] = None,
+                      null_mask: Optional[np.ndarray] = None) -> "Conditions":
+        """Token prompts [N, cond_len], left-padded (mask: False = padding, real tokens last), and
+        each row's unconditional prompt in the same form (None: the model runs without CFG)."""
+        ids, mask = np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=bool)
+        if ids.ndim != 2 or ids.shape != mask.shape or not len(ids):
+            raise SpecrtError(f"prompt ids must be [prompts, cond_len] with a mask of that shape, got {ids.shape} "
+                              f"and {mask.shape}")
+        if not mask[:, -1].all():
+            raise SpecrtError("prompt ids must be left-padded: each row's last token real")
+        if null_ids is not None:
+            null_ids, null_mask = np.asarray(null_ids, dtype=np.int32), np.asarray(null_mask, dtype=bool)
+            if null_ids.shape != ids.shape or null_mask.shape != ids.shape:
+                raise SpecrtError(f"unconditional prompts {null_ids.shape} must match the prompts {ids.shape}")
+        return cls(prompt_ids=ids, caption_mask=mask, null_ids=null_ids, null_mask=null_mask)
+
     @property
     def is_caption(self) -> bool:
         return self.captions is not None
 
+    @property
+    def is_prompt(self) -> bool:
+        return self.prompt_ids is not None
+
+    @property
+    def kind(self) -> str:
+        """The model_type these conditions are for: 'c2i' (class ids), 't2i' (caption embeddings)
+        or 'prompt' (token prompts of a unified-vocabulary model)."""
+        return "prompt" if self.is_prompt else "t2i" if self.is_caption else "c2i"
+
     def __len__(self) -> int:
-        return len(self.captions if self.is_caption else self.class_ids)
+        rows = self.prompt_ids if self.is_prompt else self.captions if self.is_caption else self.class_ids
+        return len(rows)
 
     def image(self, index: int) -> "Conditions":
         """The conditions of one image (a batch of one)."""
@@ -84,11 +120,18 @@ class Conditions:
         """The conditions of images start..stop − 1 (a pipeline's chunk of a larger call)."""
         part = slice(start, stop)
         return Conditions(*(None if a is None else a[part] for a in (self.class_ids, self.captions,
-                                                                       self.caption_mask, self.uncond)))
+                                                                       self.caption_mask, self.uncond,
+                                                                       self.prompt_ids, self.null_ids, self.null_mask)))
 
     def with_uncond(self, null_class: int) -> "Conditions":
         """[cond; uncond]: the CFG batch. c2i: the null class id; t2i: the same captions and
-        mask, flagged uncond (the graph swaps in uncond_embedding)."""
+        mask, flagged uncond (the graph swaps in uncond_embedding); token prompts: each row's
+        unconditional prompt."""
+        if self.is_prompt:
+            if self.null_ids is None:
+                raise SpecrtError("these prompts carry no unconditional prompt, which classifier-free guidance needs")
+            return Conditions(prompt_ids=np.concatenate([self.prompt_ids, self.null_ids]),
+                              caption_mask=np.concatenate([self.caption_mask, self.null_mask]))
         if not self.is_caption:
             return Conditions(class_ids=np.concatenate([self.class_ids, np.full_like(self.class_ids, null_class)]))
         count = len(self)
@@ -98,6 +141,8 @@ class Conditions:
 
     def feeds(self) -> dict[str, np.ndarray]:
         """The prefill graph's condition inputs by name (docs/contracts.md)."""
+        if self.is_prompt:
+            return {"input_ids": self.prompt_ids, "prompt_mask": self.caption_mask}
         if not self.is_caption:
             return {"class_ids": self.class_ids}
         return {"captions": self.captions, "caption_mask": self.caption_mask, "uncond": self.uncond}

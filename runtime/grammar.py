@@ -96,3 +96,17 @@ class ImageGrammar:
         free = forced < 0
         codes_ok = ((stream[..., free] >= 0) & (stream[..., free] < self.image_vocab)).all(axis=-1)
         return codes_ok & (stream[..., ~free] == forced[~free]).all(axis=-1)
+
+
+def head_neighbours(code_neighbours: np.ndarray, grammar: ImageGrammar) -> np.ndarray:
+    """LANTERN's neighbour table over the head vocabulary: the codes' own rows (from the VQ
+    codebook) and, for each structural token, the first k codes. A structural token has no
+    latent neighbours; where it is forced both p and q are point masses on it, so its relaxed
+    acceptance never depends on the row, which only has to satisfy the table's contract (k ids,
+    none its own)."""
+    table = np.asarray(code_neighbours, dtype=np.int32)
+    extra = grammar.vocab_size - grammar.image_vocab
+    if table.shape[0] != grammar.image_vocab:
+        raise ValueError(f"a code neighbour table has {grammar.image_vocab} rows, got {table.shape[0]}")
+    rows = np.broadcast_to(np.arange(table.shape[1], dtype=np.int32), (extra, table.shape[1]))
+    return np.concatenate([table, rows])

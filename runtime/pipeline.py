@@ -41,6 +41,7 @@ class GenerationResult:
     images: Optional[np.ndarray]  # uint8 [N, H, W, 3]; None with generate(..., decode=False)
     stats: Stats
     sampling: Optional[SamplingParams] = None  # the distribution sampled: defaults + explicit keys
+    stream: Optional[np.ndarray] = None  # unified-vocabulary models: int64 [N, stream_len], row ends included
 
 
 def to_uint8(images: np.ndarray) -> np.ndarray:
@@ -56,6 +57,8 @@ def from_uint8(pixels: np.ndarray) -> np.ndarray:
 
 class Pipeline:
     """Target (+ optional draft) runners, a VQ decoder and the sampling defaults of a model family."""
+
+    returns_stream = False  # results carry the decoded stream beside the grid (a grammar with structural tokens)
 
     def __init__(self, target: ModelRunner, vq: VQDecoder, draft: Optional[ModelRunner] = None,
                  neighbours: Optional[np.ndarray] = None, sampling_defaults: Optional[dict] = None,
@@ -247,14 +250,20 @@ class Pipeline:
         tokens = np.concatenate([self._decode_pass(decoder, sampling, conditions.part(first, first + per_pass),
                                                    seeds[first:first + per_pass], stats)
                                  for first in range(0, len(conditions), per_pass)])
-        tokens = tokens.reshape(len(conditions), spec.grid_size, spec.grid_size)
+        stream = tokens.reshape(len(conditions), spec.num_image_tokens)
+        tokens = self.grids(stream)
         images = None
         if decode:
             with stats.timing("vq_decode"):
                 images = to_uint8(self.vq.decode(tokens))
         stats.tokens = int(tokens.size)
         stats.seconds["total"] = time.perf_counter() - start
-        return GenerationResult(tokens, images, stats, sampling)
+        return GenerationResult(tokens, images, stats, sampling, stream if self.returns_stream else None)
+
+    def grids(self, stream: np.ndarray) -> np.ndarray:
+        """Decoded streams [N, tokens] -> the VQ grids [N, rows, cols] the decoder takes."""
+        grid = self.target.spec.grid_size
+        return stream.reshape(len(stream), grid, grid)
 
     def _decode_pass(self, decoder: Method, sampling: SamplingParams, conditions: Conditions, seeds: list[int],
                      stats: Stats) -> np.ndarray:

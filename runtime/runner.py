@@ -34,8 +34,9 @@ class ModelSpec:
     grid_size: int
     num_classes: int = 0       # c2i
     cond_len: int = 1
-    model_type: str = "c2i"    # or "t2i"
+    model_type: str = "c2i"    # or "t2i", or "prompt" (token prompts: unified-vocabulary models)
     caption_dim: int = 0       # t2i
+    stream_len: int = 0        # tokens decoded per image when not grid² (a grammar with row ends: runtime/grammar.py)
 
     @property
     def null_class(self) -> int:
@@ -44,7 +45,8 @@ class ModelSpec:
 
     @property
     def num_image_tokens(self) -> int:
-        return self.grid_size * self.grid_size
+        """Tokens a method decodes per image: the grid, or a unified model's whole stream."""
+        return self.stream_len or self.grid_size * self.grid_size
 
 
 @dataclass
@@ -198,8 +200,8 @@ class ModelRunner(ABC):
         rows = as_conditions(rows)
         if len(rows) != self.batch:
             raise ValueError(f"prefill expects {self.batch} condition rows, got {len(rows)}")
-        if rows.is_caption != (self.spec.model_type == "t2i"):
-            want = "caption embeddings" if self.spec.model_type == "t2i" else "class ids"
+        if rows.kind != self.spec.model_type:
+            want = {"c2i": "class ids", "t2i": "caption embeddings", "prompt": "token prompts"}[self.spec.model_type]
             raise SpecrtError(f"this is a {self.spec.model_type} model: it is conditioned on {want}")
         self._caption_mask = rows.caption_mask
         start = time.perf_counter()

@@ -31,7 +31,8 @@ HEAD_INPUTS = ("mix", "uniforms")
 HEAD_OUTPUTS = ("probs", "draws")
 STEP_INPUTS = ("input_ids", "positions", "attention_mask", "past_kv", *HEAD_INPUTS)
 STEP_OUTPUTS = ("present_kv", *HEAD_OUTPUTS)
-CONDITION_INPUTS = {"c2i": ("class_ids",), "t2i": ("captions", "caption_mask", "uncond")}
+CONDITION_INPUTS = {"c2i": ("class_ids",), "t2i": ("captions", "caption_mask", "uncond"),
+                    "prompt": ("input_ids", "prompt_mask")}
 
 
 def _ort():
@@ -76,10 +77,11 @@ def model_spec(entry: dict[str, Any]) -> ModelSpec:
     """The runtime's view of a manifest 'models.<role>' entry (any backend's)."""
     model_type = entry.get("model_type", "c2i")
     if model_type not in CONDITION_INPUTS:
-        raise SpecrtError(f"this specrt runs c2i and t2i models; the bundle's is {model_type!r}")
+        raise SpecrtError(f"this specrt runs c2i, t2i and prompt models; the bundle's is {model_type!r}")
     return ModelSpec(vocab_size=int(entry["vocab_size"]), grid_size=int(entry["grid_size"]),
                      num_classes=int(entry.get("num_classes", 0)), cond_len=int(entry.get("cond_len", 1)),
-                     model_type=model_type, caption_dim=int(entry.get("caption_dim", 0)))
+                     model_type=model_type, caption_dim=int(entry.get("caption_dim", 0)),
+                     stream_len=int(entry.get("stream_len", 0)))
 
 
 class OrtRunner(ModelRunner):

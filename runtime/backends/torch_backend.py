@@ -99,6 +99,9 @@ class DeviceRows:
 def model_spec(gpt: Any) -> ModelSpec:
     """The runtime's view of a specrt.export GPT (GPTConfig field names)."""
     cfg = gpt.config
+    if hasattr(cfg, "grammar"):  # a unified-vocabulary model (specrt.export.unified.UnifiedLM)
+        return ModelSpec(vocab_size=cfg.vocab_size, grid_size=cfg.grammar.rows, cond_len=cfg.cond_len,
+                         model_type="prompt", stream_len=cfg.grammar.stream_len)
     if not hasattr(cfg, "num_classes"):  # an EAGLE head: TorchHeadRunner sets the target's spec
         return ModelSpec(vocab_size=cfg.vocab_size, grid_size=cfg.grid_size, cond_len=cfg.cond_len,
                          model_type=cfg.model_type)
@@ -207,7 +210,10 @@ class TorchRunner(ModelRunner):
     def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
         torch = self.torch
         with torch.inference_mode():
-            if rows.is_caption:
+            if rows.is_prompt:
+                args = (torch.from_numpy(rows.prompt_ids.astype(np.int64)).to(self.device),
+                        torch.from_numpy(rows.caption_mask).to(self.device))
+            elif rows.is_caption:
                 args = (torch.from_numpy(rows.captions).to(self.device, self.dtype),
                         torch.from_numpy(rows.caption_mask).to(self.device), torch.from_numpy(rows.uncond).to(self.device))
             else:

@@ -23,6 +23,7 @@ from specrt.runtime.families.base import Family
 FAMILIES: dict[str, str] = {
     "llamagen": "specrt.runtime.families.llamagen",      # LlamaGen-layout VQ generators: c2i, t2i, the demos
     "continuous": "specrt.runtime.families.continuous",  # MAR-style diffusion-head models (cspd)
+    "unified": "specrt.runtime.families.unified",        # Janus, Emu3, Lumina-mGPT: text and image in one vocabulary
 }
 DEFAULT_FAMILY = "llamagen"  # manifests written before families were named carry none
 DEMO_FAMILIES: dict[str, str] = {"mar": "continuous"}  # embedded demos outside the LlamaGen family

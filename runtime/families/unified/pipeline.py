@@ -1,0 +1,127 @@
+"""The unified-vocabulary family's pipeline: the discrete Pipeline with token prompts and a grammar.
+
+Why a subclass and not a new stack: the speculative loop does not change at all. The target's and
+draft's logits already carry the image grammar (forced row ends are point masses, runtime/grammar.py),
+so every method, runner, verification formula and backend of the discrete family runs these models
+as they are. What differs is only at the edges: a prompt becomes token ids through the model's own
+recipe (prompts.PromptEncoder), and the decoded stream becomes a grid by dropping the structural
+tokens (ImageGrammar.grid).
+
+    pipe = Pipeline.from_bundle("janus-bundle/")                       # -> UnifiedPipeline
+    result = pipe.generate(prompts=["a red apple"], method="sjd-pac", seed=0)
+    result.tokens  # int64 [N, rows, cols] VQ codes;  result.stream: [N, stream_len] with row ends
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from specrt import validation
+from specrt.errors import SpecrtError
+from specrt.runtime.conditions import Conditions
+from specrt.runtime.families.unified.prompts import PromptEncoder
+from specrt.runtime.grammar import ImageGrammar, head_neighbours
+from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Method
+from specrt.runtime.pipeline import GenerationResult, Pipeline, image_seeds
+
+
+class UnifiedPipeline(Pipeline):
+    """Target (+ draft) of a unified-vocabulary model, its VQ decoder, prompt recipe and grammar."""
+
+    returns_stream = True
+
+    def __init__(self, target: Any, vq: Any, grammar: ImageGrammar, prompts: PromptEncoder,
+                 draft: Any = None, neighbours: Optional[np.ndarray] = None,
+                 sampling_defaults: Optional[dict] = None, max_images: Optional[int] = None, **_: Any):
+        super().__init__(target, vq, draft, neighbours=neighbours, sampling_defaults=sampling_defaults,
+                         max_images=max_images)
+        self.grammar, self.prompts = grammar, prompts
+        if target.spec.num_image_tokens != grammar.stream_len:
+            raise SpecrtError(f"the target decodes {target.spec.num_image_tokens} tokens per image but the grammar's "
+                              f"stream is {grammar.stream_len}")
+
+    # ---- constructors ------------------------------------------------------------------------
+
+    @classmethod
+    def open_bundle(cls, path: str | Path, backend: str = "ort", providers: Optional[Sequence[Any]] = None,
+                    threads: Optional[int] = None, precision: Optional[str] = None) -> "UnifiedPipeline":
+        """A unified bundle on onnxruntime ('ort', or 'ort-cpu' / 'ort-cuda' / 'ort-trt' with the bundle's
+        provider options); its manifest is checked first (runtime/bundle_check.py), one line if not."""
+        from specrt.manifest import read_manifest
+        from specrt.runtime.backends.ort_backend import pipeline_parts_from_bundle
+        from specrt.runtime.families.unified.bundle import grammar_of, prompt_recipe_of
+
+        if threads is not None:
+            threads = validation.count("threads", threads)
+        if backend not in ("ort", "ort-cpu", "ort-cuda", "ort-trt"):
+            raise SpecrtError(f"unknown backend {backend!r} for a unified-vocabulary bundle; choose one of "
+                              "ort, ort-cpu, ort-cuda, ort-trt")
+        if backend != "ort" and providers is None:
+            import functools
+
+            from specrt.engines.ort_providers import providers_for
+            providers = functools.partial(providers_for, backend, str(path), precision=precision or "fp32")
+        manifest = read_manifest(path)
+        grammar = grammar_of(manifest.models["target"])
+        encoder = PromptEncoder.from_files(prompt_recipe_of(manifest.raw), int(manifest.models["target"]["cond_len"]),
+                                           manifest.root)
+        parts = pipeline_parts_from_bundle(path, providers, threads)
+        parts.pop("text_encoder", None)
+        return cls(grammar=grammar, prompts=encoder, **parts)
+
+    @classmethod
+    def from_torch(cls, target: Any, draft: Any = None, vq: Any = None, prompts: Optional[PromptEncoder] = None,
+                   neighbours: Optional[np.ndarray] = None, max_window: int = DEFAULT_MAX_WINDOW,
+                   device: Optional[str] = None, sampling_defaults: Optional[dict] = None,
+                   cuda_graphs: Optional[bool] = None, max_images: int = 32, **_: Any) -> "UnifiedPipeline":
+        """specrt.export.unified.UnifiedLM modules (target, optional draft of the same vocabulary and
+        grammar) and a VQ decoder module (decode_codes); the PyTorch backend runs them as the graphs."""
+        from specrt.runtime.backends.torch_backend import TorchRunner, TorchVQ
+
+        grammar = target.config.grammar
+        if draft is not None and (draft.config.grammar != grammar or draft.config.cond_len != target.config.cond_len):
+            raise SpecrtError("the draft's image grammar or prompt length differs from the target's")
+        runner = TorchRunner(target, validation.count("max_window", max_window), device, cuda_graphs)
+        draft_runner = TorchRunner(draft, max_window, device, cuda_graphs) if draft is not None else None
+        if neighbours is None and vq is not None:
+            codes = TorchVQ.neighbours_of(vq)
+            neighbours = None if codes is None else head_neighbours(codes, grammar)
+        if prompts is None:
+            prompts = PromptEncoder({"uncond": {"kind": "ids"}}, target.config.cond_len)
+        return cls(runner, TorchVQ(vq, device) if vq is not None else None, grammar, prompts, draft=draft_runner,
+                   neighbours=neighbours, sampling_defaults=sampling_defaults or {}, max_images=max_images)
+
+    # ---- generation ----------------------------------------------------------------------------
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        down = self.vq.downsample
+        return self.grammar.rows * down, self.grammar.cols * down
+
+    def conditions(self, class_ids: Any = None, prompts: Sequence[str] | str | None = None, captions: Any = None,
+                   prompt_ids: Any = None) -> Conditions:
+        """Token prompts: text through the model's recipe, or ready ids of its vocabulary (the recipe's
+        unconditional rule still applies to them), or ready Conditions."""
+        if class_ids is not None or captions is not None:
+            raise SpecrtError("this model is conditioned on text prompts: give prompts (or prompt_ids), not "
+                              + ("class ids" if class_ids is not None else "caption embeddings"))
+        if isinstance(prompts, Conditions):
+            return prompts
+        return self.prompts.encode(prompts, prompt_ids)
+
+    def generate(self, class_ids: Any = None, method: str | Method = "ar", seed: int | Sequence[int] = 0,
+                 decode: bool = True, *, prompts: Sequence[str] | str | None = None, captions: Any = None,
+                 prompt_ids: Any = None, **params: Any) -> GenerationResult:
+        """Images for `prompts` (or `prompt_ids`) with a decoding method; as Pipeline.generate. The
+        result's `tokens` are the VQ grids, `stream` the decoded tokens with the row ends in place."""
+        decode = validation.flag("decode", decode)
+        if decode and self.vq is None:
+            raise SpecrtError("this pipeline has no VQ decoder: generate with decode=False")
+        with self._generate_lock:
+            conditions = self.conditions(class_ids, prompts, captions, prompt_ids)
+            return self._generate(conditions, method, image_seeds(seed, len(conditions)), decode, **params)
+
+    def grids(self, stream: np.ndarray) -> np.ndarray:
+        return self.grammar.grid(stream)

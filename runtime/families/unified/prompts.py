@@ -1,0 +1,125 @@
+"""Prompts -> token ids as each unified-vocabulary model's own code builds them (numpy + tokenizers).
+
+A bundle's manifest carries the recipe (the "prompt" block, written by specrt export from the
+model's own conventions, specrt.export.unified.recipes) and its tokenizer.json, so generating from
+text needs neither transformers nor torch:
+
+    ids = prefix_ids + tokenize(template with {prompt} replaced) + suffix_ids
+
+The unconditional (CFG) prompt is the model's own (docs/contracts.md, "Unified-vocabulary
+models"): `pad` (Janus: the prompt with every token but the first `keep_first` and last
+`keep_last` replaced by `pad_id`), `prompt` (Emu3: another text, the negative prompt, through the
+same template) or `ids` (Lumina-mGPT: the suffix alone — the image-start and size tokens).
+Both rows are left-padded to the bundle's cond_len (real tokens last; runtime.conditions).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from specrt.errors import SpecrtError
+from specrt.lazy import require
+from specrt.runtime.conditions import Conditions
+
+UNCOND_KINDS = ("pad", "prompt", "ids")
+
+
+class PromptEncoder:
+    """A model's prompt recipe and tokenizer: prompts (or ready token ids) -> Conditions."""
+
+    def __init__(self, recipe: dict[str, Any], cond_len: int, tokenizer: Any = None):
+        self.recipe, self.cond_len, self.tokenizer = dict(recipe), int(cond_len), tokenizer
+        self.template = str(self.recipe.get("template", "{prompt}"))
+        self.prefix = [int(i) for i in self.recipe.get("prefix_ids", [])]
+        self.suffix = [int(i) for i in self.recipe.get("suffix_ids", [])]
+        self.pad_id = int(self.recipe.get("pad_id", 0))
+        self.uncond = dict(self.recipe.get("uncond") or {"kind": "ids"})
+        if self.uncond.get("kind") not in UNCOND_KINDS:
+            raise SpecrtError(f"prompt recipe: uncond kind must be one of {', '.join(UNCOND_KINDS)}, "
+                              f"got {self.uncond.get('kind')!r}")
+
+    @classmethod
+    def from_files(cls, recipe: dict[str, Any], cond_len: int, root: Path) -> "PromptEncoder":
+        """The recipe of a manifest whose tokenizer file (recipe["tokenizer"]) lies under `root`;
+        a recipe without one takes token ids only (generate(prompt_ids=...))."""
+        tokenizer = None
+        name = recipe.get("tokenizer")
+        if name:
+            path = Path(root) / name
+            if not path.is_file():
+                raise SpecrtError(f"bundle: the prompt recipe's tokenizer {name} is missing")
+            tokenizers = require("tokenizers", "prompts of unified-vocabulary models")
+            try:
+                tokenizer = tokenizers.Tokenizer.from_file(str(path))
+            except Exception as exc:  # tokenizers raises its own exception type
+                raise SpecrtError(f"bundle: cannot read {name}: {(str(exc).splitlines() or [''])[0]}") from None
+        return cls(recipe, cond_len, tokenizer)
+
+    # ---- one row ---------------------------------------------------------------------------------
+
+    def ids(self, prompt: str) -> list[int]:
+        """The conditional prompt's token ids."""
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise SpecrtError("a prompt must be a non-empty string")
+        if self.tokenizer is None:
+            raise SpecrtError("this model has no tokenizer (its checkpoint had no tokenizer.json): give token ids "
+                              "with prompt_ids=...")
+        text = self.template.replace("{prompt}", prompt)
+        return self.prefix + list(self.tokenizer.encode(text, add_special_tokens=False).ids) + self.suffix
+
+    def null_ids(self, ids: Sequence[int]) -> list[int]:
+        """The unconditional prompt the model's code pairs with the prompt `ids`."""
+        kind = self.uncond["kind"]
+        if kind == "pad":
+            first, last = int(self.uncond.get("keep_first", 1)), int(self.uncond.get("keep_last", 1))
+            middle = max(len(ids) - first - last, 0)
+            return list(ids[:first]) + [self.pad_id] * middle + list(ids[len(ids) - last:] if last else [])
+        if kind == "prompt":
+            return self.ids(str(self.uncond.get("text", ""))) if str(self.uncond.get("text", "")).strip() \
+                else self.prefix + self.suffix
+        return list(self.uncond.get("ids", self.suffix))
+
+    # ---- a batch ----------------------------------------------------------------------------------
+
+    def encode(self, prompts: Optional[Sequence[str]] = None,
+               prompt_ids: Optional[Sequence[Sequence[int]]] = None) -> Conditions:
+        """Conditions of token prompts (and their unconditional twins) from text or from ids."""
+        if (prompts is None) == (prompt_ids is None):
+            raise SpecrtError("give prompts or prompt_ids (one of them)")
+        if prompts is not None:
+            prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+            if not prompts:
+                raise SpecrtError("no prompts given")
+            rows = [self.ids(p) for p in prompts]
+        else:
+            rows = [[int(i) for i in row] for row in _rows_of(prompt_ids)]
+        nulls = [self.null_ids(row) for row in rows]
+        ids, mask = self.left_pad(rows)
+        null_ids, null_mask = self.left_pad(nulls)
+        return Conditions.of_prompt_ids(ids, mask, null_ids, null_mask)
+
+    def left_pad(self, rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """int32 [N, cond_len] ids (pad_id before each row's tokens) and bool [N, cond_len] mask."""
+        ids = np.full((len(rows), self.cond_len), self.pad_id, dtype=np.int32)
+        mask = np.zeros((len(rows), self.cond_len), dtype=bool)
+        for i, row in enumerate(rows):
+            if not row:
+                raise SpecrtError(f"prompt {i} has no tokens")
+            if len(row) > self.cond_len:
+                raise SpecrtError(f"prompt {i} is {len(row)} tokens; this model reads at most {self.cond_len} "
+                                  "(export with a larger --max-prompt-tokens)")
+            ids[i, self.cond_len - len(row):] = row
+            mask[i, self.cond_len - len(row):] = True
+        return ids, mask
+
+
+def _rows_of(prompt_ids: Any) -> list[list[int]]:
+    """prompt_ids as a list of rows: one row (a flat list of ints) or several."""
+    rows = list(prompt_ids)
+    if rows and all(isinstance(v, (int, np.integer)) for v in rows):
+        rows = [rows]
+    if not rows:
+        raise SpecrtError("no prompt ids given")
+    return [list(row) for row in rows]
