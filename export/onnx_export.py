@@ -95,7 +95,10 @@ class GraphLimits:
 
 
 def capacity_for(config, max_window: int) -> int:
-    """KV buffer length of a model: every condition and image token plus one full window."""
+    """KV buffer length of a model: every condition and image token (a unified model's whole
+    stream, row ends included) plus one full window."""
+    if is_prompt_model(config):
+        return config.cond_len + config.grammar.stream_len + max_window
     return config.cond_len + config.grid_size**2 + max_window
 
 
@@ -125,6 +128,13 @@ class _CaptionPrefillGraph(_WithHead):
     def forward(self, captions: torch.Tensor, caption_mask: torch.Tensor, uncond: torch.Tensor,
                 mix: torch.Tensor, uniforms: torch.Tensor):
         return self._outputs(*self.gpt.prefill(captions, caption_mask, uncond), mix, uniforms)
+
+
+class _PromptPrefillGraph(_WithHead):
+    """Unified-vocabulary models: a left-padded token prompt and its mask (docs/contracts.md)."""
+
+    def forward(self, input_ids: torch.Tensor, prompt_mask: torch.Tensor, mix: torch.Tensor, uniforms: torch.Tensor):
+        return self._outputs(*self.gpt.prefill(input_ids.long(), prompt_mask), mix, uniforms)
 
 
 class _StepGraph(_WithHead):
@@ -164,9 +174,18 @@ def head_outputs(config, window) -> tuple[TensorSpec, ...]:
             TensorSpec("draws", "int32", (IMAGES, window)))
 
 
+def is_prompt_model(config) -> bool:
+    """A unified-vocabulary model (specrt.export.unified): token prompts and an image grammar."""
+    return getattr(config, "grammar", None) is not None
+
+
 def condition_inputs(config) -> tuple[TensorSpec, ...]:
     """What a prefill graph is conditioned on: class ids (c2i), or caption embeddings, their
-    padding mask (False = padded position) and the CFG rows' flag (t2i)."""
+    padding mask (False = padded position) and the CFG rows' flag (t2i), or a token prompt and
+    its padding mask (unified-vocabulary models)."""
+    if is_prompt_model(config):
+        return (TensorSpec("input_ids", "int32", (BATCH, config.cond_len)),
+                TensorSpec("prompt_mask", "bool", (BATCH, config.cond_len)))
     if config.model_type == "c2i":
         return (TensorSpec("class_ids", "int32", (BATCH,)),)
     return (TensorSpec("captions", "float32", (BATCH, config.cond_len, config.caption_dim)),
@@ -200,10 +219,14 @@ def step_spec(name: str, role: str, config, limits: GraphLimits, opset: int, wit
                      inputs=inputs, outputs=(*outputs, *head_outputs(config, WINDOW)), profile=limits.step_profile())
 
 
-def vq_decode_spec(grid: int, image_size: int, limits: GraphLimits, opset: int) -> GraphSpec:
+def vq_decode_spec(grid: int, image_size: int, limits: GraphLimits, opset: int, cols: int | None = None) -> GraphSpec:
+    """codes [B, grid, cols] -> image [B, 3, image_size, image_size · cols / grid] (cols: the grid's
+    columns when it is not square)."""
+    cols = cols or grid
+    width = image_size * cols // grid
     return GraphSpec(name="vq_decode", file="vq_decode.onnx", role="vq", kind="decode", opset=opset,
-                     inputs=(TensorSpec("codes", "int32", (BATCH, grid, grid)),),
-                     outputs=(TensorSpec("image", "float32", (BATCH, 3, image_size, image_size)),),
+                     inputs=(TensorSpec("codes", "int32", (BATCH, grid, cols)),),
+                     outputs=(TensorSpec("image", "float32", (BATCH, 3, image_size, width)),),
                      profile={BATCH: limits.batch_profile()})
 
 
@@ -227,6 +250,11 @@ def _example_inputs(spec: GraphSpec, config, grid: int | None = None) -> tuple[t
             tensors.append(torch.arange(shape[1])[None] >= shape[1] - lengths[:, None])
         elif t.name == "uncond":
             tensors.append(torch.arange(shape[0]) % 2 == 1)
+        elif t.name == "input_ids" and spec.kind == "prefill":  # a token prompt of the model's own vocabulary
+            tensors.append(torch.randint(0, 4, shape, generator=gen, dtype=torch.int32))
+        elif t.name == "prompt_mask":  # left-padded prompts of different lengths
+            lengths = torch.arange(shape[0]) % shape[1] + 1
+            tensors.append(torch.arange(shape[1])[None] >= shape[1] - lengths[:, None])
         elif t.name == "input_ids":
             tensors.append(torch.randint(0, config.vocab_size, shape, generator=gen, dtype=torch.int32))
         elif t.name == "positions":
@@ -348,7 +376,9 @@ def export_prefill(gpt: nn.Module, role: str, limits: GraphLimits, out_dir: Path
     mix, uniforms -> logits/hidden of the last condition token, the condition's KV, and the
     head's probs/draws for image token 0."""
     spec = prefill_spec(f"{role}_prefill", role, gpt.config, limits, opset, with_hidden)
-    graph = (_PrefillGraph if gpt.config.model_type == "c2i" else _CaptionPrefillGraph)(gpt, with_hidden)
+    kind = _PromptPrefillGraph if is_prompt_model(gpt.config) else \
+        _PrefillGraph if gpt.config.model_type == "c2i" else _CaptionPrefillGraph
+    graph = kind(gpt, with_hidden)
     return _export(graph, spec, _example_inputs(spec, gpt.config), out_dir)
 
 
@@ -359,8 +389,9 @@ def export_step(gpt: nn.Module, role: str, limits: GraphLimits, out_dir: Path, o
     return _export(_StepGraph(gpt, with_hidden), spec, _example_inputs(spec, gpt.config), out_dir)
 
 
-def export_vq_decode(vq: nn.Module, grid: int, limits: GraphLimits, out_dir: Path, opset: int = DEFAULT_OPSET) -> GraphSpec:
-    """Export `vq_decode`: codes int32 [B, grid, grid] -> image [B, 3, H, W]."""
+def export_vq_decode(vq: nn.Module, grid: int, limits: GraphLimits, out_dir: Path, opset: int = DEFAULT_OPSET,
+                     cols: int | None = None) -> GraphSpec:
+    """Export `vq_decode`: codes int32 [B, grid, cols (= grid)] -> image [B, 3, H, W]."""
     image_size = grid * vq.config.downsample
-    spec = vq_decode_spec(grid, image_size, limits, opset)
+    spec = vq_decode_spec(grid, image_size, limits, opset, cols)
     return _export(_VQDecodeGraph(vq), spec, _example_inputs(spec, vq.config), out_dir)

@@ -26,6 +26,7 @@ class Family(ABC):
     # "module:function" running `specrt bench` for this family (its own settings and fidelity
     # judge), called with the command's options as keywords; None: the LlamaGen bench
     bench_runner: ClassVar[Optional[str]] = None
+    takes_prompts: ClassVar[bool] = False  # generate is conditioned on text prompts (else class ids)
 
     @abstractmethod
     def open(self, path: Path, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:

@@ -44,13 +44,20 @@ def refuse(family: Family, method: str, refused: dict[str, Any]) -> None:
 
 
 def generate(family: Family, pipe: Any, method: str, class_ids: tuple[int, ...], seed: int, out: Path,
-             sampling: dict[str, Any], params: dict[str, str], stats_path: Optional[Path], tokens_only: bool,
-             tokens_path: Optional[Path]) -> None:
+             prompts: tuple[str, ...], sampling: dict[str, Any], params: dict[str, str], stats_path: Optional[Path],
+             tokens_only: bool, tokens_path: Optional[Path]) -> None:
     """Generate with the family's pipeline and write PNGs / tokens / stats as `specrt generate` does."""
     from specrt.commands._outputs import save_images, save_tokens
 
     kwargs = {**{k: v for k, v in sampling.items() if v is not None}, **params}  # validated where they are used
-    result = pipe.generate(list(class_ids or (0,)), method=method, seed=seed, decode=not tokens_only, **kwargs)
+    if family.takes_prompts:
+        if not prompts:
+            raise SpecrtError(f"a {family.description} model draws what a prompt says: give --prompt \"...\" "
+                              "(repeatable)")
+        kwargs["prompts"] = list(prompts)
+    else:
+        kwargs["class_ids"] = list(class_ids or (0,))
+    result = pipe.generate(method=method, seed=seed, decode=not tokens_only, **kwargs)
     paths = [] if tokens_only else save_images(result.images, out, len(result.tokens))
     if tokens_only or tokens_path:
         paths.append(save_tokens(result.tokens, tokens_path or out.with_suffix(".npy")))

@@ -6,6 +6,7 @@ write_bundle / verify_bundle (where, and whether to check them in onnxruntime).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -65,10 +66,25 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
 @click.option("--out", "out", type=click.Path(path_type=Path), default=Path("bundle"), show_default=True,
               help="Bundle directory to write (refused if it exists, unless --force).")
 @click.option("--force", is_flag=True, help="Replace an existing --out (only once the new bundle is complete).")
-@click.option("--target", type=click.Path(dir_okay=False, path_type=Path), help="LlamaGen GPT checkpoint (target model).")
-@click.option("--draft", type=click.Path(dir_okay=False, path_type=Path),
-              help="LlamaGen GPT checkpoint (draft model). Optional: without it the bundle runs ar, sjd and sjd-pac.")
-@click.option("--vq", type=click.Path(dir_okay=False, path_type=Path), help="LlamaGen VQ checkpoint (decoder and codebook).")
+@click.option("--target", type=click.Path(path_type=Path),
+              help="LlamaGen GPT checkpoint (target model), or a Hugging Face checkpoint directory of Janus / Janus-Pro, "
+                   "Emu3-Gen or Lumina-mGPT (config.json, safetensors, tokenizer.json; the architecture comes from "
+                   "config.json).")
+@click.option("--draft", type=click.Path(path_type=Path),
+              help="LlamaGen GPT checkpoint (draft model), or a smaller Hugging Face checkpoint directory of the "
+                   "target's family and vocabulary. Optional: without it the bundle runs ar, sjd and sjd-pac.")
+@click.option("--vq", type=click.Path(path_type=Path),
+              help="LlamaGen VQ checkpoint (decoder and codebook). Hugging Face checkpoints carry their own VQ (Janus, "
+                   "Emu3); Lumina-mGPT needs Chameleon's VQGAN: the directory holding vqgan.ckpt and vqgan.yaml.")
+@click.option("--grid", metavar="ROWSxCOLS", default=None,
+              help="Hugging Face checkpoints: the image grid in VQ tokens (Emu3 / Lumina-mGPT choose it per bundle; "
+                   "Janus has its own). Default: the model's usual resolution.")
+@click.option("--max-prompt-tokens", type=int, default=None,
+              help="Hugging Face checkpoints: the longest prompt (template included) the bundle takes, in tokens "
+                   "(default 128).")
+@click.option("--dtype", "weights_dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32",
+              show_default=True, help="Hugging Face checkpoints: the graphs' weight dtype (the sampling head and "
+                                      "logits stay float32).")
 @click.option("--text-encoder", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="t2i: a local T5 encoder directory (flan-t5-xl for LlamaGen) exported into the bundle with its "
                    "tokenizer, so the bundle takes prompts (needs specrt[t2i]).")
@@ -99,23 +115,40 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
 @click.option("--threads", type=int, default=None, help=f"{THREADS_HELP}.")
 @click.pass_context
 @checkpoint_flags
-def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, random_weights,
-            demo, demo_weights, text_encoder, max_window, max_batch, opset, eagle, no_hidden, neighbours_k, verify, family, threads) -> None:
+def command(ctx: click.Context, out, force, target, draft, vq, grid, max_prompt_tokens, weights_dtype, checkpoint,
+            random_weights, demo, demo_weights, text_encoder, max_window, max_batch, opset, eagle, no_hidden,
+            neighbours_k, verify, family, threads) -> None:
     """Export target, draft (optional) and VQ decoder to an ONNX bundle (the embedded demo by default;
     --demo t2i adds its text encoder, so the bundle takes prompts).
 
-    Class-conditional (c2i) and text-to-image (t2i) LlamaGen checkpoints; the model type comes
-    from the weights."""
+    Class-conditional (c2i) and text-to-image (t2i) LlamaGen checkpoints (the model type comes
+    from the weights), and Hugging Face checkpoint directories of unified-vocabulary models
+    (Janus / Janus-Pro, Emu3-Gen, Lumina-mGPT: --target DIR)."""
     from specrt.lazy import require
     from specrt.paths import output_folder
 
     output_folder("--out", out)  # its parent exists and takes files: before any model loads
+    unified = _is_hf_directory(target) or demo == "chameleon"
+    if not unified:
+        for flag, value in (("--grid", grid), ("--max-prompt-tokens", max_prompt_tokens),
+                            ("--dtype", weights_dtype != "float32")):
+            if value:
+                raise SpecrtError(f"{flag} applies to Hugging Face checkpoint directories (--target DIR) only")
+        for flag, value in (("--target", target), ("--draft", draft), ("--vq", vq)):
+            if value is not None and value.is_dir():
+                raise SpecrtError(f"{flag} {value} is a directory without config.json: give a checkpoint file, or a "
+                                  "Hugging Face checkpoint directory as --target")
     _refuse_inapplicable(checkpoint, target, draft, vq, random_weights, demo, demo == "mar" or family == "continuous")
     if out.exists() and not force:  # refuse before loading multi-GB checkpoints
         raise SpecrtError(f"{out} already exists; pass --force to replace it")
     torch = require("torch", "specrt export")
     threads = resolve_threads(threads)
     torch.set_num_threads(threads)
+    if unified:
+        _export_unified(ctx, out, force, target, draft, vq, grid, max_prompt_tokens, weights_dtype, demo, demo_weights,
+                        random_weights or text_encoder or eagle or no_hidden or checkpoint.given(), verify,
+                        dict(opset=opset, max_window=max_window, max_batch=max_batch, neighbours_k=neighbours_k))
+        return
     if demo == "mar" or family == "continuous":
         if demo not in (None, "mar"):
             raise SpecrtError(f"--demo {demo} is a LlamaGen-family demo: drop --family continuous")
@@ -139,6 +172,46 @@ def command(ctx: click.Context, out, force, target, draft, vq, checkpoint, rando
 
         click.echo("verifying graphs in onnxruntime (CPU) against PyTorch ...")
         report = verify_bundle(manifest, models, threads=threads)
+        click.echo(report.format())
+        if not report.passed:
+            ctx.exit(1)
+
+
+def _is_hf_directory(path: Path | None) -> bool:
+    """A Hugging Face checkpoint directory (config.json inside): the unified-vocabulary export."""
+    return path is not None and path.is_dir() and (path / "config.json").is_file()
+
+
+def _export_unified(ctx: click.Context, out: Path, force: bool, target: Path | None, draft: Path | None,
+                    vq: Path | None, grid: str | None, max_prompt_tokens: int | None, weights_dtype: str,
+                    demo: str | None, demo_weights: Path | None, inapplicable: Any, verify: bool,
+                    options: dict[str, Any]) -> None:
+    """A unified-vocabulary bundle (export/unified) from Hugging Face checkpoint directories, or the
+    chameleon demo's."""
+    from specrt.export.bundle import ExportOptions
+    from specrt.export.unified.sources import demo_models, parse_grid, unified_models
+    from specrt.export.unified.writer import write_unified_bundle
+
+    if inapplicable:
+        raise SpecrtError("--random-weights, --text-encoder, --eagle, --no-hidden and the LlamaGen size flags do not "
+                          "apply to Hugging Face checkpoint directories")
+    if draft is not None and not _is_hf_directory(draft):
+        raise SpecrtError(f"--draft {draft} must be a Hugging Face checkpoint directory (config.json inside) like --target")
+    if demo == "chameleon":
+        if target is not None or draft is not None or vq is not None:
+            raise SpecrtError("--demo chameleon exports the embedded demo; drop --target/--draft/--vq")
+        models = demo_models(demo_weights, dtype=weights_dtype)
+    else:
+        models = unified_models(target, draft, vq, grid=parse_grid(grid), cond_len=max_prompt_tokens,
+                                dtype=weights_dtype, progress=click.echo)
+    manifest = write_unified_bundle(models, out, ExportOptions(**options), force=force, progress=click.echo)
+    click.echo(f"wrote bundle {manifest.root} ({len(manifest.graphs)} graphs, {models.target.config.architecture}); "
+               f"generate with: specrt generate {out} --prompt \"...\"")
+    if verify:
+        from specrt.export.unified.verify import verify_unified_bundle
+
+        click.echo("verifying graphs in onnxruntime (CPU) against PyTorch ...")
+        report = verify_unified_bundle(manifest, models)
         click.echo(report.format())
         if not report.passed:
             ctx.exit(1)

@@ -273,7 +273,8 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
         if demo is not None and (bundle or target or vq or draft):
             raise SpecrtError("--demo picks an embedded demo: give it without a BUNDLE or checkpoints")
         refused = {"--top-k": top_k is not None and "top_k" not in family.sampling_keys,
-                   "--top-p": top_p is not None and "top_p" not in family.sampling_keys, "--prompt": prompts,
+                   "--top-p": top_p is not None and "top_p" not in family.sampling_keys,
+                   "--prompt": prompts and not family.takes_prompts, "--class": class_ids and family.takes_prompts,
                    "--captions": captions_path, "--text-encoder": text_encoder, "--target/--draft/--vq": target or vq or draft,
                    "--device": device is not None and device.strip().lower() != "cpu",  # it runs on the CPU
                    "--max-window": _given("max_window"),
@@ -281,7 +282,7 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
         validation.seed(seed, "--seed")
         _family.refuse(family, method, refused)  # before the model loads
         pipe = _family.open_pipeline(family, bundle, demo, backend, threads)
-        _family.generate(family, pipe, method, class_ids, seed, out,
+        _family.generate(family, pipe, method, class_ids, seed, out, prompts,
                          {"cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k, "top_p": top_p},
                          method_params, stats_path, tokens_only, tokens_path)
         return

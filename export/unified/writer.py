@@ -1,0 +1,171 @@
+"""Write a unified-vocabulary bundle: a Hugging Face checkpoint directory -> graphs + recipe + manifest.
+
+The bundle is the discrete family's (prefill/step graphs ending in the sampling head, vq_decode,
+LANTERN's neighbour table, manifest.json) plus what only these models have (docs/contracts.md,
+"Unified-vocabulary models"): the model's own tokenizer.json and its prompt recipe (template,
+structural prefix/suffix ids, unconditional rule, sampling defaults) under the manifest's "prompt",
+and the image grammar under models.target. Assembled in a hidden temporary directory and renamed
+into place only when complete (specrt.bundle_dir), as every bundle is.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from specrt import __version__
+from specrt.bundle_dir import move_into_place, partial_dir, refuse_existing
+from specrt.errors import SpecrtError
+from specrt.export import onnx_export
+from specrt.export.bundle import NEIGHBOURS_FILE, ExportOptions
+from specrt.export.neighbours import codebook_neighbours, neighbour_count
+from specrt.export.onnx_export import GraphLimits, capacity_for
+from specrt.manifest import FORMAT, MANIFEST_NAME, VERSION, GraphSpec, Manifest, file_record, read_manifest, rows_for_images
+from specrt.runtime.grammar import head_neighbours
+
+FAMILY = "unified"
+TOKENIZER_FILE = "tokenizer.json"
+Progress = Callable[[str], None]
+
+
+@dataclass
+class UnifiedModels:
+    """What a unified bundle is exported from: the language model(s) (specrt.export.unified.UnifiedLM),
+    the VQ decoder (decode_codes, config.downsample / codebook_size), the prompt recipe and tokenizer."""
+
+    target: nn.Module
+    draft: Optional[nn.Module]
+    vq: nn.Module
+    prompt: dict[str, Any]                   # the manifest's "prompt" block, tokenizer file name excepted
+    sampling_defaults: dict[str, float]
+    tokenizer_file: Optional[Path] = None    # the checkpoint's tokenizer.json (None: prompts as token ids only)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """The draft must share the target's grammar and prompt length, the VQ decode the codes."""
+        target = self.target.config
+        if self.draft is not None:
+            draft = self.draft.config
+            for name in ("grammar", "cond_len", "vocab_size"):
+                if getattr(draft, name) != getattr(target, name):
+                    raise SpecrtError(f"the draft's {name} {getattr(draft, name)} differs from the target's "
+                                      f"{getattr(target, name)}: a draft must use the target's vocabulary and grammar")
+        codes = int(self.vq.config.codebook_size)
+        if codes != target.grammar.image_vocab:
+            raise SpecrtError(f"the VQ decoder has {codes} codes but the model's vocabulary has "
+                              f"{target.grammar.image_vocab} image tokens")
+
+
+def model_entry(config: Any, capacity: int, **extra: Any) -> dict[str, Any]:
+    """models.<role> of a unified bundle: the discrete keys (runtime/bundle_check.py) and the grammar."""
+    grammar = config.grammar
+    return {
+        "family": FAMILY, "architecture": config.architecture, "model_type": "prompt",
+        "vocab_size": grammar.vocab_size, "image_vocab": grammar.image_vocab, "grid_size": grammar.rows,
+        "grid_cols": grammar.cols, "row_end": grammar.row_end, "stream_len": grammar.stream_len,
+        "cond_len": config.cond_len, "text_vocab_size": getattr(config, "text_vocab_size", None),
+        "n_layer": config.n_layer, "n_head": config.n_head, "n_kv_head": config.n_kv_head,
+        "head_dim": config.head_dim, "dim": config.dim, "capacity": capacity, **extra,
+    }
+
+
+def vq_entry(models: UnifiedModels) -> dict[str, Any]:
+    grammar, down = models.target.config.grammar, int(models.vq.config.downsample)
+    return {"codebook_size": int(models.vq.config.codebook_size), "downsample": down,
+            "grid_size": grammar.rows, "grid_cols": grammar.cols,
+            "image_size": [grammar.rows * down, grammar.cols * down], "source": models.sources.get("vq", "")}
+
+
+def codebook_of(vq: nn.Module) -> np.ndarray:
+    """The VQ codebook as used at lookup, [codes, dim] (LANTERN's neighbours are measured on it)."""
+    if callable(getattr(vq, "codebook", None)):
+        table = vq.codebook()
+    elif hasattr(vq, "quantize") and callable(getattr(vq.quantize, "codebook", None)):
+        table = vq.quantize.codebook()
+    else:
+        raise SpecrtError(f"{type(vq).__name__} exposes no codebook() for LANTERN's neighbour table")
+    return table.detach().float().cpu().numpy()
+
+
+def _graph_jobs(models: UnifiedModels, options: ExportOptions, limits: GraphLimits) -> list[tuple[str, Callable[[Path], GraphSpec]]]:
+    opset, grammar = options.opset, models.target.config.grammar
+    jobs = [
+        ("target_prefill", lambda d: onnx_export.export_prefill(models.target, "target", limits, d, opset, options.target_hidden)),
+        ("target_step", lambda d: onnx_export.export_step(models.target, "target", limits, d, opset, options.target_hidden)),
+    ]
+    if models.draft is not None:
+        jobs += [("draft_prefill", lambda d: onnx_export.export_prefill(models.draft, "draft", limits, d, opset, False)),
+                 ("draft_step", lambda d: onnx_export.export_step(models.draft, "draft", limits, d, opset, False))]
+    jobs.append(("vq_decode", lambda d: onnx_export.export_vq_decode(models.vq, grammar.rows, limits, d, opset,
+                                                                      cols=grammar.cols)))
+    return jobs
+
+
+def build_manifest(models: UnifiedModels, options: ExportOptions, graphs: list[GraphSpec], out_dir: Path) -> dict[str, Any]:
+    capacity = capacity_for(models.target.config, options.max_window)
+    files = [g.file for g in graphs] + [g.external_data for g in graphs if g.external_data] + [NEIGHBOURS_FILE]
+    prompt = dict(models.prompt)
+    if models.tokenizer_file is not None:
+        prompt["tokenizer"] = TOKENIZER_FILE
+        files.append(TOKENIZER_FILE)
+    draft = {}
+    if models.draft is not None:
+        draft = {"draft": model_entry(models.draft.config, capacity, kind="independent",
+                                      source=models.sources.get("draft", ""))}
+    return {
+        "format": FORMAT, "version": VERSION, "created_by": f"specrt {__version__}", "family": FAMILY,
+        "models": {"target": model_entry(models.target.config, capacity, source=models.sources.get("target", "")),
+                   **draft, "vq": vq_entry(models)},
+        "sampling_defaults": dict(models.sampling_defaults),
+        "limits": {"max_window": options.max_window, "max_images": options.max_batch,
+                   "max_batch": rows_for_images(options.max_batch)},
+        "graphs": {g.name: g.to_json() for g in graphs},
+        "neighbours": {"file": NEIGHBOURS_FILE, "k": options.neighbours_k, "metric": "euclidean", "codebook": "raw"},
+        "prompt": prompt,
+        "files": {name: file_record(out_dir / name) for name in files},
+    }
+
+
+def write_unified_bundle(models: UnifiedModels, out: str | Path, options: ExportOptions | None = None,
+                         force: bool = False, progress: Progress | None = None) -> Manifest:
+    """Export every graph, the neighbour table, the tokenizer and the manifest to `out`, atomically."""
+    options = options or ExportOptions()
+    out = Path(out).absolute()
+    say = progress or (lambda _msg: None)
+    refuse_existing(out, force)
+    models.check()
+    limits = GraphLimits(capacity=capacity_for(models.target.config, options.max_window),
+                         max_window=options.max_window, max_batch=rows_for_images(options.max_batch),
+                         max_images=options.max_batch)
+    with partial_dir(out, note=progress) as work, torch.no_grad():
+        jobs = _graph_jobs(models, options, limits)
+        total = len(jobs) + 2
+        graphs = []
+        for i, (name, export) in enumerate(jobs, start=1):
+            started = time.monotonic()
+            say(f"[{i}/{total}] {name}.onnx ...")
+            spec = export(work)
+            size = sum((work / f).stat().st_size for f in (spec.file, spec.external_data) if f)
+            say(f"[{i}/{total}] {name}.onnx  {size / 1e6:.1f} MB in {time.monotonic() - started:.1f} s")
+            graphs.append(spec)
+        codebook = codebook_of(models.vq)
+        k, note = neighbour_count(options.neighbours_k, codebook.shape[0])
+        if note:
+            say(f"note: {note}")
+        say(f"[{total - 1}/{total}] {NEIGHBOURS_FILE} (k={k}) ...")
+        np.save(work / NEIGHBOURS_FILE, head_neighbours(codebook_neighbours(codebook, k), models.target.config.grammar))
+        if models.tokenizer_file is not None:
+            shutil.copyfile(models.tokenizer_file, work / TOKENIZER_FILE)
+        say(f"[{total}/{total}] {MANIFEST_NAME}")
+        manifest = build_manifest(models, replace(options, neighbours_k=k), graphs, work)
+        (work / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+        read_manifest(work, partial_ok=True)  # never rename something we could not read back
+        move_into_place(work, out, force)
+    return read_manifest(out, check_hashes=False)
