@@ -72,6 +72,19 @@ class ImageGrammar:
             table[self.cols::self.row_len] = self.row_end_index
         return table
 
+    def constrain(self, logits: np.ndarray, next_index: np.ndarray) -> np.ndarray:
+        """Host logits [..., vocab_size] of rows predicting stream tokens `next_index` [...] ->
+        the grammar's logits: a point mass (0 at the forced token, FORCED_LOGIT elsewhere) where
+        the token is forced, the structural tokens at FORCED_LOGIT where it is sampled. The
+        exported graphs do the same in torch (specrt.export.unified.model); this is the host's
+        copy for backends without a model (the toy) and the tests' reference."""
+        logits = np.asarray(logits, dtype=np.float32)
+        index = np.clip(np.asarray(next_index), 0, self.stream_len - 1)
+        forced = self.forced()[index][..., None]
+        columns = np.arange(self.vocab_size)
+        free = np.where(columns < self.image_vocab, logits, FORCED_LOGIT)
+        return np.where(forced >= 0, np.where(columns == forced, 0.0, FORCED_LOGIT), free).astype(np.float32)
+
     def grid(self, stream: np.ndarray) -> np.ndarray:
         """[..., stream_len] -> [..., rows, cols]: the VQ codes, structural tokens dropped."""
         stream = np.asarray(stream)

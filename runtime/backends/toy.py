@@ -16,6 +16,7 @@ import numpy as np
 
 from specrt.lazy import require
 from specrt.runtime.conditions import Conditions
+from specrt.runtime.grammar import ImageGrammar
 from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder
 
 
@@ -54,9 +55,10 @@ class ToyLM:
 class ToyRunner(ModelRunner):
     """A ModelRunner over a ToyLM; its KV buffer is an int64 token table [B, capacity]."""
 
-    def __init__(self, lm: ToyLM, spec: ModelSpec, max_window: int = 16):
+    def __init__(self, lm: ToyLM, spec: ModelSpec, max_window: int = 16, grammar: Optional[ImageGrammar] = None):
         super().__init__(spec, max_window)
         self.lm = lm
+        self.grammar = grammar  # a unified model's image grammar, applied to the logits as its graphs do
         self._kv = np.zeros((0, 0), dtype=np.int64)
         self._present = np.zeros((0, 0), dtype=np.int64)
 
@@ -72,10 +74,15 @@ class ToyRunner(ModelRunner):
     def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
         out = self._out[:self.batch, :1]
         for b in range(self.batch):
-            condition = caption_tokens(rows, b) if rows.is_caption else (int(rows.class_ids[b]),)
+            if rows.is_prompt:  # token prompts: the ids are the toy's condition tokens
+                condition = tuple(int(t) for t in rows.prompt_ids[b])
+            else:
+                condition = caption_tokens(rows, b) if rows.is_caption else (int(rows.class_ids[b]),)
             self._kv[b, :len(condition)] = condition
-            visible = rows.caption_mask[b] if rows.is_caption else np.ones(1, dtype=bool)
+            visible = rows.caption_mask[b] if rows.is_caption or rows.is_prompt else np.ones(1, dtype=bool)
             out[b, 0] = self.lm.logits(tuple(np.asarray(condition)[visible].tolist()))
+        if self.grammar is not None:  # the prefill predicts stream token 0
+            out = self.grammar.constrain(out, np.zeros(out.shape[:2], dtype=np.int64))
         return head_rows(out, self.mix, uniforms)
 
     def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray) -> StepOutput:
@@ -95,6 +102,8 @@ class ToyRunner(ModelRunner):
                 if positions[b, w] != hidden + len(context) - 1:
                     raise AssertionError(f"slot {w} at position {positions[b, w]} sees {len(context)} tokens")
                 out[b, w] = self.lm.logits(context)
+        if self.grammar is not None:  # slot w predicts the stream token after the one at its position
+            out = self.grammar.constrain(out, positions[:batch, :size] - self.spec.cond_len + 1)
         return head_rows(out, self.mix, uniforms)
 
     def _write_kv(self, rows: np.ndarray, columns: np.ndarray, slots: np.ndarray) -> None:
@@ -141,12 +150,23 @@ class ToyVQ(VQDecoder):
 
 def toy_models(vocab_size: int = 3, grid_size: int = 2, num_classes: int = 2, seed: int = 0,
                draft_noise: float = 1.0, max_window: int = 16, scale: float = 1.5,
-               caption_len: int = 0) -> tuple[ToyRunner, ToyRunner, ToyVQ]:
+               caption_len: int = 0, row_end: bool = False, prompt_len: int = 0) -> tuple[ToyRunner, ToyRunner, ToyVQ]:
     """A (target, draft, vq) toy family sharing one spec; `scale` sharpens the target's rows;
     caption_len > 0 makes it text-to-image (captions of up to caption_len tokens, caption_tokens),
-    else class-conditional."""
-    spec = (ModelSpec(vocab_size=vocab_size, grid_size=grid_size, cond_len=caption_len, model_type="t2i", caption_dim=1)
-            if caption_len else ModelSpec(vocab_size=vocab_size, grid_size=grid_size, num_classes=num_classes))
-    target_lm = ToyLM(vocab_size, seed, scale=scale)
-    draft_lm = ToyLM(vocab_size, seed + 1, base=target_lm, noise=draft_noise)
-    return (ToyRunner(target_lm, spec, max_window), ToyRunner(draft_lm, spec, max_window), ToyVQ(vocab_size))
+    else class-conditional. row_end: a unified model's grammar (runtime/grammar.py) — a forced
+    row-end token (head index vocab_size) after every row of grid_size codes, in both models'
+    logits; the models' vocabulary is then vocab_size + 1 and their stream grid·(grid + 1).
+    prompt_len > 0: conditioned on token prompts of up to prompt_len ids (model_type "prompt", the
+    unified family's UnifiedPipeline runs it)."""
+    grammar = ImageGrammar(grid_size, grid_size, vocab_size, row_end=True) if row_end else None
+    vocab, stream = (grammar.vocab_size, grammar.stream_len) if grammar else (vocab_size, 0)
+    spec = (ModelSpec(vocab_size=vocab, grid_size=grid_size, cond_len=prompt_len, model_type="prompt",
+                      stream_len=stream) if prompt_len else
+            ModelSpec(vocab_size=vocab, grid_size=grid_size, cond_len=caption_len, model_type="t2i", caption_dim=1,
+                      stream_len=stream)
+            if caption_len else ModelSpec(vocab_size=vocab, grid_size=grid_size, num_classes=num_classes,
+                                          stream_len=stream))
+    target_lm = ToyLM(vocab, seed, scale=scale)
+    draft_lm = ToyLM(vocab, seed + 1, base=target_lm, noise=draft_noise)
+    return (ToyRunner(target_lm, spec, max_window, grammar), ToyRunner(draft_lm, spec, max_window, grammar),
+            ToyVQ(vocab_size))
