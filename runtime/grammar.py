@@ -21,6 +21,7 @@ is specrt.export.unified.model.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,11 +67,8 @@ class ImageGrammar:
         return self.rows * self.row_len
 
     def forced(self) -> np.ndarray:
-        """int64 [stream_len]: the head index stream token k must be, −1 where it is sampled."""
-        table = np.full(self.stream_len, -1, dtype=np.int64)
-        if self.row_end:
-            table[self.cols::self.row_len] = self.row_end_index
-        return table
+        """int64 [stream_len] (read-only): the head index stream token k must be, −1 where it is sampled."""
+        return _forced_table(self.stream_len, self.cols, self.row_len, self.row_end_index if self.row_end else -1)
 
     def constrain(self, logits: np.ndarray, next_index: np.ndarray) -> np.ndarray:
         """Host logits [..., vocab_size] of rows predicting stream tokens `next_index` [...] ->
@@ -109,6 +107,15 @@ class ImageGrammar:
         free = forced < 0
         codes_ok = ((stream[..., free] >= 0) & (stream[..., free] < self.image_vocab)).all(axis=-1)
         return codes_ok & (stream[..., ~free] == forced[~free]).all(axis=-1)
+
+
+@functools.lru_cache(maxsize=16)
+def _forced_table(stream_len: int, cols: int, row_len: int, row_end: int) -> np.ndarray:
+    table = np.full(stream_len, -1, dtype=np.int64)
+    if row_end >= 0:
+        table[cols::row_len] = row_end
+    table.setflags(write=False)
+    return table
 
 
 def head_neighbours(code_neighbours: np.ndarray, grammar: ImageGrammar) -> np.ndarray:

@@ -274,7 +274,7 @@ class Pipeline:
             runner.allocate(mix)
             runner.reset_counters()
         ctx = Decoding(self.target, self.draft if decoder.needs_draft else None, sampling,
-                       [np.random.default_rng(seed) for seed in seeds], stats)
+                       [np.random.default_rng(seed) for seed in seeds], stats, getattr(self, "grammar", None))
         tokens = decoder.generate(ctx, conditions)
         stats.target_forwards += self.target.image_forwards
         stats.target_calls += self.target.forwards

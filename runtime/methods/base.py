@@ -39,6 +39,10 @@ class Decoding:
     sampling: SamplingParams
     rngs: list[np.random.Generator]
     stats: Stats
+    # a unified model's image grammar (runtime/grammar.py): the models already force its tokens;
+    # methods that make up drafts without a model (SJD's fresh window slots) draft forced tokens as
+    # what they must be and sampled ones from the codes only
+    grammar: Optional[Any] = None
 
     @property
     def rng(self) -> np.random.Generator:

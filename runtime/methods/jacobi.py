@@ -123,7 +123,7 @@ class JacobiDecoding(Method):
                     windows.append(None)
                     trees.append(None)
                     continue
-                levels[i] = self._fill(ctx.image(p), levels[i], total - len(tokens[i]) - 1, uniform)
+                levels[i] = self._fill(ctx.image(p), levels[i], total - len(tokens[i]) - 1, uniform, len(tokens[i]))
                 window, children = build_window(tokens[i][-1], levels[i])
                 windows.append(window)
                 trees.append(children)
@@ -197,9 +197,11 @@ class JacobiDecoding(Method):
                 level.fanout = self.tree == "full" and depth < len(tree)
         return new
 
-    def _fill(self, ctx: Decoding, levels: list[Level], max_depth: int, uniform: np.ndarray) -> list[Level]:
+    def _fill(self, ctx: Decoding, levels: list[Level], max_depth: int, uniform: np.ndarray,
+              first: int = 0) -> list[Level]:
         """Cut the proposal to the window budget (L tree nodes) and the image end; pad the chain
-        with uniform random tokens."""
+        with uniform random tokens (level d drafts stream token first + d: under an image grammar a
+        forced token is drafted as itself, a point mass, and a sampled one from the codes alone)."""
         budget, width = self.window, 1  # width: the parents the next level hangs under
         kept: list[Level] = []
         for level in levels[:max_depth]:
@@ -211,9 +213,25 @@ class JacobiDecoding(Method):
             budget -= width * len(level.candidates)
             width = width * len(level.candidates) if level.fanout else 1
         while budget > 0 and len(kept) < max_depth:
-            kept.append(Level([int(ctx.rng.integers(len(uniform)))], uniform))
+            kept.append(self._random_level(ctx, uniform, first + len(kept)))
             budget -= 1
         return kept
+
+    @staticmethod
+    def _random_level(ctx: Decoding, uniform: np.ndarray, index: int) -> Level:
+        """A fresh slot's draft for stream token `index`: uniform over the vocabulary, or what the
+        grammar (ctx.grammar) says it is."""
+        grammar = ctx.grammar
+        if grammar is None:
+            return Level([int(ctx.rng.integers(len(uniform)))], uniform)
+        forced = int(grammar.forced()[index])
+        if forced >= 0:
+            point = np.zeros(len(uniform))
+            point[forced] = 1.0
+            return Level([forced], point)
+        codes = np.zeros(len(uniform))
+        codes[: grammar.image_vocab] = 1.0 / grammar.image_vocab
+        return Level([int(ctx.rng.integers(grammar.image_vocab))], codes)
 
 
 def row_route(path: list[int], children: list[dict[int, list[int]]]) -> list[int]:
