@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from specrt.export.bundle import ModelSet
-from specrt.export.onnx_export import decode_codes
+from specrt.export.onnx_export import decode_codes, is_prompt_model
 from specrt.lazy import require
 from specrt.manifest import GraphSpec, Manifest, read_manifest
 from specrt.runtime.head import SamplingHead
@@ -152,10 +152,15 @@ def uniforms_off_boundaries(probs: np.ndarray, rng: np.random.Generator,
     return uniforms, usable
 
 
+def _sequence_end(config) -> int:
+    """cond_len + the image tokens: LlamaGen's grid², a unified model's whole stream (row ends included)."""
+    return config.cond_len + (config.grammar.stream_len if is_prompt_model(config) else config.grid_size**2)
+
+
 def _positions(config, positions: np.ndarray) -> np.ndarray:
     """Slots past the last image token (a window longer than what is left) are padding:
     they repeat the last valid position, as the runtime does (GPT.step needs positions < seq_len)."""
-    return np.minimum(positions, config.cond_len + config.grid_size**2 - 1)
+    return np.minimum(positions, _sequence_end(config) - 1)
 
 
 def causal_case(name: str, rng: np.random.Generator, config, capacity: int, batch: int, window: int, length: int,
@@ -198,7 +203,7 @@ def tree_case(name: str, rng: np.random.Generator, config, capacity: int, window
 def step_cases(config, capacity: int, max_window: int, seed: int = 0) -> list[StepCase]:
     """Windows 1, 3, 16, max at several committed lengths, a CFG batch and a tree."""
     rng = np.random.default_rng(seed)
-    seq_end = config.cond_len + config.grid_size**2
+    seq_end = _sequence_end(config)
     cases = []
     windows = sorted({w for w in (1, 3, 16, max_window) if w <= max_window})
     for window in windows:
@@ -275,7 +280,20 @@ def _verify_step(manifest: Manifest, graph: GraphSpec, model, capacity: int, max
 
 def prefill_cases(config, rng: np.random.Generator) -> Iterator[tuple[str, dict[str, np.ndarray], np.ndarray]]:
     """(name, condition feeds, mix): real and null classes (c2i); captions of different
-    lengths, left-padded as LlamaGen's sample_t2i.py pads them, with CFG rows (t2i)."""
+    lengths, left-padded as LlamaGen's sample_t2i.py pads them, with CFG rows (t2i); token
+    prompts of different lengths, left-padded, with CFG rows of their own (unified models)."""
+    if is_prompt_model(config):
+        cond_len, vocab = config.cond_len, int(getattr(config, "text_vocab_size", None) or 2)
+        for name, lengths, cfg in (("full prompt", [cond_len], False),
+                                   (f"CFG s={CFG_SCALE:g} prompts of lengths 2 and {cond_len}", [2, cond_len, 1, 3], True),
+                                   ("3 padded prompts T=0.5", [max(cond_len // 2, 1), cond_len, 1], False)):
+            lengths = np.minimum(np.array(lengths), cond_len)
+            mask = np.arange(cond_len)[None] >= cond_len - lengths[:, None]
+            ids = rng.integers(0, vocab, size=mask.shape).astype(np.int32)
+            images = len(lengths) // 2 if cfg else len(lengths)
+            mix = guidance(images, CFG_SCALE) if cfg else guidance(images, None, 0.5 if images == 3 else 1.0)
+            yield name, {"input_ids": ids, "prompt_mask": mask}, mix
+        return
     if config.model_type == "c2i":
         cases = (("class 0", [0], guidance(1)),
                  (f"CFG s={CFG_SCALE:g} [{config.num_classes - 1}; null]", [config.num_classes - 1, config.num_classes],
@@ -303,10 +321,11 @@ def _verify_prefill(manifest: Manifest, graph: GraphSpec, model, seed: int, thre
     session = _session(manifest.root / graph.file, threads)
     rng = np.random.default_rng(seed + 3)
     for name, condition, mix in prefill_cases(model.config, rng):
-        args = [torch.from_numpy(condition[key]) for key in ("class_ids", "captions", "caption_mask", "uncond")
-                if key in condition]
+        args = [torch.from_numpy(condition[key]) for key in ("class_ids", "input_ids", "captions", "caption_mask",
+                                                             "prompt_mask", "uncond") if key in condition]
+        first = args[0].long() if "class_ids" in condition or "input_ids" in condition else args[0]
         with torch.no_grad():
-            logits, hidden, present_kv = model.prefill(args[0].long() if "class_ids" in condition else args[0], *args[1:])
+            logits, hidden, present_kv = model.prefill(first, *args[1:])
             uniforms, head, usable = head_reference(logits, mix, rng)
         got = session.run(list(graph.output_names), {**condition, "mix": mix, "uniforms": uniforms})
         yield from _compare(graph, name, got, {"logits": logits, "hidden": hidden, "present_kv": present_kv, **head},
@@ -336,7 +355,8 @@ def _verify_text(manifest: Manifest, graph: GraphSpec, encoder, threads: int) ->
 
 
 def verify_bundle(bundle: str | Path | Manifest, models: ModelSet, seed: int = 0, threads: int = 2) -> VerifyReport:
-    """Run every graph of the bundle in onnxruntime CPU and compare with `models` in torch."""
+    """Run every graph of the bundle in onnxruntime CPU and compare with `models` in torch (a
+    ModelSet, or a unified bundle's export.unified.writer.UnifiedModels: the same roles)."""
     manifest = bundle if isinstance(bundle, Manifest) else read_manifest(bundle)
     max_window = int(manifest.limits["max_window"])
     comparisons: list[Comparison] = []

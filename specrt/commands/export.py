@@ -208,10 +208,10 @@ def _export_unified(ctx: click.Context, out: Path, force: bool, target: Path | N
     click.echo(f"wrote bundle {manifest.root} ({len(manifest.graphs)} graphs, {models.target.config.architecture}); "
                f"generate with: specrt generate {out} --prompt \"...\"")
     if verify:
-        from specrt.export.unified.verify import verify_unified_bundle
+        from specrt.export.verify import verify_bundle
 
         click.echo("verifying graphs in onnxruntime (CPU) against PyTorch ...")
-        report = verify_unified_bundle(manifest, models)
+        report = verify_bundle(manifest, models)
         click.echo(report.format())
         if not report.passed:
             ctx.exit(1)
