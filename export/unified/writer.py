@@ -89,6 +89,10 @@ def codebook_of(vq: nn.Module) -> np.ndarray:
         table = vq.codebook()
     elif hasattr(vq, "quantize") and callable(getattr(vq.quantize, "codebook", None)):
         table = vq.quantize.codebook()
+    elif hasattr(vq, "quantize") and hasattr(vq.quantize, "embedding"):  # taming / transformers layouts
+        table = vq.quantize.embedding.weight
+        if getattr(vq.config, "l2_norm", False):
+            table = torch.nn.functional.normalize(table, dim=-1)
     else:
         raise SpecrtError(f"{type(vq).__name__} exposes no codebook() for LANTERN's neighbour table")
     return table.detach().float().cpu().numpy()
