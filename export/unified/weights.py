@@ -1,0 +1,131 @@
+"""Load a unified-vocabulary checkpoint's language-model weights into a UnifiedLM, tensor by tensor.
+
+Real checkpoints are 7B+ parameters, so the module is built on the meta device (no random
+init, no memory) and every tensor goes from safetensors straight into its parameter, cast
+once: the peak is the loaded model plus one tensor, never a second copy of the checkpoint.
+Keys are mapped by prefix from the names transformers writes (and, for Emu3, the names on
+the Hub, `text_model.model.…`, which transformers renames on load); the vision tower and the
+VQ model are not the language model's and are skipped (export/unified/vq.py reads those).
+A key we cannot place, or a parameter no key fills, is one SpecrtError line naming it.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import torch
+import torch.nn as nn
+
+from specrt.errors import SpecrtError
+from specrt.export.unified.config import UnifiedConfig, read_config
+from specrt.export.unified.model import UnifiedLM
+
+# (checkpoint prefix, parameter prefix), first match wins
+_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
+    "janus": (("model.language_model.", ""), ("model.generation_embeddings.", "generation_embeddings."),
+              ("model.generation_aligner.", "generation_aligner."), ("model.generation_head.", "generation_head."),
+              ("lm_head.", "lm_head.")),
+    "emu3": (("text_model.model.", ""), ("model.text_model.", ""), ("text_model.lm_head.", "lm_head."),
+             ("lm_head.", "lm_head.")),
+    "chameleon": (("model.", ""), ("lm_head.", "lm_head.")),
+}
+_SKIPPED: dict[str, tuple[str, ...]] = {
+    "janus": ("model.vision_model.", "model.aligner.", "model.vqmodel."),
+    "emu3": ("vqmodel.", "model.vqmodel."),
+    "chameleon": ("model.vqmodel.",),
+}
+
+
+def checkpoint_files(directory: str | Path) -> list[Path]:
+    """The safetensors files of a checkpoint: the shards its index names, or model.safetensors."""
+    directory = Path(directory)
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [directory / name for name in shards]
+    elif (directory / "model.safetensors").is_file():
+        files = [directory / "model.safetensors"]
+    else:
+        files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise SpecrtError(f"{directory} has no safetensors weights (model.safetensors or an index with shards)")
+    for path in files:
+        if not path.is_file():
+            raise SpecrtError(f"{path} is named in the checkpoint's index but missing")
+    return files
+
+
+def parameter_name(architecture: str, key: str) -> Optional[str]:
+    """The UnifiedLM parameter a checkpoint key fills; None for keys of other parts (vision, VQ)."""
+    if key.startswith(_SKIPPED[architecture]) or key.endswith("rotary_emb.inv_freq"):
+        return None
+    for prefix, target in _RENAMES[architecture]:
+        if key.startswith(prefix):
+            return target + key[len(prefix):]
+    return "?" + key  # no rename applies: reported as unexpected
+
+
+def iter_tensors(directory: str | Path) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
+    """(key, loader) of every tensor in the checkpoint; a tensor is read only when its loader runs."""
+    from safetensors import safe_open
+
+    for path in checkpoint_files(directory):
+        with safe_open(str(path), framework="pt") as handle:
+            for key in handle.keys():
+                yield key, (lambda k=key, h=handle: h.get_tensor(k))
+
+
+def _set_parameter(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    owner, _, leaf = name.rpartition(".")
+    module = model.get_submodule(owner) if owner else model
+    module._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
+
+
+def load_weights(model: UnifiedLM, directory: str | Path, dtype: Optional[torch.dtype] = torch.float32,
+                 device: str | torch.device = "cpu") -> UnifiedLM:
+    """Fill `model` (usually built on the meta device) from the checkpoint in `directory`.
+
+    dtype: cast every tensor to it (None keeps the checkpoint's). Raises SpecrtError naming the
+    first unexpected key, a shape mismatch, or the parameters no key filled.
+    """
+    config = model.config
+    expected = dict(model.named_parameters(remove_duplicate=False))
+    tied = config.tie_embeddings
+    if tied:
+        expected.pop("lm_head.weight", None)
+    loaded: set[str] = set()
+    for key, read in iter_tensors(directory):
+        name = parameter_name(config.architecture, key)
+        if name is None or (tied and name == "lm_head.weight"):
+            continue
+        if name not in expected:
+            raise SpecrtError(f"unexpected weight {key!r} in the {config.architecture} checkpoint {directory}")
+        tensor = read()
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise SpecrtError(f"weight {key!r} has shape {tuple(tensor.shape)}, the config implies "
+                              f"{tuple(expected[name].shape)}")
+        _set_parameter(model, name, tensor.to(device=device, dtype=dtype or tensor.dtype))
+        loaded.add(name)
+    missing = [name for name in expected if name not in loaded]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise SpecrtError(f"missing weight {missing[0]!r}{more} in the {config.architecture} checkpoint {directory}")
+    if tied:
+        model.tie_weights()
+    model._make_buffers()  # index / rope tables on the weights' device
+    return model.eval()
+
+
+def load_unified(directory: str | Path, grid: Optional[tuple[int, int]] = None, cond_len: Optional[int] = None,
+                 dtype: Optional[torch.dtype] = torch.float32, device: str | torch.device = "cpu") -> UnifiedLM:
+    """A UnifiedLM from a Hugging Face checkpoint directory (config.json + safetensors).
+
+    grid: (rows, cols) for Emu3 / Chameleon (default: the model's usual size; Janus's comes from
+    its config); cond_len: longest prompt in tokens (default 128); dtype: the weights' dtype
+    (None: as stored). The graphs compute in that dtype and return float32 logits.
+    """
+    config: UnifiedConfig = read_config(directory, grid=grid, cond_len=cond_len)
+    with torch.device("meta"):
+        model = UnifiedLM(config)
+    return load_weights(model, directory, dtype=dtype, device=device)
