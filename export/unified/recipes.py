@@ -228,48 +228,18 @@ def recipe_for(architecture: str, config: dict, tokenizer: Any, grid: Optional[t
     return _RECIPES[name](config, _Vocab(tokenizer, config, name), grid)
 
 
-# ---- runtime side: numpy + tokenizers only ---------------------------------------------------------
-
-
-def _row(block: dict, tokenizer: Any, text: str, template: str) -> list[int]:
-    if block.get("strip"):
-        text = text.strip()
-    body = template.replace(PROMPT_SLOT, text)
-    ids = tokenizer.encode(body, add_special_tokens=False).ids if body else []
-    return [*block.get("prefix_ids", ()), *ids, *block.get("suffix_ids", ())]
-
-
-def _uncond_row(block: dict, tokenizer: Any, cond: list[int]) -> list[int]:
-    rule = block.get("uncond") or {}
-    kind = rule.get("kind")
-    if kind == "pad":
-        first, last = int(rule.get("keep_first", 0)), int(rule.get("keep_last", 0))
-        keep_to = max(first, len(cond) - last)
-        return cond[:first] + [int(block["pad_id"])] * (keep_to - first) + cond[keep_to:]
-    if kind == "prompt":
-        return _row(block, tokenizer, rule.get("text", ""), rule.get("template", block["template"]))
-    if kind == "ids":
-        return [int(i) for i in rule["ids"]]
-    raise SpecrtError(f"bundle prompt block: unknown unconditional rule {kind!r} (pad, prompt or ids)")
+# ---- the runtime side (runtime/families/unified/prompts.py, numpy + tokenizers) --------------------
 
 
 def encode_prompts(prompt_block: dict, tokenizer: Any, prompts: Sequence[str], cond_len: int,
                    with_uncond: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """User prompts -> (input_ids int32 [rows, cond_len], prompt_mask bool [rows, cond_len]),
-    rows = [cond; uncond] (2N) with CFG, N without; left-padded (real tokens last, so the last
-    prompt token predicts the first image token), padding = pad_id under a False mask."""
-    rows = [_row(prompt_block, tokenizer, text, prompt_block["template"]) for text in prompts]
-    if with_uncond:
-        rows += [_uncond_row(prompt_block, tokenizer, cond) for cond in rows[: len(prompts)]]
-    pad = int(prompt_block.get("pad_id", 0))
-    ids = np.full((len(rows), cond_len), pad, dtype=np.int32)
-    mask = np.zeros((len(rows), cond_len), dtype=bool)
-    for r, row in enumerate(rows):
-        if len(row) > cond_len:
-            which = f"prompt {r}" if r < len(prompts) else f"the unconditional prompt of prompt {r - len(prompts)}"
-            raise SpecrtError(f"{which} is {len(row)} tokens with the model's prompt format; this bundle takes at most "
-                              f"{cond_len} (export with a larger --cond-len or shorten the prompt)")
-        if row:
-            ids[r, cond_len - len(row):] = row
-            mask[r, cond_len - len(row):] = True
-    return ids, mask
+    rows = [cond; uncond] (2N) with CFG, N without; left-padded (real tokens last), padding =
+    pad_id under a False mask: the runtime's PromptEncoder on this block, as a bundle runs it."""
+    from specrt.runtime.families.unified.prompts import PromptEncoder
+
+    rows = PromptEncoder(prompt_block, cond_len, tokenizer).encode(list(prompts))
+    if not with_uncond:
+        return rows.prompt_ids, rows.caption_mask
+    both = rows.with_uncond(0)
+    return both.prompt_ids, both.caption_mask

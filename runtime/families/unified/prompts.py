@@ -8,8 +8,9 @@ text needs neither transformers nor torch:
 
 The unconditional (CFG) prompt is the model's own (docs/contracts.md, "Unified-vocabulary
 models"): `pad` (Janus: the prompt with every token but the first `keep_first` and last
-`keep_last` replaced by `pad_id`), `prompt` (Emu3: another text, the negative prompt, through the
-same template) or `ids` (Lumina-mGPT: the suffix alone — the image-start and size tokens).
+`keep_last` replaced by `pad_id`), `prompt` (Emu3: another text, the negative prompt, through its
+own `template`, same prefix and suffix) or `ids` (Lumina-mGPT: exactly the listed ids, the
+image-start and size tokens). `strip` strips the user's text first (Janus's chat template).
 Both rows are left-padded to the bundle's cond_len (real tokens last; runtime.conditions).
 """
 from __future__ import annotations
@@ -59,27 +60,32 @@ class PromptEncoder:
 
     # ---- one row ---------------------------------------------------------------------------------
 
-    def ids(self, prompt: str) -> list[int]:
-        """The conditional prompt's token ids."""
+    def ids(self, prompt: str, template: Optional[str] = None) -> list[int]:
+        """The conditional prompt's token ids (through `template`, by default the recipe's)."""
         if not isinstance(prompt, str) or not prompt.strip():
             raise SpecrtError("a prompt must be a non-empty string")
+        return self._row(prompt, self.template if template is None else template)
+
+    def _row(self, text: str, template: str) -> list[int]:
         if self.tokenizer is None:
             raise SpecrtError("this model has no tokenizer (its checkpoint had no tokenizer.json): give token ids "
                               "with prompt_ids=...")
-        text = self.template.replace("{prompt}", prompt)
-        return self.prefix + list(self.tokenizer.encode(text, add_special_tokens=False).ids) + self.suffix
+        if self.recipe.get("strip"):  # Janus's chat template strips the user's text
+            text = text.strip()
+        body = template.replace("{prompt}", text)
+        ids = list(self.tokenizer.encode(body, add_special_tokens=False).ids) if body else []
+        return self.prefix + ids + self.suffix
 
     def null_ids(self, ids: Sequence[int]) -> list[int]:
         """The unconditional prompt the model's code pairs with the prompt `ids`."""
-        kind = self.uncond["kind"]
+        kind, ids = self.uncond["kind"], list(ids)
         if kind == "pad":
             first, last = int(self.uncond.get("keep_first", 1)), int(self.uncond.get("keep_last", 1))
-            middle = max(len(ids) - first - last, 0)
-            return list(ids[:first]) + [self.pad_id] * middle + list(ids[len(ids) - last:] if last else [])
+            keep_to = max(first, len(ids) - last)
+            return ids[:first] + [self.pad_id] * (keep_to - first) + ids[keep_to:]
         if kind == "prompt":
-            return self.ids(str(self.uncond.get("text", ""))) if str(self.uncond.get("text", "")).strip() \
-                else self.prefix + self.suffix
-        return list(self.uncond.get("ids", self.suffix))
+            return self._row(str(self.uncond.get("text", "")), str(self.uncond.get("template", self.template)))
+        return [int(i) for i in self.uncond.get("ids", self.suffix)]
 
     # ---- a batch ----------------------------------------------------------------------------------
 
