@@ -111,7 +111,7 @@ def _pad_id(vocab: _Vocab, names: Sequence[str], config: dict) -> int:
     return 0
 
 
-def _janus(config: dict, vocab: _Vocab, grid: Optional[tuple[int, int]]) -> Recipe:
+def _janus(config: dict, vocab: _Vocab, grid: Optional[tuple[int, int]], downsample: Optional[int] = None) -> Recipe:
     if grid is None:
         vq, vision = config.get("vq_config") or {}, config.get("vision_config") or {}
         side = vq.get("num_patches") or (vision.get("image_size", 384) // vision.get("patch_size", 16))
@@ -141,7 +141,7 @@ def _janus(config: dict, vocab: _Vocab, grid: Optional[tuple[int, int]]) -> Reci
     return Recipe("janus", prompt, {"cfg_scale": 5.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}, grid, sources)
 
 
-def _emu3(config: dict, vocab: _Vocab, grid: Optional[tuple[int, int]]) -> Recipe:
+def _emu3(config: dict, vocab: _Vocab, grid: Optional[tuple[int, int]], downsample: Optional[int] = None) -> Recipe:
     if grid is None:
         side = int(round(math.sqrt(config.get("image_area", EMU3_DEFAULT_AREA)) / EMU3_SPATIAL))
         grid = (side, side)
@@ -174,13 +174,13 @@ def _emu3(config: dict, vocab: _Vocab, grid: Optional[tuple[int, int]]) -> Recip
     return Recipe("emu3", prompt, {"cfg_scale": 3.0, "temperature": 1.0, "top_k": 2048, "top_p": 1.0}, grid, sources)
 
 
-def _chameleon(config: dict, vocab: _Vocab, grid: Optional[tuple[int, int]]) -> Recipe:
+def _chameleon(config: dict, vocab: _Vocab, grid: Optional[tuple[int, int]], downsample: Optional[int] = None) -> Recipe:
     rows, cols = grid or LUMINA_DEFAULT_GRID
     if rows % 2 or cols % 2:
         raise SpecrtError(f"Lumina-mGPT images are whole 32-pixel patches (2 x 2 tokens): grid {rows}x{cols} must be even")
     start = vocab.id(LUMINA_IMAGE_START, "image-start")
     sizes = [vocab.id(lumina_size_token(rows // 2), "image-height"), vocab.id(lumina_size_token(cols // 2), "image-width")]
-    downsample = LUMINA_PATCH // 2
+    downsample = downsample or LUMINA_PATCH // 2  # pixels per token: the template states the image's pixels
     template = LUMINA_TEMPLATE.replace("{W}", str(cols * downsample)).replace("{H}", str(rows * downsample))
     prompt = {
         "template": template,
@@ -214,10 +214,13 @@ def _chameleon(config: dict, vocab: _Vocab, grid: Optional[tuple[int, int]]) -> 
 _RECIPES = {"janus": _janus, "emu3": _emu3, "chameleon": _chameleon}
 
 
-def recipe_for(architecture: str, config: dict, tokenizer: Any, grid: Optional[tuple[int, int]] = None) -> Recipe:
+def recipe_for(architecture: str, config: dict, tokenizer: Any, grid: Optional[tuple[int, int]] = None,
+               downsample: Optional[int] = None) -> Recipe:
     """The recipe of `architecture` (janus | emu3 | chameleon, or a config class name) for a
     checkpoint's config.json and its `tokenizers.Tokenizer`; `grid` (rows, cols) defaults to
-    the model's own. A special token the vocabulary lacks is one SpecrtError line."""
+    the model's own; `downsample` is the decoder's pixels per token where a prompt states the
+    image's size (Lumina-mGPT's "{W}x{H}"; its VQGAN's 16 by default). A special token the
+    vocabulary lacks is one SpecrtError line."""
     from specrt.export.unified.vq import normalize_architecture  # one alias table for the family
 
     name = normalize_architecture(architecture)
@@ -225,7 +228,7 @@ def recipe_for(architecture: str, config: dict, tokenizer: Any, grid: Optional[t
         grid = (int(grid[0]), int(grid[1]))
         if min(grid) < 1:
             raise SpecrtError(f"an image grid needs positive rows and cols, got {grid}")
-    return _RECIPES[name](config, _Vocab(tokenizer, config, name), grid)
+    return _RECIPES[name](config, _Vocab(tokenizer, config, name), grid, downsample)
 
 
 # ---- the runtime side (runtime/families/unified/prompts.py, numpy + tokenizers) --------------------

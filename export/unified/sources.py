@@ -72,7 +72,8 @@ def unified_models(target: Path, draft: Optional[Path] = None, vq: Optional[Path
                               *((vq_dir / "vqgan.ckpt", vq_dir / "vqgan.yaml") if vq is not None else ()))
     tokenizer, tokenizer_file = read_tokenizer(target)
     raw = json.loads((target / "config.json").read_text())
-    recipe = recipe_for(config.architecture, raw, tokenizer, (config.grammar.rows, config.grammar.cols))
+    recipe = recipe_for(config.architecture, raw, tokenizer, (config.grammar.rows, config.grammar.cols),
+                        int(decoder.config.downsample))
     return UnifiedModels(target=model, draft=draft_model, vq=decoder.eval(), prompt=recipe.prompt,
                          sampling_defaults=dict(recipe.sampling_defaults), tokenizer_file=tokenizer_file,
                          sources={"target": str(target), "draft": str(draft or ""), "vq": str(vq_dir)})
