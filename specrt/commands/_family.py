@@ -51,9 +51,6 @@ def generate(family: Family, pipe: Any, method: str, class_ids: tuple[int, ...],
 
     kwargs = {**{k: v for k, v in sampling.items() if v is not None}, **params}  # validated where they are used
     if family.takes_prompts:
-        if not prompts:
-            raise SpecrtError(f"a {family.description} model draws what a prompt says: give --prompt \"...\" "
-                              "(repeatable)")
         kwargs["prompts"] = list(prompts)
     else:
         kwargs["class_ids"] = list(class_ids or (0,))
@@ -66,7 +63,12 @@ def generate(family: Family, pipe: Any, method: str, class_ids: tuple[int, ...],
         stats_path.write_text(json.dumps(summary, indent=2) + "\n")
     shown = ", ".join(f"{key.replace('_', ' ')} {_short(summary[key])}" for key in summary
                       if key not in ("method", "sampling") and not isinstance(summary[key], (dict, list)))
-    sampling_used = " ".join(f"{k}={v}" for k, v in (getattr(result, "sampling", None) or {}).items())
+    used = getattr(result, "sampling", None) or {}
+    if not isinstance(used, dict):  # the discrete pipelines' SamplingParams
+        from specrt.runtime.defaults import as_dict
+
+        used = as_dict(used)
+    sampling_used = " ".join(f"{k}={v}" for k, v in used.items())
     click.echo(f"wrote {', '.join(str(p) for p in paths)}  ({method}: {shown}; sampling {sampling_used})")
 
 

@@ -281,6 +281,9 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
                    **{name: True for name in checkpoint.given()}}
         validation.seed(seed, "--seed")
         _family.refuse(family, method, refused)  # before the model loads
+        if family.takes_prompts and not prompts:
+            raise SpecrtError(f"a {family.description} model draws what a prompt says: give --prompt \"...\" "
+                              "(repeatable)")
         pipe = _family.open_pipeline(family, bundle, demo, backend, threads)
         _family.generate(family, pipe, method, class_ids, seed, out, prompts,
                          {"cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k, "top_p": top_p},
