@@ -173,7 +173,7 @@ def _grid(architecture: str, grid: Optional[tuple[int, int]]) -> tuple[int, int]
 
 def _named(vocab: dict[str, int], name: str, architecture: str) -> int:
     if name not in vocab:
-        raise SpecrtError(f"{architecture} checkpoint: token {name!r} is not in config.json's vocabulary_map")
+        raise SpecrtError(f"{architecture} checkpoint: token {name!r} is not in the checkpoint's vocabulary (vocabulary_map / tokenizer.json)")
     return int(vocab[name])
 
 
@@ -199,6 +199,19 @@ def chameleon_image_ids(vocab: dict[str, int]) -> tuple[int, ...]:
     if not codes or sorted(codes) != list(range(len(codes))):
         raise SpecrtError("chameleon checkpoint: vocabulary_map's IMGIMG tokens do not number codes 0..n-1")
     return tuple(codes[c] for c in range(len(codes)))
+
+
+def tokenizer_vocabulary(directory: Path) -> dict[str, int]:
+    """Token name -> id from the directory's tokenizer.json (model vocabulary and added tokens);
+    empty when there is none. The fallback for checkpoints whose config.json has no vocabulary_map."""
+    path = directory / "tokenizer.json"
+    if not path.is_file():
+        return {}
+    raw = _load_json(path)
+    vocab = (raw.get("model") or {}).get("vocab") or {}
+    vocab = dict(vocab) if isinstance(vocab, dict) else {}  # (unigram models list pairs: no names we need)
+    vocab.update({t["content"]: int(t["id"]) for t in raw.get("added_tokens") or []})
+    return vocab
 
 
 def _text_section(architecture: str, raw: dict[str, Any]) -> dict[str, Any]:
@@ -244,6 +257,8 @@ def read_config(directory: str | Path, grid: Optional[tuple[int, int]] = None,
         codebook = int(vq.get("num_embeddings", 16384))
         grammar = ImageGrammar(side, side, codebook, row_end=False)
         boi = (generation.get("generation_kwargs") or {}).get("boi_token_id")
+        if boi is None:
+            boi = tokenizer_vocabulary(directory).get("<begin_of_image>")
         extra = dict(gen_codebook=codebook, gen_embed_dim=int(vq.get("embed_dim", 8)),
                      gen_aligner_layers=int(vq.get("num_hidden_layers", 2)),
                      gen_projection_dim=int(vq.get("projection_dim", 2048)),
@@ -254,9 +269,10 @@ def read_config(directory: str | Path, grid: Optional[tuple[int, int]] = None,
             raise SpecrtError(f"janus checkpoint: the generation aligner/head width ({extra['gen_projection_dim']}, "
                               f"{extra['gen_head_dim']}) differs from the language model's {dim}")
     else:
-        vocab = raw.get("vocabulary_map")
-        if not isinstance(vocab, dict):
-            raise SpecrtError(f"{arch} checkpoint: config.json has no vocabulary_map")
+        vocab = raw.get("vocabulary_map") or tokenizer_vocabulary(directory)
+        if not vocab:
+            raise SpecrtError(f"{arch} checkpoint: neither config.json's vocabulary_map nor a tokenizer.json names "
+                              f"its tokens")
         rows, cols = _grid(arch, grid)
         if arch == "emu3":
             ids, row_end = emu3_image_ids(vocab), _named(vocab, EMU3_ROW_END, arch)

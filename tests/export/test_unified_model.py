@@ -418,3 +418,34 @@ def test_prefill_and_step_trace_to_onnx(pairs, checkpoints, tmp_path):
             want = module(*inputs)
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w.numpy(), atol=ATOL, rtol=RTOL, err_msg=name)
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0},
+    {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": 64},
+], ids=["linear", "yarn"])
+@torch.no_grad()
+def test_scaled_rope_types_come_from_transformers(checkpoints, tmp_path, rope):
+    """Non-default rope types (frequencies and yarn's attention scaling) agree with transformers."""
+    path = tmp_path / rope["rope_type"]
+    shutil.copytree(checkpoints["janus"], path)
+    raw = json.loads((path / "config.json").read_text())
+    raw["text_config"]["rope_parameters"] = rope
+    (path / "config.json").write_text(json.dumps(raw))
+    ours, ref = load_unified(path, cond_len=COND_LEN), transformers.JanusForConditionalGeneration.from_pretrained(str(path))
+    assert (ours.config.rope_scaling != 1.0) == (rope["rope_type"] == "yarn")
+    ids = torch.randint(0, ours.config.text_vocab_size, (1, 40), generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(ours.logits_of(ids), ref(input_ids=ids).logits, atol=ATOL, rtol=RTOL)
+
+
+def test_vocabulary_from_tokenizer_when_config_has_none(checkpoints, pairs, tmp_path):
+    """A checkpoint whose config.json carries no vocabulary_map reads the token names from tokenizer.json."""
+    path = tmp_path / "no-map"
+    shutil.copytree(checkpoints["chameleon"], path)
+    raw = json.loads((path / "config.json").read_text())
+    del raw["vocabulary_map"]
+    (path / "config.json").write_text(json.dumps(raw))
+    from specrt.export.unified import read_config
+
+    config, expected = read_config(path, grid=GRID, cond_len=COND_LEN), pairs["chameleon"][0].config
+    assert (config.image_token_ids, config.row_end_id) == (expected.image_token_ids, expected.row_end_id)
