@@ -52,6 +52,9 @@ DEMOS: dict[str, DemoEntry] = {
                             "and draft; methods ar, cspd)", "specrt.export.mar.hooks"),
     "t2i": DemoEntry("t2i", "captioned digits, e.g. \"a thick slanted seven\" (LlamaGen t2i GPTs, "
                             "a small T5 text encoder, VQ)", "specrt.export.demo.t2i"),
+    "chameleon": DemoEntry("chameleon", "captioned digits from one text+image vocabulary, e.g. \"a thin two\" "
+                                        "(Chameleon-architecture target and draft in Lumina-mGPT's format, row-end "
+                                        "tokens, the t2i demo's VQ)", "specrt.export.demo.unified.hooks"),
 }
 DEFAULT_DEMO = "c2i"
 

@@ -26,7 +26,7 @@ FAMILIES: dict[str, str] = {
     "unified": "specrt.runtime.families.unified",        # Janus, Emu3, Lumina-mGPT: text and image in one vocabulary
 }
 DEFAULT_FAMILY = "llamagen"  # manifests written before families were named carry none
-DEMO_FAMILIES: dict[str, str] = {"mar": "continuous"}  # embedded demos outside the LlamaGen family
+DEMO_FAMILIES: dict[str, str] = {"mar": "continuous", "chameleon": "unified"}  # embedded demos outside the LlamaGen family
 
 
 def family(name: str) -> Family:

@@ -41,6 +41,12 @@ class UnifiedFamily(LlamaGenFamily):
         check_manifest(manifest)
         return format_manifest(manifest) + "\n" + describe_unified(manifest)
 
+    def demo_pipeline(self, name: str, threads: Optional[int] = None) -> Any:
+        """The chameleon demo on PyTorch (`specrt generate --demo chameleon --prompt ...`)."""
+        from specrt.export.demo.registry import get_demo
+
+        return get_demo(name).hook("torch_pipeline")(None, threads=threads)
+
     def conditions(self, pipeline: Any) -> str:
         return "prompts"
 
