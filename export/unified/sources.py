@@ -50,6 +50,8 @@ def unified_models(target: Path, draft: Optional[Path] = None, vq: Optional[Path
     checkpoint lacks them), its recipe and tokenizer."""
     import json
 
+    import torch
+
     from specrt.export.unified import load_unified
     from specrt.export.unified.recipes import recipe_for
     from specrt.export.unified.vq import load_unified_vq
@@ -57,7 +59,7 @@ def unified_models(target: Path, draft: Optional[Path] = None, vq: Optional[Path
     say = progress or (lambda _msg: None)
     target = Path(target)
     say(f"loading {target} ...")
-    model = load_unified(target, grid=grid, cond_len=cond_len, dtype=dtype)
+    model = load_unified(target, grid=grid, cond_len=cond_len, dtype=getattr(torch, dtype))
     config = model.config
     say(f"  {config.architecture}: {config.n_layer} layers, dim {config.dim}, {config.grammar.rows}x"
         f"{config.grammar.cols} image tokens of {config.grammar.image_vocab}"
@@ -66,7 +68,7 @@ def unified_models(target: Path, draft: Optional[Path] = None, vq: Optional[Path
     if draft is not None:
         say(f"loading {draft} ...")
         draft_model = load_unified(Path(draft), grid=(config.grammar.rows, config.grammar.cols),
-                                   cond_len=config.cond_len, dtype=dtype)
+                                   cond_len=config.cond_len, dtype=getattr(torch, dtype))
     vq_dir = Path(vq) if vq is not None else target
     decoder = load_unified_vq(target, config.architecture,
                               *((vq_dir / "vqgan.ckpt", vq_dir / "vqgan.yaml") if vq is not None else ()))
