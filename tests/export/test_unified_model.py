@@ -410,6 +410,7 @@ def test_prefill_and_step_trace_to_onnx(pairs, checkpoints, tmp_path):
           {2: batch, 4: dim("cache", min=1, max=1000)})),
     ]
     for name, module, inputs, shapes in cases:
+        module.eval()
         program = torch.onnx.export(module, inputs, dynamo=True, dynamic_shapes=shapes, verbose=False)
         program.save(str(tmp_path / f"{name}.onnx"))
         session = ort.InferenceSession(str(tmp_path / f"{name}.onnx"), providers=["CPUExecutionProvider"])
