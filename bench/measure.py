@@ -99,10 +99,8 @@ class ConditionFeeds:
     def __call__(self, conditions: Sequence[Union[int, str]]) -> dict:
         if self.captions is None:
             return {"class_ids": list(conditions)}
-        rows = [self.rows[c] for c in conditions]
-        c = self.captions
-        return {"captions": Conditions(captions=c.captions[rows], caption_mask=c.caption_mask[rows],
-                                       uncond=c.uncond[rows])}
+        chosen = self.captions.take([self.rows[c] for c in conditions])
+        return {"prompts" if chosen.is_prompt else "captions": chosen}  # token prompts: a unified model's
 
 
 def timed_params(setting: Setting) -> dict:

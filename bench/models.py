@@ -94,8 +94,11 @@ def demo_bundle(demo_weights: Optional[Path] = None, cache_dir: Optional[Path] =
     models = entry.hook("model_set")(demo_weights)
     if eagle:
         models = with_eagle_head(models, "demo")
+    from specrt.export.unified.writer import UnifiedModels, write_unified_bundle
+
+    writer = write_unified_bundle if isinstance(models, UnifiedModels) else write_bundle  # the demo's family's
     try:
-        write_bundle(models, out, ExportOptions(), progress=say)
+        writer(models, out, ExportOptions(), progress=say)
     except SpecrtError:
         if not (out / MANIFEST_NAME).is_file():  # another process may have just finished the same export
             raise

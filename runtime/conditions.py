@@ -118,8 +118,11 @@ class Conditions:
 
     def part(self, start: int, stop: int) -> "Conditions":
         """The conditions of images start..stop − 1 (a pipeline's chunk of a larger call)."""
-        part = slice(start, stop)
-        return Conditions(*(None if a is None else a[part] for a in (self.class_ids, self.captions,
+        return self.take(slice(start, stop))
+
+    def take(self, rows: Union[slice, Sequence[int], np.ndarray]) -> "Conditions":
+        """The conditions of these images (a slice or row indices, repeats allowed), every field alike."""
+        return Conditions(*(None if a is None else a[rows] for a in (self.class_ids, self.captions,
                                                                        self.caption_mask, self.uncond,
                                                                        self.prompt_ids, self.null_ids, self.null_mask)))
 

@@ -256,7 +256,7 @@ class Pipeline:
         if decode:
             with stats.timing("vq_decode"):
                 images = to_uint8(self.vq.decode(tokens))
-        stats.tokens = int(tokens.size)
+        stats.tokens = int(stream.size)  # decoded tokens (a grammar's row ends included): what passes are counted against
         stats.seconds["total"] = time.perf_counter() - start
         return GenerationResult(tokens, images, stats, sampling, stream if self.returns_stream else None)
 
