@@ -64,12 +64,14 @@ def bundle_family(path: str | Path) -> str:
 
 def pipeline_family(pipeline: Any) -> Family:
     """The family whose pipeline class `pipeline` is an instance of (serving gets pipelines built
-    elsewhere too: an embedded demo's); matched by the class's module and name, importing nothing."""
-    names = {f"{cls.__module__}:{cls.__qualname__}" for cls in type(pipeline).__mro__}
-    for name in FAMILIES:
-        plugin = family(name)
-        if getattr(plugin, "pipeline_class", None) in names:
-            return plugin
+    elsewhere too: an embedded demo's); matched by the class's module and name, importing nothing,
+    the most derived class first (a family's pipeline may extend another's)."""
+    plugins = [family(name) for name in FAMILIES]
+    for cls in type(pipeline).__mro__:
+        name = f"{cls.__module__}:{cls.__qualname__}"
+        for plugin in plugins:
+            if getattr(plugin, "pipeline_class", None) == name:
+                return plugin
     raise SpecrtError(f"{type(pipeline).__name__} is no registered family's pipeline ({', '.join(FAMILIES)})")
 
 

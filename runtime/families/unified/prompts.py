@@ -103,18 +103,18 @@ class PromptEncoder:
             rows = [[int(i) for i in row] for row in _rows_of(prompt_ids)]
         nulls = [self.null_ids(row) for row in rows]
         ids, mask = self.left_pad(rows)
-        null_ids, null_mask = self.left_pad(nulls)
+        null_ids, null_mask = self.left_pad(nulls, "the unconditional prompt of prompt")
         return Conditions.of_prompt_ids(ids, mask, null_ids, null_mask)
 
-    def left_pad(self, rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    def left_pad(self, rows: Sequence[Sequence[int]], what: str = "prompt") -> tuple[np.ndarray, np.ndarray]:
         """int32 [N, cond_len] ids (pad_id before each row's tokens) and bool [N, cond_len] mask."""
         ids = np.full((len(rows), self.cond_len), self.pad_id, dtype=np.int32)
         mask = np.zeros((len(rows), self.cond_len), dtype=bool)
         for i, row in enumerate(rows):
             if not row:
-                raise SpecrtError(f"prompt {i} has no tokens")
+                raise SpecrtError(f"{what} {i} has no tokens")
             if len(row) > self.cond_len:
-                raise SpecrtError(f"prompt {i} is {len(row)} tokens; this model reads at most {self.cond_len} "
+                raise SpecrtError(f"{what} {i} is {len(row)} tokens; this model reads at most {self.cond_len} "
                                   "(export with a larger --max-prompt-tokens)")
             ids[i, self.cond_len - len(row):] = row
             mask[i, self.cond_len - len(row):] = True
