@@ -242,9 +242,13 @@ def _save(model: Any, path: Path) -> Optional[str]:
 def selected_graphs(manifest: Manifest, names: Sequence[str]) -> list[str]:
     """Graph names for `names` (roles target / draft, or graph names such as target_step)."""
     chosen: list[str] = []
+    absent = [name for name in names if name in ROLES
+              and not any(f"{name}_{kind}" in manifest.graphs for kind in GRAPH_KINDS)]
     for name in names:
         if name in ROLES:
             graphs = [f"{name}_{kind}" for kind in GRAPH_KINDS if f"{name}_{kind}" in manifest.graphs]
+            if not graphs and len(absent) < len(names):
+                continue  # `--graphs target,draft` (the default) on a bundle without a draft: its target
             if not graphs:
                 raise SpecrtError(f"bundle {manifest.root} has no {name} graphs (it has: {', '.join(manifest.graphs)})")
         elif name in manifest.graphs and manifest.graphs[name].role in ROLES:
@@ -333,6 +337,10 @@ def quantize_bundle(bundle: str | Path, out: str | Path, options: QuantizeOption
         names = [f for g in raw["graphs"].values() for f in (g["file"], g.get("external_data")) if f]
         if manifest.neighbours:
             names.append(manifest.neighbours["file"])
+        # every other file the bundle lists (a unified bundle's tokenizer.json, a t2i text encoder's
+        # files) was copied above and stays listed, hashed, as it was
+        graph_files = {f for g in manifest.graphs.values() for f in (g.file, g.external_data) if f}
+        names += [rel for rel in manifest.files if rel not in graph_files and rel not in names]
         raw["files"] = {name: file_record(work / name) for name in names}
         raw["quantized_from"] = str(manifest.root)
         (work / MANIFEST_NAME).write_text(json.dumps(raw, indent=2) + "\n")

@@ -18,6 +18,7 @@ Why the export looks the way it does (DESIGN.md, pitfalls):
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import logging
 import warnings
@@ -308,20 +309,31 @@ def _export(module: nn.Module, spec: GraphSpec, examples: tuple[torch.Tensor, ..
             input_names=list(spec.input_names), output_names=list(spec.output_names),
             dynamic_shapes=_dynamic_shapes(spec), external_data=external, optimize=True, verbose=False,
         )
+    data = out_dir / f"{spec.file}.data"  # what the exporter names its weights file (onnxscript's ir.save)
+    external = external or data.exists()  # it externalises a > 2 GB graph by itself, asked or not
     if not external:
         model = onnx.load(str(path))
         _stamp_and_check(model, spec)
         onnx.save_model(model, str(path))
         return spec
-    # Weights > 2 GB: load them back, remove whatever data files the exporter wrote, and
-    # write exactly one `<graph>.onnx.data` that the manifest can name and hash.
-    model = onnx.load(str(path), load_external_data=True)
-    for written in set(out_dir.iterdir()) - existing - {path}:
+    # Large weights: the exporter has streamed every tensor into `<graph>.onnx.data` (one file,
+    # tensor by tensor, from the module's own storage). Read back the graph alone, never the data
+    # (that would be a second copy of the weights), stamp it, and rewrite only the graph proto,
+    # whose initializers keep pointing into the data file. Stray files the exporter wrote besides
+    # these two are removed, so the manifest names and hashes exactly one data file.
+    gc.collect()  # the exporter's program and traced state, before anything else is allocated
+    if not data.is_file():  # pragma: no cover - an exporter that names its data otherwise
+        raise AssertionError(f"{spec.name}: the exporter wrote no {data.name}")
+    for written in set(out_dir.iterdir()) - existing - {path, data}:
         written.unlink()
+    model = onnx.load(str(path), load_external_data=False)
     _stamp_and_check(model, spec)
-    data_name = f"{spec.file}.data"
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data_name)
-    return GraphSpec(**{**spec.__dict__, "external_data": data_name})
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL and \
+                {e.key: e.value for e in tensor.external_data}.get("location") != data.name:
+            raise AssertionError(f"{spec.name}: initializer {tensor.name} points outside {data.name}")
+    onnx.save_model(model, str(path))  # the proto only: the external references are left as they are
+    return GraphSpec(**{**spec.__dict__, "external_data": data.name})
 
 
 @contextlib.contextmanager

@@ -98,15 +98,54 @@ def codebook_of(vq: nn.Module) -> np.ndarray:
     return table.detach().float().cpu().numpy()
 
 
+KV_NAMES = ("past_kv", "present_kv")
+_TORCH_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def kv_dtype(model: nn.Module) -> str:
+    """The dtype of a model's KV cache: its weights' (k and v are projections of them). The graphs'
+    past_kv / present_kv carry it and the manifest records it (the runtime allocates its cache
+    with it); logits, hidden and the sampling head stay float32 whatever the weights."""
+    dtype = getattr(model, "dtype", torch.float32)
+    if dtype not in _TORCH_DTYPES:
+        raise SpecrtError(f"weights of dtype {dtype} cannot be exported; use float32, float16 or bfloat16")
+    return _TORCH_DTYPES[dtype]
+
+
+def with_kv_dtype(spec: GraphSpec, dtype: str) -> GraphSpec:
+    """`spec` with past_kv / present_kv in `dtype` (onnx_export's specs say float32)."""
+    def retype(tensors):
+        return tuple(replace(t, dtype=dtype) if t.name in KV_NAMES else t for t in tensors)
+    return replace(spec, inputs=retype(spec.inputs), outputs=retype(spec.outputs))
+
+
+def export_language_graph(model: nn.Module, kind: str, role: str, limits: GraphLimits, out_dir: Path, opset: int,
+                          with_hidden: bool) -> GraphSpec:
+    """onnx_export.export_prefill / export_step with the KV cache in the weights' dtype (float16 /
+    bfloat16 weights: a float16 / bfloat16 cache, as the model computes it)."""
+    dtype = kv_dtype(model)
+    if dtype == "float32":
+        export = onnx_export.export_prefill if kind == "prefill" else onnx_export.export_step
+        return export(model, role, limits, out_dir, opset, with_hidden)
+    make = onnx_export.prefill_spec if kind == "prefill" else onnx_export.step_spec
+    spec = with_kv_dtype(make(f"{role}_{kind}", role, model.config, limits, opset, with_hidden), dtype)
+    graph = (onnx_export._PromptPrefillGraph if kind == "prefill" else onnx_export._StepGraph)(model, with_hidden)
+    examples = onnx_export._example_inputs(spec, model.config)
+    examples = tuple(x.to(model.dtype) if name == "past_kv" else x for name, x in zip(spec.input_names, examples))
+    return onnx_export._export(graph, spec, examples, out_dir)
+
+
 def _graph_jobs(models: UnifiedModels, options: ExportOptions, limits: GraphLimits) -> list[tuple[str, Callable[[Path], GraphSpec]]]:
     opset, grammar = options.opset, models.target.config.grammar
-    jobs = [
-        ("target_prefill", lambda d: onnx_export.export_prefill(models.target, "target", limits, d, opset, options.target_hidden)),
-        ("target_step", lambda d: onnx_export.export_step(models.target, "target", limits, d, opset, options.target_hidden)),
-    ]
+
+    def language(model: nn.Module, role: str, kind: str, hidden: bool) -> Callable[[Path], GraphSpec]:
+        return lambda d: export_language_graph(model, kind, role, limits, d, opset, hidden)
+
+    jobs = [("target_prefill", language(models.target, "target", "prefill", options.target_hidden)),
+            ("target_step", language(models.target, "target", "step", options.target_hidden))]
     if models.draft is not None:
-        jobs += [("draft_prefill", lambda d: onnx_export.export_prefill(models.draft, "draft", limits, d, opset, False)),
-                 ("draft_step", lambda d: onnx_export.export_step(models.draft, "draft", limits, d, opset, False))]
+        jobs += [("draft_prefill", language(models.draft, "draft", "prefill", False)),
+                 ("draft_step", language(models.draft, "draft", "step", False))]
     jobs.append(("vq_decode", lambda d: onnx_export.export_vq_decode(models.vq, grammar.rows, limits, d, opset,
                                                                       cols=grammar.cols)))
     return jobs
