@@ -211,6 +211,22 @@ def _codebook(vq: nn.Module) -> np.ndarray:
     return vq.quantize.codebook().detach().float().cpu().numpy()
 
 
+def export_graphs(jobs: list[tuple[str, Callable[[Path], GraphSpec]]], work: Path, total: int,
+                  say: Progress) -> list[GraphSpec]:
+    """Run each (graph name, export function) into `work`, with a progress line before and after
+    each (its size and time): the graph loop every bundle writer shares; `total` counts the
+    writer's steps (graphs and what follows them)."""
+    graphs = []
+    for i, (name, export) in enumerate(jobs, start=1):
+        started = time.monotonic()
+        say(f"[{i}/{total}] {name}.onnx ...")
+        spec = export(work)
+        size = sum((work / f).stat().st_size for f in (spec.file, spec.external_data) if f)
+        say(f"[{i}/{total}] {name}.onnx  {size / 1e6:.1f} MB in {time.monotonic() - started:.1f} s")
+        graphs.append(spec)
+    return graphs
+
+
 def write_bundle(models: ModelSet, out: str | Path, options: ExportOptions | None = None, force: bool = False,
                  progress: Progress | None = None) -> Manifest:
     """Export every graph, the neighbour table and the manifest to `out`, atomically.
@@ -230,14 +246,7 @@ def write_bundle(models: ModelSet, out: str | Path, options: ExportOptions | Non
     with partial_dir(out, note=progress) as work:
         jobs = _graph_jobs(models, options, limits)
         total = len(jobs) + 2
-        graphs = []
-        for i, (name, export) in enumerate(jobs, start=1):
-            started = time.monotonic()
-            say(f"[{i}/{total}] {name}.onnx ...")
-            spec = export(work)
-            size = sum((work / f).stat().st_size for f in (spec.file, spec.external_data) if f)
-            say(f"[{i}/{total}] {name}.onnx  {size / 1e6:.1f} MB in {time.monotonic() - started:.1f} s")
-            graphs.append(spec)
+        graphs = export_graphs(jobs, work, total, say)
         codebook = _codebook(models.vq)
         k, note = neighbour_count(options.neighbours_k, codebook.shape[0])
         if note:

@@ -106,7 +106,8 @@ class UnifiedConfig:
         return self.cond_len + self.grammar.stream_len + max_window
 
 
-def _load_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A checkpoint's JSON file; missing or malformed is one SpecrtError line."""
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
@@ -207,7 +208,7 @@ def tokenizer_vocabulary(directory: Path) -> dict[str, int]:
     path = directory / "tokenizer.json"
     if not path.is_file():
         return {}
-    raw = _load_json(path)
+    raw = read_json(path)
     vocab = (raw.get("model") or {}).get("vocab") or {}
     vocab = dict(vocab) if isinstance(vocab, dict) else {}  # (unigram models list pairs: no names we need)
     vocab.update({t["content"]: int(t["id"]) for t in raw.get("added_tokens") or []})
@@ -231,9 +232,9 @@ def read_config(directory: str | Path, grid: Optional[tuple[int, int]] = None,
     a different one is an error); cond_len: the longest prompt in tokens (default 128).
     """
     directory = Path(directory)
-    raw = _load_json(directory / "config.json")
+    raw = read_json(directory / "config.json")
     arch = detect_architecture(raw)
-    generation = _load_json(directory / "generation_config.json") if (directory / "generation_config.json").is_file() else {}
+    generation = read_json(directory / "generation_config.json") if (directory / "generation_config.json").is_file() else {}
     text = _text_section(arch, raw)
     cond_len = DEFAULT_COND_LEN if cond_len is None else int(cond_len)
     if cond_len < 1:

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from specrt.export.llamagen_gpt import attend
+from specrt.export.llamagen_gpt import RMSNorm, attend
 from specrt.export.unified.config import CHAMELEON_QK_NORM_EPS, UnifiedConfig
 from specrt.runtime.grammar import FORCED_LOGIT
 
@@ -36,19 +36,6 @@ def activation(name: str):
     if name not in table:
         raise ValueError(f"unsupported activation {name!r}; known: {', '.join(table)}")
     return table[name]
-
-
-class RMSNorm(nn.Module):
-    """Llama RMSNorm: statistics in float32, weight applied in the input dtype (transformers' order)."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
 class HeadNorm(nn.Module):

@@ -21,7 +21,6 @@ and tests can then compare it with transformers as an independent reference.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -31,6 +30,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from specrt.errors import SpecrtError
+from specrt.export.unified.config import read_json
+from specrt.export.unified.weights import checkpoint_files
 from specrt.export.llamagen_vq import AttnBlock, ResnetBlock, Upsample, VQConfig, swish
 from specrt.lazy import require
 
@@ -151,6 +152,16 @@ class TamingDecoder(nn.Module):
         return self.conv_out(swish(self.norm_out(h)))
 
 
+def _output_affine(module: nn.Module, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+    """Buffers mapping a decoder's output, normalised with the image processor's mean/std, to the
+    [-1, 1] the runtime expects (x·2σ + 2μ − 1); `_affine` is False when that is the identity."""
+    scale = [2.0 * s for s in std]
+    shift = [2.0 * m - 1.0 for m in mean]
+    module._affine = scale != [1.0] * len(scale) or shift != [0.0] * len(shift)
+    module.register_buffer("out_scale", torch.tensor(scale).view(1, -1, 1, 1), persistent=False)
+    module.register_buffer("out_shift", torch.tensor(shift).view(1, -1, 1, 1), persistent=False)
+
+
 class _Codebook(nn.Module):
     """Holds `embedding` so a VQModel's `quantize.embedding.weight` loads as it is."""
 
@@ -169,11 +180,7 @@ class TamingVQDecoder(nn.Module):
         self.quantize = _Codebook(config.n_embed, config.embed_dim)
         self.post_quant_conv = nn.Conv2d(config.embed_dim, config.z_channels, 1)
         self.decoder = TamingDecoder(config)
-        scale = [2.0 * s for s in config.output_std]
-        shift = [2.0 * m - 1.0 for m in config.output_mean]
-        self._affine = scale != [1.0] * len(scale) or shift != [0.0] * len(shift)
-        self.register_buffer("out_scale", torch.tensor(scale).view(1, -1, 1, 1), persistent=False)
-        self.register_buffer("out_shift", torch.tensor(shift).view(1, -1, 1, 1), persistent=False)
+        _output_affine(self, config.output_mean, config.output_std)
 
     def lookup(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [B, h, w] -> latents [B, embed_dim, h, w] (l2-normalised rows for Janus)."""
@@ -217,11 +224,7 @@ class Emu3VQDecoder(nn.Module):
         super().__init__()
         self.config = info
         self.quantize, self.post_quant_conv, self.decoder = quantize, post_quant_conv, decoder
-        scale = [2.0 * s for s in info.output_std]
-        shift = [2.0 * m - 1.0 for m in info.output_mean]
-        self._affine = scale != [1.0] * len(scale) or shift != [0.0] * len(shift)
-        self.register_buffer("out_scale", torch.tensor(scale).view(1, -1, 1, 1), persistent=False)
-        self.register_buffer("out_shift", torch.tensor(shift).view(1, -1, 1, 1), persistent=False)
+        _output_affine(self, info.output_mean, info.output_std)
 
     def _first_frame(self, latents: torch.Tensor) -> torch.Tensor:
         """[B, C, 1, h, w] -> frame 0 of the temporal stack's output [B, C, h, w].
@@ -257,27 +260,6 @@ class Emu3VQDecoder(nn.Module):
 # ---- loading from a checkpoint directory ----------------------------------------------------------
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SpecrtError(f"{path.parent}: no {path.name} (a Hugging Face checkpoint directory has config.json)") from None
-    except json.JSONDecodeError as exc:
-        raise SpecrtError(f"{path}: not valid JSON ({exc})") from None
-
-
-def _safetensors_files(checkpoint_dir: Path) -> list[Path]:
-    """The shards an index names, or the directory's single model.safetensors."""
-    index = checkpoint_dir / "model.safetensors.index.json"
-    if index.exists():
-        names = sorted(set(_read_json(index).get("weight_map", {}).values()))
-        return [checkpoint_dir / n for n in names]
-    files = sorted(checkpoint_dir.glob("*.safetensors"))
-    if not files:
-        raise SpecrtError(f"{checkpoint_dir}: no safetensors weights (model.safetensors or shards with model.safetensors.index.json)")
-    return files
-
-
 def _vq_prefix(keys: Iterable[str], checkpoint_dir: Path) -> str:
     """The key prefix of the VQ model (`model.vqmodel.` as loaded, `vqmodel.` as Emu3 files store it)."""
     found = sorted(k[: -len(_CODEBOOK_KEY)] for k in keys if k.endswith(_CODEBOOK_KEY) and "vq" in k[: -len(_CODEBOOK_KEY)])
@@ -291,7 +273,7 @@ def read_vq_state(checkpoint_dir: Path, parts: tuple[str, ...] = ("quantize.", "
     loaded: a 7B checkpoint's language model stays on disk)."""
     from safetensors import safe_open  # a core dependency of specrt
 
-    files = _safetensors_files(checkpoint_dir)
+    files = checkpoint_files(checkpoint_dir)
     where: dict[str, Path] = {}
     for path in files:
         if not path.exists():
@@ -317,7 +299,7 @@ def _image_normalisation(checkpoint_dir: Path) -> tuple[tuple[float, ...], tuple
     path = checkpoint_dir / "preprocessor_config.json"
     if not path.exists():
         return (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
-    config = _read_json(path)
+    config = read_json(path)
     if config.get("do_normalize") is False:
         return (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
     mean, std = config.get("image_mean", 0.5), config.get("image_std", 0.5)
@@ -529,5 +511,5 @@ def load_unified_vq(checkpoint_dir: str | Path, architecture: str, vqgan_ckpt: O
         ckpt, yaml = find_vqgan(checkpoint_dir, Path(vqgan_ckpt) if vqgan_ckpt else None,
                                 Path(vqgan_yaml) if vqgan_yaml else None)
         return load_chameleon_vqgan(ckpt, yaml)
-    config = _read_json(checkpoint_dir / "config.json")
+    config = read_json(checkpoint_dir / "config.json")
     return load_janus_vq(checkpoint_dir, config) if name == "janus" else load_emu3_vq(checkpoint_dir, config)
