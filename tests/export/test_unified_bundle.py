@@ -53,7 +53,8 @@ def bundles(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     """(checkpoint dir, bundle dir) per architecture; Emu3's with itself as the draft (sd runs)."""
     root = tmp_path_factory.mktemp("unified")
     out = {}
-    for name, make, extra in (("janus", tiny_janus, []), ("emu3", tiny_emu3, ["--draft", str(root / "emu3")])):
+    emu3 = ["--draft", str(root / "emu3"), "--grid", "3x4"]  # Emu3 picks its grid per bundle: 3 rows of 4 + row ends
+    for name, make, extra in (("janus", tiny_janus, []), ("emu3", tiny_emu3, emu3)):
         checkpoint = make(root / name)
         _export(["--target", str(checkpoint), *extra, "--out", str(root / f"{name}-bundle")])
         out[name] = (checkpoint, root / f"{name}-bundle")
@@ -188,7 +189,8 @@ def test_served_and_embedded_like_any_prompt_model(bundles):
     handler = RequestHandler(pipe)
     assert handler.family.name == "unified"
     served, refused = handler([{"prompt": np.array([[b"a thin two"], [b"one"]], dtype=object),
-                                "method": np.array([[b"sjd"], [b"ar"]], dtype=object)},
+                                "method": np.array([[b"sjd"], [b"ar"]], dtype=object),
+                                "params": np.array([[b'{"window": 4}'], [b"{}"]], dtype=object)},
                                {"class_id": np.array([[3]])}])
     assert served["tokens"].shape == (2, pipe.grammar.rows * pipe.grammar.cols)
     assert [e for e in served["error"].ravel()] == [b"", b""] and len(served["image"][0, 0]) > 0
