@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -24,7 +23,7 @@ from specrt import __version__
 from specrt.bundle_dir import move_into_place, partial_dir, refuse_existing
 from specrt.errors import SpecrtError
 from specrt.export import onnx_export
-from specrt.export.bundle import NEIGHBOURS_FILE, ExportOptions
+from specrt.export.bundle import NEIGHBOURS_FILE, ExportOptions, export_graphs
 from specrt.export.neighbours import codebook_neighbours, neighbour_count
 from specrt.export.onnx_export import GraphLimits, capacity_for
 from specrt.manifest import FORMAT, MANIFEST_NAME, VERSION, GraphSpec, Manifest, file_record, read_manifest, rows_for_images
@@ -190,14 +189,7 @@ def write_unified_bundle(models: UnifiedModels, out: str | Path, options: Export
     with partial_dir(out, note=progress) as work, torch.no_grad():
         jobs = _graph_jobs(models, options, limits)
         total = len(jobs) + 2
-        graphs = []
-        for i, (name, export) in enumerate(jobs, start=1):
-            started = time.monotonic()
-            say(f"[{i}/{total}] {name}.onnx ...")
-            spec = export(work)
-            size = sum((work / f).stat().st_size for f in (spec.file, spec.external_data) if f)
-            say(f"[{i}/{total}] {name}.onnx  {size / 1e6:.1f} MB in {time.monotonic() - started:.1f} s")
-            graphs.append(spec)
+        graphs = export_graphs(jobs, work, total, say)
         codebook = codebook_of(models.vq)
         k, note = neighbour_count(options.neighbours_k, codebook.shape[0])
         if note:
