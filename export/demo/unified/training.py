@@ -139,10 +139,9 @@ def quality_summary(target, draft, tokenizer, split: DigitsSplit, held_captions:
                                                 defaults["temperature"], defaults["top_k"], seed)
         if progress:
             print(f"cfg {scale}: {json.dumps({k: round(v, 3) for k, v in sweep[str(scale)].items()})}")
-    # the defaults: the smallest scale within 0.01 of the best digit accuracy (guidance costs a
-    # second model row per token, and past the best it only narrows the samples)
-    best = max(r["digit"] for r in sweep.values())
-    chosen = min(float(s) for s, r in sweep.items() if r["digit"] >= best - 0.01)
+    # the default: the scale whose samples show most of what their prompts name (`words`: the digit
+    # and every named attribute; the digit alone saturates near 0.99 from cfg 2 on), the smaller on a tie
+    chosen = float(max(sweep, key=lambda s: (round(sweep[s]["words"], 6), -float(s))))
     defaults["cfg_scale"] = chosen
     greedy = prompt_following_of(target, tokenizer, vq, evaluator, prompts[:len(prompts) // QUALITY_REPEATS],
                                  chosen, 0.0, 0, seed)
@@ -168,6 +167,31 @@ def quality_summary(target, draft, tokenizer, split: DigitsSplit, held_captions:
             "note": "per-token acceptance probability sum_x min(p, q) of the draft, teacher-forced on held-out "
                     "images; the accepted length assumes independent positions (specrt bench measures it)"},
     }
+
+
+def held_out_set(split: DigitsSplit, bins: AttributeBins, vq) -> tuple[list[str], np.ndarray]:
+    """The held-out images' canonical captions (every measured attribute named) and their codes."""
+    held = CaptionedImages(None, split.held_out_labels, bins.labels(split.held_out_images, split.held_out_labels), 0)
+    return held.full_texts(np.arange(len(split.held_out_labels))), tokenize(vq, split.held_out_images)
+
+
+def evaluate_weights(root: str | Path, seed: int = 0, threads: int = 1, progress: bool = True) -> dict:
+    """Re-run the quality check on a trained weights folder and rewrite its demo.json's `quality`
+    and `sampling_defaults` (the weights are untouched): what --evaluate-only does."""
+    torch.set_num_threads(threads)
+    root = Path(root)
+    config = store.demo_config(root)
+    started = time.time()
+    split = load_split()
+    held_captions, held_codes = held_out_set(split, AttributeBins.from_dict(store.t2i_config()["attributes"]),
+                                             store.load_vq())
+    target, draft = store.load_model(store.target_dir(root)), store.load_model(store.draft_dir(root))
+    quality = quality_summary(target, draft, store.load_tokenizer(store.target_dir(root)), split, held_captions,
+                              held_codes, seed, progress)
+    config["quality"], config["sampling_defaults"] = quality, dict(quality["sampling_defaults"])
+    config["training"].setdefault("seconds", {})["quality"] = round(time.time() - started, 1)
+    (root / store.CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    return config
 
 
 # ---- the whole demo ----------------------------------------------------------------------------
@@ -208,9 +232,7 @@ def train_unified_demo(out_dir: str | Path | None, seed: int = 0, steps_scale: f
     codes, sequence_images = timed("tokenize", tokenize_shifted, vq, split.train_images,
                                    np.arange(len(split.train_labels)), schedule.max_shift, progress)
     data = CaptionedImages(None, split.train_labels, bins.labels(split.train_images, split.train_labels), 0)
-    held = CaptionedImages(None, split.held_out_labels, bins.labels(split.held_out_images, split.held_out_labels), 0)
-    held_captions = held.full_texts(np.arange(len(split.held_out_labels)))
-    held_codes = tokenize(vq, split.held_out_images)
+    held_captions, held_codes = held_out_set(split, bins, vq)
     metrics = {}
     target, metrics["target"] = timed("target", train_model, configs.chameleon_config(configs.TARGET), data, tokenizer,
                                       codes, sequence_images, schedule.target, schedule.caption_dropout,
@@ -285,7 +307,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--steps-scale", type=float, default=1.0, help="scale every schedule's steps (smoke runs)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-evaluate", action="store_true", help="skip the sampling quality check")
+    parser.add_argument("--evaluate-only", action="store_true",
+                        help="train nothing: re-run the quality check on --out's weights and update its demo.json")
     args = parser.parse_args(argv)
+    if args.evaluate_only:
+        config = evaluate_weights(args.out, args.seed, args.threads)
+        print(json.dumps({"quality": config["quality"]["ar_prompt_following"],
+                          "sampling_defaults": config["sampling_defaults"]}, indent=2))
+        return
     config = train_unified_demo(args.out, args.seed, args.steps_scale, args.threads, not args.no_evaluate)
     print(json.dumps({"metrics": config["metrics"], "seconds": config["training"]["seconds"],
                       "sampling_defaults": config["sampling_defaults"]}, indent=2))

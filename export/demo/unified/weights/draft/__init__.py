@@ -1,0 +1,1 @@
+"""Data-only package: the unified demo's draft, a Hugging Face Chameleon checkpoint directory (config, weights, tokenizer)."""
