@@ -129,6 +129,30 @@ def _check_eagle(manifest: Manifest, target: dict[str, int], head: dict[str, int
         _expect(step, tensor, 2, target["dim"], "models.target.dim")
 
 
+def _check_decoder(manifest: Manifest, target: dict[str, int], limits: dict[str, int]) -> None:
+    """models.vq and vq_decode against the target (its codes and grid) and the limits."""
+    vq = model_numbers(manifest, "vq")
+    codes = target.get("image_vocab", target["vocab_size"])  # a unified model's head adds structural tokens
+    if vq["codebook_size"] != codes:
+        key = "image_vocab" if "image_vocab" in target else "vocab_size"
+        raise SpecrtError(f"bundle: models.vq.codebook_size is {vq['codebook_size']} "
+                          f"but models.target.{key} is {codes}")
+    for key in ("grid_size", "grid_cols"):
+        want = target.get(key, target["grid_size"])
+        if vq[key] != want:
+            raise SpecrtError(f"bundle: models.vq.{key} is {vq[key]} but models.target.{key} is {want}")
+    decode = manifest.graph("vq_decode")
+    _expect(decode, decode.input("codes"), 1, vq["grid_size"], "models.vq.grid_size")
+    _expect(decode, decode.input("codes"), 2, vq["grid_cols"], "models.vq.grid_cols")
+    image = decode.output("image")
+    _expect(decode, image, 1, 3, "the contract's RGB axis")
+    _expect(decode, image, 2, vq["grid_size"] * vq["downsample"], "models.vq.grid_size × downsample")
+    _expect(decode, image, 3, vq["grid_cols"] * vq["downsample"], "models.vq.grid_cols × downsample")
+    if decode.profile.get("batch", {}).get("max", 0) < limits["max_batch"]:
+        raise SpecrtError(f"bundle: graph vq_decode profile batch max is {decode.profile.get('batch', {}).get('max')!r} "
+                          f"but limits.max_batch is {limits['max_batch']}")
+
+
 def check_manifest(manifest: Manifest) -> dict[str, int]:
     """The manifest against itself: positive integer facts, graphs' fixed dims equal to them,
     draft and VQ agreeing with the target, profiles covering the limits, valid sampling defaults.
@@ -154,26 +178,10 @@ def check_manifest(manifest: Manifest) -> dict[str, int]:
         _check_model_graphs(manifest, "draft", draft, limits, ("step",) if eagle else ("prefill", "step"))
         if eagle:
             _check_eagle(manifest, target, draft)
-    vq = model_numbers(manifest, "vq")
-    codes = target.get("image_vocab", target["vocab_size"])  # a unified model's head adds structural tokens
-    if vq["codebook_size"] != codes:
-        key = "image_vocab" if "image_vocab" in target else "vocab_size"
-        raise SpecrtError(f"bundle: models.vq.codebook_size is {vq['codebook_size']} "
-                          f"but models.target.{key} is {codes}")
-    for key in ("grid_size", "grid_cols"):
-        want = target.get(key, target["grid_size"])
-        if vq[key] != want:
-            raise SpecrtError(f"bundle: models.vq.{key} is {vq[key]} but models.target.{key} is {want}")
-    decode = manifest.graph("vq_decode")
-    _expect(decode, decode.input("codes"), 1, vq["grid_size"], "models.vq.grid_size")
-    _expect(decode, decode.input("codes"), 2, vq["grid_cols"], "models.vq.grid_cols")
-    image = decode.output("image")
-    _expect(decode, image, 1, 3, "the contract's RGB axis")
-    _expect(decode, image, 2, vq["grid_size"] * vq["downsample"], "models.vq.grid_size × downsample")
-    _expect(decode, image, 3, vq["grid_cols"] * vq["downsample"], "models.vq.grid_cols × downsample")
-    if decode.profile.get("batch", {}).get("max", 0) < limits["max_batch"]:
-        raise SpecrtError(f"bundle: graph vq_decode profile batch max is {decode.profile.get('batch', {}).get('max')!r} "
-                          f"but limits.max_batch is {limits['max_batch']}")
+    tokens_only = manifest.models["target"].get("family") == "unified" and "vq" not in manifest.models \
+        and "vq_decode" not in manifest.graphs  # a unified bundle exported without its decoder
+    if not tokens_only:
+        _check_decoder(manifest, target, limits)
     defaults = manifest.sampling_defaults
     unknown = sorted(set(defaults) - {"cfg_scale", "temperature", "top_k", "top_p"})
     if unknown:

@@ -70,15 +70,24 @@ def unified_models(target: Path, draft: Optional[Path] = None, vq: Optional[Path
         draft_model = load_unified(Path(draft), grid=(config.grammar.rows, config.grammar.cols),
                                    cond_len=config.cond_len, dtype=getattr(torch, dtype))
     vq_dir = Path(vq) if vq is not None else target
-    decoder = load_unified_vq(target, config.architecture,
-                              *((vq_dir / "vqgan.ckpt", vq_dir / "vqgan.yaml") if vq is not None else ()))
+    decoder = None
+    try:
+        decoder = load_unified_vq(target, config.architecture,
+                                  *((vq_dir / "vqgan.ckpt", vq_dir / "vqgan.yaml") if vq is not None else ()))
+    except SpecrtError as missing:
+        if vq is not None or config.architecture != "chameleon":
+            raise
+        say(f"note: {missing}; exporting a tokens-only bundle (generate --tokens-only; re-export with --vq DIR for "
+            "images)")
     tokenizer, tokenizer_file = read_tokenizer(target)
     raw = json.loads((target / "config.json").read_text())
     recipe = recipe_for(config.architecture, raw, tokenizer, (config.grammar.rows, config.grammar.cols),
-                        int(decoder.config.downsample))
-    return UnifiedModels(target=model, draft=draft_model, vq=decoder.eval(), prompt=recipe.prompt,
+                        int(decoder.config.downsample) if decoder is not None else None)
+    return UnifiedModels(target=model, draft=draft_model, vq=decoder.eval() if decoder is not None else None,
+                         prompt=recipe.prompt,
                          sampling_defaults=dict(recipe.sampling_defaults), tokenizer_file=tokenizer_file,
-                         sources={"target": str(target), "draft": str(draft or ""), "vq": str(vq_dir)})
+                         sources={"target": str(target), "draft": str(draft or ""),
+                                  "vq": str(vq_dir) if decoder is not None else ""})
 
 
 def demo_models(weights: Optional[Path] = None, dtype: str = "float32") -> UnifiedModels:

@@ -280,7 +280,8 @@ def pipeline_parts_from_bundle(path: str | Path, providers: Providers = None,
         draft = kind(manifest, "draft", providers, threads)
     target = OrtRunner(manifest, "target", providers, threads)
     target.keep_hidden = isinstance(draft, HeadRunner)
-    return {"target": target, "draft": draft, "vq": OrtVQ(manifest, providers, threads), **companions}
+    vq = OrtVQ(manifest, providers, threads) if "vq_decode" in manifest.graphs else None  # unified: may be tokens only
+    return {"target": target, "draft": draft, "vq": vq, **companions}
 
 
 def is_eagle(manifest: Manifest) -> bool:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from unified_fixtures import tiny_emu3, tiny_janus
+from unified_fixtures import tiny_chameleon, tiny_emu3, tiny_janus
 from specrt.cli import main
 from specrt.runtime.pipeline import Pipeline
 
@@ -199,3 +199,22 @@ def test_served_and_embedded_like_any_prompt_model(bundles):
     assert handle.info[0] == "unified" and handle.info[3:] == pipe.image_size
     pixels, stats = embedding.generate_rgb8_prompts(handle, [b"a thin two"], "ar", None, 0)[:2]
     assert len(pixels) == pipe.image_size[0] * pipe.image_size[1] * 3 and stats["tokens"] == pipe.grammar.stream_len
+
+
+def test_a_chameleon_checkpoint_without_its_vqgan_exports_tokens_only(tmp_path, capsys):
+    """transformers' Chameleon weights carry no image decoder (Lumina-mGPT decodes with Chameleon's
+    VQGAN, vqgan.ckpt + vqgan.yaml): without them the export says so and writes a tokens-only
+    bundle that generates streams with the row ends in place; asking it for images is one line."""
+    checkpoint = tiny_chameleon(tmp_path / "chameleon")
+    bundle = tmp_path / "bundle"
+    assert _cli("export", "--target", checkpoint, "--grid", "2x4", "--out", bundle, "--max-window", MAX_WINDOW,
+                "--max-batch", 2, "--max-prompt-tokens", PROMPT_TOKENS) == 0
+    assert "tokens-only bundle" in capsys.readouterr().out
+    pipe = Pipeline.from_bundle(bundle)
+    result = pipe.generate(prompts=["a thin two"], method="sjd", window=4, decode=False)
+    assert result.images is None and pipe.grammar.is_valid(result.stream).all()
+    assert _cli("generate", bundle, "--prompt", "a thin two", "--tokens-only", "--out", tmp_path / "t.npy") == 0
+    assert np.load(tmp_path / "t.npy").shape == (1, 2, 4)
+    capsys.readouterr()
+    assert _cli("generate", bundle, "--prompt", "a thin two", "--out", tmp_path / "a.png") == 2
+    assert "no image decoder" in capsys.readouterr().err

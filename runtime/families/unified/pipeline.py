@@ -118,7 +118,8 @@ class UnifiedPipeline(Pipeline):
         result's `tokens` are the VQ grids, `stream` the decoded tokens with the row ends in place."""
         decode = validation.flag("decode", decode)
         if decode and self.vq is None:
-            raise SpecrtError("this pipeline has no VQ decoder: generate with decode=False")
+            raise SpecrtError("this bundle has no image decoder (exported without the model's VQ): generate tokens only "
+                              "(--tokens-only, decode=False), or re-export with --vq DIR")
         with self._generate_lock:
             conditions = self.conditions(class_ids, prompts, captions, prompt_ids)
             return self._generate(conditions, method, image_seeds(seed, len(conditions)), decode, **params)
