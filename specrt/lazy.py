@@ -19,8 +19,9 @@ _EXTRA_FOR = {
     "polygraphy": "pip install 'specrt[trt]'",
     "scipy": "pip install 'specrt[export]'",
     "onnxruntime": "pip install onnxruntime (or 'specrt[gpu]' for onnxruntime-gpu)",
-    "transformers": "pip install 'specrt[t2i]'",
-    "tokenizers": "pip install 'specrt[t2i]' (a bundle's own text encoder needs only tokenizers)",
+    "transformers": "pip install 'specrt[t2i]' (or 'specrt[unified]')",
+    "tokenizers": "pip install 'specrt[t2i]' or 'specrt[unified]' (a bundle's own text encoder or prompts need only "
+                  "tokenizers)",
     "modelopt": "pip install 'specrt[quant]'",
     "onnx_graphsurgeon": "pip install 'specrt[quant]'",
     "pytriton": "pip install 'specrt[serve]' in a venv made with the system python3.11 (README, Serving)",
