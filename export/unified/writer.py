@@ -98,6 +98,8 @@ def codebook_of(vq: nn.Module) -> np.ndarray:
 
 
 KV_NAMES = ("past_kv", "present_kv")
+BFLOAT16_NOTE = ("note: bfloat16 graphs run on GPU execution providers (ort-cuda, TensorRT); onnxruntime CPU has no "
+                 "bfloat16 kernels for them: export --dtype float16 for CPU")
 _TORCH_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
@@ -183,6 +185,8 @@ def write_unified_bundle(models: UnifiedModels, out: str | Path, options: Export
     say = progress or (lambda _msg: None)
     refuse_existing(out, force)
     models.check()
+    if kv_dtype(models.target) == "bfloat16":
+        say(BFLOAT16_NOTE)
     limits = GraphLimits(capacity=capacity_for(models.target.config, options.max_window),
                          max_window=options.max_window, max_batch=rows_for_images(options.max_batch),
                          max_images=options.max_batch)
