@@ -9,8 +9,9 @@ tokens; random weights, saved with save_pretrained in bfloat16), then runs
 (getrusage ru_maxrss, the kernel's high-water mark, so nothing between samples is missed).
 Prints weights bytes (the language model's parameters in the export dtype), peak RSS, their
 ratio, the export's wall time and the bundle's size on disk; docs/large-models.md has the
-figures of one run. Needs ~2.3 GB of disk for the checkpoint plus the bundle (~2.3 GB at
-float16); both are deleted afterwards unless --keep.
+figures of one run. Needs ~2.3 GB of disk for the checkpoint plus the bundle (~4.6 GB at
+float16, ~9.1 GB at float32: prefill and step each carry the weights); both are deleted
+afterwards unless --keep.
 """
 from __future__ import annotations
 
