@@ -196,6 +196,20 @@ class UnifiedLM(nn.Module):
             self.inv_freq = torch.tensor(self.config.inv_freq, dtype=torch.float32, device=self.inv_freq.device)
         return self
 
+    def restrict_head(self) -> None:
+        """Give the head vocabulary's rows of lm_head and embed_tokens tables of their own.
+
+        Why: the step graph reads and writes only head indices, so it needs V_head rows, not the
+        text vocabulary's tens of thousands; gathering them from the full tables inside the graph
+        at every step would move V_head·dim numbers per call and keep both full tables in the step
+        graph (and unquantizable by int4's MatMul rewrite). Called once the weights are loaded;
+        Janus has separate generation tables already."""
+        if self.janus:
+            return
+        with torch.no_grad():
+            self.head_weight = nn.Parameter(self.lm_head.weight[self.head_ids].clone(), requires_grad=False)
+            self.stream_embed = nn.Parameter(self.embed_tokens.weight[self.head_ids].clone(), requires_grad=False)
+
     def tie_weights(self) -> None:
         """Share lm_head with embed_tokens (checkpoints with tie_word_embeddings)."""
         self.lm_head.weight = self.embed_tokens.weight
@@ -232,6 +246,8 @@ class UnifiedLM(nn.Module):
         text embedding of each index's vocabulary id."""
         if self.janus:
             return self.generation_aligner(self.generation_embeddings(head_indices))
+        if hasattr(self, "stream_embed"):  # restrict_head: the head vocabulary's own rows
+            return F.embedding(head_indices, self.stream_embed)
         return self.embed_tokens(self.head_ids[head_indices])
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -239,6 +255,8 @@ class UnifiedLM(nn.Module):
         lm_head rows of the image tokens in code order, then the row end's."""
         if self.janus:
             return self.generation_head(hidden).float()
+        if hasattr(self, "head_weight"):  # restrict_head: the head vocabulary's own rows
+            return F.linear(hidden, self.head_weight).float()
         return F.linear(hidden, self.lm_head.weight[self.head_ids]).float()
 
     def apply_grammar(self, logits: torch.Tensor, stream_index: torch.Tensor) -> torch.Tensor:

@@ -167,6 +167,7 @@ def load_weights(model: UnifiedLM, directory: str | Path, dtype: Optional[torch.
     if tied:
         model.tie_weights()
     model._make_buffers()  # index / rope tables on the weights' device
+    model.restrict_head()  # the graphs' own V_head-row tables (UnifiedLM.restrict_head)
     return model.eval()
 
 

@@ -41,7 +41,7 @@ class UnifiedModels:
 
     target: nn.Module
     draft: Optional[nn.Module]
-    vq: nn.Module
+    vq: Optional[nn.Module]                  # None: a tokens-only bundle (no vq_decode, no neighbour table)
     prompt: dict[str, Any]                   # the manifest's "prompt" block, tokenizer file name excepted
     sampling_defaults: dict[str, float]
     tokenizer_file: Optional[Path] = None    # the checkpoint's tokenizer.json (None: prompts as token ids only)
@@ -56,7 +56,7 @@ class UnifiedModels:
                 if getattr(draft, name) != getattr(target, name):
                     raise SpecrtError(f"the draft's {name} {getattr(draft, name)} differs from the target's "
                                       f"{getattr(target, name)}: a draft must use the target's vocabulary and grammar")
-        codes = int(self.vq.config.codebook_size)
+        codes = int(self.vq.config.codebook_size) if self.vq is not None else target.grammar.image_vocab
         if codes != target.grammar.image_vocab:
             raise SpecrtError(f"the VQ decoder has {codes} codes but the model's vocabulary has "
                               f"{target.grammar.image_vocab} image tokens")
@@ -147,14 +147,16 @@ def _graph_jobs(models: UnifiedModels, options: ExportOptions, limits: GraphLimi
     if models.draft is not None:
         jobs += [("draft_prefill", language(models.draft, "draft", "prefill", False)),
                  ("draft_step", language(models.draft, "draft", "step", False))]
-    jobs.append(("vq_decode", lambda d: onnx_export.export_vq_decode(models.vq, grammar.rows, limits, d, opset,
-                                                                      cols=grammar.cols)))
+    if models.vq is not None:
+        jobs.append(("vq_decode", lambda d: onnx_export.export_vq_decode(models.vq, grammar.rows, limits, d, opset,
+                                                                          cols=grammar.cols)))
     return jobs
 
 
 def build_manifest(models: UnifiedModels, options: ExportOptions, graphs: list[GraphSpec], out_dir: Path) -> dict[str, Any]:
     capacity = capacity_for(models.target.config, options.max_window)
-    files = [g.file for g in graphs] + [g.external_data for g in graphs if g.external_data] + [NEIGHBOURS_FILE]
+    files = [g.file for g in graphs] + [g.external_data for g in graphs if g.external_data]
+    files += [NEIGHBOURS_FILE] if models.vq is not None else []
     prompt = dict(models.prompt)
     if models.tokenizer_file is not None:
         prompt["tokenizer"] = TOKENIZER_FILE
@@ -166,12 +168,13 @@ def build_manifest(models: UnifiedModels, options: ExportOptions, graphs: list[G
     return {
         "format": FORMAT, "version": VERSION, "created_by": f"specrt {__version__}", "family": FAMILY,
         "models": {"target": model_entry(models.target.config, capacity, source=models.sources.get("target", "")),
-                   **draft, "vq": vq_entry(models)},
+                   **draft, **({"vq": vq_entry(models)} if models.vq is not None else {})},
         "sampling_defaults": dict(models.sampling_defaults),
         "limits": {"max_window": options.max_window, "max_images": options.max_batch,
                    "max_batch": rows_for_images(options.max_batch)},
         "graphs": {g.name: g.to_json() for g in graphs},
-        "neighbours": {"file": NEIGHBOURS_FILE, "k": options.neighbours_k, "metric": "euclidean", "codebook": "raw"},
+        **({"neighbours": {"file": NEIGHBOURS_FILE, "k": options.neighbours_k, "metric": "euclidean",
+                           "codebook": "raw"}} if models.vq is not None else {}),
         "prompt": prompt,
         "files": {name: file_record(out_dir / name) for name in files},
     }
@@ -194,12 +197,14 @@ def write_unified_bundle(models: UnifiedModels, out: str | Path, options: Export
         jobs = _graph_jobs(models, options, limits)
         total = len(jobs) + 2
         graphs = export_graphs(jobs, work, total, say)
-        codebook = codebook_of(models.vq)
-        k, note = neighbour_count(options.neighbours_k, codebook.shape[0])
-        if note:
-            say(f"note: {note}")
-        say(f"[{total - 1}/{total}] {NEIGHBOURS_FILE} (k={k}) ...")
-        np.save(work / NEIGHBOURS_FILE, head_neighbours(codebook_neighbours(codebook, k), models.target.config.grammar))
+        k = options.neighbours_k
+        if models.vq is not None:  # LANTERN's table, measured on the decoder's codebook
+            codebook = codebook_of(models.vq)
+            k, note = neighbour_count(options.neighbours_k, codebook.shape[0])
+            if note:
+                say(f"note: {note}")
+            say(f"[{total - 1}/{total}] {NEIGHBOURS_FILE} (k={k}) ...")
+            np.save(work / NEIGHBOURS_FILE, head_neighbours(codebook_neighbours(codebook, k), models.target.config.grammar))
         if models.tokenizer_file is not None:
             shutil.copyfile(models.tokenizer_file, work / TOKENIZER_FILE)
         say(f"[{total}/{total}] {MANIFEST_NAME}")
