@@ -16,3 +16,15 @@ def run(argv: list[str], capsys) -> tuple[int, str]:
 def one_line(err: str) -> str:
     assert err.startswith("specrt: error: ") and err.count("\n") == 1, err
     return err
+
+
+def exit_code(*args) -> int:
+    """Run `specrt ARGS...` in-process and return its exit code (output goes to the test's
+    captured streams, for capsys to read)."""
+    from specrt.cli import main
+
+    try:
+        main([str(a) for a in args])
+    except SystemExit as exc:
+        return exc.code or 0
+    return 0

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
-from unified_fixtures import tiny_emu3  # noqa: E402
+from unified_fixtures import one_torch_thread, tiny_emu3  # noqa: E402, F401 (one_torch_thread: autouse)
 
 from specrt.engines.quantize import QuantizeOptions, quantize_bundle  # noqa: E402
 from specrt.export.bundle import ExportOptions  # noqa: E402
@@ -29,14 +29,6 @@ from specrt.runtime.pipeline import Pipeline  # noqa: E402
 
 pytest.importorskip("transformers")
 PROMPTS = ["a thin two", "the red seven"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -5,24 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specrt.cli import main
+from cli_helpers import exit_code
 
 METHODS = [("ar", []), ("sd", ["--param", "draft_len=4"]), ("cool-sd", ["--param", "relaxation_budget=2"]),
            ("lantern", ["--param", "tvd_budget=0.3"]), ("sjd", []), ("sjd-pac", [])]
 
 
-def _cli(*args) -> int:
-    try:
-        main([str(a) for a in args])
-    except SystemExit as exc:
-        return exc.code or 0
-    return 0
-
-
 @pytest.mark.parametrize("method,extra", METHODS, ids=[m for m, _ in METHODS])
 def test_generate_with_every_method(method, extra, tmp_path, capsys):
     out = tmp_path / "two.png"
-    assert _cli("generate", "--demo", "chameleon", "--prompt", "a thin two", "--method", method, *extra,
+    assert exit_code("generate", "--demo", "chameleon", "--prompt", "a thin two", "--method", method, *extra,
                 "--out", out, "--save-tokens", tmp_path / "t.npy", "--threads", 1) == 0
     assert out.is_file() and f"({method}:" in capsys.readouterr().out
     assert np.load(tmp_path / "t.npy").shape == (1, 8, 8)

@@ -20,7 +20,7 @@ import onnx
 import pytest
 import torch
 
-from unified_fixtures import tiny_emu3
+from unified_fixtures import tiny_emu3, one_torch_thread  # noqa: F401 (autouse)
 from specrt.export import onnx_export
 from specrt.export.bundle import ExportOptions
 from specrt.export.unified.sources import unified_models
@@ -31,14 +31,6 @@ pytest.importorskip("transformers")
 OPTIONS = ExportOptions(max_window=8, max_batch=2)
 GRID, PROMPT_TOKENS = (4, 4), 40
 PROMPTS = ["a thin two", "the red seven", "one"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

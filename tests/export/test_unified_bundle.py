@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from unified_fixtures import tiny_chameleon, tiny_emu3, tiny_janus
-from specrt.cli import main
+from unified_fixtures import tiny_chameleon, tiny_emu3, tiny_janus, one_torch_thread  # noqa: F401 (autouse)
+from cli_helpers import exit_code
 from specrt.runtime.pipeline import Pipeline
 
 pytest.importorskip("transformers")
@@ -27,25 +27,8 @@ MAX_WINDOW = 12
 PROMPT_TOKENS = 40  # Emu3's unconditional row is its long negative prompt
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _cli(*args) -> int:
-    """The CLI in-process: its exit code (output goes to the test's captured streams)."""
-    try:
-        main([str(a) for a in args])
-    except SystemExit as exc:
-        return exc.code or 0
-    return 0
-
-
 def _export(args: list[str]) -> None:
-    assert _cli("export", *args, "--max-window", MAX_WINDOW, "--max-batch", 4, "--max-prompt-tokens", PROMPT_TOKENS) == 0
+    assert exit_code("export", *args, "--max-window", MAX_WINDOW, "--max-batch", 4, "--max-prompt-tokens", PROMPT_TOKENS) == 0
 
 
 @pytest.fixture(scope="module")
@@ -151,15 +134,15 @@ def test_onnxruntime_and_pytorch_give_the_same_images(bundles):
 
 def test_cli_generate_and_inspect(bundles, tmp_path, capsys):
     bundle = bundles["emu3"][1]
-    assert _cli("generate", bundle, "--prompt", "a thin two", "--method", "sd", "--out", tmp_path / "a.png",
+    assert exit_code("generate", bundle, "--prompt", "a thin two", "--method", "sd", "--out", tmp_path / "a.png",
                 "--save-tokens", tmp_path / "t.npy") == 0
     assert (tmp_path / "a.png").is_file() and np.load(tmp_path / "t.npy").ndim == 3
     capsys.readouterr()
-    assert _cli("generate", bundle, "--class", "3") == 2
+    assert exit_code("generate", bundle, "--class", "3") == 2
     assert "--class does not apply" in capsys.readouterr().err
-    assert _cli("generate", bundle) == 2
+    assert exit_code("generate", bundle) == 2
     assert "give --prompt" in capsys.readouterr().err
-    assert _cli("inspect", bundle) == 0
+    assert exit_code("inspect", bundle) == 0
     assert "a row-end token after every row" in capsys.readouterr().out
 
 
@@ -173,7 +156,7 @@ def test_an_unsupported_architecture_is_one_line(tmp_path, capsys):
     folder = tmp_path / "gpt2"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
-    assert _cli("export", "--target", folder, "--out", tmp_path / "b") == 2
+    assert exit_code("export", "--target", folder, "--out", tmp_path / "b") == 2
     err = capsys.readouterr().err
     assert "unsupported architecture" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "b").exists()
@@ -207,14 +190,14 @@ def test_a_chameleon_checkpoint_without_its_vqgan_exports_tokens_only(tmp_path, 
     bundle that generates streams with the row ends in place; asking it for images is one line."""
     checkpoint = tiny_chameleon(tmp_path / "chameleon")
     bundle = tmp_path / "bundle"
-    assert _cli("export", "--target", checkpoint, "--grid", "2x4", "--out", bundle, "--max-window", MAX_WINDOW,
+    assert exit_code("export", "--target", checkpoint, "--grid", "2x4", "--out", bundle, "--max-window", MAX_WINDOW,
                 "--max-batch", 2, "--max-prompt-tokens", PROMPT_TOKENS) == 0
     assert "tokens-only bundle" in capsys.readouterr().out
     pipe = Pipeline.from_bundle(bundle)
     result = pipe.generate(prompts=["a thin two"], method="sjd", window=4, decode=False)
     assert result.images is None and pipe.grammar.is_valid(result.stream).all()
-    assert _cli("generate", bundle, "--prompt", "a thin two", "--tokens-only", "--out", tmp_path / "t.npy") == 0
+    assert exit_code("generate", bundle, "--prompt", "a thin two", "--tokens-only", "--out", tmp_path / "t.npy") == 0
     assert np.load(tmp_path / "t.npy").shape == (1, 2, 4)
     capsys.readouterr()
-    assert _cli("generate", bundle, "--prompt", "a thin two", "--out", tmp_path / "a.png") == 2
+    assert exit_code("generate", bundle, "--prompt", "a thin two", "--out", tmp_path / "a.png") == 2
     assert "no image decoder" in capsys.readouterr().err

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 WORDS = ["a", "thin", "two", "one", "bold", "red", "digit", "seven", "blue", "the"]
 
@@ -160,3 +161,15 @@ def tiny_chameleon(path) -> Path:
     _save(model, path, {"bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 1})
     _tokenizer(path, vocab, names + structural + [n for n in vocab if n.startswith("IMGIMG")], "<unk>")
     return path
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models on a shared 2-core machine: torch's thread pool only adds synchronisation.
+    Importing this fixture into a test module makes it apply to the whole module."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
