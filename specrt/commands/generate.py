@@ -229,9 +229,13 @@ def sampling_epilog() -> str:
 @click.option("--backend", type=click.Choice(["torch", *BUNDLE_BACKENDS]),
               help="Default: ort for a BUNDLE, torch for checkpoints/demo. A BUNDLE also runs on ort-cuda / ort-trt "
                    "(onnxruntime's CUDA / TensorRT providers) and trt (engines from `specrt build`).")
-@click.option("--target", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="LlamaGen GPT checkpoint (target).")
-@click.option("--draft", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="LlamaGen GPT checkpoint (draft).")
-@click.option("--vq", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="LlamaGen VQ checkpoint.")
+@click.option("--target", type=click.Path(exists=True, path_type=Path),
+              help="LlamaGen GPT checkpoint (target), or a Hugging Face directory of Janus / Emu3 / Lumina-mGPT "
+                   "(runs on PyTorch, as `specrt export --target DIR` would export it).")
+@click.option("--draft", type=click.Path(exists=True, path_type=Path),
+              help="LlamaGen GPT checkpoint (draft), or a Hugging Face directory of the target's vocabulary.")
+@click.option("--vq", type=click.Path(exists=True, path_type=Path),
+              help="LlamaGen VQ checkpoint; for Lumina-mGPT directories, the folder with vqgan.ckpt + vqgan.yaml.")
 @click.option("--device", help="torch device (cpu, cuda); default: where the weights are.")
 @click.option("--max-window", type=int, default=DEFAULT_MAX_WINDOW, show_default=True,
               help="torch backend: largest step window (tokens per target step; sjd-pac at L = 64 feeds 65).")
@@ -268,6 +272,12 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
     check_prompts(prompts)
     from specrt.runtime.families import family_for
 
+    if target is not None and target.is_dir():  # a Hugging Face directory: the unified family on PyTorch
+        _generate_unified_checkpoint(target, draft, vq, method, prompts, class_ids, seed, out, max_window, device,
+                                     threads, {"cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k,
+                                               "top_p": top_p}, method_params, stats_path, tokens_only, tokens_path,
+                                     bundle or demo or captions_path or text_encoder or checkpoint.given())
+        return
     family = family_for(bundle, demo)  # a damaged manifest is one line here, before any other check
     if family.name != "llamagen":  # another family: through its plug-in alone (commands/_family.py)
         if demo is not None and (bundle or target or vq or draft):
@@ -307,3 +317,42 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
     click.echo(f"wrote {', '.join(str(p) for p in paths)}  ({method}: {summary['tokens']} tokens, "
                f"{summary['target_forwards']} target forwards, mean accepted length {summary['mean_accepted_length']:.2f}, "
                f"{summary['seconds']['total']:.2f} s; sampling {describe(result.sampling)})")
+
+
+def _generate_unified_checkpoint(target: Path, draft: Optional[Path], vq: Optional[Path], method: str,
+                                 prompts: tuple[str, ...], class_ids: tuple[int, ...], seed: int, out: Path,
+                                 max_window: int, device: Optional[str], threads: Optional[int],
+                                 sampling: dict[str, Any], method_params: dict[str, str], stats_path: Optional[Path],
+                                 tokens_only: bool, tokens_path: Optional[Path], inapplicable: Any) -> None:
+    """`specrt generate --target HF_DIR [--draft HF_DIR] --prompt ...`: the checkpoint's models, decoder and
+    recipe (export.unified.sources, what `specrt export` would write) on PyTorch."""
+    from specrt.export.unified.sources import read_tokenizer, unified_models
+    from specrt.runtime.families import family as plugin
+    from specrt.runtime.families.unified.pipeline import UnifiedPipeline
+    from specrt.runtime.families.unified.prompts import PromptEncoder
+
+    unified = plugin("unified")
+    if inapplicable:
+        raise SpecrtError("a Hugging Face checkpoint directory runs alone: drop the BUNDLE, --demo, --captions, "
+                          "--text-encoder and the LlamaGen size flags")
+    if draft is not None and not draft.is_dir():
+        raise SpecrtError(f"--draft {draft} must be a Hugging Face directory like --target")
+    validation.seed(seed, "--seed")
+    _family.refuse(unified, method, {"--class": class_ids})
+    if not prompts:
+        raise SpecrtError(f"a {unified.description} model draws what a prompt says: give --prompt \"...\" (repeatable)")
+    validation.torch_device(device)
+    if threads is not None:
+        from specrt.runtime.threads import set_torch_threads
+
+        set_torch_threads(validation.count("--threads", threads))
+    models = unified_models(target, draft, vq, progress=click.echo)
+    tokenizer, _ = read_tokenizer(target)
+    pipe = UnifiedPipeline.from_torch(models.target, models.draft, models.vq,
+                                      prompts=PromptEncoder(models.prompt, models.target.config.cond_len, tokenizer),
+                                      max_window=max_window, device=device, sampling_defaults=models.sampling_defaults)
+    if models.vq is None and not tokens_only:
+        raise SpecrtError("this checkpoint has no image decoder here: add --tokens-only, or --vq DIR with vqgan.ckpt "
+                          "and vqgan.yaml")
+    _family.generate(unified, pipe, method, class_ids, seed, out, prompts, sampling, method_params, stats_path,
+                     tokens_only, tokens_path)

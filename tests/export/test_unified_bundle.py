@@ -201,3 +201,12 @@ def test_a_chameleon_checkpoint_without_its_vqgan_exports_tokens_only(tmp_path, 
     capsys.readouterr()
     assert exit_code("generate", bundle, "--prompt", "a thin two", "--out", tmp_path / "a.png") == 2
     assert "no image decoder" in capsys.readouterr().err
+
+
+def test_generate_runs_a_checkpoint_directory_on_pytorch_as_its_bundle(bundles, tmp_path):
+    """`specrt generate --target HF_DIR` (PyTorch, no export) gives the tokens the exported bundle gives."""
+    checkpoint, bundle = bundles["janus"]
+    for source, name in ((["--target", checkpoint, "--max-window", MAX_WINDOW], "torch"), ([bundle], "ort")):
+        assert exit_code("generate", *source, "--prompt", "a thin two", "--method", "sjd", "--param", "window=4",
+                         "--tokens-only", "--save-tokens", tmp_path / f"{name}.npy", "--seed", 3) == 0
+    assert np.array_equal(np.load(tmp_path / "torch.npy"), np.load(tmp_path / "ort.npy"))
