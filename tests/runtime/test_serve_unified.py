@@ -1,0 +1,63 @@
+"""`specrt serve` on a unified-vocabulary bundle (the chameleon demo's): prompts in, the PNG and the
+VQ grid out (row ends dropped), as one generate gives them; a class id is refused in one line.
+`specrt serve` runs as a subprocess on 127.0.0.1; every wait is bounded."""
+from __future__ import annotations
+
+import io
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+
+from serving_fixtures import free_ports, wait_until_ready  # noqa: E402
+
+from specrt.errors import SpecrtError  # noqa: E402
+from specrt.runtime.families import open_bundle  # noqa: E402
+
+START_S = 180.0
+
+
+def test_specrt_serve_serves_prompts_of_a_unified_bundle(tmp_path):
+    pytest.importorskip("pytriton.triton", reason="nvidia-pytriton is not installed (pip install 'specrt[serve]' in "
+                                                  "a venv made with /usr/bin/python3.11; README, Serving)")
+    pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed (pip install 'specrt[serve]')")
+    from PIL import Image
+
+    from specrt.export.bundle import ExportOptions
+    from specrt.export.demo.registry import get_demo
+    from specrt.export.unified.writer import write_unified_bundle
+    from specrt.runtime.serving.client import Client
+
+    bundle = tmp_path / "chameleon"
+    write_unified_bundle(get_demo("chameleon").hook("model_set")(None), bundle, ExportOptions(max_window=12, max_batch=2))
+    http, grpc, metrics = free_ports(3)
+    proc = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(bundle), "--http-port", str(http),
+                             "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                             "--triton-log", str(tmp_path / "triton.log")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until_ready(proc, START_S)
+        reference = open_bundle(bundle)
+        expected = reference.generate(prompts=["a thin two"], method="sjd", seed=1, window=6)
+        with Client(f"127.0.0.1:{grpc}", protocol="grpc", timeout_s=60.0) as client:
+            image = client.generate(prompt="a thin two", method="sjd", seed=1, window=6)
+            assert image.tokens.shape == (64,) and np.array_equal(image.tokens, expected.tokens[0].ravel())
+            pixels = np.asarray(Image.open(io.BytesIO(image.png)).convert("RGB"))
+            assert pixels.shape == (32, 32, 3) and np.abs(pixels.astype(int) - expected.images[0]).max() <= 1
+            assert image.stats["method"] == "sjd" and image.stats["target_passes"] < 72
+            with pytest.raises(SpecrtError, match="send prompt") as caught:
+                client.generate(class_id=3)
+            assert "\n" not in str(caught.value)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert proc.returncode in (0, 143)
