@@ -15,10 +15,16 @@ def _model_line(role: str, entry: dict) -> str:
                                               "n_kv_head", "head_dim", "vocab_size", "cond_len", "num_classes",
                                               "capacity")}
     if role == "vq":
-        return (f"  vq      codebook {e['codebook_size']}x{e['codebook_embed_dim']}, downsample "
+        width = f"x{entry['codebook_embed_dim']}" if "codebook_embed_dim" in entry else ""
+        return (f"  vq      codebook {e['codebook_size']}{width}, downsample "
                 f"{e['downsample']}, image {e['image_size']}px, grid {e['grid_size']}")
     kind = f" ({entry['kind']})" if "kind" in entry else ""
-    condition = f"classes {e['num_classes']}" if "num_classes" in e else f"caption_dim {e.get('caption_dim')}"
+    if entry.get("model_type") == "prompt":  # a unified-vocabulary model (its own lines follow the graphs)
+        condition = f"{entry.get('architecture', '?')}, {entry.get('image_vocab', '?')} image codes"
+    elif "num_classes" in entry:
+        condition = f"classes {entry['num_classes']}"
+    else:
+        condition = f"caption_dim {entry.get('caption_dim', '?')}"
     return (f"  {role:<7} {e['family']} {e['model_type']}{kind}: dim {e['dim']}, {e['n_layer']} layers, "
             f"{e['n_head']} heads ({e['n_kv_head']} kv) x {e['head_dim']}, vocab {e['vocab_size']}, "
             f"grid {e['grid_size']}, cond_len {e['cond_len']}, {condition}, "
