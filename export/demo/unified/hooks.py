@@ -95,7 +95,25 @@ def bench_conditions(count: int) -> list[str]:
 
 def train(out_dir: Optional[Path], seed: int = 0, steps_scale: float = 1.0, threads: int = 1,
           evaluate: bool = True) -> Any:
-    """`specrt demo train --demo chameleon` (training.train_unified_demo)."""
+    """`specrt demo train --demo chameleon` (training.train_unified_demo): the trained weights' record,
+    its demo.json as `.config` (what the command prints from)."""
+    from types import SimpleNamespace
+
     from specrt.export.demo.unified.training import train_unified_demo
 
-    return train_unified_demo(out_dir, seed=seed, steps_scale=steps_scale, threads=threads, evaluate=evaluate)
+    return SimpleNamespace(config=train_unified_demo(out_dir, seed=seed, steps_scale=steps_scale, threads=threads,
+                                                     evaluate=evaluate))
+
+
+def format_quality(quality: dict) -> str:
+    """demo.json's "quality" as `specrt demo train` prints it: prompt following at the defaults."""
+    asked = quality.get("ar_prompt_following") or {}
+    real = quality.get("real_prompt_following") or {}
+    keys = [k for k in ("digit", "thickness", "slant", "width", "words", "all") if k in asked]
+    lines = [f"prompt following ({quality.get('prompts', '?')} sampled images, CFG "
+             f"{(quality.get('sampling_defaults') or {}).get('cfg_scale', '?')}):",
+             "          " + "  ".join(f"{k:>9}" for k in keys),
+             "samples   " + "  ".join(f"{asked[k]:9.3f}" for k in keys)]
+    if real:
+        lines.append("real      " + "  ".join(f"{real.get(k, float('nan')):9.3f}" for k in keys))
+    return "\n".join(lines)
