@@ -186,10 +186,18 @@ def running(pipeline: Any, config: ServeConfig = ServeConfig()) -> Iterator[Any]
         yield triton
 
 
+WATCH_PERIOD_S = 0.5  # how often serve() checks that Triton and its model are still alive
+
+
 def serve(pipeline: Any, config: ServeConfig = ServeConfig(), on_ready: Optional[Any] = None) -> None:
     """Serve until interrupted (Ctrl-C / SIGTERM); `on_ready()` runs once the model has passed its
     health check, i.e. when a request would succeed."""
     with running(pipeline, config) as triton:
         if on_ready is not None:
             on_ready()
-        triton.serve()
+        # our own watch instead of triton.serve(): PyTriton's swallows the KeyboardInterrupt that
+        # Ctrl-C and SIGTERM (specrt.cli: Terminated) raise, and the process would exit 0 on a kill;
+        # here they unwind through this block (the server stops) and the CLI exits 130 / 143
+        while triton.is_alive():
+            time.sleep(WATCH_PERIOD_S)
+        raise SpecrtError(f"Triton stopped serving{_log_hint(config)}")

@@ -113,4 +113,4 @@ def test_specrt_serve_serves_the_continuous_demo_bundle_to_the_client(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate(timeout=30)
-    assert proc.returncode in (0, 143)
+    assert proc.returncode == 143  # SIGTERM: the server stopped, the CLI says how it ended

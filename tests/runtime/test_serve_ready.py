@@ -50,7 +50,7 @@ def test_serve_is_ready_when_it_says_so(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
-    assert proc.returncode in (0, 143)
+    assert proc.returncode == 143  # SIGTERM: the server stopped, the CLI says how it ended
     # Triton's own log went to the file, not the terminal
     assert log.is_file() and len(log.read_text().splitlines()) > 10
     triton_lines = [line for line in out.splitlines() + seen if line[:1] in "IWE" and line[1:5].isdigit()]

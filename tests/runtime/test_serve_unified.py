@@ -60,4 +60,4 @@ def test_specrt_serve_serves_prompts_of_a_unified_bundle(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate(timeout=30)
-    assert proc.returncode in (0, 143)
+    assert proc.returncode == 143  # SIGTERM: the server stopped, the CLI says how it ended
