@@ -9,6 +9,7 @@ checkpoint's tokenizer.json.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -59,7 +60,8 @@ def unified_models(target: Path, draft: Optional[Path] = None, vq: Optional[Path
     say = progress or (lambda _msg: None)
     target = Path(target)
     say(f"loading {target} ...")
-    model = load_unified(target, grid=grid, cond_len=cond_len, dtype=getattr(torch, dtype))
+    bar = sys.stderr.isatty()  # a progress bar for people, none in logs
+    model = load_unified(target, grid=grid, cond_len=cond_len, dtype=getattr(torch, dtype), progress=bar)
     config = model.config
     say(f"  {config.architecture}: {config.n_layer} layers, dim {config.dim}, {config.grammar.rows}x"
         f"{config.grammar.cols} image tokens of {config.grammar.image_vocab}"
@@ -68,7 +70,7 @@ def unified_models(target: Path, draft: Optional[Path] = None, vq: Optional[Path
     if draft is not None:
         say(f"loading {draft} ...")
         draft_model = load_unified(Path(draft), grid=(config.grammar.rows, config.grammar.cols),
-                                   cond_len=config.cond_len, dtype=getattr(torch, dtype))
+                                   cond_len=config.cond_len, dtype=getattr(torch, dtype), progress=bar)
     vq_dir = Path(vq) if vq is not None else target
     decoder = None
     try:

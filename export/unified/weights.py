@@ -136,18 +136,23 @@ def _set_parameter(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
 
 
 def load_weights(model: UnifiedLM, directory: str | Path, dtype: Optional[torch.dtype] = torch.float32,
-                 device: str | torch.device = "cpu") -> UnifiedLM:
+                 device: str | torch.device = "cpu", progress: bool = False) -> UnifiedLM:
     """Fill `model` (usually built on the meta device) from the checkpoint in `directory`.
 
-    dtype: cast every tensor to it (None keeps the checkpoint's). Raises SpecrtError naming the
-    first unexpected key, a shape mismatch, or the parameters no key filled.
+    dtype: cast every tensor to it (None keeps the checkpoint's). progress: a bar on stderr over the
+    parameters read (a 7B checkpoint takes minutes). Raises SpecrtError naming the first unexpected
+    key, a shape mismatch, or the parameters no key filled.
     """
+    from tqdm import tqdm
+
     config = model.config
     expected = dict(model.named_parameters(remove_duplicate=False))
     tied = config.tie_embeddings
     if tied:
         expected.pop("lm_head.weight", None)
     loaded: set[str] = set()
+    bar = tqdm(total=sum(p.numel() for p in expected.values()), unit="param", unit_scale=True, desc="weights",
+               disable=not progress, leave=False, dynamic_ncols=True)
     for key, read in iter_tensors(directory):
         name = parameter_name(config.architecture, key)
         if name is None or (tied and name == "lm_head.weight"):
@@ -160,6 +165,8 @@ def load_weights(model: UnifiedLM, directory: str | Path, dtype: Optional[torch.
                               f"{tuple(expected[name].shape)}")
         _set_parameter(model, name, tensor.to(device=device))
         loaded.add(name)
+        bar.update(tensor.numel())
+    bar.close()
     missing = [name for name in expected if name not in loaded]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -172,7 +179,8 @@ def load_weights(model: UnifiedLM, directory: str | Path, dtype: Optional[torch.
 
 
 def load_unified(directory: str | Path, grid: Optional[tuple[int, int]] = None, cond_len: Optional[int] = None,
-                 dtype: Optional[torch.dtype] = torch.float32, device: str | torch.device = "cpu") -> UnifiedLM:
+                 dtype: Optional[torch.dtype] = torch.float32, device: str | torch.device = "cpu",
+                 progress: bool = False) -> UnifiedLM:
     """A UnifiedLM from a Hugging Face checkpoint directory (config.json + safetensors).
 
     grid: (rows, cols) for Emu3 / Chameleon (default: the model's usual size; Janus's comes from
@@ -182,4 +190,4 @@ def load_unified(directory: str | Path, grid: Optional[tuple[int, int]] = None, 
     config: UnifiedConfig = read_config(directory, grid=grid, cond_len=cond_len)
     with torch.device("meta"):
         model = UnifiedLM(config)
-    return load_weights(model, directory, dtype=dtype, device=device)
+    return load_weights(model, directory, dtype=dtype, device=device, progress=progress)
