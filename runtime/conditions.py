@@ -132,7 +132,9 @@ class Conditions:
         unconditional prompt."""
         if self.is_prompt:
             if self.null_ids is None:
-                raise SpecrtError("these prompts carry no unconditional prompt, which classifier-free guidance needs")
+                raise SpecrtError("these prompts carry no unconditional prompt, which classifier-free guidance needs: "
+                                  "generate with cfg_scale=1, or give the pipeline the model's prompt recipe "
+                                  "(a bundle has it; UnifiedPipeline.from_torch(prompts=PromptEncoder(...)))")
             return Conditions(prompt_ids=np.concatenate([self.prompt_ids, self.null_ids]),
                               caption_mask=np.concatenate([self.caption_mask, self.null_mask]))
         if not self.is_caption:

@@ -135,7 +135,18 @@ class Pipeline:
         is process-wide; None leaves it as it is, by default one per core).
         `text_encoder` (t2i) turns prompts into caption embeddings (runtime.text).
         `max_images`: images decoded together in one pass (a bundle's `export --max-batch`).
+        A unified-vocabulary model (specrt.export.unified.UnifiedLM) gives its family's
+        UnifiedPipeline (prompts as token ids unless a recipe is attached: UnifiedPipeline.from_torch).
         """
+        if getattr(getattr(target_gpt, "config", None), "grammar", None) is not None:
+            # a unified-vocabulary model (specrt.export.unified.UnifiedLM): that family's pipeline
+            from specrt.runtime.families.unified.pipeline import UnifiedPipeline
+
+            if threads is not None:
+                set_torch_threads(validation.count("threads", threads))
+            return UnifiedPipeline.from_torch(target_gpt, draft_gpt, vq, neighbours=neighbours, max_window=max_window,
+                                              device=device, sampling_defaults=sampling_defaults,
+                                              cuda_graphs=cuda_graphs, max_images=max_images)
         from specrt.runtime.eagle import EAGLE_KIND
         from specrt.runtime.backends.torch_backend import TorchHeadRunner, TorchRunner, TorchVQ
         max_window = validation.count("max_window", max_window)

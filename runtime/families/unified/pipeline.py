@@ -88,8 +88,11 @@ class UnifiedPipeline(Pipeline):
         if neighbours is None and vq is not None:
             codes = TorchVQ.neighbours_of(vq)
             neighbours = None if codes is None else head_neighbours(codes, grammar)
-        if prompts is None:
-            prompts = PromptEncoder({"uncond": {"kind": "ids"}}, target.config.cond_len)
+        if prompts is None:  # token ids only; Janus's unconditional rule needs nothing but its pad id
+            config = target.config
+            rule = {"kind": "pad", "keep_first": 1, "keep_last": 1} if config.architecture == "janus" else \
+                {"kind": "ids", "ids": []}
+            prompts = PromptEncoder({"uncond": rule, "pad_id": getattr(config, "pad_id", None) or 0}, config.cond_len)
         return cls(runner, TorchVQ(vq, device) if vq is not None else None, grammar, prompts, draft=draft_runner,
                    neighbours=neighbours, sampling_defaults=sampling_defaults or {}, max_images=max_images)
 

@@ -103,6 +103,8 @@ class PromptEncoder:
             rows = [[int(i) for i in row] for row in _rows_of(prompt_ids)]
         nulls = [self.null_ids(row) for row in rows]
         ids, mask = self.left_pad(rows)
+        if not all(nulls):  # no unconditional prompt (no recipe): fine until CFG asks for one
+            return Conditions.of_prompt_ids(ids, mask)
         null_ids, null_mask = self.left_pad(nulls, "the unconditional prompt of prompt")
         return Conditions.of_prompt_ids(ids, mask, null_ids, null_mask)
 
