@@ -60,13 +60,31 @@ def acceptance(target_mass: float | np.ndarray, draft_mass: float | np.ndarray) 
     return np.maximum(np.minimum(ratio, 1.0, out=ratio), 0.0, out=ratio)
 
 
+def residual_mass(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """[P − Q]_+ in float64, not normalised: the residual's shape (Cool-SD Eq. 2)."""
+    mass = np.subtract(p, q, dtype=np.float64)
+    return np.maximum(mass, 0.0, out=mass)
+
+
 def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Vanilla SD resampling distribution G^van = Norm([P − Q]_+) (Cool-SD Eq. 2).
 
     One of the few places that reads whole rows: a device-resident row (DeviceRows) crosses
     to the host here, at a rejection, and not before."""
-    mass = np.subtract(p, q, dtype=np.float64)
-    return normalise(np.maximum(mass, 0.0, out=mass), p)
+    return normalise(residual_mass(p, q), p)
+
+
+def sample_masses(mass: np.ndarray, fallback: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """sample(normalise(mass, fallback), rng) for rows [R, V] without normalising them first: the
+    inverse CDF scales its uniform by each row's total anyway (sampling.inverse_cdf), so the
+    division is skipped; a row with (numerically) no mass draws from its fallback row, as normalise
+    would. The same uniforms, in the same order, as `sample`."""
+    cdf = np.cumsum(mass, axis=-1)
+    empty = cdf[:, -1] <= 1e-12
+    if empty.any():
+        cdf[empty] = np.cumsum(np.asarray(fallback, dtype=np.float64)[empty], axis=-1)
+    threshold = rng.random(len(cdf)) * cdf[:, -1]
+    return np.minimum((cdf <= threshold[:, None]).sum(axis=-1), cdf.shape[-1] - 1)
 
 
 def g_star(p: np.ndarray, q: np.ndarray, f: np.ndarray) -> np.ndarray:
@@ -432,15 +450,19 @@ def verify_positions(p_block: np.ndarray, q_rows: Sequence[np.ndarray], tokens: 
     """
     count = len(tokens)
     index = np.arange(count), np.asarray(tokens)
-    q_block = stack_rows(q_rows)
+    on_host = all(isinstance(row, np.ndarray) for row in q_rows)
+    # host rows: read q at each token in place and copy only the rejected rows below; device rows
+    # (DeviceRows): one stacked block, so each read is one transfer for every position
+    q_block = None if on_host else stack_rows(q_rows)
     p_at = np.asarray(p_block[index], dtype=np.float64)
-    q_at = np.asarray(q_block[index], dtype=np.float64)
+    q_at = np.fromiter((row[t] for row, t in zip(q_rows, tokens)), np.float64, count) if on_host else \
+        np.asarray(q_block[index], dtype=np.float64)
     out = [int(t) for t in tokens]
     rejected = np.flatnonzero(rng.random(count) > acceptance(p_at, q_at))
     if rejected.size:
         p_rejected = np.asarray(p_block[rejected], dtype=np.float64)
-        q_rejected = np.asarray(q_block[rejected], dtype=np.float64)
-        for i, token in zip(rejected, sample(residual(p_rejected, q_rejected), rng)):
+        q_rejected = np.stack([q_rows[i] for i in rejected]) if on_host else np.asarray(q_block[rejected])
+        for i, token in zip(rejected, sample_masses(residual_mass(p_rejected, q_rejected), p_rejected, rng)):
             out[i] = int(token)
     return out
 
@@ -461,26 +483,21 @@ def draw_without_replacement(q: np.ndarray, count: int, rng: np.random.Generator
                              first: Optional[int] = None) -> list[int]:
     """`count` distinct candidates, candidate k drawn from q^(k); `first` fixes candidate 1 when the
     caller already holds a draw from q (SJD-PAC keeps its adaptive-continuation token there)."""
-    q = np.asarray(q, dtype=np.float64)
+    rest = np.array(q, dtype=np.float64)  # q^(k), one copy: drawn candidates are zeroed in it
     picked: list[int] = [] if first is None else [int(first)]
-    wanted = min(count, int(np.count_nonzero(q)))
+    wanted = min(count, int(np.count_nonzero(rest)))
     if len(picked) >= wanted:
         return picked
-    # one CDF of q for all draws: q^(k)'s CDF is q's minus the mass of the candidates drawn below
-    # each token, so a draw is the smallest token whose reduced CDF passes u·(what is left)
-    cdf = np.cumsum(q)
+    # candidate k is the inverse CDF of q^(k) = q with the drawn candidates removed (Eq. 7); the
+    # remaining mass is not renormalised: the uniform is scaled by what is left instead
+    rest[picked] = 0.0
     for _ in range(wanted - len(picked)):
-        left = cdf[-1] - sum(float(q[t]) for t in picked)
-        if left <= 1e-12:
+        cdf = np.cumsum(rest)
+        if cdf[-1] <= 1e-12:
             break
-        target, below, token = rng.random() * left, 0.0, -1
-        while True:  # grows to the answer: each pass adds the drawn mass it has stepped over
-            token = min(int(np.searchsorted(cdf, target + below, side="right")), len(q) - 1)
-            mass = sum(float(q[t]) for t in picked if t <= token)
-            if mass == below:
-                break
-            below = mass
+        token = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(rest) - 1)
         picked.append(token)
+        rest[token] = 0.0
     return picked
 
 
