@@ -3,6 +3,7 @@ and draft and a VQ with a 4x4 token grid (tests/export/tiny_export.py), so one i
 milliseconds and a load test of 64 requests stays within seconds."""
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -10,6 +11,7 @@ import time
 import socket
 import sys
 from pathlib import Path
+from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "export"))
 
@@ -85,3 +87,29 @@ def wait_until_ready(proc, timeout_s: float) -> list[str]:
         assert line is not None, f"specrt serve exited: {seen}"
         seen.append(line)
     return seen
+
+
+@contextlib.contextmanager
+def served(bundle: Path, log_dir: Path, timeout_s: float = 180.0) -> Iterator[tuple[int, int]]:
+    """`specrt serve BUNDLE` as a subprocess on 127.0.0.1 until the block ends: yields its (http, grpc)
+    ports once it says ready; then SIGTERM, a bounded wait, and the exit code a terminated server
+    owes (143). Triton's own log goes to log_dir/triton.log."""
+    import signal
+    import subprocess
+
+    http, grpc, metrics = free_ports(3)
+    proc = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(bundle), "--http-port", str(http),
+                             "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                             "--triton-log", str(log_dir / "triton.log")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until_ready(proc, timeout_s)
+        yield http, grpc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert proc.returncode == 143  # SIGTERM: the server stopped, the CLI says how it ended

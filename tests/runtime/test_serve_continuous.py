@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,13 +15,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from serving_fixtures import continuous_demo_bundle, free_ports, tiny_continuous_bundle, wait_until_ready  # noqa: E402
+from serving_fixtures import continuous_demo_bundle, served, tiny_continuous_bundle  # noqa: E402
 
 from specrt.errors import SpecrtError  # noqa: E402
 from specrt.runtime.families import open_bundle  # noqa: E402
 from specrt.runtime.serving.handler import RequestHandler  # noqa: E402
-
-START_S = 180.0
 
 
 @pytest.fixture(scope="module")
@@ -81,13 +76,7 @@ def test_specrt_serve_serves_the_continuous_demo_bundle_to_the_client(tmp_path):
     from specrt.runtime.serving.client import Client
 
     bundle = continuous_demo_bundle(tmp_path / "mar")
-    http, grpc, metrics = free_ports(3)
-    proc = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(bundle), "--http-port", str(http),
-                             "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-                             "--triton-log", str(tmp_path / "triton.log")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_until_ready(proc, START_S)
+    with served(bundle, tmp_path) as (http, grpc):
         reference = open_bundle(bundle)
         expected = reference.generate([3], method="cspd", seed=1, draft_len=2)
         with Client(f"127.0.0.1:{grpc}", protocol="grpc", timeout_s=60.0) as client:
@@ -106,11 +95,3 @@ def test_specrt_serve_serves_the_continuous_demo_bundle_to_the_client(tmp_path):
             assert tokens_only.png == b"" and tokens_only.tokens.shape == (64, 4)
             np.testing.assert_allclose(tokens_only.tokens, reference.generate([5], seed=2, decode=False).tokens[0],
                                        rtol=0, atol=1e-5)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate(timeout=30)
-    assert proc.returncode == 143  # SIGTERM: the server stopped, the CLI says how it ended

@@ -4,9 +4,6 @@ VQ grid out (row ends dropped), as one generate gives them; a class id is refuse
 from __future__ import annotations
 
 import io
-import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,12 +11,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from serving_fixtures import free_ports, wait_until_ready  # noqa: E402
+from serving_fixtures import served  # noqa: E402
 
 from specrt.errors import SpecrtError  # noqa: E402
 from specrt.runtime.families import open_bundle  # noqa: E402
-
-START_S = 180.0
 
 
 def test_specrt_serve_serves_prompts_of_a_unified_bundle(tmp_path):
@@ -35,13 +30,7 @@ def test_specrt_serve_serves_prompts_of_a_unified_bundle(tmp_path):
 
     bundle = tmp_path / "chameleon"
     write_unified_bundle(get_demo("chameleon").hook("model_set")(None), bundle, ExportOptions(max_window=12, max_batch=2))
-    http, grpc, metrics = free_ports(3)
-    proc = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(bundle), "--http-port", str(http),
-                             "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-                             "--triton-log", str(tmp_path / "triton.log")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_until_ready(proc, START_S)
+    with served(bundle, tmp_path) as (_, grpc):
         reference = open_bundle(bundle)
         expected = reference.generate(prompts=["a thin two"], method="sjd", seed=1, window=6)
         with Client(f"127.0.0.1:{grpc}", protocol="grpc", timeout_s=60.0) as client:
@@ -53,11 +42,3 @@ def test_specrt_serve_serves_prompts_of_a_unified_bundle(tmp_path):
             with pytest.raises(SpecrtError, match="send prompt") as caught:
                 client.generate(class_id=3)
             assert "\n" not in str(caught.value)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate(timeout=30)
-    assert proc.returncode == 143  # SIGTERM: the server stopped, the CLI says how it ended
