@@ -58,7 +58,7 @@ def from_uint8(pixels: np.ndarray) -> np.ndarray:
 class Pipeline:
     """Target (+ optional draft) runners, a VQ decoder and the sampling defaults of a model family."""
 
-    returns_stream = False  # results carry the decoded stream beside the grid (a grammar with structural tokens)
+    grammar: Any = None  # a unified model's image grammar (runtime/grammar.py): streams are read back through it
 
     def __init__(self, target: ModelRunner, vq: VQDecoder, draft: Optional[ModelRunner] = None,
                  neighbours: Optional[np.ndarray] = None, sampling_defaults: Optional[dict] = None,
@@ -102,20 +102,28 @@ class Pipeline:
         onnxruntime's default, one per core); `precision` picks the engines ('trt') or
         TensorRT EP precision ('ort-trt').
         """
+        return cls(**cls.bundle_parts(path, backend, providers, threads, precision))
+
+    @staticmethod
+    def bundle_parts(path: str | Path, backend: str = "ort", providers: Optional[Sequence[Any]] = None,
+                     threads: Optional[int] = None, precision: Optional[str] = None,
+                     backends: Sequence[str] = BUNDLE_BACKENDS) -> dict[str, Any]:
+        """Keyword arguments of Pipeline(...) for a bundle on `backend` (one of `backends`): the
+        runners, decoder and companions every discrete family's pipeline opens alike."""
         precision = precision or "fp32"
         if threads is not None:
             threads = validation.count("threads", threads)
-        if backend not in BUNDLE_BACKENDS:
+        if backend not in backends:
             hint = " (torch runs checkpoints or the demo, not bundles)" if backend == "torch" else ""
-            raise SpecrtError(f"unknown bundle backend {backend!r}{hint}; choose one of {', '.join(BUNDLE_BACKENDS)}")
+            raise SpecrtError(f"unknown bundle backend {backend!r}{hint}; choose one of {', '.join(backends)}")
         if backend == "trt":
             from specrt.engines.trt_runner import pipeline_parts_from_bundle as trt_parts
-            return cls(**trt_parts(path, precision))
+            return trt_parts(path, precision)
         if backend != "ort" and providers is None:
             from specrt.engines.ort_providers import providers_for
             providers = functools.partial(providers_for, backend, str(path), precision=precision)
         from specrt.runtime.backends.ort_backend import pipeline_parts_from_bundle
-        return cls(**pipeline_parts_from_bundle(path, providers, threads))
+        return pipeline_parts_from_bundle(path, providers, threads)
 
     @classmethod
     def from_torch(cls, target_gpt: Any, draft_gpt: Any, vq: Any, neighbours: Optional[np.ndarray] = None,
@@ -269,10 +277,13 @@ class Pipeline:
                 images = to_uint8(self.vq.decode(tokens))
         stats.tokens = int(stream.size)  # decoded tokens (a grammar's row ends included): what passes are counted against
         stats.seconds["total"] = time.perf_counter() - start
-        return GenerationResult(tokens, images, stats, sampling, stream if self.returns_stream else None)
+        return GenerationResult(tokens, images, stats, sampling, stream if self.grammar is not None else None)
 
     def grids(self, stream: np.ndarray) -> np.ndarray:
-        """Decoded streams [N, tokens] -> the VQ grids [N, rows, cols] the decoder takes."""
+        """Decoded streams [N, tokens] -> the VQ grids [N, rows, cols] the decoder takes (a grammar's
+        structural tokens dropped)."""
+        if self.grammar is not None:
+            return self.grammar.grid(stream)
         grid = self.target.spec.grid_size
         return stream.reshape(len(stream), grid, grid)
 
@@ -285,7 +296,7 @@ class Pipeline:
             runner.allocate(mix)
             runner.reset_counters()
         ctx = Decoding(self.target, self.draft if decoder.needs_draft else None, sampling,
-                       [np.random.default_rng(seed) for seed in seeds], stats, getattr(self, "grammar", None))
+                       [np.random.default_rng(seed) for seed in seeds], stats, self.grammar)
         tokens = decoder.generate(ctx, conditions)
         stats.target_forwards += self.target.image_forwards
         stats.target_calls += self.target.forwards

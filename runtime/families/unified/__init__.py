@@ -20,7 +20,7 @@ class UnifiedFamily(LlamaGenFamily):
     name = "unified"
     methods = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
     token_dtype = "int64"
-    backends = ("ort", "ort-cpu", "ort-cuda", "ort-trt")
+    backends = ("ort", "ort-cpu", "ort-cuda", "ort-trt")  # TensorRT engines ('trt') are not wired for these bundles
     pipeline_class = "specrt.runtime.families.unified.pipeline:UnifiedPipeline"
     description = "unified-vocabulary (Janus / Emu3 / Lumina-mGPT)"
     sampling_keys = ("cfg_scale", "temperature", "top_k", "top_p")

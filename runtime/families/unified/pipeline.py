@@ -30,8 +30,6 @@ from specrt.runtime.pipeline import GenerationResult, Pipeline, image_seeds
 class UnifiedPipeline(Pipeline):
     """Target (+ draft) of a unified-vocabulary model, its VQ decoder, prompt recipe and grammar."""
 
-    returns_stream = True
-
     def __init__(self, target: Any, vq: Any, grammar: ImageGrammar, prompts: PromptEncoder,
                  draft: Any = None, neighbours: Optional[np.ndarray] = None,
                  sampling_defaults: Optional[dict] = None, max_images: Optional[int] = None, **_: Any):
@@ -50,25 +48,16 @@ class UnifiedPipeline(Pipeline):
         """A unified bundle on onnxruntime ('ort', or 'ort-cpu' / 'ort-cuda' / 'ort-trt' with the bundle's
         provider options); its manifest is checked first (runtime/bundle_check.py), one line if not."""
         from specrt.manifest import read_manifest
-        from specrt.runtime.backends.ort_backend import pipeline_parts_from_bundle
         from specrt.runtime.families.unified.bundle import grammar_of, prompt_recipe_of
 
-        if threads is not None:
-            threads = validation.count("threads", threads)
-        if backend not in ("ort", "ort-cpu", "ort-cuda", "ort-trt"):
-            raise SpecrtError(f"unknown backend {backend!r} for a unified-vocabulary bundle; choose one of "
-                              "ort, ort-cpu, ort-cuda, ort-trt")
-        if backend != "ort" and providers is None:
-            import functools
+        from specrt.runtime.families.unified import FAMILY
 
-            from specrt.engines.ort_providers import providers_for
-            providers = functools.partial(providers_for, backend, str(path), precision=precision or "fp32")
-        manifest = read_manifest(path)
+        parts = Pipeline.bundle_parts(path, backend, providers, threads, precision, backends=FAMILY.backends)
+        parts.pop("text_encoder", None)
+        manifest = read_manifest(path, check_hashes=False)  # its files were just verified (bundle_parts)
         grammar = grammar_of(manifest.models["target"])
         encoder = PromptEncoder.from_files(prompt_recipe_of(manifest.raw), int(manifest.models["target"]["cond_len"]),
                                            manifest.root)
-        parts = pipeline_parts_from_bundle(path, providers, threads)
-        parts.pop("text_encoder", None)
         return cls(grammar=grammar, prompts=encoder, **parts)
 
     @classmethod
@@ -127,5 +116,3 @@ class UnifiedPipeline(Pipeline):
             conditions = self.conditions(class_ids, prompts, captions, prompt_ids)
             return self._generate(conditions, method, image_seeds(seed, len(conditions)), decode, **params)
 
-    def grids(self, stream: np.ndarray) -> np.ndarray:
-        return self.grammar.grid(stream)
