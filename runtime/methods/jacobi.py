@@ -34,7 +34,7 @@ needs K + K² + … + K^D ≤ L. One iteration:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -108,8 +108,7 @@ class JacobiDecoding(Method):
         """Every unfinished image runs one Jacobi iteration per target step, its own proposal
         and tree in its own window; each verifies, commits and drafts on with its own stream."""
         target, total = ctx.target, ctx.num_image_tokens
-        vocab = target.spec.vocab_size
-        uniform = np.full(vocab, 1.0 / vocab)
+        uniform = fresh_proposal(target.spec.vocab_size, ctx.grammar)
         target.truncate(0)
         tokens = [[int(t)] for t in ctx.prefill(target, conditions).draws[:, 0]]
         ctx.stats.record_round(1, len(tokens))
@@ -219,20 +218,24 @@ class JacobiDecoding(Method):
 
     @staticmethod
     def _random_level(ctx: Decoding, uniform: np.ndarray, index: int) -> Level:
-        """A fresh slot's draft for stream token `index`: uniform over the vocabulary, or what the
-        grammar (ctx.grammar) says it is."""
-        grammar = ctx.grammar
-        if grammar is None:
-            return Level([int(ctx.rng.integers(len(uniform)))], uniform)
-        forced = int(grammar.forced()[index])
+        """A fresh slot's draft for stream token `index`: a draw from `uniform` (fresh_proposal), or
+        the token the grammar (ctx.grammar) forces there, as a point mass."""
+        forced = -1 if ctx.grammar is None else int(ctx.grammar.forced()[index])
         if forced >= 0:
             point = np.zeros(len(uniform))
             point[forced] = 1.0
             return Level([forced], point)
-        codes = np.zeros(len(uniform))
-        codes[: grammar.image_vocab] = 1.0 / grammar.image_vocab
-        return Level([int(ctx.rng.integers(grammar.image_vocab))], codes)
+        support = len(uniform) if ctx.grammar is None else ctx.grammar.image_vocab  # uniform over its first entries
+        return Level([int(ctx.rng.integers(support))], uniform)
 
+
+def fresh_proposal(vocab: int, grammar: Any = None) -> np.ndarray:
+    """The q of SJD's fresh window slots: uniform over the vocabulary, or over the codes alone under
+    an image grammar (a structural token is never sampled there; where it is forced, _random_level)."""
+    support = vocab if grammar is None else grammar.image_vocab
+    row = np.zeros(vocab)
+    row[:support] = 1.0 / support
+    return row
 
 def row_route(path: list[int], children: list[dict[int, list[int]]]) -> list[int]:
     """One slot per depth 0..D of the window whose rows draft the next proposal: the committed
