@@ -22,7 +22,7 @@ from specrt.bundle_dir import move_into_place, partial_dir, refuse_existing
 from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.export import onnx_export
-from specrt.export.neighbours import codebook_neighbours, neighbour_count
+from specrt.export.neighbours import codebook_neighbours, codebook_of, neighbour_count
 from specrt.export.onnx_export import GraphLimits, capacity_for
 from specrt.manifest import (DEFAULT_MAX_IMAGES, FORMAT, MANIFEST_NAME, VERSION, GraphSpec, Manifest, file_record,
                              read_manifest, rows_for_images)
@@ -206,9 +206,19 @@ def _text_encoder_entry(models: ModelSet) -> dict[str, Any] | None:
     return text_encoder_entry(models.text_encoder)
 
 
-def _codebook(vq: nn.Module) -> np.ndarray:
-    """The codebook as used at lookup (L2-normalised for LlamaGen's VQ)."""
-    return vq.quantize.codebook().detach().float().cpu().numpy()
+def write_neighbour_table(work: Path, vq: nn.Module, requested: int, total: int, say: Progress,
+                          rows: Callable[[np.ndarray], np.ndarray] = lambda table: table) -> int:
+    """LANTERN's table from the VQ's codebook into work/neighbours.npy (`rows` maps the codes' table
+    onto the graphs' vocabulary); returns the k used (clamped, with a note, to the codebook)."""
+    codebook = codebook_of(vq)
+    if codebook is None:
+        raise SpecrtError(f"{type(vq).__name__} exposes no codebook for LANTERN's neighbour table")
+    k, note = neighbour_count(requested, codebook.shape[0])
+    if note:
+        say(f"note: {note}")
+    say(f"[{total - 1}/{total}] {NEIGHBOURS_FILE} (k={k}) ...")
+    np.save(work / NEIGHBOURS_FILE, rows(codebook_neighbours(codebook, k)))
+    return k
 
 
 def export_graphs(jobs: list[tuple[str, Callable[[Path], GraphSpec]]], work: Path, total: int,
@@ -247,12 +257,7 @@ def write_bundle(models: ModelSet, out: str | Path, options: ExportOptions | Non
         jobs = _graph_jobs(models, options, limits)
         total = len(jobs) + 2
         graphs = export_graphs(jobs, work, total, say)
-        codebook = _codebook(models.vq)
-        k, note = neighbour_count(options.neighbours_k, codebook.shape[0])
-        if note:
-            say(f"note: {note}")
-        say(f"[{total - 1}/{total}] {NEIGHBOURS_FILE} (k={k}) ...")
-        np.save(work / NEIGHBOURS_FILE, codebook_neighbours(codebook, k))
+        k = write_neighbour_table(work, models.vq, options.neighbours_k, total, say)
         say(f"[{total}/{total}] {MANIFEST_NAME}")
         manifest = build_manifest(models, replace(options, neighbours_k=k), graphs, work, _text_encoder_entry(models))
         (work / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")

@@ -7,13 +7,33 @@ and shipped in the bundle so the runtime needs no VQ weights and no torch.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from specrt.errors import SpecrtError
 
 DEFAULT_K = 32
+
+
+def codebook_of(vq: Any) -> Optional[np.ndarray]:
+    """A VQ module's codebook as used at lookup, float [codes, dim], or None when it has none: its
+    own `codebook()` (LlamaGen's VQModel: L2-normalised), its quantizer's, or the raw
+    `quantize.embedding` rows of taming / transformers layouts (normalised here when the module's
+    config says lookups are, Janus's `l2_norm`). The one reader for export and the PyTorch backend."""
+    quantize = getattr(vq, "quantize", None)
+    if callable(getattr(vq, "codebook", None)):
+        table = vq.codebook()
+    elif callable(getattr(quantize, "codebook", None)):
+        table = quantize.codebook()
+    elif hasattr(quantize, "embedding"):
+        table = quantize.embedding.weight
+    else:
+        return None
+    table = table.detach().float().cpu().numpy()
+    if not callable(getattr(quantize, "codebook", None)) and getattr(getattr(vq, "config", None), "l2_norm", False):
+        table = table / np.maximum(np.linalg.norm(table, axis=-1, keepdims=True), 1e-12)
+    return table
 
 
 def neighbour_count(requested: int, codebook_size: int) -> tuple[int, Optional[str]]:

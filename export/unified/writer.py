@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import numpy as np
 import torch
 import torch.nn as nn
 
@@ -23,8 +22,7 @@ from specrt import __version__
 from specrt.bundle_dir import move_into_place, partial_dir, refuse_existing
 from specrt.errors import SpecrtError
 from specrt.export import onnx_export
-from specrt.export.bundle import NEIGHBOURS_FILE, ExportOptions, export_graphs
-from specrt.export.neighbours import codebook_neighbours, neighbour_count
+from specrt.export.bundle import NEIGHBOURS_FILE, ExportOptions, export_graphs, write_neighbour_table
 from specrt.export.onnx_export import GraphLimits, capacity_for
 from specrt.manifest import FORMAT, MANIFEST_NAME, VERSION, GraphSpec, Manifest, file_record, read_manifest, rows_for_images
 from specrt.runtime.grammar import head_neighbours
@@ -80,21 +78,6 @@ def vq_entry(models: UnifiedModels) -> dict[str, Any]:
     return {"codebook_size": int(models.vq.config.codebook_size), "downsample": down,
             "grid_size": grammar.rows, "grid_cols": grammar.cols,
             "image_size": [grammar.rows * down, grammar.cols * down], "source": models.sources.get("vq", "")}
-
-
-def codebook_of(vq: nn.Module) -> np.ndarray:
-    """The VQ codebook as used at lookup, [codes, dim] (LANTERN's neighbours are measured on it)."""
-    if callable(getattr(vq, "codebook", None)):
-        table = vq.codebook()
-    elif hasattr(vq, "quantize") and callable(getattr(vq.quantize, "codebook", None)):
-        table = vq.quantize.codebook()
-    elif hasattr(vq, "quantize") and hasattr(vq.quantize, "embedding"):  # taming / transformers layouts
-        table = vq.quantize.embedding.weight
-        if getattr(vq.config, "l2_norm", False):
-            table = torch.nn.functional.normalize(table, dim=-1)
-    else:
-        raise SpecrtError(f"{type(vq).__name__} exposes no codebook() for LANTERN's neighbour table")
-    return table.detach().float().cpu().numpy()
 
 
 KV_NAMES = ("past_kv", "present_kv")
@@ -198,13 +181,9 @@ def write_unified_bundle(models: UnifiedModels, out: str | Path, options: Export
         total = len(jobs) + 2
         graphs = export_graphs(jobs, work, total, say)
         k = options.neighbours_k
-        if models.vq is not None:  # LANTERN's table, measured on the decoder's codebook
-            codebook = codebook_of(models.vq)
-            k, note = neighbour_count(options.neighbours_k, codebook.shape[0])
-            if note:
-                say(f"note: {note}")
-            say(f"[{total - 1}/{total}] {NEIGHBOURS_FILE} (k={k}) ...")
-            np.save(work / NEIGHBOURS_FILE, head_neighbours(codebook_neighbours(codebook, k), models.target.config.grammar))
+        if models.vq is not None:  # LANTERN's table over the head vocabulary, measured on the decoder's codebook
+            grammar = models.target.config.grammar
+            k = write_neighbour_table(work, models.vq, k, total, say, lambda table: head_neighbours(table, grammar))
         if models.tokenizer_file is not None:
             shutil.copyfile(models.tokenizer_file, work / TOKENIZER_FILE)
         say(f"[{total}/{total}] {MANIFEST_NAME}")

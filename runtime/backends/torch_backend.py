@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from specrt.export.neighbours import DEFAULT_K, codebook_neighbours, neighbour_count
+from specrt.export.neighbours import DEFAULT_K, codebook_neighbours, codebook_of, neighbour_count
 from specrt.lazy import require
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.eagle import HeadRunner
@@ -354,10 +354,6 @@ class TorchVQ(VQDecoder):
     def neighbours_of(vq: Any, k: int = DEFAULT_K) -> Optional[np.ndarray]:
         """LANTERN's neighbour table from the codebook as used at lookup (None if it has none);
         k is clamped to the codebook as export clamps it (specrt.export.neighbours.neighbour_count)."""
-        torch = _torch()
-        quantize = getattr(vq, "quantize", None)
-        if quantize is None or not hasattr(quantize, "codebook"):
-            return None
-        with torch.no_grad():
-            codebook = quantize.codebook().float().cpu().numpy()
-        return codebook_neighbours(codebook, neighbour_count(k, codebook.shape[0])[0])
+        with _torch().no_grad():
+            codebook = codebook_of(vq)
+        return None if codebook is None else codebook_neighbours(codebook, neighbour_count(k, codebook.shape[0])[0])
