@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from specrt import validation
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
 from specrt.errors import SpecrtError
 from specrt.export.demo.registry import DEFAULT_DEMO, demo_names, help_text as demo_help
@@ -202,6 +203,8 @@ def _export_unified(ctx: click.Context, out: Path, force: bool, target: Path | N
             raise SpecrtError("--demo chameleon exports the embedded demo; drop --target/--draft/--vq")
         models = demo_models(demo_weights, dtype=weights_dtype)
     else:
+        if max_prompt_tokens is not None:
+            validation.count("--max-prompt-tokens", max_prompt_tokens)
         models = unified_models(target, draft, vq, grid=parse_grid(grid), cond_len=max_prompt_tokens,
                                 dtype=weights_dtype, progress=click.echo)
     manifest = write_unified_bundle(models, out, ExportOptions(**options), force=force, progress=click.echo)
