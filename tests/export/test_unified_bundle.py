@@ -210,3 +210,13 @@ def test_generate_runs_a_checkpoint_directory_on_pytorch_as_its_bundle(bundles, 
         assert exit_code("generate", *source, "--prompt", "a thin two", "--method", "sjd", "--param", "window=4",
                          "--tokens-only", "--save-tokens", tmp_path / f"{name}.npy", "--seed", 3) == 0
     assert np.array_equal(np.load(tmp_path / "torch.npy"), np.load(tmp_path / "ort.npy"))
+
+
+@pytest.mark.parametrize("bad,message", [([[1, 5, 99999]], r"prompt_ids\[0\]\[2\] must be an integer in \[0, "),
+                                         ([[1, -2]], r"prompt_ids\[0\]\[1\] must be"), ([[1.5, 2]], "must be an integer"),
+                                         ("abc", "prompt_ids must be a list"), (7, "prompt_ids must be a list")])
+def test_prompt_ids_are_checked_against_the_vocabulary(bundles, bad, message):
+    from specrt.errors import SpecrtError
+
+    with pytest.raises(SpecrtError, match=message):
+        Pipeline.from_bundle(bundles["janus"][1]).generate(prompt_ids=bad)

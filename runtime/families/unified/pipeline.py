@@ -56,8 +56,9 @@ class UnifiedPipeline(Pipeline):
         parts.pop("text_encoder", None)
         manifest = read_manifest(path, check_hashes=False)  # its files were just verified (bundle_parts)
         grammar = grammar_of(manifest.models["target"])
-        encoder = PromptEncoder.from_files(prompt_recipe_of(manifest.raw), int(manifest.models["target"]["cond_len"]),
-                                           manifest.root)
+        target = manifest.models["target"]
+        encoder = PromptEncoder.from_files(prompt_recipe_of(manifest.raw), int(target["cond_len"]), manifest.root,
+                                           target.get("text_vocab_size"))
         return cls(grammar=grammar, prompts=encoder, **parts)
 
     @classmethod
@@ -77,11 +78,14 @@ class UnifiedPipeline(Pipeline):
         if neighbours is None and vq is not None:
             codes = TorchVQ.neighbours_of(vq)
             neighbours = None if codes is None else head_neighbours(codes, grammar)
+        if prompts is not None and prompts.vocab_size is None:
+            prompts.vocab_size = getattr(target.config, "text_vocab_size", None)
         if prompts is None:  # token ids only; Janus's unconditional rule needs nothing but its pad id
             config = target.config
             rule = {"kind": "pad", "keep_first": 1, "keep_last": 1} if config.architecture == "janus" else \
                 {"kind": "ids", "ids": []}
-            prompts = PromptEncoder({"uncond": rule, "pad_id": getattr(config, "pad_id", None) or 0}, config.cond_len)
+            prompts = PromptEncoder({"uncond": rule, "pad_id": getattr(config, "pad_id", None) or 0}, config.cond_len,
+                                    vocab_size=getattr(config, "text_vocab_size", None))
         return cls(runner, TorchVQ(vq, device) if vq is not None else None, grammar, prompts, draft=draft_runner,
                    neighbours=neighbours, sampling_defaults=sampling_defaults or {}, max_images=max_images)
 

@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.lazy import require
 from specrt.runtime.conditions import Conditions
@@ -30,8 +31,9 @@ UNCOND_KINDS = ("pad", "prompt", "ids")
 class PromptEncoder:
     """A model's prompt recipe and tokenizer: prompts (or ready token ids) -> Conditions."""
 
-    def __init__(self, recipe: dict[str, Any], cond_len: int, tokenizer: Any = None):
+    def __init__(self, recipe: dict[str, Any], cond_len: int, tokenizer: Any = None, vocab_size: Optional[int] = None):
         self.recipe, self.cond_len, self.tokenizer = dict(recipe), int(cond_len), tokenizer
+        self.vocab_size = vocab_size  # the model's text vocabulary: prompt_ids are checked against it
         self.template = str(self.recipe.get("template", "{prompt}"))
         self.prefix = [int(i) for i in self.recipe.get("prefix_ids", [])]
         self.suffix = [int(i) for i in self.recipe.get("suffix_ids", [])]
@@ -42,7 +44,8 @@ class PromptEncoder:
                               f"got {self.uncond.get('kind')!r}")
 
     @classmethod
-    def from_files(cls, recipe: dict[str, Any], cond_len: int, root: Path) -> "PromptEncoder":
+    def from_files(cls, recipe: dict[str, Any], cond_len: int, root: Path,
+                   vocab_size: Optional[int] = None) -> "PromptEncoder":
         """The recipe of a manifest whose tokenizer file (recipe["tokenizer"]) lies under `root`;
         a recipe without one takes token ids only (generate(prompt_ids=...))."""
         tokenizer = None
@@ -56,7 +59,7 @@ class PromptEncoder:
                 tokenizer = tokenizers.Tokenizer.from_file(str(path))
             except Exception as exc:  # tokenizers raises its own exception type
                 raise SpecrtError(f"bundle: cannot read {name}: {(str(exc).splitlines() or [''])[0]}") from None
-        return cls(recipe, cond_len, tokenizer)
+        return cls(recipe, cond_len, tokenizer, vocab_size)
 
     # ---- one row ---------------------------------------------------------------------------------
 
@@ -100,7 +103,9 @@ class PromptEncoder:
                 raise SpecrtError("no prompts given")
             rows = [self.ids(p) for p in prompts]
         else:
-            rows = [[int(i) for i in row] for row in _rows_of(prompt_ids)]
+            high = None if self.vocab_size is None else int(self.vocab_size) - 1
+            rows = [[validation.integer(f"prompt_ids[{r}][{j}]", i, low=0, high=high, strings=False)
+                     for j, i in enumerate(row)] for r, row in enumerate(_rows_of(prompt_ids))]
         nulls = [self.null_ids(row) for row in rows]
         ids, mask = self.left_pad(rows)
         if not all(nulls):  # no unconditional prompt (no recipe): fine until CFG asks for one
@@ -125,9 +130,13 @@ class PromptEncoder:
 
 def _rows_of(prompt_ids: Any) -> list[list[int]]:
     """prompt_ids as a list of rows: one row (a flat list of ints) or several."""
+    if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__iter__"):
+        raise SpecrtError(f"prompt_ids must be a list of token ids or of such lists, got {prompt_ids!r:.40}")
     rows = list(prompt_ids)
-    if rows and all(isinstance(v, (int, np.integer)) for v in rows):
+    if rows and all(not hasattr(v, "__iter__") for v in rows):
         rows = [rows]
     if not rows:
         raise SpecrtError("no prompt ids given")
+    if any(isinstance(row, (str, bytes)) or not hasattr(row, "__iter__") for row in rows):
+        raise SpecrtError("prompt_ids must be a list of token ids, or one such list per prompt")
     return [list(row) for row in rows]
