@@ -58,13 +58,28 @@ class RecordingRunner(OrtRunner):
             "past_kv": self._kv.copy(), "mix": self.mix.copy(), "uniforms": uniforms.copy()})
         return super()._step(ids, positions, mask, uniforms)
 
+    def can_chain(self, steps: int) -> bool:
+        return False  # every draft step runs (and is recorded) on its own: chain feeds are made from them
+
+
+def chain_feeds(step_feeds: list[Feeds], steps: int) -> list[Feeds]:
+    """Feeds for a draft chain graph from its draft's recorded step feeds: the same window, cache
+    and guidance, drafting after each image's last window slot (the chain's later passes see
+    the activations of the drafts the graph draws itself)."""
+    feeds = []
+    for feed in step_feeds:
+        images, window = feed["mix"].shape[0], feed["input_ids"].shape[1]
+        feeds.append({**feed, "last": np.full(images, window - 1, dtype=np.int32),
+                      "uniforms": np.full((images, steps), 0.5, dtype=np.float32)})
+    return feeds
+
 
 def record_feeds(manifest: Manifest, size: int, images: int, seed: int = 0, threads: Optional[int] = None,
                  progress: Optional[Progress] = None) -> dict[str, list[Feeds]]:
     """Up to `size` feeds per prefill/step graph of the bundle's target and draft, from `images`
     generations: odd images decode with AR (one-token target steps), even ones with SD when
     the bundle has a draft (target windows of 5, draft steps of 1), with the bundle's sampling
-    defaults and the classes taken in turn."""
+    defaults and the classes taken in turn; a draft chain graph's from its draft's step feeds."""
     from specrt.runtime.pipeline import Pipeline
     from specrt.runtime.runner import VQDecoder
 
@@ -85,4 +100,9 @@ def record_feeds(manifest: Manifest, size: int, images: int, seed: int = 0, thre
         pipe.generate([i % classes], method=method, seed=seed + i)
         if progress:
             progress(f"calibration: image {i + 1}/{images} ({method})")
-    return {name: reservoir.items for name, reservoir in reservoirs.items()}
+    feeds = {name: reservoir.items for name, reservoir in reservoirs.items()}
+    for role in roles:
+        chain = manifest.graphs.get(f"{role}_chain")
+        if chain is not None:
+            feeds[chain.name] = chain_feeds(feeds[f"{role}_step"], int(chain.input("uniforms").shape[1]))
+    return feeds

@@ -41,7 +41,8 @@ MODES = ("int8", "fp8", "int4")
 TOOLS = ("onnxruntime", "modelopt")
 DEFAULT_TOOL = {"int4": "onnxruntime", "int8": "modelopt", "fp8": "modelopt"}
 ROLES = ("target", "draft")
-GRAPH_KINDS = ("prefill", "step")
+GRAPH_KINDS = ("prefill", "step")  # what a model needs (a self-draft is made of these)
+ROLE_KINDS = (*GRAPH_KINDS, "chain")  # what `--graphs target,draft` quantizes of a role: its draft chain too
 EXTERNAL_DATA_BYTES = (2 << 30) - (256 << 20)  # protobuf's 2 GB limit, with room for the graph itself
 Progress = Callable[[str], None]
 
@@ -243,10 +244,10 @@ def selected_graphs(manifest: Manifest, names: Sequence[str]) -> list[str]:
     """Graph names for `names` (roles target / draft, or graph names such as target_step)."""
     chosen: list[str] = []
     absent = [name for name in names if name in ROLES
-              and not any(f"{name}_{kind}" in manifest.graphs for kind in GRAPH_KINDS)]
+              and not any(f"{name}_{kind}" in manifest.graphs for kind in ROLE_KINDS)]
     for name in names:
         if name in ROLES:
-            graphs = [f"{name}_{kind}" for kind in GRAPH_KINDS if f"{name}_{kind}" in manifest.graphs]
+            graphs = [f"{name}_{kind}" for kind in ROLE_KINDS if f"{name}_{kind}" in manifest.graphs]
             if not graphs and len(absent) < len(names):
                 continue  # `--graphs target,draft` (the default) on a bundle without a draft: its target
             if not graphs:
@@ -309,11 +310,15 @@ def quantize_bundle(bundle: str | Path, out: str | Path, options: QuantizeOption
                              threads, progress=say)
 
     replaced = set(plan)
+    # a self-draft replaces the bundle's own draft: its other graphs (a draft chain) go with it
+    dropped = {g for g, spec in manifest.graphs.items() if self_draft and spec.role == "draft" and g not in plan}
     raw = json.loads(json.dumps(manifest.raw))
+    for name in dropped:
+        del raw["graphs"][name]
     with partial_dir(out, note=progress) as work:
         for rel in manifest.files:
             owner = next((g for g, spec in manifest.graphs.items() if rel in (spec.file, spec.external_data)), None)
-            if owner not in replaced:
+            if owner not in replaced and owner not in dropped:
                 shutil.copy2(manifest.root / rel, work / rel)
         for i, (name, source) in enumerate(plan.items(), start=1):
             started = time.monotonic()

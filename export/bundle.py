@@ -46,6 +46,8 @@ class ExportOptions:
     target_hidden: bool = True
     neighbours_k: int = 32
     sampling: SamplingParams | None = None  # None: the models' own defaults (ModelSet.sampling)
+    # drafts per draft_chain call (runtime/chain.py: a round's L draft steps in one graph); 0: no chain graph
+    draft_chain: int = onnx_export.DEFAULT_CHAIN_STEPS
 
     def __post_init__(self) -> None:
         if self.opset not in onnx_export.SUPPORTED_OPSETS:
@@ -53,6 +55,13 @@ class ExportOptions:
         for flag, value in (("--max-window", self.max_window), ("--max-batch", self.max_batch),
                             ("--neighbours", self.neighbours_k)):
             validation.count(flag, value)
+        validation.integer("--draft-chain (0: none)", self.draft_chain, low=0)
+
+    @property
+    def chain_steps(self) -> int:
+        """Drafts per draft_chain call: --draft-chain, at most max_window − 1 (no method drafts
+        more: its target window holds the drafts and the pending token)."""
+        return min(self.draft_chain, self.max_window - 1)
 
 
 @dataclass
@@ -182,6 +191,7 @@ def _graph_jobs(models: ModelSet, options: ExportOptions, limits: GraphLimits) -
     draft = [
         ("draft_prefill", lambda d: onnx_export.export_prefill(models.draft, "draft", limits, d, opset, False)),
         ("draft_step", lambda d: onnx_export.export_step(models.draft, "draft", limits, d, opset, False)),
+        *draft_chain_jobs(models.draft, options.chain_steps, limits, opset),
     ] if models.draft is not None and not is_eagle(models.draft) else []
     if is_eagle(models.draft):
         if not options.target_hidden:
@@ -196,6 +206,14 @@ def _graph_jobs(models: ModelSet, options: ExportOptions, limits: GraphLimits) -
         text = [(GRAPH, lambda d: export_text_encoder(models.text_encoder, limits.batch_profile(), d, opset))]
     return [*target, *draft,
             ("vq_decode", lambda d: onnx_export.export_vq_decode(models.vq, models.grid_size, limits, d, opset)), *text]
+
+
+def draft_chain_jobs(draft: nn.Module, steps: int, limits: GraphLimits, opset: int) -> list[tuple[str, Any]]:
+    """The `draft_chain` graph job for an independent draft model (none when steps is 0): every
+    bundle writer with a draft model adds it after draft_step."""
+    if not steps:
+        return []
+    return [("draft_chain", lambda d: onnx_export.export_chain(draft, "draft", limits, d, opset, steps))]
 
 
 def _text_encoder_entry(models: ModelSet) -> dict[str, Any] | None:

@@ -31,17 +31,22 @@ import torch.nn as nn
 from specrt.errors import SpecrtError
 from specrt.lazy import require
 from specrt.manifest import GraphSpec, TensorSpec
+from specrt.runtime.chain import DraftChain
 from specrt.runtime.head import SamplingHead
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 
 BATCH, WINDOW, CACHE_LEN, TOTAL_LEN, IMAGES = "batch", "window", "cache_len", "total_len", "images"
+CHAIN_LEN = "chain_len"  # a draft chain's present rows: its window and the drafts it fed (window + steps - 1)
+DEFAULT_CHAIN_STEPS = 4  # drafts per draft_chain call: the draft-then-verify methods' default draft_len
 DEFAULT_OPSET = 18
 SUPPORTED_OPSETS = (18, 19, 20, 23)  # torch's dynamo exporter emits nothing older than 18
 EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; keep a margin for the graph itself
 
 # Example sizes used while tracing: >= 2 and all different (see module docstring), total_len
 # = cache_len + window = 8 included; so images is 4 here, although a real call has images <= batch.
+# A draft chain pairs each image with its model rows (batch = images · pairs): its own sizes.
 _EXAMPLE = {BATCH: 2, WINDOW: 3, CACHE_LEN: 5, IMAGES: 4}
+_CHAIN_EXAMPLE = {BATCH: 6, WINDOW: 3, CACHE_LEN: 5, IMAGES: 2}
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,17 @@ class _StepGraph(_WithHead):
         return self._outputs(*self.gpt.step(input_ids.long(), positions.long(), attention_mask, past_kv), mix, uniforms)
 
 
+class _ChainGraph(nn.Module):
+    """The draft chain (runtime/chain.py) with the graphs' int32 ids, positions and `last`."""
+
+    def __init__(self, gpt: nn.Module, steps: int):
+        super().__init__()
+        self.chain = DraftChain(gpt, steps)
+
+    def forward(self, input_ids, positions, attention_mask, past_kv, last, mix, uniforms):
+        return self.chain(input_ids, positions, attention_mask, past_kv, last, mix, uniforms)
+
+
 def decode_codes(vq: nn.Module, codes: torch.Tensor) -> torch.Tensor:
     """codes int [B,h,w] -> image, for a full VQModel (decode_codes) or a VQDecoder (forward)."""
     return vq.decode_codes(codes.long()) if hasattr(vq, "decode_codes") else vq(codes.long())
@@ -220,6 +236,25 @@ def step_spec(name: str, role: str, config, limits: GraphLimits, opset: int, wit
                      inputs=inputs, outputs=(*outputs, *head_outputs(config, WINDOW)), profile=limits.step_profile())
 
 
+def chain_spec(name: str, role: str, config, limits: GraphLimits, opset: int, steps: int) -> GraphSpec:
+    """A draft chain (runtime/chain.py): the step graph's inputs plus each image's last real
+    window slot; `steps` drafts out (probs and draws [images, steps]) and the present rows of
+    the window and of the drafts it fed (chain_len = window + steps - 1)."""
+    inputs = (
+        TensorSpec("input_ids", "int32", (BATCH, WINDOW)),
+        TensorSpec("positions", "int32", (BATCH, WINDOW)),
+        TensorSpec("attention_mask", "bool", (BATCH, WINDOW, TOTAL_LEN)),
+        TensorSpec("past_kv", "float32", _kv_shape(config, BATCH, CACHE_LEN)),
+        TensorSpec("last", "int32", (IMAGES,)),
+        *head_inputs(steps),
+    )
+    profile = limits.step_profile()
+    profile[CHAIN_LEN] = {level: size + steps - 1 for level, size in profile[WINDOW].items()}
+    return GraphSpec(name=name, file=f"{name}.onnx", role=role, kind="chain", opset=opset, inputs=inputs,
+                     outputs=(TensorSpec("present_kv", "float32", _kv_shape(config, BATCH, CHAIN_LEN)),
+                              *head_outputs(config, steps)), profile=profile)
+
+
 def vq_decode_spec(grid: int, image_size: int, limits: GraphLimits, opset: int, cols: int | None = None) -> GraphSpec:
     """codes [B, grid, cols] -> image [B, 3, image_size, image_size · cols / grid] (cols: the grid's
     columns when it is not square)."""
@@ -238,7 +273,8 @@ def _example_inputs(spec: GraphSpec, config, grid: int | None = None) -> tuple[t
     """Small valid inputs with the example sizes: ids in range, positions past the condition,
     a causal mask that gives every window slot some visible columns."""
     gen = torch.Generator().manual_seed(0)
-    size = dict(_EXAMPLE, **{TOTAL_LEN: _EXAMPLE[CACHE_LEN] + _EXAMPLE[WINDOW]})
+    example = _CHAIN_EXAMPLE if spec.kind == "chain" else _EXAMPLE
+    size = dict(example, **{TOTAL_LEN: example[CACHE_LEN] + example[WINDOW]})
     tensors = []
     for t in spec.inputs:
         shape = tuple(size[d] if isinstance(d, str) else d for d in t.shape)
@@ -267,6 +303,8 @@ def _example_inputs(spec: GraphSpec, config, grid: int | None = None) -> tuple[t
             mask[..., : config.cond_len + 1] = True
             mask[..., cache:] = torch.ones(window, window, dtype=torch.bool).tril()
             tensors.append(mask)
+        elif t.name == "last":  # each image's last real window slot
+            tensors.append(torch.arange(shape[0], dtype=torch.int32) % size[WINDOW])
         elif t.name == "past_kv":
             tensors.append(torch.randn(shape, generator=gen))
         elif t.name == "codes":
@@ -399,6 +437,13 @@ def export_step(gpt: nn.Module, role: str, limits: GraphLimits, out_dir: Path, o
     """Export `<role>_step`: a window of W tokens against the caller-owned KV buffer, then the head."""
     spec = step_spec(f"{role}_step", role, gpt.config, limits, opset, with_hidden)
     return _export(_StepGraph(gpt, with_hidden), spec, _example_inputs(spec, gpt.config), out_dir)
+
+
+def export_chain(gpt: nn.Module, role: str, limits: GraphLimits, out_dir: Path, opset: int = DEFAULT_OPSET,
+                 steps: int = DEFAULT_CHAIN_STEPS) -> GraphSpec:
+    """Export `<role>_chain`: a catch-up window, then `steps` drafts drawn inside the graph."""
+    spec = chain_spec(f"{role}_chain", role, gpt.config, limits, opset, steps)
+    return _export(_ChainGraph(gpt, steps), spec, _example_inputs(spec, gpt.config), out_dir)
 
 
 def export_vq_decode(vq: nn.Module, grid: int, limits: GraphLimits, out_dir: Path, opset: int = DEFAULT_OPSET,

@@ -54,6 +54,9 @@ class HeadRunner(ModelRunner):
         self.features_out = self._features_out_flat[:0]
         self._pending: np.ndarray | None = None
 
+    def can_chain(self, steps: int) -> bool:
+        return False  # each draft pairs with a feature the head predicts: runtime.eagle drafts step by step
+
     def begin(self) -> None:
         """An empty head for new images: the condition rows exist only in the target."""
         self.truncate(0)

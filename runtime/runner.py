@@ -109,6 +109,7 @@ class ModelRunner(ABC):
         self.mix = np.zeros((0, 0), dtype=np.float32)
         self._caption_mask: np.ndarray | None = None  # t2i: bool [B, cond_len] of the last prefill
         self._views: dict[int, tuple[np.ndarray, ...]] = {}  # window size -> step input views (_step_views)
+        self._last = np.zeros(0, dtype=np.int32)
         self._zeros = np.zeros(0, dtype=np.int64)
 
     # ---- hooks a backend implements -----------------------------------------------------
@@ -136,6 +137,18 @@ class ModelRunner(ABC):
     def _retain(self, rows: np.ndarray) -> None:
         """Keep the KV rows of model batch rows `rows` (in order) as rows 0..len(rows) − 1, the
         new batch (self.batch is still the old one; self.mix is already the new [I', B'])."""
+
+    def _chain(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray,
+               uniforms: np.ndarray) -> StepOutput:
+        """A draft chain (runtime/chain.py) of uniforms.shape[1] drafts after the window (inputs as
+        _step's, last [I] int32: each image's last real slot); keep the present rows of the window
+        and of the drafts fed (slots W, W + 1, ...); the head's output [I, steps, V]. Backends that
+        can (can_chain) implement it."""
+        raise NotImplementedError(f"{type(self).__name__} runs no draft chains")
+
+    def can_chain(self, steps: int) -> bool:
+        """True when `chain` can draw `steps` drafts in one call on this runner."""
+        return False
 
     def _hidden_rows(self, slots: Sequence[int]) -> np.ndarray:
         """float32 [B, n, H]: the final-norm hidden states of the last prefill/step's `slots`."""
@@ -180,6 +193,7 @@ class ModelRunner(ABC):
             self._positions = np.zeros(batch * self.max_window, dtype=np.int32)
             self._mask = np.zeros(batch * self.max_window * (capacity + self.max_window), dtype=bool)
             self._uniforms = np.zeros(images * self.max_window, dtype=np.float32)
+            self._last = np.zeros(images, dtype=np.int32)  # a draft chain's last window slot per image
             self._allocate_kv(batch, capacity)
             self._views = {}
         else:
@@ -246,6 +260,38 @@ class ModelRunner(ABC):
         self.forward_seconds += time.perf_counter() - ready
         self.forwards += 1
         self.image_forwards += running
+        return out
+
+    def chain(self, windows: Windows, steps: int, uniforms: np.ndarray) -> StepOutput:
+        """Run each image's window, then draw `steps` drafts one after another, each fed to the
+        model before the next is drawn (runtime/chain.py), in one call: the head's rows [I, steps, V]
+        (row j: the distribution draft j + 1 was drawn from) and the drafts [I, steps], drawn with
+        `uniforms` [I, steps]. What `step` on the window followed by steps − 1 one-token steps
+        would compute, for one model call. The present rows kept for `commit` are the window's
+        slots 0..W − 1, then drafts 1..steps − 1 at slots W, W + 1, ... (the last draft is never fed).
+        Only where `can_chain(steps)`; the head's rows must be the sampling distribution (no host
+        restriction: sampling.needs_restriction)."""
+        if not self.can_chain(steps):
+            raise SpecrtError(f"{type(self).__name__} cannot draw a chain of {steps} drafts in one call")
+        sizes = window_sizes(windows, self.images)
+        size = max(int(sizes.max()), 1)
+        if size + steps - 1 > self.max_window:
+            raise SpecrtError(f"a chain of {steps} drafts after a window of {size} exceeds max_window {self.max_window}")
+        start = time.perf_counter()
+        ids, positions, mask, _ = self._step_views(size)
+        if isinstance(windows, Window):
+            windows = [windows] * self.images
+        fill_step_inputs(windows, self.lengths, self.capacity, ids, positions, mask, self._caption_mask)
+        last = self._last[: self.images]
+        np.maximum(sizes - 1, 0, out=last, casting="unsafe")
+        uniform_view = self._uniforms[: self.images * steps].reshape(self.images, steps)
+        uniform_view[...] = uniforms
+        ready = time.perf_counter()
+        out = self._chain(ids, positions, mask, last, uniform_view)
+        self.cache_seconds += ready - start
+        self.forward_seconds += time.perf_counter() - ready
+        self.forwards += 1
+        self.image_forwards += int(np.count_nonzero(sizes)) * steps
         return out
 
     def _step_views(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -22,13 +22,13 @@ FORMAT = "specrt-bundle"
 VERSION = 2
 MANIFEST_NAME = "manifest.json"
 ROLES = ("target", "draft", "vq", "text")
-KINDS = ("prefill", "step", "decode", "encode")
+KINDS = ("prefill", "step", "chain", "decode", "encode")
 DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "bool")
 # The sampling head every prefill and step graph ends in (docs/contracts.md, "Sampling head"):
 # name -> dtype of the inputs it adds and the outputs it appends.
 HEAD_INPUTS = {"mix": "float32", "uniforms": "float32"}
 HEAD_OUTPUTS = {"probs": "float32", "draws": "int32"}
-HEAD_KINDS = ("prefill", "step")
+HEAD_KINDS = ("prefill", "step", "chain")
 
 
 DEFAULT_MAX_IMAGES = 32  # `export --max-batch`: images decoded together in one pass, 64 model rows under CFG
@@ -196,7 +196,7 @@ def _tensor(graph: str, raw: Any) -> TensorSpec:
 
 
 def _check_head(spec: GraphSpec) -> None:
-    """A prefill or step graph must carry the sampling head's inputs and outputs with their dtypes."""
+    """A prefill, step or chain graph must carry the sampling head's inputs and outputs with their dtypes."""
     problems = []
     for what, tensors, wanted in (("input", spec.inputs, HEAD_INPUTS), ("output", spec.outputs, HEAD_OUTPUTS)):
         dtypes = {t.name: t.dtype for t in tensors}

@@ -104,16 +104,21 @@ def with_kv_dtype(spec: GraphSpec, dtype: str) -> GraphSpec:
 
 
 def export_language_graph(model: nn.Module, kind: str, role: str, limits: GraphLimits, out_dir: Path, opset: int,
-                          with_hidden: bool) -> GraphSpec:
-    """onnx_export.export_prefill / export_step with the KV cache in the weights' dtype (float16 /
-    bfloat16 weights: a float16 / bfloat16 cache, as the model computes it)."""
-    dtype = kv_dtype(model)
-    if dtype == "float32":
-        export = onnx_export.export_prefill if kind == "prefill" else onnx_export.export_step
-        return export(model, role, limits, out_dir, opset, with_hidden)
-    make = onnx_export.prefill_spec if kind == "prefill" else onnx_export.step_spec
-    spec = with_kv_dtype(make(f"{role}_{kind}", role, model.config, limits, opset, with_hidden), dtype)
-    graph = (onnx_export._PromptPrefillGraph if kind == "prefill" else onnx_export._StepGraph)(model, with_hidden)
+                          with_hidden: bool, steps: int = 0) -> GraphSpec:
+    """The `<role>_<kind>` graph (prefill, step, or a draft chain of `steps` drafts) with the KV
+    cache in the weights' dtype (float16 / bfloat16 weights: a float16 / bfloat16 cache, as the
+    model computes it)."""
+    name = f"{role}_{kind}"
+    if kind == "chain":
+        spec = onnx_export.chain_spec(name, role, model.config, limits, opset, steps)
+        graph: nn.Module = onnx_export._ChainGraph(model, steps)
+    elif kind == "prefill":
+        spec = onnx_export.prefill_spec(name, role, model.config, limits, opset, with_hidden)
+        graph = onnx_export._PromptPrefillGraph(model, with_hidden)
+    else:
+        spec = onnx_export.step_spec(name, role, model.config, limits, opset, with_hidden)
+        graph = onnx_export._StepGraph(model, with_hidden)
+    spec = with_kv_dtype(spec, kv_dtype(model))
     examples = onnx_export._example_inputs(spec, model.config)
     examples = tuple(x.to(model.dtype) if name == "past_kv" else x for name, x in zip(spec.input_names, examples))
     return onnx_export._export(graph, spec, examples, out_dir)
@@ -130,6 +135,10 @@ def _graph_jobs(models: UnifiedModels, options: ExportOptions, limits: GraphLimi
     if models.draft is not None:
         jobs += [("draft_prefill", language(models.draft, "draft", "prefill", False)),
                  ("draft_step", language(models.draft, "draft", "step", False))]
+        if options.chain_steps:
+            draft, steps = models.draft, options.chain_steps
+            jobs.append(("draft_chain", lambda d: export_language_graph(draft, "chain", "draft", limits, d, opset,
+                                                                         False, steps)))
     if models.vq is not None:
         jobs.append(("vq_decode", lambda d: onnx_export.export_vq_decode(models.vq, grammar.rows, limits, d, opset,
                                                                           cols=grammar.cols)))

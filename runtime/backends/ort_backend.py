@@ -104,6 +104,12 @@ class OrtRunner(ModelRunner):
         self.kv_dtype = np.dtype(self.step_spec.input("past_kv").dtype)
         self._input_dtypes = {n: np.dtype(self.step_spec.input(n).dtype) for n in STEP_INPUTS}
         self.step_session = _session(manifest, self.step_spec.name, providers, threads)
+        # a draft chain graph (runtime/chain.py: `steps` drafts in one call), where the bundle has one
+        chain = manifest.graphs.get(f"{role}_chain")
+        if chain is not None:
+            _check_io(chain, (*STEP_INPUTS, "last"), STEP_OUTPUTS)
+        self.chain_steps = int(chain.input("uniforms").shape[1]) if chain is not None else 0
+        self.chain_session = _session(manifest, chain.name, providers, threads) if chain is not None else None
         self.layers, self.kv_heads, self.head_dim = (int(entry[k]) for k in ("n_layer", "n_kv_head", "head_dim"))
         self.dim = int(entry.get("dim", 0))
         self._hidden = np.zeros((0, 0, 0), dtype=np.float32)
@@ -187,23 +193,42 @@ class OrtRunner(ModelRunner):
         parity = self._parity = 1 - self._parity
         probs, draws = self._outputs(size, parity)
         extra_inputs, extra_outputs = self._extra_io(batch, size)
-        key = (size, parity)
+        self._run_bound(self.step_session, (size, parity), {
+            "input_ids": ids, "positions": positions, "attention_mask": mask, "mix": self.mix, "uniforms": uniforms,
+            **extra_inputs}, {"present_kv": self._present, "probs": probs, "draws": draws, **extra_outputs})
+        return StepOutput(probs, draws)
+
+    def can_chain(self, steps: int) -> bool:
+        return self.chain_session is not None and steps == self.chain_steps
+
+    def _chain(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray,
+               uniforms: np.ndarray) -> StepOutput:
+        batch, size = ids.shape
+        steps = uniforms.shape[1]
+        rows, width = (self.layers, 2, batch, self.kv_heads), size + steps - 1
+        self._present = self._present_flat[: math.prod(rows) * width * self.head_dim].reshape(*rows, width, self.head_dim)
+        parity = self._parity = 1 - self._parity
+        probs, draws = self._outputs(steps, parity)
+        self._run_bound(self.chain_session, ("chain", size, parity), {
+            "input_ids": ids, "positions": positions, "attention_mask": mask, "last": last, "mix": self.mix,
+            "uniforms": uniforms}, {"present_kv": self._present, "probs": probs, "draws": draws})
+        return StepOutput(probs, draws)
+
+    def _run_bound(self, session: Any, key: tuple, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
+        """Run `session` on these buffers (and the KV buffer as past_kv) through an IOBinding made
+        on first use per key (graph, window size, output buffer): its OrtValues wrap views of the
+        preallocated buffers, which for a given key always cover the same memory, so a decode loop
+        that alternates sizes never rebinds."""
         binding = self._bindings.get(key)
         if binding is None:
-            # one IOBinding per window size and output buffer, made on first use: its OrtValues
-            # wrap views of the preallocated buffers, which for a given size always cover the
-            # same memory, so a decode loop that alternates sizes never rebinds
             value = self.ort.OrtValue.ortvalue_from_numpy
-            binding = self._bindings[key] = self.step_session.io_binding()
-            for name, array in (("input_ids", ids), ("positions", positions), ("attention_mask", mask),
-                                ("mix", self.mix), ("uniforms", uniforms), *extra_inputs.items()):
+            binding = self._bindings[key] = session.io_binding()
+            for name, array in inputs.items():
                 binding.bind_ortvalue_input(name, value(array))
             binding.bind_ortvalue_input("past_kv", self._kv_value)
-            for name, array in (("present_kv", self._present), ("probs", probs), ("draws", draws),
-                                *extra_outputs.items()):
+            for name, array in outputs.items():
                 binding.bind_ortvalue_output(name, value(array))
-        self.step_session.run_with_iobinding(binding)
-        return StepOutput(probs, draws)
+        session.run_with_iobinding(binding)
 
     def _write_kv(self, rows: np.ndarray, columns: np.ndarray, slots: np.ndarray) -> None:
         self._kv[:, :, rows, :, columns] = self._present[:, :, rows, :, slots]

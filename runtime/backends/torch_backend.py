@@ -139,8 +139,9 @@ class TorchRunner(ModelRunner):
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
         if self.cuda_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs needs a CUDA device")
-        self._graphs: dict[int, Any] = {}  # window size -> CapturedStep
-        self._seen_windows: set[int] = set()  # sizes stepped once since the buffers were made
+        self._graphs: dict[Any, Any] = {}  # window size (or a chain's key) -> CapturedStep
+        self._seen_windows: set[Any] = set()  # sizes (keys) stepped once since the buffers were made
+        self._chains: dict[int, Any] = {}  # steps -> runtime.chain.DraftChain over this model
         self._outputs: list[Any] = []  # two probs buffers [I, max_window, V], alternating between steps
         self._parity = 0
 
@@ -156,6 +157,7 @@ class TorchRunner(ModelRunner):
             self._ids_dev = torch.zeros(self._ids.shape, dtype=torch.int32, device=self.device)
             self._pos_dev = torch.zeros(self._positions.shape, dtype=torch.int32, device=self.device)
             self._mask_dev = torch.zeros(self._mask.shape, dtype=torch.bool, device=self.device)
+            self._last_dev = torch.zeros(self._last.shape, dtype=torch.int32, device=self.device)
         self._graphs.clear()  # captured against the buffers just replaced
         self._seen_windows.clear()
         if self.cuda_graphs:
@@ -238,19 +240,52 @@ class TorchRunner(ModelRunner):
     def _replay(self, ids_t: Any, pos_t: Any, mask_t: Any, uniforms_t: Any) -> StepOutput:
         """The step as a CUDA graph of this window size (captured at its second use, then replayed)."""
         window = int(ids_t.shape[1])
-        run = lambda: self._eager_step(ids_t, pos_t, mask_t, uniforms_t)  # noqa: E731
-        captured = self._graphs.get(window)
-        if captured is None and window in self._seen_windows:
-            captured = self._graphs[window] = CapturedStep(self.torch, run)
-        self._seen_windows.add(window)
-        # a window size's first step runs eagerly: the last rounds of an image use one-off sizes,
-        # whose capture (two warm-up runs and the capture) would cost more than it saves
-        present, probs, draws, hidden = captured.replay() if captured is not None else run()
+        present, probs, draws, hidden = self._captured(window, lambda: self._eager_step(ids_t, pos_t, mask_t, uniforms_t))
         self._present, self._hidden = present, hidden
-        kept = self._outputs[self._parity][: self.images, :window]
+        return self._kept(probs, draws)
+
+    def _captured(self, key: Any, run: Any) -> Any:
+        """run()'s outputs, from the CUDA graph captured for `key` at its second use. A key's
+        first call runs eagerly: the last rounds of an image use one-off sizes, whose capture
+        (two warm-up runs and the capture) would cost more than it saves."""
+        captured = self._graphs.get(key)
+        if captured is None and key in self._seen_windows:
+            captured = self._graphs[key] = CapturedStep(self.torch, run)
+        self._seen_windows.add(key)
+        return captured.replay() if captured is not None else run()
+
+    def _kept(self, probs: Any, draws: Any) -> StepOutput:
+        """A replayed graph's rows copied to one of the two alternating output buffers (the next
+        replay overwrites the graph's own), then handed off."""
+        kept = self._outputs[self._parity][: self.images, : probs.shape[1]]
         self._parity ^= 1
         kept.copy_(probs)
         return self._handoff(kept, draws)
+
+    def can_chain(self, steps: int) -> bool:
+        return True  # the chain module runs any number of steps
+
+    def _chain(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray,
+               uniforms: np.ndarray) -> StepOutput:
+        """runtime/chain.py's DraftChain, the module the draft_chain graph is exported from, on the
+        runner's buffers: the drafts stay on the device between steps (one read of the draws at the end)."""
+        torch, steps = self.torch, uniforms.shape[1]
+        chain = self._chains.get(steps)
+        if chain is None:
+            from specrt.runtime.chain import DraftChain  # needs torch, as this runner does
+            chain = self._chains[steps] = DraftChain(self.gpt, steps)
+        with torch.inference_mode():
+            ids_t = self._to_device(ids, getattr(self, "_ids_dev", None))
+            pos_t = self._to_device(positions, getattr(self, "_pos_dev", None))
+            mask_t = self._to_device(mask, getattr(self, "_mask_dev", None))
+            last_t = self._to_device(last, getattr(self, "_last_dev", None))
+            uniforms_t = self._to_device(uniforms, self._uniforms_dev)
+            run = lambda: chain(ids_t, pos_t, mask_t, self._kv, last_t, self._mix, uniforms_t)  # noqa: E731
+            if self.cuda_graphs:
+                self._present, probs, draws = self._captured(("chain", int(ids.shape[1]), steps), run)
+                return self._kept(probs, draws)
+            self._present, probs, draws = run()
+            return self._handoff(probs, draws)
 
     def _eager_step(self, ids_t: Any, pos_t: Any, mask_t: Any, uniforms_t: Any) -> tuple[Any, Any, Any, Any]:
         """Model step and sampling head on the fixed input buffers: (present KV, probs, draws, hidden)."""

@@ -78,6 +78,20 @@ class Decoding:
             uniforms = self._uniforms(window_sizes(windows, runner.images))
         return self._restricted(runner.step(windows, uniforms), uniforms)
 
+    def run_chain(self, runner: ModelRunner, windows: Windows, lengths: Sequence[int], steps: int) -> StepOutput:
+        """`runner.chain`: each image's window, then up to `steps` drafts drawn inside one call;
+        image i keeps its first lengths[i] (drafts past them are never read). Image i draws the
+        uniforms of its window from its own stream, as `run` would (the last one draws its first
+        draft), then one per later draft it keeps: its drafts are the ones `run` on the window
+        and lengths[i] − 1 one-token runs would draw, and its stream ends where theirs would."""
+        sizes = window_sizes(windows, runner.images).tolist()
+        uniforms = np.zeros((runner.images, steps))
+        for row, rng, size, count in zip(uniforms, self.rngs, sizes, lengths):
+            if size and count > 0:
+                row[0] = rng.random(size)[-1]
+                rng.random(out=row[1:count])
+        return runner.chain(windows, steps, uniforms)
+
     def _uniforms(self, sizes: Sequence[int]) -> np.ndarray:
         """[images, longest] uniforms: image i's first sizes[i] from its stream, zeros past them."""
         sizes = sizes.tolist() if isinstance(sizes, np.ndarray) else [int(size) for size in sizes]

@@ -19,6 +19,7 @@ from specrt.runtime.drafting import ModelDrafter, finish_round, make_drafter
 from specrt.runtime.methods.base import Batched, Decoding, Method
 from specrt.runtime.methods.tree_loop import generate_trees
 from specrt.runtime.runner import ModelRunner, StepOutput
+from specrt.runtime.sampling import needs_restriction
 from specrt.runtime.tree import STATIC_TREES, TREES, static_shape
 from specrt.runtime.verification import (
     SCHEDULES, AcceptanceRule, ChainOutcomes, CoolRule, LanternRule, VanillaRule, relaxation_schedule,
@@ -89,23 +90,11 @@ class DraftThenVerify(Method):
         while batch.drop(ctx, [len(t) == total for t in tokens]):
             images = list(batch.images)
             draft_lens = [min(self.draft_len, total - len(tokens[i]) - 1) for i in images]  # 0 or less: finished
-            drafts: list[list[int]] = [[] for _ in images]
-            q_steps = []  # per draft position, the rows [images, V] the batch's drafts were drawn from
-            for step in range(max(draft_lens)):
-                # each drafting image catches its draft up on every token it has not cached (pending + drafts)
-                feeds = [(tokens[i] + drafts[p])[draft.lengths[p] - cond_len:] if step < draft_lens[p] else None
-                         for p, i in enumerate(images)]
-                out = ctx.run(draft, chains(feeds))
-                draft.commit([range(len(f)) if f is not None else None for f in feeds])
-                index = np.arange(len(images)), np.array([len(f) - 1 if f is not None else 0 for f in feeds])
-                q_steps.append(take(out.probs, index))  # one gather, a copy: the buffer is reused two steps on
-                for chain, feed, token in zip(drafts, feeds, out.draws[index].tolist()):
-                    if feed is not None:
-                        chain.append(int(token))
+            drafts, q_block = self._draft(ctx, [tokens[i] for i in images], draft_lens)
             scored = ctx.run(target, chains([[tokens[i][-1], *drafts[p]] if draft_lens[p] >= 0 else None
                                              for p, i in enumerate(images)]))
             verified = [length >= 0 for length in draft_lens]  # the others finished: no window, no drafts
-            outcomes = self._verify(ctx, scored, stack_rows(q_steps) if q_steps else None, drafts, rule, verified)
+            outcomes = self._verify(ctx, scored, q_block, drafts, rule, verified)
             commits: list[Optional[range]] = []
             for p, (i, accepted, token) in enumerate(zip(images, outcomes.accepted_lengths.tolist(),
                                                          outcomes.next_tokens.tolist())):
@@ -116,6 +105,42 @@ class DraftThenVerify(Method):
             target.commit(commits)
             draft.truncate([cond_len + len(tokens[i]) - 1 for i in images])
         return np.asarray(tokens, dtype=np.int64)
+
+    def _draft(self, ctx: Decoding, sequences: list[list[int]], draft_lens: list[int]) -> tuple[list[list[int]], Any]:
+        """Each image's drafts after its committed sequence (sequences[p], pending token last; up
+        to draft_lens[p] of them, none where that is 0 or less) and the rows they were drawn
+        from as verify_chains' q_block [L, images, V] (None: no drafts). The draft catches up on
+        the tokens it has not cached; its cache then holds them and every draft but the last.
+
+        One call where the draft runner draws a whole chain (runner.chain, a draft_chain graph or
+        the PyTorch chain module) and the head's rows are the sampling distribution; else one
+        step per draft position. The same drafts either way."""
+        draft, cond_len, longest = ctx.draft, ctx.draft.spec.cond_len, max(draft_lens, default=0)
+        if longest <= 0:
+            return [[] for _ in sequences], None
+        if draft.can_chain(self.draft_len) and not needs_restriction(ctx.sampling):
+            feeds = [sequence[draft.lengths[p] - cond_len:] if draft_lens[p] > 0 else None
+                     for p, sequence in enumerate(sequences)]
+            out = ctx.run_chain(draft, chains(feeds), draft_lens, self.draft_len)
+            width = max(len(f) for f in feeds if f is not None)  # the drafts' present rows start here
+            draft.commit([None if f is None else range(len(f) + n - 1) if len(f) == width else
+                          [*range(len(f)), *range(width, width + n - 1)] for f, n in zip(feeds, draft_lens)])
+            drafts = [row[:max(n, 0)] for row, n in zip(out.draws.tolist(), draft_lens)]
+            return drafts, stack_rows([out.probs[:, j] for j in range(longest)])
+        drafts: list[list[int]] = [[] for _ in sequences]
+        q_steps = []  # per draft position, the rows [images, V] the batch's drafts were drawn from
+        for step in range(longest):
+            # each drafting image catches its draft up on every token it has not cached (pending + drafts)
+            feeds = [(sequence + drafts[p])[draft.lengths[p] - cond_len:] if step < draft_lens[p] else None
+                     for p, sequence in enumerate(sequences)]
+            out = ctx.run(draft, chains(feeds))
+            draft.commit([range(len(f)) if f is not None else None for f in feeds])
+            index = np.arange(len(sequences)), np.array([len(f) - 1 if f is not None else 0 for f in feeds])
+            q_steps.append(take(out.probs, index))  # one gather, a copy: the buffer is reused two steps on
+            for chain, feed, token in zip(drafts, feeds, out.draws[index].tolist()):
+                if feed is not None:
+                    chain.append(int(token))
+        return drafts, stack_rows(q_steps)
 
     def _generate_chain_drafted(self, ctx: Decoding, conditions: Conditions) -> np.ndarray:
         """Chain rounds through the Drafter protocol (runtime.drafting), for drafters the loop above

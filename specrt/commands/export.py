@@ -109,6 +109,10 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
 @click.option("--no-hidden", is_flag=True, help="Drop the target's `hidden` output (only EAGLE-style drafts need it).")
 @click.option("--neighbours", "neighbours_k", type=int, default=32, show_default=True,
               help="LANTERN neighbours per token (clamped, with a note, to the codebook size − 1).")
+@click.option("--draft-chain", "draft_chain", type=int, default=4, show_default=True,
+              help="Drafts per call of the draft_chain graph (a round's draft steps in one graph run; "
+                   "sd/cool-sd/lantern use it when their draft_len equals it and no top-k/top-p/greedy applies); "
+                   "0: no chain graph.")
 @click.option("--verify", is_flag=True, help="Afterwards run every graph in onnxruntime against PyTorch (exit 1 above tolerance).")
 @click.option("--family", type=click.Choice(["llamagen", "continuous"]), default="llamagen", show_default=True,
               help="Model family: LlamaGen GPT + VQ, or the continuous MAR-style family (export/mar: the mar demo, "
@@ -118,7 +122,7 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
 @checkpoint_flags
 def command(ctx: click.Context, out, force, target, draft, vq, grid, max_prompt_tokens, weights_dtype, checkpoint,
             random_weights, demo, demo_weights, text_encoder, max_window, max_batch, opset, eagle, no_hidden,
-            neighbours_k, verify, family, threads) -> None:
+            neighbours_k, draft_chain, verify, family, threads) -> None:
     """Export target, draft (optional) and VQ decoder to an ONNX bundle (the embedded demo by default;
     --demo t2i adds its text encoder, so the bundle takes prompts).
 
@@ -148,7 +152,8 @@ def command(ctx: click.Context, out, force, target, draft, vq, grid, max_prompt_
     if unified:
         _export_unified(ctx, out, force, target, draft, vq, grid, max_prompt_tokens, weights_dtype, demo, demo_weights,
                         random_weights or text_encoder or eagle or no_hidden or checkpoint.given(), verify,
-                        dict(opset=opset, max_window=max_window, max_batch=max_batch, neighbours_k=neighbours_k))
+                        dict(opset=opset, max_window=max_window, max_batch=max_batch, neighbours_k=neighbours_k,
+                             draft_chain=draft_chain))
         return
     if demo == "mar" or family == "continuous":
         if demo not in (None, "mar"):
@@ -158,7 +163,7 @@ def command(ctx: click.Context, out, force, target, draft, vq, grid, max_prompt_
     from specrt.export.bundle import ExportOptions, write_bundle
 
     options = ExportOptions(opset=opset, max_window=max_window, max_batch=max_batch,
-                            target_hidden=not no_hidden, neighbours_k=neighbours_k)
+                            target_hidden=not no_hidden, neighbours_k=neighbours_k, draft_chain=draft_chain)
     if eagle and draft:
         raise SpecrtError("--eagle replaces the draft model: give --draft or --eagle, not both")
     models = _models(target, draft, vq, checkpoint, random_weights, demo_weights, text_encoder, demo)

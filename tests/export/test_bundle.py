@@ -37,7 +37,8 @@ def _copy(manifest, tmp_path: Path) -> Path:
 
 def test_manifest_lists_every_graph_and_hashes_every_file(bundle):
     manifest, _ = bundle
-    assert list(manifest.graphs) == ["target_prefill", "target_step", "draft_prefill", "draft_step", "vq_decode"]
+    assert list(manifest.graphs) == ["target_prefill", "target_step", "draft_prefill", "draft_step", "draft_chain",
+                                     "vq_decode"]
     on_disk = {p.name for p in manifest.root.iterdir()} - {"manifest.json"}
     assert set(manifest.files) == on_disk
     assert all(len(r["sha256"]) == 64 and r["bytes"] > 0 for r in manifest.files.values())

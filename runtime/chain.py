@@ -1,0 +1,62 @@
+"""The draft chain: a draft model's catch-up window, then L drafts drawn one after another, in one call.
+
+Why: a draft-then-verify round drafts L tokens autoregressively. Run as L step calls, each
+costs a graph launch, a host read of its draw and the host work around it; for the small
+draft models speculative decoding wants, that overhead is most of the draft's time (demo
+draft on the CPU: ~120 us per call for a one-layer model). This module runs the L steps
+inside one graph (specrt.export exports it as `draft_chain`; the PyTorch backend runs the very
+same module), so a round costs two model calls, draft and target, whatever L.
+
+What it computes is exactly what the L step calls compute (runtime.methods.speculative's loop):
+
+    step 0:  the catch-up window (ids, positions, mask over [cache | window]), as the step graph;
+             draft 1 is drawn from the row of each image's last real window slot (`last`)
+    step j:  draft j is fed at position positions[last] + j, seeing what that slot saw plus the
+             drafts fed before it; draft j + 1 is drawn from its row
+
+with the sampling head (runtime/head.py) at every row and uniforms[i, j] for image i's draft
+j + 1. Outputs: present_kv of the window and of drafts 1..L − 1 (the last draft is never fed:
+the target scores it), probs [I, L, V] (the rows each draft was drawn from) and draws [I, L].
+Host-side restrictions (greedy, top-k, top-p: sampling.restrict) cannot act between the
+steps, so callers use it only where the head's softmax is the distribution (needs_restriction
+false). Every model with the step entry point (LlamaGen's GPT, unified.UnifiedLM) runs here.
+This module needs torch; the runtime imports it only from the PyTorch backend.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specrt.runtime.head import SamplingHead
+
+
+class DraftChain(nn.Module):
+    """(ids, positions [B, W], mask [B, W, C + W], past_kv [.., B, .., C, D], last [I], mix [I, B],
+    uniforms [I, L]) -> (present_kv [.., B, .., W + L − 1, D], probs [I, L, V], draws [I, L] int32)."""
+
+    def __init__(self, model: nn.Module, steps: int):
+        super().__init__()
+        if steps < 1:
+            raise ValueError(f"a draft chain draws at least one token, got {steps} steps")
+        self.model, self.steps, self.head = model, steps, SamplingHead()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
+                past_kv: torch.Tensor, last: torch.Tensor, mix: torch.Tensor, uniforms: torch.Tensor):
+        batch = input_ids.shape[0]
+        pairs = batch // mix.shape[0]  # model rows per image: 2 under CFG (row i + images is its twin)
+        logits, _, local = self.model.step(input_ids.long(), positions.long(), attention_mask, past_kv)
+        rows = torch.arange(batch, device=input_ids.device)
+        slot = last.long().repeat(pairs)
+        seen = attention_mask[rows, slot]                    # [B, C + W]: what the last real slot saw
+        position = positions.long()[rows, slot][:, None]     # [B, 1]
+        probs, draws = self.head(logits[rows, slot][:, None], mix, uniforms[:, :1])
+        all_probs, all_draws = [probs], [draws]
+        for j in range(1, self.steps):
+            ids = draws.long().repeat(pairs, 1)              # [B, 1]: each image's draft, its CFG twin alike
+            mask = torch.cat([seen, torch.ones(batch, j, dtype=seen.dtype, device=seen.device)], dim=1)[:, None]
+            logits, _, present = self.model.step(ids, position + j, mask, torch.cat([past_kv, local], dim=4))
+            local = torch.cat([local, present], dim=4)
+            probs, draws = self.head(logits, mix, uniforms[:, j:j + 1])
+            all_probs.append(probs)
+            all_draws.append(draws)
+        return local, torch.cat(all_probs, dim=1), torch.cat(all_draws, dim=1)
