@@ -392,6 +392,15 @@ def rows_by_position(rows: Sequence[Sequence[Any]]) -> Any:
                        for i in range(longest)])
 
 
+def by_position(block: Any, count: int) -> Any:
+    """One pass's rows [images, ≥ count, V] (a draft chain's: image b's draft i + 1 drawn from row
+    (b, i)) as verify_chains' q_block [count, images, V]: a view of a host array, stacked where
+    the rows live otherwise (stack_rows)."""
+    if isinstance(block, np.ndarray):
+        return block[:, :count].swapaxes(0, 1)
+    return stack_rows([block[:, i] for i in range(count)])
+
+
 def _gathers_in_place(block: Any) -> bool:
     """A host array, or a device view that gathers where it lives (it has a `stack_rows`, as the
     torch backend's DeviceRows: advanced indexing runs on the device)."""

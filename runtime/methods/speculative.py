@@ -18,11 +18,11 @@ from specrt.runtime.conditions import Conditions
 from specrt.runtime.drafting import ModelDrafter, finish_round, make_drafter
 from specrt.runtime.methods.base import Batched, Decoding, Method
 from specrt.runtime.methods.tree_loop import generate_trees
-from specrt.runtime.runner import ModelRunner, StepOutput
+from specrt.runtime.runner import StepOutput
 from specrt.runtime.sampling import needs_restriction
 from specrt.runtime.tree import STATIC_TREES, TREES, static_shape
 from specrt.runtime.verification import (
-    SCHEDULES, AcceptanceRule, ChainOutcomes, CoolRule, LanternRule, VanillaRule, relaxation_schedule,
+    SCHEDULES, AcceptanceRule, ChainOutcomes, CoolRule, LanternRule, VanillaRule, by_position, relaxation_schedule,
     rows_by_position, stack_rows, take, theorem2_along_path, verify_chains,
 )
 from specrt.runtime.window import chains
@@ -126,7 +126,7 @@ class DraftThenVerify(Method):
             draft.commit([None if f is None else range(len(f) + n - 1) if len(f) == width else
                           [*range(len(f)), *range(width, width + n - 1)] for f, n in zip(feeds, draft_lens)])
             drafts = [row[:max(n, 0)] for row, n in zip(out.draws.tolist(), draft_lens)]
-            return drafts, stack_rows([out.probs[:, j] for j in range(longest)])
+            return drafts, by_position(out.probs, longest)  # valid until the draft's second next call
         drafts: list[list[int]] = [[] for _ in sequences]
         q_steps = []  # per draft position, the rows [images, V] the batch's drafts were drawn from
         for step in range(longest):

@@ -36,9 +36,10 @@ def test_export_checkpoints_verify_and_inspect(checkpoints, tmp_path, capsys):
             "--target", str(checkpoints["target"]), "--draft", str(checkpoints["draft"]), "--vq", str(checkpoints["vq"])]
     assert _exit_code(argv + ["--verify"]) == 0
     printed = capsys.readouterr().out
-    for step in ("[1/7] target_prefill.onnx", "[5/7] vq_decode.onnx", "[7/7] manifest.json"):
+    for step in ("[1/8] target_prefill.onnx", "[5/8] draft_chain.onnx", "[6/8] vq_decode.onnx", "[8/8] manifest.json"):
         assert step in printed
     assert "all within tolerance" in printed
+    assert "draft_chain" in printed.split("verifying graphs")[1]  # the chain checked against DraftChain too
     manifest = read_manifest(out)
     assert manifest.models["target"]["dim"] == 128 and manifest.models["draft"]["dim"] == 64
     assert manifest.models["target"]["source"] == str(checkpoints["target"])
