@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
-from typing import Any, Callable, ClassVar, Optional, Sequence
+from typing import Any, ClassVar, Optional, Sequence
 
 import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions, as_conditions
 from specrt.runtime.runner import ModelRunner, StepOutput, Windows, window_sizes
-from specrt.runtime.sampling import SamplingParams, guidance_mix, inverse_cdf, needs_restriction, restrict
+from specrt.runtime.sampling import SamplingParams, inverse_cdf, needs_restriction, restrict
 from specrt.runtime.stats import Stats
 from specrt.validation import Param
 
@@ -52,7 +52,10 @@ class Decoding:
         return self.rngs[0]
 
     def image(self, i: int) -> "Decoding":
-        """The same context narrowed to image i's random stream (for per-image verification code)."""
+        """The same context narrowed to image i's random stream (for per-image verification code);
+        a one-image context is its own (a copy per image and round costs more than the host work it serves)."""
+        if len(self.rngs) == 1 and i == 0:
+            return self
         return replace(self, rngs=[self.rngs[i]])
 
     def condition_rows(self, conditions: Conditions) -> Conditions:

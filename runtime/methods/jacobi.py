@@ -48,7 +48,7 @@ from specrt.validation import Bool, Choice, Int
 TREES = ("spine", "full")
 
 
-@dataclass
+@dataclass(slots=True)
 class Level:
     """Candidates for one depth (first = the spine), the row q they were drawn from, and whether
     every candidate has the next level's candidates as children (full tree) or only the first."""
@@ -58,12 +58,16 @@ class Level:
     fanout: bool = False
 
 
-def build_window(pending: int, levels: list[Level]) -> tuple[Window, list[dict[int, list[int]]]]:
+Children = Optional[list[dict[int, list[int]]]]  # per level: parent slot -> its candidates' slots; None: a chain
+
+
+def build_window(pending: int, levels: list[Level]) -> tuple[Window, Children]:
     """The tree window [pending, level 1..., level 2..., ...] and, per level, the slots of its
-    candidates under each parent slot that has children (a parent missing there is a leaf)."""
-    if all(len(level.candidates) == 1 for level in levels):  # SJD and most SJD-PAC steps: a chain
-        return Window.chain([pending, *(level.candidates[0] for level in levels)]), \
-            [{slot: [slot + 1]} for slot in range(len(levels))]
+    candidates under each parent slot that has children (a parent missing there is a leaf);
+    None for a chain (level d's one candidate at slot d + 1, under slot d): SJD's windows and
+    most of SJD-PAC's, whose per-level maps would cost more than the rest of the round's host work."""
+    if all(len(level.candidates) == 1 for level in levels):
+        return Window.chain([pending, *(level.candidates[0] for level in levels)]), None
     ids, parents, children = [pending], [-1], []
     expanding = [0]  # the slots whose children the next level holds; the first path's comes first
     for level in levels:
@@ -75,6 +79,13 @@ def build_window(pending: int, levels: list[Level]) -> tuple[Window, list[dict[i
         children.append(kids)
         expanding = [slot for slots in kids.values() for slot in slots] if level.fanout else [kids[expanding[0]][0]]
     return Window.tree(ids, parents), children
+
+
+def level_slots(children: Children, depth: int, parent: int) -> Optional[list[int]]:
+    """The slots of level `depth`'s candidates under `parent` (None: `parent` is a leaf there)."""
+    if children is None:
+        return [depth + 1] if parent == depth else None
+    return children[depth].get(parent)
 
 
 class JacobiDecoding(Method):
@@ -136,7 +147,8 @@ class JacobiDecoding(Method):
                 p_rows, draws = out.probs[p], out.draws[p]
                 with ctx.stats.timing("verification"):
                     accepted, path, next_token, rejected = self._verify(one, p_rows, draws, levels[i], children)
-                    levels[i] = self._next_levels(one, levels[i], p_rows, draws, row_route(path, children),
+                    levels[i] = self._next_levels(one, levels[i], p_rows, draws,
+                                                  row_route(path, children, len(levels[i])),
                                                   len(accepted), rejected)
                 paths.append(path)
                 tokens[i] += accepted + [next_token]
@@ -146,12 +158,11 @@ class JacobiDecoding(Method):
 
     # ---- one iteration's pieces ----------------------------------------------------------------
 
-    def _verify(self, ctx: Decoding, p_rows: np.ndarray, draws: np.ndarray, levels: list[Level],
-                children: list[dict[int, list[int]]]):
+    def _verify(self, ctx: Decoding, p_rows: np.ndarray, draws: np.ndarray, levels: list[Level], children: Children):
         """Walk the levels: (accepted tokens, committed slots, next token, stopped by a rejection?)."""
         accepted, path = [], [0]
-        for level, kids in zip(levels, children):
-            slots = kids.get(path[-1])
+        for depth, level in enumerate(levels):
+            slots = level_slots(children, depth, path[-1])
             if slots is None:  # the accepted node is a leaf (not on an extended path): take a bonus token
                 break
             if len(level.candidates) == 1:  # a chain level: plain rejection sampling (= K of 1)
@@ -172,8 +183,8 @@ class JacobiDecoding(Method):
         New level j sits at old depth e = accepted + 1 + j; its stale row is that of the route's
         slot at depth e − 1 (row_route), whose draw the head already made (SJD's fresh draft).
         These rows stay readable through the next step (the runner's outputs are double-buffered)."""
-        slots = [route[e - 1] for e in range(accepted + 2, len(route) + 1)]
-        tokens = [int(draws[slot]) for slot in slots]
+        slots = route[accepted + 1:]
+        tokens = draws[slots].tolist()
         if self.adaptive_continuation:  # keep each old draft if its new row accepts it, else resample
             old = [(j, levels[accepted + 1 + j]) for j in range(len(slots)) if accepted + 1 + j < len(levels)]
             if old:
@@ -237,10 +248,13 @@ def fresh_proposal(vocab: int, grammar: Any = None) -> np.ndarray:
     row[:support] = 1.0 / support
     return row
 
-def row_route(path: list[int], children: list[dict[int, list[int]]]) -> list[int]:
-    """One slot per depth 0..D of the window whose rows draft the next proposal: the committed
-    path, then first children; where a node has no children (a leaf sibling), the first path's
-    slot at that depth (the rows there are as stale as any other, and lossless as drafts)."""
+def row_route(path: list[int], children: Children, depth: int) -> list[int]:
+    """One slot per depth 0..D (`depth` = D, the window's levels) of the window whose rows draft
+    the next proposal: the committed path, then first children; where a node has no children (a
+    leaf sibling), the first path's slot at that depth (the rows there are as stale as any other,
+    and lossless as drafts)."""
+    if children is None:  # a chain: slot d at depth d, the committed path its first slots
+        return list(range(depth + 1))
     route = list(path)
     spine = [0]
     for kids in children:
