@@ -48,6 +48,7 @@ class SettingRecords:
     target_forwards: int = 0
     target_calls: int = 0
     draft_forwards: int = 0
+    draft_calls: int = 0
     host_numbers: Optional[int] = None  # read back from the device, when the backend meters it
     seconds: Counter = field(default_factory=Counter)
     histogram: Counter = field(default_factory=Counter)
@@ -64,6 +65,7 @@ class SettingRecords:
         self.target_forwards += stats.target_forwards
         self.target_calls += stats.target_calls
         self.draft_forwards += stats.draft_forwards
+        self.draft_calls += stats.draft_calls
         if stats.host_numbers is not None:
             self.host_numbers = (self.host_numbers or 0) + stats.host_numbers
         for key, value in stats.seconds.items():
@@ -225,6 +227,7 @@ def summarise(record: SettingRecords, theory: Optional[SettingRecords] = None) -
         target_forwards_per_image=record.target_forwards / count,
         target_calls_per_image=record.target_calls / count,
         draft_forwards_per_image=record.draft_forwards / count,
+        draft_calls_per_image=record.draft_calls / count,
         latency_s=latency_summary(record.latencies),
         speedup_vs_ar=None,
         breakdown_s=breakdown,

@@ -44,6 +44,7 @@ class MethodResult:
     batch: int = 1  # images per Pipeline.generate call; latency_s is per image (call time / images)
     images_per_s: float | None = None  # images / total time inside generate calls
     target_calls_per_image: float | None = None  # target graph runs / images: a batch runs until its slowest image
+    draft_calls_per_image: float | None = None  # draft graph runs / images: a draft chain runs L passes in one
     tokens: list | None = None  # `specrt bench --tokens`: [grid][grid] per image, in image-plan order
     # the cost model on this run's graph timings (cost_model.run_predicted_speedup), and the measured
     # speed-up on mean latencies beside it (the breakdown's own statistic), ar at the same batch
@@ -104,13 +105,13 @@ def format_fd(quality: dict[str, Any]) -> str:
 def format_table(results: list[MethodResult]) -> str:
     """A fixed-width table: one row per setting, speed first, then fidelity."""
     batched = any(r.batch != 1 for r in results)
-    headers = ["setting", "acc.len", "tgt fwd/img", "drf fwd/img", "lat med ms", "lat p90 ms",
+    headers = ["setting", "acc.len", "tgt fwd/img", "drf fwd/img", "drf calls/img", "lat med ms", "lat p90 ms",
                *(["img/s"] if batched else []), "speed-up", "class acc", "FD ± boot. sd", "TV bound"]
     rows = []
     for r in results:
         rows.append([
             r.label, _fmt(r.mean_accepted_length), _fmt(r.target_forwards_per_image, 1),
-            _fmt(r.draft_forwards_per_image, 1), _fmt(1000 * r.latency_s["median"], 1),
+            _fmt(r.draft_forwards_per_image, 1), _fmt(r.draft_calls_per_image, 1), _fmt(1000 * r.latency_s["median"], 1),
             _fmt(1000 * r.latency_s["p90"], 1), *([_fmt(r.images_per_s, 1)] if batched else []),
             _speedup(r.speedup_vs_ar),
             _fmt(r.quality.get("class_accuracy"), 3), format_fd(r.quality),

@@ -304,6 +304,7 @@ class Pipeline:
         stats.seconds["cache"] += sum(r.cache_seconds for r in runners)
         if decoder.needs_draft:
             stats.draft_forwards += self.draft.image_forwards
+            stats.draft_calls += self.draft.forwards
             stats.seconds["draft_forward"] += self.draft.forward_seconds
         if any(r.meters_host_reads for r in runners):
             stats.host_numbers = (stats.host_numbers or 0) + sum(r.host_numbers for r in runners)

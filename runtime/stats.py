@@ -19,12 +19,14 @@ class Stats:
     """Per generate call. `accepted_lengths` holds tokens produced per target forward (prefill included).
 
     Forwards count per image: a batched step that runs 8 images counts 8 (so tokens per
-    forward is the accepted length whatever the batch); `target_calls` counts graph runs."""
+    forward is the accepted length whatever the batch); `target_calls` and `draft_calls` count
+    graph runs (a draft chain runs its L draft passes in one call: runtime/chain.py)."""
 
     tokens: int = 0
     target_forwards: int = 0
     draft_forwards: int = 0
     target_calls: int = 0
+    draft_calls: int = 0
     accepted_lengths: Counter = field(default_factory=Counter)
     seconds: dict = field(default_factory=lambda: dict.fromkeys(
         ("target_forward", "draft_forward", "verification", "cache", "vq_decode", "total"), 0.0))
@@ -55,6 +57,7 @@ class Stats:
         self.target_forwards += other.target_forwards
         self.draft_forwards += other.draft_forwards
         self.target_calls += other.target_calls
+        self.draft_calls += other.draft_calls
         self.accepted_lengths.update(other.accepted_lengths)
         for part, seconds in other.seconds.items():
             self.seconds[part] = self.seconds.get(part, 0.0) + seconds
@@ -94,6 +97,7 @@ class Stats:
             "target_forwards": self.target_forwards,
             "draft_forwards": self.draft_forwards,
             "target_calls": self.target_calls,
+            "draft_calls": self.draft_calls,
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "accepted_length_histogram": {int(k): int(v) for k, v in sorted(self.accepted_lengths.items())},
             "seconds": {k: round(v, 6) for k, v in self.seconds.items()},
