@@ -210,16 +210,23 @@ class KVLayout:
 
 
 class TrtRunner(ModelRunner):
-    """ModelRunner over a prefill and a step engine sharing one stream and one device KV buffer."""
+    """ModelRunner over a prefill and a step engine (and a draft's chain engine, runtime/chain.py)
+    sharing one stream and one device KV buffer."""
 
     meters_host_reads = True
+    chain_engine: "TrtEngine | None" = None
+    chain_steps = 0
+    _present_engine: "TrtEngine | None" = None  # whose present_kv the next commit copies (None: the step's)
 
     def __init__(self, spec: ModelSpec, kv: KVLayout, prefill_engine: str | Path, step_engine: str | Path,
-                 max_window: int):
+                 max_window: int, chain_engine: str | Path | None = None):
         super().__init__(spec, max_window)
         self.kv_layout = kv
         self.prefill_engine = TrtEngine(prefill_engine)
         self.step_engine = TrtEngine(step_engine, stream=self.prefill_engine.stream)
+        if chain_engine is not None:
+            self.chain_engine = TrtEngine(chain_engine, stream=self.prefill_engine.stream)
+            self.chain_steps = int(self.chain_engine.engine.get_tensor_shape("uniforms")[1])  # static: L
         self.cudart = self.prefill_engine.cudart
         self._kv: DeviceBuffer | None = None
         self._probs: list[DeviceBuffer] = []  # two of each: outputs alternate between calls
@@ -243,6 +250,14 @@ class TrtRunner(ModelRunner):
                        "past_kv": self._kv_shape(batch, capacity), "mix": (images, batch), "uniforms": (images, w)},
                       skip=("past_kv", *head))
         step.bind("past_kv", self._kv.ptr)  # the engine reads the KV buffer in place
+        if self.chain_engine is not None:
+            window = w - self.chain_steps + 1  # the longest window a chain of L drafts may follow
+            self.chain_engine.allocate({"input_ids": (batch, window), "positions": (batch, window),
+                                        "attention_mask": (batch, window, capacity + window),
+                                        "past_kv": self._kv_shape(batch, capacity), "last": (images,),
+                                        "mix": (images, batch), "uniforms": (images, self.chain_steps)},
+                                       skip=("past_kv", *head))
+            self.chain_engine.bind("past_kv", self._kv.ptr)
         condition = ({"class_ids": (batch,)} if self.spec.model_type == "c2i" else
                      {"captions": (batch, self.spec.cond_len, self.spec.caption_dim),
                       "caption_mask": (batch, self.spec.cond_len), "uncond": (batch,)})
@@ -284,13 +299,27 @@ class TrtRunner(ModelRunner):
         return out
 
     def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray) -> StepOutput:
-        self._last_window = ids.shape[1]
+        self._present_engine, self._last_window = self.step_engine, ids.shape[1]
         return self._run_with_head(self.step_engine,
                                    {"input_ids": ids, "positions": positions, "attention_mask": mask, "uniforms": uniforms},
                                    ids.shape[1], device_shapes={"past_kv": self._kv_shape(self.batch, self.capacity)})
 
+    def can_chain(self, steps: int) -> bool:
+        return self.chain_engine is not None and steps == self.chain_steps
+
+    def _chain(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray,
+               uniforms: np.ndarray) -> StepOutput:
+        """The chain engine on the KV buffer: L drafts in one execution, one read of their draws;
+        its present rows (window + L − 1 slots) are what the next commit copies."""
+        steps = uniforms.shape[1]
+        self._present_engine, self._last_window = self.chain_engine, ids.shape[1] + steps - 1
+        return self._run_with_head(self.chain_engine,
+                                   {"input_ids": ids, "positions": positions, "attention_mask": mask, "last": last,
+                                    "uniforms": uniforms},
+                                   steps, device_shapes={"past_kv": self._kv_shape(self.batch, self.capacity)})
+
     def _write_kv(self, rows: np.ndarray, columns: np.ndarray, slots: np.ndarray) -> None:
-        present = self.step_engine.addresses["present_kv"]
+        present = (self._present_engine or self.step_engine).addresses["present_kv"]
         runs = _runs(rows, columns, slots)
         if len(runs) == self.batch and len({tuple(r) for r in runs.values()}) == 1:  # every row alike
             for column, slot, count in next(iter(runs.values())):
@@ -400,9 +429,15 @@ def runner_from_bundle(bundle: str | Path, role: str, precision: str = "fp32", m
     model = manifest.models[role]
     window = max_window or int(manifest.limits.get("max_window", 64))
     engines = find_engines(bundle, [f"{role}_prefill", f"{role}_step"], precision, max_window)
+    chain = None
+    if f"{role}_chain" in manifest.graphs:  # a draft chain, where its engine was built (else: step by step)
+        try:
+            chain = find_engines(bundle, [f"{role}_chain"], precision, max_window)[f"{role}_chain"]
+        except SpecrtError:
+            chain = None
     spec = model_spec(model)
     kv = KVLayout(model["n_layer"], model["n_kv_head"], model["head_dim"])
-    return TrtRunner(spec, kv, engines[f"{role}_prefill"], engines[f"{role}_step"], window)
+    return TrtRunner(spec, kv, engines[f"{role}_prefill"], engines[f"{role}_step"], window, chain)
 
 
 def pipeline_parts_from_bundle(bundle: str | Path, precision: str = "fp32") -> dict[str, Any]:

@@ -220,3 +220,37 @@ def test_device_probs_read_only_what_is_indexed():
     assert len(probs) == 2 and probs.ndim == 3 and probs[1].size == 12
     with pytest.raises(IndexError):
         probs[2]
+
+
+# ---- a draft chain engine (runtime/chain.py) ------------------------------------------
+
+
+def test_a_chain_runs_its_engine_and_its_present_rows_are_what_commits_copy():
+    """The chain engine gets the window, `last` and L uniforms per image and answers [I, L, V];
+    the commit that follows copies from the chain's present rows (window + L − 1 slots), and a
+    later step's commit from the step's again."""
+    runner = _head_runner(images=2, batch=4, vocab=5, max_window=4)
+    runner.chain_engine, runner.chain_steps = FakeHeadEngine(5, [10]), 3
+    assert runner.can_chain(3) and not runner.can_chain(2)
+    ids = np.zeros((4, 2), np.int32)
+    mask = np.zeros((4, 2, runner.capacity + 2), bool)
+    out = runner._chain(ids, ids, mask, np.array([1, 0], np.int32), np.full((2, 3), 0.5, np.float32))
+    assert out.probs.shape == (2, 3, 5) and (out.draws == 11).all()
+    fed = runner.chain_engine.inputs[0]
+    np.testing.assert_array_equal(fed["last"], [1, 0])
+    assert fed["uniforms"].shape == (2, 3) and runner.step_engine.inputs == []
+    assert runner._present_engine is runner.chain_engine and runner._last_window == 2 + 3 - 1
+    _step(runner, 2)
+    assert runner._present_engine is runner.step_engine and runner._last_window == 2
+
+    batch, capacity, window = 4, 9, 4
+    kv, present = _kv_and_present(batch, capacity, window)
+    expected = kv.copy()
+    expected[..., 5:9, :] = present[..., 0:4, :]  # window slots 0, 1 and drafts 1, 2 after length 5
+    copier = _runner(kv, KVLayout(n_layer=2, n_kv_head=3, head_dim=4), batch, capacity, HostCudart())
+    copier.step_engine.addresses = {"present_kv": 0}  # never read after a chain
+    copier._present_engine = SimpleNamespace(addresses={"present_kv": present.ctypes.data})
+    copier._last_window = window
+    rows = np.repeat(np.arange(batch), 4)
+    copier._write_kv(rows, np.tile(np.arange(5, 9), batch), np.tile(np.arange(4), batch))
+    np.testing.assert_array_equal(kv, expected)
