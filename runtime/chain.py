@@ -19,7 +19,9 @@ j + 1. Outputs: present_kv of the window and of drafts 1..L − 1 (the last draf
 the target scores it), probs [I, L, V] (the rows each draft was drawn from) and draws [I, L].
 Host-side restrictions (greedy, top-k, top-p: sampling.restrict) cannot act between the
 steps, so callers use it only where the head's softmax is the distribution (needs_restriction
-false). Every model with the step entry point (LlamaGen's GPT, unified.UnifiedLM) runs here.
+false). Every model with the step entry point (LlamaGen's GPT, unified.UnifiedLM) runs here;
+HeadChain runs an EAGLE head (export/eagle), whose step also takes the feature before each
+token: the same loop, each draft fed with the head's own feature of the slot before it.
 This module needs torch; the runtime imports it only from the PyTorch backend.
 """
 from __future__ import annotations
@@ -42,21 +44,52 @@ class DraftChain(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
                 past_kv: torch.Tensor, last: torch.Tensor, mix: torch.Tensor, uniforms: torch.Tensor):
+        return self._draw(input_ids, None, positions, attention_mask, past_kv, last, mix, uniforms)
+
+    def _step(self, ids: torch.Tensor, fed: torch.Tensor | None, positions: torch.Tensor, mask: torch.Tensor,
+              past_kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """One model step: (logits, what each slot hands the token after it, present). An
+        independent draft hands nothing on: a token is all it is fed."""
+        logits, _, present = self.model.step(ids, positions, mask, past_kv)
+        return logits, None, present
+
+    def _draw(self, input_ids: torch.Tensor, fed: torch.Tensor | None, positions: torch.Tensor,
+              attention_mask: torch.Tensor, past_kv: torch.Tensor, last: torch.Tensor, mix: torch.Tensor,
+              uniforms: torch.Tensor):
+        """The window, then the drafts one after another (the formulas of the module docstring),
+        each draft fed with what the slot before it hands on (`_step`)."""
         batch = input_ids.shape[0]
         pairs = batch // mix.shape[0]  # model rows per image: 2 under CFG (row i + images is its twin)
-        logits, _, local = self.model.step(input_ids.long(), positions.long(), attention_mask, past_kv)
+        logits, out, local = self._step(input_ids.long(), fed, positions.long(), attention_mask, past_kv)
         rows = torch.arange(batch, device=input_ids.device)
         slot = last.long().repeat(pairs)
         seen = attention_mask[rows, slot]                    # [B, C + W]: what the last real slot saw
         position = positions.long()[rows, slot][:, None]     # [B, 1]
+        fed = None if out is None else out[rows, slot][:, None]  # what the last real slot hands draft 1
         probs, draws = self.head(logits[rows, slot][:, None], mix, uniforms[:, :1])
         all_probs, all_draws = [probs], [draws]
         for j in range(1, self.steps):
             ids = draws.long().repeat(pairs, 1)              # [B, 1]: each image's draft, its CFG twin alike
             mask = torch.cat([seen, torch.ones(batch, j, dtype=seen.dtype, device=seen.device)], dim=1)[:, None]
-            logits, _, present = self.model.step(ids, position + j, mask, torch.cat([past_kv, local], dim=4))
+            logits, fed, present = self._step(ids, fed, position + j, mask, torch.cat([past_kv, local], dim=4))
             local = torch.cat([local, present], dim=4)
             probs, draws = self.head(logits, mix, uniforms[:, j:j + 1])
             all_probs.append(probs)
             all_draws.append(draws)
         return local, torch.cat(all_probs, dim=1), torch.cat(all_draws, dim=1)
+
+
+class HeadChain(DraftChain):
+    """An EAGLE head's chain (runtime/eagle.py): the step inputs take `hidden` [B, W, H] after the
+    ids, the feature before each window token; each draft is then fed with the head's own output
+    feature of the slot before it (draft 1: of each image's `last` slot; draft j + 1: of draft j),
+    EAGLE's recursion, as the step-by-step drafter feeds `features_out`. Outputs as DraftChain's."""
+
+    def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                attention_mask: torch.Tensor, past_kv: torch.Tensor, last: torch.Tensor, mix: torch.Tensor,
+                uniforms: torch.Tensor):
+        return self._draw(input_ids, hidden, positions, attention_mask, past_kv, last, mix, uniforms)
+
+    def _step(self, ids: torch.Tensor, fed: torch.Tensor | None, positions: torch.Tensor, mask: torch.Tensor,
+              past_kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        return self.model.step(ids, fed, positions, mask, past_kv)  # (logits, features g, present)

@@ -11,7 +11,9 @@ target's real features for the accepted tokens replace them.
 
 HeadRunner is the backend-independent part of a head's runner (onnxruntime and PyTorch
 subclass it with their backend); EagleDrafter is the runtime.drafting.Drafter the drafted
-methods call, for chains and trees.
+methods call, for chains and trees. A chain round is one head call where the runner draws
+chains (runtime/chain.py HeadChain: a bundle's `draft_chain` graph, or the PyTorch module),
+else one call per draft; the same drafts either way.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.drafting import Drafter, Verified
 from specrt.runtime.runner import ModelRunner, StepOutput, window_sizes
+from specrt.runtime.sampling import needs_restriction
 from specrt.runtime.tree import level_window
 from specrt.runtime.window import Window, Windows
 
@@ -42,6 +45,7 @@ class HeadRunner(ModelRunner):
     """
 
     dim: int = 0
+    chain_steps: int = 0  # drafts per call of a chain graph (onnxruntime: the graph's static count); 0: any or none
 
     def allocate(self, mix: np.ndarray, capacity: int | None = None) -> None:
         super().allocate(mix, capacity)
@@ -54,9 +58,6 @@ class HeadRunner(ModelRunner):
         self.features_out = self._features_out_flat[:0]
         self._pending: np.ndarray | None = None
 
-    def can_chain(self, steps: int) -> bool:
-        return False  # each draft pairs with a feature the head predicts: runtime.eagle drafts step by step
-
     def begin(self) -> None:
         """An empty head for new images: the condition rows exist only in the target."""
         self.truncate(0)
@@ -68,6 +69,31 @@ class HeadRunner(ModelRunner):
     def step_pairs(self, windows: Windows, features: Sequence[Optional[np.ndarray]], uniforms: np.ndarray) -> StepOutput:
         """Run each image's pairs (features[p] [pairs, W_p, H] for image p's window tokens) after its
         committed rows; images without a window (None) run pad slots."""
+        self._pending = self._pair_features(windows, features)
+        return self.step(windows, uniforms)
+
+    def chain_pairs(self, windows: Windows, features: Sequence[Optional[np.ndarray]], steps: int,
+                    uniforms: np.ndarray) -> StepOutput:
+        """`chain` over each image's pairs (features as step_pairs'): the window, then `steps`
+        drafts in one call, each fed with the head's own feature of the slot before it, as
+        EagleDrafter feeds `features_out` step by step (runtime/chain.py HeadChain). The
+        bookkeeping is ModelRunner.chain's (inputs, `last`, counters); features_out is not
+        written. Only where can_chain(steps)."""
+        self._pending = self._pair_features(windows, features)
+        return self.chain(windows, steps, uniforms)
+
+    def chain_steps_for(self, longest: int) -> int:
+        """Drafts per chain call for a round whose longest chain is `longest`: `longest` where the
+        runner chains any count (PyTorch), else its graph's count where that is more (the extra
+        drafts are computed and ignored); 0: no chain call fits."""
+        for steps in (longest, self.chain_steps):
+            if steps >= longest and self.can_chain(steps):
+                return steps
+        return 0
+
+    def _pair_features(self, windows: Windows, features: Sequence[Optional[np.ndarray]]) -> np.ndarray:
+        """The `hidden` input [B, W, H] of a call on these windows: image p's features in its rows
+        (it and its CFG twins), zeros in pad slots; a view of the buffer the backends bind."""
         sizes = window_sizes(windows, self.images)
         size, images = max(int(sizes.max()), 1), self.images
         view = self._features_in[: self.batch * size * self.dim].reshape(self.batch, size, self.dim)
@@ -75,8 +101,7 @@ class HeadRunner(ModelRunner):
         for p, feature in enumerate(features):
             if feature is not None and sizes[p]:
                 view[p::images, : sizes[p]] = feature
-        self._pending = view
-        return self.step(windows, uniforms)
+        return view
 
     def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray) -> StepOutput:
         mask[:, :, : self.spec.cond_len] = False  # no pairs at the condition positions
@@ -84,9 +109,20 @@ class HeadRunner(ModelRunner):
         self.features_out = self._features_out_flat[: batch * size * self.dim].reshape(batch, size, self.dim)
         return self._head_step(ids, self._pending, positions, mask, uniforms)
 
+    def _chain(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray,
+               uniforms: np.ndarray) -> StepOutput:
+        mask[:, :, : self.spec.cond_len] = False  # as _step: the drafts see what the last slot saw
+        return self._head_chain(ids, self._pending, positions, mask, last, uniforms)
+
     def _head_step(self, ids: np.ndarray, features: np.ndarray, positions: np.ndarray, mask: np.ndarray,
                    uniforms: np.ndarray) -> StepOutput:
         raise NotImplementedError
+
+    def _head_chain(self, ids: np.ndarray, features: np.ndarray, positions: np.ndarray, mask: np.ndarray,
+                    last: np.ndarray, uniforms: np.ndarray) -> StepOutput:
+        """ModelRunner._chain with the features before the window tokens (HeadChain's inputs);
+        backends whose can_chain is true implement it."""
+        raise NotImplementedError(f"{type(self).__name__} runs no head chains")
 
 
 class EagleDrafter(Drafter):
@@ -94,7 +130,8 @@ class EagleDrafter(Drafter):
 
     Per image, queued pairs are stable pairs not yet in the head's cache, the pending token's pair last.
     propose_chain: catch up on the queues (committed for good), then draft from the head's own
-      features; those rows are temporary.
+      features; those rows are temporary. One head call for the round where the head chains
+      (HeadRunner.chain_pairs), else one per draft; the same drafts, uniforms and rows either way.
     expand: the queues before the pending tokens are committed; each pending pair is its tree's
       root, and each node below it is the pair (its parent's feature g, its token). Every node is
       run once: the round's nodes stay as staged rows of the head (ModelRunner.stage), and each
@@ -145,14 +182,21 @@ class EagleDrafter(Drafter):
         self._node_features = [{} for _ in self._tokens]
         self._staged = [{} for _ in self._tokens]
 
-    def _run_queues(self, ctx, counts: Sequence[int]) -> StepOutput:
-        """Run and commit the first counts[p] queued pairs of each image (stable from now on)."""
+    def _queued(self, counts: Sequence[int]) -> tuple[list[Optional[Window]], list[Optional[np.ndarray]]]:
+        """The windows and features of the first counts[p] queued pairs of each image."""
         windows = [Window.chain(self._tokens[p][:n]) if n > 0 else None for p, n in enumerate(counts)]
         features = [np.stack(self._features[p][:n], axis=1) if n > 0 else None for p, n in enumerate(counts)]
-        out = ctx.run_pairs(self.head, windows, features)
-        self.head.commit([range(n) if n > 0 else None for n in counts])
+        return windows, features
+
+    def _dequeue(self, counts: Sequence[int]) -> None:
         for p, n in enumerate(counts):
             del self._tokens[p][:n], self._features[p][:n]
+
+    def _run_queues(self, ctx, counts: Sequence[int]) -> StepOutput:
+        """Run and commit the first counts[p] queued pairs of each image (stable from now on)."""
+        out = ctx.run_pairs(self.head, *self._queued(counts))
+        self.head.commit([range(n) if n > 0 else None for n in counts])
+        self._dequeue(counts)
         self._stable = self.head.lengths.copy()
         return out
 
@@ -162,6 +206,9 @@ class EagleDrafter(Drafter):
         counts = [len(self._tokens[p]) if length > 0 else 0 for p, length in enumerate(lengths)]
         if not any(counts):
             return drafts, rows
+        steps = self._chain_steps(ctx, counts, lengths)
+        if steps:
+            return self._propose_in_one_call(ctx, counts, lengths, steps)
         out, sizes = self._run_queues(ctx, counts), counts
         while True:
             for p, size in enumerate(sizes):
@@ -178,6 +225,37 @@ class EagleDrafter(Drafter):
                                             for p, go in enumerate(going)], features)
             self.head.commit([[0] if go else None for go in going])
             sizes = [1 if go else 0 for go in going]
+
+    def _chain_steps(self, ctx, counts: Sequence[int], lengths: Sequence[int]) -> int:
+        """Drafts per head call when this round fits one chain call, else 0 (draft step by step):
+        a longest chain of 2 or more (one draft is one call either way), a head that chains it
+        (HeadRunner.chain_steps_for) within max_window after the longest queue, and no host
+        restriction of the rows (top-k, top-p, greedy act between the steps)."""
+        longest = max(lengths)
+        if longest < 2 or needs_restriction(ctx.sampling):
+            return 0
+        steps = self.head.chain_steps_for(longest)
+        return steps if steps and max(counts) + steps - 1 <= self.head.max_window else 0
+
+    def _propose_in_one_call(self, ctx, counts: Sequence[int], lengths: Sequence[int],
+                             steps: int) -> tuple[list[list[int]], list[list[Any]]]:
+        """propose_chain as one chain call of `steps` drafts. The uniforms come from ctx.run_chain,
+        which draws each image's as the step-by-step loop would (its queue's, then one per later
+        draft it keeps); the queues are committed for good and the drafts fed (each image's first
+        lengths[p] − 1, at the chain's slots after the widest queue) as this round's rows, which
+        rollback drops: the state the loop leaves. The rows are views of the head's output,
+        valid until its second next call (the loop copies them: its next steps reuse the buffer)."""
+        windows, features = self._queued(counts)
+        out = ctx.run_chain(_Paired(self.head, features), windows, lengths, steps)
+        width = max(counts)  # the window's width: the drafts' present rows start here
+        stable = self.head.lengths + np.asarray(counts, dtype=np.int64)
+        self.head.commit([[*range(n), *range(width, width + k - 1)] if n > 0 else None
+                          for n, k in zip(counts, lengths)])
+        self._dequeue(counts)
+        self._stable = stable
+        drafts = [row[:k] if n > 0 else [] for row, n, k in zip(out.draws.tolist(), counts, lengths)]
+        rows = [[out.probs[p, j] for j in range(len(chain))] for p, chain in enumerate(drafts)]
+        return drafts, rows
 
     def expand(self, ctx, trees: Sequence[Optional["TokenTree"]], nodes: Sequence[Sequence[int]]) -> list[list[Any]]:
         later = [tree is not None and 0 in self._staged[p] for p, tree in enumerate(trees)]
@@ -208,3 +286,18 @@ class EagleDrafter(Drafter):
             slot = {n: w for w, n in enumerate(run)}
             rows[p] = [np.array(out.tree_rows()[p, slot[n]]) for n in nodes[p]]
         return rows
+
+
+class _Paired:
+    """The head as Decoding.run_chain drives a runner (its `images`, `chain(windows, steps,
+    uniforms)`), with the features of the windows' pairs bound: run_chain keeps the one rule for
+    a chain's uniforms, and the head gets its features (HeadRunner.chain_pairs)."""
+
+    def __init__(self, head: HeadRunner, features: Sequence[Optional[np.ndarray]]):
+        self.head, self.features = head, features
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.head, name)
+
+    def chain(self, windows: Windows, steps: int, uniforms: np.ndarray) -> StepOutput:
+        return self.head.chain_pairs(windows, self.features, steps, uniforms)

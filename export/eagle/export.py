@@ -1,4 +1,4 @@
-"""The EAGLE head as a bundle graph: `draft_step` of a draft of kind `eagle` (docs/contracts.md).
+"""The EAGLE head as bundle graphs: `draft_step` (and `draft_chain`) of a draft of kind `eagle` (docs/contracts.md).
 
 One graph, no prefill (the head has no condition tokens of its own: its first pair is the
 target prefill's feature with image token 0). Inputs: the step graph's, plus `hidden`
@@ -6,21 +6,28 @@ target prefill's feature with image token 0). Inputs: the step graph's, plus `hi
 own features for a drafted parent); outputs: logits, the head's own `features` (EAGLE drafts
 further from them; ONNX forbids an output named like an input), present_kv of its one layer,
 then the sampling head's probs and draws, exactly like every other step graph.
+
+`draft_chain` (runtime/chain.py HeadChain) runs a round's drafts in one graph: the step graph's
+inputs (`hidden` after input_ids) plus `last`, as an independent draft's chain; each draft is fed
+with the head's own feature of the slot before it; outputs present_kv, probs and draws only.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
 from specrt.export.eagle.model import EagleHead
-from specrt.export.onnx_export import (BATCH, CACHE_LEN, DEFAULT_OPSET, TOTAL_LEN, WINDOW, GraphLimits, _example_inputs,
-                                       _export, head_inputs, head_outputs)
+from specrt.export.onnx_export import (BATCH, CACHE_LEN, DEFAULT_CHAIN_STEPS, DEFAULT_OPSET, TOTAL_LEN, WINDOW,
+                                       GraphLimits, _example_inputs, _export, chain_spec, head_inputs, head_outputs)
 from specrt.manifest import GraphSpec, TensorSpec
+from specrt.runtime.chain import HeadChain
 from specrt.runtime.head import SamplingHead
 
 GRAPH = "draft_step"
+CHAIN_GRAPH = "draft_chain"
 
 
 class _HeadStepGraph(nn.Module):
@@ -32,6 +39,15 @@ class _HeadStepGraph(nn.Module):
         logits, features, present = self.eagle.step(input_ids.long(), hidden, positions.long(), attention_mask, past_kv)
         probs, draws = self.sampling(logits, mix, uniforms)
         return logits, features, present, probs, draws
+
+
+class _HeadChainGraph(nn.Module):
+    def __init__(self, head: EagleHead, steps: int):
+        super().__init__()
+        self.chain = HeadChain(head, steps)
+
+    def forward(self, input_ids, hidden, positions, attention_mask, past_kv, last, mix, uniforms):
+        return self.chain(input_ids, hidden, positions, attention_mask, past_kv, last, mix, uniforms)
 
 
 def kv_shape(config, length) -> tuple:
@@ -53,6 +69,14 @@ def head_step_spec(config, limits: GraphLimits, opset: int) -> GraphSpec:
                      inputs=inputs, outputs=outputs, profile=limits.step_profile())
 
 
+def head_chain_spec(config, limits: GraphLimits, opset: int, steps: int) -> GraphSpec:
+    """An independent draft's chain_spec (its one layer's KV) with the head's `hidden` input
+    [batch, window, dim] after input_ids, as the head's step graph takes it."""
+    spec = chain_spec(CHAIN_GRAPH, "draft", config, limits, opset, steps)
+    hidden = TensorSpec("hidden", "float32", (BATCH, WINDOW, config.dim))
+    return replace(spec, inputs=(spec.inputs[0], hidden, *spec.inputs[1:]))
+
+
 def _examples(spec: GraphSpec, head: EagleHead) -> tuple[torch.Tensor, ...]:
     """The step graph's examples with a random `hidden` slotted in after input_ids."""
     plain = GraphSpec(**{**spec.__dict__, "inputs": tuple(t for t in spec.inputs if t.name != "hidden")})
@@ -66,3 +90,11 @@ def export_head_step(head: EagleHead, limits: GraphLimits, out_dir: Path, opset:
     """Export the head's `draft_step` graph (dynamic batch, window and cache length)."""
     spec = head_step_spec(head.config, limits, opset)
     return _export(_HeadStepGraph(head), spec, _examples(spec, head), out_dir)
+
+
+def export_head_chain(head: EagleHead, limits: GraphLimits, out_dir: Path, opset: int = DEFAULT_OPSET,
+                      steps: int = DEFAULT_CHAIN_STEPS) -> GraphSpec:
+    """Export the head's `draft_chain` graph: a catch-up window of pairs, then `steps` drafts
+    drawn inside the graph (dynamic batch, window and cache length; steps static)."""
+    spec = head_chain_spec(head.config, limits, opset, steps)
+    return _export(_HeadChainGraph(head, steps), spec, _examples(spec, head), out_dir)

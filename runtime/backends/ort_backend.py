@@ -202,7 +202,8 @@ class OrtRunner(ModelRunner):
         return self.chain_session is not None and steps == self.chain_steps
 
     def _chain(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray,
-               uniforms: np.ndarray) -> StepOutput:
+               uniforms: np.ndarray, extra_inputs: Optional[dict[str, np.ndarray]] = None) -> StepOutput:
+        """The chain graph on the runner's buffers (`extra_inputs`: an EAGLE head's `hidden`)."""
         batch, size = ids.shape
         steps = uniforms.shape[1]
         rows, width = (self.layers, 2, batch, self.kv_heads), size + steps - 1
@@ -211,7 +212,7 @@ class OrtRunner(ModelRunner):
         probs, draws = self._outputs(steps, parity)
         self._run_bound(self.chain_session, ("chain", size, parity), {
             "input_ids": ids, "positions": positions, "attention_mask": mask, "last": last, "mix": self.mix,
-            "uniforms": uniforms}, {"present_kv": self._present, "probs": probs, "draws": draws})
+            "uniforms": uniforms, **(extra_inputs or {})}, {"present_kv": self._present, "probs": probs, "draws": draws})
         return StepOutput(probs, draws)
 
     def _run_bound(self, session: Any, key: tuple, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
@@ -252,7 +253,8 @@ class OrtRunner(ModelRunner):
 
 class OrtHeadRunner(HeadRunner, OrtRunner):
     """An EAGLE head's `draft_step` (models.draft.kind `eagle`): no prefill graph; each step binds
-    the features before its tokens (`hidden`) and the head's own (`features`) beside the contract's."""
+    the features before its tokens (`hidden`) and the head's own (`features`) beside the contract's.
+    Its `draft_chain` (runtime/chain.py HeadChain), where the bundle has one, binds `hidden` too."""
 
     has_prefill = False
 
@@ -260,12 +262,17 @@ class OrtHeadRunner(HeadRunner, OrtRunner):
                  threads: Optional[int] = None):
         OrtRunner.__init__(self, manifest, role, providers, threads)
         _check_io(self.step_spec, ("hidden",), ("features",))
+        if self.chain_session is not None:
+            _check_io(manifest.graph(f"{role}_chain"), ("hidden",), ())
 
     def _extra_io(self, batch: int, size: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         return {"hidden": self._pending}, {"features": self.features_out}
 
     def _head_step(self, ids, features, positions, mask, uniforms) -> StepOutput:
         return OrtRunner._step(self, ids, positions, mask, uniforms)
+
+    def _head_chain(self, ids, features, positions, mask, last, uniforms) -> StepOutput:
+        return OrtRunner._chain(self, ids, positions, mask, last, uniforms, {"hidden": features})
 
 
 class OrtVQ(VQDecoder):

@@ -327,8 +327,9 @@ class TorchRunner(ModelRunner):
 
 
 class TorchHeadRunner(HeadRunner, TorchRunner):
-    """An EAGLE head (specrt.export.eagle.EagleHead) on PyTorch: eager steps (no CUDA graphs:
-    the feature input changes its host buffer per window size)."""
+    """An EAGLE head (specrt.export.eagle.EagleHead) on PyTorch: eager steps and chains
+    (runtime/chain.py HeadChain, any number of drafts; no CUDA graphs: the feature input changes
+    its host buffer per window size)."""
 
     def __init__(self, head: Any, target_spec: ModelSpec, max_window: int = 64, device: Optional[str] = None):
         TorchRunner.__init__(self, head, max_window, device, cuda_graphs=False)
@@ -343,6 +344,21 @@ class TorchHeadRunner(HeadRunner, TorchRunner):
                                                        dev(positions).long(), dev(mask), self._kv)
             self.features_out[...] = out.float().cpu().numpy()
             probs, draws = self._apply_head(logits, self._mix, self._to_device(uniforms, self._uniforms_dev))
+            return self._handoff(probs, draws)
+
+    def _head_chain(self, ids, features, positions, mask, last, uniforms) -> StepOutput:
+        """The head's chain module (the draft_chain graph's) on the runner's KV buffer: the drafts
+        and the head's features stay on the device between drafts (one read of the draws at the end)."""
+        torch, steps = self.torch, uniforms.shape[1]
+        chain = self._chains.get(steps)
+        if chain is None:
+            from specrt.runtime.chain import HeadChain  # needs torch, as this runner does
+            chain = self._chains[steps] = HeadChain(self.gpt, steps)
+        with torch.inference_mode():
+            dev = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
+            self._present, probs, draws = chain(dev(ids), dev(features).to(self.dtype), dev(positions), dev(mask),
+                                                self._kv, dev(last), self._mix,
+                                                self._to_device(uniforms, self._uniforms_dev))
             return self._handoff(probs, draws)
 
 

@@ -133,12 +133,12 @@ def test_a_drafter_for_another_target_is_refused(tmp_path):
 @pytest.fixture(scope="module")
 def eagle_bundle(tmp_path_factory):
     """The shared tiny bundle with its draft replaced by a random EAGLE head: only the head's
-    graph is exported here (the target's and the VQ's are the tiny bundle's, exported once per
+    graphs (draft_step, draft_chain) are exported here (the target's and the VQ's are the tiny bundle's, exported once per
     process), and the manifest is written by the exporter's own build_manifest."""
     import shutil
 
     from specrt.export.bundle import build_manifest
-    from specrt.export.eagle.export import export_head_step
+    from specrt.export.eagle.export import export_head_chain, export_head_step
     from specrt.export.onnx_export import GraphLimits, capacity_for
     from specrt.manifest import MANIFEST_NAME, read_manifest, rows_for_images
     from tiny_export import tiny_bundle
@@ -156,6 +156,7 @@ def eagle_bundle(tmp_path_factory):
     limits = GraphLimits(capacity=capacity_for(base.target.config, options.max_window), max_window=options.max_window,
                          max_batch=rows_for_images(options.max_batch), max_images=options.max_batch)
     graphs = [g for g in tiny.graphs.values() if g.role == "target"] + [export_head_step(head, limits, root)] + \
+             [export_head_chain(head, limits, root, steps=options.chain_steps)] + \
              [g for g in tiny.graphs.values() if g.role == "vq"]
     (root / MANIFEST_NAME).write_text(json.dumps(build_manifest(models, options, graphs, root)))
     return read_manifest(root), models
@@ -171,11 +172,13 @@ def test_the_eagle_bundle_verifies_and_drafts_like_pytorch(eagle_bundle):
     report = verify_bundle(manifest, models, threads=1)
     assert report.passed, report.format()
     assert any(c.graph == "draft_step" and c.output == "features" for c in report.comparisons)
+    assert report.draw_counts("draft_chain")[1] > 0  # the head's chain, its drafts fed back in the graph
     ort = Pipeline.from_bundle(manifest.root, threads=1).generate([0, 3], method="sd", seed=5, decode=False)
     ref = Pipeline.from_torch(models.target, models.draft, models.vq, max_window=TINY_OPTIONS.max_window,
                               threads=1).generate([0, 3], method="sd", seed=5, decode=False)
     assert np.array_equal(ort.tokens, ref.tokens)
-    assert ort.stats.draft_forwards == ref.stats.draft_forwards > 0
+    # one head call per round on both (the graph's 4 drafts, the PyTorch chain the round's longest)
+    assert ort.stats.draft_calls == ref.stats.draft_calls > 0
 
 
 def test_an_eagle_head_after_a_shrunk_batch_steps_as_a_fresh_one(eagle_bundle):
