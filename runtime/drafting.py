@@ -99,6 +99,8 @@ class Drafter(ABC):
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    if len(a) <= len(b) and a == b[:len(a)]:  # the usual case, a cache that is a prefix: compared in C
+        return len(a)
     count = 0
     for x, y in zip(a, b):
         if x != y:
@@ -239,26 +241,33 @@ class ModelDrafter(Drafter):
 
     def _run_level(self, ctx, trees, nodes, rows) -> None:
         """A later pass of the round: each image's nodes not yet run, each seeing its staged ancestors."""
-        windows, new_nodes = [], []
+        windows, runs = [], []
         for p, tree in enumerate(trees):
             if tree is None:
                 windows.append(None)
-                new_nodes.append([])
+                runs.append(None)
                 continue
-            staged_at = self._staged[p]
-            new = [n for n in tree.closure(nodes[p]) if n not in staged_at]
-            if any(n not in new for n in nodes[p]):
+            staged_at, asked = self._staged[p], nodes[p]
+            if any(n in staged_at for n in asked):
                 raise ValueError("expand: a node asked for was run in an earlier pass of this round")
+            parents = tree.parents
+            new = sorted(set(asked)) if all(parents[n] in staged_at for n in asked) else \
+                [n for n in tree.closure(asked) if n not in staged_at]  # (the usual level: every parent ran)
             windows.append(level_window(tree, new, staged_at))
-            new_nodes.append(new)
+            runs.append(new)
         out = ctx.run(self.runner, windows)
-        self.runner.stage([range(len(new)) if trees[p] is not None else None for p, new in enumerate(new_nodes)])
-        for p, new in enumerate(new_nodes):
-            if trees[p] is None:
+        self.runner.stage([range(len(new)) if new is not None else None for new in runs])
+        block = out.tree_rows()
+        for p, new in enumerate(runs):
+            if new is None:
                 continue
-            slot = {n: w for w, n in enumerate(new)}
-            rows[p] = [np.array(out.tree_rows()[p, slot[n]]) for n in nodes[p]]
-            self._staged[p].update({n: len(self._staged[p]) + w for w, n in enumerate(new)})
+            if new == nodes[p] and isinstance(block, np.ndarray):  # the rows asked for are the window's: one copy
+                rows[p] = block[p, :len(new)].copy()
+            else:
+                slot = {n: w for w, n in enumerate(new)}
+                rows[p] = [np.array(block[p, slot[n]]) for n in nodes[p]]
+            staged = self._staged[p]
+            staged.update(zip(new, range(len(staged), len(staged) + len(new))))
 
 
 def finish_round(ctx: "Decoding", drafter: Drafter, tokens: list[list[int]], images: Sequence[int], scored: StepOutput,

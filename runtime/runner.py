@@ -355,21 +355,26 @@ class ModelRunner(ABC):
 
     def _write_slots(self, per_image: Sequence[Sequence[int]], base: np.ndarray) -> None:
         """The last window's slots of each image (in order) to its rows base[i], base[i] + 1, ...
-        (the general case of commit and stage: any slots, a gather)."""
-        counts = np.array([len(s) for s in per_image], dtype=np.int64)
-        if not counts.any():
-            return
-        image = np.repeat(np.arange(self.images), counts)
-        targets = np.concatenate([np.arange(n) for n in counts]) + base[image]
-        sources = np.concatenate([np.asarray(s, dtype=np.int64) for s in per_image if len(s)])
-        self._write_kv(*self._twin_rows(image, targets, sources))
+        (the general case of commit and stage: any slots, a gather; indices built as lists, which
+        at a tree path's few slots costs less than the numpy calls that would build them)."""
+        image: list[int] = []
+        columns: list[int] = []
+        sources: list[int] = []
+        for i, (slots, column) in enumerate(zip(per_image, base.tolist())):
+            image += [i] * len(slots)
+            columns += range(column, column + len(slots))
+            sources += slots
+        if image:
+            self._write_kv(*self._twin_rows(np.array(image), np.array(columns), np.array(sources, dtype=np.int64)))
 
     def _twin_rows(self, image: np.ndarray, columns: np.ndarray, sources: np.ndarray) -> tuple[np.ndarray, ...]:
         """(model rows, columns, sources) of per-image (column, source) pairs: image i's pairs for
         its row i and each of its CFG twins (rows i + images·k), which commit alike."""
         images, pairs = self.images, self.batch // self.images
-        rows = np.concatenate([image + images * k for k in range(pairs)])
-        return rows, np.tile(columns, pairs), np.tile(sources, pairs)
+        if pairs == 1:
+            return image, columns, sources
+        return (np.concatenate([image + images * k for k in range(pairs)]), np.concatenate([columns] * pairs),
+                np.concatenate([sources] * pairs))
 
     # ---- trees held in the cache (a drafter's nodes, each run once) ------------------------------
 
@@ -381,19 +386,20 @@ class ModelRunner(ABC):
         later windows only where a window's `staged` mask says so (runtime.window.Window.level).
         A tree drafter keeps its nodes here, so each depth feeds only the new level (EAGLE's
         tree attention); truncate drops them, adopt commits a path of them."""
-        per_image = [s if isinstance(s, range) else [int(x) for x in s] for s in self._per_image(slots)]
-        counts = np.array([len(s) for s in per_image], dtype=np.int64)
-        if not counts.any():
+        per_image = self._per_image(slots)
+        sizes = [len(s) for s in per_image]
+        if not any(sizes):
             return
         start = time.perf_counter()
-        if int((self.lengths + self.staged + counts).max()) > self.capacity:
-            raise ValueError(f"staging {counts.tolist()} rows overflows capacity {self.capacity}")
         columns = self.lengths + self.staged
+        if max(column + size for column, size in zip(columns.tolist(), sizes)) > self.capacity:
+            raise ValueError(f"staging {sizes} rows overflows capacity {self.capacity}")
+        counts = np.array(sizes, dtype=np.int64)
         if all(_consecutive(s) for s in per_image):
             # each image stages a run of consecutive slots (a level, a root and its closure): block copies
             self._write_runs(columns, np.array([s[0] if len(s) else 0 for s in per_image], dtype=np.int64), counts)
         else:
-            self._write_slots(per_image, columns)
+            self._write_slots([[int(x) for x in s] for s in per_image], columns)
         self.staged += counts
         self.cache_seconds += time.perf_counter() - start
 
@@ -401,19 +407,23 @@ class ModelRunner(ABC):
         """Commit these staged rows (indices in staging order, increasing: an accepted tree path;
         for every image, or one list per image) after each image's committed length, and drop
         the rest of the staged rows."""
-        per_image = [np.asarray(list(s), dtype=np.int64) for s in self._per_image(staged_rows)]
-        for order, staged in zip(per_image, self.staged):
-            if len(order) and (np.any(np.diff(order) <= 0) or order[0] < 0 or int(order[-1]) >= int(staged)):
-                raise ValueError(f"staged rows {order.tolist()} are not increasing indices below {int(staged)}")
+        per_image = [[int(s) for s in order] for order in self._per_image(staged_rows)]
+        for order, staged in zip(per_image, self.staged.tolist()):
+            if order and (any(b <= a for a, b in zip(order, order[1:])) or order[0] < 0 or order[-1] >= staged):
+                raise ValueError(f"staged rows {order} are not increasing indices below {staged}")
         start = time.perf_counter()
-        moving = [np.flatnonzero(order != np.arange(len(order))) for order in per_image]  # often in place
-        counts = np.array([len(m) for m in moving], dtype=np.int64)
-        if counts.any():
-            image = np.repeat(np.arange(self.images), counts)
-            base = self.lengths[image]
-            self._move_kv(*self._twin_rows(image, base + np.concatenate(moving),
-                                           base + np.concatenate([order[m] for order, m in zip(per_image, moving)])))
-        self.lengths += np.array([len(order) for order in per_image], dtype=np.int64)
+        image: list[int] = []
+        columns: list[int] = []
+        sources: list[int] = []
+        for i, (order, length) in enumerate(zip(per_image, self.lengths.tolist())):
+            for n, row in enumerate(order):
+                if row != n:  # rows already in place stay (the root, often its first child)
+                    image.append(i)
+                    columns.append(length + n)
+                    sources.append(length + row)
+        if image:
+            self._move_kv(*self._twin_rows(np.array(image), np.array(columns), np.array(sources)))
+        self.lengths += [len(order) for order in per_image]
         self.staged[:] = 0
         self.cache_seconds += time.perf_counter() - start
 

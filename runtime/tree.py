@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import numpy as np
 
 from specrt.errors import SpecrtError
-from specrt.runtime.verification import SAMPLED, TOP, draw_without_replacement
+from specrt.runtime.verification import SAMPLED, TOP, draws_without_replacement
 from specrt.runtime.window import Window
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -88,6 +88,14 @@ class TokenTree:
         self.rows: dict[int, Any] = {}
         self.drawn = drawn
 
+    @classmethod
+    def from_parents(cls, tokens: Sequence[int], parents: Sequence[int], drawn: str) -> "TokenTree":
+        """The tree of these nodes (parents[n] < n, −1 for the root), children in node order."""
+        tree = cls(tokens[0], drawn)
+        for token, parent in zip(tokens[1:], parents[1:]):
+            tree.add(parent, token)
+        return tree
+
     def __len__(self) -> int:
         return len(self.tokens)
 
@@ -100,6 +108,16 @@ class TokenTree:
         self.children.append([])
         self.children[parent].append(node)
         return node
+
+    def add_children(self, parent: int, tokens: Sequence[int]) -> range:
+        """Append drafted children of `parent` in order (as `add` one after another); their node ids."""
+        start, count, depth = len(self.tokens), len(tokens), self.depths[parent] + 1
+        self.tokens += tokens
+        self.parents += [parent] * count
+        self.depths += [depth] * count
+        self.children += [[] for _ in range(count)]
+        self.children[parent] += range(start, start + count)
+        return range(start, start + count)
 
     def window(self) -> Window:
         """The nodes as one step window: slot n = node n."""
@@ -127,15 +145,18 @@ def level_window(tree: TokenTree, nodes: Sequence[int], staged: dict[int, int]) 
     `staged` (node -> staged cache row, runner.stage) were run earlier this round: each node sits
     at its depth, sees its parent chain inside the window and its staged ancestors in the cache."""
     slot = {n: w for w, n in enumerate(nodes)}
-    seen = np.zeros((len(nodes), len(staged)), dtype=bool)
-    for w, node in enumerate(nodes):
-        ancestor = tree.parents[node]
-        while ancestor >= 0:
-            if ancestor in staged:
-                seen[w, staged[ancestor]] = True
-            ancestor = tree.parents[ancestor]
-    return Window.level([tree.tokens[n] for n in nodes], [slot.get(tree.parents[n], -1) for n in nodes],
-                        [tree.depths[n] for n in nodes], seen)
+    parents, tree_parents = [], tree.parents
+    seen: list[tuple[int, ...]] = []
+    for node in nodes:
+        parent = tree_parents[node]
+        parents.append(slot.get(parent, -1))
+        rows = []
+        while parent >= 0:
+            if parent in staged:
+                rows.append(staged[parent])
+            parent = tree_parents[parent]
+        seen.append(tuple(rows))
+    return Window.level([tree.tokens[n] for n in nodes], parents, [tree.depths[n] for n in nodes], seen, len(staged))
 
 
 # ---- static shapes ------------------------------------------------------------------------------
@@ -191,17 +212,16 @@ class StaticGrowth:
         return [n for n, _ in self._expanding]
 
     def receive(self, rows: Sequence[Any], rng: np.random.Generator) -> None:
+        ranks = [self.shape.children[at] for _, at in self._expanding]  # each node's children in the shape
+        if self.greedy:
+            best = [top_rows(np.asarray(row, dtype=np.float64)[None], len(kids))[0].tolist() for row, kids in zip(rows, ranks)]
+            drawn = [[t for t in tokens if row[t] > 0] for row, tokens in zip(rows, best)]
+        else:  # the level's draws together, node after node: the uniforms of drawing them one by one
+            drawn = draws_without_replacement(rows, [len(kids) for kids in ranks], rng)
         self._frontier = []
-        for (node, at), row in zip(self._expanding, rows):
+        for (node, _), row, children, kids in zip(self._expanding, rows, drawn, ranks):
             self.tree.rows[node] = row
-            count = len(self.shape.children[at])
-            if self.greedy:
-                best = top_rows(np.asarray(row, dtype=np.float64)[None], count)[0]
-                children = [int(t) for t in best if row[t] > 0]
-            else:
-                children = draw_without_replacement(row, count, rng)
-            for rank, token in enumerate(children):
-                self._frontier.append((self.tree.add(node, token), self.shape.children[at][rank]))
+            self._frontier += zip(self.tree.add_children(node, children), kids)
 
     def result(self) -> TokenTree:
         return self.tree
@@ -212,13 +232,20 @@ class StaticGrowth:
 
 def top_rows(block: np.ndarray, count: int) -> np.ndarray:
     """Each row's `count` most probable tokens, most probable first (ties: lower id): [F, count] of [F, V]."""
+    return _ranked(block, count)[0]
+
+
+def _ranked(block: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """top_rows(block, count) and the rows' values at those tokens."""
     count = min(count, block.shape[1])
     if count < block.shape[1]:
         best = np.argpartition(-block, count - 1, axis=1)[:, :count]
     else:
         best = np.broadcast_to(np.arange(block.shape[1]), block.shape).copy()
-    order = np.lexsort((best, -np.take_along_axis(block, best, axis=1)), axis=-1)
-    return np.take_along_axis(best, order, axis=1)
+    rows = np.arange(len(best))[:, None]
+    values = block[rows, best]
+    order = np.lexsort((best, -values), axis=-1)
+    return best[rows, order], values[rows, order]
 
 
 class DynamicGrowth:
@@ -227,50 +254,63 @@ class DynamicGrowth:
     frontier; finally the total_tokens best nodes of all are kept (a child never scores above its
     parent, and ties go to the earlier node, so every kept node's parent is kept).
 
-    Candidates live in arrays (id 0 = the root); only the expanded ones join the tree the drafter
+    Candidates live in lists (id 0 = the root); only the expanded ones join the tree the drafter
     sees (`tree`), and the kept ones make the result, children in order of draft probability."""
 
     def __init__(self, root: int, depth: int, top_k: int, total_tokens: int, max_depth: int):
         self.tree = TokenTree(root, TOP)  # the frontiers the drafter expands (and their ancestors)
         self.top_k, self.total_tokens = top_k, total_tokens
         self._passes = min(depth, max_depth)
-        self._parent, self._token, self._score = np.array([-1]), np.array([int(root)]), np.array([0.0])
+        # per candidate (id 0 = the root): parent id, token, cumulative draft log-probability;
+        # Python lists: a pass adds at most top_k² of them, fewer than numpy calls would cost
+        self._parent, self._token, self._score = [-1], [int(root)], [0.0]
         self._node = {0: 0}  # candidate id -> node of `tree`
-        self._frontier = np.array([0])
+        self._frontier = [0]
 
     def pending(self) -> list[int]:
-        return [self._node[int(c)] for c in self._frontier] if self._passes > 0 else []
+        return [self._node[c] for c in self._frontier] if self._passes > 0 else []
 
     def receive(self, rows: Sequence[Any], rng: np.random.Generator) -> None:
         self._passes -= 1
         frontier = self._frontier
         for c, row in zip(frontier, rows):
-            self.tree.rows[self._node[int(c)]] = row  # not needed to verify (point masses), kept for inspection
-        block = np.stack([np.asarray(row, dtype=np.float64) for row in rows])
-        best = top_rows(block, self.top_k)
-        mass = np.take_along_axis(block, best, axis=1)
-        kept = mass > 0
-        if not kept.any():
+            self.tree.rows[self._node[c]] = row  # not needed to verify (point masses), kept for inspection
+        # each row's top_k tokens with mass, best first (the rows' own dtype ranks them as float64 would)
+        best, mass = _ranked(rows if isinstance(rows, np.ndarray) else np.array(rows), self.top_k)
+        parents, tokens, masses = [], [], []
+        for parent, row_tokens, row_mass in zip(frontier, best.tolist(), mass.tolist()):
+            for token, value in zip(row_tokens, row_mass):
+                if value > 0:
+                    parents.append(parent)
+                    tokens.append(token)
+                    masses.append(value)
+        if not parents:
             self._passes = 0
             return
-        ids = len(self._token) + np.arange(int(kept.sum()))
-        with np.errstate(divide="ignore"):
-            new_score = (self._score[frontier][:, None] + np.log(mass))[kept]
-        self._parent = np.concatenate([self._parent, np.broadcast_to(frontier[:, None], best.shape)[kept]])
-        self._token = np.concatenate([self._token, best[kept]])
-        self._score = np.concatenate([self._score, new_score])
-        self._frontier = ids[np.lexsort((ids, -new_score))[: self.top_k]]
+        first = len(self._token)
+        scores = [self._score[parent] + log for parent, log in
+                  zip(parents, np.log(np.array(masses, dtype=np.float64)).tolist())]
+        self._parent += parents
+        self._token += tokens
+        self._score += scores
+        # the top_k best new candidates (ties: the earlier), in that order
+        self._frontier = [first + j for j in _best_first(scores)[: self.top_k]]
         for c in self._frontier:
-            self._node[int(c)] = self.tree.add(self._node[int(self._parent[c])], int(self._token[c]))
+            self._node[c] = self.tree.add(self._node[self._parent[c]], self._token[c])
 
     def result(self) -> TokenTree:
-        candidates = np.arange(1, len(self._token))
-        chosen = np.sort(candidates[np.lexsort((candidates, -self._score[1:]))[: self.total_tokens]])
-        tree, index = TokenTree(int(self._token[0]), TOP), {0: 0}
-        for c in chosen.tolist():
-            index[c] = tree.add(index[int(self._parent[c])], int(self._token[c]))
+        # the total_tokens best candidates (ties: the earlier), in candidate order: parents first
+        chosen = sorted(1 + c for c in _best_first(self._score[1:])[: self.total_tokens])
+        index = {0: 0, **{c: n for n, c in enumerate(chosen, 1)}}
+        tree = TokenTree.from_parents([self._token[0], *(self._token[c] for c in chosen)],
+                                      [-1, *(index[self._parent[c]] for c in chosen)], TOP)
         tree.rows = {index[c]: self.tree.rows[n] for c, n in self._node.items() if c in index and n in self.tree.rows}
         return tree
+
+
+def _best_first(scores: Sequence[float]) -> list[int]:
+    """Indices of `scores`, highest first, ties in index order (a stable sort)."""
+    return sorted(range(len(scores)), key=lambda i: -scores[i])
 
 
 def grow_trees(ctx: "Decoding", drafter: "Drafter", growths: Sequence[Optional[Any]]) -> list[Optional[TokenTree]]:

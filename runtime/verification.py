@@ -492,22 +492,48 @@ def draw_without_replacement(q: np.ndarray, count: int, rng: np.random.Generator
                              first: Optional[int] = None) -> list[int]:
     """`count` distinct candidates, candidate k drawn from q^(k); `first` fixes candidate 1 when the
     caller already holds a draw from q (SJD-PAC keeps its adaptive-continuation token there)."""
-    rest = np.array(q, dtype=np.float64)  # q^(k), one copy: drawn candidates are zeroed in it
-    picked: list[int] = [] if first is None else [int(first)]
+    if first is None:
+        return draws_without_replacement([q], [count], rng)[0]
+    rest = np.array(q, dtype=np.float64)
     wanted = min(count, int(np.count_nonzero(rest)))
-    if len(picked) >= wanted:
-        return picked
-    # candidate k is the inverse CDF of q^(k) = q with the drawn candidates removed (Eq. 7); the
-    # remaining mass is not renormalised: the uniform is scaled by what is left instead
-    rest[picked] = 0.0
-    for _ in range(wanted - len(picked)):
-        cdf = np.cumsum(rest)
-        if cdf[-1] <= 1e-12:
-            break
-        token = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(rest) - 1)
-        picked.append(token)
-        rest[token] = 0.0
+    if wanted <= 1:
+        return [int(first)]
+    rest[int(first)] = 0.0
+    return [int(first), *draws_without_replacement(rest[None], [wanted - 1], rng)[0]]
+
+
+def draws_without_replacement(rows: Any, counts: Sequence[int], rng: np.random.Generator) -> list[list[int]]:
+    """draw_without_replacement(rows[r], counts[r], rng) for each row in turn (a tree level's nodes),
+    the same candidates from the same uniforms: min(counts[r], support) distinct candidates of row
+    r, candidate k the inverse CDF of q^(k), the row without candidates 1..k − 1 (Eq. 7), not
+    renormalised: its uniform is scaled by the mass left instead; a row whose mass runs out
+    (≤ 1e-12 left) stops. The rows' copies, supports and first CDFs are one block operation each."""
+    rest = np.array(rows, dtype=np.float64)  # [R, V], q^(k) of every row: drawn candidates are zeroed in it
+    cdf, last = rest.cumsum(axis=1), rest.shape[1] - 1
+    # a row's support caps its candidates; one candidate needs no cap (a row without mass stops below)
+    supports = (rest != 0).sum(axis=1).tolist() if max(counts, default=0) > 1 else counts
+    picked: list[list[int]] = []
+    for row, row_cdf, count, support in zip(rest, cdf, counts, supports):
+        tokens: list[int] = []
+        wanted = min(count, support)
+        for left in range(wanted, 0, -1):
+            if row_cdf[-1] <= 1e-12:
+                break
+            token = min(int(row_cdf.searchsorted(rng.random() * row_cdf[-1], side="right")), last)
+            tokens.append(token)
+            if left > 1:  # the CDF of q^(k+1): entries before the token keep their sums, the rest are redone
+                _remove(row, row_cdf, token)
+        picked.append(tokens)
     return picked
+
+
+def _remove(rest: np.ndarray, cdf: np.ndarray, token: int) -> None:
+    """Zero rest[token] and update cdf = cumsum(rest) in place, bit for bit what a new cumsum gives:
+    the sums before the token are unchanged and the ones from it on are summed again in the same
+    order, seeded with the sum before it (a cumsum per candidate was most of a tree's draw time)."""
+    rest[token] = cdf[token - 1] if token else 0.0
+    np.cumsum(rest[token:], out=cdf[token:])
+    rest[token] = 0.0
 
 
 def verify_siblings(p: np.ndarray, q: np.ndarray, candidates: Sequence[int],

@@ -19,7 +19,8 @@ class Window:
 
     A chain (parents[w] == w − 1) has closed forms for depths, mask and paths; they are cached
     per size, because a decode loop builds one window per model call and small numpy calls
-    cost more than the arithmetic they do at these sizes.
+    cost more than the arithmetic they do at these sizes. Trees' and levels' depths and masks
+    are cached per shape the same way (a static tree repeats its shapes every round).
     """
 
     __slots__ = ("ids", "_parents", "is_chain", "_depths", "staged", "_seen")
@@ -33,18 +34,17 @@ class Window:
         self._seen: np.ndarray | None = None    # a tree's ancestry, made once (_tree_parts)
 
     @classmethod
-    def level(cls, ids: Sequence[int], parents: Sequence[int], depths: Sequence[int], staged: np.ndarray) -> "Window":
+    def level(cls, ids: Sequence[int], parents: Sequence[int], depths: Sequence[int],
+              seen: Sequence[Sequence[int]], staged: int) -> "Window":
         """New nodes of a tree whose earlier nodes are staged in the cache (ModelRunner.stage):
         slot w sits at depth depths[w] below the committed length, sees its in-window parent
-        chain (parents[w] < w, or −1 where its parent is staged) and the staged rows marked in
-        staged[w] (its staged ancestors). Each tree node is run once, level by level."""
-        parents = np.asarray(parents, dtype=np.int64)
-        if np.any(parents >= np.arange(len(parents))):
-            raise ValueError("level windows need parents[w] < w (or −1: staged)")
-        window = cls(np.asarray(ids, dtype=np.int64), parents)
+        chain (parents[w] < w, or −1 where its parent is staged) and the staged rows seen[w] (its
+        staged ancestors) of the `staged` rows held. Each tree node is run once, level by level;
+        a static tree's levels repeat round after round, so their masks are made once per shape."""
+        layout = _level_layout(tuple(parents), tuple(depths), tuple(map(tuple, seen)), staged)
+        window = cls(np.asarray(ids, dtype=np.int64), layout[0])
         window.is_chain = False
-        window._depths = np.asarray(depths, dtype=np.int64)
-        window.staged = np.asarray(staged, dtype=bool).reshape(len(parents), -1)
+        window._depths, window.staged, window._seen = layout[1:]
         return window
 
     @classmethod
@@ -53,13 +53,11 @@ class Window:
 
     @classmethod
     def tree(cls, ids: Sequence[int], parents: Sequence[int]) -> "Window":
-        parents = np.asarray(parents, dtype=np.int64)
-        later = parents[1:]
-        if len(parents) and (parents[0] != -1 or np.any(later < 0) or np.any(later >= np.arange(1, len(parents)))):
-            raise ValueError("tree windows need parents[0] == -1 and 0 <= parents[w] < w")
-        if np.array_equal(parents, np.arange(len(parents)) - 1):
-            return cls(np.asarray(ids, dtype=np.int64))
-        return cls(np.asarray(ids, dtype=np.int64), parents)
+        layout = _tree_layout(tuple(parents.tolist() if isinstance(parents, np.ndarray) else parents))
+        window = cls(np.asarray(ids, dtype=np.int64), layout[0])
+        window.is_chain = layout[0] is None
+        window._depths, window._seen = layout[1:]
+        return window
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -85,20 +83,11 @@ class Window:
         return self._seen
 
     def _tree_parts(self) -> None:
-        """A tree's ancestry (and, unless given, depths) in one pass over its parents: each slot's
-        ancestors as the bits of a Python int (its parent's | itself), unpacked once into the bool
-        matrix. A per-slot numpy row OR cost ~50 us per 64-node window, once per SJD-PAC step."""
-        if self._seen is not None:
-            return
-        masks: list[int] = []
-        for w, parent in enumerate(self._parents.tolist()):
-            masks.append((masks[parent] if parent >= 0 else 0) | (1 << w))
-        size = len(masks)
-        width = (size + 7) // 8
-        packed = np.frombuffer(b"".join(m.to_bytes(width, "little") for m in masks), dtype=np.uint8)
-        self._seen = np.unpackbits(packed.reshape(size, width), axis=1, count=size, bitorder="little").astype(bool)
-        if self._depths is None:  # in-window ancestors (a level window's depths are given)
-            self._depths = np.fromiter((m.bit_count() - 1 for m in masks), dtype=np.int64, count=size)
+        """Ancestry and depths of a window made with parents but not through tree() or level()."""
+        if self._seen is None:
+            self._seen, depths = _ancestry(self._parents.tolist())
+            if self._depths is None:  # in-window ancestors (a level window's depths are given)
+                self._depths = depths
 
     def path_to(self, slot: int) -> list[int]:
         """Slots from slot 0 down to `slot` (the KV rows to commit when `slot` is the last accepted)."""
@@ -120,6 +109,58 @@ def _chain_parts(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return parts
 
 
+def _ancestry(parents: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(ancestry bool [W, W], in-window depths) of a window's parents in one pass: each slot's
+    ancestors as the bits of a Python int (its parent's | itself), unpacked once into the bool
+    matrix. A per-slot numpy row OR cost ~50 us per 64-node window, once per SJD-PAC step."""
+    masks: list[int] = []
+    for w, parent in enumerate(parents):
+        masks.append((masks[parent] if parent >= 0 else 0) | (1 << w))
+    size = len(masks)
+    width = (size + 7) // 8
+    packed = np.frombuffer(b"".join(m.to_bytes(width, "little") for m in masks), dtype=np.uint8)
+    seen = np.unpackbits(packed.reshape(size, width), axis=1, count=size, bitorder="little").astype(bool)
+    return seen, np.fromiter((m.bit_count() - 1 for m in masks), dtype=np.int64, count=size)
+
+
+def _frozen(*arrays: Optional[np.ndarray]) -> tuple[Optional[np.ndarray], ...]:
+    """The arrays, read-only: cached layouts are shared by every window of their shape."""
+    for array in arrays:
+        if array is not None:
+            array.setflags(write=False)
+    return arrays
+
+
+@functools.lru_cache(maxsize=1024)
+def _tree_layout(parents: tuple[int, ...]) -> tuple[Optional[np.ndarray], Optional[np.ndarray], Optional[np.ndarray]]:
+    """(parents, depths, ancestry) of a tree window, checked; (None, None, None) for a chain. Made
+    once per shape (read-only): a static tree verifies the same shape every round, and SJD-PAC's
+    windows repeat too."""
+    if parents and (parents[0] != -1 or any(not 0 <= p < w for w, p in enumerate(parents) if w)):
+        raise ValueError("tree windows need parents[0] == -1 and 0 <= parents[w] < w")
+    if all(p == w - 1 for w, p in enumerate(parents)):
+        return None, None, None
+    array = np.array(parents, dtype=np.int64)
+    seen, depths = _ancestry(parents)
+    return _frozen(array, depths, seen)
+
+
+@functools.lru_cache(maxsize=1024)
+def _level_layout(parents: tuple[int, ...], depths: tuple[int, ...], seen: tuple[tuple[int, ...], ...],
+                  staged: int) -> tuple[np.ndarray, ...]:
+    """(parents, depths, staged rows seen [W, staged], ancestry) of a level window (Window.level),
+    checked; made once per shape (read-only)."""
+    if any(p >= w for w, p in enumerate(parents)):
+        raise ValueError("level windows need parents[w] < w (or −1: staged)")
+    size = len(parents)
+    visible = np.zeros(size * staged, dtype=bool)
+    visible[[w * staged + row for w, rows in enumerate(seen) for row in rows]] = True
+    # a level whose parents all ran before (the usual one) sees only itself inside the window
+    ancestry = _identity(size) if all(p < 0 for p in parents) else _ancestry(parents)[0]
+    return _frozen(np.array(parents, dtype=np.int64), np.array(depths, dtype=np.int64),
+                   visible.reshape(size, staged), ancestry)
+
+
 def chains(feeds: Sequence[Optional[Sequence[int]]]) -> "Windows":
     """Each image's chain of tokens (None: no window) in the cheapest form runner.step takes: an
     int array [images, W] when every image feeds W tokens (no Window objects, no padding: most
@@ -128,6 +169,11 @@ def chains(feeds: Sequence[Optional[Sequence[int]]]) -> "Windows":
     if first is not None and all(f is not None and len(f) == len(first) for f in feeds):
         return np.array(feeds, dtype=np.int64).reshape(len(feeds), len(first))
     return [Window.chain(f) if f is not None else None for f in feeds]
+
+
+@functools.lru_cache(maxsize=None)
+def _identity(size: int) -> np.ndarray:
+    return _frozen(np.eye(size, dtype=bool))[0]
 
 
 @functools.lru_cache(maxsize=8)
@@ -172,18 +218,20 @@ def fill_step_inputs(windows: Windows, lengths: int | Sequence[int] | np.ndarray
         block[:] = _chain_parts(size)[2]
         return
     first = windows[0]
-    if first is not None and len(first) == size and first.staged is None and \
-            all(w is first or (w is not None and w.is_chain and first.is_chain
-                                                                      and len(w) == size) for w in windows):
-        # every image runs a window of this shape (most speculative steps): no padding
-        ids.reshape(*by_pair, size)[:] = first.ids if all(w is first for w in windows) else \
+    if first is not None and len(first) == size and (images == 1 or first.staged is None and all(
+            w is first or (w is not None and w.is_chain and first.is_chain and len(w) == size) for w in windows)):
+        # every image runs a window of this shape (most speculative steps, any window of one image): no padding
+        ids.reshape(*by_pair, size)[:] = first.ids if images == 1 or all(w is first for w in windows) else \
             np.stack([w.ids for w in windows])
         np.add(lengths[:, None], first.depths(), out=positions.reshape(*by_pair, size))
         block[:] = first.ancestry()
+        if first.staged is not None:  # one image: the staged rows after its committed ones (ModelRunner.stage)
+            start = int(lengths[0])
+            mask[:, :, start:start + first.staged.shape[1]] = first.staged
         return
     ids[:] = 0
     positions.reshape(*by_pair, size)[:] = lengths[:, None]
-    block[:] = np.eye(size, dtype=bool)
+    block[:] = _identity(size)  # pad slots see themselves
     for i, window in enumerate(windows):
         if window is None or not len(window):
             continue
