@@ -64,6 +64,12 @@ def weights_digest(folder: Path, eagle: bool = False) -> str:
     return digest.hexdigest()[:12]
 
 
+# Bumped when the export writes other graphs under the same contract version and options, so a
+# cached demo bundle is exported afresh instead of running without them (2: draft chains, for
+# independent drafts and EAGLE heads).
+EXPORT_REVISION = 2
+
+
 def demo_bundle(demo_weights: Optional[Path] = None, cache_dir: Optional[Path] = None,
                 progress: Optional[Progress] = None, eagle: bool = False, demo: Optional[str] = None) -> Path:
     """The demo `demo` (export.demo.registry, default c2i) exported to
@@ -79,7 +85,7 @@ def demo_bundle(demo_weights: Optional[Path] = None, cache_dir: Optional[Path] =
 
     entry = get_demo(demo)
     weights = demo_weights_dir(demo_weights, entry.name)
-    options = hashlib.sha256(repr(ExportOptions()).encode()).hexdigest()[:8]
+    options = hashlib.sha256(f"{EXPORT_REVISION} {ExportOptions()!r}".encode()).hexdigest()[:8]
     # the demo with its EAGLE head as the draft (export --eagle demo); another demo than c2i: its name
     kind = ("-eagle" if eagle else "") + ("" if entry.name == DEFAULT_DEMO else f"-{entry.name}")
     out = Path(cache_dir or cache_root() / "bench") / f"demo{kind}-v{VERSION}-{weights_digest(weights, eagle)}-{options}"
