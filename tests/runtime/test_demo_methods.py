@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from specrt.export.demo import load_demo  # noqa: E402
+from demo_pipes import demo_torch_pipeline  # noqa: E402
 from specrt.runtime.pipeline import Pipeline  # noqa: E402
 
 CLASSES = list(range(10))
@@ -23,11 +23,7 @@ def ort_pipe(demo_bundle):
 
 @pytest.fixture(scope="module")
 def torch_pipe():
-    torch.set_num_threads(1)
-    demo = load_demo()
-    pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq)
-    pipe.sampling_defaults = dict(vars(demo.sampling_defaults))
-    return pipe
+    return demo_torch_pipeline()
 
 
 def mean_accepted_length(pipe: Pipeline, method: str, classes: list[int] = CLASSES, **params) -> float:

@@ -7,14 +7,12 @@ the exactness suites test) for every image, alone and in ragged batches, on both
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from specrt.export.demo import load_demo  # noqa: E402
+from demo_pipes import demo_torch_pipeline, step_by_step  # noqa: E402
 from specrt.manifest import read_manifest  # noqa: E402
 from specrt.runtime.pipeline import Pipeline  # noqa: E402
 from specrt.runtime.window import Window  # noqa: E402
@@ -27,22 +25,7 @@ def ort_pipe(demo_bundle):
 
 @pytest.fixture(scope="module")
 def torch_pipe():
-    torch.set_num_threads(1)
-    demo = load_demo()
-    pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq)
-    pipe.sampling_defaults = dict(vars(demo.sampling_defaults))
-    return pipe
-
-
-@contextmanager
-def step_by_step(pipe):
-    """The pipeline's draft runner without its chain: the per-step loop."""
-    runner = pipe.draft
-    runner.can_chain = lambda steps: False
-    try:
-        yield
-    finally:
-        del runner.can_chain
+    return demo_torch_pipeline()
 
 
 def test_the_demo_bundle_carries_a_four_draft_chain(demo_bundle, ort_pipe):

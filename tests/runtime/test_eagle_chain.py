@@ -10,13 +10,12 @@ must be the loop's too.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from demo_pipes import step_by_step  # noqa: E402
 from specrt.manifest import read_manifest  # noqa: E402
 from specrt.runtime.eagle import EagleDrafter  # noqa: E402
 from specrt.runtime.pipeline import Pipeline  # noqa: E402
@@ -50,17 +49,6 @@ def torch_pipe():
     pipe = Pipeline.from_torch(demo.target, load_eagle_head(packaged_demo_head(), demo.target), demo.vq, threads=1)
     pipe.sampling_defaults = dict(vars(demo.sampling_defaults))
     return pipe
-
-
-@contextmanager
-def step_by_step(pipe):
-    """The pipeline's head runner without its chain: one head call per draft."""
-    runner = pipe.draft
-    runner.can_chain = lambda steps: False
-    try:
-        yield
-    finally:
-        del runner.can_chain
 
 
 def test_the_eagle_demo_bundle_carries_a_four_draft_head_chain(eagle_bundle, ort_pipe):

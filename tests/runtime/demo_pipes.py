@@ -1,0 +1,30 @@
+"""Pipelines over the demo models that several runtime tests share, and the step-by-step switch."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+
+def demo_torch_pipeline() -> Any:
+    """The trained demo target, draft and VQ on PyTorch (one thread), with the demo's sampling defaults."""
+    import torch
+
+    from specrt.export.demo import load_demo
+    from specrt.runtime.pipeline import Pipeline
+
+    torch.set_num_threads(1)
+    demo = load_demo()
+    pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq)
+    pipe.sampling_defaults = dict(vars(demo.sampling_defaults))
+    return pipe
+
+
+@contextmanager
+def step_by_step(pipe: Any) -> Iterator[None]:
+    """The pipeline's draft runner without its draft chain (runtime/chain.py): one call per draft."""
+    runner = pipe.draft
+    runner.can_chain = lambda steps: False
+    try:
+        yield
+    finally:
+        del runner.can_chain
