@@ -226,7 +226,8 @@ class ModelDrafter(Drafter):
             windows.append(Window.tree([*feeds[p], *(tree.tokens[n] for n in below[p])], parents))
             slots.append(slot)
         out = ctx.run(self.runner, windows)
-        self.runner.commit([range(len(f) - 1) if f is not None else None for f in feeds])  # before the roots
+        if any(f is not None and len(f) > 1 for f in feeds):  # the tokens before the roots (none after an adopt)
+            self.runner.commit([range(len(f) - 1) if f is not None else None for f in feeds])
         for p, tree in enumerate(trees):
             if tree is not None:
                 self.cached[p] = self.tokens[p][:-1]

@@ -92,8 +92,11 @@ class TokenTree:
     def from_parents(cls, tokens: Sequence[int], parents: Sequence[int], drawn: str) -> "TokenTree":
         """The tree of these nodes (parents[n] < n, −1 for the root), children in node order."""
         tree = cls(tokens[0], drawn)
-        for token, parent in zip(tokens[1:], parents[1:]):
-            tree.add(parent, token)
+        tree.tokens, tree.parents = [int(t) for t in tokens], list(parents)
+        tree.children = [[] for _ in tokens]
+        for node, parent in enumerate(parents[1:], 1):
+            tree.depths.append(tree.depths[parent] + 1)
+            tree.children[parent].append(node)
         return tree
 
     def __len__(self) -> int:
@@ -232,20 +235,20 @@ class StaticGrowth:
 
 def top_rows(block: np.ndarray, count: int) -> np.ndarray:
     """Each row's `count` most probable tokens, most probable first (ties: lower id): [F, count] of [F, V]."""
-    return _ranked(block, count)[0]
+    return np.array([[token for _, token in row] for row in _ranked(block, count)], dtype=np.int64).reshape(len(block), -1)
 
 
-def _ranked(block: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """top_rows(block, count) and the rows' values at those tokens."""
+def _ranked(block: np.ndarray, count: int) -> list[list[tuple[float, int]]]:
+    """Per row of `block` [F, V], its `count` most probable tokens as (−value, token), most probable
+    first (ties: lower id): one partition of the block, then the few winners sorted in Python."""
     count = min(count, block.shape[1])
     if count < block.shape[1]:
         best = np.argpartition(-block, count - 1, axis=1)[:, :count]
     else:
-        best = np.broadcast_to(np.arange(block.shape[1]), block.shape).copy()
-    rows = np.arange(len(best))[:, None]
-    values = block[rows, best]
-    order = np.lexsort((best, -values), axis=-1)
-    return best[rows, order], values[rows, order]
+        best = np.broadcast_to(np.arange(block.shape[1]), block.shape)
+    values = block[np.arange(len(best))[:, None], best]
+    return [sorted(zip((-v for v in row_values), row_best))
+            for row_values, row_best in zip(values.tolist(), best.tolist())]
 
 
 class DynamicGrowth:
@@ -276,14 +279,13 @@ class DynamicGrowth:
         for c, row in zip(frontier, rows):
             self.tree.rows[self._node[c]] = row  # not needed to verify (point masses), kept for inspection
         # each row's top_k tokens with mass, best first (the rows' own dtype ranks them as float64 would)
-        best, mass = _ranked(rows if isinstance(rows, np.ndarray) else np.array(rows), self.top_k)
         parents, tokens, masses = [], [], []
-        for parent, row_tokens, row_mass in zip(frontier, best.tolist(), mass.tolist()):
-            for token, value in zip(row_tokens, row_mass):
-                if value > 0:
+        for parent, ranked in zip(frontier, _ranked(rows if isinstance(rows, np.ndarray) else np.array(rows), self.top_k)):
+            for value, token in ranked:
+                if value < 0:  # (−value: kept when it has mass)
                     parents.append(parent)
                     tokens.append(token)
-                    masses.append(value)
+                    masses.append(-value)
         if not parents:
             self._passes = 0
             return
@@ -309,8 +311,8 @@ class DynamicGrowth:
 
 
 def _best_first(scores: Sequence[float]) -> list[int]:
-    """Indices of `scores`, highest first, ties in index order (a stable sort)."""
-    return sorted(range(len(scores)), key=lambda i: -scores[i])
+    """Indices of `scores`, highest first, ties in index order (a stable sort, also reversed)."""
+    return sorted(range(len(scores)), key=scores.__getitem__, reverse=True)
 
 
 def grow_trees(ctx: "Decoding", drafter: "Drafter", growths: Sequence[Optional[Any]]) -> list[Optional[TokenTree]]:

@@ -208,7 +208,11 @@ def fill_step_inputs(windows: Windows, lengths: int | Sequence[int] | np.ndarray
     if not (isinstance(lengths, np.ndarray) and lengths.shape == (images,)):  # a runner's own: as it is
         lengths = np.broadcast_to(np.asarray(lengths, dtype=np.int64), (images,))
     by_pair = (pairs, images)  # batch row k·images + i is image i's CFG twin k
-    np.less(_columns(capacity), lengths[:, None, None], out=mask[:, :, :capacity].reshape(*by_pair, size, capacity))
+    if images == 1:  # the committed rows, then the rest: two fills
+        mask[:, :, :int(lengths[0])] = True
+        mask[:, :, int(lengths[0]):capacity] = False
+    else:
+        np.less(_columns(capacity), lengths[:, None, None], out=mask[:, :, :capacity].reshape(*by_pair, size, capacity))
     if caption_mask is not None:
         mask[:, :, :caption_mask.shape[1]] &= caption_mask[:, None, :]
     block = mask[:, :, capacity:capacity + size]
