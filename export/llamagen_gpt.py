@@ -169,13 +169,19 @@ def _repeat_kv(x: torch.Tensor, rep: int) -> torch.Tensor:
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: Optional[torch.Tensor],
            past_v: Optional[torch.Tensor], mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """Attention of q [B,H,W,D] over the cache (past_k/v [B,Hkv,C,D] or None) and the window's
-    k/v [B,Hkv,W,D] (GQA heads repeated), mask bool [B,1,W,C+W] or None (causal): [B,H,W,D]."""
-    keys = k if past_k is None else torch.cat([past_k, k], dim=2)
-    values = v if past_v is None else torch.cat([past_v, v], dim=2)
+    """Attention of q [B,H,W,D] over the cache (past_k/v [B,Hkv,C,D], a tuple of such segments
+    along the sequence axis, or None) and the window's k/v [B,Hkv,W,D] (GQA heads repeated), mask
+    bool [B,1,W,C+W] or None (causal): [B,H,W,D]. Segments (a draft chain's cache and the rows it
+    drafted so far: runtime/chain.py) are joined with the window's rows in one concatenation."""
+    keys = k if past_k is None else torch.cat([*_segments(past_k), k], dim=2)
+    values = v if past_v is None else torch.cat([*_segments(past_v), v], dim=2)
     rep = q.shape[1] // k.shape[1]
     keys, values = _repeat_kv(keys, rep), _repeat_kv(values, rep)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None)
+
+
+def _segments(past: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return past if isinstance(past, tuple) else (past,)
 
 
 class TransformerBlock(nn.Module):

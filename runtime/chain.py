@@ -32,6 +32,19 @@ from torch import nn
 from specrt.runtime.head import SamplingHead
 
 
+class KVSegments:
+    """A cache in segments along the sequence axis (each [L, 2, B, Hkv, C_s, D]), read per layer as a
+    model reads its past_kv (`past_kv[i, 0]`: layer i's keys), giving a tuple of the segments' that
+    the models' attention joins with the window's own rows in one concatenation
+    (export.llamagen_gpt.attend): the cache and the rows drafted so far are never copied together first."""
+
+    def __init__(self, *parts: torch.Tensor):
+        self.parts = parts
+
+    def __getitem__(self, index) -> tuple[torch.Tensor, ...]:
+        return tuple(part[index] for part in self.parts)
+
+
 class DraftChain(nn.Module):
     """(ids, positions [B, W], mask [B, W, C + W], past_kv [.., B, .., C, D], last [I], mix [I, B],
     uniforms [I, L]) -> (present_kv [.., B, .., W + L − 1, D], probs [I, L, V], draws [I, L] int32)."""
@@ -71,7 +84,7 @@ class DraftChain(nn.Module):
         for j in range(1, self.steps):
             ids = draws.long().repeat(pairs, 1)              # [B, 1]: each image's draft, its CFG twin alike
             mask = torch.cat([seen, torch.ones(batch, j, dtype=seen.dtype, device=seen.device)], dim=1)[:, None]
-            logits, fed, present = self._step(ids, fed, position + j, mask, torch.cat([past_kv, local], dim=4))
+            logits, fed, present = self._step(ids, fed, position + j, mask, KVSegments(past_kv, local))
             local = torch.cat([local, present], dim=4)
             probs, draws = self.head(logits, mix, uniforms[:, j:j + 1])
             all_probs.append(probs)
