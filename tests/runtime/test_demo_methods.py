@@ -10,20 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from demo_pipes import demo_torch_pipeline  # noqa: E402
 from specrt.runtime.pipeline import Pipeline  # noqa: E402
 
 CLASSES = list(range(10))
-
-
-@pytest.fixture(scope="module")
-def ort_pipe(demo_bundle):
-    return Pipeline.from_bundle(demo_bundle, threads=1)
-
-
-@pytest.fixture(scope="module")
-def torch_pipe():
-    return demo_torch_pipeline()
 
 
 def mean_accepted_length(pipe: Pipeline, method: str, classes: list[int] = CLASSES, **params) -> float:

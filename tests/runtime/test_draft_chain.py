@@ -12,20 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from demo_pipes import demo_torch_pipeline, step_by_step  # noqa: E402
+from demo_pipes import step_by_step  # noqa: E402
 from specrt.manifest import read_manifest  # noqa: E402
-from specrt.runtime.pipeline import Pipeline  # noqa: E402
 from specrt.runtime.window import Window  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def ort_pipe(demo_bundle):
-    return Pipeline.from_bundle(demo_bundle, threads=1)
-
-
-@pytest.fixture(scope="module")
-def torch_pipe():
-    return demo_torch_pipeline()
 
 
 def test_the_demo_bundle_carries_a_four_draft_chain(demo_bundle, ort_pipe):
