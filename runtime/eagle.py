@@ -239,18 +239,16 @@ class EagleDrafter(Drafter):
 
     def _propose_in_one_call(self, ctx, counts: Sequence[int], lengths: Sequence[int],
                              steps: int) -> tuple[list[list[int]], list[list[Any]]]:
-        """propose_chain as one chain call of `steps` drafts. The uniforms come from ctx.run_chain,
+        """propose_chain as one chain call of `steps` drafts. The uniforms come from ctx.run_chain_pairs,
         which draws each image's as the step-by-step loop would (its queue's, then one per later
         draft it keeps); the queues are committed for good and the drafts fed (each image's first
-        lengths[p] − 1, at the chain's slots after the widest queue) as this round's rows, which
+        lengths[p] − 1: runner.commit_chain) as this round's rows, which
         rollback drops: the state the loop leaves. The rows are views of the head's output,
         valid until its second next call (the loop copies them: its next steps reuse the buffer)."""
         windows, features = self._queued(counts)
-        out = ctx.run_chain(_Paired(self.head, features), windows, lengths, steps)
-        width = max(counts)  # the window's width: the drafts' present rows start here
+        out = ctx.run_chain_pairs(self.head, windows, features, lengths, steps)
         stable = self.head.lengths + np.asarray(counts, dtype=np.int64)
-        self.head.commit([[*range(n), *range(width, width + k - 1)] if n > 0 else None
-                          for n, k in zip(counts, lengths)])
+        self.head.commit_chain(counts, lengths)
         self._dequeue(counts)
         self._stable = stable
         drafts = [row[:k] if n > 0 else [] for row, n, k in zip(out.draws.tolist(), counts, lengths)]
@@ -287,17 +285,3 @@ class EagleDrafter(Drafter):
             rows[p] = [np.array(out.tree_rows()[p, slot[n]]) for n in nodes[p]]
         return rows
 
-
-class _Paired:
-    """The head as Decoding.run_chain drives a runner (its `images`, `chain(windows, steps,
-    uniforms)`), with the features of the windows' pairs bound: run_chain keeps the one rule for
-    a chain's uniforms, and the head gets its features (HeadRunner.chain_pairs)."""
-
-    def __init__(self, head: HeadRunner, features: Sequence[Optional[np.ndarray]]):
-        self.head, self.features = head, features
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.head, name)
-
-    def chain(self, windows: Windows, steps: int, uniforms: np.ndarray) -> StepOutput:
-        return self.head.chain_pairs(windows, self.features, steps, uniforms)

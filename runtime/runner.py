@@ -234,32 +234,12 @@ class ModelRunner(ABC):
         `windows`: one Window for every image, an int array [images, W] (each image's chain of W
         tokens), or one Window per image (None: nothing to run for it).
         """
-        if isinstance(windows, np.ndarray):  # chains of one width: the common step, kept cheap
-            if windows.ndim != 2 or len(windows) != self.images:
-                raise ValueError(f"chains of shape {windows.shape} for a batch of {self.images} images")
-            size, running, top = windows.shape[1], self.images, windows.shape[1]
-        else:
-            sizes = window_sizes(windows, self.images)
-            size, running, top = max(int(sizes.max()), 1), int(np.count_nonzero(sizes)), sizes
-        if size > self.max_window:
-            raise SpecrtError(f"window of {size} tokens exceeds this model's max_window {self.max_window}")
-        highest = int(self.lengths.max()) + int(self.staged.max()) + top if isinstance(top, int) else \
-            int((self.lengths + self.staged + top).max())
-        if highest > self.capacity:
-            raise ValueError(f"windows of up to {size} tokens at lengths {self.lengths.tolist()} overflow "
-                             f"capacity {self.capacity}")
         start = time.perf_counter()
-        ids, positions, mask, uniform_buffer = self._step_views(size)
-        if isinstance(windows, Window):
-            windows = [windows] * self.images
-        fill_step_inputs(windows, self.lengths, self.capacity, ids, positions, mask, self._caption_mask)
+        ids, positions, mask, uniform_buffer, top = self._window_inputs(windows)
         uniform_buffer[...] = uniforms
         ready = time.perf_counter()
         out = self._step(ids, positions, mask, uniform_buffer)
-        self.cache_seconds += ready - start
-        self.forward_seconds += time.perf_counter() - ready
-        self.forwards += 1
-        self.image_forwards += running
+        self._count_call(start, ready, top)
         return out
 
     def chain(self, windows: Windows, steps: int, uniforms: np.ndarray) -> StepOutput:
@@ -273,26 +253,51 @@ class ModelRunner(ABC):
         restriction: sampling.needs_restriction)."""
         if not self.can_chain(steps):
             raise SpecrtError(f"{type(self).__name__} cannot draw a chain of {steps} drafts in one call")
-        sizes = window_sizes(windows, self.images)
-        size = max(int(sizes.max()), 1)
-        if size + steps - 1 > self.max_window:
-            raise SpecrtError(f"a chain of {steps} drafts after a window of {size} exceeds max_window {self.max_window}")
         start = time.perf_counter()
-        ids, positions, mask, _ = self._step_views(size)
-        if isinstance(windows, Window):
-            windows = [windows] * self.images
-        fill_step_inputs(windows, self.lengths, self.capacity, ids, positions, mask, self._caption_mask)
+        ids, positions, mask, _, top = self._window_inputs(windows, fed=steps - 1)
         last = self._last[: self.images]
-        np.maximum(sizes - 1, 0, out=last, casting="unsafe")
+        np.maximum(np.asarray(top) - 1, 0, out=last, casting="unsafe")
         uniform_view = self._uniforms[: self.images * steps].reshape(self.images, steps)
         uniform_view[...] = uniforms
         ready = time.perf_counter()
         out = self._chain(ids, positions, mask, last, uniform_view)
+        self._count_call(start, ready, top, passes=steps)
+        return out
+
+    def _window_inputs(self, windows: Windows, fed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                                       int | np.ndarray]:
+        """Check each image's window (and `fed` rows after it: a chain's drafts) against max_window
+        and the capacity, and write their ids, positions and mask into the step's input views;
+        (ids, positions, mask, the uniforms view of the window's size, the window sizes: one int
+        for chains of one width, else per image)."""
+        if isinstance(windows, np.ndarray):  # chains of one width: the common step, kept cheap
+            if windows.ndim != 2 or len(windows) != self.images:
+                raise ValueError(f"chains of shape {windows.shape} for a batch of {self.images} images")
+            size = top = windows.shape[1]
+        else:
+            top = window_sizes(windows, self.images)
+            size = max(int(top.max()), 1)
+        if size + fed > self.max_window:
+            what = f"window of {size} tokens" + (f" and {fed} fed drafts" if fed else "")
+            raise SpecrtError(f"{what} exceeds this model's max_window {self.max_window}")
+        highest = int(self.lengths.max()) + int(self.staged.max()) + top + fed if isinstance(top, int) else \
+            int((self.lengths + self.staged + top).max()) + fed
+        if highest > self.capacity:
+            raise ValueError(f"windows of up to {size + fed} tokens at lengths {self.lengths.tolist()} overflow "
+                             f"capacity {self.capacity}")
+        ids, positions, mask, uniform_buffer = self._step_views(size)
+        if isinstance(windows, Window):
+            windows = [windows] * self.images
+        fill_step_inputs(windows, self.lengths, self.capacity, ids, positions, mask, self._caption_mask)
+        return ids, positions, mask, uniform_buffer, top
+
+    def _count_call(self, start: float, ready: float, sizes: int | np.ndarray, passes: int = 1) -> None:
+        """One model call's counters: input time (cache), graph time, the call, and the model
+        passes of the images that had a window (sizes as _window_inputs gives them)."""
         self.cache_seconds += ready - start
         self.forward_seconds += time.perf_counter() - ready
         self.forwards += 1
-        self.image_forwards += int(np.count_nonzero(sizes)) * steps
-        return out
+        self.image_forwards += passes * (self.images if isinstance(sizes, int) else int(np.count_nonzero(sizes)))
 
     def _step_views(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """ids, positions [B, W], mask [B, W, capacity + W] and uniforms [I, W] for a window of
@@ -327,6 +332,14 @@ class ModelRunner(ABC):
             self._write_slots(per_image, self.lengths)
             self.lengths += [len(s) for s in per_image]
         self.cache_seconds += time.perf_counter() - start
+
+    def commit_chain(self, sizes: Sequence[int], drafts: Sequence[int]) -> None:
+        """After `chain`: commit image p's window (its first sizes[p] slots) and the first
+        drafts[p] − 1 drafts it fed (their rows start after the widest window; the last draft was
+        never fed); an image without a window or drafts keeps nothing."""
+        width = max(sizes, default=0)
+        self.commit([None if not size or count <= 0 else range(size + count - 1) if size == width else
+                     [*range(size), *range(width, width + count - 1)] for size, count in zip(sizes, drafts)])
 
     def _prefix_counts(self, slots: Slots) -> Optional[np.ndarray]:
         """n_i per image when image i keeps its window's first n_i slots (in order); None otherwise."""

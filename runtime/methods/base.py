@@ -83,17 +83,28 @@ class Decoding:
 
     def run_chain(self, runner: ModelRunner, windows: Windows, lengths: Sequence[int], steps: int) -> StepOutput:
         """`runner.chain`: each image's window, then up to `steps` drafts drawn inside one call;
-        image i keeps its first lengths[i] (drafts past them are never read). Image i draws the
-        uniforms of its window from its own stream, as `run` would (the last one draws its first
-        draft), then one per later draft it keeps: its drafts are the ones `run` on the window
-        and lengths[i] − 1 one-token runs would draw, and its stream ends where theirs would."""
-        sizes = window_sizes(windows, runner.images).tolist()
-        uniforms = np.zeros((runner.images, steps))
+        image i keeps its first lengths[i] (drafts past them are never read), with uniforms from
+        its own stream as the step-by-step loop draws them (_chain_uniforms)."""
+        return runner.chain(windows, steps, self._chain_uniforms(windows, runner.images, lengths, steps))
+
+    def run_chain_pairs(self, head: Any, windows: Windows, features: Sequence[Optional[np.ndarray]],
+                        lengths: Sequence[int], steps: int) -> StepOutput:
+        """`run_chain` for an EAGLE head (runtime.eagle.HeadRunner.chain_pairs), with the features
+        before each image's window tokens, as `run_pairs` is `run`'s."""
+        return head.chain_pairs(windows, features, steps, self._chain_uniforms(windows, head.images, lengths, steps))
+
+    def _chain_uniforms(self, windows: Windows, images: int, lengths: Sequence[int], steps: int) -> np.ndarray:
+        """[images, steps] uniforms of a chain call: image i draws its window's from its own stream,
+        as `run` would (the last one draws its first draft), then one per later draft it keeps
+        (lengths[i] in all): its drafts are the ones `run` on the window and lengths[i] − 1
+        one-token runs would draw, and its stream ends where theirs would."""
+        sizes = window_sizes(windows, images).tolist()
+        uniforms = np.zeros((images, steps))
         for row, rng, size, count in zip(uniforms, self.rngs, sizes, lengths):
             if size and count > 0:
                 row[0] = rng.random(size)[-1]
                 rng.random(out=row[1:count])
-        return runner.chain(windows, steps, uniforms)
+        return uniforms
 
     def _uniforms(self, sizes: Sequence[int]) -> np.ndarray:
         """[images, longest] uniforms: image i's first sizes[i] from its stream, zeros past them."""

@@ -122,9 +122,7 @@ class DraftThenVerify(Method):
             feeds = [sequence[draft.lengths[p] - cond_len:] if draft_lens[p] > 0 else None
                      for p, sequence in enumerate(sequences)]
             out = ctx.run_chain(draft, chains(feeds), draft_lens, self.draft_len)
-            width = max(len(f) for f in feeds if f is not None)  # the drafts' present rows start here
-            draft.commit([None if f is None else range(len(f) + n - 1) if len(f) == width else
-                          [*range(len(f)), *range(width, width + n - 1)] for f, n in zip(feeds, draft_lens)])
+            draft.commit_chain([len(f) if f is not None else 0 for f in feeds], draft_lens)
             drafts = [row[:max(n, 0)] for row, n in zip(out.draws.tolist(), draft_lens)]
             return drafts, by_position(out.probs, longest)  # valid until the draft's second next call
         drafts: list[list[int]] = [[] for _ in sequences]
