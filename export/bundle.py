@@ -211,8 +211,8 @@ def _graph_jobs(models: ModelSet, options: ExportOptions, limits: GraphLimits) -
 
 
 def draft_chain_jobs(draft: nn.Module, steps: int, limits: GraphLimits, opset: int) -> list[tuple[str, Any]]:
-    """The `draft_chain` graph job for an independent draft model (none when steps is 0): every
-    bundle writer with a draft model adds it after draft_step."""
+    """The `draft_chain` graph job for an independent LlamaGen draft (none when steps is 0), after
+    draft_step; the unified writer exports its own in the weights' dtype (export_language_graph)."""
     if not steps:
         return []
     return [("draft_chain", lambda d: onnx_export.export_chain(draft, "draft", limits, d, opset, steps))]

@@ -148,17 +148,6 @@ class _StepGraph(_WithHead):
         return self._outputs(*self.gpt.step(input_ids.long(), positions.long(), attention_mask, past_kv), mix, uniforms)
 
 
-class _ChainGraph(nn.Module):
-    """The draft chain (runtime/chain.py) with the graphs' int32 ids, positions and `last`."""
-
-    def __init__(self, gpt: nn.Module, steps: int):
-        super().__init__()
-        self.chain = DraftChain(gpt, steps)
-
-    def forward(self, input_ids, positions, attention_mask, past_kv, last, mix, uniforms):
-        return self.chain(input_ids, positions, attention_mask, past_kv, last, mix, uniforms)
-
-
 def decode_codes(vq: nn.Module, codes: torch.Tensor) -> torch.Tensor:
     """codes int [B,h,w] -> image, for a full VQModel (decode_codes) or a VQDecoder (forward)."""
     return vq.decode_codes(codes.long()) if hasattr(vq, "decode_codes") else vq(codes.long())
@@ -443,7 +432,7 @@ def export_chain(gpt: nn.Module, role: str, limits: GraphLimits, out_dir: Path, 
                  steps: int = DEFAULT_CHAIN_STEPS) -> GraphSpec:
     """Export `<role>_chain`: a catch-up window, then `steps` drafts drawn inside the graph."""
     spec = chain_spec(f"{role}_chain", role, gpt.config, limits, opset, steps)
-    return _export(_ChainGraph(gpt, steps), spec, _example_inputs(spec, gpt.config), out_dir)
+    return _export(DraftChain(gpt, steps), spec, _example_inputs(spec, gpt.config), out_dir)  # its own signature
 
 
 def export_vq_decode(vq: nn.Module, grid: int, limits: GraphLimits, out_dir: Path, opset: int = DEFAULT_OPSET,

@@ -41,15 +41,6 @@ class _HeadStepGraph(nn.Module):
         return logits, features, present, probs, draws
 
 
-class _HeadChainGraph(nn.Module):
-    def __init__(self, head: EagleHead, steps: int):
-        super().__init__()
-        self.chain = HeadChain(head, steps)
-
-    def forward(self, input_ids, hidden, positions, attention_mask, past_kv, last, mix, uniforms):
-        return self.chain(input_ids, hidden, positions, attention_mask, past_kv, last, mix, uniforms)
-
-
 def kv_shape(config, length) -> tuple:
     return (1, 2, BATCH, config.n_kv_head, length, config.head_dim)
 
@@ -97,4 +88,4 @@ def export_head_chain(head: EagleHead, limits: GraphLimits, out_dir: Path, opset
     """Export the head's `draft_chain` graph: a catch-up window of pairs, then `steps` drafts
     drawn inside the graph (dynamic batch, window and cache length; steps static)."""
     spec = head_chain_spec(head.config, limits, opset, steps)
-    return _export(_HeadChainGraph(head, steps), spec, _examples(spec, head), out_dir)
+    return _export(HeadChain(head, steps), spec, _examples(spec, head), out_dir)  # its own signature

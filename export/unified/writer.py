@@ -25,6 +25,7 @@ from specrt.export import onnx_export
 from specrt.export.bundle import NEIGHBOURS_FILE, ExportOptions, export_graphs, write_neighbour_table
 from specrt.export.onnx_export import GraphLimits, capacity_for
 from specrt.manifest import FORMAT, MANIFEST_NAME, VERSION, GraphSpec, Manifest, file_record, read_manifest, rows_for_images
+from specrt.runtime.chain import DraftChain
 from specrt.runtime.grammar import head_neighbours
 
 FAMILY = "unified"
@@ -111,7 +112,7 @@ def export_language_graph(model: nn.Module, kind: str, role: str, limits: GraphL
     name = f"{role}_{kind}"
     if kind == "chain":
         spec = onnx_export.chain_spec(name, role, model.config, limits, opset, steps)
-        graph: nn.Module = onnx_export._ChainGraph(model, steps)
+        graph: nn.Module = DraftChain(model, steps)
     elif kind == "prefill":
         spec = onnx_export.prefill_spec(name, role, model.config, limits, opset, with_hidden)
         graph = onnx_export._PromptPrefillGraph(model, with_hidden)
