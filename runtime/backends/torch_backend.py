@@ -117,6 +117,7 @@ class TorchRunner(ModelRunner):
     """
 
     meters_host_reads = True
+    chain_kind = "DraftChain"  # the runtime.chain module `chain` runs
 
     def __init__(self, gpt: Any, max_window: int = 64, device: Optional[str] = None,
                  cuda_graphs: Optional[bool] = None):
@@ -270,10 +271,7 @@ class TorchRunner(ModelRunner):
         """runtime/chain.py's DraftChain, the module the draft_chain graph is exported from, on the
         runner's buffers: the drafts stay on the device between steps (one read of the draws at the end)."""
         torch, steps = self.torch, uniforms.shape[1]
-        chain = self._chains.get(steps)
-        if chain is None:
-            from specrt.runtime.chain import DraftChain  # needs torch, as this runner does
-            chain = self._chains[steps] = DraftChain(self.gpt, steps)
+        chain = self._chain_module(steps)
         with torch.inference_mode():
             ids_t = self._to_device(ids, getattr(self, "_ids_dev", None))
             pos_t = self._to_device(positions, getattr(self, "_pos_dev", None))
@@ -286,6 +284,15 @@ class TorchRunner(ModelRunner):
                 return self._kept(probs, draws)
             self._present, probs, draws = run()
             return self._handoff(probs, draws)
+
+    def _chain_module(self, steps: int) -> Any:
+        """The chain module (`chain_kind`: runtime.chain's DraftChain, an EAGLE head's HeadChain) of
+        `steps` drafts over this model, made once per count."""
+        chain = self._chains.get(steps)
+        if chain is None:
+            from specrt.runtime import chain as chains  # needs torch, as this runner does
+            chain = self._chains[steps] = getattr(chains, self.chain_kind)(self.gpt, steps)
+        return chain
 
     def _eager_step(self, ids_t: Any, pos_t: Any, mask_t: Any, uniforms_t: Any) -> tuple[Any, Any, Any, Any]:
         """Model step and sampling head on the fixed input buffers: (present KV, probs, draws, hidden)."""
@@ -331,6 +338,8 @@ class TorchHeadRunner(HeadRunner, TorchRunner):
     (runtime/chain.py HeadChain, any number of drafts; no CUDA graphs: the feature input changes
     its host buffer per window size)."""
 
+    chain_kind = "HeadChain"
+
     def __init__(self, head: Any, target_spec: ModelSpec, max_window: int = 64, device: Optional[str] = None):
         TorchRunner.__init__(self, head, max_window, device, cuda_graphs=False)
         self.spec = target_spec  # the head speaks the target's token language and conditions
@@ -350,10 +359,7 @@ class TorchHeadRunner(HeadRunner, TorchRunner):
         """The head's chain module (the draft_chain graph's) on the runner's KV buffer: the drafts
         and the head's features stay on the device between drafts (one read of the draws at the end)."""
         torch, steps = self.torch, uniforms.shape[1]
-        chain = self._chains.get(steps)
-        if chain is None:
-            from specrt.runtime.chain import HeadChain  # needs torch, as this runner does
-            chain = self._chains[steps] = HeadChain(self.gpt, steps)
+        chain = self._chain_module(steps)
         with torch.inference_mode():
             dev = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
             self._present, probs, draws = chain(dev(ids), dev(features).to(self.dtype), dev(positions), dev(mask),
