@@ -125,11 +125,13 @@ def restrict(probs: np.ndarray, params: SamplingParams) -> np.ndarray:
 def inverse_cdf(probs: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
     """One draw per row of probs [..., V] with the given uniforms [...]: the number of CDF entries
     at or below u·total, so a zero-probability entry is never drawn (the head's formula)."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    cdf = np.cumsum(flat, axis=-1)
+    return draws_from_cdf(np.cumsum(probs.reshape(-1, probs.shape[-1]), axis=-1), uniforms).reshape(probs.shape[:-1])
+
+
+def draws_from_cdf(cdf: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
+    """inverse_cdf on rows' CDFs [R, V] (unnormalised: the uniform is scaled by each row's total)."""
     u = np.reshape(uniforms, -1) * cdf[:, -1]
-    idx = np.minimum((cdf <= u[:, None]).sum(axis=-1), flat.shape[-1] - 1)
-    return idx.reshape(probs.shape[:-1])
+    return np.minimum((cdf <= u[:, None]).sum(axis=-1), cdf.shape[-1] - 1)
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import numpy as np
 
 from specrt.errors import SpecrtError
-from specrt.runtime.sampling import inverse_cdf, sample
+from specrt.runtime.sampling import draws_from_cdf, inverse_cdf, sample
 
 # ---- the basic building blocks ------------------------------------------------------------
 
@@ -83,8 +83,7 @@ def sample_masses(mass: np.ndarray, fallback: np.ndarray, rng: np.random.Generat
     empty = cdf[:, -1] <= 1e-12
     if empty.any():
         cdf[empty] = np.cumsum(np.asarray(fallback, dtype=np.float64)[empty], axis=-1)
-    threshold = rng.random(len(cdf)) * cdf[:, -1]
-    return np.minimum((cdf <= threshold[:, None]).sum(axis=-1), cdf.shape[-1] - 1)
+    return draws_from_cdf(cdf, rng.random(len(cdf)))
 
 
 def g_star(p: np.ndarray, q: np.ndarray, f: np.ndarray) -> np.ndarray:
