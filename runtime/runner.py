@@ -256,7 +256,10 @@ class ModelRunner(ABC):
         start = time.perf_counter()
         ids, positions, mask, _, top = self._window_inputs(windows, fed=steps - 1)
         last = self._last[: self.images]
-        np.maximum(np.asarray(top) - 1, 0, out=last, casting="unsafe")
+        if isinstance(top, int):  # every image's window of one width
+            last[:] = max(top - 1, 0)
+        else:
+            np.maximum(top - 1, 0, out=last, casting="unsafe")
         uniform_view = self._uniforms[: self.images * steps].reshape(self.images, steps)
         uniform_view[...] = uniforms
         ready = time.perf_counter()
@@ -324,9 +327,10 @@ class ModelRunner(ABC):
                 self._write_runs(self.lengths, self._zeros[: self.images], np.full(self.images, len(slots)))
                 self.lengths += len(slots)
         elif (prefixes := self._prefix_counts(slots)) is not None:
-            if prefixes.any():
-                self._write_runs(self.lengths, self._zeros[: self.images], prefixes)
-                self.lengths += prefixes
+            if any(prefixes):
+                counts = np.array(prefixes, dtype=np.int64)
+                self._write_runs(self.lengths, self._zeros[: self.images], counts)
+                self.lengths += counts
         else:
             per_image = self._per_image(slots)
             self._write_slots(per_image, self.lengths)
@@ -341,21 +345,15 @@ class ModelRunner(ABC):
         self.commit([None if not size or count <= 0 else range(size + count - 1) if size == width else
                      [*range(size), *range(width, width + count - 1)] for size, count in zip(sizes, drafts)])
 
-    def _prefix_counts(self, slots: Slots) -> Optional[np.ndarray]:
+    def _prefix_counts(self, slots: Slots) -> Optional[list[int]]:
         """n_i per image when image i keeps its window's first n_i slots (in order); None otherwise."""
         if isinstance(slots, range) or not len(slots) or isinstance(slots[0], (int, np.integer)):
             count = _prefix_length(slots)
-            return None if count is None else np.full(self.images, count, dtype=np.int64)
+            return None if count is None else [count] * self.images
         if len(slots) != self.images:
             raise ValueError(f"{len(slots)} slot lists for a batch of {self.images} images")
-        counts = np.zeros(self.images, dtype=np.int64)
-        for i, image_slots in enumerate(slots):
-            if image_slots is not None:
-                count = _prefix_length(image_slots)
-                if count is None:
-                    return None
-                counts[i] = count
-        return counts
+        counts = [_prefix_length(image_slots) if image_slots is not None else 0 for image_slots in slots]
+        return None if None in counts else counts
 
     def _write_runs(self, columns: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> None:
         """kv[rows of image i, columns[i] + n] = present[rows of image i, starts[i] + n] for

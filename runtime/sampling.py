@@ -131,6 +131,8 @@ def inverse_cdf(probs: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
 def draws_from_cdf(cdf: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
     """inverse_cdf on rows' CDFs [R, V] (unnormalised: the uniform is scaled by each row's total)."""
     u = np.reshape(uniforms, -1) * cdf[:, -1]
+    if len(cdf) == 1:  # one row (a rejection at batch 1): a binary search, the same count, not a pass over V
+        return np.minimum(np.searchsorted(cdf[0], u, side="right"), cdf.shape[-1] - 1)
     return np.minimum((cdf <= u[:, None]).sum(axis=-1), cdf.shape[-1] - 1)
 
 

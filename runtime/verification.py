@@ -55,9 +55,13 @@ def acceptance(target_mass: float | np.ndarray, draft_mass: float | np.ndarray) 
         return 1.0 if draft <= 0 else min(1.0, max(0.0, float(target_mass) / draft))
     target_mass = np.asarray(target_mass, dtype=np.float64)
     draft_mass = np.asarray(draft_mass, dtype=np.float64)
-    ratio = np.ones(np.broadcast(target_mass, draft_mass).shape)
-    np.divide(target_mass, draft_mass, out=ratio, where=draft_mass > 0)
-    return np.maximum(np.minimum(ratio, 1.0, out=ratio), 0.0, out=ratio)
+    # the ratio only where the draft has more mass than the target (so some): 1 everywhere else,
+    # which is min(1, ratio) for the non-negative masses every rule hands over, in two numpy calls
+    shape = target_mass.shape if target_mass.shape == draft_mass.shape else \
+        np.broadcast_shapes(target_mass.shape, draft_mass.shape)
+    ratio = np.ones(shape)
+    np.divide(target_mass, draft_mass, out=ratio, where=draft_mass > target_mass)
+    return ratio
 
 
 def residual_mass(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -354,8 +358,8 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
     tests' uniforms are independent, and the resampling uniform is independent of them.
     """
     count, sizes = len(drafts), [len(chain) for chain in drafts]
-    lengths = np.array(sizes, dtype=np.int64)
-    next_tokens = np.asarray(draws)[np.arange(count), lengths].astype(np.int64)  # bonus tokens; rejections below
+    lengths, images = np.array(sizes, dtype=np.int64), np.arange(count)
+    next_tokens = np.asarray(draws)[images, lengths].astype(np.int64, copy=False)  # bonus tokens; rejections below
     longest = max(sizes, default=0)
     if longest == 0:
         return ChainOutcomes(np.zeros(count, dtype=np.int64), next_tokens)
@@ -364,11 +368,12 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
     for size, rng, row in zip(sizes, rngs, uniforms):
         if size:
             rng.random(out=row[: size + 1])
-    images, steps = np.arange(count), np.arange(longest)
+    steps = np.arange(longest)
     q_at = gather(q_block, (steps, images[:, None], tokens))  # [images, L]
     p_at = gather(p_block, (images[:, None, None], steps[:, None], rule.columns(tokens)))  # [images, L, c]
-    passed = uniforms[:, :longest] <= rule.accept_probabilities(p_at, q_at, steps + 1)
-    accepted = np.minimum(passed.cumprod(axis=1).sum(axis=1), lengths)  # leading passes within the chain: τ
+    passed = np.zeros((count, longest + 1), dtype=bool)  # a failed test after the last: argmin finds one
+    np.less_equal(uniforms[:, :longest], rule.accept_probabilities(p_at, q_at, steps + 1), out=passed[:, :longest])
+    accepted = np.minimum(passed.argmin(axis=1), lengths)  # leading passes within the chain: τ
     rejected = np.flatnonzero(accepted < lengths)
     if rejected.size:
         at = accepted[rejected]

@@ -98,7 +98,7 @@ class Decoding:
         as `run` would (the last one draws its first draft), then one per later draft it keeps
         (lengths[i] in all): its drafts are the ones `run` on the window and lengths[i] − 1
         one-token runs would draw, and its stream ends where theirs would."""
-        sizes = window_sizes(windows, images).tolist()
+        sizes = [windows.shape[1]] * images if isinstance(windows, np.ndarray) else window_sizes(windows, images).tolist()
         uniforms = np.zeros((images, steps))
         for row, rng, size, count in zip(uniforms, self.rngs, sizes, lengths):
             if size and count > 0:
