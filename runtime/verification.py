@@ -448,7 +448,7 @@ def stack_rows(rows: Sequence[np.ndarray]) -> np.ndarray:
     backend = next((type(r) for r in rows if hasattr(type(r), "stack_rows")), None)
     if backend is not None:
         return backend.stack_rows(rows)
-    return np.stack([np.asarray(r) for r in rows])
+    return np.array([np.asarray(r) for r in rows])  # one C-level copy (np.stack reshapes each row in Python)
 
 
 def verify_positions(p_block: np.ndarray, q_rows: Sequence[np.ndarray], tokens: Sequence[int],
@@ -468,15 +468,16 @@ def verify_positions(p_block: np.ndarray, q_rows: Sequence[np.ndarray], tokens: 
     # (DeviceRows): one stacked block, so each read is one transfer for every position
     q_block = None if on_host else stack_rows(q_rows)
     p_at = np.asarray(p_block[index], dtype=np.float64)
-    q_at = np.fromiter((row[t] for row, t in zip(q_rows, tokens)), np.float64, count) if on_host else \
+    q_at = np.array([row.item(t) for row, t in zip(q_rows, tokens)], dtype=np.float64) if on_host else \
         np.asarray(q_block[index], dtype=np.float64)
     out = [int(t) for t in tokens]
     rejected = np.flatnonzero(rng.random(count) > acceptance(p_at, q_at))
     if rejected.size:
         p_rejected = np.asarray(p_block[rejected], dtype=np.float64)
-        q_rejected = np.stack([q_rows[i] for i in rejected]) if on_host else np.asarray(q_block[rejected])
-        for i, token in zip(rejected, sample_masses(residual_mass(p_rejected, q_rejected), p_rejected, rng)):
-            out[i] = int(token)
+        # np.array copies a list of rows in C, where np.stack reshapes each row in Python first
+        q_rejected = np.array([q_rows[i] for i in rejected]) if on_host else np.asarray(q_block[rejected])
+        for i, token in zip(rejected.tolist(), sample_masses(residual_mass(p_rejected, q_rejected), p_rejected, rng).tolist()):
+            out[i] = token
     return out
 
 
