@@ -25,11 +25,14 @@ is total_tokens=63, depth=6, tree_top_k=8 here.
 """
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
 from specrt.errors import SpecrtError
+from specrt.validation import Param
 from specrt.runtime.verification import SAMPLED, TOP, draws_without_replacement
 from specrt.runtime.window import Window
 
@@ -187,9 +190,44 @@ class StaticShape:
 
 
 def static_shape(name: str) -> StaticShape:
-    if name not in STATIC_TREES:
-        raise SpecrtError(f"unknown static tree {name!r}; choose one of {', '.join(STATIC_TREES)}")
-    return StaticShape(STATIC_TREES[name])
+    """The shape `static_tree` names: a STATIC_TREES name, or a tree plan file (runtime.tree_plan,
+    written by `specrt plan-tree`: the tree sized for a device). Read each time it is asked for
+    (a few KB of JSON, next to a round's cost nothing), so a rewritten plan is seen at once."""
+    if name in STATIC_TREES:
+        return StaticShape(STATIC_TREES[name])
+    from specrt.runtime.tree_plan import is_plan_reference, read_plan
+
+    if not is_plan_reference(name):
+        raise SpecrtError(f"unknown static tree {name!r}; choose one of {', '.join(STATIC_TREES)}, "
+                          f"or give a tree plan file (specrt plan-tree)")
+    tree = read_plan(name).tree
+    try:
+        return StaticShape(tree)
+    except SpecrtError as exc:
+        raise SpecrtError(f"tree plan {name}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class StaticTreeParam(Param):
+    """The `static_tree` method parameter: a STATIC_TREES name, or the path of a tree plan file,
+    which is read and checked here, when the method is made (a CLI typo fails before a model loads)."""
+
+    def check(self, name: str, value: Any) -> str:
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if isinstance(value, str) and value in STATIC_TREES:
+            return value
+        from specrt.runtime.tree_plan import is_plan_reference
+
+        if not isinstance(value, str) or not is_plan_reference(value):
+            shown = repr(value) if isinstance(value, str) else str(value)
+            raise SpecrtError(f"{name} must be one of {', '.join(STATIC_TREES)} or a tree plan file "
+                              f"(specrt plan-tree), got {shown}")
+        try:
+            static_shape(value)
+        except SpecrtError as exc:
+            raise SpecrtError(f"{name}: {exc}") from None
+        return value
 
 
 class StaticGrowth:

@@ -12,7 +12,7 @@ from typing import Iterator
 import click
 
 from specrt import __version__
-from specrt.commands import bench, build, demo, export, generate, inspect, quantize, serve, train_draft
+from specrt.commands import bench, build, demo, export, generate, inspect, plan_tree, quantize, serve, train_draft
 from specrt.errors import SpecrtError, Terminated
 
 
@@ -29,6 +29,7 @@ def cli() -> None:
       specrt build bundle                 # TensorRT engines (on the deployment GPU)
       specrt generate bundle --method cool-sd --class 3 --out img.png
       specrt bench                        # every method's speed and fidelity, one run
+      specrt plan-tree --out plan.json    # a draft tree sized for this device (static_tree=plan.json)
       specrt serve bundle                 # Triton Inference Server (PyTriton), HTTP + gRPC
       specrt train-draft --out head       # an EAGLE draft head for the target (then export --eagle head)
 
@@ -36,8 +37,8 @@ def cli() -> None:
     """
 
 
-for command in (export.command, quantize.command, build.command, generate.command, bench.command, inspect.command,
-                serve.serve_command, serve.triton_repo_command, train_draft.command, demo.group):
+for command in (export.command, quantize.command, build.command, generate.command, bench.command, plan_tree.command,
+                inspect.command, serve.serve_command, serve.triton_repo_command, train_draft.command, demo.group):
     cli.add_command(command)
 
 

@@ -9,7 +9,8 @@ windows), each with its own stream, so an image's tokens do not depend on its ba
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -17,10 +18,26 @@ from specrt.runtime.conditions import Conditions
 from specrt.runtime.drafting import finish_round, make_drafter
 from specrt.runtime.methods.base import Batched, Decoding
 from specrt.runtime.tree import DynamicGrowth, StaticGrowth, grow_trees, static_shape
-from specrt.runtime.verification import verify_tree
+from specrt.runtime.verification import TreeOutcome, verify_tree
 
 if TYPE_CHECKING:  # pragma: no cover
     from specrt.runtime.methods.speculative import DraftThenVerify
+    from specrt.runtime.tree import TokenTree
+
+TreeObserver = Callable[[Sequence[Optional["TokenTree"]], Sequence[Optional[TreeOutcome]]], None]
+_observers: list[TreeObserver] = []
+
+
+@contextmanager
+def observing_trees(observer: TreeObserver) -> Iterator[None]:
+    """Call observer(trees, outcomes) after each round verified while the block runs (per batch
+    position; None: no tree): `specrt plan-tree` counts which sibling rank was accepted through
+    the public Pipeline. Outside such a block a round pays one check of an empty list."""
+    _observers.append(observer)
+    try:
+        yield
+    finally:
+        _observers.remove(observer)
 
 
 def generate_trees(method: "DraftThenVerify", ctx: Decoding, conditions: Conditions) -> np.ndarray:
@@ -53,6 +70,8 @@ def generate_trees(method: "DraftThenVerify", ctx: Decoding, conditions: Conditi
         with ctx.stats.timing("verification"):
             outcomes = [verify_tree(scored.probs[p], tree, rule, ctx.rngs[p], scored.draws[p])
                         if tree is not None else None for p, tree in enumerate(trees)]
+        for observe in _observers:
+            observe(trees, outcomes)
         finish_round(ctx, drafter, tokens, images, scored,
                      [outcome.path if outcome is not None else None for outcome in outcomes],
                      [outcome.accepted + [outcome.next_token] if outcome is not None else None for outcome in outcomes])

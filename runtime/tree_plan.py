@@ -1,0 +1,445 @@
+"""Static trees sized for the device (Sequoia's idea): the shape that drafts the most tokens per
+second, from measured sibling acceptance and measured step latencies.
+
+Why: a bigger tree accepts more tokens per target pass, but a pass over W tokens costs t(W).
+On a GPU t(W) is flat far beyond 64 tokens, so a 25-node tree pays; on a CPU the demo target's
+t(26) is about 2.2 t(5), and the same tree is slower than a chain. No one shape suits both: the
+shape has to follow the device, so `specrt plan-tree` measures both sides and solves.
+
+The model (Sequoia's positional acceptance):
+- a_r = the probability that the child of rank r (0-based: the (r+1)-th drawn without
+  replacement, or the (r+1)-th best for top-k trees) is the one accepted, given that its parent
+  was reached and has at least r + 1 children. Verification tries siblings in rank order, so
+  whether rank r is accepted does not depend on how many siblings come after it, and the ranks'
+  events are exclusive: Σ_r a_r ≤ 1.
+- A node reached by the ranks (r_1, ..., r_d) from the root is reached with probability
+  s = a_{r_1} · ... · a_{r_d} (its score), and every node reached adds one accepted token, so a
+  round verifies 1 + Σ s tokens on average (the 1: the resampled or bonus token).
+- With a_r non-increasing, the n highest-scoring paths form a valid tree (a parent, and a
+  lower-ranked sibling, score at least as high as the node), and it is the best tree of n nodes;
+  with a depth limit D, the best n among the paths of at most D ranks.
+- A round costs one target pass over n + 1 tokens and one draft pass per depth level whose width
+  is the number of nodes expanded there (runtime.drafting runs each node once); both from
+  measured latencies (`Latency`). Tokens per second of tree (n, D): (1 + Σ s) / cost. The plan
+  takes the best (n, D), and compares it with the chain of the same draft (a_0 per position:
+  a chain's draft is the rank-0 child), drafted in one draft_chain call where the runner has one.
+
+A plan file is JSON: the tree as rank paths (the format of runtime.tree.STATIC_TREES, so
+`static_tree=PLAN.json` uses it), the acceptance measured, the latencies used, what it was
+measured on, and the predicted speed-ups. Written atomically (a temporary file, then a rename).
+Pure Python and numpy-free on purpose: the runtime reads plans with nothing else loaded.
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from specrt.errors import SpecrtError
+
+PLAN_FORMAT = "specrt-tree-plan"
+PLAN_VERSION = 1
+DRAFTERS = ("model", "eagle")  # an independent draft model, an EAGLE head (runtime.drafting / runtime.eagle)
+
+Path_ = tuple[int, ...]
+
+
+# ---- acceptance per sibling rank -------------------------------------------------------------------
+
+
+@dataclass
+class RankCounts:
+    """Verification outcomes by sibling rank: `tried[r]` = visits of a node with more than r
+    children (rank r could have been accepted), `accepted[r]` = visits where rank r was."""
+
+    tried: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    def add(self, children: Sequence[Sequence[int]], path: Sequence[int]) -> None:
+        """One verified round: `children[n]` are node n's children in verification order and `path`
+        the nodes the walk accepted, root first (runtime.verification.TreeOutcome.path). Every node of
+        the path that has children was visited; the next node of the path is the child accepted
+        there, and a visited node last on the path rejected all its children."""
+        for depth, node in enumerate(path):
+            kids = children[node]
+            if not kids:
+                continue  # a leaf: the bonus token, no sibling test
+            self._grow(len(kids))
+            for rank in range(len(kids)):
+                self.tried[rank] += 1
+            if depth + 1 < len(path):
+                self.accepted[kids.index(path[depth + 1])] += 1
+
+    def _grow(self, ranks: int) -> None:
+        while len(self.tried) < ranks:
+            self.tried.append(0)
+            self.accepted.append(0)
+
+    def acceptance(self) -> list[float]:
+        """a_r = accepted[r] / tried[r], made non-increasing (each a_r at most the one before).
+
+        Why non-increasing: the tree solver's best-n-paths argument needs it, and a later rank
+        accepted more often than an earlier one is sampling noise (or a draft whose later draws
+        are better than its first, which no draft-then-verify scheme assumes); lowering the
+        estimate only keeps the plan from relying on it. Ranks never tried are left out."""
+        out: list[float] = []
+        for tried, accepted in zip(self.tried, self.accepted):
+            if tried == 0:
+                break
+            rate = accepted / tried
+            out.append(min(rate, out[-1]) if out else rate)
+        return out
+
+
+# ---- the best tree for a node budget ---------------------------------------------------------------
+
+
+def best_paths(acceptance: Sequence[float], nodes: int, max_depth: Optional[int] = None) -> list[tuple[float, Path_]]:
+    """The `nodes` highest-scoring rank paths of at most `max_depth` ranks, best first, with their
+    scores (the product of a_r along the path): the best static tree of that size.
+
+    Best-first over the paths: each path is pushed by the one that bounds it (its parent for a
+    rank-0 child, its next-higher-ranked sibling otherwise), which scores at least as high when
+    a is non-increasing, so the pops come in score order and every prefix of them is a valid tree
+    (runtime.tree.StaticShape: parent and lower-ranked siblings present). Ties: shorter paths,
+    then lower ranks, first."""
+    check_acceptance(acceptance)
+    depth = nodes if max_depth is None else max_depth
+    out: list[tuple[float, Path_]] = []
+    if not acceptance or nodes <= 0 or depth <= 0:
+        return out
+    heap: list[tuple[float, int, Path_, float]] = [(-acceptance[0], 1, (0,), 1.0)]  # (−score, len, path, parent's)
+    while heap and len(out) < nodes:
+        negative, length, path, parent = heapq.heappop(heap)
+        score = -negative
+        out.append((score, path))
+        if length < depth:
+            heapq.heappush(heap, (-score * acceptance[0], length + 1, path + (0,), score))
+        rank = path[-1] + 1
+        if rank < len(acceptance):
+            heapq.heappush(heap, (-parent * acceptance[rank], length, path[:-1] + (rank,), parent))
+    return out
+
+
+def check_acceptance(acceptance: Sequence[float]) -> None:
+    """SpecrtError unless every a_r is a probability and they do not increase with r."""
+    for rank, value in enumerate(acceptance):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and 0.0 <= value <= 1.0):
+            raise SpecrtError(f"acceptance a_{rank} must be a probability in [0, 1], got {value!r}")
+        if rank and value > acceptance[rank - 1] + 1e-12:
+            raise SpecrtError(f"acceptance must not increase with the sibling rank: a_{rank} = {value:g} > "
+                              f"a_{rank - 1} = {acceptance[rank - 1]:g}")
+
+
+def expected_tokens(scores: Iterable[float]) -> float:
+    """Tokens a round commits on average: every node reached is one, plus the token after the walk."""
+    return 1.0 + sum(scores)
+
+
+def level_widths(paths: Iterable[Path_]) -> list[int]:
+    """Nodes expanded (given children) at each depth: the width of each draft pass (depth 0: the root)."""
+    parents: list[set[Path_]] = []
+    for path in paths:
+        depth = len(path) - 1
+        while len(parents) <= depth:
+            parents.append(set())
+        parents[depth].add(path[:-1])
+    return [len(level) for level in parents]
+
+
+# ---- latencies and the cost of a round --------------------------------------------------------------
+
+
+@dataclass
+class Latency:
+    """Measured seconds per call (fastest of repeats) that price a round.
+
+    target[W − 1]: a target step over W tokens. draft[w − 1]: a draft pass over w tokens (a level
+    of the tree; for an EAGLE head, also its call on the round's committed pairs). chain[k]: one
+    draft_chain call drawing k drafts (empty: the runner has none). `drafter`: "model" (an
+    independent draft: a round's first pass also feeds the one committed token its cache may lack)
+    or "eagle" (a head: a round first runs its committed pairs, about one per token of the last
+    round, in a call of their own). host_*: seconds of host work per round; 0 prices graph time
+    alone, which is what a device with a fast loop approaches."""
+
+    target: list[float]
+    draft: list[float]
+    chain: dict[int, float] = field(default_factory=dict)
+    drafter: str = "model"
+    # host work (Python between the graph calls: verification, KV commits, growing the tree), from
+    # decoding runs: a tree round's fixed part, its part per node and per level, a chain round's
+    host_round: float = 0.0
+    host_node: float = 0.0
+    host_level: float = 0.0  # per draft pass of a tree (each depth is a drafter call and its bookkeeping)
+    host_chain: float = 0.0
+    host_ar: float = 0.0  # ar's per token: the baseline's own host work
+
+    def __post_init__(self) -> None:
+        if self.drafter not in DRAFTERS:
+            raise SpecrtError(f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}")
+        if any(not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0)
+               for v in (self.host_round, self.host_node, self.host_level, self.host_chain, self.host_ar)):
+            raise SpecrtError("latency host seconds must be finite and non-negative")
+        for name, values in (("target", self.target), ("draft", self.draft), ("chain", list(self.chain.values()))):
+            if name != "chain" and not values:
+                raise SpecrtError(f"latency {name} needs at least one measured window")
+            if any(not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0) for v in values):
+                raise SpecrtError(f"latency {name} must be positive finite seconds")
+
+    def target_s(self, window: int) -> float:
+        return _at(self.target, window, "target")
+
+    def draft_s(self, width: int) -> float:
+        return _at(self.draft, width, "draft")
+
+    def catch_up_s(self, tokens_per_round: float) -> float:
+        """An EAGLE head's call on the committed pairs (about one per token of a round); 0 otherwise."""
+        return self.draft_s(max(1, round(tokens_per_round))) if self.drafter == "eagle" else 0.0
+
+    def tree_round_s(self, nodes: int, widths: Sequence[int], tokens_per_round: float) -> float:
+        """One tree round: the target over the root and `nodes` drafts, one draft pass per level
+        (the first one feeding a model draft's uncached token too)."""
+        first = 1 if self.drafter == "model" else 0
+        passes = sum(self.draft_s(w + (first if d == 0 else 0)) for d, w in enumerate(widths))
+        host = self.host_round + self.host_node * nodes + self.host_level * len(widths)
+        return self.target_s(nodes + 1) + passes + self.catch_up_s(tokens_per_round) + host
+
+    def chain_round_s(self, drafts: int, tokens_per_round: float) -> float:
+        """One chain round of `drafts` drafts: in one draft_chain call where one is measured that
+        draws at least that many (the extra drafts are computed and ignored, as an EAGLE head's
+        runner does; an independent draft's graph must match exactly), else a pass per draft."""
+        calls = [k for k in self.chain if k == drafts or (self.drafter == "eagle" and k >= drafts >= 2)]
+        if calls:
+            return self.target_s(drafts + 1) + self.chain[min(calls)] + self.host_chain
+        first = self.draft_s(2) if self.drafter == "model" else self.catch_up_s(tokens_per_round)
+        return self.target_s(drafts + 1) + first + (drafts - 1) * self.draft_s(1) + self.host_chain
+
+    def to_json(self) -> dict[str, Any]:
+        return {"drafter": self.drafter, "target_s": self.target, "draft_s": self.draft,
+                "chain_s": {str(k): v for k, v in sorted(self.chain.items())},
+                "host_s": {"tree_round": self.host_round, "tree_node": self.host_node, "tree_level": self.host_level,
+                           "chain_round": self.host_chain,
+                           "ar_token": self.host_ar}}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Latency":
+        if not isinstance(data, dict):
+            raise SpecrtError("latency must be an object")
+        try:
+            chain = {int(k): float(v) for k, v in (data.get("chain_s") or {}).items()}
+            host = data.get("host_s") or {}
+            return cls([float(v) for v in data["target_s"]], [float(v) for v in data["draft_s"]], chain,
+                       str(data.get("drafter", "model")), float(host.get("tree_round", 0.0)),
+                       float(host.get("tree_node", 0.0)), float(host.get("tree_level", 0.0)),
+                       float(host.get("chain_round", 0.0)), float(host.get("ar_token", 0.0)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SpecrtError(f"latency is malformed ({exc})") from None
+
+
+def monotone(seconds: Sequence[float]) -> list[float]:
+    """Each latency lowered to the smallest at the same or a larger window. Why: a call over more
+    tokens never costs less, and on a shared machine other processes only ever add time, so a
+    window measured slower than a larger one was disturbed; the larger one bounds it."""
+    out = list(seconds)
+    for i in range(len(out) - 2, -1, -1):
+        out[i] = min(out[i], out[i + 1])
+    return out
+
+
+def _at(values: Sequence[float], window: int, name: str) -> float:
+    """values[window − 1]; past the last measured window, extrapolated linearly from the last two
+    (a step's cost grows at most linearly in its tokens)."""
+    if window < 1:
+        raise ValueError(f"{name} window {window}")
+    if window <= len(values):
+        return values[window - 1]
+    slope = values[-1] - values[-2] if len(values) > 1 else 0.0
+    return values[-1] + max(slope, 0.0) * (window - len(values))
+
+
+# ---- choosing the tree ------------------------------------------------------------------------------
+
+
+@dataclass
+class Candidate:
+    """One candidate: its rank paths (best first), expected tokens and seconds per round."""
+
+    paths: list[Path_]
+    tokens_per_round: float
+    seconds_per_round: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_round / self.seconds_per_round
+
+    @property
+    def depth(self) -> int:
+        return max((len(p) for p in self.paths), default=0)
+
+
+def best_tree(acceptance: Sequence[float], latency: Latency, max_nodes: int,
+              max_depth: Optional[int] = None) -> Candidate:
+    """The tree of at most `max_nodes` nodes (and `max_depth` levels) with the most tokens per
+    second under `latency`: for every depth limit D, the best-n-paths trees for n = 1..max_nodes
+    (each a prefix of the same best-first order), priced and compared."""
+    if max_nodes < 1:
+        raise SpecrtError(f"max_nodes must be at least 1, got {max_nodes}")
+    if not acceptance:
+        raise SpecrtError("no sibling acceptance measured: the probe run verified no tree")
+    best: Optional[Candidate] = None
+    for depth in range(1, (max_depth or max_nodes) + 1):
+        ranked = best_paths(acceptance, max_nodes, depth)
+        parents: list[set[Path_]] = []
+        total = 1.0
+        for count, (score, path) in enumerate(ranked, 1):
+            total += score
+            while len(parents) < len(path):
+                parents.append(set())
+            parents[len(path) - 1].add(path[:-1])
+            seconds = latency.tree_round_s(count, [len(level) for level in parents], total)
+            if best is None or total / seconds > best.tokens_per_s * (1 + 1e-12):
+                best = Candidate([p for _, p in ranked[:count]], total, seconds)
+        if max(len(p) for _, p in ranked) < depth:
+            break  # the limit did not bind: every deeper limit gives the same trees
+    assert best is not None
+    return best
+
+
+def best_chain(acceptance: Sequence[float], latency: Latency, max_drafts: int) -> Candidate:
+    """The chain (every draft rank 0) of 1..max_drafts drafts with the most tokens per second."""
+    options = [chain_choice(acceptance, latency, k) for k in range(1, max_drafts + 1)]
+    return max(options, key=lambda c: c.tokens_per_s)  # ties: the shorter chain (max keeps the first)
+
+
+def chain_choice(acceptance: Sequence[float], latency: Latency, drafts: int) -> Candidate:
+    """A chain of `drafts` drafts priced as a chain round (one draft_chain call where measured)."""
+    if not acceptance:
+        raise SpecrtError("no sibling acceptance measured: the probe run verified no tree")
+    tokens = expected_tokens(acceptance[0] ** d for d in range(1, drafts + 1))
+    return Candidate([(0,) * d for d in range(1, drafts + 1)], tokens, latency.chain_round_s(drafts, tokens))
+
+
+# ---- plan files -------------------------------------------------------------------------------------
+
+
+@dataclass
+class TreePlan:
+    """What `specrt plan-tree` writes: the chosen tree, the numbers it was chosen from, the prediction."""
+
+    tree: list[list[int]]
+    acceptance: list[float]
+    latency: Optional[Latency] = None
+    counts: Optional[RankCounts] = None
+    predicted: dict[str, Any] = field(default_factory=dict)
+    measured_on: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "tree": self.tree,
+                               "nodes": len(self.tree), "depth": max((len(p) for p in self.tree), default=0),
+                               "acceptance": self.acceptance}
+        if self.counts is not None:
+            out["acceptance_counts"] = {"tried": self.counts.tried, "accepted": self.counts.accepted}
+        if self.latency is not None:
+            out["latency"] = self.latency.to_json()
+        out["predicted"] = self.predicted
+        out["measured_on"] = self.measured_on
+        return out
+
+
+def write_plan(path: str | os.PathLike, plan: TreePlan) -> Path:
+    """Write `plan` as JSON at `path` through a temporary file in the same folder and a rename,
+    so a reader (a bench run using the plan) never sees half a file."""
+    path = Path(path)
+    text = json.dumps(plan.to_json(), indent=1) + "\n"
+    fd, partial = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return path
+
+
+def read_plan(path: str | os.PathLike) -> TreePlan:
+    """The plan in `path`; SpecrtError (one line naming the file) when it cannot be read, is not
+    JSON, or is not a tree plan. The tree's own shape rules are runtime.tree.StaticShape's."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SpecrtError(f"cannot read tree plan {path}: {reason}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecrtError(f"tree plan {path} is not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+        raise SpecrtError(f"{path} is not a tree plan (no \"format\": \"{PLAN_FORMAT}\"; write one with "
+                          f"`specrt plan-tree`)")
+    if data.get("version") != PLAN_VERSION:
+        raise SpecrtError(f"tree plan {path} has version {data.get('version')!r}; this specrt reads version {PLAN_VERSION}")
+    tree = data.get("tree")
+    if not (isinstance(tree, list) and tree and all(
+            isinstance(p, list) and p and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in p)
+            for p in tree)):
+        raise SpecrtError(f"tree plan {path}: \"tree\" must be a non-empty list of rank paths such as [[0], [1], [0, 0]]")
+    acceptance = data.get("acceptance", [])
+    if not isinstance(acceptance, list) or not all(isinstance(a, (int, float)) for a in acceptance):
+        raise SpecrtError(f"tree plan {path}: \"acceptance\" must be a list of numbers")
+    try:
+        latency = Latency.from_json(data["latency"]) if data.get("latency") is not None else None
+    except SpecrtError as exc:
+        raise SpecrtError(f"tree plan {path}: {exc}") from None
+    return TreePlan(tree, [float(a) for a in acceptance], latency, None, dict(data.get("predicted") or {}),
+                    dict(data.get("measured_on") or {}))
+
+
+def is_plan_reference(value: str) -> bool:
+    """Whether a static_tree value names a file rather than a built-in shape: a .json name, a path
+    with a folder in it, or a file that exists."""
+    return value.endswith(".json") or os.sep in value or "/" in value or os.path.isfile(value)
+
+
+# ---- probe shapes -----------------------------------------------------------------------------------
+
+
+def fan_paths(width: int, depth: int) -> list[list[int]]:
+    """A probe tree for measuring a_r: `width` children under the root and under each rank-0
+    descendant, `depth` levels (width · depth nodes). Every node the walk can reach with children
+    offers all `width` ranks, so each visit counts for every rank, and the walk goes as deep as
+    the draft's first choices are accepted."""
+    return [[0] * d + [r] for d in range(depth) for r in range(width)]
+
+
+def make_plan(acceptance: Sequence[float], latency: Latency, max_nodes: int, max_depth: Optional[int] = None,
+              counts: Optional[RankCounts] = None, measured_on: Optional[dict[str, Any]] = None,
+              default_draft_len: int = 4) -> TreePlan:
+    """The best tree under `latency`, with its prediction beside the chains' (the best chain of up
+    to max_nodes drafts, and the one of `default_draft_len`) and ar's (one target pass of 1 token
+    per token): speed-ups are ratios of predicted tokens per second, of graph time alone unless
+    `latency` has host seconds."""
+    tree = best_tree(acceptance, latency, max_nodes, max_depth)
+    chain = best_chain(acceptance, latency, max(1, min(max_nodes, max_depth or max_nodes)))
+    usual = chain_choice(acceptance, latency, default_draft_len)
+    ar = 1.0 / (latency.target_s(1) + latency.host_ar)
+
+    def summary(candidate: Candidate) -> dict[str, Any]:
+        return {"tokens_per_round": round(candidate.tokens_per_round, 4),
+                "seconds_per_round": candidate.seconds_per_round,
+                "speedup_vs_ar": round(candidate.tokens_per_s / ar, 4)}
+
+    predicted = {"tree": {"nodes": len(tree.paths), "depth": tree.depth, **summary(tree)},
+                 "chain": {"draft_len": len(chain.paths), **summary(chain)},
+                 f"chain_draft_len_{default_draft_len}": summary(usual),
+                 "speedup_vs_chain": round(tree.tokens_per_s / chain.tokens_per_s, 4),
+                 "faster": "tree" if tree.tokens_per_s > chain.tokens_per_s else "chain",
+                 "counts": "target and draft calls as measured" + (", and host work per round" if latency.host_round
+                                                                   or latency.host_node or latency.host_level
+                                                                   or latency.host_chain else "; host work is not counted")}
+    return TreePlan([list(p) for p in tree.paths], list(acceptance), latency, counts, predicted, dict(measured_on or {}))

@@ -1,0 +1,379 @@
+"""`specrt plan-tree`: a static draft tree sized for this device (runtime.tree_plan), as a plan file.
+
+Three steps, each an API call: (a) the method decodes --images images through the public
+Pipeline with a wide probe tree (runtime.tree_plan.fan_paths), and every round's verification
+outcome is counted by sibling rank (runtime.methods.tree_loop.observing_trees); (b) the bundle's
+own runners time a target step for every window 1..max_nodes + 1 and a draft pass for every
+width, plus the draft_chain calls the draft has (fastest of --repeats, round-robin:
+bench.cost_model._interleaved_best); (c) runtime.tree_plan.make_plan solves and the plan is
+written atomically. `static_tree=PLAN.json` (generate --param, bench --sweep, Python) then uses it.
+The models come as `specrt bench` opens them (bench.models.open_models): a BUNDLE with its own
+draft, or the embedded demo with --draft independent (its draft GPT) or eagle (its EAGLE head).
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import click
+import numpy as np
+
+from specrt import validation
+from specrt.errors import SpecrtError
+
+METHODS = ("sd", "cool-sd", "lantern")  # the drafted methods with tree=static
+DRAFT_KINDS = ("independent", "eagle")
+# plan-tree sets these itself: the probe tree, then the planned one
+TREE_KEYS = ("tree", "static_tree", "total_tokens", "depth", "tree_top_k", "draft_len")
+PROBE_SEED = 1000  # not the bench's seeds (0, 1, ...): a plan is judged on images it was not made from
+CHAIN_DRAFTS_MAX = 16  # the longest chain whose draft_chain call is timed (where the runner chains any count)
+
+
+@click.command(name="plan-tree")
+@click.argument("bundle", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--method", "-m", type=click.Choice(METHODS), default="sd", show_default=True,
+              help="The drafted method the tree is for (its acceptance decides the tree).")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="Method or sampling parameter, as generate's (e.g. relaxation_budget=2); not the tree's own.")
+@click.option("--draft", "draft_kind", type=click.Choice(DRAFT_KINDS), default=None,
+              help="Embedded demo: its draft GPT (independent, default) or its EAGLE head. A BUNDLE drafts with its own.")
+@click.option("--backend", type=click.Choice(["ort", "ort-cpu", "ort-cuda", "ort-trt", "trt", "torch"]), default="ort",
+              show_default=True, help="Where the plan is measured (and meant to run); torch: the demo's PyTorch modules.")
+@click.option("--device", default="cpu", show_default=True, help="torch device for --backend torch (cpu, cuda, cuda:N).")
+@click.option("--images", type=int, default=16, show_default=True,
+              help="Images decoded with the probe tree to measure sibling acceptance (classes cycle).")
+@click.option("--max-nodes", type=int, default=64, show_default=True,
+              help="Largest tree considered (drafts; at most the bundle's max_window − 1).")
+@click.option("--max-depth", type=int, default=None, help="Deepest tree considered (default: no limit).")
+@click.option("--probe-width", type=int, default=8, show_default=True,
+              help="Probe tree: children tried per node (the sibling ranks measured).")
+@click.option("--probe-depth", type=int, default=6, show_default=True,
+              help="Probe tree: levels (width × depth nodes, within the bundle's max_window − 1).")
+@click.option("--repeats", type=int, default=11, show_default=True, help="Timed rounds per window (the fastest counts).")
+@click.option("--seed", type=int, default=PROBE_SEED, show_default=True,
+              help="Seed of probe image 0 (image i: seed + i); not bench's 0, so a plan is judged on other images.")
+@click.option("--threads", type=int, default=1, show_default=True, help="CPU threads per model call.")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the exported demo bundle is kept (as specrt bench's).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("tree-plan.json"),
+              show_default=True, help="Plan file to write (JSON; use it as static_tree=PATH).")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
+def command(bundle, method, params, draft_kind, backend, device, images, max_nodes, max_depth, probe_width,
+            probe_depth, repeats, seed, threads, cache_dir, out, progress) -> None:
+    """Measure sibling acceptance and step latencies, and write the static tree that drafts the
+    most tokens per second here (Sequoia's hardware-aware tree), with its predicted speed-up."""
+    from specrt.commands.generate import parse_params
+    from specrt.paths import cache_folder, output_file
+
+    output_file("--out", out)
+    images = validation.count("--images", images)
+    max_nodes = validation.count("--max-nodes", max_nodes)
+    if max_depth is not None:
+        max_depth = validation.count("--max-depth", max_depth)
+    probe_width = validation.count("--probe-width", probe_width)
+    probe_depth = validation.count("--probe-depth", probe_depth)
+    repeats = validation.count("--repeats", repeats)
+    threads = validation.count("--threads", threads)
+    validation.seed(seed, "--seed")
+    method_params = parse_params(params)
+    fixed = sorted(set(method_params) & set(TREE_KEYS))
+    if fixed:
+        raise SpecrtError(f"--param {fixed[0]}: plan-tree chooses the tree itself (drop {', '.join(fixed)})")
+    _check_method(method, method_params)
+    if bundle is not None and draft_kind is not None:
+        raise SpecrtError("--draft picks the embedded demo's draft; a BUNDLE drafts with its own (export --eagle for a head)")
+    if backend != "torch" and device.strip().lower() != "cpu":
+        raise SpecrtError(f"--device {device} applies to --backend torch; --backend {backend} picks its device itself")
+    device = validation.torch_device(device)
+    cache_dir = cache_folder("--cache-dir", cache_dir)
+    say = (lambda msg: click.echo(msg, err=True)) if progress else None
+
+    from specrt.bench.models import open_models, refuse_torch_bundle
+
+    refuse_torch_bundle(bundle, backend)
+    kind = draft_kind or "independent"
+    models = open_models(bundle, backend, None, threads, cache_dir, judge=False, progress=say, device=device,
+                         cuda_graphs=device.startswith("cuda"), drafts=() if bundle is not None else (kind,))
+    pipe = models.drafts.get(kind, models.pipeline)
+    if pipe.draft is None:
+        raise SpecrtError(f"{models.bundle} has no draft model: plan-tree plans the draft's tree (re-export with --draft "
+                          f"or --eagle)")
+    if pipe.target.spec.model_type != "c2i":
+        raise SpecrtError("plan-tree probes class-conditional models (class ids); this model takes prompts")
+    window = pipe.target.max_window
+    max_nodes = min(max_nodes, window - 1)
+    if probe_width * probe_depth > window - 1:
+        raise SpecrtError(f"the probe tree (--probe-width {probe_width} × --probe-depth {probe_depth} = "
+                          f"{probe_width * probe_depth} drafts) exceeds this model's max_window − 1 = {window - 1}")
+
+    from specrt.bench.device import device_name
+    from specrt.runtime.tree_plan import make_plan, write_plan
+
+    started = time.perf_counter()
+    from specrt.runtime.methods import METHODS as ALL_METHODS
+
+    draft_len = ALL_METHODS[method].PARAMS["draft_len"].default
+    probed = probe(pipe, method, method_params, images, seed, probe_width, probe_depth, draft_len, progress)
+    acceptance = probed.counts.acceptance()
+    if not acceptance:
+        raise SpecrtError("the probe verified no tree round (images too short for a tree?)")
+    latency = measure_latency(pipe, method_params, max_nodes, repeats, progress)
+    latency.host_round, latency.host_node, latency.host_level = probed.host_round, probed.host_node, probed.host_level
+    latency.host_chain, latency.host_ar = probed.host_chain, probed.host_ar
+    drafter = "eagle" if latency.drafter == "eagle" else ("independent" if bundle is None else "model")
+    measured_on = {"device": device_name(models.backend), "backend": models.backend, "threads": threads,
+                   "bundle": models.bundle, "draft": drafter, "method": method, "params": method_params,
+                   "images": images, "seed": seed, "rounds": probed.rounds,
+                   "chain_check": {"draft_len": draft_len, "measured_tokens_per_round": round(probed.chain_tokens_per_round, 4)},
+                   "probe": {"width": probe_width, "depth": probe_depth},
+                   "max_nodes": max_nodes, "max_depth": max_depth, "seconds": round(time.perf_counter() - started, 1)}
+    plan = make_plan(acceptance, latency, max_nodes, max_depth, probed.counts, measured_on, default_draft_len=draft_len)
+    write_plan(out, plan)
+    _print_summary(plan, out, method)
+
+
+def _check_method(method: str, method_params: dict[str, str]) -> None:
+    """The method's and sampling parameters, checked before a model loads (as generate does)."""
+    from specrt.runtime.methods import make_method
+    from specrt.runtime.pipeline import SAMPLING_KEYS
+    from specrt.runtime.sampling import SamplingParams
+
+    SamplingParams(**{k: v for k, v in method_params.items() if k in SAMPLING_KEYS})
+    make_method(method, tree="static", **{k: v for k, v in method_params.items() if k not in SAMPLING_KEYS})
+
+
+def _bar(progress: bool, total: int, what: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=what, disable=not progress, dynamic_ncols=True, leave=False, mininterval=0.5)
+
+
+@dataclass
+class Probe:
+    """What the decoding runs measured: sibling-rank counts from the probe tree, and host seconds
+    (Python between the graph calls) per tree round (fixed, per node, per level), per chain round
+    and per ar token; the chain's tokens per round, to set beside its prediction."""
+
+    counts: Any
+    rounds: int
+    host_round: float
+    host_node: float
+    host_level: float
+    host_chain: float
+    host_ar: float
+    chain_tokens_per_round: float
+
+
+HOST_IMAGES = 8  # images per run that only measures host work (two small trees, the chain, ar)
+
+
+def probe(pipe: Any, method: str, params: dict[str, str], images: int, seed: int, width: int, depth: int,
+          default_draft_len: int, progress: bool = False) -> Probe:
+    """Decode through Pipeline.generate, one image a call (the batch-1 rounds a plan is for), classes
+    cycling and image i seeded seed + i: `images` images with the probe fan tree (width x depth),
+    whose rounds are counted by sibling rank (runtime.tree_plan.RankCounts); then a few with a
+    one-node tree, a spine of `depth` nodes, the chain of default_draft_len and ar, for host work.
+    Host seconds of a run are its total less its target and draft graph time; a tree round's are
+    fitted as fixed + per node + per level (draft pass) through the three trees' (their nodes and
+    levels per round as observed: trees shrink at an image's end). Each setting runs one untimed,
+    unobserved image first (warm-up)."""
+    from specrt.runtime.methods.tree_loop import observing_trees
+    from specrt.runtime.tree_plan import RankCounts, TreePlan, fan_paths, write_plan
+
+    counts = RankCounts()
+    classes = pipe.target.spec.num_classes
+    few = min(images, HOST_IMAGES)
+    bar = _bar(progress, images + 4 * few + 4, "probe")
+
+    def run(name: str, count: int, shape: Any = None, **kwargs: Any) -> tuple[float, float, float, list[float]]:
+        """Host seconds, target forwards and tokens of `count` images (after an untimed one), and for
+        a tree: rounds, nodes and levels observed (every round of the fan tree counted by rank)."""
+        pipe.generate(class_ids=[0], method=name, seed=seed + 10**6, decode=False, **kwargs)
+        host = forwards = tokens = 0.0
+        seen = [0.0, 0.0, 0.0]
+
+        def observe(trees, outcomes) -> None:
+            for tree, outcome in zip(trees, outcomes):
+                if tree is not None and outcome is not None:
+                    if shape == "fan":
+                        counts.add(tree.children, outcome.path)
+                    seen[0] += 1
+                    seen[1] += len(tree) - 1
+                    seen[2] += len({tree.depths[n] for n, kids in enumerate(tree.children) if kids})
+        with observing_trees(observe) if shape is not None else nullcontext():
+            for i in range(count):
+                result = pipe.generate(class_ids=[i % classes], method=name, seed=seed + i, decode=False, **kwargs)
+                spent = result.stats.seconds
+                host += spent["total"] - spent.get("target_forward", 0.0) - spent.get("draft_forward", 0.0)
+                forwards += result.stats.target_forwards
+                tokens += result.stats.tokens
+                bar.update(1)
+        return host, forwards, tokens, seen
+
+    sampling = {k: v for k, v in params.items() if k in _sampling_keys()}
+    trees = {"fan": fan_paths(width, depth), "one": [[0]], "spine": [[0] * d for d in range(1, depth + 1)]}
+    host: dict[str, tuple[float, float, float]] = {}  # shape -> host seconds per round, nodes, levels
+    try:
+        with tempfile.TemporaryDirectory(prefix="specrt-plan-") as folder:
+            for shape, paths in trees.items():
+                path = write_plan(Path(folder) / f"{shape}.json", TreePlan(paths, []))
+                spent, forwards, _, (rounds, nodes, levels) = run(method, images if shape == "fan" else few, shape,
+                                                                  tree="static", static_tree=str(path), **params)
+                host[shape] = (spent / max(forwards, 1), nodes / max(rounds, 1), levels / max(rounds, 1))
+                if shape == "fan":
+                    probe_rounds = int(rounds)
+        chain_host, chain_rounds, chain_tokens, _ = run(method, few, tree="chain", draft_len=default_draft_len, **params)
+        ar_host, ar_tokens, _, _ = run("ar", few, **sampling)
+    finally:
+        bar.close()
+    fixed, per_node, per_level = _fit_host(list(host.values()))
+    return Probe(counts, probe_rounds, fixed, per_node, per_level, chain_host / max(chain_rounds, 1),
+                 ar_host / max(ar_tokens, 1), chain_tokens / max(chain_rounds, 1))
+
+
+def _fit_host(points: list[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """(fixed, per node, per level) seconds through (host per round, nodes, levels) points, by least
+    squares, none negative (a negative one is noise: set to 0 and the others fitted again)."""
+    seconds = np.array([p[0] for p in points])
+    design = np.array([[1.0, p[1], p[2]] for p in points])
+    free = [0, 1, 2]
+    while True:
+        solution = np.zeros(3)
+        solution[free] = np.linalg.lstsq(design[:, free], seconds, rcond=None)[0]
+        negative = [i for i in free if solution[i] < 0]
+        if not negative:
+            return float(solution[0]), float(solution[1]), float(solution[2])
+        free = [i for i in free if i not in negative]
+        if not free:
+            return 0.0, 0.0, 0.0
+
+
+def _sampling_keys() -> tuple[str, ...]:
+    from specrt.runtime.pipeline import SAMPLING_KEYS
+
+    return SAMPLING_KEYS
+
+
+def measure_latency(pipe: Any, params: dict[str, str], max_nodes: int, repeats: int, progress: bool = False) -> Any:
+    """runtime.tree_plan.Latency of `pipe`'s runners for one image at its sampling settings, after a
+    half-full cache: target steps of 1..max_nodes + 1 tokens, draft passes of 1..max_nodes + 1
+    (within the draft's window), and the draft_chain calls the draft can make (2 tokens fed first,
+    a round's usual catch-up). Fastest of `repeats` rounds (warm_best)."""
+    from specrt.runtime.eagle import HeadRunner
+    from specrt.runtime.pipeline import SAMPLING_KEYS
+    from specrt.runtime.sampling import SamplingParams, guidance_mix, needs_restriction
+    from specrt.runtime.tree_plan import Latency, monotone
+
+    target, draft = pipe.target, pipe.draft
+    explicit = {k: v for k, v in params.items() if k in SAMPLING_KEYS}
+    sampling = SamplingParams(**{**pipe.sampling_defaults, **explicit}).for_vocab(target.spec.vocab_size)
+    mix = guidance_mix(1, sampling)
+    conditions = pipe.conditions([0])
+    rows = conditions.with_uncond(target.spec.null_class) if sampling.uses_cfg else conditions
+    head = isinstance(draft, HeadRunner)
+    half = target.spec.num_image_tokens // 2
+    for runner in (target, draft):
+        runner.allocate(mix)
+        runner.reset_counters()
+    target.prefill(rows, np.full((1, 1), 0.5))
+    if head:
+        draft.begin()
+    else:
+        draft.prefill(rows, np.full((1, 1), 0.5))
+    pairs = draft.batch // draft.images
+
+    def features(width: int) -> list[np.ndarray]:
+        return [np.zeros((pairs, width, draft.dim), dtype=np.float32)]
+
+    def step(runner: Any, width: int) -> Callable[[], Any]:
+        ids, uniforms = np.zeros((1, width), dtype=np.int64), np.full((1, width), 0.5)
+        if runner is draft and head:
+            fed = features(width)
+            return lambda: runner.step_pairs(ids, fed, uniforms)
+        return lambda: runner.step(ids, uniforms)
+
+    def chain(steps: int) -> Callable[[], Any]:
+        ids, uniforms = np.zeros((1, 2), dtype=np.int64), np.full((1, steps), 0.5)
+        if head:
+            fed = features(2)
+            return lambda: draft.chain_pairs(ids, fed, steps, uniforms)
+        return lambda: draft.chain(ids, steps, uniforms)
+
+    step(target, half)()  # half the image in both caches: a step's typical attention length
+    target.commit(range(half))
+    step(draft, half)()
+    draft.commit(range(half))
+    windows = list(range(1, min(max_nodes + 1, target.max_window) + 1))
+    widths = list(range(1, min(max_nodes + 1, draft.max_window) + 1))
+    chained = [] if needs_restriction(sampling) else \
+        [k for k in range(1, min(max_nodes, CHAIN_DRAFTS_MAX, draft.max_window - 2) + 1) if draft.can_chain(k)]
+    calls = [step(target, w) for w in windows] + [step(draft, w) for w in widths] + [chain(k) for k in chained]
+    bar = _bar(progress, repeats, f"timing {len(calls)} calls")
+    try:
+        best = warm_best(calls, repeats, lambda: bar.update(1))
+    finally:
+        bar.close()
+    target_s, draft_s = monotone(best[:len(windows)]), monotone(best[len(windows):len(windows) + len(widths)])
+    return Latency(target_s, draft_s, dict(zip(chained, best[len(windows) + len(widths):])),
+                   "eagle" if head else "model")
+
+
+def warm_best(calls: list[Callable[[], Any]], repeats: int, done: Optional[Callable[[], None]] = None) -> list[float]:
+    """Each call's fastest time over `repeats` rounds, every call timed right after an untimed run of
+    itself, the calls in a fresh random order each round.
+
+    Why warm: a decoding loop repeats the same few window sizes, so their buffers (onnxruntime binds
+    one set per size) and the caches are warm; timed cold, after a call of another size, a one-token
+    step measured 30% slower here. Why round-robin and the fastest: on a shared machine other
+    processes only ever add time, and their busy phases then fall on every call alike (as
+    bench.cost_model._interleaved_best)."""
+    import random
+
+    best = [float("inf")] * len(calls)
+    order, rng = list(range(len(calls))), random.Random(0)
+    for _ in range(repeats):
+        rng.shuffle(order)
+        for i in order:
+            calls[i]()
+            start = time.perf_counter()
+            calls[i]()
+            best[i] = min(best[i], time.perf_counter() - start)
+        if done:
+            done()
+    return best
+
+
+def _print_summary(plan: Any, out: Path, method: str) -> None:
+    """A few lines: what was measured, what was chosen, what it should give, how to use it."""
+    on, predicted, latency = plan.measured_on, plan.predicted, plan.latency
+    tree, chain = predicted["tree"], predicted["chain"]
+    shown = " ".join(f"{a:.3f}" for a in plan.acceptance[:8])
+    tried = plan.counts.tried[0] if plan.counts is not None and plan.counts.tried else 0
+    click.echo(f"probe: {on['images']} images, {on['rounds']} rounds, {tried} nodes tried; acceptance by "
+               f"sibling rank a = {shown}")
+    t1 = latency.target[0]
+    marks = sorted({w for w in (2, 5, 9, 17, 26, 33, 65) if w <= len(latency.target)} | {len(latency.target)})
+    click.echo(f"target step t(1) = {1000 * t1:.2f} ms; t(W)/t(1): "
+               + ", ".join(f"W={w} {latency.target[w - 1] / t1:.2f}" for w in marks)
+               + f"; draft pass (1 token) {1000 * latency.draft[0]:.2f} ms"
+               + (f"; draft_chain calls for {', '.join(map(str, sorted(latency.chain)))} drafts" if latency.chain else ""))
+    check, usual = on.get("chain_check", {}), predicted.get(f"chain_draft_len_{on.get('chain_check', {}).get('draft_len')}")
+    if check and usual:
+        click.echo(f"host work per round: tree {1000 * latency.host_round:.2f} ms + {1000 * latency.host_node:.3f} ms "
+                   f"per node + {1000 * latency.host_level:.3f} ms per level, chain {1000 * latency.host_chain:.2f} ms, ar {1000 * latency.host_ar:.3f} ms per token; "
+                   f"chain of {check['draft_len']}: {check['measured_tokens_per_round']:.2f} tokens/round measured, "
+                   f"{usual['tokens_per_round']:.2f} predicted")
+    click.echo(f"tree: {tree['nodes']} nodes, depth {tree['depth']}: {tree['tokens_per_round']:.2f} tokens/round, "
+               f"predicted {tree['speedup_vs_ar']:.2f}x ar; best chain (draft_len {chain['draft_len']}): "
+               f"{chain['tokens_per_round']:.2f} tokens/round, {chain['speedup_vs_ar']:.2f}x ar; "
+               f"tree / chain {predicted['speedup_vs_chain']:.2f}")
+    if predicted["faster"] == "tree":
+        click.echo(f"faster here: the tree: --method {method} --param tree=static --param static_tree={out}")
+    else:
+        click.echo(f"faster here: the chain (--param tree=chain --param draft_len={chain['draft_len']}); "
+                   f"the plan holds the best tree all the same")
+    click.echo(f"wrote {out}")
