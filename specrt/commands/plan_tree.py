@@ -4,8 +4,8 @@ Three steps, each an API call: (a) the method decodes --images images through th
 Pipeline with a wide probe tree (runtime.tree_plan.fan_paths), and every round's verification
 outcome is counted by sibling rank (runtime.methods.tree_loop.observing_trees); (b) the bundle's
 own runners time a target step for every window 1..max_nodes + 1 and a draft pass for every
-width, plus the draft_chain calls the draft has (fastest of --repeats, round-robin:
-bench.cost_model._interleaved_best); (c) runtime.tree_plan.make_plan solves and the plan is
+width, plus the draft_chain calls the draft has (fastest of --repeats, each call timed warm,
+right after an untimed run of itself: warm_best); (c) runtime.tree_plan.make_plan solves and the plan is
 written atomically. `static_tree=PLAN.json` (generate --param, bench --sweep, Python) then uses it.
 The models come as `specrt bench` opens them (bench.models.open_models): a BUNDLE with its own
 draft, or the embedded demo with --draft independent (its draft GPT) or eagle (its EAGLE head).
