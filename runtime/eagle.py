@@ -256,9 +256,20 @@ class EagleDrafter(Drafter):
         return drafts, rows
 
     def expand(self, ctx, trees: Sequence[Optional["TokenTree"]], nodes: Sequence[Sequence[int]]) -> list[list[Any]]:
+        """Each image's `nodes` (and the closure above them not yet run) under the tree mask; the
+        head's rows after them. The round's first pass also runs the queued pairs before the
+        pending one (the last round's accepted tokens) in the same window, ahead of the root: they
+        are committed for good and the tree's nodes staged, one head call where a separate catch-up
+        call would make two (as ModelDrafter's first pass); when they would not fit max_window
+        beside the nodes, the queue runs in a call of its own first."""
         later = [tree is not None and 0 in self._staged[p] for p, tree in enumerate(trees)]
+        queued = [0] * len(trees)
         if not any(later):  # the round's first pass: the queues before the pending pairs go in for good
-            self._run_queues(ctx, [len(q) - 1 if tree is not None else 0 for q, tree in zip(self._tokens, trees)])
+            queued = [len(q) - 1 if tree is not None else 0 for q, tree in zip(self._tokens, trees)]
+            runs = [tree.closure(nodes[p]) if tree is not None else [] for p, tree in enumerate(trees)]
+            if any(n + len(run) > self.head.max_window for n, run in zip(queued, runs)):
+                self._run_queues(ctx, queued)
+                queued = [0] * len(trees)
         windows, features, runs = [], [], []
         for p, tree in enumerate(trees):
             if tree is None:
@@ -267,21 +278,34 @@ class EagleDrafter(Drafter):
                 runs.append([])
                 continue
             run = [n for n in tree.closure(nodes[p]) if n not in self._staged[p]]
-            windows.append(level_window(tree, run, self._staged[p]))  # the root is the pending pair's token
-            features.append(np.stack([self._node_features[p][tree.parents[n]] if n else self._features[p][0]
-                                      for n in run], axis=1))
+            before = queued[p]
+            # node n's feature: its parent's head feature, the root's the pending pair's (queued last)
+            nodes_features = [self._node_features[p][tree.parents[n]] if n else self._features[p][before] for n in run]
+            if before:  # the queue as a chain, then the tree below its last pair (a first pass runs no staged rows)
+                slot = {n: before + w for w, n in enumerate(run)}
+                parents = [*range(-1, before - 1), *(slot[tree.parents[n]] if n else before - 1 for n in run)]
+                windows.append(Window.tree([*self._tokens[p][:before], *(tree.tokens[n] for n in run)], parents))
+                features.append(np.stack([*self._features[p][:before], *nodes_features], axis=1))
+            else:
+                windows.append(level_window(tree, run, self._staged[p]))  # the root is the pending pair's token
+                features.append(np.stack(nodes_features, axis=1))
             runs.append(run)
         out = ctx.run_pairs(self.head, windows, features)
-        self.head.stage([range(len(run)) if trees[p] is not None else None for p, run in enumerate(runs)])
+        if any(queued):
+            self.head.commit([range(n) if n else None for n in queued])
+            self._dequeue(queued)
+            self._stable = self.head.lengths.copy()
+        self.head.stage([range(n, n + len(run)) if trees[p] is not None else None
+                         for p, (n, run) in enumerate(zip(queued, runs))])
         rows: list[list[Any]] = [[] for _ in trees]
+        block = out.tree_rows()
         for p, run in enumerate(runs):
             if trees[p] is None:
                 continue
-            mine = self._image_rows(self.head.features_out, p)
+            mine, before = self._image_rows(self.head.features_out, p), queued[p]
             for w, n in enumerate(run):
-                self._node_features[p][n] = mine[:, w].copy()
+                self._node_features[p][n] = mine[:, before + w].copy()
                 self._staged[p][n] = len(self._staged[p])
-            slot = {n: w for w, n in enumerate(run)}
-            rows[p] = [np.array(out.tree_rows()[p, slot[n]]) for n in nodes[p]]
+            slot = {n: before + w for w, n in enumerate(run)}
+            rows[p] = [np.array(block[p, slot[n]]) for n in nodes[p]]
         return rows
-
