@@ -50,7 +50,8 @@ def test_flat_latency_gives_a_large_bushy_tree_and_steep_latency_a_small_chain_l
     assert sum(p[-1] > 0 for p in big.paths) > 10  # siblings beyond rank 0: bushy
     assert len(small.paths) <= 3 and all(r == 0 for p in small.paths for r in p)
     assert big.tokens_per_round > small.tokens_per_round
-    StaticShape([list(p) for p in big.paths]) and StaticShape([list(p) for p in small.paths])
+    StaticShape([list(p) for p in big.paths])  # valid shapes: raises on a missing parent or lower rank
+    StaticShape([list(p) for p in small.paths])
 
 
 def test_the_chain_is_priced_as_one_draft_chain_call_where_measured():
@@ -60,7 +61,8 @@ def test_the_chain_is_priced_as_one_draft_chain_call_where_measured():
     assert math.isclose(four.tokens_per_round, 1 + 0.6 + 0.36 + 0.216 + 0.1296)
     three = chain_choice(A, latency, 3)  # no chain graph of 3: a pass per draft (the first feeds 2 tokens)
     assert math.isclose(three.seconds_per_round, 1e-3 + 1e-4 + 2 * 1e-4)
-    assert best_chain(A, latency, 8).paths == four.paths or best_chain(A, latency, 8).tokens_per_s >= four.tokens_per_s
+    # tokens per ms: 1 draft 1.45, 2: 1.63, 3: 1.67, 4 (one chain call): 1.92, 5: 1.59, ...: the chain graph's 4 wins
+    assert best_chain(A, latency, 8).paths == four.paths
 
 
 def test_rank_counts_from_hand_made_outcomes():
