@@ -374,6 +374,8 @@ def _print_summary(plan: Any, out: Path, method: str) -> None:
     if predicted["faster"] == "tree":
         click.echo(f"faster here: the tree: --method {method} --param tree=static --param static_tree={out}")
     else:
-        click.echo(f"faster here: the chain (--param tree=chain --param draft_len={chain['draft_len']}); "
+        one_call = "" if chain["draft_len"] in latency.chain or chain["draft_len"] < 2 or latency.drafter != "model" else \
+            f"; priced a draft step each: export --draft-chain {chain['draft_len']} drafts it in one call"
+        click.echo(f"faster here: the chain (--param tree=chain --param draft_len={chain['draft_len']}{one_call}); "
                    f"the plan holds the best tree all the same")
     click.echo(f"wrote {out}")
