@@ -260,16 +260,13 @@ class EagleDrafter(Drafter):
         head's rows after them. The round's first pass also runs the queued pairs before the
         pending one (the last round's accepted tokens) in the same window, ahead of the root: they
         are committed for good and the tree's nodes staged, one head call where a separate catch-up
-        call would make two (as ModelDrafter's first pass); when they would not fit max_window
-        beside the nodes, the queue runs in a call of its own first."""
+        call would make two (as ModelDrafter's first pass). It fits the window: a first pass asks
+        for the root alone, and the queue holds at most the last round's accepted drafts (no more
+        than the tree's depth, which the window's max_window exceeds)."""
         later = [tree is not None and 0 in self._staged[p] for p, tree in enumerate(trees)]
-        queued = [0] * len(trees)
-        if not any(later):  # the round's first pass: the queues before the pending pairs go in for good
-            queued = [len(q) - 1 if tree is not None else 0 for q, tree in zip(self._tokens, trees)]
-            runs = [tree.closure(nodes[p]) if tree is not None else [] for p, tree in enumerate(trees)]
-            if any(n + len(run) > self.head.max_window for n, run in zip(queued, runs)):
-                self._run_queues(ctx, queued)
-                queued = [0] * len(trees)
+        # the round's first pass: the queues before the pending pairs go in for good
+        queued = [0] * len(trees) if any(later) else \
+            [len(q) - 1 if tree is not None else 0 for q, tree in zip(self._tokens, trees)]
         windows, features, runs = [], [], []
         for p, tree in enumerate(trees):
             if tree is None:
