@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The GPU measurements issue 30 owes, in stages that each fit one call of a lent machine
+# (10 minutes a command, 30 minutes of device time a session): run from the repository root,
+#
+#   bash bench/device-run.sh tests    # the CUDA-graph and draft-chain tests, then a smoke bench
+#   bash bench/device-run.sh demo     # every method, PyTorch + CUDA graphs, batch 1 and 8
+#   bash bench/device-run.sh trees    # chains vs static vs dynamic trees, both drafts, batch 1 and 8
+#   bash bench/device-run.sh plans    # plan-tree for both drafts, then chains vs planned trees
+#
+# Each stage writes its text, JSON and Markdown into $OUT (the device tool's return folder;
+# bench/results/gpu otherwise), headed by the command and the GPU's name, ready to be copied
+# into bench/results/ with the device named. The machine has torch, onnx, onnxruntime, click and
+# numpy but nothing can be fetched there, so specrt is installed from this checkout without
+# dependencies. IMAGES and DEVICE override the image counts and the torch device, PLAN_ARGS adds
+# plan-tree flags (IMAGES=2 DEVICE=cpu PLAN_ARGS='--max-nodes 6 --repeats 2 --probe-width 2
+# --probe-depth 2' checks the script itself on a machine without a GPU).
+set -euo pipefail
+stage="${1:?usage: bash bench/device-run.sh tests|demo|trees|plans}"
+out="${OUT:-bench/results/gpu}"
+device="${DEVICE:-cuda}"
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+
+if ! python3 -c "import specrt" 2>/dev/null; then
+    python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
+fi
+gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)"
+machine="${gpu:-no GPU ($(uname -m))}, torch $(python3 -c 'import torch; print(torch.__version__)')"
+bench=(python3 -m specrt.cli bench --backend torch --device "$device" --threads 1)
+plan=(python3 -m specrt.cli plan-tree --backend torch --device "$device" --threads 1 ${PLAN_ARGS:-})
+
+# run NAME COMMAND...: the command's cleaned output into $out/NAME.txt, headed by itself and the machine
+run() {
+    local name="$1"; shift
+    { echo "\$ $*"; echo "($machine; bench/device-run.sh $stage)"
+      "$@" 2>&1 | tr '\r' '\n' | grep -v "img/s\]\|s/img\]\|it/s\]\|^\[\|^exporting\|^ *$"; } | tee "$out/$name.txt"
+}
+
+case "$stage" in
+    tests)
+        [ "$device" = cpu ] || python3 -m pytest -q -p no:cacheprovider tests/runtime/test_cuda_graphs.py \
+            tests/runtime/test_draft_chain.py tests/runtime/test_eagle_chain.py 2>&1 | tee "$out/pytest-cuda.txt"
+        run smoke "${bench[@]}" --methods ar,sd --images "${IMAGES:-8}"
+        ;;
+    demo)
+        n="${IMAGES:-180}"
+        run demo-gpu "${bench[@]}" --batch 1,8 --images "$n" --json "$out/demo-gpu.json" \
+            --markdown "$out/demo-gpu.md" --plot "$out/demo-gpu.png"
+        ;;
+    trees)
+        n="${IMAGES:-48}"
+        run eagle-demo-gpu "${bench[@]}" --methods ar --sweep 'sd:tree=chain,static,dynamic' --drafts independent,eagle \
+            --batch 1,8 --images "$n" --json "$out/eagle-demo-gpu.json" --markdown "$out/eagle-demo-gpu.md"
+        ;;
+    plans)
+        n="${IMAGES:-32}"
+        for draft in independent eagle; do
+            run "plan-$draft" "${plan[@]}" --method sd --draft "$draft" --images "$n" --out "$out/plan-$draft.json"
+        done
+        run tree-plan-gpu "${bench[@]}" --methods ar --sweep 'sd:tree=chain;L=1,2,4' \
+            --sweep "sd:tree=static;static_tree=mc_sim_7b_63,$out/plan-independent.json,$out/plan-eagle.json" \
+            --drafts independent,eagle --images "$((n * 3))" --json "$out/tree-plan-gpu.json" --markdown "$out/tree-plan-gpu.md"
+        ;;
+    *)
+        echo "bench/device-run.sh: unknown stage '$stage' (tests, demo, trees or plans)" >&2
+        exit 2
+        ;;
+esac
