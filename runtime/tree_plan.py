@@ -6,26 +6,30 @@ On a GPU t(W) is flat far beyond 64 tokens, so a 25-node tree pays; on a CPU the
 t(26) is about 2.2 t(5), and the same tree is slower than a chain. No one shape suits both: the
 shape has to follow the device, so `specrt plan-tree` measures both sides and solves.
 
-The model (Sequoia's positional acceptance):
-- a_r = the probability that the child of rank r (0-based: the (r+1)-th drawn without
-  replacement, or the (r+1)-th best for top-k trees) is the one accepted, given that its parent
-  was reached and has at least r + 1 children. Verification tries siblings in rank order, so
-  whether rank r is accepted does not depend on how many siblings come after it, and the ranks'
-  events are exclusive: Σ_r a_r ≤ 1.
+The model (Sequoia's positional acceptance, made per depth):
+- a_r(d) = the probability that the child of rank r (0-based: the (r+1)-th drawn without
+  replacement, or the (r+1)-th best for top-k trees) at depth d (1-based: the root's children are
+  depth 1) is the one accepted, given that its parent was reached and has at least r + 1
+  children. Verification tries siblings in rank order, so whether rank r is accepted does not
+  depend on how many siblings come after it, and the ranks' events are exclusive: Σ_r a_r(d) ≤ 1.
+  Why per depth: acceptance falls with depth (the demo's EAGLE head: a_0 about 0.77 at depth 1,
+  about 0.6 deeper, its features drift from the target's), and one pooled vector over-predicts
+  deep paths (the draft GPT's chain of 4: 2.44 tokens per round predicted, 2.18 measured).
 - A node reached by the ranks (r_1, ..., r_d) from the root is reached with probability
-  s = a_{r_1} · ... · a_{r_d} (its score), and every node reached adds one accepted token, so a
-  round verifies 1 + Σ s tokens on average (the 1: the resampled or bonus token).
-- With a_r non-increasing, the n highest-scoring paths form a valid tree (a parent, and a
-  lower-ranked sibling, score at least as high as the node), and it is the best tree of n nodes;
-  with a depth limit D, the best n among the paths of at most D ranks.
+  s = a_{r_1}(1) · ... · a_{r_d}(d) (its score), and every node reached adds one accepted token,
+  so a round verifies 1 + Σ s tokens on average (the 1: the resampled or bonus token).
+- With every depth's a_r(d) non-increasing in r, the n highest-scoring paths form a valid tree
+  (a parent, and a lower-ranked sibling, score at least as high as the node), and it is the best
+  tree of n nodes; with a depth limit D, the best n among the paths of at most D ranks.
 - A round costs one target pass over n + 1 tokens and one draft pass per depth level whose width
   is the number of nodes expanded there (runtime.drafting runs each node once); both from
   measured latencies (`Latency`). Tokens per second of tree (n, D): (1 + Σ s) / cost. The plan
-  takes the best (n, D), and compares it with the chain of the same draft (a_0 per position:
+  takes the best (n, D), and compares it with the chain of the same draft (a_0(d) at depth d:
   a chain's draft is the rank-0 child), drafted in one draft_chain call where the runner has one.
 
 A plan file is JSON: the tree as rank paths (the format of runtime.tree.STATIC_TREES, so
-`static_tree=PLAN.json` uses it), the acceptance measured, the latencies used, what it was
+`static_tree=PLAN.json` uses it), the acceptance measured (pooled, and per depth: version 2;
+version 1 files, pooled only, are read as the pooled vector at every depth), the latencies used, what it was
 measured on, and the predicted speed-ups. Written atomically (a temporary file, then a rename).
 Pure Python and numpy-free on purpose: the runtime reads plans with nothing else loaded.
 """
@@ -43,97 +47,202 @@ from typing import Any, Iterable, Optional, Sequence
 from specrt.errors import SpecrtError
 
 PLAN_FORMAT = "specrt-tree-plan"
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+PLAN_VERSIONS = (1, 2)  # read; version 1: no per-depth acceptance
+PRIOR_VISITS = 20.0  # m: pseudo-visits of the pooled rate in each depth's estimate (RankCounts.acceptance_by_depth)
 DRAFTERS = ("model", "eagle")  # an independent draft model, an EAGLE head (runtime.drafting / runtime.eagle)
 
 Path_ = tuple[int, ...]
+Acceptance = Sequence[Sequence[float]]  # a_r(d): [depth − 1][rank]; the deepest row serves every deeper depth
 
 
-# ---- acceptance per sibling rank -------------------------------------------------------------------
+# ---- acceptance per depth and sibling rank ----------------------------------------------------------
 
 
 @dataclass
 class RankCounts:
-    """Verification outcomes by sibling rank: `tried[r]` = visits of a node with more than r
-    children (rank r could have been accepted), `accepted[r]` = visits where rank r was."""
+    """Verification outcomes by depth and sibling rank: `tried_by_depth[d − 1][r]` = visits of a
+    node at depth d − 1 with more than r children (its rank-r child, at depth d, could have been
+    accepted), `accepted_by_depth[d − 1][r]` = visits where it was. `tried` and `accepted` are the
+    per-rank totals over all depths."""
 
-    tried: list[int] = field(default_factory=list)
-    accepted: list[int] = field(default_factory=list)
+    tried_by_depth: list[list[int]] = field(default_factory=list)
+    accepted_by_depth: list[list[int]] = field(default_factory=list)
+
+    @property
+    def tried(self) -> list[int]:
+        return _column_sums(self.tried_by_depth)
+
+    @property
+    def accepted(self) -> list[int]:
+        return _column_sums(self.accepted_by_depth)
 
     def add(self, children: Sequence[Sequence[int]], path: Sequence[int]) -> None:
         """One verified round: `children[n]` are node n's children in verification order and `path`
-        the nodes the walk accepted, root first (runtime.verification.TreeOutcome.path). Every node of
-        the path that has children was visited; the next node of the path is the child accepted
-        there, and a visited node last on the path rejected all its children."""
+        the nodes the walk accepted, root first (runtime.verification.TreeOutcome.path), so path[i]
+        is at depth i and its children at depth i + 1. Every node of the path that has children was
+        visited; the next node of the path is the child accepted there, and a visited node last on
+        the path rejected all its children."""
         for depth, node in enumerate(path):
             kids = children[node]
             if not kids:
                 continue  # a leaf: the bonus token, no sibling test
-            self._grow(len(kids))
+            tried, accepted = self._row(depth, len(kids))
             for rank in range(len(kids)):
-                self.tried[rank] += 1
+                tried[rank] += 1
             if depth + 1 < len(path):
-                self.accepted[kids.index(path[depth + 1])] += 1
+                accepted[kids.index(path[depth + 1])] += 1
 
-    def _grow(self, ranks: int) -> None:
-        while len(self.tried) < ranks:
-            self.tried.append(0)
-            self.accepted.append(0)
+    def _row(self, depth: int, ranks: int) -> tuple[list[int], list[int]]:
+        while len(self.tried_by_depth) <= depth:
+            self.tried_by_depth.append([])
+            self.accepted_by_depth.append([])
+        tried, accepted = self.tried_by_depth[depth], self.accepted_by_depth[depth]
+        while len(tried) < ranks:
+            tried.append(0)
+        while len(accepted) < len(tried):
+            accepted.append(0)
+        return tried, accepted
 
     def acceptance(self) -> list[float]:
-        """a_r = accepted[r] / tried[r], made non-increasing (each a_r at most the one before).
+        """The pooled a_r (all depths together) = accepted[r] / tried[r], made non-increasing (each
+        a_r at most the one before).
 
         Why non-increasing: the tree solver's best-n-paths argument needs it, and a later rank
         accepted more often than an earlier one is sampling noise (or a draft whose later draws
         are better than its first, which no draft-then-verify scheme assumes); lowering the
         estimate only keeps the plan from relying on it. Ranks never tried are left out."""
-        out: list[float] = []
-        for tried, accepted in zip(self.tried, self.accepted):
-            if tried == 0:
-                break
-            rate = accepted / tried
-            out.append(min(rate, out[-1]) if out else rate)
-        return out
+        return _non_increasing(_rates(self.tried, self.accepted))
+
+    def acceptance_by_depth(self, prior_visits: float = PRIOR_VISITS) -> list[list[float]]:
+        """a_r(d) for every depth visited, each row made non-increasing in r (as the pooled one) and
+        as long as the pooled vector:
+
+            a_r(d) = (accepted_d[r] + m · p_r) / (tried_d[r] + m),   p_r = the pooled rate, m = prior_visits
+
+        Why this rule: it is the posterior mean of a rate whose Beta prior is centred on the pooled
+        rate and worth m visits (empirical Bayes shrinkage), so a depth visited far more than m times
+        keeps its own rate, a rarely visited one (deep levels: they are reached only through
+        accepted rank-0 nodes) borrows from all depths, and the weight moves smoothly with the
+        visits instead of jumping at a threshold; a depth that never offered rank r gets p_r. With
+        m = 0 each depth stands alone (a rank it never tried: p_r). The pooled rate is the raw one
+        (not its non-increasing version), so every row is the same kind of estimate before its own
+        ranks are made non-increasing. Depths beyond the last row use the last row (`rates_at`)."""
+        if not (isinstance(prior_visits, (int, float)) and math.isfinite(prior_visits) and prior_visits >= 0):
+            raise SpecrtError(f"prior_visits must be a finite number ≥ 0, got {prior_visits!r}")
+        pooled = _rates(self.tried, self.accepted)
+        rows: list[list[float]] = []
+        for tried, accepted in zip(self.tried_by_depth, self.accepted_by_depth):
+            row = []
+            for rank, p in enumerate(pooled):
+                t = tried[rank] if rank < len(tried) else 0
+                k = accepted[rank] if rank < len(accepted) else 0
+                row.append(p if t + prior_visits == 0 else (k + prior_visits * p) / (t + prior_visits))
+            rows.append(_non_increasing(row))
+        while rows and not any(self.tried_by_depth[len(rows) - 1]):
+            rows.pop()  # a trailing depth never visited: the one before it serves
+        return rows
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tried": self.tried, "accepted": self.accepted,
+                "tried_by_depth": self.tried_by_depth, "accepted_by_depth": self.accepted_by_depth}
+
+
+def _column_sums(rows: Sequence[Sequence[int]]) -> list[int]:
+    out: list[int] = []
+    for row in rows:
+        out.extend([0] * (len(row) - len(out)))
+        for rank, value in enumerate(row):
+            out[rank] += value
+    return out
+
+
+def _rates(tried: Sequence[int], accepted: Sequence[int]) -> list[float]:
+    """accepted / tried per rank, up to the first rank never tried."""
+    out: list[float] = []
+    for t, k in zip(tried, accepted):
+        if t == 0:
+            break
+        out.append(k / t)
+    return out
+
+
+def _non_increasing(rates: Sequence[float]) -> list[float]:
+    out: list[float] = []
+    for rate in rates:
+        out.append(min(rate, out[-1]) if out else rate)
+    return out
+
+
+def by_depth(acceptance: Acceptance | Sequence[float]) -> list[list[float]]:
+    """The a_r(d) table of `acceptance`: one row per depth (depth 1 first), or one vector of numbers,
+    which is then one row serving every depth (the pooled model)."""
+    if _is_vector(acceptance):
+        return [list(acceptance)] if len(acceptance) else []  # type: ignore[arg-type]
+    return [list(row) if isinstance(row, (list, tuple)) else row for row in acceptance]  # type: ignore[misc]
+
+
+def _is_vector(acceptance: Any) -> bool:
+    """One vector of numbers (the pooled model), rather than a row per depth."""
+    return all(isinstance(v, (int, float)) for v in acceptance)
+
+
+def rates_at(table: Sequence[Sequence[float]], depth: int) -> Sequence[float]:
+    """a_·(depth) (1-based): its row, or the deepest row past the measured depths (the nearest
+    measured depth is the best guess for deeper levels; repeating the first would over-predict
+    them where acceptance falls with depth)."""
+    return table[min(depth, len(table)) - 1]
 
 
 # ---- the best tree for a node budget ---------------------------------------------------------------
 
 
-def best_paths(acceptance: Sequence[float], nodes: int, max_depth: Optional[int] = None) -> list[tuple[float, Path_]]:
+def best_paths(acceptance: Acceptance | Sequence[float], nodes: int,
+               max_depth: Optional[int] = None) -> list[tuple[float, Path_]]:
     """The `nodes` highest-scoring rank paths of at most `max_depth` ranks, best first, with their
-    scores (the product of a_r along the path): the best static tree of that size.
+    scores (Π a_{r_i}(i) along the path): the best static tree of that size. `acceptance`: a_r(d)
+    per depth (by_depth), or one vector for every depth.
 
-    Best-first over the paths: each path is pushed by the one that bounds it (its parent for a
-    rank-0 child, its next-higher-ranked sibling otherwise), which scores at least as high when
-    a is non-increasing, so the pops come in score order and every prefix of them is a valid tree
-    (runtime.tree.StaticShape: parent and lower-ranked siblings present). Ties: shorter paths,
-    then lower ranks, first."""
-    check_acceptance(acceptance)
+    Best-first over the paths: each path is pushed by the one that bounds it: its parent for a
+    rank-0 child (score × a_0(d) ≤ score), its next-lower-ranked sibling otherwise (same parent,
+    a_{r+1}(d) ≤ a_r(d) at the same depth d, as every row is non-increasing in rank; nothing is
+    assumed across depths). So a path never scores above the one that pushed it, the pops come in
+    score order, and every prefix of them is a valid tree (runtime.tree.StaticShape: parent and
+    lower-ranked siblings present). Ties: shorter paths, then lower ranks, first."""
+    table = by_depth(acceptance)
+    check_acceptance(table)
     depth = nodes if max_depth is None else max_depth
     out: list[tuple[float, Path_]] = []
-    if not acceptance or nodes <= 0 or depth <= 0:
+    if not table or not table[0] or nodes <= 0 or depth <= 0:
         return out
-    heap: list[tuple[float, int, Path_, float]] = [(-acceptance[0], 1, (0,), 1.0)]  # (−score, len, path, parent's)
+    heap: list[tuple[float, int, Path_, float]] = [(-table[0][0], 1, (0,), 1.0)]  # (−score, len, path, parent's)
     while heap and len(out) < nodes:
         negative, length, path, parent = heapq.heappop(heap)
         score = -negative
         out.append((score, path))
-        if length < depth:
-            heapq.heappush(heap, (-score * acceptance[0], length + 1, path + (0,), score))
-        rank = path[-1] + 1
-        if rank < len(acceptance):
-            heapq.heappush(heap, (-parent * acceptance[rank], length, path[:-1] + (rank,), parent))
+        deeper = rates_at(table, length + 1)
+        if length < depth and deeper:
+            heapq.heappush(heap, (-score * deeper[0], length + 1, path + (0,), score))
+        here, rank = rates_at(table, length), path[-1] + 1
+        if rank < len(here):
+            heapq.heappush(heap, (-parent * here[rank], length, path[:-1] + (rank,), parent))
     return out
 
 
-def check_acceptance(acceptance: Sequence[float]) -> None:
-    """SpecrtError unless every a_r is a probability and they do not increase with r."""
-    for rank, value in enumerate(acceptance):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and 0.0 <= value <= 1.0):
-            raise SpecrtError(f"acceptance a_{rank} must be a probability in [0, 1], got {value!r}")
-        if rank and value > acceptance[rank - 1] + 1e-12:
-            raise SpecrtError(f"acceptance must not increase with the sibling rank: a_{rank} = {value:g} > "
-                              f"a_{rank - 1} = {acceptance[rank - 1]:g}")
+def check_acceptance(acceptance: Acceptance | Sequence[float]) -> None:
+    """SpecrtError unless every a_r(d) is a probability and each depth's do not increase with r."""
+    table, nested = by_depth(acceptance), not _is_vector(acceptance)
+    for depth, row in enumerate(table, 1):
+        where = f" at depth {depth}" if nested else ""
+        if not isinstance(row, (list, tuple)):
+            raise SpecrtError(f"acceptance{where} must be a list of probabilities, got {row!r}")
+        for rank, value in enumerate(row):
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                    and 0.0 <= value <= 1.0):
+                raise SpecrtError(f"acceptance a_{rank}{where} must be a probability in [0, 1], got {value!r}")
+            if rank and value > row[rank - 1] + 1e-12:
+                raise SpecrtError(f"acceptance must not increase with the sibling rank: a_{rank}{where} = "
+                                  f"{value:g} > a_{rank - 1} = {row[rank - 1]:g}")
 
 
 def expected_tokens(scores: Iterable[float]) -> float:
@@ -282,14 +391,14 @@ class Candidate:
         return max((len(p) for p in self.paths), default=0)
 
 
-def best_tree(acceptance: Sequence[float], latency: Latency, max_nodes: int,
+def best_tree(acceptance: Acceptance | Sequence[float], latency: Latency, max_nodes: int,
               max_depth: Optional[int] = None) -> Candidate:
     """The tree of at most `max_nodes` nodes (and `max_depth` levels) with the most tokens per
     second under `latency`: for every depth limit D, the best-n-paths trees for n = 1..max_nodes
     (each a prefix of the same best-first order), priced and compared."""
     if max_nodes < 1:
         raise SpecrtError(f"max_nodes must be at least 1, got {max_nodes}")
-    if not acceptance:
+    if not _measured(acceptance):
         raise SpecrtError("no sibling acceptance measured: the probe run verified no tree")
     best: Optional[Candidate] = None
     for depth in range(1, (max_depth or max_nodes) + 1):
@@ -310,18 +419,31 @@ def best_tree(acceptance: Sequence[float], latency: Latency, max_nodes: int,
     return best
 
 
-def best_chain(acceptance: Sequence[float], latency: Latency, max_drafts: int) -> Candidate:
+def best_chain(acceptance: Acceptance | Sequence[float], latency: Latency, max_drafts: int) -> Candidate:
     """The chain (every draft rank 0) of 1..max_drafts drafts with the most tokens per second."""
     options = [chain_choice(acceptance, latency, k) for k in range(1, max_drafts + 1)]
     return max(options, key=lambda c: c.tokens_per_s)  # ties: the shorter chain (max keeps the first)
 
 
-def chain_choice(acceptance: Sequence[float], latency: Latency, drafts: int) -> Candidate:
-    """A chain of `drafts` drafts priced as a chain round (one draft_chain call where measured)."""
-    if not acceptance:
+def chain_choice(acceptance: Acceptance | Sequence[float], latency: Latency, drafts: int) -> Candidate:
+    """A chain of `drafts` drafts priced as a chain round (one draft_chain call where measured):
+    the draft at depth d is reached with probability Π_{i ≤ d} a_0(i)."""
+    if not _measured(acceptance):
         raise SpecrtError("no sibling acceptance measured: the probe run verified no tree")
-    tokens = expected_tokens(acceptance[0] ** d for d in range(1, drafts + 1))
+    table = by_depth(acceptance)
+    check_acceptance(table)
+    reached, scores = 1.0, []
+    for depth in range(1, drafts + 1):
+        reached *= rates_at(table, depth)[0]
+        scores.append(reached)
+    tokens = expected_tokens(scores)
     return Candidate([(0,) * d for d in range(1, drafts + 1)], tokens, latency.chain_round_s(drafts, tokens))
+
+
+def _measured(acceptance: Acceptance | Sequence[float]) -> bool:
+    """Whether there is an a_0 at depth 1 (without it no tree or chain can be priced)."""
+    table = by_depth(acceptance)
+    return bool(table and table[0])
 
 
 # ---- plan files -------------------------------------------------------------------------------------
@@ -332,18 +454,19 @@ class TreePlan:
     """What `specrt plan-tree` writes: the chosen tree, the numbers it was chosen from, the prediction."""
 
     tree: list[list[int]]
-    acceptance: list[float]
+    acceptance: list[float]  # pooled a_r (all depths)
     latency: Optional[Latency] = None
     counts: Optional[RankCounts] = None
     predicted: dict[str, Any] = field(default_factory=dict)
     measured_on: dict[str, Any] = field(default_factory=dict)
+    acceptance_by_depth: list[list[float]] = field(default_factory=list)  # a_r(d), the model solved; [] = pooled
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "tree": self.tree,
                                "nodes": len(self.tree), "depth": max((len(p) for p in self.tree), default=0),
-                               "acceptance": self.acceptance}
+                               "acceptance": self.acceptance, "acceptance_by_depth": self.acceptance_by_depth}
         if self.counts is not None:
-            out["acceptance_counts"] = {"tried": self.counts.tried, "accepted": self.counts.accepted}
+            out["acceptance_counts"] = self.counts.to_json()
         if self.latency is not None:
             out["latency"] = self.latency.to_json()
         out["predicted"] = self.predicted
@@ -382,8 +505,10 @@ def read_plan(path: str | os.PathLike) -> TreePlan:
     if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
         raise SpecrtError(f"{path} is not a tree plan (no \"format\": \"{PLAN_FORMAT}\"; write one with "
                           f"`specrt plan-tree`)")
-    if data.get("version") != PLAN_VERSION:
-        raise SpecrtError(f"tree plan {path} has version {data.get('version')!r}; this specrt reads version {PLAN_VERSION}")
+    version = data.get("version")
+    if isinstance(version, bool) or version not in PLAN_VERSIONS:
+        raise SpecrtError(f"tree plan {path} has version {version!r}; this specrt reads versions "
+                          f"{', '.join(map(str, PLAN_VERSIONS))}")
     tree = data.get("tree")
     if not (isinstance(tree, list) and tree and all(
             isinstance(p, list) and p and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in p)
@@ -392,12 +517,33 @@ def read_plan(path: str | os.PathLike) -> TreePlan:
     acceptance = data.get("acceptance", [])
     if not isinstance(acceptance, list) or not all(isinstance(a, (int, float)) for a in acceptance):
         raise SpecrtError(f"tree plan {path}: \"acceptance\" must be a list of numbers")
+    acceptance = [float(a) for a in acceptance]
+    by_depth_ = _plan_by_depth(path, data, version, acceptance)
     try:
         latency = Latency.from_json(data["latency"]) if data.get("latency") is not None else None
     except SpecrtError as exc:
         raise SpecrtError(f"tree plan {path}: {exc}") from None
-    return TreePlan(tree, [float(a) for a in acceptance], latency, None, dict(data.get("predicted") or {}),
-                    dict(data.get("measured_on") or {}))
+    return TreePlan(tree, acceptance, latency, None, dict(data.get("predicted") or {}),
+                    dict(data.get("measured_on") or {}), by_depth_)
+
+
+def _plan_by_depth(path: str | os.PathLike, data: dict[str, Any], version: int,
+                   acceptance: list[float]) -> list[list[float]]:
+    """A plan's a_r(d): version 1 files have only the pooled vector, which then holds at every depth
+    (what they were solved with); version 2 files keep "acceptance_by_depth", checked row by row
+    (a list per depth of probabilities non-increasing in rank), since a plan is also read to
+    re-price its tree."""
+    rows = data.get("acceptance_by_depth") if version >= 2 else None
+    if rows is None:
+        return [list(acceptance)] if acceptance else []
+    if not (isinstance(rows, list) and all(isinstance(row, list) for row in rows)):
+        raise SpecrtError(f"tree plan {path}: \"acceptance_by_depth\" must be a list with one list of "
+                          f"probabilities per depth, such as [[0.7, 0.1], [0.6, 0.1]]")
+    try:
+        check_acceptance(rows)
+    except SpecrtError as exc:
+        raise SpecrtError(f"tree plan {path}: \"acceptance_by_depth\": {exc}") from None
+    return [[float(a) for a in row] for row in rows]
 
 
 def is_plan_reference(value: str) -> bool:
@@ -417,13 +563,15 @@ def fan_paths(width: int, depth: int) -> list[list[int]]:
     return [[0] * d + [r] for d in range(depth) for r in range(width)]
 
 
-def make_plan(acceptance: Sequence[float], latency: Latency, max_nodes: int, max_depth: Optional[int] = None,
-              counts: Optional[RankCounts] = None, measured_on: Optional[dict[str, Any]] = None,
-              default_draft_len: int = 4) -> TreePlan:
-    """The best tree under `latency`, with its prediction beside the chains' (the best chain of up
-    to max_nodes drafts, and the one of `default_draft_len`) and ar's (one target pass of 1 token
-    per token): speed-ups are ratios of predicted tokens per second, of graph time alone unless
-    `latency` has host seconds."""
+def make_plan(acceptance: Acceptance | Sequence[float], latency: Latency, max_nodes: int,
+              max_depth: Optional[int] = None, counts: Optional[RankCounts] = None,
+              measured_on: Optional[dict[str, Any]] = None, default_draft_len: int = 4) -> TreePlan:
+    """The best tree under `latency` for a_r(d) = `acceptance` (per depth, or one vector for every
+    depth), with its prediction beside the chains' (the best chain of up to max_nodes drafts, and
+    the one of `default_draft_len`) and ar's (one target pass of 1 token per token): speed-ups are
+    ratios of predicted tokens per second, of graph time alone unless `latency` has host seconds.
+    The plan's pooled "acceptance" is `counts`' where given, else the one vector given."""
+    table = by_depth(acceptance)
     tree = best_tree(acceptance, latency, max_nodes, max_depth)
     chain = best_chain(acceptance, latency, max(1, min(max_nodes, max_depth or max_nodes)))
     usual = chain_choice(acceptance, latency, default_draft_len)
@@ -442,4 +590,5 @@ def make_plan(acceptance: Sequence[float], latency: Latency, max_nodes: int, max
                  "counts": "target and draft calls as measured" + (", and host work per round" if latency.host_round
                                                                    or latency.host_node or latency.host_level
                                                                    or latency.host_chain else "; host work is not counted")}
-    return TreePlan([list(p) for p in tree.paths], list(acceptance), latency, counts, predicted, dict(measured_on or {}))
+    pooled = counts.acceptance() if counts is not None else (list(table[0]) if len(table) == 1 else [])
+    return TreePlan([list(p) for p in tree.paths], pooled, latency, counts, predicted, dict(measured_on or {}), table)

@@ -2,7 +2,7 @@
 
 Three steps, each an API call: (a) the method decodes --images images through the public
 Pipeline with a wide probe tree (runtime.tree_plan.fan_paths), and every round's verification
-outcome is counted by sibling rank (runtime.methods.tree_loop.observing_trees); (b) the bundle's
+outcome is counted by depth and sibling rank (runtime.methods.tree_loop.observing_trees); (b) the bundle's
 own runners time a target step for every window 1..max_nodes + 1 and a draft pass for every
 width, plus the draft_chain calls the draft has (fastest of --repeats, each call timed warm,
 right after an untimed run of itself: warm_best); (c) runtime.tree_plan.make_plan solves and the plan is
@@ -30,6 +30,7 @@ DRAFT_KINDS = ("independent", "eagle")
 # plan-tree sets these itself: the probe tree, then the planned one
 TREE_KEYS = ("tree", "static_tree", "total_tokens", "depth", "tree_top_k", "draft_len")
 PROBE_SEED = 1000  # not the bench's seeds (0, 1, ...): a plan is judged on images it was not made from
+SHOWN_DEPTHS = 6  # the summary's a_0(d), d = 1..6 (the probe's default depth)
 CHAIN_DRAFTS_MAX = 16  # the longest chain whose draft_chain call is timed (where the runner chains any count)
 
 
@@ -111,15 +112,15 @@ def command(bundle, method, params, draft_kind, backend, device, images, max_nod
                           f"{probe_width * probe_depth} drafts) exceeds this model's max_window − 1 = {window - 1}")
 
     from specrt.bench.device import device_name
-    from specrt.runtime.tree_plan import make_plan, write_plan
+    from specrt.runtime.tree_plan import PRIOR_VISITS, make_plan, write_plan
 
     started = time.perf_counter()
     from specrt.runtime.methods import METHODS as ALL_METHODS
 
     draft_len = ALL_METHODS[method].PARAMS["draft_len"].default
     probed = probe(pipe, method, method_params, images, seed, probe_width, probe_depth, draft_len, progress)
-    acceptance = probed.counts.acceptance()
-    if not acceptance:
+    acceptance = probed.counts.acceptance_by_depth()
+    if not acceptance or not acceptance[0]:
         raise SpecrtError("the probe verified no tree round (images too short for a tree?)")
     latency = measure_latency(pipe, method_params, max_nodes, repeats, progress)
     latency.host_round, latency.host_node, latency.host_level = probed.host_round, probed.host_node, probed.host_level
@@ -129,7 +130,7 @@ def command(bundle, method, params, draft_kind, backend, device, images, max_nod
                    "bundle": models.bundle, "draft": drafter, "method": method, "params": method_params,
                    "images": images, "seed": seed, "rounds": probed.rounds,
                    "chain_check": {"draft_len": draft_len, "measured_tokens_per_round": round(probed.chain_tokens_per_round, 4)},
-                   "probe": {"width": probe_width, "depth": probe_depth},
+                   "probe": {"width": probe_width, "depth": probe_depth}, "acceptance_prior_visits": PRIOR_VISITS,
                    "max_nodes": max_nodes, "max_depth": max_depth, "seconds": round(time.perf_counter() - started, 1)}
     plan = make_plan(acceptance, latency, max_nodes, max_depth, probed.counts, measured_on, default_draft_len=draft_len)
     write_plan(out, plan)
@@ -353,8 +354,16 @@ def _print_summary(plan: Any, out: Path, method: str) -> None:
     tree, chain = predicted["tree"], predicted["chain"]
     shown = " ".join(f"{a:.3f}" for a in plan.acceptance[:8])
     tried = plan.counts.tried[0] if plan.counts is not None and plan.counts.tried else 0
+    rows = plan.acceptance_by_depth[:SHOWN_DEPTHS]
+    visits = plan.counts.tried_by_depth if plan.counts is not None else []
+    deep = ", ".join(f"{row[0]:.3f}" + (f" ({visits[d][0]})" if d < len(visits) and visits[d] else "")
+                     for d, row in enumerate(rows) if row)
     click.echo(f"probe: {on['images']} images, {on['rounds']} rounds, {tried} nodes tried; acceptance by "
-               f"sibling rank a = {shown}")
+               f"sibling rank (all depths) a = {shown}")
+    if deep:
+        prior = on.get("acceptance_prior_visits")
+        click.echo(f"rank 0 by depth, a_0(d) for d = 1..{len(rows)} (visits): {deep}"
+                   + (f"; each depth shrunk toward the pooled rate with {prior:g} pseudo-visits" if prior is not None else ""))
     t1 = latency.target[0]
     marks = sorted({w for w in (2, 5, 9, 17, 26, 33, 65) if w <= len(latency.target)} | {len(latency.target)})
     click.echo(f"target step t(1) = {1000 * t1:.2f} ms; t(W)/t(1): "

@@ -40,6 +40,12 @@ def test_plan_tree_writes_a_plan_that_generate_and_bench_take(plan, tmp_path, ca
     assert len(data["latency"]["target_s"]) == 7 and data["predicted"]["faster"] in ("tree", "chain")
     counts = data["acceptance_counts"]
     assert len(counts["tried"]) == 3 and counts["tried"][0] > 0 and sum(counts["accepted"]) <= counts["tried"][0]
+    # per depth: the probe's 2 levels at most (depth 2 only where a rank-0 child was accepted), totals their sums
+    assert data["version"] == 2 and 1 <= len(counts["tried_by_depth"]) <= 2
+    assert [sum(col) for col in zip(*counts["tried_by_depth"])] == counts["tried"]
+    rows = data["acceptance_by_depth"]
+    assert len(rows) == len(counts["tried_by_depth"]) and all(len(row) == len(data["acceptance"]) for row in rows)
+    assert read_plan(plan).acceptance_by_depth == rows
     StaticShape(read_plan(plan).tree)
     code, _ = run(["generate", "--method", "sd", "--param", "tree=static", "--param", f"static_tree={plan}",
                    "--class", "3", "--tokens-only", "--out", str(tmp_path / "t.png"), "--threads", "1"], capsys)

@@ -1,4 +1,4 @@
-"""runtime.tree_plan: the rank-acceptance estimate, the best tree for a node budget, the choice of
+"""runtime.tree_plan: the acceptance estimate per depth and rank, the best tree for a node budget, the choice of
 its size from latencies, and plan files as `static_tree` values (read, refused in one line).
 
 Exactness of static trees is tested elsewhere (test_losslessness, test_planted_bugs); here a plan
@@ -17,8 +17,8 @@ from specrt.errors import SpecrtError
 from specrt.runtime.methods import make_method
 from specrt.runtime.tree import STATIC_TREES, StaticShape, TokenTree, static_shape
 from specrt.runtime.tree_plan import (
-    Latency, RankCounts, TreePlan, best_chain, best_paths, best_tree, chain_choice, expected_tokens, fan_paths,
-    level_widths, make_plan, monotone, read_plan, write_plan,
+    PLAN_VERSION, Latency, RankCounts, TreePlan, best_chain, best_paths, best_tree, chain_choice, expected_tokens,
+    fan_paths, level_widths, make_plan, monotone, rates_at, read_plan, write_plan,
 )
 
 A = [0.6, 0.2, 0.1]
@@ -35,10 +35,47 @@ def test_best_paths_match_a_hand_computation():
     assert level_widths([(0,), (0, 0), (1,), (0, 1), (1, 0)]) == [1, 2]
 
 
-def test_every_prefix_of_the_best_paths_is_a_valid_static_shape():
-    ranked = [list(p) for _, p in best_paths([0.5, 0.3, 0.3, 0.1], 40)]  # a tie between ranks 1 and 2
-    for count in range(1, len(ranked) + 1):
-        StaticShape(ranked[:count])  # raises on a missing parent or lower-ranked sibling
+def test_per_depth_scores_match_a_hand_computation():
+    table = [[0.8, 0.1], [0.5, 0.2]]  # a_r(1), then a_r(d) for every d ≥ 2 (the deepest row serves deeper)
+    assert rates_at(table, 1) == [0.8, 0.1] and rates_at(table, 2) == rates_at(table, 7) == [0.5, 0.2]
+    # scores: [0] .8, [0,0] .8·.5 = .4, [0,0,0] .4·.5 = .2, [0,1] .8·.2 = .16, [1] .1, [0,0,0,0] .1 (tie:
+    # the shorter first), then [0,0,1] .4·.2 = .08, [0,1,0] .16·.5 = .08, [1,0] .1·.5 = .05
+    ranked = best_paths(table, 9)
+    assert [p for _, p in ranked] == [(0,), (0, 0), (0, 0, 0), (0, 1), (1,), (0, 0, 0, 0), (0, 0, 1), (0, 1, 0),
+                                      (1, 0)]
+    assert [round(s, 6) for s, _ in ranked] == [0.8, 0.4, 0.2, 0.16, 0.1, 0.1, 0.08, 0.08, 0.05]
+    # the pooled model (depth 1's vector everywhere) would score [0,0] at .64 and put it before [1] and [0,1]
+    assert [p for _, p in best_paths(table[0], 4)] == [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]
+    latency = Latency([1e-3] * 10, [1e-4] * 10)
+    assert math.isclose(chain_choice(table, latency, 3).tokens_per_round, 1 + 0.8 + 0.4 + 0.2)  # Σ_d Π_{i≤d} a_0(i)
+    assert math.isclose(chain_choice(table[0], latency, 3).tokens_per_round, 1 + 0.8 + 0.64 + 0.512)
+
+
+@pytest.mark.parametrize("acceptance", [
+    [0.5, 0.3, 0.3, 0.1],  # a tie between ranks 1 and 2
+    [[0.5, 0.3, 0.3, 0.1], [0.9, 0.05], [0.2, 0.2, 0.2]],  # acceptance rising, then falling, with depth
+])
+def test_every_prefix_of_the_best_paths_is_a_valid_static_shape(acceptance):
+    ranked = best_paths(acceptance, 40)
+    assert [s for s, _ in ranked] == sorted((s for s, _ in ranked), reverse=True)
+    paths = [list(p) for _, p in ranked]
+    for count in range(1, len(paths) + 1):
+        StaticShape(paths[:count])  # raises on a missing parent or lower-ranked sibling
+
+
+def test_acceptance_falling_with_depth_picks_a_shallower_wider_tree_than_the_pooled_model():
+    latency = Latency([1e-3 * (1 + 0.02 * w) for w in range(70)], [1e-4] * 70)
+    first = [0.5, 0.2, 0.12, 0.08, 0.05]
+    pooled = best_tree(first, latency, 64)
+    falling = best_tree([first, [0.1, 0.03, 0.01]], latency, 64)
+    assert pooled.depth >= 2 and any(len(p) == 2 for p in pooled.paths)
+    # past depth 1 a node scores at most .5 · .1 = .05, no more than the last sibling at depth 1: every rank
+    # under the root comes first, and one more level is not worth its draft pass
+    assert falling.paths == [(0,), (1,), (2,), (3,), (4,)]
+    assert math.isclose(falling.tokens_per_round, 1 + sum(first))
+    # the pooled model's tree, priced under the falling acceptance, predicts less than the pooled model said
+    repriced = expected_tokens(s for s, p in best_paths([first, [0.1, 0.03, 0.01]], 64) if p in pooled.paths)
+    assert repriced < pooled.tokens_per_round - 0.3
 
 
 def test_flat_latency_gives_a_large_bushy_tree_and_steep_latency_a_small_chain_like_one():
@@ -72,25 +109,68 @@ def test_rank_counts_from_hand_made_outcomes():
     counts.add(tree.children, [0, 1, 5])  # rank 0, then node 1's rank 1
     counts.add(tree.children, [0])        # every child of the root rejected
     counts.add(tree.children, [0, 1])     # rank 0, then both of node 1's children rejected
+    assert counts.tried_by_depth == [[4, 4, 4], [2, 2]]  # depth 1: the root's children; depth 2: node 1's
+    assert counts.accepted_by_depth == [[2, 1, 0], [0, 1]]
     assert counts.tried == [6, 6, 4]  # the root 4 times (ranks 0-2), node 1 twice (ranks 0-1)
     assert counts.accepted == [2, 2, 0]  # rank 0: the root twice; rank 1: the root once, node 1 once
     assert counts.acceptance() == [2 / 6, 2 / 6, 0.0]
-    counts.accepted[1] = 3  # a later rank more often accepted than an earlier: lowered to it
+    counts.accepted_by_depth[0][1] = 2  # a later rank more often accepted than an earlier: lowered to it
     assert counts.acceptance() == [2 / 6, 2 / 6, 0.0]
     assert monotone([3.0, 1.0, 2.0, 4.0]) == [1.0, 1.0, 2.0, 4.0]
 
 
+def test_each_depth_is_shrunk_toward_the_pooled_rate_by_its_visits():
+    counts = RankCounts(tried_by_depth=[[100, 100, 100], [10, 10], []], accepted_by_depth=[[80, 10, 5], [2, 4], []])
+    p0, p1, p2 = 82 / 110, 14 / 110, 5 / 100  # pooled raw rates (rank 2: tried at depth 1 only)
+    assert counts.acceptance() == [p0, p1, p2]
+    rows = counts.acceptance_by_depth(prior_visits=20)
+    assert len(rows) == 2  # depth 3 was never visited: no row (depth 2's serves it, rates_at)
+    assert rows[0] == pytest.approx([(80 + 20 * p0) / 120, (10 + 20 * p1) / 120, (5 + 20 * p2) / 120])
+    # depth 2: 10 visits weigh half of the prior's 20; rank 2 was never offered there: the pooled rate
+    assert rows[1] == pytest.approx([(2 + 20 * p0) / 30, (4 + 20 * p1) / 30, p2])
+    # no prior: each depth alone (depth 2's rank 1, 4 of 10, above its rank 0, 2 of 10: lowered to it);
+    # a huge prior: every depth the pooled rate
+    assert counts.acceptance_by_depth(prior_visits=0)[1] == pytest.approx([0.2, 0.2, p2])
+    assert counts.acceptance_by_depth(prior_visits=1e9)[1] == pytest.approx([p0, p1, p2], rel=1e-6)
+    with pytest.raises(SpecrtError, match="prior_visits"):
+        counts.acceptance_by_depth(prior_visits=-1)
+
+
 def test_make_plan_predicts_against_the_chain_and_ar(tmp_path):
     latency = Latency([1e-3] * 70, [1e-4] * 70, chain={4: 3e-4}, host_chain=1e-5)
-    plan = make_plan(A, latency, 24, counts=RankCounts([10, 10, 10], [6, 2, 1]), measured_on={"device": "test"})
+    plan = make_plan(A, latency, 24, counts=RankCounts([[10, 10, 10]], [[6, 2, 1]]), measured_on={"device": "test"})
     assert plan.predicted["faster"] == "tree" and plan.predicted["speedup_vs_chain"] > 1
     assert plan.predicted["tree"]["nodes"] == len(plan.tree) == 24
     path = write_plan(tmp_path / "plan.json", plan)
     data = json.loads(path.read_text())
     assert data["tree"] == plan.tree and data["acceptance"] == A and data["latency"]["chain_s"] == {"4": 3e-4}
+    assert data["version"] == PLAN_VERSION == 2 and data["acceptance_by_depth"] == [A]
+    assert data["acceptance_counts"]["tried_by_depth"] == [[10, 10, 10]]
     again = read_plan(path)
     assert again.tree == plan.tree and again.latency == latency and again.measured_on == {"device": "test"}
+    assert again.acceptance_by_depth == [A]
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]  # no temporary file left
+
+
+def test_make_plan_solves_with_the_per_depth_acceptance(tmp_path):
+    latency = Latency([1e-3] * 70, [1e-4] * 70, chain={4: 3e-4})
+    table = [[0.8, 0.1], [0.5, 0.2]]
+    plan = make_plan(table, latency, 6, default_draft_len=4)
+    scores = {tuple(p): s for s, p in best_paths(table, 64)}
+    assert plan.predicted["tree"]["tokens_per_round"] == round(1 + sum(scores[tuple(p)] for p in plan.tree), 4)
+    assert plan.predicted["chain_draft_len_4"]["tokens_per_round"] == round(1 + 0.8 + 0.4 + 0.2 + 0.1, 4)
+    assert plan.acceptance == [] and plan.acceptance_by_depth == table  # no counts: no pooled vector to give
+    assert read_plan(write_plan(tmp_path / "p.json", plan)).acceptance_by_depth == table
+
+
+def test_a_version_1_plan_is_read_with_its_pooled_acceptance_at_every_depth(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"format": "specrt-tree-plan", "version": 1, "tree": [[0], [1], [0, 0]],
+                                "acceptance": [0.7, 0.1]}))
+    plan = read_plan(path)
+    assert plan.tree == [[0], [1], [0, 0]] and plan.acceptance == [0.7, 0.1]
+    assert plan.acceptance_by_depth == [[0.7, 0.1]]  # one row: every depth
+    assert static_shape(str(path)).size == 3
 
 
 def plan_file(tmp_path, paths, name="plan.json"):
@@ -120,6 +200,16 @@ def test_static_tree_takes_a_plan_file_and_generates_what_the_same_shape_by_name
     ('{"format": "specrt-tree-plan", "version": 1, "tree": [[0], ["x"]]}', "rank paths"),
     ('{"format": "specrt-tree-plan", "version": 1, "tree": [[0], [2]]}', "lower-ranked siblings"),
     ('{"format": "specrt-tree-plan", "version": 1, "tree": [[0]], "latency": {"target_s": []}}', "latency"),
+    ('{"format": "specrt-tree-plan", "version": 2, "tree": [[0]], "acceptance_by_depth": [0.7, 0.1]}',
+     "one list of probabilities per depth"),
+    ('{"format": "specrt-tree-plan", "version": 2, "tree": [[0]], "acceptance_by_depth": [[0.7], 0.5]}',
+     "one list of probabilities per depth"),
+    ('{"format": "specrt-tree-plan", "version": 2, "tree": [[0]], "acceptance_by_depth": [[0.7], [1.5]]}',
+     "a_0 at depth 2 must be a probability"),
+    ('{"format": "specrt-tree-plan", "version": 2, "tree": [[0]], "acceptance_by_depth": [[0.7, "x"]]}',
+     "a_1 at depth 1 must be a probability"),
+    ('{"format": "specrt-tree-plan", "version": 2, "tree": [[0]], "acceptance_by_depth": [[0.7, 0.1], [0.2, 0.3]]}',
+     "must not increase with the sibling rank: a_1 at depth 2"),
 ])
 def test_bad_plan_files_are_one_line_errors(tmp_path, content, message):
     path = tmp_path / "bad.json"
