@@ -12,9 +12,9 @@ The model (Sequoia's positional acceptance, made per depth):
   depth 1) is the one accepted, given that its parent was reached and has at least r + 1
   children. Verification tries siblings in rank order, so whether rank r is accepted does not
   depend on how many siblings come after it, and the ranks' events are exclusive: Σ_r a_r(d) ≤ 1.
-  Why per depth: acceptance falls with depth (the demo's EAGLE head: a_0 about 0.77 at depth 1,
-  about 0.6 deeper, its features drift from the target's), and one pooled vector over-predicts
-  deep paths (the draft GPT's chain of 4: 2.44 tokens per round predicted, 2.18 measured).
+  Why per depth: acceptance can change with depth (the demo's EAGLE head: a_0 0.77 at depth 1,
+  0.61-0.71 deeper, as its own features stand in for the target's; the draft GPT's is flat), and
+  one pooled vector then misprices deep paths against wide shallow ones.
 - A node reached by the ranks (r_1, ..., r_d) from the root is reached with probability
   s = a_{r_1}(1) · ... · a_{r_d}(d) (its score), and every node reached adds one accepted token,
   so a round verifies 1 + Σ s tokens on average (the 1: the resampled or bonus token).
@@ -28,9 +28,9 @@ The model (Sequoia's positional acceptance, made per depth):
   a chain's draft is the rank-0 child), drafted in one draft_chain call where the runner has one.
 
 A plan file is JSON: the tree as rank paths (the format of runtime.tree.STATIC_TREES, so
-`static_tree=PLAN.json` uses it), the acceptance measured (pooled, and per depth: version 2;
-version 1 files, pooled only, are read as the pooled vector at every depth), the latencies used, what it was
-measured on, and the predicted speed-ups. Written atomically (a temporary file, then a rename).
+`static_tree=PLAN.json` uses it), the acceptance measured (pooled, and per depth since version
+2; version 1 files, pooled only, are read as the pooled vector at every depth), the latencies
+used, what it was measured on, and the predicted speed-ups. Written atomically (a temporary file, then a rename).
 Pure Python and numpy-free on purpose: the runtime reads plans with nothing else loaded.
 """
 from __future__ import annotations
@@ -49,7 +49,10 @@ from specrt.errors import SpecrtError
 PLAN_FORMAT = "specrt-tree-plan"
 PLAN_VERSION = 2
 PLAN_VERSIONS = (1, 2)  # read; version 1: no per-depth acceptance
-PRIOR_VISITS = 20.0  # m: pseudo-visits of the pooled rate in each depth's estimate (RankCounts.acceptance_by_depth)
+# m, the pooled rate's weight in each depth's estimate, in visits (RankCounts.acceptance_by_depth). Why 20:
+# the default probe (32 images, 6 levels) reaches its deepest level 55-70 times, where a depth's own
+# rate still weighs about 3/4, while a level seen a handful of times (a short probe) is mostly pooled.
+PRIOR_VISITS = 20.0
 DRAFTERS = ("model", "eagle")  # an independent draft model, an EAGLE head (runtime.drafting / runtime.eagle)
 
 Path_ = tuple[int, ...]

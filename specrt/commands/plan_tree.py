@@ -362,8 +362,8 @@ def _print_summary(plan: Any, out: Path, method: str) -> None:
                f"sibling rank (all depths) a = {shown}")
     if deep:
         prior = on.get("acceptance_prior_visits")
-        click.echo(f"rank 0 by depth, a_0(d) for d = 1..{len(rows)} (visits): {deep}"
-                   + (f"; each depth shrunk toward the pooled rate with {prior:g} pseudo-visits" if prior is not None else ""))
+        shrunk = f"; each depth shrunk toward the pooled rate with {prior:g} pseudo-visits" if prior is not None else ""
+        click.echo(f"rank 0 by depth, a_0(d) for d = 1..{len(rows)} (visits): {deep}{shrunk}")
     t1 = latency.target[0]
     marks = sorted({w for w in (2, 5, 9, 17, 26, 33, 65) if w <= len(latency.target)} | {len(latency.target)})
     click.echo(f"target step t(1) = {1000 * t1:.2f} ms; t(W)/t(1): "
