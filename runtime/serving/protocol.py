@@ -107,10 +107,20 @@ def _text(value: Any, name: str) -> str:
 
 
 def params_object(text: str) -> dict[str, Any]:
-    """The `params` input: a JSON object of method parameters and sampling keys ('' = none)."""
+    """The `params` input: a JSON object of method parameters and sampling keys ('' = none).
+
+    `static_tree` takes the built-in shapes only: as a file path (a `specrt plan-tree` plan) it
+    would have the server open whatever file a client names, and its one-line errors would tell
+    the client which paths exist."""
     params = validation.json_object("params", text)
     if "decode" in params:
         raise SpecrtError("params: 'decode' is not a parameter here; send tokens_only=true to skip the decoder")
+    if "static_tree" in params:
+        from specrt.runtime.tree import STATIC_TREES
+
+        if not isinstance(params["static_tree"], str) or params["static_tree"] not in STATIC_TREES:
+            raise SpecrtError(f"params: static_tree must be one of {', '.join(STATIC_TREES)} here "
+                              "(a served model reads no plan files a request names)")
     return params
 
 

@@ -111,6 +111,8 @@ def test_an_internal_failure_answers_its_rows_and_the_handler_goes_on(pipe, monk
     (dict(class_id=np.array([[1], [2]]), seed=np.array([[1]], np.uint64)), "disagree on the batch size"),
     (dict(class_id=np.array([[1]]), params=np.array([[b"[1, 2]"]], object)), "must be a JSON object"),
     (dict(class_id=np.array([[1]]), params=np.array([[b'{"decode": false}']], object)), "tokens_only"),
+    (dict(class_id=np.array([[1]]), params=np.array([[b'{"tree": "static", "static_tree": "/etc/hostname"}']], object)),
+     "reads no plan files"),
     (dict(seed=np.array([[1]], np.uint64)), "give class_id"),
     (dict(prompt=np.array([[b"\xff\xfe"]], object)), "not valid UTF-8"),
     (dict(class_id=np.array([[1, 2]])), "one value per row"),
