@@ -53,7 +53,7 @@ case "$stage" in
             --batch 1,8 --images "$n" --json "$out/eagle-demo-gpu.json" --markdown "$out/eagle-demo-gpu.md"
         ;;
     plans)
-        n="${IMAGES:-32}"
+        n="${IMAGES:-48}"
         for draft in independent eagle; do
             run "plan-$draft" "${plan[@]}" --method sd --draft "$draft" --images "$n" --out "$out/plan-$draft.json"
         done
