@@ -50,7 +50,7 @@ PLAN_FORMAT = "specrt-tree-plan"
 PLAN_VERSION = 2
 PLAN_VERSIONS = (1, 2)  # read; version 1: no per-depth acceptance
 # m, the pooled rate's weight in each depth's estimate, in visits (RankCounts.acceptance_by_depth). Why 20:
-# the default probe (32 images, 6 levels) reaches its deepest level 55-70 times, where a depth's own
+# a 32-image probe (6 levels; the default is 48) reaches its deepest level 55-70 times, where a depth's own
 # rate still weighs about 3/4, while a level seen a handful of times (a short probe) is mostly pooled.
 PRIOR_VISITS = 20.0
 DRAFTERS = ("model", "eagle")  # an independent draft model, an EAGLE head (runtime.drafting / runtime.eagle)
