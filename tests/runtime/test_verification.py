@@ -165,3 +165,33 @@ def test_views_that_read_what_they_index_are_read_entry_by_entry():
     np.testing.assert_array_equal(out.accepted_lengths, host.accepted_lengths)
     np.testing.assert_array_equal(out.next_tokens, host.next_tokens)
     assert max(reads) == VOCAB and set(reads) == {1, VOCAB}
+
+
+def test_acceptance_on_arrays_is_min_one_ratio_with_one_where_the_draft_has_no_mass():
+    """The array path (two numpy calls) against its definition and the scalar path, edge cases
+    included: equal masses, no draft mass (f = 1 whatever the target), no mass on either side."""
+    rng = np.random.default_rng(5)
+    target = np.concatenate([rng.random(200), [0.3, 0.0, 0.4, 0.0, 0.2]])
+    draft = np.concatenate([rng.random(200) * 2.0, [0.3, 0.0, 0.0, 0.5, 1e-300]])
+    expected = np.array([1.0 if d <= 0 else min(1.0, t / d) for t, d in zip(target, draft)])
+    f = acceptance(target, draft)
+    np.testing.assert_array_equal(f, expected)
+    assert [acceptance(float(t), float(d)) for t, d in zip(target, draft)] == f.tolist()
+    assert acceptance(target[None, :5], np.float64(0.5)).shape == (1, 5)  # shapes broadcast
+
+
+def test_one_row_inverse_cdf_draws_what_the_block_path_draws():
+    """draws_from_cdf's binary search for one row counts the same CDF entries at or below u·total as
+    the block path, so a zero-mass token is never drawn, even at a boundary uniform."""
+    from specrt.runtime.sampling import draws_from_cdf
+
+    rng = np.random.default_rng(6)
+    rows = rng.random((40, VOCAB)) * (rng.random((40, VOCAB)) < 0.5)
+    rows[:, 3] = 0.0  # a token without mass in every row
+    rows[:, 0] += 1e-3
+    cdfs = np.cumsum(rows, axis=1)
+    uniforms = np.concatenate([rng.random(37), [0.0, 1.0 - 1e-16, cdfs[39, 2] / cdfs[39, -1]]])
+    block = draws_from_cdf(cdfs, uniforms)
+    alone = [int(draws_from_cdf(cdfs[i:i + 1], uniforms[i:i + 1])[0]) for i in range(len(cdfs))]
+    assert alone == block.tolist()
+    assert all(rows[i, token] > 0 for i, token in enumerate(alone))
