@@ -27,8 +27,20 @@ The model (Sequoia's positional acceptance, made per depth):
   takes the best (n, D), and compares it with the chain of the same draft (a_0(d) at depth d:
   a chain's draft is the rank-0 child), drafted in one draft_chain call where the runner has one.
 
+Dynamic trees (EAGLE-2, tree=dynamic) are planned with the same machinery: their a_r(d) come from a
+probe decoded with a wide dynamic tree (its children are top-k, verified as point masses, so their
+rates are not a sampled tree's), the best n paths are solved as above, and a round is priced as
+DynamicGrowth grows it: `depth` draft passes, the first over the root and each later one over up to
+tree_top_k frontier nodes, then the target over total_tokens + 1 (`Latency.dynamic_round_s`). The
+plan gives (total_tokens, depth, tree_top_k) = (n, D, K), K wide enough for the paths' ranks and for
+the nodes they expand per level (`DynamicTree.covering`). The estimate is conservative: a dynamic
+tree picks its n nodes each round by the draft's own confidence, which can only do better than one
+fixed set of ranks (when the draft's confidence tracks acceptance), while the price is the same.
+
 A plan file is JSON: the tree as rank paths (the format of runtime.tree.STATIC_TREES, so
-`static_tree=PLAN.json` uses it), the acceptance measured (pooled, and per depth since version
+`static_tree=PLAN.json` uses it; since version 3 "tree_kind" says "static" or "dynamic", and a
+dynamic plan's "dynamic" holds the parameters to use, its paths being the positional tree it was
+priced as; static_tree refuses a dynamic plan), the acceptance measured (pooled, and per depth since version
 2; version 1 files, pooled only, are read as the pooled vector at every depth), the latencies
 used, what it was measured on, and the predicted speed-ups. Written atomically (a temporary file, then a rename).
 Pure Python and numpy-free on purpose: the runtime reads plans with nothing else loaded.
@@ -47,8 +59,9 @@ from typing import Any, Iterable, Optional, Sequence
 from specrt.errors import SpecrtError
 
 PLAN_FORMAT = "specrt-tree-plan"
-PLAN_VERSION = 2
-PLAN_VERSIONS = (1, 2)  # read; version 1: no per-depth acceptance
+PLAN_VERSION = 3
+PLAN_VERSIONS = (1, 2, 3)  # read; version 1: no per-depth acceptance; 1 and 2: static trees only
+TREE_KINDS = ("static", "dynamic")  # what a plan sizes: a static shape, or EAGLE-2's dynamic tree
 # m, the pooled rate's weight in each depth's estimate, in visits (RankCounts.acceptance_by_depth). Why 20:
 # a 32-image probe (6 levels; the default is 48) reaches its deepest level 55-70 times, where a depth's own
 # rate still weighs about 3/4, while a level seen a handful of times (a short probe) is mostly pooled.
@@ -321,6 +334,11 @@ class Latency:
         host = self.host_round + self.host_node * nodes + self.host_level * len(widths)
         return self.target_s(nodes + 1) + passes + self.catch_up_s(tokens_per_round) + host
 
+    def dynamic_round_s(self, tree: "DynamicTree", tokens_per_round: float) -> float:
+        """One EAGLE-2 round of `tree`'s parameters, as a static round whose levels are
+        DynamicGrowth's passes (dynamic_widths) and whose target pass is over total_tokens + 1."""
+        return self.tree_round_s(tree.total_tokens, dynamic_widths(tree.depth, tree.tree_top_k), tokens_per_round)
+
     def chain_round_s(self, drafts: int, tokens_per_round: float) -> float:
         """One chain round of `drafts` drafts: in one draft_chain call where one is measured that
         draws at least that many (the extra drafts are computed and ignored, as an EAGLE head's
@@ -374,6 +392,47 @@ def _at(values: Sequence[float], window: int, name: str) -> float:
     return values[-1] + max(slope, 0.0) * (window - len(values))
 
 
+def dynamic_widths(depth: int, top_k: int) -> list[int]:
+    """The widths of DynamicGrowth's `depth` draft passes: the root alone, then the top_k best new
+    candidates of the pass before (each node has top_k children, so there are always top_k, unless
+    rows run out of tokens with mass, which a price need not assume)."""
+    return [1] + [top_k] * (depth - 1) if depth > 0 else []
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2's parameters as the method takes them: `--param tree=dynamic --param total_tokens=…
+    --param depth=… --param tree_top_k=…` (runtime.tree.DynamicGrowth)."""
+
+    total_tokens: int
+    depth: int
+    tree_top_k: int
+
+    def __post_init__(self) -> None:
+        for name in ("total_tokens", "depth", "tree_top_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecrtError(f"dynamic tree {name} must be a positive integer, got {value!r}")
+
+    @classmethod
+    def covering(cls, paths: Sequence[Sequence[int]]) -> "DynamicTree":
+        """The dynamic tree whose candidates include every one of `paths` (a valid rank-path tree):
+        n nodes, their depth, and top_k = the highest rank used + 1, or more where a level of the
+        paths expands more nodes than that (a pass expands at most top_k frontier nodes)."""
+        if not paths:
+            raise SpecrtError("a dynamic tree needs at least one path")
+        ranks = max(r for p in paths for r in p) + 1
+        widest = max(level_widths(tuple(p) for p in paths))
+        return cls(len(paths), max(len(p) for p in paths), max(1, ranks, widest))
+
+    def params(self) -> dict[str, int]:
+        return {"total_tokens": self.total_tokens, "depth": self.depth, "tree_top_k": self.tree_top_k}
+
+    def flags(self) -> str:
+        """The generate / bench flags that use it."""
+        return "--param tree=dynamic " + " ".join(f"--param {k}={v}" for k, v in self.params().items())
+
+
 # ---- choosing the tree ------------------------------------------------------------------------------
 
 
@@ -395,10 +454,15 @@ class Candidate:
 
 
 def best_tree(acceptance: Acceptance | Sequence[float], latency: Latency, max_nodes: int,
-              max_depth: Optional[int] = None) -> Candidate:
+              max_depth: Optional[int] = None, kind: str = "static") -> Candidate:
     """The tree of at most `max_nodes` nodes (and `max_depth` levels) with the most tokens per
     second under `latency`: for every depth limit D, the best-n-paths trees for n = 1..max_nodes
-    (each a prefix of the same best-first order), priced and compared."""
+    (each a prefix of the same best-first order), priced and compared. `kind` "static" prices a
+    round as that shape's (a draft pass per level, as wide as the nodes it expands); "dynamic" as
+    the EAGLE-2 tree that covers the paths (DynamicTree.covering, Latency.dynamic_round_s): a
+    positional, so conservative, estimate of what a tree chosen by draft confidence accepts."""
+    if kind not in TREE_KINDS:
+        raise SpecrtError(f"tree kind must be one of {', '.join(TREE_KINDS)}, got {kind!r}")
     if max_nodes < 1:
         raise SpecrtError(f"max_nodes must be at least 1, got {max_nodes}")
     if not _measured(acceptance):
@@ -407,13 +471,18 @@ def best_tree(acceptance: Acceptance | Sequence[float], latency: Latency, max_no
     for depth in range(1, (max_depth or max_nodes) + 1):
         ranked = best_paths(acceptance, max_nodes, depth)
         parents: list[set[Path_]] = []
-        total = 1.0
+        total, top_k = 1.0, 1
         for count, (score, path) in enumerate(ranked, 1):
             total += score
             while len(parents) < len(path):
                 parents.append(set())
             parents[len(path) - 1].add(path[:-1])
-            seconds = latency.tree_round_s(count, [len(level) for level in parents], total)
+            widths = [len(level) for level in parents]
+            if kind == "static":
+                seconds = latency.tree_round_s(count, widths, total)
+            else:  # DynamicTree.covering, kept up to date path by path
+                top_k = max(top_k, path[-1] + 1, *widths)
+                seconds = latency.dynamic_round_s(DynamicTree(count, len(parents), top_k), total)
             if best is None or total / seconds > best.tokens_per_s * (1 + 1e-12):
                 best = Candidate([p for _, p in ranked[:count]], total, seconds)
         if max(len(p) for _, p in ranked) < depth:
@@ -463,11 +532,19 @@ class TreePlan:
     predicted: dict[str, Any] = field(default_factory=dict)
     measured_on: dict[str, Any] = field(default_factory=dict)
     acceptance_by_depth: list[list[float]] = field(default_factory=list)  # a_r(d), the model solved; [] = pooled
+    dynamic: Optional[DynamicTree] = None  # a dynamic tree's parameters; None: `tree` is a static shape
+
+    @property
+    def tree_kind(self) -> str:
+        return "static" if self.dynamic is None else "dynamic"
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "tree": self.tree,
-                               "nodes": len(self.tree), "depth": max((len(p) for p in self.tree), default=0),
-                               "acceptance": self.acceptance, "acceptance_by_depth": self.acceptance_by_depth}
+        out: dict[str, Any] = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "tree_kind": self.tree_kind,
+                               "tree": self.tree, "nodes": len(self.tree),
+                               "depth": max((len(p) for p in self.tree), default=0)}
+        if self.dynamic is not None:
+            out["dynamic"] = self.dynamic.params()
+        out.update({"acceptance": self.acceptance, "acceptance_by_depth": self.acceptance_by_depth})
         if self.counts is not None:
             out["acceptance_counts"] = self.counts.to_json()
         if self.latency is not None:
@@ -493,9 +570,12 @@ def write_plan(path: str | os.PathLike, plan: TreePlan) -> Path:
     return path
 
 
-def read_plan(path: str | os.PathLike) -> TreePlan:
+def read_plan(path: str | os.PathLike, kind: Optional[str] = "static") -> TreePlan:
     """The plan in `path`; SpecrtError (one line naming the file) when it cannot be read, is not
-    JSON, or is not a tree plan. The tree's own shape rules are runtime.tree.StaticShape's."""
+    JSON, or is not a tree plan, or not one of `kind` (None: either). Why static by default: the
+    runtime reads plans as static_tree values (runtime.tree.static_shape), and a dynamic plan's
+    paths are only the positional tree it was priced as, not a shape to draft; the refusal says
+    which parameters to use instead. The tree's own shape rules are runtime.tree.StaticShape's."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -521,13 +601,35 @@ def read_plan(path: str | os.PathLike) -> TreePlan:
     if not isinstance(acceptance, list) or not all(isinstance(a, (int, float)) for a in acceptance):
         raise SpecrtError(f"tree plan {path}: \"acceptance\" must be a list of numbers")
     acceptance = [float(a) for a in acceptance]
+    dynamic = _plan_dynamic(path, data, version)
+    if kind is not None and (dynamic is None) != (kind == "static"):
+        if dynamic is not None:
+            raise SpecrtError(f"tree plan {path} is for a dynamic tree, not a static_tree shape: use {dynamic.flags()}")
+        raise SpecrtError(f"tree plan {path} is for a static tree: use --param tree=static --param static_tree={path}")
     by_depth_ = _plan_by_depth(path, data, version, acceptance)
     try:
         latency = Latency.from_json(data["latency"]) if data.get("latency") is not None else None
     except SpecrtError as exc:
         raise SpecrtError(f"tree plan {path}: {exc}") from None
     return TreePlan(tree, acceptance, latency, None, dict(data.get("predicted") or {}),
-                    dict(data.get("measured_on") or {}), by_depth_)
+                    dict(data.get("measured_on") or {}), by_depth_, dynamic)
+
+
+def _plan_dynamic(path: str | os.PathLike, data: dict[str, Any], version: int) -> Optional[DynamicTree]:
+    """A plan's dynamic tree parameters, or None for a static plan (every version 1 and 2 file)."""
+    kind = data.get("tree_kind", "static") if version >= 3 else "static"
+    if kind not in TREE_KINDS:
+        raise SpecrtError(f"tree plan {path}: \"tree_kind\" must be one of {', '.join(TREE_KINDS)}, got {kind!r}")
+    if kind == "static":
+        return None
+    params = data.get("dynamic")
+    if not isinstance(params, dict):
+        raise SpecrtError(f"tree plan {path}: a dynamic plan needs \"dynamic\": {{\"total_tokens\": n, \"depth\": D, "
+                          f"\"tree_top_k\": K}}")
+    try:
+        return DynamicTree(params.get("total_tokens"), params.get("depth"), params.get("tree_top_k"))
+    except SpecrtError as exc:
+        raise SpecrtError(f"tree plan {path}: {exc}") from None
 
 
 def _plan_by_depth(path: str | os.PathLike, data: dict[str, Any], version: int,
@@ -568,14 +670,17 @@ def fan_paths(width: int, depth: int) -> list[list[int]]:
 
 def make_plan(acceptance: Acceptance | Sequence[float], latency: Latency, max_nodes: int,
               max_depth: Optional[int] = None, counts: Optional[RankCounts] = None,
-              measured_on: Optional[dict[str, Any]] = None, default_draft_len: int = 4) -> TreePlan:
-    """The best tree under `latency` for a_r(d) = `acceptance` (per depth, or one vector for every
-    depth), with its prediction beside the chains' (the best chain of up to max_nodes drafts, and
-    the one of `default_draft_len`) and ar's (one target pass of 1 token per token): speed-ups are
-    ratios of predicted tokens per second, of graph time alone unless `latency` has host seconds.
-    The plan's pooled "acceptance" is `counts`' where given, else the one vector given."""
+              measured_on: Optional[dict[str, Any]] = None, default_draft_len: int = 4,
+              kind: str = "static") -> TreePlan:
+    """The best tree of `kind` (static, or EAGLE-2's dynamic: best_tree) under `latency` for a_r(d)
+    = `acceptance` (per depth, or one vector for every depth), with its prediction beside the
+    chains' (the best chain of up to max_nodes drafts, and the one of `default_draft_len`) and ar's
+    (one target pass of 1 token per token): speed-ups are ratios of predicted tokens per second, of
+    graph time alone unless `latency` has host seconds. The plan's pooled "acceptance" is `counts`'
+    where given, else the one vector given."""
     table = by_depth(acceptance)
-    tree = best_tree(acceptance, latency, max_nodes, max_depth)
+    tree = best_tree(acceptance, latency, max_nodes, max_depth, kind)
+    dynamic = DynamicTree.covering(tree.paths) if kind == "dynamic" else None
     chain = best_chain(acceptance, latency, max(1, min(max_nodes, max_depth or max_nodes)))
     usual = chain_choice(acceptance, latency, default_draft_len)
     ar = 1.0 / (latency.target_s(1) + latency.host_ar)
@@ -585,7 +690,8 @@ def make_plan(acceptance: Acceptance | Sequence[float], latency: Latency, max_no
                 "seconds_per_round": candidate.seconds_per_round,
                 "speedup_vs_ar": round(candidate.tokens_per_s / ar, 4)}
 
-    predicted = {"tree": {"nodes": len(tree.paths), "depth": tree.depth, **summary(tree)},
+    shape = {"kind": kind, "nodes": len(tree.paths), "depth": tree.depth, **(dynamic.params() if dynamic else {})}
+    predicted = {"tree": {**shape, **summary(tree)},
                  "chain": {"draft_len": len(chain.paths), **summary(chain)},
                  f"chain_draft_len_{default_draft_len}": summary(usual),
                  "speedup_vs_chain": round(tree.tokens_per_s / chain.tokens_per_s, 4),
@@ -594,4 +700,5 @@ def make_plan(acceptance: Acceptance | Sequence[float], latency: Latency, max_no
                                                                    or latency.host_node or latency.host_level
                                                                    or latency.host_chain else "; host work is not counted")}
     pooled = counts.acceptance() if counts is not None else (list(table[0]) if len(table) == 1 else [])
-    return TreePlan([list(p) for p in tree.paths], pooled, latency, counts, predicted, dict(measured_on or {}), table)
+    return TreePlan([list(p) for p in tree.paths], pooled, latency, counts, predicted, dict(measured_on or {}), table,
+                    dynamic)

@@ -1,7 +1,10 @@
-"""`specrt plan-tree`: a static draft tree sized for this device (runtime.tree_plan), as a plan file.
+"""`specrt plan-tree`: a draft tree sized for this device (runtime.tree_plan), as a plan file: a static
+shape (--tree static), or the parameters of EAGLE-2's dynamic tree (--tree dynamic).
 
 Three steps, each an API call: (a) the method decodes --images images through the public
-Pipeline with a wide probe tree (runtime.tree_plan.fan_paths), and every round's verification
+Pipeline with a wide probe tree (static: runtime.tree_plan.fan_paths; dynamic: a dynamic tree of
+probe width × depth nodes, top-k = the width, whose children are point masses and so accepted at
+other rates than sampled ones: each kind is measured as it is drafted), and every round's verification
 outcome is counted by depth and sibling rank (runtime.methods.tree_loop.observing_trees); (b) the bundle's
 own runners time a target step for every window 1..max_nodes + 1 and a draft pass for every
 width, plus the draft_chain calls the draft has (fastest of --repeats, each call timed warm,
@@ -24,6 +27,7 @@ import numpy as np
 
 from specrt import validation
 from specrt.errors import SpecrtError
+from specrt.runtime.tree_plan import TREE_KINDS
 
 METHODS = ("sd", "cool-sd", "lantern")  # the drafted methods with tree=static
 DRAFT_KINDS = ("independent", "eagle")
@@ -38,6 +42,9 @@ CHAIN_DRAFTS_MAX = 16  # the longest chain whose draft_chain call is timed (wher
 @click.argument("bundle", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--method", "-m", type=click.Choice(METHODS), default="sd", show_default=True,
               help="The drafted method the tree is for (its acceptance decides the tree).")
+@click.option("--tree", "tree_kind", type=click.Choice(TREE_KINDS), default="static", show_default=True,
+              help="What to size: a static shape (static_tree=PLAN.json) or EAGLE-2's dynamic tree "
+                   "(total_tokens, depth, tree_top_k).")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
               help="Method or sampling parameter, as generate's (e.g. relaxation_budget=2); not the tree's own.")
 @click.option("--draft", "draft_kind", type=click.Choice(DRAFT_KINDS), default=None,
@@ -64,10 +71,11 @@ CHAIN_DRAFTS_MAX = 16  # the longest chain whose draft_chain call is timed (wher
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("tree-plan.json"),
               show_default=True, help="Plan file to write (JSON; use it as static_tree=PATH).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
-def command(bundle, method, params, draft_kind, backend, device, images, max_nodes, max_depth, probe_width,
+def command(bundle, method, tree_kind, params, draft_kind, backend, device, images, max_nodes, max_depth, probe_width,
             probe_depth, repeats, seed, threads, cache_dir, out, progress) -> None:
-    """Measure sibling acceptance and step latencies, and write the static tree that drafts the
-    most tokens per second here (Sequoia's hardware-aware tree), with its predicted speed-up."""
+    """Measure sibling acceptance and step latencies, and write the tree that drafts the most tokens
+    per second here (Sequoia's hardware-aware tree; with --tree dynamic, EAGLE-2's parameters), with
+    its predicted speed-up."""
     from specrt.commands.generate import parse_params
     from specrt.paths import cache_folder, output_file
 
@@ -85,7 +93,7 @@ def command(bundle, method, params, draft_kind, backend, device, images, max_nod
     fixed = sorted(set(method_params) & set(TREE_KEYS))
     if fixed:
         raise SpecrtError(f"--param {fixed[0]}: plan-tree chooses the tree itself (drop {', '.join(fixed)})")
-    _check_method(method, method_params)
+    _check_method(method, method_params, tree_kind)
     if bundle is not None and draft_kind is not None:
         raise SpecrtError("--draft picks the embedded demo's draft; a BUNDLE drafts with its own (export --eagle for a head)")
     if backend != "torch" and device.strip().lower() != "cpu":
@@ -119,7 +127,8 @@ def command(bundle, method, params, draft_kind, backend, device, images, max_nod
     from specrt.runtime.methods import METHODS as ALL_METHODS
 
     draft_len = ALL_METHODS[method].PARAMS["draft_len"].default
-    probed = probe(pipe, method, method_params, images, seed, probe_width, probe_depth, draft_len, progress)
+    probed = probe(pipe, method, method_params, images, seed, probe_width, probe_depth, draft_len, progress,
+                   tree_kind)
     acceptance = probed.counts.acceptance_by_depth()
     if not acceptance or not acceptance[0]:
         raise SpecrtError("the probe verified no tree round (images too short for a tree?)")
@@ -131,21 +140,23 @@ def command(bundle, method, params, draft_kind, backend, device, images, max_nod
                    "bundle": models.bundle, "draft": drafter, "method": method, "params": method_params,
                    "images": images, "seed": seed, "rounds": probed.rounds,
                    "chain_check": {"draft_len": draft_len, "measured_tokens_per_round": round(probed.chain_tokens_per_round, 4)},
-                   "probe": {"width": probe_width, "depth": probe_depth}, "acceptance_prior_visits": PRIOR_VISITS,
+                   "probe": {"tree": tree_kind, "width": probe_width, "depth": probe_depth},
+                   "acceptance_prior_visits": PRIOR_VISITS,
                    "max_nodes": max_nodes, "max_depth": max_depth, "seconds": round(time.perf_counter() - started, 1)}
-    plan = make_plan(acceptance, latency, max_nodes, max_depth, probed.counts, measured_on, default_draft_len=draft_len)
+    plan = make_plan(acceptance, latency, max_nodes, max_depth, probed.counts, measured_on, default_draft_len=draft_len,
+                     kind=tree_kind)
     write_plan(out, plan)
     _print_summary(plan, out, method)
 
 
-def _check_method(method: str, method_params: dict[str, str]) -> None:
+def _check_method(method: str, method_params: dict[str, str], tree_kind: str = "static") -> None:
     """The method's and sampling parameters, checked before a model loads (as generate does)."""
     from specrt.runtime.methods import make_method
     from specrt.runtime.pipeline import SAMPLING_KEYS
     from specrt.runtime.sampling import SamplingParams
 
     SamplingParams(**{k: v for k, v in method_params.items() if k in SAMPLING_KEYS})
-    make_method(method, tree="static", **{k: v for k, v in method_params.items() if k not in SAMPLING_KEYS})
+    make_method(method, tree=tree_kind, **{k: v for k, v in method_params.items() if k not in SAMPLING_KEYS})
 
 
 def _bar(progress: bool, total: int, what: str) -> Any:
@@ -174,11 +185,14 @@ HOST_IMAGES = 8  # images per run that only measures host work (two small trees,
 
 
 def probe(pipe: Any, method: str, params: dict[str, str], images: int, seed: int, width: int, depth: int,
-          default_draft_len: int, progress: bool = False) -> Probe:
+          default_draft_len: int, progress: bool = False, kind: str = "static") -> Probe:
     """Decode through Pipeline.generate, one image a call (the batch-1 rounds a plan is for), classes
-    cycling and image i seeded seed + i: `images` images with the probe fan tree (width x depth),
-    whose rounds are counted by sibling rank (runtime.tree_plan.RankCounts); then a few with a
-    one-node tree, a spine of `depth` nodes, the chain of default_draft_len and ar, for host work.
+    cycling and image i seeded seed + i: `images` images with the probe tree, whose rounds are
+    counted by sibling rank (runtime.tree_plan.RankCounts); then a few with a one-node tree, a
+    spine of `depth` nodes, the chain of default_draft_len and ar, for host work. The trees are of
+    `kind`: static (the fan, width x depth), or dynamic (width x depth nodes, `depth` passes, top-k
+    `width`; the one-node and spine trees as dynamic trees of top-k 1), so the host work fitted is
+    that kind's own (a dynamic tree also ranks its candidates every pass).
     Host seconds of a run are its total less its target and draft graph time; a tree round's are
     fitted as fixed + per node + per level (draft pass) through the three trees' (their nodes and
     levels per round as observed: trees shrink at an image's end). Each setting runs one untimed,
@@ -222,9 +236,14 @@ def probe(pipe: Any, method: str, params: dict[str, str], images: int, seed: int
     try:
         with tempfile.TemporaryDirectory(prefix="specrt-plan-") as folder:
             for shape, paths in trees.items():
-                path = write_plan(Path(folder) / f"{shape}.json", TreePlan(paths, []))
+                if kind == "dynamic":
+                    top_k = width if shape == "fan" else 1
+                    tree = dict(tree="dynamic", total_tokens=len(paths), depth=max(map(len, paths)), tree_top_k=top_k)
+                else:
+                    tree = dict(tree="static", static_tree=str(write_plan(Path(folder) / f"{shape}.json",
+                                                                          TreePlan(paths, []))))
                 spent, forwards, _, (rounds, nodes, levels) = run(method, images if shape == "fan" else few, shape,
-                                                                  tree="static", static_tree=str(path), **params)
+                                                                  **tree, **params)
                 host[shape] = (spent / max(forwards, 1), nodes / max(rounds, 1), levels / max(rounds, 1))
                 if shape == "fan":
                     probe_rounds = int(rounds)
@@ -377,15 +396,21 @@ def _print_summary(plan: Any, out: Path, method: str) -> None:
                    f"per node + {1000 * latency.host_level:.3f} ms per level, chain {1000 * latency.host_chain:.2f} ms, ar {1000 * latency.host_ar:.3f} ms per token; "
                    f"chain of {check['draft_len']}: {check['measured_tokens_per_round']:.2f} tokens/round measured, "
                    f"{usual['tokens_per_round']:.2f} predicted")
-    click.echo(f"tree: {tree['nodes']} nodes, depth {tree['depth']}: {tree['tokens_per_round']:.2f} tokens/round, "
+    dynamic = plan.dynamic
+    what = f"dynamic tree (top-k {dynamic.tree_top_k})" if dynamic else "tree"
+    click.echo(f"{what}: {tree['nodes']} nodes, depth {tree['depth']}: {tree['tokens_per_round']:.2f} tokens/round, "
                f"predicted {tree['speedup_vs_ar']:.2f}x ar; best chain (draft_len {chain['draft_len']}): "
                f"{chain['tokens_per_round']:.2f} tokens/round, {chain['speedup_vs_ar']:.2f}x ar; "
                f"tree / chain {predicted['speedup_vs_chain']:.2f}")
+    use = dynamic.flags() if dynamic else f"--param tree=static --param static_tree={out}"
+    if dynamic:
+        click.echo(f"dynamic tree: --method {method} {use} (a positional estimate: the tree picks its nodes "
+                   f"by draft confidence each round)")
     if predicted["faster"] == "tree":
-        click.echo(f"faster here: the tree: --method {method} --param tree=static --param static_tree={out}")
+        click.echo(f"faster here: the {what.split(' (')[0]}: --method {method} {use}")
     else:
         one_call = "" if chain["draft_len"] in latency.chain or chain["draft_len"] < 2 or latency.drafter != "model" else \
             f"; priced a draft step each: export --draft-chain {chain['draft_len']} drafts it in one call"
         click.echo(f"faster here: the chain (--param tree=chain --param draft_len={chain['draft_len']}{one_call}); "
-                   f"the plan holds the best tree all the same")
+                   f"the plan holds the best {'dynamic tree' if dynamic else 'tree'} all the same")
     click.echo(f"wrote {out}")

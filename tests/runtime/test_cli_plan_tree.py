@@ -41,7 +41,7 @@ def test_plan_tree_writes_a_plan_that_generate_and_bench_take(plan, tmp_path, ca
     counts = data["acceptance_counts"]
     assert len(counts["tried"]) == 3 and counts["tried"][0] > 0 and sum(counts["accepted"]) <= counts["tried"][0]
     # per depth: the probe's 2 levels at most (depth 2 only where a rank-0 child was accepted), totals their sums
-    assert data["version"] == 2 and 1 <= len(counts["tried_by_depth"]) <= 2
+    assert data["version"] == 3 and 1 <= len(counts["tried_by_depth"]) <= 2
     assert [sum(col) for col in zip(*counts["tried_by_depth"])] == counts["tried"]
     rows = data["acceptance_by_depth"]
     assert len(rows) == len(counts["tried_by_depth"]) and all(len(row) == len(data["acceptance"]) for row in rows)

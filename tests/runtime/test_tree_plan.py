@@ -144,7 +144,7 @@ def test_make_plan_predicts_against_the_chain_and_ar(tmp_path):
     path = write_plan(tmp_path / "plan.json", plan)
     data = json.loads(path.read_text())
     assert data["tree"] == plan.tree and data["acceptance"] == A and data["latency"]["chain_s"] == {"4": 3e-4}
-    assert data["version"] == PLAN_VERSION == 2 and data["acceptance_by_depth"] == [A]
+    assert data["version"] == PLAN_VERSION == 3 and data["tree_kind"] == "static" and data["acceptance_by_depth"] == [A]
     assert data["acceptance_counts"]["tried_by_depth"] == [[10, 10, 10]]
     again = read_plan(path)
     assert again.tree == plan.tree and again.latency == latency and again.measured_on == {"device": "test"}
