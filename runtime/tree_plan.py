@@ -512,6 +512,23 @@ def chain_choice(acceptance: Acceptance | Sequence[float], latency: Latency, dra
     return Candidate([(0,) * d for d in range(1, drafts + 1)], tokens, latency.chain_round_s(drafts, tokens))
 
 
+def chain_rate(tokens_per_round: float, drafts: int) -> float:
+    """The flat a_0 at which a chain of `drafts` drafts commits `tokens_per_round` tokens a round
+    (1 + a + a² + … + a^drafts, solved by bisection; clamped to [0, 1]). Why: a dynamic tree's probe
+    measures top-k children, verified as point masses (accepted with p(x)), while a chain's drafts
+    are sampled (accepted with min(1, p/q)): its chains are priced from measured chain rounds instead."""
+    if not (isinstance(drafts, int) and drafts >= 1 and math.isfinite(tokens_per_round)):
+        raise SpecrtError(f"chain_rate needs drafts ≥ 1 and finite tokens, got {drafts!r}, {tokens_per_round!r}")
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        if sum(middle ** k for k in range(drafts + 1)) < tokens_per_round:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
+
+
 def _measured(acceptance: Acceptance | Sequence[float]) -> bool:
     """Whether there is an a_0 at depth 1 (without it no tree or chain can be priced)."""
     table = by_depth(acceptance)
@@ -671,18 +688,21 @@ def fan_paths(width: int, depth: int) -> list[list[int]]:
 def make_plan(acceptance: Acceptance | Sequence[float], latency: Latency, max_nodes: int,
               max_depth: Optional[int] = None, counts: Optional[RankCounts] = None,
               measured_on: Optional[dict[str, Any]] = None, default_draft_len: int = 4,
-              kind: str = "static") -> TreePlan:
+              kind: str = "static", chain_acceptance: Optional[Acceptance | Sequence[float]] = None) -> TreePlan:
     """The best tree of `kind` (static, or EAGLE-2's dynamic: best_tree) under `latency` for a_r(d)
     = `acceptance` (per depth, or one vector for every depth), with its prediction beside the
     chains' (the best chain of up to max_nodes drafts, and the one of `default_draft_len`) and ar's
     (one target pass of 1 token per token): speed-ups are ratios of predicted tokens per second, of
-    graph time alone unless `latency` has host seconds. The plan's pooled "acceptance" is `counts`'
-    where given, else the one vector given."""
+    graph time alone unless `latency` has host seconds. The chains are priced with
+    `chain_acceptance` where given (a dynamic probe's rates are not a sampled chain's: chain_rate),
+    else with `acceptance`. The plan's pooled "acceptance" is `counts`' where given, else the one
+    vector given."""
     table = by_depth(acceptance)
     tree = best_tree(acceptance, latency, max_nodes, max_depth, kind)
     dynamic = DynamicTree.covering(tree.paths) if kind == "dynamic" else None
-    chain = best_chain(acceptance, latency, max(1, min(max_nodes, max_depth or max_nodes)))
-    usual = chain_choice(acceptance, latency, default_draft_len)
+    chained = acceptance if chain_acceptance is None else chain_acceptance
+    chain = best_chain(chained, latency, max(1, min(max_nodes, max_depth or max_nodes)))
+    usual = chain_choice(chained, latency, default_draft_len)
     ar = 1.0 / (latency.target_s(1) + latency.host_ar)
 
     def summary(candidate: Candidate) -> dict[str, Any]:

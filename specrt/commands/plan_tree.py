@@ -121,7 +121,7 @@ def command(bundle, method, tree_kind, params, draft_kind, backend, device, imag
                           f"{probe_width * probe_depth} drafts) exceeds this model's max_window − 1 = {window - 1}")
 
     from specrt.bench.device import device_name
-    from specrt.runtime.tree_plan import PRIOR_VISITS, make_plan, write_plan
+    from specrt.runtime.tree_plan import PRIOR_VISITS, chain_rate, make_plan, write_plan
 
     started = time.perf_counter()
     from specrt.runtime.methods import METHODS as ALL_METHODS
@@ -143,8 +143,12 @@ def command(bundle, method, tree_kind, params, draft_kind, backend, device, imag
                    "probe": {"tree": tree_kind, "width": probe_width, "depth": probe_depth},
                    "acceptance_prior_visits": PRIOR_VISITS,
                    "max_nodes": max_nodes, "max_depth": max_depth, "seconds": round(time.perf_counter() - started, 1)}
+    chain_acceptance = None
+    if tree_kind == "dynamic":  # the probe's top-k rates are not a sampled chain's: its chain rounds say
+        chain_acceptance = [chain_rate(probed.chain_tokens_per_round, draft_len)]
+        measured_on["chain_check"]["chain_a0_solved"] = round(chain_acceptance[0], 4)
     plan = make_plan(acceptance, latency, max_nodes, max_depth, probed.counts, measured_on, default_draft_len=draft_len,
-                     kind=tree_kind)
+                     kind=tree_kind, chain_acceptance=chain_acceptance)
     write_plan(out, plan)
     _print_summary(plan, out, method)
 
@@ -189,7 +193,8 @@ def probe(pipe: Any, method: str, params: dict[str, str], images: int, seed: int
     """Decode through Pipeline.generate, one image a call (the batch-1 rounds a plan is for), classes
     cycling and image i seeded seed + i: `images` images with the probe tree, whose rounds are
     counted by sibling rank (runtime.tree_plan.RankCounts); then a few with a one-node tree, a
-    spine of `depth` nodes, the chain of default_draft_len and ar, for host work. The trees are of
+    spine of `depth` nodes, the chain of default_draft_len (`images` of them for a dynamic plan: its
+    chains are priced from these rounds, runtime.tree_plan.chain_rate) and ar, for host work. The trees are of
     `kind`: static (the fan, width x depth), or dynamic (width x depth nodes, `depth` passes, top-k
     `width`; the one-node and spine trees as dynamic trees of top-k 1), so the host work fitted is
     that kind's own (a dynamic tree also ranks its candidates every pass).
@@ -203,7 +208,8 @@ def probe(pipe: Any, method: str, params: dict[str, str], images: int, seed: int
     counts = RankCounts()
     classes = pipe.target.spec.num_classes
     few = min(images, HOST_IMAGES)
-    bar = _bar(progress, images + 4 * few + 4, "probe")
+    chained = images if kind == "dynamic" else few  # dynamic: the chain's own rate is solved from its rounds
+    bar = _bar(progress, images + 3 * few + chained + 4, "probe")
 
     def run(name: str, count: int, shape: Any = None, **kwargs: Any) -> tuple[float, float, float, list[float]]:
         """Host seconds, target forwards and tokens of `count` images (after an untimed one), and for
@@ -247,7 +253,8 @@ def probe(pipe: Any, method: str, params: dict[str, str], images: int, seed: int
                 host[shape] = (spent / max(forwards, 1), nodes / max(rounds, 1), levels / max(rounds, 1))
                 if shape == "fan":
                     probe_rounds = int(rounds)
-        chain_host, chain_rounds, chain_tokens, _ = run(method, few, tree="chain", draft_len=default_draft_len, **params)
+        chain_host, chain_rounds, chain_tokens, _ = run(method, chained, tree="chain",
+                                                       draft_len=default_draft_len, **params)
         ar_host, ar_tokens, _, _ = run("ar", few, **sampling)
     finally:
         bar.close()
@@ -395,7 +402,9 @@ def _print_summary(plan: Any, out: Path, method: str) -> None:
         click.echo(f"host work per round: tree {1000 * latency.host_round:.2f} ms + {1000 * latency.host_node:.3f} ms "
                    f"per node + {1000 * latency.host_level:.3f} ms per level, chain {1000 * latency.host_chain:.2f} ms, ar {1000 * latency.host_ar:.3f} ms per token; "
                    f"chain of {check['draft_len']}: {check['measured_tokens_per_round']:.2f} tokens/round measured, "
-                   f"{usual['tokens_per_round']:.2f} predicted")
+                   + (f"its chains priced at a_0 = {check['chain_a0_solved']:.3f} solved from it (sampled drafts, "
+                      f"not the dynamic probe's point masses)" if "chain_a0_solved" in check
+                      else f"{usual['tokens_per_round']:.2f} predicted"))
     dynamic = plan.dynamic
     what = f"dynamic tree (top-k {dynamic.tree_top_k})" if dynamic else "tree"
     click.echo(f"{what}: {tree['nodes']} nodes, depth {tree['depth']}: {tree['tokens_per_round']:.2f} tokens/round, "

@@ -9,7 +9,7 @@ import pytest
 
 from cli_helpers import one_line, run
 from specrt.runtime.tree import StaticShape
-from specrt.runtime.tree_plan import read_plan
+from specrt.runtime.tree_plan import DynamicTree, read_plan
 
 pytest.importorskip("torch")
 
@@ -57,7 +57,46 @@ def test_plan_tree_writes_a_plan_that_generate_and_bench_take(plan, tmp_path, ca
     assert settings[1].params == {"tree": "static", "static_tree": str(plan)}
 
 
+@pytest.fixture(scope="module")
+def dynamic_plan(tmp_path_factory):
+    """A dynamic-tree plan of the demo's draft GPT, made once for the module."""
+    import torch
+
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("plan") / "dynamic.json"
+    from specrt.cli import main
+
+    try:
+        main(["plan-tree", "--tree", "dynamic", *SMALL, "--out", str(out)])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    return out
+
+
+def test_plan_tree_dynamic_writes_parameters_that_generate_takes_and_static_tree_refuses(dynamic_plan, tmp_path, capsys):
+    data = json.loads(dynamic_plan.read_text())
+    assert data["version"] == 3 and data["tree_kind"] == "dynamic" and 1 <= data["nodes"] <= 6
+    assert data["measured_on"]["probe"] == {"tree": "dynamic", "width": 3, "depth": 2}
+    dynamic = DynamicTree.covering(data["tree"])
+    assert data["dynamic"] == dynamic.params() and data["predicted"]["tree"]["kind"] == "dynamic"
+    assert 1 <= dynamic.tree_top_k <= 3 and dynamic.depth <= 6  # ranks of the 3-wide probe only
+    # the chains are priced from the chain's own measured rounds (sampled drafts), not the top-k probe's a_0
+    assert 0 < data["measured_on"]["chain_check"]["chain_a0_solved"] <= 1
+    counts = data["acceptance_counts"]
+    assert counts["tried"][0] > 0 and sum(counts["accepted"]) <= counts["tried"][0]
+    assert read_plan(dynamic_plan, kind="dynamic").dynamic == dynamic
+    code, _ = run(["generate", "--method", "sd", *dynamic.flags().split(), "--class", "3", "--tokens-only",
+                   "--out", str(tmp_path / "t.png"), "--threads", "1"], capsys)
+    assert code == 0 and np.load(tmp_path / "t.npy").shape[0] == 1
+    code, err = run(["generate", "--method", "sd", "--param", "tree=static", "--param", f"static_tree={dynamic_plan}",
+                     "--tokens-only", "--out", str(tmp_path / "u.png")], capsys)
+    assert code == 2 and "is for a dynamic tree" in one_line(err) and dynamic.flags() in one_line(err)
+
+
 @pytest.mark.parametrize("args,message", [
+    (["--tree", "oak"], "Invalid value for '--tree'"),
+    (["--tree", "dynamic", "--param", "tree_top_k=4"], "plan-tree chooses the tree itself"),
+    (["--tree", "dynamic", "--probe-width", "40", "--probe-depth", "40"], "exceeds this model's max_window"),
     (["--images", "0"], "--images must be"),
     (["--param", "tree=chain"], "plan-tree chooses the tree itself"),
     (["--param", "relaxation_budget=0.5", "--method", "cool-sd"], "relaxation_budget"),

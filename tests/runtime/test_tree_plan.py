@@ -17,8 +17,8 @@ from specrt.errors import SpecrtError
 from specrt.runtime.methods import make_method
 from specrt.runtime.tree import STATIC_TREES, StaticShape, TokenTree, static_shape
 from specrt.runtime.tree_plan import (
-    PLAN_VERSION, Latency, RankCounts, TreePlan, best_chain, best_paths, best_tree, chain_choice, expected_tokens,
-    fan_paths, level_widths, make_plan, monotone, rates_at, read_plan, write_plan,
+    PLAN_VERSION, DynamicTree, Latency, RankCounts, TreePlan, best_chain, best_paths, best_tree, chain_choice,
+    dynamic_widths, expected_tokens, fan_paths, level_widths, make_plan, monotone, rates_at, read_plan, write_plan,
 )
 
 A = [0.6, 0.2, 0.1]
@@ -210,6 +210,12 @@ def test_static_tree_takes_a_plan_file_and_generates_what_the_same_shape_by_name
      "a_1 at depth 1 must be a probability"),
     ('{"format": "specrt-tree-plan", "version": 2, "tree": [[0]], "acceptance_by_depth": [[0.7, 0.1], [0.2, 0.3]]}',
      "must not increase with the sibling rank: a_1 at depth 2"),
+    ('{"format": "specrt-tree-plan", "version": 3, "tree_kind": "oak", "tree": [[0]]}', "tree_kind"),
+    ('{"format": "specrt-tree-plan", "version": 3, "tree_kind": "dynamic", "tree": [[0]]}', "a dynamic plan needs"),
+    ('{"format": "specrt-tree-plan", "version": 3, "tree_kind": "dynamic", "tree": [[0]], '
+     '"dynamic": {"total_tokens": 0, "depth": 1, "tree_top_k": 1}}', "total_tokens must be a positive integer"),
+    ('{"format": "specrt-tree-plan", "version": 3, "tree_kind": "dynamic", "tree": [[0]], '
+     '"dynamic": {"total_tokens": 1, "depth": 1, "tree_top_k": 1}}', "is for a dynamic tree.*tree_top_k=1"),
 ])
 def test_bad_plan_files_are_one_line_errors(tmp_path, content, message):
     path = tmp_path / "bad.json"
@@ -226,3 +232,78 @@ def test_bad_plan_files_are_one_line_errors(tmp_path, content, message):
 def test_the_probe_fan_offers_every_rank_at_every_level():
     shape = StaticShape(fan_paths(3, 2))
     assert shape.size == 6 and shape.depth == 2 and [len(c) for c in shape.children if c] == [3, 3]
+
+
+# ---- dynamic trees (EAGLE-2) ----------------------------------------------------------------------
+
+
+def test_a_dynamic_round_is_priced_as_dynamic_growths_passes():
+    # depth 3, top-k 2: passes over the root, then 2 frontier nodes, then 2 (DynamicGrowth); target over 5 + 1
+    assert dynamic_widths(3, 2) == [1, 2, 2] and dynamic_widths(1, 8) == [1]
+    target = [1e-3 * w for w in range(1, 11)]  # t(W) = W ms
+    draft = [1e-4 * w for w in range(1, 11)]   # a pass over w tokens: w/10 ms
+    model = Latency(target, draft, host_round=1e-4, host_node=1e-5, host_level=1e-6)
+    tree = DynamicTree(5, 3, 2)
+    # a model draft's first pass also feeds its uncached token: widths 2, 2, 2 -> 0.6 ms; target t(6) = 6 ms
+    expected = 6e-3 + 3 * 2e-4 + (1e-4 + 5 * 1e-5 + 3 * 1e-6)
+    assert math.isclose(model.dynamic_round_s(tree, 2.0), expected)
+    # an EAGLE head: passes of 1, 2, 2 (0.5 ms) and its call on ~3 committed pairs (0.3 ms)
+    head = Latency(target, draft, drafter="eagle")
+    assert math.isclose(head.dynamic_round_s(tree, 3.2), 6e-3 + 5e-4 + 3e-4)
+    # the default dynamic tree (63, 6, 8) pays 6 passes, 5 of them over 8 nodes, and a 64-token target step
+    assert math.isclose(Latency([1e-3] * 64, [1e-4] * 10).dynamic_round_s(DynamicTree(63, 6, 8), 2.0),
+                        1e-3 + 6 * 1e-4)
+
+
+def test_the_dynamic_parameters_cover_the_solved_paths():
+    assert DynamicTree.covering([[0], [1], [2], [0, 0], [0, 1]]) == DynamicTree(5, 2, 3)
+    assert DynamicTree.covering([[0]]) == DynamicTree(1, 1, 1)
+    assert DynamicTree.covering([[0], [0, 0], [0, 0, 0]]).params() == {"total_tokens": 3, "depth": 3, "tree_top_k": 1}
+    # ranks 0-1 only, but three depth-2 nodes have children: a pass must expand 3 frontier nodes
+    wide = [[0], [1], [0, 0], [0, 1], [1, 0], [1, 1], [0, 0, 0], [0, 1, 0], [1, 0, 0]]
+    assert DynamicTree.covering(wide) == DynamicTree(9, 3, 3)
+    assert DynamicTree(63, 6, 8).flags() == "--param tree=dynamic --param total_tokens=63 --param depth=6 --param tree_top_k=8"
+    with pytest.raises(SpecrtError, match="tree_top_k must be a positive integer"):
+        DynamicTree(3, 1, 0)
+
+
+def test_make_plan_for_a_dynamic_tree_prices_and_records_its_parameters(tmp_path):
+    # steep draft passes: a dynamic tree pays top_k-wide passes at every depth past the first
+    latency = Latency([1e-3] * 70, [1e-4 * w for w in range(1, 71)], chain={4: 3e-4})
+    static = make_plan(A, latency, 24)
+    plan = make_plan(A, latency, 24, kind="dynamic")
+    dynamic = DynamicTree.covering(plan.tree)
+    assert plan.dynamic == dynamic and plan.tree_kind == "dynamic"
+    tree = plan.predicted["tree"]
+    assert tree["kind"] == "dynamic" and (tree["total_tokens"], tree["depth"], tree["tree_top_k"]) == (
+        dynamic.total_tokens, dynamic.depth, dynamic.tree_top_k) and tree["nodes"] == len(plan.tree)
+    scores = {tuple(p): s for s, p in best_paths(A, 64)}
+    tokens = 1 + sum(scores[tuple(p)] for p in plan.tree)
+    assert tree["tokens_per_round"] == round(tokens, 4)
+    assert math.isclose(tree["seconds_per_round"], latency.dynamic_round_s(dynamic, tokens))
+    # the same acceptance and latencies, priced as a static shape, never predict less (passes as wide as needed)
+    assert static.predicted["tree"]["speedup_vs_ar"] >= tree["speedup_vs_ar"]
+    with pytest.raises(SpecrtError, match="tree kind must be one of static, dynamic"):
+        best_tree(A, latency, 8, kind="oak")
+    path = write_plan(tmp_path / "dynamic.json", plan)
+    data = json.loads(path.read_text())
+    assert data["version"] == 3 and data["tree_kind"] == "dynamic" and data["dynamic"] == dynamic.params()
+    assert read_plan(path, kind=None).dynamic == read_plan(path, kind="dynamic").dynamic == dynamic
+
+
+def test_a_dynamic_plan_is_refused_as_a_static_tree_in_one_line(tmp_path):
+    latency = Latency([1e-3] * 70, [1e-4] * 70)
+    path = str(write_plan(tmp_path / "dynamic.json", make_plan(A, latency, 12, kind="dynamic")))
+    flags = read_plan(path, kind=None).dynamic.flags()
+    for make in (lambda: static_shape(path), lambda: make_method("sd", tree="static", static_tree=path),
+                 lambda: read_plan(path)):
+        with pytest.raises(SpecrtError, match="is for a dynamic tree, not a static_tree shape") as err:
+            make()
+        assert "\n" not in str(err.value) and flags in str(err.value)
+    static = plan_file(tmp_path, [[0], [1]], "static.json")
+    with pytest.raises(SpecrtError, match="is for a static tree: use --param tree=static"):
+        read_plan(static, kind="dynamic")
+    # a version 2 file (no tree_kind) is a static plan
+    old = tmp_path / "v2.json"
+    old.write_text(json.dumps({"format": "specrt-tree-plan", "version": 2, "tree": [[0], [1]], "acceptance": [0.7, 0.1]}))
+    assert read_plan(old).dynamic is None and static_shape(str(old)).size == 2
