@@ -17,7 +17,7 @@ from specrt.errors import SpecrtError
 from specrt.runtime.methods import make_method
 from specrt.runtime.tree import STATIC_TREES, StaticShape, TokenTree, static_shape
 from specrt.runtime.tree_plan import (
-    PLAN_VERSION, DynamicTree, Latency, RankCounts, TreePlan, best_chain, best_paths, best_tree, chain_choice,
+    PLAN_VERSION, DynamicTree, Latency, RankCounts, TreePlan, best_chain, best_paths, best_tree, chain_choice, chain_rate,
     dynamic_widths, expected_tokens, fan_paths, level_widths, make_plan, monotone, rates_at, read_plan, write_plan,
 )
 
@@ -307,3 +307,14 @@ def test_a_dynamic_plan_is_refused_as_a_static_tree_in_one_line(tmp_path):
     old = tmp_path / "v2.json"
     old.write_text(json.dumps({"format": "specrt-tree-plan", "version": 2, "tree": [[0], [1]], "acceptance": [0.7, 0.1]}))
     assert read_plan(old).dynamic is None and static_shape(str(old)).size == 2
+
+
+def test_a_dynamic_plans_chains_are_priced_at_the_rate_solved_from_measured_chain_rounds():
+    assert math.isclose(chain_rate(1 + 0.5 + 0.25, 2), 0.5, abs_tol=1e-9)
+    assert chain_rate(0.5, 4) == pytest.approx(0.0) and chain_rate(9.0, 4) == pytest.approx(1.0)
+    latency = Latency([1e-3] * 70, [1e-4] * 70, chain={4: 3e-4})
+    plan = make_plan([0.3, 0.1], latency, 8, kind="dynamic", chain_acceptance=[0.6])
+    assert plan.predicted["chain_draft_len_4"]["tokens_per_round"] == round(1 + 0.6 + 0.36 + 0.216 + 0.1296, 4)
+    assert plan.acceptance_by_depth == [[0.3, 0.1]]  # the tree's own rates are the probe's
+    with pytest.raises(SpecrtError, match="chain_rate needs drafts"):
+        chain_rate(2.0, 0)
