@@ -189,10 +189,15 @@ class StaticShape:
         self.depth = max((len(p) for p in paths), default=0)
 
 
+# plan file -> ((mtime_ns, size) it was read at, its shape): each generate call asks for the shape
+# three times (the parameter check, max_window, the tree loop), each read and parse ~0.1 ms
+_PLANNED: dict[str, tuple[tuple[int, int], StaticShape]] = {}
+
+
 def static_shape(name: str) -> StaticShape:
     """The shape `static_tree` names: a STATIC_TREES name, or a tree plan file (runtime.tree_plan,
-    written by `specrt plan-tree`: the tree sized for a device). Read each time it is asked for
-    (a few KB of JSON, next to a round's cost nothing), so a rewritten plan is seen at once."""
+    written by `specrt plan-tree`: the tree sized for a device). A plan is parsed once per version
+    of its file (modification time and size), so a rewritten plan is still seen at once."""
     if name in STATIC_TREES:
         return StaticShape(STATIC_TREES[name])
     from specrt.runtime.tree_plan import is_plan_reference, read_plan
@@ -200,11 +205,22 @@ def static_shape(name: str) -> StaticShape:
     if not is_plan_reference(name):
         raise SpecrtError(f"unknown static tree {name!r}; choose one of {', '.join(STATIC_TREES)}, "
                           f"or give a tree plan file (specrt plan-tree)")
+    try:
+        stat = os.stat(name)
+        stamp: Optional[tuple[int, int]] = (stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        stamp = None  # read_plan says why in one line
+    cached = _PLANNED.get(name)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
     tree = read_plan(name).tree
     try:
-        return StaticShape(tree)
+        shape = StaticShape(tree)
     except SpecrtError as exc:
         raise SpecrtError(f"tree plan {name}: {exc}") from None
+    if stamp is not None:
+        _PLANNED[name] = (stamp, shape)
+    return shape
 
 
 @dataclass(frozen=True)

@@ -318,3 +318,16 @@ def test_a_dynamic_plans_chains_are_priced_at_the_rate_solved_from_measured_chai
     assert plan.acceptance_by_depth == [[0.3, 0.1]]  # the tree's own rates are the probe's
     with pytest.raises(SpecrtError, match="chain_rate needs drafts"):
         chain_rate(2.0, 0)
+
+
+def test_a_plan_file_is_parsed_once_per_version_and_a_rewritten_plan_is_seen(tmp_path, monkeypatch):
+    import specrt.runtime.tree_plan as tree_plan
+
+    plan = plan_file(tmp_path, [[0]])
+    reads = []
+    read = tree_plan.read_plan
+    monkeypatch.setattr(tree_plan, "read_plan", lambda *a, **k: reads.append(a) or read(*a, **k))
+    assert static_shape(plan).size == 1 and static_shape(plan).size == 1
+    assert len(reads) == 1  # the second ask is the cached shape
+    plan_file(tmp_path, [[0], [1], [0, 0]])  # the same path rewritten
+    assert static_shape(plan).size == 3 and len(reads) == 2
