@@ -66,11 +66,15 @@ class StepLatency:
 
 
 def _interleaved_best(fns: list[Callable[[], Any]], repeats: int, sync: Callable[[], None],
-                      progress: Callable[[int], None] | None = None) -> list[float]:
+                      progress: Callable[[int], None] | None = None, warm: bool = False) -> list[float]:
     """Fastest latency of each fn over `repeats` rounds, timed round-robin in a fresh random
     order every round. Other processes on a shared machine only ever add time, so the fastest
     repeat is the closest estimate of a step's own cost (the median still moved by 30% between
-    runs on the 2 shared cores here); the round-robin spreads busy phases over all windows."""
+    runs on the 2 shared cores here); the round-robin spreads busy phases over all windows.
+
+    `warm`: every timed call right after an untimed call of itself, as a decode loop repeats the
+    same few window sizes (onnxruntime binds one buffer set per size; timed after a call of another
+    size, a one-token step measured 30% slower than in decoding: specrt plan-tree times this way)."""
     import random
 
     for fn in fns:  # warm-up: allocator, first-touch pages, kernel selection
@@ -82,6 +86,9 @@ def _interleaved_best(fns: list[Callable[[], Any]], repeats: int, sync: Callable
     for round_index in range(repeats):
         rng.shuffle(order)
         for i in order:
+            if warm:
+                fns[i]()
+                sync()
             start = time.perf_counter()
             fns[i]()
             sync()

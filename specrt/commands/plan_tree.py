@@ -8,7 +8,7 @@ other rates than sampled ones: each kind is measured as it is drafted), and ever
 outcome is counted by depth and sibling rank (runtime.methods.tree_loop.observing_trees); (b) the bundle's
 own runners time a target step for every window 1..max_nodes + 1 and a draft pass for every
 width, plus the draft_chain calls the draft has (fastest of --repeats, each call timed warm,
-right after an untimed run of itself: warm_best); (c) runtime.tree_plan.make_plan solves and the plan is
+right after an untimed run of itself: bench.cost_model._interleaved_best); (c) runtime.tree_plan.make_plan solves and the plan is
 written atomically. `static_tree=PLAN.json` (generate --param, bench --sweep, Python) then uses it.
 The models come as `specrt bench` opens them (bench.models.open_models): a BUNDLE with its own
 draft, or the embedded demo with --draft independent (its draft GPT) or eagle (its EAGLE head).
@@ -20,7 +20,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import click
 import numpy as np
@@ -203,6 +203,7 @@ def probe(pipe: Any, method: str, params: dict[str, str], images: int, seed: int
     levels per round as observed: trees shrink at an image's end). Each setting runs one untimed,
     unobserved image first (warm-up)."""
     from specrt.runtime.methods.tree_loop import observing_trees
+    from specrt.runtime.pipeline import SAMPLING_KEYS
     from specrt.runtime.tree_plan import RankCounts, TreePlan, fan_paths, write_plan
 
     counts = RankCounts()
@@ -236,7 +237,7 @@ def probe(pipe: Any, method: str, params: dict[str, str], images: int, seed: int
                 bar.update(1)
         return host, forwards, tokens, seen
 
-    sampling = {k: v for k, v in params.items() if k in _sampling_keys()}
+    sampling = {k: v for k, v in params.items() if k in SAMPLING_KEYS}
     trees = {"fan": fan_paths(width, depth), "one": [[0]], "spine": [[0] * d for d in range(1, depth + 1)]}
     host: dict[str, tuple[float, float, float]] = {}  # shape -> host seconds per round, nodes, levels
     try:
@@ -280,17 +281,13 @@ def _fit_host(points: list[tuple[float, float, float]]) -> tuple[float, float, f
             return 0.0, 0.0, 0.0
 
 
-def _sampling_keys() -> tuple[str, ...]:
-    from specrt.runtime.pipeline import SAMPLING_KEYS
-
-    return SAMPLING_KEYS
-
-
 def measure_latency(pipe: Any, params: dict[str, str], max_nodes: int, repeats: int, progress: bool = False) -> Any:
     """runtime.tree_plan.Latency of `pipe`'s runners for one image at its sampling settings, after a
     half-full cache: target steps of 1..max_nodes + 1 tokens, draft passes of 1..max_nodes + 1
     (within the draft's window), and the draft_chain calls the draft can make (2 tokens fed first,
-    a round's usual catch-up). Fastest of `repeats` rounds (warm_best)."""
+    a round's usual catch-up). Fastest of `repeats` rounds, each call timed warm
+    (bench.cost_model._interleaved_best with warm=True)."""
+    from specrt.bench.cost_model import _interleaved_best
     from specrt.runtime.eagle import HeadRunner
     from specrt.runtime.pipeline import SAMPLING_KEYS
     from specrt.runtime.sampling import SamplingParams, guidance_mix, needs_restriction
@@ -342,37 +339,12 @@ def measure_latency(pipe: Any, params: dict[str, str], max_nodes: int, repeats: 
     calls = [step(target, w) for w in windows] + [step(draft, w) for w in widths] + [chain(k) for k in chained]
     bar = _bar(progress, repeats, f"timing {len(calls)} calls")
     try:
-        best = warm_best(calls, repeats, lambda: bar.update(1))
+        best = _interleaved_best(calls, repeats, lambda: None, lambda _round: bar.update(1), warm=True)
     finally:
         bar.close()
     target_s, draft_s = monotone(best[:len(windows)]), monotone(best[len(windows):len(windows) + len(widths)])
     return Latency(target_s, draft_s, dict(zip(chained, best[len(windows) + len(widths):])),
                    "eagle" if head else "model")
-
-
-def warm_best(calls: list[Callable[[], Any]], repeats: int, done: Optional[Callable[[], None]] = None) -> list[float]:
-    """Each call's fastest time over `repeats` rounds, every call timed right after an untimed run of
-    itself, the calls in a fresh random order each round.
-
-    Why warm: a decoding loop repeats the same few window sizes, so their buffers (onnxruntime binds
-    one set per size) and the caches are warm; timed cold, after a call of another size, a one-token
-    step measured 30% slower here. Why round-robin and the fastest: on a shared machine other
-    processes only ever add time, and their busy phases then fall on every call alike (as
-    bench.cost_model._interleaved_best)."""
-    import random
-
-    best = [float("inf")] * len(calls)
-    order, rng = list(range(len(calls))), random.Random(0)
-    for _ in range(repeats):
-        rng.shuffle(order)
-        for i in order:
-            calls[i]()
-            start = time.perf_counter()
-            calls[i]()
-            best[i] = min(best[i], time.perf_counter() - start)
-        if done:
-            done()
-    return best
 
 
 def _print_summary(plan: Any, out: Path, method: str) -> None:
