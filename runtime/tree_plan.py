@@ -470,21 +470,16 @@ def best_tree(acceptance: Acceptance | Sequence[float], latency: Latency, max_no
     best: Optional[Candidate] = None
     for depth in range(1, (max_depth or max_nodes) + 1):
         ranked = best_paths(acceptance, max_nodes, depth)
-        parents: list[set[Path_]] = []
-        total, top_k = 1.0, 1
-        for count, (score, path) in enumerate(ranked, 1):
+        total = 1.0
+        for count, (score, _) in enumerate(ranked, 1):
             total += score
-            while len(parents) < len(path):
-                parents.append(set())
-            parents[len(path) - 1].add(path[:-1])
-            widths = [len(level) for level in parents]
+            paths = [p for _, p in ranked[:count]]
             if kind == "static":
-                seconds = latency.tree_round_s(count, widths, total)
-            else:  # DynamicTree.covering, kept up to date path by path
-                top_k = max(top_k, path[-1] + 1, *widths)
-                seconds = latency.dynamic_round_s(DynamicTree(count, len(parents), top_k), total)
+                seconds = latency.tree_round_s(count, level_widths(paths), total)
+            else:
+                seconds = latency.dynamic_round_s(DynamicTree.covering(paths), total)
             if best is None or total / seconds > best.tokens_per_s * (1 + 1e-12):
-                best = Candidate([p for _, p in ranked[:count]], total, seconds)
+                best = Candidate(paths, total, seconds)
         if max(len(p) for _, p in ranked) < depth:
             break  # the limit did not bind: every deeper limit gives the same trees
     assert best is not None
