@@ -124,16 +124,26 @@ def restrict(probs: np.ndarray, params: SamplingParams) -> np.ndarray:
 
 def inverse_cdf(probs: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
     """One draw per row of probs [..., V] with the given uniforms [...]: the number of CDF entries
-    at or below u·total, so a zero-probability entry is never drawn (the head's formula)."""
+    at or below u·total, so a zero-probability entry is never drawn (the head's formula). One row
+    [V] with one uniform gives one int."""
+    if probs.ndim == 1:  # one row (a rejection at batch 1): no block reshapes around the search
+        return draw_from_cdf(np.cumsum(probs), float(uniforms))
     return draws_from_cdf(np.cumsum(probs.reshape(-1, probs.shape[-1]), axis=-1), uniforms).reshape(probs.shape[:-1])
 
 
 def draws_from_cdf(cdf: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
     """inverse_cdf on rows' CDFs [R, V] (unnormalised: the uniform is scaled by each row's total)."""
+    if len(cdf) == 1:  # one row: a binary search, the same count, not a pass over V
+        return np.array([draw_from_cdf(cdf[0], float(np.reshape(uniforms, -1)[0]))])
     u = np.reshape(uniforms, -1) * cdf[:, -1]
-    if len(cdf) == 1:  # one row (a rejection at batch 1): a binary search, the same count, not a pass over V
-        return np.minimum(np.searchsorted(cdf[0], u, side="right"), cdf.shape[-1] - 1)
     return np.minimum((cdf <= u[:, None]).sum(axis=-1), cdf.shape[-1] - 1)
+
+
+def draw_from_cdf(cdf: np.ndarray, uniform: float) -> int:
+    """The draw of one row's CDF [V] (unnormalised) with one uniform, by binary search: the count
+    of entries at or below u·total, capped at V − 1 (rounding can leave u·total past the last).
+    u·total is compared in float64 whatever the CDF's dtype, as the block path compares it."""
+    return min(int(cdf.searchsorted(np.float64(uniform * float(cdf[-1])), side="right")), len(cdf) - 1)
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -143,7 +153,5 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     and therefore the image, identical across backends for the same seed.
     """
     if getattr(probs, "ndim", None) == 1:  # the per-token hot path of the speculative methods
-        cdf = np.cumsum(probs)
-        index = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-        return np.int64(min(index, cdf.shape[0] - 1))
+        return np.int64(draw_from_cdf(np.cumsum(probs), rng.random()))
     return inverse_cdf(probs, rng.random(probs.shape[:-1]))
