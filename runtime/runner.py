@@ -283,8 +283,12 @@ class ModelRunner(ABC):
         if size + fed > self.max_window:
             what = f"window of {size} tokens" + (f" and {fed} fed drafts" if fed else "")
             raise SpecrtError(f"{what} exceeds this model's max_window {self.max_window}")
-        highest = int(self.lengths.max()) + int(self.staged.max()) + top + fed if isinstance(top, int) else \
-            int((self.lengths + self.staged + top).max()) + fed
+        if len(self.lengths) == 1:  # one image: its two counts, no reductions
+            highest = int(self.lengths[0]) + int(self.staged[0]) + (top if isinstance(top, int) else int(top[0])) + fed
+        elif isinstance(top, int):
+            highest = int(self.lengths.max()) + int(self.staged.max()) + top + fed
+        else:
+            highest = int((self.lengths + self.staged + top).max()) + fed
         if highest > self.capacity:
             raise ValueError(f"windows of up to {size + fed} tokens at lengths {self.lengths.tolist()} overflow "
                              f"capacity {self.capacity}")
@@ -327,7 +331,11 @@ class ModelRunner(ABC):
                 self._write_runs(self.lengths, self._zeros[: self.images], np.full(self.images, len(slots)))
                 self.lengths += len(slots)
         elif (prefixes := self._prefix_counts(slots)) is not None:
-            if any(prefixes):
+            if len(prefixes) == 1:  # one image (batch 1): its count as a Python int, no arrays built
+                if prefixes[0]:
+                    self._write_runs(self.lengths, self._zeros[:1], prefixes)
+                    self.lengths[0] += prefixes[0]
+            elif any(prefixes):
                 counts = np.array(prefixes, dtype=np.int64)
                 self._write_runs(self.lengths, self._zeros[: self.images], counts)
                 self.lengths += counts
@@ -355,11 +363,11 @@ class ModelRunner(ABC):
         counts = [_prefix_length(image_slots) if image_slots is not None else 0 for image_slots in slots]
         return None if None in counts else counts
 
-    def _write_runs(self, columns: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> None:
+    def _write_runs(self, columns: np.ndarray, starts: np.ndarray, counts: np.ndarray | Sequence[int]) -> None:
         """kv[rows of image i, columns[i] + n] = present[rows of image i, starts[i] + n] for
         n < counts[i], the CFG twins alike: contiguous runs of window slots (a prefix to commit,
         a tree level to stage). Backends override it with block copies; this default goes
-        through the general `_write_kv`."""
+        through the general `_write_kv`. counts may be a list (one image's commit)."""
         image = np.repeat(np.arange(self.images), counts)
         offsets = np.concatenate([np.arange(n) for n in counts])
         self._write_kv(*self._twin_rows(image, offsets + columns[image], offsets + starts[image]))

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -36,20 +35,11 @@ class Stats:
 
     _timing_now: set = field(default_factory=set, repr=False, compare=False)
 
-    @contextmanager
-    def timing(self, part: str) -> Iterator[None]:
-        """Add the block's time to seconds[part]; a block nested in one of the same part (a sample
-        drawn inside verification) is already being timed and must not be counted twice."""
-        if part in self._timing_now:
-            yield
-            return
-        self._timing_now.add(part)
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[part] += time.perf_counter() - start
-            self._timing_now.discard(part)
+    def timing(self, part: str) -> "_Timing":
+        """A context manager that adds the block's time to seconds[part]; a block nested in one of
+        the same part (a sample drawn inside verification) is already being timed and must not be
+        counted twice. A small class, not a generator: it runs once per speculative round."""
+        return _Timing(self, part)
 
     def add(self, other: "Stats") -> None:
         """Fold another call's counters and times into these (a pipeline's chunks of one call)."""
@@ -109,3 +99,22 @@ class Stats:
             out["theorem2_tv_bound_per_round"] = float(np.nanmean(self.theorem2_tv_bound)) \
                 if not np.all(np.isnan(self.theorem2_tv_bound)) else None
         return out
+
+
+class _Timing:
+    """Stats.timing's context manager."""
+
+    __slots__ = ("stats", "part", "start")
+
+    def __init__(self, stats: Stats, part: str):
+        self.stats, self.part, self.start = stats, part, None
+
+    def __enter__(self) -> None:
+        if self.part not in self.stats._timing_now:
+            self.stats._timing_now.add(self.part)
+            self.start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.start is not None:
+            self.stats.seconds[self.part] += time.perf_counter() - self.start
+            self.stats._timing_now.discard(self.part)
