@@ -260,7 +260,7 @@ class ModelRunner(ABC):
             last[:] = max(top - 1, 0)
         else:
             np.maximum(top - 1, 0, out=last, casting="unsafe")
-        uniform_view = self._uniforms[: self.images * steps].reshape(self.images, steps)
+        uniform_view = self._step_views(steps)[3]  # [I, steps]: the same memory as a window of `steps`
         uniform_view[...] = uniforms
         ready = time.perf_counter()
         out = self._chain(ids, positions, mask, last, uniform_view)

@@ -132,7 +132,8 @@ class OrtRunner(ModelRunner):
         self._draws = [np.zeros(images * window, dtype=np.int32) for _ in range(2)]
         self._present_flat = np.zeros(int(np.prod(rows)) * window * self.head_dim, dtype=self.kv_dtype)
         self._present = self._present_flat[:0]
-        self._bindings: dict[tuple[int, int], Any] = {}  # (window size, output buffer) -> IOBinding
+        self._bindings: dict[tuple, Any] = {}  # (graph, window size, output buffer) -> IOBinding
+        self._call_views: dict[tuple, tuple[np.ndarray, ...]] = {}  # the same key -> its output views
         self._parity = 0
         # the ids/positions buffers must carry the graph's integer dtype (int32 by contract)
         self._ids = self._ids.astype(self._input_dtypes["input_ids"])
@@ -154,12 +155,21 @@ class OrtRunner(ModelRunner):
         self._kv[...] = kept
         self._kv_value = self.ort.OrtValue.ortvalue_from_numpy(self._kv)
         self._bindings.clear()
+        self._call_views.clear()
 
-    def _outputs(self, size: int, parity: int) -> tuple[np.ndarray, np.ndarray]:
-        """Views [I, W, V] and [I, W] of one of the two probs/draws buffers."""
-        count = self.images * size
-        probs = self._probs[parity][: count * self.spec.vocab_size].reshape(self.images, size, self.spec.vocab_size)
-        return probs, self._draws[parity][:count].reshape(self.images, size)
+    def _bound_views(self, key: tuple, batch: int, width: int, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The present rows [L, 2, B, Hkv, width, D] and one of the two probs [I, rows, V] / draws
+        [I, rows] buffers (key's last entry: which) a call binds: views made once per key and batch,
+        as the bindings are (a decode loop alternates a few keys)."""
+        views = self._call_views.get(key)
+        if views is None:
+            shape = (self.layers, 2, batch, self.kv_heads, width, self.head_dim)
+            count, vocab = self.images * rows, self.spec.vocab_size
+            views = self._call_views[key] = (
+                self._present_flat[: math.prod(shape)].reshape(shape),
+                self._probs[key[-1]][: count * vocab].reshape(self.images, rows, vocab),
+                self._draws[key[-1]][:count].reshape(self.images, rows))
+        return views
 
     def prefill_feeds(self, rows: Conditions, uniforms: np.ndarray) -> dict[str, np.ndarray]:
         """The prefill graph's inputs by name, each in the dtype the manifest gives it."""
@@ -188,10 +198,8 @@ class OrtRunner(ModelRunner):
 
     def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray) -> StepOutput:
         batch, size = ids.shape
-        rows = (self.layers, 2, batch, self.kv_heads)
-        self._present = self._present_flat[: math.prod(rows) * size * self.head_dim].reshape(*rows, size, self.head_dim)
         parity = self._parity = 1 - self._parity
-        probs, draws = self._outputs(size, parity)
+        self._present, probs, draws = self._bound_views((size, parity), batch, size, size)
         extra_inputs, extra_outputs = self._extra_io(batch, size)
         self._run_bound(self.step_session, (size, parity), {
             "input_ids": ids, "positions": positions, "attention_mask": mask, "mix": self.mix, "uniforms": uniforms,
@@ -206,10 +214,8 @@ class OrtRunner(ModelRunner):
         """The chain graph on the runner's buffers (`extra_inputs`: an EAGLE head's `hidden`)."""
         batch, size = ids.shape
         steps = uniforms.shape[1]
-        rows, width = (self.layers, 2, batch, self.kv_heads), size + steps - 1
-        self._present = self._present_flat[: math.prod(rows) * width * self.head_dim].reshape(*rows, width, self.head_dim)
         parity = self._parity = 1 - self._parity
-        probs, draws = self._outputs(steps, parity)
+        self._present, probs, draws = self._bound_views(("chain", size, parity), batch, size + steps - 1, steps)
         self._run_bound(self.chain_session, ("chain", size, parity), {
             "input_ids": ids, "positions": positions, "attention_mask": mask, "last": last, "mix": self.mix,
             "uniforms": uniforms, **(extra_inputs or {})}, {"present_kv": self._present, "probs": probs, "draws": draws})

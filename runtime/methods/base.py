@@ -74,9 +74,12 @@ class Decoding:
         None for none): the sampling distribution of every slot (P and Q alike) and one draw per
         slot, made on the device with uniforms from each image's own stream."""
         if isinstance(windows, np.ndarray) and len(windows) == len(self.rngs):  # chains of one width
-            uniforms = np.empty(windows.shape)
-            for row, rng in zip(uniforms, self.rngs):
-                rng.random(out=row)
+            if len(self.rngs) == 1:
+                uniforms = self.rngs[0].random(windows.shape)
+            else:
+                uniforms = np.empty(windows.shape)
+                for row, rng in zip(uniforms, self.rngs):
+                    rng.random(out=row)
         else:
             uniforms = self._uniforms(window_sizes(windows, runner.images))
         return self._restricted(runner.step(windows, uniforms), uniforms)
