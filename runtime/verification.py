@@ -284,7 +284,10 @@ class CoolRule(AcceptanceRule):
         return acceptance(self.omega(positions) * p_at[..., 0], q_at)
 
     def acceptance_row(self, p, q, position):
-        return acceptance(self.omega(position)[..., None] * np.asarray(p), np.asarray(q))
+        # one position (a batch-1 rejection, a tree node): ω_i as a number, not a gathered array
+        omega = self.weights[position - 1] if isinstance(position, (int, np.integer)) else \
+            self.omega(position)[..., None]
+        return acceptance(np.multiply(omega, p, dtype=np.float64), np.asarray(q))  # float64 for float32 rows too
 
     def accept_probability(self, p, q, token, position):
         return float(acceptance(self.weights[position - 1] * p[token], q[token]))  # Python floats, as SD's
