@@ -277,20 +277,21 @@ class CoolRule(AcceptanceRule):
     weights: np.ndarray  # ω_1..ω_L
 
     def omega(self, positions: Any) -> np.ndarray:
-        """ω_i at 1-based draft positions (any shape)."""
+        """ω_i at 1-based draft positions (any shape; one int position gives a number)."""
+        if isinstance(positions, (int, np.integer)):  # a tree node, a batch-1 rejection: no arrays
+            return self.weights[positions - 1]
         return np.asarray(self.weights)[np.asarray(positions) - 1]
 
     def accept_probabilities(self, p_at, q_at, positions):
         return acceptance(self.omega(positions) * p_at[..., 0], q_at)
 
     def acceptance_row(self, p, q, position):
-        # one position (a batch-1 rejection, a tree node): ω_i as a number, not a gathered array
-        omega = self.weights[position - 1] if isinstance(position, (int, np.integer)) else \
-            self.omega(position)[..., None]
+        omega = self.omega(position)
+        omega = omega[..., None] if isinstance(omega, np.ndarray) else omega  # ω_i per row, or one number
         return acceptance(np.multiply(omega, p, dtype=np.float64), np.asarray(q))  # float64 for float32 rows too
 
     def accept_probability(self, p, q, token, position):
-        return float(acceptance(self.weights[position - 1] * p[token], q[token]))  # Python floats, as SD's
+        return float(acceptance(self.omega(position) * p[token], q[token]))  # Python floats, as SD's
 
 
 @dataclass

@@ -217,8 +217,12 @@ def fill_step_inputs(windows: Windows, lengths: int | Sequence[int] | np.ndarray
         mask[:, :, :caption_mask.shape[1]] &= caption_mask[:, None, :]
     block = mask[:, :, capacity:capacity + size]
     if isinstance(windows, np.ndarray):  # chains of the full width, one per image
-        ids.reshape(*by_pair, size)[:] = windows
-        np.add(lengths[:, None], _chain_parts(size)[1], out=positions.reshape(*by_pair, size))
+        if images == 1:  # every row is the image or its twin: plain broadcasts
+            ids[:] = windows
+            np.add(_chain_parts(size)[1], int(lengths[0]), out=positions)
+        else:
+            ids.reshape(*by_pair, size)[:] = windows
+            np.add(lengths[:, None], _chain_parts(size)[1], out=positions.reshape(*by_pair, size))
         block[:] = _chain_parts(size)[2]
         return
     first = windows[0]
