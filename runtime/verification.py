@@ -203,12 +203,13 @@ def lantern_moved_target(p: np.ndarray, neighbours: np.ndarray, tokens: Any, *, 
     moved = np.array(p, dtype=np.float64)
     rows = moved.reshape(-1, moved.shape[-1])  # a view: [R, V]
     tokens = np.asarray(tokens).reshape(-1)
-    nearest = neighbours[tokens]  # [R, k]
-    token_mass = rows[np.arange(len(tokens)), tokens]
-    mass = np.take_along_axis(rows, nearest, axis=-1)
+    at = np.arange(len(tokens))
+    nearest = at[:, None], neighbours[tokens]  # row r's k neighbour columns (one fancy index, no *_along_axis)
+    token_mass = rows[at, tokens]
+    mass = rows[nearest]
     kept = lantern_kept(mass, token_mass, tvd_budget=tvd_budget, ratio=ratio)
-    np.put_along_axis(rows, nearest, np.where(kept, 0.0, mass), axis=-1)  # x̃ is not its own neighbour
-    rows[np.arange(len(tokens)), tokens] = token_mass + np.where(kept, mass, 0.0).sum(axis=-1)
+    rows[nearest] = np.where(kept, 0.0, mass)  # x̃ is not its own neighbour; a row's neighbours are distinct
+    rows[at, tokens] = token_mass + np.where(kept, mass, 0.0).sum(axis=-1)
     return moved
 
 
@@ -226,8 +227,11 @@ class AcceptanceRule:
       accept_probability(p, q, x̃, i) the same for one row (a float);
     - acceptance_row(p, q, i) is f_i at every token (needed by G* and by the Theorem-2 quantities);
     - resample(p, q, x̃, i) is the distribution sampled at a rejection of x̃.
-    Subclasses set only what differs.
+    Subclasses set only what differs. `scalar_tests`: accept_probability is a few Python float
+    operations (SD's, Cool-SD's), cheaper position by position than one block evaluation.
     """
+
+    scalar_tests = False
 
     def columns(self, tokens: Any) -> np.ndarray:
         return np.asarray(tokens)[..., None]
@@ -254,6 +258,8 @@ class AcceptanceRule:
 class VanillaRule(AcceptanceRule):
     """Lossless SD: f = min(1, P/Q), G = Norm([P − Q]_+)."""
 
+    scalar_tests = True
+
     def accept_probabilities(self, p_at, q_at, positions):
         return acceptance(p_at[..., 0], q_at)
 
@@ -275,6 +281,7 @@ class CoolRule(AcceptanceRule):
     """Relaxed SD with ω_i per draft position: f_i = min(1, ω_i·P/Q), G* resampling (Eq. 12, 10)."""
 
     weights: np.ndarray  # ω_1..ω_L
+    scalar_tests = True
 
     def omega(self, positions: Any) -> np.ndarray:
         """ω_i at 1-based draft positions (any shape; one int position gives a number)."""
@@ -401,7 +408,7 @@ def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain:
                       rng: np.random.Generator, draws: np.ndarray) -> ChainOutcomes:
     """verify_chains for a batch of one image on host rows: the same uniforms, tests and
     resampling, position by position in Python floats (rule.accept_probability, the tree
-    siblings' test). Between two graph runs the caches are cold and each distinct numpy call
+    siblings' test; rules without scalar_tests evaluate the chain's f in one block). Between two graph runs the caches are cold and each distinct numpy call
     costs several microseconds, about ten times its warm cost; the batch path's twenty-odd calls
     were half of a batch-1 round's host work. Identical outcomes: tests/runtime compare a batch
     with its images decoded alone."""
@@ -410,9 +417,13 @@ def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain:
         return ChainOutcomes(np.zeros(1, dtype=np.int64), np.array([draws[0, 0]], dtype=np.int64))
     uniforms = rng.random(size + 1).tolist()  # as the batch path: L tests, then the resampling draw
     p_rows, q_rows = p_block[0], q_block[:, 0]
+    if not rule.scalar_tests:  # f of every position in one block evaluation (LANTERN's p̃ reads k + 1 entries)
+        steps, tokens = np.arange(size), np.array(chain)
+        f = rule.accept_probabilities(gather(p_rows, (steps[:, None], rule.columns(tokens))),
+                                      gather(q_rows, (steps, tokens)), steps + 1).tolist()
     for i, token in enumerate(chain):
         p, q = p_rows[i], q_rows[i]
-        if uniforms[i] > rule.accept_probability(p, q, token, i + 1):
+        if uniforms[i] > (rule.accept_probability(p, q, token, i + 1) if rule.scalar_tests else f[i]):
             # G from the two rows as float64 vectors (the batch path's [R, V] block has one row each)
             resampled = rule.resample(np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64), token, i + 1)
             return ChainOutcomes(np.array([i]), np.array([inverse_cdf(resampled, uniforms[size])]))
