@@ -437,6 +437,8 @@ def rows_by_position(rows: Sequence[Sequence[Any]]) -> Any:
     longest = max(map(len, rows), default=0)
     if longest == 0:
         return None
+    if len(rows) == 1 and all(isinstance(row, np.ndarray) for row in rows[0]):  # one image's host rows: one stack
+        return stack_rows(rows[0])[:, None]
     filler = next(row for chain in rows for row in chain)
     return stack_rows([stack_rows([chain[i] if i < len(chain) else filler for chain in rows])
                        for i in range(longest)])
