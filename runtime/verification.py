@@ -227,8 +227,10 @@ class AcceptanceRule:
       accept_probability(p, q, x̃, i) the same for one row (a float);
     - acceptance_row(p, q, i) is f_i at every token (needed by G* and by the Theorem-2 quantities);
     - resample(p, q, x̃, i) is the distribution sampled at a rejection of x̃.
-    Subclasses set only what differs. `scalar_tests`: accept_probability is a few Python float
-    operations (SD's, Cool-SD's), cheaper position by position than one block evaluation.
+    Subclasses set only what differs; accept_probability and accept_probabilities must agree
+    (a batch of one image is tested with the first where `scalar_tests`, larger ones with the
+    second). `scalar_tests`: accept_probability is a few Python float operations (SD's,
+    Cool-SD's), cheaper position by position than one block evaluation.
     """
 
     scalar_tests = False

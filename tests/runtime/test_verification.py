@@ -195,3 +195,40 @@ def test_one_row_inverse_cdf_draws_what_the_block_path_draws():
     alone = [int(draws_from_cdf(cdfs[i:i + 1], uniforms[i:i + 1])[0]) for i in range(len(cdfs))]
     assert alone == block.tolist()
     assert all(rows[i, token] > 0 for i, token in enumerate(alone))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_inverse_cdf_of_one_row_is_the_block_draw(dtype):
+    """inverse_cdf on one row [V] (a batch-1 rejection) returns the int the block path [1, V] draws,
+    for float32 and float64 rows, boundary uniforms and zero-mass tokens included."""
+    rng = np.random.default_rng(7)
+    rows = (rng.random((30, VOCAB)) * (rng.random((30, VOCAB)) < 0.6)).astype(dtype)
+    rows[:, 5] = 0.0
+    rows[:, 0] += dtype(1e-3)
+    uniforms = np.concatenate([rng.random(27), [0.0, 1.0 - 1e-16, 0.5]])
+    for row, u in zip(rows, uniforms):
+        one = inverse_cdf(row, u)
+        assert isinstance(one, int) and one == int(inverse_cdf(row[None], np.array([u]))[0])
+        assert row[one] > 0
+
+
+class ResampleFromTarget(VanillaRule):
+    """Broken on purpose (G = P): the one-image path must reach a rule's own resample."""
+
+    def resample(self, p, q, token, position):
+        return np.asarray(p, dtype=np.float64)
+
+
+def test_one_image_is_verified_with_the_rules_own_methods():
+    """A batch of one image (verified position by position) calls the rule's accept_probability and
+    resample as the batch path calls its block methods: an override of either is what decides."""
+    rule = ResampleFromTarget()
+    differs = 0
+    for seed in range(30):
+        p_block, q_rows, drafts, draws = random_batch(seed, lengths=[DRAFT_LEN])
+        alone = verify_chains(p_block, rows_by_position(q_rows), drafts, rule, streams(seed, 1), draws)
+        expected = one_image(p_block[0], q_rows[0], drafts[0], rule, streams(seed, 1)[0], draws[0])
+        assert (int(alone.accepted_lengths[0]), int(alone.next_tokens[0])) == expected
+        vanilla = verify_chains(p_block, rows_by_position(q_rows), drafts, VanillaRule(), streams(seed, 1), draws)
+        differs += int(vanilla.next_tokens[0]) != expected[1]
+    assert differs  # the broken resample changed some next tokens: the path used it
