@@ -410,10 +410,11 @@ def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain:
                       rng: np.random.Generator, draws: np.ndarray) -> ChainOutcomes:
     """verify_chains for a batch of one image on host rows: the same uniforms, tests and
     resampling, position by position in Python floats (rule.accept_probability, the tree
-    siblings' test; rules without scalar_tests evaluate the chain's f in one block). Between two graph runs the caches are cold and each distinct numpy call
-    costs several microseconds, about ten times its warm cost; the batch path's twenty-odd calls
-    were half of a batch-1 round's host work. Identical outcomes: tests/runtime compare a batch
-    with its images decoded alone."""
+    siblings' test; a rule without scalar_tests evaluates the chain's f in one block). Between
+    two graph runs the caches are cold and each distinct numpy call costs 5-15 us, several times
+    its warm cost; the batch path's twenty-odd calls were half of a batch-1 round's host work.
+    Identical outcomes: tests/runtime compare it with the batch path and the per-position
+    definition."""
     size = len(chain)
     if size == 0:
         return ChainOutcomes(np.zeros(1, dtype=np.int64), np.array([draws[0, 0]], dtype=np.int64))

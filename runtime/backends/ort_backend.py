@@ -215,8 +215,9 @@ class OrtRunner(ModelRunner):
         batch, size = ids.shape
         steps = uniforms.shape[1]
         parity = self._parity = 1 - self._parity
-        self._present, probs, draws = self._bound_views(("chain", size, parity), batch, size + steps - 1, steps)
-        self._run_bound(self.chain_session, ("chain", size, parity), {
+        key = ("chain", size, parity)
+        self._present, probs, draws = self._bound_views(key, batch, size + steps - 1, steps)
+        self._run_bound(self.chain_session, key, {
             "input_ids": ids, "positions": positions, "attention_mask": mask, "last": last, "mix": self.mix,
             "uniforms": uniforms, **(extra_inputs or {})}, {"present_kv": self._present, "probs": probs, "draws": draws})
         return StepOutput(probs, draws)
