@@ -466,6 +466,11 @@ class ModelRunner(ABC):
     def truncate(self, lengths: int | Sequence[int] | np.ndarray) -> None:
         """Roll back to `lengths` committed rows (one for every image, or one per image): free,
         the stale rows are masked out and overwritten."""
+        if len(self.lengths) == 1 and not isinstance(lengths, np.ndarray):  # one image: its two counts as ints
+            length = lengths if isinstance(lengths, (int, np.integer)) else lengths[0]
+            self.lengths[0] = min(int(self.lengths[0]), int(length))
+            self.staged[0] = 0
+            return
         np.minimum(self.lengths, np.asarray(lengths, dtype=np.int64), out=self.lengths)
         self.staged[:] = 0
 

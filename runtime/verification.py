@@ -345,10 +345,10 @@ class LanternRule(AcceptanceRule):
 @dataclass
 class ChainOutcomes:
     """Per image of a batch: the accepted length τ, and the token sampled after the accepted prefix
-    (resampled at the first rejection, or the bonus token)."""
+    (resampled at the first rejection, or the bonus token). Python ints: the loop reads them as such."""
 
-    accepted_lengths: np.ndarray  # [images] int64
-    next_tokens: np.ndarray  # [images] int64
+    accepted_lengths: list[int]
+    next_tokens: list[int]
 
 
 def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], rule: AcceptanceRule,
@@ -384,7 +384,7 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
     next_tokens = np.asarray(draws)[images, lengths].astype(np.int64, copy=False)  # bonus tokens; rejections below
     longest = max(sizes, default=0)
     if longest == 0:
-        return ChainOutcomes(np.zeros(count, dtype=np.int64), next_tokens)
+        return ChainOutcomes([0] * count, next_tokens.tolist())
     tokens = np.array([[*chain, *[0] * (longest - len(chain))] for chain in drafts], dtype=np.int64)  # pads: 0
     uniforms = np.zeros((count, longest + 1))
     for size, rng, row in zip(sizes, rngs, uniforms):
@@ -403,7 +403,7 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
         q_rows = gather(q_block, (at, rejected))
         resampled = rule.resample(p_rows, q_rows, tokens[rejected, at], at + 1)
         next_tokens[rejected] = inverse_cdf(resampled, uniforms[rejected, lengths[rejected]])
-    return ChainOutcomes(accepted, next_tokens)
+    return ChainOutcomes(accepted.tolist(), next_tokens.tolist())
 
 
 def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain: Sequence[int], rule: AcceptanceRule,
@@ -417,7 +417,7 @@ def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain:
     definition."""
     size = len(chain)
     if size == 0:
-        return ChainOutcomes(np.zeros(1, dtype=np.int64), np.array([draws[0, 0]], dtype=np.int64))
+        return ChainOutcomes([0], [int(draws[0, 0])])
     uniforms = rng.random(size + 1).tolist()  # as the batch path: L tests, then the resampling draw
     p_rows, q_rows = p_block[0], q_block[:, 0]
     if not rule.scalar_tests:  # f of every position in one block evaluation (LANTERN's p̃ reads k + 1 entries)
@@ -429,8 +429,8 @@ def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain:
         if uniforms[i] > (rule.accept_probability(p, q, token, i + 1) if rule.scalar_tests else f[i]):
             # G from the two rows as float64 vectors (the batch path's [R, V] block has one row each)
             resampled = rule.resample(np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64), token, i + 1)
-            return ChainOutcomes(np.array([i]), np.array([inverse_cdf(resampled, uniforms[size])]))
-    return ChainOutcomes(np.array([size], dtype=np.int64), np.array([draws[0, size]], dtype=np.int64))
+            return ChainOutcomes([i], [inverse_cdf(resampled, uniforms[size])])
+    return ChainOutcomes([size], [int(draws[0, size])])
 
 
 def rows_by_position(rows: Sequence[Sequence[Any]]) -> Any:

@@ -104,9 +104,8 @@ class Decoding:
         sizes = [windows.shape[1]] * images if isinstance(windows, np.ndarray) else window_sizes(windows, images).tolist()
         uniforms = np.zeros((images, steps))
         for row, rng, size, count in zip(uniforms, self.rngs, sizes, lengths):
-            if size and count > 0:
-                row[0] = rng.random(size)[-1]
-                rng.random(out=row[1:count])
+            if size and count > 0:  # the window's size uniforms (the last kept), then count − 1: one draw
+                row[:count] = rng.random(size + count - 1)[size - 1:]
         return uniforms
 
     def _uniforms(self, sizes: Sequence[int]) -> np.ndarray:

@@ -96,8 +96,7 @@ class DraftThenVerify(Method):
             verified = [length >= 0 for length in draft_lens]  # the others finished: no window, no drafts
             outcomes = self._verify(ctx, scored, q_block, drafts, rule, verified)
             commits: list[Optional[range]] = []
-            for p, (i, accepted, token) in enumerate(zip(images, outcomes.accepted_lengths.tolist(),
-                                                         outcomes.next_tokens.tolist())):
+            for p, (i, accepted, token) in enumerate(zip(images, outcomes.accepted_lengths, outcomes.next_tokens)):
                 commits.append(range(accepted + 1) if verified[p] else None)
                 if verified[p]:
                     tokens[i] += drafts[p][:accepted] + [token]
@@ -161,8 +160,7 @@ class DraftThenVerify(Method):
             outcomes = self._verify(ctx, scored, rows_by_position(q_rows), drafts, rule, verified)
             paths: list[Optional[list[int]]] = []
             new: list[Optional[list[int]]] = []
-            for p, (accepted, token) in enumerate(zip(outcomes.accepted_lengths.tolist(),
-                                                      outcomes.next_tokens.tolist())):
+            for p, (accepted, token) in enumerate(zip(outcomes.accepted_lengths, outcomes.next_tokens)):
                 paths.append(list(range(accepted + 1)) if verified[p] else None)
                 new.append(drafts[p][:accepted] + [token] if verified[p] else None)
             finish_round(ctx, drafter, tokens, images, scored, paths, new)
