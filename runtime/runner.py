@@ -277,6 +277,9 @@ class ModelRunner(ABC):
             if windows.ndim != 2 or len(windows) != self.images:
                 raise ValueError(f"chains of shape {windows.shape} for a batch of {self.images} images")
             size = top = windows.shape[1]
+        elif self.images == 1 and not isinstance(windows, Window) and len(windows) == 1 and windows[0] is not None \
+                and len(windows[0]):
+            size = top = len(windows[0])  # one image's window (batch 1 trees): its size as an int
         else:
             top = window_sizes(windows, self.images)
             size = max(int(top.max()), 1)
@@ -413,6 +416,11 @@ class ModelRunner(ABC):
         columns = self.lengths + self.staged
         if max(column + size for column, size in zip(columns.tolist(), sizes)) > self.capacity:
             raise ValueError(f"staging {sizes} rows overflows capacity {self.capacity}")
+        if len(per_image) == 1 and _consecutive(per_image[0]):  # one image's level (batch 1): its count as an int
+            self._write_runs(columns, np.array([per_image[0][0]], dtype=np.int64), sizes)
+            self.staged[0] += sizes[0]
+            self.cache_seconds += time.perf_counter() - start
+            return
         counts = np.array(sizes, dtype=np.int64)
         if all(_consecutive(s) for s in per_image):
             # each image stages a run of consecutive slots (a level, a root and its closure): block copies

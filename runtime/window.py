@@ -229,9 +229,13 @@ def fill_step_inputs(windows: Windows, lengths: int | Sequence[int] | np.ndarray
     if first is not None and len(first) == size and (images == 1 or first.staged is None and all(
             w is first or (w is not None and w.is_chain and first.is_chain and len(w) == size) for w in windows)):
         # every image runs a window of this shape (most speculative steps, any window of one image): no padding
-        ids.reshape(*by_pair, size)[:] = first.ids if images == 1 or all(w is first for w in windows) else \
-            np.stack([w.ids for w in windows])
-        np.add(lengths[:, None], first.depths(), out=positions.reshape(*by_pair, size))
+        if images == 1:  # every row is the image or its twin: plain broadcasts
+            ids[:] = first.ids
+            np.add(first.depths(), int(lengths[0]), out=positions)
+        else:
+            ids.reshape(*by_pair, size)[:] = first.ids if all(w is first for w in windows) else \
+                np.stack([w.ids for w in windows])
+            np.add(lengths[:, None], first.depths(), out=positions.reshape(*by_pair, size))
         block[:] = first.ancestry()
         if first.staged is not None:  # one image: the staged rows after its committed ones (ModelRunner.stage)
             start = int(lengths[0])
