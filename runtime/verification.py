@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import numpy as np
 
 from specrt.errors import SpecrtError
-from specrt.runtime.sampling import draws_from_cdf, inverse_cdf, sample
+from specrt.runtime.sampling import draw_from_cdf, draws_from_cdf, inverse_cdf, sample
 
 # ---- the basic building blocks ------------------------------------------------------------
 
@@ -563,19 +563,18 @@ def draws_without_replacement(rows: Any, counts: Sequence[int], rng: np.random.G
     the same candidates from the same uniforms: min(counts[r], support) distinct candidates of row
     r, candidate k the inverse CDF of q^(k), the row without candidates 1..k − 1 (Eq. 7), not
     renormalised: its uniform is scaled by the mass left instead; a row whose mass runs out
-    (≤ 1e-12 left) stops. The rows' copies, supports and first CDFs are one block operation each."""
+    (≤ 1e-12 left) stops, so a row's support caps its candidates: once they are all drawn its CDF
+    is exactly 0 (no uniform is drawn for it). The rows' copies and first CDFs are one block
+    operation each."""
     rest = np.array(rows, dtype=np.float64)  # [R, V], q^(k) of every row: drawn candidates are zeroed in it
-    cdf, last = rest.cumsum(axis=1), rest.shape[1] - 1
-    # a row's support caps its candidates; one candidate needs no cap (a row without mass stops below)
-    supports = (rest != 0).sum(axis=1).tolist() if max(counts, default=0) > 1 else counts
+    cdf = rest.cumsum(axis=1)
     picked: list[list[int]] = []
-    for row, row_cdf, count, support in zip(rest, cdf, counts, supports):
+    for row, row_cdf, count in zip(rest, cdf, counts):
         tokens: list[int] = []
-        wanted = min(count, support)
-        for left in range(wanted, 0, -1):
+        for left in range(count, 0, -1):
             if row_cdf[-1] <= 1e-12:
                 break
-            token = min(int(row_cdf.searchsorted(rng.random() * row_cdf[-1], side="right")), last)
+            token = draw_from_cdf(row_cdf, rng.random())
             tokens.append(token)
             if left > 1:  # the CDF of q^(k+1): entries before the token keep their sums, the rest are redone
                 _remove(row, row_cdf, token)

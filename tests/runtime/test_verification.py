@@ -232,3 +232,35 @@ def test_one_image_is_verified_with_the_rules_own_methods():
         vanilla = verify_chains(p_block, rows_by_position(q_rows), drafts, VanillaRule(), streams(seed, 1), draws)
         differs += int(vanilla.next_tokens[0]) != expected[1]
     assert differs  # the broken resample changed some next tokens: the path used it
+
+
+def test_draws_without_replacement_follow_q_k_row_by_row_and_stop_at_the_support():
+    """A level's candidates, row after row: candidate k the inverse CDF of q^(k) (the row with
+    candidates 1..k − 1 zeroed, a fresh cumsum) with the next uniform of the stream; a row with
+    fewer tokens with mass than asked gives those and draws no uniform for the rest."""
+    from specrt.runtime.sampling import draw_from_cdf
+    from specrt.runtime.verification import draws_without_replacement
+
+    rng = np.random.default_rng(8)
+    rows = rng.random((6, VOCAB)) * (rng.random((6, VOCAB)) < 0.7)
+    rows[1, :2], rows[1, 2:] = (0.3, 0.5), 0.0  # support 2, 4 asked
+    rows[4] = 0.0  # no mass at all
+    counts = [3, 4, 1, 5, 2, 12]
+
+    def reference(rows, counts, rng):
+        picked = []
+        for row, count in zip(rows, counts):
+            rest, tokens = row.astype(np.float64), []
+            for _ in range(min(count, int(np.count_nonzero(rest)))):
+                tokens.append(draw_from_cdf(np.cumsum(rest), rng.random()))
+                rest[tokens[-1]] = 0.0
+            picked.append(tokens)
+        return picked
+
+    got = draws_without_replacement(rows.astype(np.float32), counts, np.random.default_rng(9))
+    ref_rng = np.random.default_rng(9)
+    assert got == reference(rows.astype(np.float32), counts, ref_rng)
+    assert len(got[1]) == 2 and got[4] == [] and len(set(got[5])) == len(got[5]) == np.count_nonzero(rows[5])
+    stream = np.random.default_rng(9)
+    stream.random(sum(map(len, got)))
+    assert stream.random() == ref_rng.random()  # the same number of uniforms drawn
