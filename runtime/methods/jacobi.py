@@ -192,7 +192,8 @@ class JacobiDecoding(Method):
                                         [level.candidates[0] for _, level in old], ctx.rng)
                 for (j, _), token in zip(old, kept):
                     tokens[j] = token
-        return self._proactive([Level([t], p_rows[slot]) for t, slot in zip(tokens, slots)], ctx, rejected)
+        rows = list(p_rows) if isinstance(p_rows, np.ndarray) else p_rows  # host rows: views made in one C loop
+        return self._proactive([Level([t], rows[slot]) for t, slot in zip(tokens, slots)], ctx, rejected)
 
     def _proactive(self, new: list[Level], ctx: Decoding, rejected: bool) -> list[Level]:
         """Proactive drafting: after a rejection the first D levels get K candidates each, drawn
