@@ -334,9 +334,9 @@ class ModelRunner(ABC):
                 self._write_runs(self.lengths, self._zeros[: self.images], np.full(self.images, len(slots)))
                 self.lengths += len(slots)
         elif (prefixes := self._prefix_counts(slots)) is not None:
-            if len(prefixes) == 1:  # one image (batch 1): its count as a Python int, no arrays built
+            if len(prefixes) == 1:  # one image (batch 1): one block, its count as a Python int
                 if prefixes[0]:
-                    self._write_runs(self.lengths, self._zeros[:1], prefixes)
+                    self._write_block(int(self.lengths[0]), 0, prefixes[0])
                     self.lengths[0] += prefixes[0]
             elif any(prefixes):
                 counts = np.array(prefixes, dtype=np.int64)
@@ -375,10 +375,27 @@ class ModelRunner(ABC):
         offsets = np.concatenate([np.arange(n) for n in counts])
         self._write_kv(*self._twin_rows(image, offsets + columns[image], offsets + starts[image]))
 
+    def _write_block(self, column: int, start: int, count: int) -> None:
+        """kv[every row, column + n] = present[every row, start + n] for n < count: a run of a batch of
+        one image (its CFG twins included), the commits and levels of batch 1. Backends with block
+        copies override it; this default goes through `_write_runs`."""
+        self._write_runs(np.array([column]), np.array([start]), [count])
+
+    def _move_block(self, column: int, source: int, count: int) -> None:
+        """kv[every row, column + n] = kv[every row, source + n] for n < count (column < source): a
+        batch of one image's staged run moved down by adopt. This default goes through `_move_kv`."""
+        offsets = np.arange(count)
+        self._move_kv(*self._twin_rows(np.zeros(count, dtype=np.int64), column + offsets, source + offsets))
+
     def _write_slots(self, per_image: Sequence[Sequence[int]], base: np.ndarray) -> None:
         """The last window's slots of each image (in order) to its rows base[i], base[i] + 1, ...
         (the general case of commit and stage: any slots, a gather; indices built as lists, which
-        at a tree path's few slots costs less than the numpy calls that would build them)."""
+        at a tree path's few slots costs less than the numpy calls that would build them; a batch of
+        one image copies each run of consecutive slots as a block)."""
+        if len(per_image) == 1:
+            for column, start, count in _runs(range(int(base[0]), int(base[0]) + len(per_image[0])), per_image[0]):
+                self._write_block(column, start, count)
+            return
         image: list[int] = []
         columns: list[int] = []
         sources: list[int] = []
@@ -416,8 +433,8 @@ class ModelRunner(ABC):
         columns = self.lengths + self.staged
         if max(column + size for column, size in zip(columns.tolist(), sizes)) > self.capacity:
             raise ValueError(f"staging {sizes} rows overflows capacity {self.capacity}")
-        if len(per_image) == 1 and _consecutive(per_image[0]):  # one image's level (batch 1): its count as an int
-            self._write_runs(columns, np.array([per_image[0][0]], dtype=np.int64), sizes)
+        if len(per_image) == 1 and _consecutive(per_image[0]):  # one image's level (batch 1): one block
+            self._write_block(int(columns[0]), int(per_image[0][0]), sizes[0])
             self.staged[0] += sizes[0]
             self.cache_seconds += time.perf_counter() - start
             return
@@ -439,6 +456,15 @@ class ModelRunner(ABC):
             if order and (any(b <= a for a, b in zip(order, order[1:])) or order[0] < 0 or order[-1] >= staged):
                 raise ValueError(f"staged rows {order} are not increasing indices below {staged}")
         start = time.perf_counter()
+        if len(per_image) == 1:  # one image (batch 1): its moved rows as block moves, its count as an int
+            length, order = int(self.lengths[0]), per_image[0]
+            moved = [n for n, row in enumerate(order) if row != n]  # rows already in place stay
+            for column, source, count in _runs([length + n for n in moved], [length + order[n] for n in moved]):
+                self._move_block(column, source, count)
+            self.lengths[0] += len(order)
+            self.staged[0] = 0
+            self.cache_seconds += time.perf_counter() - start
+            return
         image: list[int] = []
         columns: list[int] = []
         sources: list[int] = []
@@ -517,6 +543,17 @@ def window_sizes(windows: Windows, images: int) -> np.ndarray:
     if len(windows) != images:
         raise ValueError(f"{len(windows)} windows for a batch of {images} images")
     return np.array([len(w) if w is not None else 0 for w in windows], dtype=np.int64)
+
+
+def _runs(targets: Sequence[int], sources: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(target, source, count) of each maximal run where targets and sources both go up by one."""
+    runs: list[tuple[int, int, int]] = []
+    for target, source in zip(targets, sources):
+        if runs and runs[-1][0] + runs[-1][2] == target and runs[-1][1] + runs[-1][2] == source:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((int(target), int(source), 1))
+    return runs
 
 
 def _consecutive(slots: Sequence[int]) -> bool:

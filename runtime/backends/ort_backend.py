@@ -246,11 +246,16 @@ class OrtRunner(ModelRunner):
     def _move_kv(self, rows: np.ndarray, columns: np.ndarray, sources: np.ndarray) -> None:
         self._kv[:, :, rows, :, columns] = self._kv[:, :, rows, :, sources]  # the gather copies first
 
+    def _write_block(self, column: int, start: int, count: int) -> None:
+        self._kv[:, :, :, :, column:column + count] = self._present[:, :, :, :, start:start + count]
+
+    def _move_block(self, column: int, source: int, count: int) -> None:
+        self._kv[:, :, :, :, column:column + count] = self._kv[:, :, :, :, source:source + count]  # numpy buffers overlaps
+
     def _write_runs(self, columns: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> None:
         block = uniform_run(columns, starts, counts)
         if block is not None:  # one strided copy for the whole batch
-            column, start, count = block
-            self._kv[:, :, :, :, column:column + count] = self._present[:, :, :, :, start:start + count]
+            self._write_block(*block)
             return
         images = self.images
         for i in np.flatnonzero(counts).tolist():  # one strided copy per image, its CFG twins included

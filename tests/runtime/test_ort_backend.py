@@ -90,10 +90,12 @@ def test_bundle_limits_are_user_errors(pipelines):
 
 
 BATCHED = [("ar", {}), ("sd", {"draft_len": 3}), ("cool-sd", {"draft_len": 3}), ("lantern", {"draft_len": 2}),
-           ("sjd", {"window": 4}), ("sjd-pac", {"window": 7, "branching": 2, "tree_depth": 2})]
+           ("sjd", {"window": 4}), ("sjd-pac", {"window": 7, "branching": 2, "tree_depth": 2}),
+           # a tree: alone, its levels are staged, adopted and committed as block copies and moves
+           ("sd", {"tree": "dynamic", "total_tokens": 6, "depth": 3, "tree_top_k": 2})]
 
 
-@pytest.mark.parametrize("method,params", BATCHED, ids=[m for m, _ in BATCHED])
+@pytest.mark.parametrize("method,params", BATCHED, ids=[m + ("-tree" if "tree" in p else "") for m, p in BATCHED])
 def test_a_batch_gives_every_image_the_tokens_it_gets_alone(pipelines, method, params):
     """onnxruntime and PyTorch, greedy and sampled (CFG, top-k): decoding three images in one
     pass (ragged windows, finished images leaving the batch) gives image i exactly what
@@ -105,3 +107,33 @@ def test_a_batch_gives_every_image_the_tokens_it_gets_alone(pipelines, method, p
             for i, class_id in enumerate(classes):
                 alone = pipe.generate([class_id], method=method, seed=seed + i, decode=False, **sampling, **params)
                 np.testing.assert_array_equal(batch[i], alone.tokens[0], err_msg=f"{method} image {i} seed {seed}")
+
+
+def test_block_copies_and_moves_are_the_gathers_they_stand_for(pipelines):
+    """A batch of one image commits, stages and adopts runs as block copies and moves
+    (_write_block, _move_block, overlapping runs included); each equals the general row gather
+    (_write_kv, _move_kv) over the image's rows and its CFG twin."""
+    _, ort_pipe = pipelines
+    runner = ort_pipe.target
+    runner.allocate(guidance_mix(1, SamplingParams(cfg_scale=2.0)))
+    rng = np.random.default_rng(0)
+    runner._kv[...] = rng.random(runner._kv.shape)
+    runner._present, _, _ = runner._bound_views((5, 0), runner.batch, 5, 5)
+    runner._present[...] = rng.random(runner._present.shape)
+    rows = np.arange(runner.batch)
+
+    def gathered(call, column, source, count):
+        before = runner._kv.copy()
+        offsets = np.repeat(np.arange(count), len(rows))
+        call(np.tile(rows, count), column + offsets, source + offsets)
+        expected, runner._kv[...] = runner._kv.copy(), before
+        return expected
+
+    for column, source, count in ((3, 0, 4), (6, 2, 3)):  # a window's slots into the cache
+        expected = gathered(runner._write_kv, column, source, count)
+        runner._write_block(column, source, count)
+        np.testing.assert_array_equal(runner._kv, expected)
+    for column, source, count in ((4, 6, 3), (4, 9, 2), (5, 6, 1)):  # staged rows moved down, overlapping or not
+        expected = gathered(runner._move_kv, column, source, count)
+        runner._move_block(column, source, count)
+        np.testing.assert_array_equal(runner._kv, expected)
