@@ -94,6 +94,13 @@ class HeadRunner(ModelRunner):
     def _pair_features(self, windows: Windows, features: Sequence[Optional[np.ndarray]]) -> np.ndarray:
         """The `hidden` input [B, W, H] of a call on these windows: image p's features in its rows
         (it and its CFG twins), zeros in pad slots; a view of the buffer the backends bind."""
+        first = features[0] if self.images == 1 and len(features) == 1 else None
+        if first is not None and len(first) == self.batch and first.shape[1]:
+            # one image (batch 1) whose features fill the window: no pad slots to zero
+            size = first.shape[1]
+            view = self._features_in[: self.batch * size * self.dim].reshape(self.batch, size, self.dim)
+            view[...] = first
+            return view
         sizes = window_sizes(windows, self.images)
         size, images = max(int(sizes.max()), 1), self.images
         view = self._features_in[: self.batch * size * self.dim].reshape(self.batch, size, self.dim)
