@@ -234,6 +234,30 @@ def test_one_image_is_verified_with_the_rules_own_methods():
     assert differs  # the broken resample changed some next tokens: the path used it
 
 
+def test_a_search_without_drawn_candidates_is_the_fresh_cdf_search_and_never_returns_one():
+    """_search_without reads q^(k)'s inverse CDF off the row's own CDF: the same token as a search of
+    the CDF recomputed without the drawn candidates, for targets across the whole mass (many drawn,
+    adjacent ones and the last entry included); and rounding that lands on a drawn candidate (forced
+    here with a mass that disagrees with the row) falls back to the recomputed CDF."""
+    from specrt.runtime.verification import _search_without
+
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        row = rng.random(VOCAB) * (rng.random(VOCAB) < 0.5)
+        taken = sorted(set(rng.choice(np.flatnonzero(row), size=min(6, np.count_nonzero(row) - 1), replace=False).tolist())
+                       | ({VOCAB - 1} if trial % 3 == 0 and row[-1] > 0 else set()))
+        drawn = [(int(c), float(row[c])) for c in rng.permutation(taken)]
+        rest = row.copy()
+        rest[taken] = 0.0
+        fresh = np.cumsum(rest)
+        for u in (0.0, *rng.random(5), 1.0 - 1e-12):
+            target = u * fresh[-1]
+            want = min(int(fresh.searchsorted(target, side="right")), VOCAB - 1)
+            assert _search_without(row, np.cumsum(row), target, drawn) == want
+    row = np.ones(3)
+    assert _search_without(row, np.cumsum(row), 1.2, [(1, 0.5)]) == 2  # the stated mass lands it on 1
+
+
 def test_draws_without_replacement_follow_q_k_row_by_row_and_stop_at_the_support():
     """A level's candidates, row after row: candidate k the inverse CDF of q^(k) (the row with
     candidates 1..k − 1 zeroed, a fresh cumsum) with the next uniform of the stream; a row with
