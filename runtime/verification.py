@@ -152,9 +152,9 @@ def relaxation_schedule(name: str, draft_len: int, relaxation_budget: float, dec
 
 
 def lantern_kept(neighbour_mass: np.ndarray, token_mass: Any, *, tvd_budget: Optional[float] = None,
-                 ratio: Optional[float] = None) -> np.ndarray:
-    """A^{k,δ}(x̃) \\ {x̃} as a mask over x̃'s k nearest neighbours: the largest prefix whose mass
-    stays in budget.
+                 ratio: Optional[float] = None) -> tuple[np.ndarray, np.ndarray]:
+    """A^{k,δ}(x̃) \\ {x̃} as a mask over x̃'s k nearest neighbours, the largest prefix whose mass
+    stays in budget, and that mass ([..., k] and [...]).
 
     neighbour_mass [..., k] is P at the neighbours, nearest first; token_mass [...] is P(x̃). The
     table never lists a token as its own neighbour, so k counts neighbours only (as LANTERN's code,
@@ -166,11 +166,29 @@ def lantern_kept(neighbour_mass: np.ndarray, token_mass: Any, *, tvd_budget: Opt
       writes the set with neighbour mass < λ·p(x̃), one off from this: its λ is our ratio − 1.
       Its Table 1 row "LANTERN++ (λ = 2, k = 10)" takes LANTERN++'s own values, so it is
       ratio=2, neighbours_k=10 here (the strict < differs only on exact ties).
-    Masses are non-negative, so the cumulative sum only grows and the kept entries are a prefix.
+    Masses are non-negative, so the cumulative sum only grows and the kept entries are a prefix;
+    their mass is the cumulative sum at the last of them (the largest kept one), summed in order as
+    `_kept_prefix` sums one token's in Python floats, so both give the same bits.
     """
     cumulative = np.cumsum(neighbour_mass, axis=-1)
     limit = tvd_budget if tvd_budget is not None else (ratio - 1.0) * np.asarray(token_mass)[..., None]
-    return cumulative <= limit
+    kept = cumulative <= limit
+    return kept, np.where(kept, cumulative, 0.0).max(axis=-1, initial=0.0)
+
+
+def _kept_prefix(token_mass: float, neighbour_mass: Sequence[float], tvd_budget: Optional[float],
+                 ratio: Optional[float]) -> tuple[int, float]:
+    """lantern_kept for one token in Python floats: (how many nearest neighbours are kept, their
+    mass). One position's test reads k + 1 numbers; a block evaluation would cost a dozen numpy
+    calls, each 5-15 µs between two graph runs."""
+    limit = tvd_budget if tvd_budget is not None else (ratio - 1.0) * token_mass
+    count, cumulative, kept = 0, 0.0, 0.0
+    for mass in neighbour_mass:
+        cumulative += mass
+        if cumulative > limit:
+            break
+        count, kept = count + 1, cumulative
+    return count, kept
 
 
 def lantern_columns(neighbours: np.ndarray, tokens: Any) -> np.ndarray:
@@ -184,8 +202,7 @@ def lantern_relaxed(columns_mass: np.ndarray, *, tvd_budget: Optional[float] = N
     """p̃(x) = p(x) + mass of A^{k,δ}(x) \\ {x} (LANTERN Eq. 5's numerator) from P at lantern_columns(x),
     [..., 1 + k] -> [...]."""
     token_mass, neighbour_mass = columns_mass[..., 0], columns_mass[..., 1:]
-    kept = lantern_kept(neighbour_mass, token_mass, tvd_budget=tvd_budget, ratio=ratio)
-    return token_mass + np.where(kept, neighbour_mass, 0.0).sum(axis=-1)
+    return token_mass + lantern_kept(neighbour_mass, token_mass, tvd_budget=tvd_budget, ratio=ratio)[1]
 
 
 def lantern_relaxed_mass(p: np.ndarray, neighbours: np.ndarray, *, tvd_budget: Optional[float] = None,
@@ -199,17 +216,26 @@ def lantern_relaxed_mass(p: np.ndarray, neighbours: np.ndarray, *, tvd_budget: O
 def lantern_moved_target(p: np.ndarray, neighbours: np.ndarray, tokens: Any, *, tvd_budget: Optional[float] = None,
                          ratio: Optional[float] = None) -> np.ndarray:
     """P^{k,λ} of Cool-SD Eq. 4 for rows p [..., V] and the rejected tokens x̃ [...]: the mass of
-    A^{k,δ}(x̃) \\ {x̃} moved onto x̃ (for Eq. 6's residual); a fresh float64 array."""
+    A^{k,δ}(x̃) \\ {x̃} moved onto x̃ (for Eq. 6's residual); a fresh float64 array. One row with one
+    token (a batch-1 rejection) finds the kept prefix in Python floats (_kept_prefix), the same
+    numbers as the block's."""
     moved = np.array(p, dtype=np.float64)
+    if moved.ndim == 1:
+        token = int(tokens)
+        nearest = neighbours[token]
+        count, kept_mass = _kept_prefix(moved.item(token), moved[nearest].tolist(), tvd_budget, ratio)
+        moved[nearest[:count]] = 0.0
+        moved[token] += kept_mass
+        return moved
     rows = moved.reshape(-1, moved.shape[-1])  # a view: [R, V]
     tokens = np.asarray(tokens).reshape(-1)
     at = np.arange(len(tokens))
     nearest = at[:, None], neighbours[tokens]  # row r's k neighbour columns (one fancy index, no *_along_axis)
     token_mass = rows[at, tokens]
     mass = rows[nearest]
-    kept = lantern_kept(mass, token_mass, tvd_budget=tvd_budget, ratio=ratio)
+    kept, kept_mass = lantern_kept(mass, token_mass, tvd_budget=tvd_budget, ratio=ratio)
     rows[nearest] = np.where(kept, 0.0, mass)  # x̃ is not its own neighbour; a row's neighbours are distinct
-    rows[at, tokens] = token_mass + np.where(kept, mass, 0.0).sum(axis=-1)
+    rows[at, tokens] = token_mass + kept_mass
     return moved
 
 
@@ -230,7 +256,7 @@ class AcceptanceRule:
     Subclasses set only what differs; accept_probability and accept_probabilities must agree
     (a batch of one image is tested with the first where `scalar_tests`, larger ones with the
     second). `scalar_tests`: accept_probability is a few Python float operations (SD's,
-    Cool-SD's), cheaper position by position than one block evaluation.
+    Cool-SD's, LANTERN's k + 1 entries), cheaper position by position than one block evaluation.
     """
 
     scalar_tests = False
@@ -311,6 +337,7 @@ class LanternRule(AcceptanceRule):
     tvd_budget: Optional[float] = None
     ratio: Optional[float] = None
     resampling: str = "lantern"
+    scalar_tests = True
     _columns: Optional[np.ndarray] = field(default=None, init=False, repr=False, compare=False)
 
     def _budget(self) -> dict:
@@ -325,6 +352,12 @@ class LanternRule(AcceptanceRule):
 
     def accept_probabilities(self, p_at, q_at, positions):
         return acceptance(lantern_relaxed(p_at, **self._budget()), q_at)
+
+    def accept_probability(self, p, q, token, position):
+        # Python floats from the k + 1 entries p̃ reads: the block's numbers (lantern_kept)
+        token_mass, *neighbour_mass = np.asarray(p[self.columns(int(token))], dtype=np.float64).tolist()
+        return acceptance(token_mass + _kept_prefix(token_mass, neighbour_mass, self.tvd_budget, self.ratio)[1],
+                          q[token])
 
     def acceptance_row(self, p, q, position):
         return acceptance(lantern_relaxed_mass(p, self.neighbours, **self._budget()), np.asarray(q))
@@ -420,7 +453,7 @@ def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain:
         return ChainOutcomes([0], [int(draws[0, 0])])
     uniforms = rng.random(size + 1).tolist()  # as the batch path: L tests, then the resampling draw
     p_rows, q_rows = p_block[0], q_block[:, 0]
-    if not rule.scalar_tests:  # f of every position in one block evaluation (LANTERN's p̃ reads k + 1 entries)
+    if not rule.scalar_tests:  # f of every position in one block evaluation (a rule without a scalar test)
         steps, tokens = np.arange(size), np.array(chain)
         f = rule.accept_probabilities(gather(p_rows, (steps[:, None], rule.columns(tokens))),
                                       gather(q_rows, (steps, tokens)), steps + 1).tolist()

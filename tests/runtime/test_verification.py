@@ -80,7 +80,7 @@ def test_batched_acceptance_probabilities_are_the_rules_per_position_ones(name):
         for i in steps:
             p, q, token = p_block[b, i], q_rows[b][i], int(tokens[b, i])
             one = rule.accept_probability(p, q, token, i + 1)
-            assert batched[b, i] == pytest.approx(one, rel=1e-12, abs=1e-15)
+            assert batched[b, i] == one  # the same bits: a batch of one image tests with accept_probability
             assert batched[b, i] == pytest.approx(rule.acceptance_row(p, q, i + 1)[token], rel=1e-12, abs=1e-15)
             if isinstance(rule, LanternRule):
                 expected = float(acceptance(relaxed_mass_by_definition(p.astype(np.float64), token, rule), q[token]))
@@ -99,6 +99,24 @@ def test_block_resampling_rows_are_the_per_row_ones(name):
     for r in range(len(tokens)):
         np.testing.assert_allclose(block[r], rule.resample(p[r], q[r], int(tokens[r]), int(positions[r])),
                                    rtol=1e-12, atol=1e-15)
+
+
+def test_lanterns_one_row_moved_target_is_the_blocks_row_bit_for_bit():
+    """Eq. 6's moved target of one row (a batch-1 rejection, Python floats) equals the block's row
+    for that token exactly, under both budgets, for budgets that keep none, some and all neighbours."""
+    from specrt.runtime.verification import lantern_moved_target
+
+    rng = np.random.default_rng(5)
+    p = rng.dirichlet(np.full(VOCAB, 0.5), size=30)
+    tokens = rng.integers(0, VOCAB, size=30)
+    kept_counts = set()
+    for budget in ({"tvd_budget": 0.0}, {"tvd_budget": 0.2}, {"tvd_budget": 1.0}, {"ratio": 1.5}, {"ratio": 3.0}):
+        block = lantern_moved_target(p, NEIGHBOURS, tokens, **budget)
+        for r, token in enumerate(tokens.tolist()):
+            one = lantern_moved_target(p[r], NEIGHBOURS, token, **budget)
+            assert np.array_equal(one, block[r]), (budget, r)
+            kept_counts.add(int(np.count_nonzero(one[NEIGHBOURS[token]] == 0.0)))
+    assert {0, NEIGHBOURS.shape[1]} <= kept_counts and len(kept_counts) > 2  # none, some and all moved
 
 
 @pytest.mark.parametrize("name", RULES)
