@@ -89,7 +89,8 @@ class Drafter(ABC):
     @abstractmethod
     def propose_chain(self, ctx: "Decoding", lengths: Sequence[int]) -> tuple[list[list[int]], list[list[Any]]]:
         """lengths[p] drafts after image p's committed sequence, drawn one after another from the
-        draft's rows, all images in one pass per draft position; (tokens, the row each was drawn from)."""
+        draft's rows, all images in one pass per draft position; (tokens, the row each was drawn from:
+        per image a list of rows, or one [L, V] host block)."""
 
     @abstractmethod
     def expand(self, ctx: "Decoding", trees: Sequence[Optional["TokenTree"]],

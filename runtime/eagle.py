@@ -251,7 +251,8 @@ class EagleDrafter(Drafter):
         draft it keeps); the queues are committed for good and the drafts fed (each image's first
         lengths[p] − 1: runner.commit_chain) as this round's rows, which
         rollback drops: the state the loop leaves. The rows are views of the head's output,
-        valid until its second next call (the loop copies them: its next steps reuse the buffer)."""
+        valid until its second next call (the loop copies them: its next steps reuse the buffer);
+        on the host each image's are one [L, V] block."""
         windows, features = self._queued(counts)
         out = ctx.run_chain_pairs(self.head, windows, features, lengths, steps)
         stable = self.head.lengths + np.asarray(counts, dtype=np.int64)
@@ -259,8 +260,9 @@ class EagleDrafter(Drafter):
         self._dequeue(counts)
         self._stable = stable
         drafts = [row[:k] if n > 0 else [] for row, n, k in zip(out.draws.tolist(), counts, lengths)]
-        rows = [[out.probs[p, j] for j in range(len(chain))] for p, chain in enumerate(drafts)]
-        return drafts, rows
+        if isinstance(out.probs, np.ndarray):  # each image's rows as one block view [L, V] (rows_by_position: no copy)
+            return drafts, [out.probs[p, :len(chain)] for p, chain in enumerate(drafts)]
+        return drafts, [[out.probs[p, j] for j in range(len(chain))] for p, chain in enumerate(drafts)]
 
     def expand(self, ctx, trees: Sequence[Optional["TokenTree"]], nodes: Sequence[Sequence[int]]) -> list[list[Any]]:
         """Each image's `nodes` (and the closure above them not yet run) under the tree mask; the

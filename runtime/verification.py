@@ -467,12 +467,15 @@ def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain:
 
 
 def rows_by_position(rows: Sequence[Sequence[Any]]) -> Any:
-    """Per-image lists of draft rows (rows[b][i]: image b's draft i + 1) as verify_chains' q_block
+    """Per-image sequences of draft rows (rows[b][i]: image b's draft i + 1; a list, or one host
+    block [L, V], which a batch of one image uses as it is) as verify_chains' q_block
     [L, images, V], stacked where the rows live (stack_rows); a shorter chain is padded with a row
     that is never read. None when no image drafted."""
     longest = max(map(len, rows), default=0)
     if longest == 0:
         return None
+    if len(rows) == 1 and isinstance(rows[0], np.ndarray):  # one image's rows as one block [L, V]: a view
+        return rows[0][:, None]
     if len(rows) == 1 and all(isinstance(row, np.ndarray) for row in rows[0]):  # one image's host rows: one stack
         return stack_rows(rows[0])[:, None]
     filler = next(row for chain in rows for row in chain)

@@ -101,6 +101,20 @@ def test_block_resampling_rows_are_the_per_row_ones(name):
                                    rtol=1e-12, atol=1e-15)
 
 
+def test_rows_by_position_takes_per_image_blocks_and_uses_one_images_block_as_it_is():
+    """A drafter may give each image's rows as one [L, V] block (an EAGLE head's chain call): the same
+    q_block as lists of those rows, for a batch with chains of different lengths; a batch of one
+    image gets a view of its block, not a copy."""
+    rng = np.random.default_rng(4)
+    blocks = [rng.random((n, VOCAB)) for n in (3, 1, 0, 2)]
+    np.testing.assert_array_equal(rows_by_position(blocks)[:, [0, 1, 3]],
+                                  rows_by_position([list(b) for b in blocks])[:, [0, 1, 3]])
+    one = rows_by_position(blocks[:1])
+    np.testing.assert_array_equal(one, rows_by_position([list(blocks[0])]))
+    assert one.shape == (3, 1, VOCAB) and np.shares_memory(one, blocks[0])
+    assert rows_by_position([blocks[2]]) is None
+
+
 def test_lanterns_one_row_moved_target_is_the_blocks_row_bit_for_bit():
     """Eq. 6's moved target of one row (a batch-1 rejection, Python floats) equals the block's row
     for that token exactly, under both budgets, for budgets that keep none, some and all neighbours."""
