@@ -132,6 +132,12 @@ class HeadRunner(ModelRunner):
         raise NotImplementedError(f"{type(self).__name__} runs no head chains")
 
 
+def _pairs_block(features: Sequence[np.ndarray]) -> np.ndarray:
+    """n pairs' features [pairs, H] as one block [pairs, n, H] (a view of one C-level copy: np.stack
+    along axis 1 reshapes every item in Python first, a round's largest host cost after the rows)."""
+    return np.array(features).swapaxes(0, 1)
+
+
 class EagleDrafter(Drafter):
     """runtime.drafting's Drafter over an EAGLE head (chains and trees), for a batch of images.
 
@@ -182,7 +188,7 @@ class EagleDrafter(Drafter):
             # f of the old pending token, then of each accepted draft
             features = self._image_rows(self.target.hidden_rows(verified.slots[p]), p)
             self._tokens[p] += [int(t) for t in new]
-            self._features[p] += [features[:, i].copy() for i in range(len(new))]
+            self._features[p] += [features[:, i] for i in range(len(new))]  # views: hidden_rows gives a fresh array
 
     def rollback(self, lengths: Sequence[Optional[int]]) -> None:
         self.head.truncate(self._stable)
@@ -192,7 +198,7 @@ class EagleDrafter(Drafter):
     def _queued(self, counts: Sequence[int]) -> tuple[list[Optional[Window]], list[Optional[np.ndarray]]]:
         """The windows and features of the first counts[p] queued pairs of each image."""
         windows = [Window.chain(self._tokens[p][:n]) if n > 0 else None for p, n in enumerate(counts)]
-        features = [np.stack(self._features[p][:n], axis=1) if n > 0 else None for p, n in enumerate(counts)]
+        features = [_pairs_block(self._features[p][:n]) if n > 0 else None for p, n in enumerate(counts)]
         return windows, features
 
     def _dequeue(self, counts: Sequence[int]) -> None:
@@ -291,10 +297,10 @@ class EagleDrafter(Drafter):
                 slot = {n: before + w for w, n in enumerate(run)}
                 parents = [*range(-1, before - 1), *(slot[tree.parents[n]] if n else before - 1 for n in run)]
                 windows.append(Window.tree([*self._tokens[p][:before], *(tree.tokens[n] for n in run)], parents))
-                features.append(np.stack([*self._features[p][:before], *nodes_features], axis=1))
+                features.append(_pairs_block([*self._features[p][:before], *nodes_features]))
             else:
                 windows.append(level_window(tree, run, self._staged[p]))  # the root is the pending pair's token
-                features.append(np.stack(nodes_features, axis=1))
+                features.append(_pairs_block(nodes_features))
             runs.append(run)
         out = ctx.run_pairs(self.head, windows, features)
         if any(queued):

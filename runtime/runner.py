@@ -493,8 +493,9 @@ class ModelRunner(ABC):
         return [s if s is not None else () for s in slots]
 
     def hidden_rows(self, slots: Sequence[int]) -> np.ndarray:
-        """The last prefill's or step's hidden states at window `slots`, [B, n, H] on the host
-        (needs `keep_hidden`; an EAGLE head reads these, O(n·H) numbers per round)."""
+        """The last prefill's or step's hidden states at window `slots`, [B, n, H] on the host, a
+        fresh array (needs `keep_hidden`; an EAGLE head reads these, O(n·H) numbers per round, and
+        keeps views of them)."""
         return self._hidden_rows(list(slots))
 
     def truncate(self, lengths: int | Sequence[int] | np.ndarray) -> None:
