@@ -3,6 +3,7 @@
 Every subcommand lives in specrt/commands/<name>.py and maps its flags onto one Python API
 call. User mistakes raise SpecrtError, printed here as one line with exit code 2.
 """
+import os
 import signal
 import sys
 import threading
@@ -46,18 +47,39 @@ def _terminate(signum, frame) -> None:
     raise Terminated()
 
 
+def _redeliver_swallowed(previous_hook):
+    """An unraisable-exception hook that sends SIGTERM again when the Terminated it is handed was
+    raised where Python cannot propagate it: a signal handler runs wherever the main thread is,
+    and inside a weakref callback or __del__ (importlib's module-lock callbacks, say) the exception
+    is printed as "Exception ignored in" and the command would go on as if never terminated. The
+    second signal comes from a helper thread 50 ms later, so the main thread takes it once it has
+    left the callback (sent at once, it would be handled inside it again). Other unraisables go to
+    `previous_hook`."""
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, Terminated):
+            resend = threading.Timer(0.05, os.kill, args=(os.getpid(), signal.SIGTERM))
+            resend.daemon = True
+            resend.start()
+            return
+        previous_hook(unraisable)
+    return hook
+
+
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM raises Terminated (a KeyboardInterrupt) while the block runs, so it unwinds like
-    Ctrl-C: temporary folders are removed, servers stop; the previous handler comes back after."""
+    Ctrl-C: temporary folders are removed, servers stop; the previous handler comes back after.
+    A Terminated that lands where Python swallows exceptions is raised again (_redeliver_swallowed)."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be set from the main thread
         return
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    previous, previous_hook = signal.signal(signal.SIGTERM, _terminate), sys.unraisablehook
+    sys.unraisablehook = _redeliver_swallowed(previous_hook)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        sys.unraisablehook = previous_hook
 
 
 def main(argv: list[str] | None = None) -> None:

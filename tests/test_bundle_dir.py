@@ -62,6 +62,31 @@ def test_sigterm_removes_the_partial_folder_and_exits_143(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_terminate_swallowed_by_a_callback_is_raised_again():
+    """A SIGTERM whose Terminated is raised inside a weakref callback (where Python prints it and
+    goes on; seen when it landed in importlib's module-lock callback during an export) is sent
+    again and unwinds the block after all."""
+    import weakref
+
+    from specrt.cli import sigterm_as_interrupt
+    from specrt.errors import Terminated
+
+    class Thing:
+        pass
+
+    def raise_terminated(_):
+        raise Terminated()
+
+    with pytest.raises(Terminated):
+        with sigterm_as_interrupt():
+            thing = Thing()
+            ref = weakref.ref(thing, raise_terminated)
+            del thing  # the callback's Terminated is unraisable here
+            for _ in range(200):  # the signal sent again arrives within a few instructions
+                time.sleep(0.005)
+    assert ref() is None
+
+
 def test_after_sigkill_the_next_write_removes_the_stale_folder(tmp_path):
     proc = start_writer(tmp_path / "bundle")
     proc.kill()
