@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import numpy as np
 
 from specrt.errors import SpecrtError
-from specrt.runtime.sampling import draw_from_cdf, draws_from_cdf, inverse_cdf, sample
+from specrt.runtime.sampling import draws_from_cdf, inverse_cdf, sample
 
 # ---- the basic building blocks ------------------------------------------------------------
 

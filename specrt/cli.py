@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -47,7 +47,7 @@ def _terminate(signum, frame) -> None:
     raise Terminated()
 
 
-def _redeliver_swallowed(previous_hook):
+def _redeliver_swallowed(previous_hook: Callable[[Any], None]) -> Callable[[Any], None]:
     """An unraisable-exception hook that sends SIGTERM again when the Terminated it is handed was
     raised where Python cannot propagate it: a signal handler runs wherever the main thread is,
     and inside a weakref callback or __del__ (importlib's module-lock callbacks, say) the exception
@@ -55,7 +55,7 @@ def _redeliver_swallowed(previous_hook):
     second signal comes from a helper thread 50 ms later, so the main thread takes it once it has
     left the callback (sent at once, it would be handled inside it again). Other unraisables go to
     `previous_hook`."""
-    def hook(unraisable) -> None:
+    def hook(unraisable: Any) -> None:
         if isinstance(unraisable.exc_value, Terminated):
             resend = threading.Timer(0.05, os.kill, args=(os.getpid(), signal.SIGTERM))
             resend.daemon = True
