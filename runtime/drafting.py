@@ -92,6 +92,10 @@ class Drafter(ABC):
         draft's rows, all images in one pass per draft position; (tokens, the row each was drawn from:
         per image a list of rows, or one [L, V] host block)."""
 
+    # per image, the draft head's own draw from each row the last `expand` returned (None: not
+    # kept): drawn with a stream uniform in the same pass, it is a free first child of its node
+    expanded_draws: Optional[list[Optional[list[int]]]] = None
+
     @abstractmethod
     def expand(self, ctx: "Decoding", trees: Sequence[Optional["TokenTree"]],
                nodes: Sequence[Sequence[int]]) -> list[list[Any]]:
@@ -192,6 +196,7 @@ class ModelDrafter(Drafter):
 
     def expand(self, ctx, trees, nodes):
         rows: list[list[Any]] = [[] for _ in trees]
+        self.expanded_draws = [None for _ in trees]
         staging = self.runner.stages_trees
         later = [tree is not None and staging and 0 in self._staged[p] for p, tree in enumerate(trees)]
         first = [tree is not None and not late for tree, late in zip(trees, later)]
@@ -233,6 +238,7 @@ class ModelDrafter(Drafter):
             if tree is not None:
                 self.cached[p] = self.tokens[p][:-1]
                 rows[p] = [np.array(out.tree_rows()[p, slots[p][n]]) for n in nodes[p]]
+                self.expanded_draws[p] = [int(out.draws[p, slots[p][n]]) for n in nodes[p]]
         if self.runner.stages_trees:
             self.runner.stage([[slots[p][n] for n in (0, *below[p])] if tree is not None else None
                                for p, tree in enumerate(trees)])
@@ -265,9 +271,11 @@ class ModelDrafter(Drafter):
                 continue
             if new == nodes[p] and isinstance(block, np.ndarray):  # the rows asked for are the window's: one copy
                 rows[p] = block[p, :len(new)].copy()
+                self.expanded_draws[p] = out.draws[p, :len(new)].tolist()
             else:
                 slot = {n: w for w, n in enumerate(new)}
                 rows[p] = [np.array(block[p, slot[n]]) for n in nodes[p]]
+                self.expanded_draws[p] = [int(out.draws[p, slot[n]]) for n in nodes[p]]
             staged = self._staged[p]
             staged.update(zip(new, range(len(staged), len(staged) + len(new))))
 

@@ -310,6 +310,7 @@ class EagleDrafter(Drafter):
         self.head.stage([range(n, n + len(run)) if trees[p] is not None else None
                          for p, (n, run) in enumerate(zip(queued, runs))])
         rows: list[list[Any]] = [[] for _ in trees]
+        self.expanded_draws = [None for _ in trees]
         block = out.tree_rows()
         for p, run in enumerate(runs):
             if trees[p] is None:
@@ -320,4 +321,5 @@ class EagleDrafter(Drafter):
                 self._staged[p][n] = len(self._staged[p])
             slot = {n: before + w for w, n in enumerate(run)}
             rows[p] = [np.array(block[p, slot[n]]) for n in nodes[p]]
+            self.expanded_draws[p] = [int(out.draws[p, slot[n]]) for n in nodes[p]]
         return rows

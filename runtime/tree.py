@@ -268,13 +268,15 @@ class StaticGrowth:
         self._expanding = [(n, s) for n, s in self._frontier if self.shape.children[s] and self.tree.depths[n] < self.max_depth]
         return [n for n, _ in self._expanding]
 
-    def receive(self, rows: Sequence[Any], rng: np.random.Generator) -> None:
+    def receive(self, rows: Sequence[Any], rng: np.random.Generator, firsts: Optional[Sequence[int]] = None) -> None:
+        """The draft's rows after the pending nodes; `firsts`: the draft head's own draw from each
+        (drawn with a stream uniform in the same pass), taken as each node's first child."""
         ranks = [self.shape.children[at] for _, at in self._expanding]  # each node's children in the shape
         if self.greedy:
             best = [top_rows(np.asarray(row, dtype=np.float64)[None], len(kids))[0].tolist() for row, kids in zip(rows, ranks)]
             drawn = [[t for t in tokens if row[t] > 0] for row, tokens in zip(rows, best)]
         else:  # the level's draws together, node after node: the uniforms of drawing them one by one
-            drawn = draws_without_replacement(rows, [len(kids) for kids in ranks], rng)
+            drawn = draws_without_replacement(rows, [len(kids) for kids in ranks], rng, firsts)
         self._frontier = []
         for (node, _), row, children, kids in zip(self._expanding, rows, drawn, ranks):
             self.tree.rows[node] = row
@@ -327,7 +329,8 @@ class DynamicGrowth:
     def pending(self) -> list[int]:
         return [self._node[c] for c in self._frontier] if self._passes > 0 else []
 
-    def receive(self, rows: Sequence[Any], rng: np.random.Generator) -> None:
+    def receive(self, rows: Sequence[Any], rng: np.random.Generator, firsts: Optional[Sequence[int]] = None) -> None:
+        """The draft's rows after the frontier; children are each row's top-k (`firsts` unused)."""
         self._passes -= 1
         frontier = self._frontier
         for c, row in zip(frontier, rows):
@@ -371,12 +374,14 @@ def _best_first(scores: Sequence[float]) -> list[int]:
 
 def grow_trees(ctx: "Decoding", drafter: "Drafter", growths: Sequence[Optional[Any]]) -> list[Optional[TokenTree]]:
     """Grow one tree per image of the batch (StaticGrowth or DynamicGrowth; None: no tree), every
-    image's next depth in one draft pass; each image's draws come from its own stream."""
+    image's next depth in one draft pass; each image's draws come from its own stream (the draft
+    head's draws in the pass, where the drafter keeps them, then the host's)."""
     while True:
         asks = [g.pending() if g is not None else [] for g in growths]
         if not any(asks):
             return [g.result() if g is not None else None for g in growths]
         rows = drafter.expand(ctx, [g.tree if ask else None for g, ask in zip(growths, asks)], asks)
+        firsts = getattr(drafter, "expanded_draws", None) or [None] * len(growths)
         for p, (growth, ask) in enumerate(zip(growths, asks)):
             if ask:
-                growth.receive(rows[p], ctx.rngs[p])
+                growth.receive(rows[p], ctx.rngs[p], firsts[p])

@@ -594,27 +594,35 @@ def draw_without_replacement(q: np.ndarray, count: int, rng: np.random.Generator
     return [int(first), *draws_without_replacement(rest[None], [wanted - 1], rng)[0]]
 
 
-def draws_without_replacement(rows: Any, counts: Sequence[int], rng: np.random.Generator) -> list[list[int]]:
+def draws_without_replacement(rows: Any, counts: Sequence[int], rng: np.random.Generator,
+                              firsts: Optional[Sequence[int]] = None) -> list[list[int]]:
     """draw_without_replacement(rows[r], counts[r], rng) for each row in turn (a tree level's nodes):
     min(counts[r], support) distinct candidates of row r, candidate k the inverse CDF of q^(k), the
     row without candidates 1..k − 1 (Eq. 7), not renormalised: its uniform is scaled by the mass
     left instead; a row whose mass runs out (≤ 1e-12 left) stops, so a row's support caps its
-    candidates (no uniform is drawn for the rest).
+    candidates (no uniform is drawn for the rest). `firsts[r]`, where given, is candidate 1 of row
+    r, a draw from q the caller holds (the draft head's, made with its own uniform in the pass
+    that computed the row): no host uniform or search for it, and no CDF at all for a level
+    whose rows want one candidate each (a narrow planned tree's).
 
     Every row's CDF is made once, in one block operation; q^(k)'s CDF is never formed: it is the
     row's CDF less the masses of the candidates at or before each entry, so a draw is a binary
     search of the row's CDF (_search_without). Recomputing the CDF's tail after each candidate cost
     a pass over V per candidate: at LlamaGen's V = 16384 a level of 4 rows and 11 candidates took
     464 µs that way and takes 259 µs now (of which 228 µs is the four rows' one cumsum)."""
+    if firsts is not None and max(counts, default=0) <= 1:  # one child each: the held draws
+        return [[int(first)] if count and np.asarray(row).sum() > 1e-12 else []
+                for row, count, first in zip(rows, counts, firsts)]
     # [R, V]; a float64 copy first: cumsum casting float32 rows as it goes is ~3x slower (numpy 1.26)
     cdf = np.array(rows, dtype=np.float64).cumsum(axis=1)
     random = rng.random
     picked: list[list[int]] = []
-    for row, row_cdf, total, count in zip(rows, cdf, cdf[:, -1].tolist(), counts):
+    for r, (row, row_cdf, total, count) in enumerate(zip(rows, cdf, cdf[:, -1].tolist(), counts)):
         if total <= 1e-12 or not count:
             picked.append([])
             continue
-        tokens = [draw_from_cdf(row_cdf, random())]  # nothing drawn yet: the row's own inverse CDF
+        # nothing drawn yet: the held draw, or the row's own inverse CDF
+        tokens = [int(firsts[r]) if firsts is not None else draw_from_cdf(row_cdf, random())]
         if count > 1:
             drawn = [(tokens[0], float(row[tokens[0]]))]  # (candidate, its mass in q), in draw order
             left = total - drawn[0][1]

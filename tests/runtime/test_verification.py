@@ -101,6 +101,28 @@ def test_block_resampling_rows_are_the_per_row_ones(name):
                                    rtol=1e-12, atol=1e-15)
 
 
+def test_draws_without_replacement_take_held_first_candidates_as_drawn_from_q():
+    """With the draft head's draws held (firsts), a row's candidates are that draw, then the rest from
+    q without it (the SJD-PAC helper's draw_without_replacement(q, count, rng, first)), from the same
+    uniforms; a level of one child per row draws no uniform and no CDF; a row without mass gives none."""
+    from specrt.runtime.verification import draw_without_replacement, draws_without_replacement
+
+    rng = np.random.default_rng(6)
+    rows = rng.random((5, VOCAB)) * (rng.random((5, VOCAB)) < 0.6)
+    rows[2] = 0.0
+    firsts = [int(np.flatnonzero(row)[0]) if row.any() else 0 for row in rows]
+    counts = [3, 1, 2, 4, 12]
+    got = draws_without_replacement(rows, counts, np.random.default_rng(2), firsts)
+    reference = np.random.default_rng(2)
+    want = [draw_without_replacement(row, count, reference, first=first) if row.any() else []
+            for row, count, first in zip(rows, counts, firsts)]
+    assert got == want and got[2] == [] and [g[0] for g in got if g] == [f for f, r in zip(firsts, rows) if r.any()]
+    stream = np.random.default_rng(2)
+    assert draws_without_replacement(rows, [1, 1, 1, 0, 1], stream, firsts) == \
+        [[firsts[0]], [firsts[1]], [], [], [firsts[4]]]
+    assert stream.random() == np.random.default_rng(2).random()  # no uniform drawn
+
+
 def test_rows_by_position_takes_per_image_blocks_and_uses_one_images_block_as_it_is():
     """A drafter may give each image's rows as one [L, V] block (an EAGLE head's chain call): the same
     q_block as lists of those rows, for a batch with chains of different lengths; a batch of one
