@@ -583,15 +583,11 @@ def without_replacement(q: np.ndarray, taken: Sequence[int]) -> np.ndarray:
 def draw_without_replacement(q: np.ndarray, count: int, rng: np.random.Generator,
                              first: Optional[int] = None) -> list[int]:
     """`count` distinct candidates, candidate k drawn from q^(k); `first` fixes candidate 1 when the
-    caller already holds a draw from q (SJD-PAC keeps its adaptive-continuation token there)."""
+    caller already holds a draw from q (SJD-PAC keeps its adaptive-continuation token there, and
+    keeps it even from a row without mass). One row of draws_without_replacement."""
     if first is None:
         return draws_without_replacement([q], [count], rng)[0]
-    rest = np.array(q, dtype=np.float64)
-    wanted = min(count, int(np.count_nonzero(rest)))
-    if wanted <= 1:
-        return [int(first)]
-    rest[int(first)] = 0.0
-    return [int(first), *draws_without_replacement(rest[None], [wanted - 1], rng)[0]]
+    return draws_without_replacement([q], [count], rng, [first])[0] or [int(first)]
 
 
 def draws_without_replacement(rows: Any, counts: Sequence[int], rng: np.random.Generator,

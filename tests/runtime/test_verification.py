@@ -103,9 +103,20 @@ def test_block_resampling_rows_are_the_per_row_ones(name):
 
 def test_draws_without_replacement_take_held_first_candidates_as_drawn_from_q():
     """With the draft head's draws held (firsts), a row's candidates are that draw, then the rest from
-    q without it (the SJD-PAC helper's draw_without_replacement(q, count, rng, first)), from the same
-    uniforms; a level of one child per row draws no uniform and no CDF; a row without mass gives none."""
+    q without it (the row with the earlier ones zeroed, a fresh cumsum), from the same uniforms; the
+    SJD-PAC helper draw_without_replacement(q, count, rng, first) is one such row; a level of one
+    child per row draws no uniform and no CDF; a row without mass gives none."""
+    from specrt.runtime.sampling import draw_from_cdf
     from specrt.runtime.verification import draw_without_replacement, draws_without_replacement
+
+    def by_definition(row, count, first, rng):
+        rest = row.astype(np.float64)
+        tokens = [first] if count and row.any() else []
+        rest[first] = 0.0
+        while tokens and len(tokens) < min(count, int(np.count_nonzero(row))):
+            tokens.append(draw_from_cdf(np.cumsum(rest), rng.random()))
+            rest[tokens[-1]] = 0.0
+        return tokens
 
     rng = np.random.default_rng(6)
     rows = rng.random((5, VOCAB)) * (rng.random((5, VOCAB)) < 0.6)
@@ -114,9 +125,11 @@ def test_draws_without_replacement_take_held_first_candidates_as_drawn_from_q():
     counts = [3, 1, 2, 4, 12]
     got = draws_without_replacement(rows, counts, np.random.default_rng(2), firsts)
     reference = np.random.default_rng(2)
-    want = [draw_without_replacement(row, count, reference, first=first) if row.any() else []
-            for row, count, first in zip(rows, counts, firsts)]
+    want = [by_definition(row, count, first, reference) for row, count, first in zip(rows, counts, firsts)]
     assert got == want and got[2] == [] and [g[0] for g in got if g] == [f for f, r in zip(firsts, rows) if r.any()]
+    helper = np.random.default_rng(2)
+    assert [draw_without_replacement(row, count, helper, first=first) for row, count, first
+            in zip(rows, counts, firsts)] == [g or [f] for g, f in zip(got, firsts)]  # it keeps a held first
     stream = np.random.default_rng(2)
     assert draws_without_replacement(rows, [1, 1, 1, 0, 1], stream, firsts) == \
         [[firsts[0]], [firsts[1]], [], [], [firsts[4]]]
