@@ -23,7 +23,7 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions, as_conditions
-from specrt.runtime.window import Window, Windows, fill_step_inputs
+from specrt.runtime.window import Window, Windows, fill_step_inputs, lone_window
 
 
 @dataclass(frozen=True)
@@ -277,9 +277,8 @@ class ModelRunner(ABC):
             if windows.ndim != 2 or len(windows) != self.images:
                 raise ValueError(f"chains of shape {windows.shape} for a batch of {self.images} images")
             size = top = windows.shape[1]
-        elif self.images == 1 and not isinstance(windows, Window) and len(windows) == 1 and windows[0] is not None \
-                and len(windows[0]):
-            size = top = len(windows[0])  # one image's window (batch 1 trees): its size as an int
+        elif self.images == 1 and (lone := lone_window(windows)) is not None:
+            size = top = len(lone)  # one image's window (batch 1 trees): its size as an int
         else:
             top = window_sizes(windows, self.images)
             size = max(int(top.max()), 1)

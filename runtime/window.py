@@ -186,6 +186,15 @@ def _columns(capacity: int) -> np.ndarray:
 Windows = Union[Window, np.ndarray, Sequence[Optional[Window]]]
 
 
+def lone_window(windows: Windows) -> Optional[Window]:
+    """The window of a one-image list of windows when it has slots (a batch-1 tree level), else
+    None: the step's size is then that window's, with no per-image sizes to reduce."""
+    if isinstance(windows, (Window, np.ndarray)) or len(windows) != 1:
+        return None
+    window = windows[0]
+    return window if window is not None and len(window) else None
+
+
 def fill_step_inputs(windows: Windows, lengths: int | Sequence[int] | np.ndarray,
                      capacity: int, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray,
                      caption_mask: np.ndarray | None = None) -> None:

@@ -21,7 +21,7 @@ from specrt.runtime.conditions import Conditions, as_conditions
 from specrt.runtime.runner import ModelRunner, StepOutput, Windows, window_sizes
 from specrt.runtime.sampling import SamplingParams, inverse_cdf, needs_restriction, restrict
 from specrt.runtime.stats import Stats
-from specrt.runtime.window import Window
+from specrt.runtime.window import lone_window
 from specrt.validation import Param
 
 
@@ -81,8 +81,8 @@ class Decoding:
                 uniforms = np.empty(windows.shape)
                 for row, rng in zip(uniforms, self.rngs):
                     rng.random(out=row)
-        elif len(self.rngs) == 1 and not isinstance(windows, Window) and windows[0] is not None and len(windows[0]):
-            uniforms = self.rngs[0].random((1, len(windows[0])))  # one image's window (a tree level): one draw
+        elif len(self.rngs) == 1 and (lone := lone_window(windows)) is not None:
+            uniforms = self.rngs[0].random((1, len(lone)))  # one image's window (a tree level): one draw
         else:
             uniforms = self._uniforms(window_sizes(windows, runner.images))
         return self._restricted(runner.step(windows, uniforms), uniforms)
