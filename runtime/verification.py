@@ -311,6 +311,12 @@ class CoolRule(AcceptanceRule):
     weights: np.ndarray  # ω_1..ω_L
     scalar_tests = True
 
+    def __post_init__(self):
+        # ω ≤ 0 (the linear schedule's positions past ℓ) means never accept: f = 0, as the scalar
+        # test's clamp of ω·P/Q reads it. Held at 0 here so every form agrees; a negative ω·P over
+        # Q = 0 made the array form's f −inf and G* NaN.
+        self.weights = np.maximum(np.asarray(self.weights, dtype=np.float64), 0.0)
+
     def omega(self, positions: Any) -> np.ndarray:
         """ω_i at 1-based draft positions (any shape; one int position gives a number)."""
         if isinstance(positions, (int, np.integer)):  # a tree node, a batch-1 rejection: no arrays
@@ -327,6 +333,19 @@ class CoolRule(AcceptanceRule):
 
     def accept_probability(self, p, q, token, position):
         return float(acceptance(self.omega(position) * p[token], q[token]))  # Python floats, as SD's
+
+    def resample(self, p, q, token, position):
+        """G* (Eq. 10) in closed form: Q·f = min(Q, ω·P), so P − Q·f = max(P − Q, (1 − ω)·P), whose
+        second term is ≥ 0 for ω ≤ 1 and ≤ 0 for ω ≥ 1 (G* is then vanilla SD's residual): three
+        array operations where g_star(p, q, acceptance_row(...)) takes eight, a batch-1 rejection's
+        largest host cost. Equal to that form up to rounding (tests/runtime/test_verification.py)."""
+        mass = np.subtract(p, q, dtype=np.float64)
+        omega = self.omega(position)
+        if not isinstance(omega, np.ndarray):  # one number: a batch-1 rejection
+            kept = np.multiply(p, 1.0 - omega, dtype=np.float64) if omega < 1.0 else 0.0
+        else:  # ω per row of a block
+            kept = np.multiply(p, np.maximum(1.0 - omega, 0.0)[..., None], dtype=np.float64)
+        return normalise(np.maximum(mass, kept, out=mass), p)
 
 
 @dataclass
@@ -460,8 +479,9 @@ def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain:
     for i, token in enumerate(chain):
         p, q = p_rows[i], q_rows[i]
         if uniforms[i] > (rule.accept_probability(p, q, token, i + 1) if rule.scalar_tests else f[i]):
-            # G from the two rows as float64 vectors (the batch path's [R, V] block has one row each)
-            resampled = rule.resample(np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64), token, i + 1)
+            # G from the two rows as they are (float32 from a graph): every rule's resample computes
+            # in float64, as it does for the batch path's [R, V] block, so the bits are the same
+            resampled = rule.resample(p, q, token, i + 1)
             return ChainOutcomes([i], [inverse_cdf(resampled, uniforms[size])])
     return ChainOutcomes([size], [int(draws[0, size])])
 

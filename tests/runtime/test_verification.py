@@ -247,6 +247,30 @@ def test_acceptance_on_arrays_is_min_one_ratio_with_one_where_the_draft_has_no_m
     assert acceptance(target[None, :5], np.float64(0.5)).shape == (1, 5)  # shapes broadcast
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("schedule,budget", [("exp", 1.0), ("exp", 2.0), ("linear", 1.0), ("uniform", 0.6)])
+def test_cool_sds_closed_form_g_star_is_g_star_of_its_acceptance_row(schedule, budget, dtype):
+    """CoolRule.resample writes G* = Norm([P − Q·f]_+) as Norm(max(P − Q, (1 − ω)·P)) (Q·f = min(Q, ω·P)):
+    the same rows as g_star(p, q, acceptance_row) by definition, one row and blocks, for ω above and
+    below 1 (the exp schedule spans both; linear's late positions have ω ≤ 0; uniform 0.6 is below 1
+    everywhere) and for tokens without draft or target mass."""
+    from specrt.runtime.verification import g_star
+
+    rule = CoolRule(relaxation_schedule(schedule, 9, budget))
+    assert (rule.weights > 1).any() or schedule == "uniform"
+    rng = np.random.default_rng(8)
+    p = (rng.dirichlet(np.full(VOCAB, 0.4), size=27) * (rng.random((27, VOCAB)) < 0.8)).astype(dtype)
+    q = (rng.dirichlet(np.full(VOCAB, 0.4), size=27) * (rng.random((27, VOCAB)) < 0.8)).astype(dtype)
+    p[:, 0] += dtype(1e-3)  # every row keeps some target mass
+    positions = np.tile(np.arange(1, 10), 3)
+    expected = np.array([g_star(p[r], q[r], rule.acceptance_row(p[r], q[r], int(positions[r])))
+                         for r in range(len(p))])
+    np.testing.assert_allclose(rule.resample(p, q, None, positions), expected, rtol=1e-12, atol=1e-15)
+    for r in range(len(p)):
+        np.testing.assert_allclose(rule.resample(p[r], q[r], None, int(positions[r])), expected[r],
+                                   rtol=1e-12, atol=1e-15)
+
+
 def test_one_row_inverse_cdf_draws_what_the_block_path_draws():
     """draws_from_cdf's binary search for one row counts the same CDF entries at or below u·total as
     the block path, so a zero-mass token is never drawn, even at a boundary uniform."""
