@@ -329,7 +329,10 @@ class ModelRunner(ABC):
         image keeps the same count at the same length), not a gather of single rows."""
         start = time.perf_counter()
         if isinstance(slots, range) and slots.start == 0 and slots.step == 1:  # every image, one prefix
-            if len(slots):
+            if len(slots) and self.images == 1:  # one block, its column as a Python int
+                self._write_block(int(self.lengths[0]), 0, len(slots))
+                self.lengths[0] += len(slots)
+            elif len(slots):
                 self._write_runs(self.lengths, self._zeros[: self.images], np.full(self.images, len(slots)))
                 self.lengths += len(slots)
         elif (prefixes := self._prefix_counts(slots)) is not None:

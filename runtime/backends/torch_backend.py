@@ -317,15 +317,27 @@ class TorchRunner(ModelRunner):
             index = self.torch.from_numpy(np.stack([rows, columns, sources])).to(self.device)
             self._kv[:, :, index[0], :, index[1]] = self._kv[:, :, index[0], :, index[2]]  # the gather copies first
 
+    def _write_block(self, column: int, start: int, count: int) -> None:
+        """One strided copy on the device, its bounds as Python ints: a batch-1 commit or tree level
+        builds no index arrays on the host and sends no index tensor."""
+        with self.torch.inference_mode():
+            self._kv[:, :, :, :, column:column + count].copy_(self._present[:, :, :, :, start:start + count])
+
+    def _move_block(self, column: int, source: int, count: int) -> None:
+        with self.torch.inference_mode():
+            moved = self._kv[:, :, :, :, source:source + count]
+            if source < column + count:  # overlapping runs: a parallel (CUDA) copy could read what it wrote
+                moved = moved.clone()
+            self._kv[:, :, :, :, column:column + count].copy_(moved)
+
     def _write_runs(self, columns: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> None:
         """Block copies on the device (no index tensor to send): one for the whole batch when
         every image copies the same run to the same column, else one per image."""
+        block = uniform_run(columns, starts, counts)
+        if block is not None:
+            self._write_block(*block)
+            return
         with self.torch.inference_mode():
-            block = uniform_run(columns, starts, counts)
-            if block is not None:
-                column, start, count = block
-                self._kv[:, :, :, :, column:column + count].copy_(self._present[:, :, :, :, start:start + count])
-                return
             images = self.images
             for i in np.flatnonzero(counts).tolist():
                 column, start, count = int(columns[i]), int(starts[i]), int(counts[i])

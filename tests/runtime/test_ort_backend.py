@@ -109,31 +109,40 @@ def test_a_batch_gives_every_image_the_tokens_it_gets_alone(pipelines, method, p
                 np.testing.assert_array_equal(batch[i], alone.tokens[0], err_msg=f"{method} image {i} seed {seed}")
 
 
-def test_block_copies_and_moves_are_the_gathers_they_stand_for(pipelines):
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+def test_block_copies_and_moves_are_the_gathers_they_stand_for(pipelines, backend):
     """A batch of one image commits, stages and adopts runs as block copies and moves
     (_write_block, _move_block, overlapping runs included); each equals the general row gather
-    (_write_kv, _move_kv) over the image's rows and its CFG twin."""
-    _, ort_pipe = pipelines
-    runner = ort_pipe.target
+    (_write_kv, _move_kv) over the image's rows and its CFG twin, on both backends' buffers."""
+    runner = pipelines[0 if backend == "torch" else 1].target
     runner.allocate(guidance_mix(1, SamplingParams(cfg_scale=2.0)))
     rng = np.random.default_rng(0)
-    runner._kv[...] = rng.random(runner._kv.shape)
-    runner._present, _, _ = runner._bound_views((5, 0), runner.batch, 5, 5)
-    runner._present[...] = rng.random(runner._present.shape)
+    if backend == "torch":
+        runner._kv.copy_(torch.from_numpy(rng.random(tuple(runner._kv.shape), dtype=np.float32)))
+        runner._present = torch.from_numpy(rng.random((*runner._kv.shape[:4], 5, runner._kv.shape[5]), dtype=np.float32))
+        kv_now = lambda: runner._kv.numpy().copy()  # noqa: E731
+        restore = lambda before: runner._kv.copy_(torch.from_numpy(before))  # noqa: E731
+    else:
+        runner._kv[...] = rng.random(runner._kv.shape)
+        runner._present, _, _ = runner._bound_views((5, 0), runner.batch, 5, 5)
+        runner._present[...] = rng.random(runner._present.shape)
+        kv_now = lambda: runner._kv.copy()  # noqa: E731
+        restore = lambda before: runner._kv.__setitem__(Ellipsis, before)  # noqa: E731
     rows = np.arange(runner.batch)
 
     def gathered(call, column, source, count):
-        before = runner._kv.copy()
+        before = kv_now()
         offsets = np.repeat(np.arange(count), len(rows))
         call(np.tile(rows, count), column + offsets, source + offsets)
-        expected, runner._kv[...] = runner._kv.copy(), before
+        expected = kv_now()
+        restore(before)
         return expected
 
     for column, source, count in ((3, 0, 4), (6, 2, 3)):  # a window's slots into the cache
         expected = gathered(runner._write_kv, column, source, count)
         runner._write_block(column, source, count)
-        np.testing.assert_array_equal(runner._kv, expected)
+        np.testing.assert_array_equal(kv_now(), expected)
     for column, source, count in ((4, 6, 3), (4, 9, 2), (5, 6, 1)):  # staged rows moved down, overlapping or not
         expected = gathered(runner._move_kv, column, source, count)
         runner._move_block(column, source, count)
-        np.testing.assert_array_equal(runner._kv, expected)
+        np.testing.assert_array_equal(kv_now(), expected)
