@@ -189,11 +189,11 @@ class ModelRunner(ABC):
         capacity = capacity or self.default_capacity()
         if batch != self.batch or capacity != self.capacity or images != self.images:
             self.batch, self.capacity, self.mix = batch, capacity, mix
-            self._ids = np.zeros(batch * self.max_window, dtype=np.int32)
-            self._positions = np.zeros(batch * self.max_window, dtype=np.int32)
-            self._mask = np.zeros(batch * self.max_window * (capacity + self.max_window), dtype=bool)
-            self._uniforms = np.zeros(images * self.max_window, dtype=np.float32)
-            self._last = np.zeros(images, dtype=np.int32)  # a draft chain's last window slot per image
+            self._ids = self._host_buffer(batch * self.max_window, np.int32)
+            self._positions = self._host_buffer(batch * self.max_window, np.int32)
+            self._mask = self._host_buffer(batch * self.max_window * (capacity + self.max_window), np.bool_)
+            self._uniforms = self._host_buffer(images * self.max_window, np.float32)
+            self._last = self._host_buffer(images, np.int32)  # a draft chain's last window slot per image
             self._allocate_kv(batch, capacity)
             self._views = {}
         else:
@@ -202,6 +202,11 @@ class ModelRunner(ABC):
         self.staged = np.zeros(images, dtype=np.int64)
         self._zeros = np.zeros(images, dtype=np.int64)  # runs from slot 0 (commits of prefixes)
         self._zeros.setflags(write=False)
+
+    def _host_buffer(self, count: int, dtype: Any) -> np.ndarray:
+        """A zeroed flat host buffer for step inputs; a backend that copies them to a device may
+        give page-locked memory, which its copies need to be asynchronous."""
+        return np.zeros(count, dtype=dtype)
 
     def _uniform_view(self, uniforms: np.ndarray, size: int) -> np.ndarray:
         view = self._uniforms[: self.images * size].reshape(self.images, size)

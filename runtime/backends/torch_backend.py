@@ -190,13 +190,25 @@ class TorchRunner(ModelRunner):
         self._graphs.clear()
         self._seen_windows.clear()
 
+    def _host_buffer(self, count: int, dtype: Any) -> np.ndarray:
+        """Step inputs in page-locked memory on CUDA, so their copies to the device are
+        asynchronous (a pageable copy stages the data and waits, once per input per step)."""
+        if self.device.type != "cuda":
+            return super()._host_buffer(count, dtype)
+        torch_dtype = self.torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
+        return self.torch.zeros(count, dtype=torch_dtype, pin_memory=True).numpy()  # the array keeps the tensor
+
     def _to_device(self, host: np.ndarray, flat_dev: Any) -> Any:
-        """A device tensor with host's shape, backed by the preallocated flat device buffer."""
+        """A device tensor with host's shape, backed by the preallocated flat device buffer.
+
+        From page-locked step inputs (_host_buffer) the copy is queued without waiting: the
+        step's kernels follow it on the same stream, and the host writes the next step's inputs
+        only after this step's draws are read back, which waits for the stream."""
         tensor = self.torch.from_numpy(host)
         if self.device.type == "cpu":
             return tensor
         view = flat_dev[: host.size].view(host.shape)
-        view.copy_(tensor, non_blocking=False)
+        view.copy_(tensor, non_blocking=tensor.is_pinned())
         return view
 
     def _head(self, logits: Any, uniforms: np.ndarray) -> StepOutput:

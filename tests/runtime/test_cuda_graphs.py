@@ -42,3 +42,29 @@ def test_graph_replay_gives_the_eager_tokens(method, params):
         np.testing.assert_array_equal(replayed.tokens, eager.tokens)
         assert replayed.stats.host_numbers == eager.stats.host_numbers
     assert pipes[True].target._graphs, "no window size was captured"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible to torch)")
+@pytest.mark.parametrize("method,params", [("sd", {}), ("sjd", {}), ("sd", {"tree": "static"})], ids=["sd", "sjd", "tree"])
+def test_step_inputs_are_page_locked_and_their_async_copies_give_the_waiting_copies_tokens(monkeypatch, method, params):
+    """On CUDA the step inputs live in page-locked memory and go to the device without waiting;
+    a batch of three images gives the tokens it gives with pageable inputs (copies that wait),
+    so no step reads inputs the host has already overwritten."""
+    from specrt.export.demo import load_demo
+    from specrt.runtime.backends.torch_backend import TorchRunner
+    from specrt.runtime.pipeline import Pipeline
+    from specrt.runtime.runner import ModelRunner
+
+    def tokens():
+        demo = load_demo(None)
+        pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq, device="cuda")
+        out = pipe.generate([1, 4, 7], method=method, seed=3, decode=False, **params).tokens
+        return out, torch.from_numpy(pipe.target._mask).is_pinned()
+
+    asynchronous, pinned = tokens()
+    assert pinned
+    monkeypatch.setattr(TorchRunner, "_host_buffer", ModelRunner._host_buffer)
+    waiting, pinned = tokens()
+    assert not pinned
+    np.testing.assert_array_equal(asynchronous, waiting)
