@@ -237,7 +237,8 @@ class ModelDrafter(Drafter):
         for p, tree in enumerate(trees):
             if tree is not None:
                 self.cached[p] = self.tokens[p][:-1]
-                rows[p] = [np.array(out.tree_rows()[p, slots[p][n]]) for n in nodes[p]]
+                # the asked nodes' rows [n, V] in one gather (one read back from a device)
+                rows[p] = np.array(out.tree_rows()[p, np.array([slots[p][n] for n in nodes[p]], dtype=np.int64)])
                 self.expanded_draws[p] = [int(out.draws[p, slots[p][n]]) for n in nodes[p]]
         if self.runner.stages_trees:
             self.runner.stage([[slots[p][n] for n in (0, *below[p])] if tree is not None else None
@@ -269,12 +270,12 @@ class ModelDrafter(Drafter):
         for p, new in enumerate(runs):
             if new is None:
                 continue
-            if new == nodes[p] and isinstance(block, np.ndarray):  # the rows asked for are the window's: one copy
-                rows[p] = block[p, :len(new)].copy()
+            if new == nodes[p]:  # the rows asked for are the window's: one copy (one read back from a device)
+                rows[p] = np.array(block[p, :len(new)])
                 self.expanded_draws[p] = out.draws[p, :len(new)].tolist()
-            else:
+            else:  # [n, V] in one gather
                 slot = {n: w for w, n in enumerate(new)}
-                rows[p] = [np.array(block[p, slot[n]]) for n in nodes[p]]
+                rows[p] = np.array(block[p, np.array([slot[n] for n in nodes[p]], dtype=np.int64)])
                 self.expanded_draws[p] = [int(out.draws[p, slot[n]]) for n in nodes[p]]
             staged = self._staged[p]
             staged.update(zip(new, range(len(staged), len(staged) + len(new))))

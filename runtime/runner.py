@@ -105,6 +105,7 @@ class ModelRunner(ABC):
         self.forward_seconds = 0.0
         self.cache_seconds = 0.0
         self.host_numbers = 0
+        self.host_syncs = 0  # transfers that wait for the device: reads back, index copies to it
         self._ids = self._positions = self._mask = self._uniforms = np.zeros(0)
         self.mix = np.zeros((0, 0), dtype=np.float32)
         self._caption_mask: np.ndarray | None = None  # t2i: bool [B, cond_len] of the last prefill
@@ -536,7 +537,7 @@ class ModelRunner(ABC):
         self.cache_seconds += time.perf_counter() - start
 
     def reset_counters(self) -> None:
-        self.forwards, self.forward_seconds, self.cache_seconds, self.host_numbers = 0, 0.0, 0.0, 0
+        self.forwards, self.forward_seconds, self.cache_seconds, self.host_numbers, self.host_syncs = 0, 0.0, 0.0, 0, 0
         self.image_forwards = 0
 
 

@@ -443,16 +443,15 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
         if size:
             rng.random(out=row[: size + 1])
     steps = np.arange(longest)
-    q_at = gather(q_block, (steps, images[:, None], tokens))  # [images, L]
-    p_at = gather(p_block, (images[:, None, None], steps[:, None], rule.columns(tokens)))  # [images, L, c]
+    q_at, p_at = gathers((q_block, (steps, images[:, None], tokens)),  # [images, L]
+                         (p_block, (images[:, None, None], steps[:, None], rule.columns(tokens))))  # [images, L, c]
     passed = np.zeros((count, longest + 1), dtype=bool)  # a failed test after the last: argmin finds one
     np.less_equal(uniforms[:, :longest], rule.accept_probabilities(p_at, q_at, steps + 1), out=passed[:, :longest])
     accepted = np.minimum(passed.argmin(axis=1), lengths)  # leading passes within the chain: τ
     rejected = np.flatnonzero(accepted < lengths)
     if rejected.size:
         at = accepted[rejected]
-        p_rows = gather(p_block, (rejected, at))  # [R, V]: the two whole rows of each rejection
-        q_rows = gather(q_block, (at, rejected))
+        p_rows, q_rows = gathers((p_block, (rejected, at)), (q_block, (at, rejected)))  # [R, V]: a rejection's two rows
         resampled = rule.resample(p_rows, q_rows, tokens[rejected, at], at + 1)
         next_tokens[rejected] = inverse_cdf(resampled, uniforms[rejected, lengths[rejected]])
     return ChainOutcomes(accepted.tolist(), next_tokens.tolist())
@@ -537,6 +536,17 @@ def gather(block: Any, index: tuple) -> np.ndarray:
     """take(block, index) on the host as float64: for device rows the gathered numbers alone cross,
     in one transfer."""
     return np.asarray(take(block, index), dtype=np.float64)
+
+
+def gathers(*pairs: tuple[Any, tuple]) -> list[np.ndarray]:
+    """gather(block, index) of each (block, index) pair. Where a block's backend gathers several
+    at once (its `gather_all` classmethod, as the torch backend's DeviceRows has), all go there:
+    on a GPU, a round's P and Q entries, or a rejection's two rows, then cost one index copy and
+    one read back (two synchronisations) instead of one of each per block."""
+    together = next((type(block).gather_all for block, _ in pairs if hasattr(type(block), "gather_all")), None)
+    if together is not None:
+        return together(pairs)
+    return [gather(block, index) for block, index in pairs]
 
 
 def verify_position(p: np.ndarray, q: np.ndarray, token: int, rng: np.random.Generator) -> tuple[bool, int]:

@@ -48,6 +48,7 @@ class DeviceRows:
     def _fetched(self, part: Any) -> np.ndarray:
         if self.meter is not None:
             self.meter.host_numbers += int(part.numel())
+            self.meter.host_syncs += 1
         return part.float().cpu().numpy().astype(np.float64)  # 4 bytes a number cross, not 8
 
     @property
@@ -62,21 +63,36 @@ class DeviceRows:
         return int(self.tensor.shape[0])
 
     def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, tuple):
-            index = tuple(self._on_device(i) for i in index)
-        else:
-            index = self._on_device(index)
-        part = self.tensor[index]
+        index = _send_indices([index if isinstance(index, tuple) else (index,)], self.tensor.device, self.meter)[0]
+        part = self.tensor[index if len(index) > 1 else index[0]]
         if part.dim() == 0:
             return float(self._fetched(part))
         if self.tensor.dim() == 1:  # gathered entries of one row: a few numbers, to the host
             return self._fetched(part)
         return DeviceRows(part, self.meter)
 
-    def _on_device(self, index: Any) -> Any:
-        if isinstance(index, np.ndarray):
-            return _torch().from_numpy(np.asarray(index, dtype=np.int64)).to(self.tensor.device)
-        return index
+    @classmethod
+    def gather_all(cls, pairs: Sequence[tuple[Any, tuple]]) -> list[np.ndarray]:
+        """runtime.verification.gathers for device blocks: block[index] of each (block, index) pair
+        on the host as float64, in two synchronisations whatever the count: every pair's integer
+        index arrays go to the device in one copy (_send_indices), and the gathered numbers come
+        back in one (flattened and concatenated there, split here). A round's P and Q entries, or
+        a rejection's two rows, cost two transfers instead of five. Host blocks are indexed on
+        the host."""
+        out: list[Any] = [None if isinstance(block, DeviceRows) else np.asarray(block[index], dtype=np.float64)
+                          for block, index in pairs]
+        device = [(at, block, index) for at, (block, index) in enumerate(pairs) if isinstance(block, DeviceRows)]
+        if not device:
+            return out
+        first = device[0][1]
+        sent = _send_indices([index for _, _, index in device], first.tensor.device, first.meter)
+        taken = [block.tensor[index] for (_, block, _), index in zip(device, sent)]
+        flat = first._fetched(_torch().cat([t.reshape(-1).float() for t in taken]))
+        offset = 0
+        for (at, _, _), part in zip(device, taken):
+            out[at] = flat[offset:offset + part.numel()].reshape(tuple(part.shape))
+            offset += part.numel()
+        return out
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         host = self._fetched(self.tensor)
@@ -94,6 +110,30 @@ class DeviceRows:
         parts = [r.tensor if isinstance(r, DeviceRows) else
                  torch.from_numpy(np.asarray(r, dtype=np.float32)).to(device) for r in rows]
         return cls(torch.stack([p.float() for p in parts]), first.meter)
+
+
+def _send_indices(indices: Sequence[tuple], device: Any, meter: Any) -> list[tuple]:
+    """Tuple indices with their integer arrays on `device`, all of them in one copy: each
+    tuple's arrays broadcast together (as advanced indexing broadcasts them anyway), everything
+    flattened into one int64 buffer, sent, and cut back into views there. On a GPU every copy
+    from pageable memory waits, so one copy instead of one per array."""
+    shaped = [np.broadcast_arrays(*[part for part in index if isinstance(part, np.ndarray)])
+              if any(isinstance(part, np.ndarray) for part in index) else [] for index in indices]
+    if not any(shaped):
+        return list(indices)
+    host = np.concatenate([np.asarray(a, dtype=np.int64).reshape(-1) for arrays in shaped for a in arrays])
+    sent = _torch().from_numpy(host).to(device)
+    if meter is not None:
+        meter.host_syncs += 1
+    out, offset = [], 0
+    for index, arrays in zip(indices, shaped):
+        views = []
+        for array in arrays:
+            views.append(sent[offset:offset + array.size].view(array.shape))
+            offset += array.size
+        parts = iter(views)
+        out.append(tuple(next(parts) if isinstance(part, np.ndarray) else part for part in index))
+    return out
 
 
 def model_spec(gpt: Any) -> ModelSpec:
@@ -220,6 +260,7 @@ class TorchRunner(ModelRunner):
         the device (DeviceRows) or copied whole where the device is the host."""
         host_draws = draws.cpu().numpy()  # on CUDA this copy waits for the step
         self.host_numbers += host_draws.size
+        self.host_syncs += 1
         return StepOutput(DeviceRows(probs, self) if self.keep_rows_on_device else probs.cpu().numpy(), host_draws)
 
     def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
@@ -315,6 +356,7 @@ class TorchRunner(ModelRunner):
     def _hidden_rows(self, slots: Sequence[int]) -> np.ndarray:
         rows = self._hidden[:, list(slots)].float().cpu().numpy()
         self.host_numbers += rows.size
+        self.host_syncs += 1
         return rows
 
     def _write_kv(self, rows: np.ndarray, columns: np.ndarray, slots: np.ndarray) -> None:

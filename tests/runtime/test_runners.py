@@ -164,7 +164,7 @@ def test_stack_rows_keeps_device_rows_on_the_device_and_reads_them_once():
     from specrt.runtime.verification import stack_rows
 
     class Meter:
-        host_numbers = 0
+        host_numbers = host_syncs = 0
 
     meter = Meter()
     rows = np.random.default_rng(0).dirichlet(np.ones(6), size=3).astype(np.float32)
@@ -175,5 +175,6 @@ def test_stack_rows_keeps_device_rows_on_the_device_and_reads_them_once():
     entries = np.asarray(block[np.arange(3), np.array([1, 4, 5])])
     np.testing.assert_allclose(entries, [rows[0][1], 1 / 6, rows[2][5]], rtol=1e-6)
     assert meter.host_numbers == 3
+    assert meter.host_syncs == 2  # the two index arrays went in one copy, the entries came back in one
     host = stack_rows([rows[0], rows[1]])  # host rows stay a plain array
     assert isinstance(host, np.ndarray) and host.shape == (2, 6)

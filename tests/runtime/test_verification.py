@@ -191,12 +191,14 @@ def test_verify_chains_is_the_per_image_definition_and_each_image_its_own(name):
 
 def test_device_rows_are_gathered_once_and_whole_rows_read_only_at_rejections():
     """On device-resident rows (the torch backend's DeviceRows) the outcome is the host one, and what
-    crosses is the gathered entries plus the two rows of each rejection."""
+    crosses is the gathered entries plus the two rows of each rejection: the entries of P and Q in
+    one index copy and one read back, the rejections' rows in another pair (four synchronisations
+    for the whole batch)."""
     torch = pytest.importorskip("torch")
     from specrt.runtime.backends.torch_backend import DeviceRows
 
     class Meter:
-        host_numbers = 0
+        host_numbers = host_syncs = 0
 
     rule = RULES["lantern"]
     p_block, q_rows, drafts, draws = random_batch(3)
@@ -211,6 +213,7 @@ def test_device_rows_are_gathered_once_and_whole_rows_read_only_at_rejections():
     entries = len(drafts) * max(LENGTHS) * (1 + NEIGHBOURS.shape[1] + 1)  # P at x̃ and its neighbours, Q at x̃
     rejections = int((host.accepted_lengths < np.array(LENGTHS)).sum())
     assert rejections and meter.host_numbers == entries + 2 * VOCAB * rejections
+    assert meter.host_syncs == 4
 
 
 def test_views_that_read_what_they_index_are_read_entry_by_entry():
