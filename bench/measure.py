@@ -50,6 +50,7 @@ class SettingRecords:
     draft_forwards: int = 0
     draft_calls: int = 0
     host_numbers: Optional[int] = None  # read back from the device, when the backend meters it
+    host_syncs: Optional[int] = None  # transfers that waited for the device, when the backend meters them
     seconds: Counter = field(default_factory=Counter)
     histogram: Counter = field(default_factory=Counter)
     theorem2_lengths: list[float] = field(default_factory=list)
@@ -68,6 +69,8 @@ class SettingRecords:
         self.draft_calls += stats.draft_calls
         if stats.host_numbers is not None:
             self.host_numbers = (self.host_numbers or 0) + stats.host_numbers
+        if stats.host_syncs is not None:
+            self.host_syncs = (self.host_syncs or 0) + stats.host_syncs
         for key, value in stats.seconds.items():
             self.seconds[key] += value
         self.histogram.update(stats.accepted_lengths)
@@ -216,6 +219,7 @@ def summarise(record: SettingRecords, theory: Optional[SettingRecords] = None) -
     breakdown = {name: record.seconds[key] / count for key, name in BREAKDOWN_FROM_STATS.items()}
     calls = record.target_forwards + record.draft_forwards
     read_per_call = 4 * record.host_numbers / calls if record.host_numbers is not None and calls else None
+    syncs_per_call = record.host_syncs / calls if record.host_syncs is not None and calls else None
     return MethodResult(
         method=record.setting.method,
         params=dict(record.setting.params),
@@ -233,5 +237,6 @@ def summarise(record: SettingRecords, theory: Optional[SettingRecords] = None) -
         breakdown_s=breakdown,
         accepted_length_histogram={str(k): int(v) for k, v in sorted(record.histogram.items())},
         host_bytes_per_forward=read_per_call,
+        host_syncs_per_forward=syncs_per_call,
         theory=_theory(theory, record.setting.method),
     )

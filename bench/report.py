@@ -39,6 +39,9 @@ class MethodResult:
     breakdown_s: dict[str, float]
     accepted_length_histogram: dict[str, int] = field(default_factory=dict)
     host_bytes_per_forward: float | None = None  # read back from the device per model call; None: not metered
+    # transfers per model call that waited for the device (its draws, verification reads, index
+    # copies): on a GPU each is a synchronisation; None: not metered
+    host_syncs_per_forward: float | None = None
     quality: dict[str, Any] = field(default_factory=dict)
     theory: dict[str, Any] = field(default_factory=dict)
     batch: int = 1  # images per Pipeline.generate call; latency_s is per image (call time / images)
@@ -158,12 +161,13 @@ def host_share(result: MethodResult) -> float:
 def format_breakdown(results: list[MethodResult]) -> str:
     """Where each setting's time goes: mean per image, in milliseconds; `other` is the rest of the
     mean latency (Python orchestration of the method between model calls); `host %` is everything
-    but the graphs (host_share); `read B/fwd` the bytes read back from the device per model call
-    (device backends only). Then the speed-up against ar on these means, the cost model's from the
+    but the graphs (host_share); `read B/fwd` the bytes read back from the device per model call and
+    `syncs/fwd` the transfers per model call that waited for the device (device backends only: one
+    is the call's own draws, the rest are verification's reads and index copies). Then the speed-up against ar on these means, the cost model's from the
     same run's graph timings (`pred.`, host work free) and their ratio: below 1 where the setting
     loses more of its time to the host than ar does (attach_speedups)."""
     headers = (["setting"] + [k for k in BREAKDOWN_KEYS]
-               + ["other", "total", "host %", "read B/fwd", "speed-up", "pred.", "meas/pred"])
+               + ["other", "total", "host %", "read B/fwd", "syncs/fwd", "speed-up", "pred.", "meas/pred"])
     rows = []
     for r in results:
         parts = [r.breakdown_s.get(k, 0.0) for k in BREAKDOWN_KEYS]
@@ -171,7 +175,8 @@ def format_breakdown(results: list[MethodResult]) -> str:
         other = max(total - sum(parts), 0.0)
         rows.append([r.label] + [f"{1000 * p:.1f}" for p in parts]
                     + [f"{1000 * other:.1f}", f"{1000 * total:.1f}", f"{100 * host_share(r):.1f}",
-                       _fmt(r.host_bytes_per_forward, 0), _speedup(r.mean_speedup_vs_ar),
+                       _fmt(r.host_bytes_per_forward, 0), _fmt(r.host_syncs_per_forward, 2),
+                       _speedup(r.mean_speedup_vs_ar),
                        _speedup(r.predicted_speedup_vs_ar), _fmt(r.measured_over_predicted)])
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
     line = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)

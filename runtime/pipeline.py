@@ -308,6 +308,7 @@ class Pipeline:
             stats.seconds["draft_forward"] += self.draft.forward_seconds
         if any(r.meters_host_reads for r in runners):
             stats.host_numbers = (stats.host_numbers or 0) + sum(r.host_numbers for r in runners)
+            stats.host_syncs = (stats.host_syncs or 0) + sum(r.host_syncs for r in runners)
         return tokens
 
 

@@ -30,6 +30,7 @@ class Stats:
     seconds: dict = field(default_factory=lambda: dict.fromkeys(
         ("target_forward", "draft_forward", "verification", "cache", "vq_decode", "total"), 0.0))
     host_numbers: Optional[int] = None  # read back from the device (4 bytes each); None: backend does not meter
+    host_syncs: Optional[int] = None  # transfers that waited for the device (reads back, index copies to it)
     theorem2_accepted_length: list = field(default_factory=list)
     theorem2_tv_bound: list = field(default_factory=list)
 
@@ -53,6 +54,8 @@ class Stats:
             self.seconds[part] = self.seconds.get(part, 0.0) + seconds
         if other.host_numbers is not None:
             self.host_numbers = (self.host_numbers or 0) + other.host_numbers
+        if other.host_syncs is not None:
+            self.host_syncs = (self.host_syncs or 0) + other.host_syncs
         self.theorem2_accepted_length += other.theorem2_accepted_length
         self.theorem2_tv_bound += other.theorem2_tv_bound
 
@@ -93,6 +96,7 @@ class Stats:
             "seconds": {k: round(v, 6) for k, v in self.seconds.items()},
             "overhead_share": round(self.overhead_share, 4),
             "host_bytes": None if self.host_numbers is None else 4 * self.host_numbers,
+            "host_syncs": self.host_syncs,
         }
         if self.theorem2_accepted_length:
             out["theorem2_expected_accepted_length"] = float(np.mean(self.theorem2_accepted_length))

@@ -97,7 +97,7 @@ def test_device_resident_rows_give_the_same_tokens_and_cross_o_w_plus_v(tiny_pip
     expected = pipe.generate([3, 6], method=method, seed=5, **params).tokens
     runners = [pipe.target, pipe.draft]
     for runner in runners:
-        runner.keep_rows_on_device, runner.host_numbers = True, 0
+        runner.keep_rows_on_device, runner.host_numbers, runner.host_syncs = True, 0, 0
     try:
         result = pipe.generate([3, 6], method=method, seed=5, **params)
     finally:
@@ -108,6 +108,10 @@ def test_device_resident_rows_give_the_same_tokens_and_cross_o_w_plus_v(tiny_pip
     window = {"ar": 1, "sd": 4, "cool-sd": 5, "lantern": 5}.get(method, params.get("window", 0) + 1)  # + pending
     reads = sum(runner.host_numbers for runner in runners)
     assert stats.host_numbers == reads and stats.summary()["host_bytes"] == 4 * reads  # what bench reports
+    syncs = sum(runner.host_syncs for runner in runners)
+    assert stats.host_syncs == syncs and stats.summary()["host_syncs"] == syncs
+    if method in ("sd", "cool-sd", "lantern"):  # a call's draws, then per round at most two gathers of two transfers
+        assert syncs <= stats.target_calls + stats.draft_calls + 4 * stats.target_calls, syncs
     full_rows = stats.target_forwards * window * vocab + stats.draft_forwards * 2 * vocab
     # SJD-PAC reads two whole rows per rejected continuation and D rows for its sibling drafts
     # (the random tiny model rejects most): still fewer than whole windows, but not by much
