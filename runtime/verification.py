@@ -549,11 +549,20 @@ def gathers(*pairs: tuple[Any, tuple]) -> list[np.ndarray]:
     return [gather(block, index) for block, index in pairs]
 
 
-def verify_position(p: np.ndarray, q: np.ndarray, token: int, rng: np.random.Generator) -> tuple[bool, int]:
-    """One lossless rejection-sampling test (SJD, SJD-PAC): keep x̃ with min(1, p/q), else Norm([p − q]_+)."""
-    if rng.random() <= acceptance(p[token], q[token]):
+def verify_position(p: np.ndarray, q: np.ndarray, token: int, rng: np.random.Generator,
+                    entries: Optional[tuple[float, float]] = None) -> tuple[bool, int]:
+    """One lossless rejection-sampling test (SJD, SJD-PAC): keep x̃ with min(1, p/q), else Norm([p − q]_+).
+    `entries`: P(x̃) and Q(x̃) when the caller read them ahead (device rows, a whole chain's at once)."""
+    if rng.random() <= acceptance(*(entries if entries is not None else (p[token], q[token]))):
         return True, int(token)
-    return False, int(sample(residual(p, q), rng))
+    return False, int(sample(residual(*host_rows(p, q)), rng))
+
+
+def host_rows(*rows: Any) -> list[np.ndarray]:
+    """Whole rows on the host: host arrays as they are, device rows read back together (one transfer)."""
+    if all(isinstance(row, np.ndarray) for row in rows):
+        return list(rows)
+    return gathers(*[(row, (slice(None),)) for row in rows])
 
 
 def stack_rows(rows: Sequence[np.ndarray]) -> np.ndarray:
@@ -582,17 +591,21 @@ def verify_positions(p_block: np.ndarray, q_rows: Sequence[np.ndarray], tokens: 
     index = np.arange(count), np.asarray(tokens)
     on_host = all(isinstance(row, np.ndarray) for row in q_rows)
     # host rows: read q at each token in place and copy only the rejected rows below; device rows
-    # (DeviceRows): one stacked block, so each read is one transfer for every position
+    # (DeviceRows): one stacked block, read with P's block (gathers: one transfer each way)
     q_block = None if on_host else stack_rows(q_rows)
-    p_at = np.asarray(p_block[index], dtype=np.float64)
-    q_at = np.array([row.item(t) for row, t in zip(q_rows, tokens)], dtype=np.float64) if on_host else \
-        np.asarray(q_block[index], dtype=np.float64)
+    if on_host:
+        p_at = np.asarray(p_block[index], dtype=np.float64)
+        q_at = np.array([row.item(t) for row, t in zip(q_rows, tokens)], dtype=np.float64)
+    else:
+        p_at, q_at = gathers((p_block, index), (q_block, index))
     out = [int(t) for t in tokens]
     rejected = np.flatnonzero(rng.random(count) > acceptance(p_at, q_at))
     if rejected.size:
-        p_rejected = np.asarray(p_block[rejected], dtype=np.float64)
-        # np.array copies a list of rows in C, where np.stack reshapes each row in Python first
-        q_rejected = np.array([q_rows[i] for i in rejected]) if on_host else np.asarray(q_block[rejected])
+        if on_host:  # np.array copies a list of rows in C, where np.stack reshapes each row in Python first
+            p_rejected = np.asarray(p_block[rejected], dtype=np.float64)
+            q_rejected = np.array([q_rows[i] for i in rejected])
+        else:
+            p_rejected, q_rejected = gathers((p_block, (rejected,)), (q_block, (rejected,)))
         for i, token in zip(rejected.tolist(), sample_masses(residual_mass(p_rejected, q_rejected), p_rejected, rng).tolist()):
             out[i] = token
     return out
@@ -639,8 +652,12 @@ def draws_without_replacement(rows: Any, counts: Sequence[int], rng: np.random.G
     if firsts is not None and max(counts, default=0) <= 1:  # one child each: the held draws
         return [[int(first)] if count and np.asarray(row).sum() > 1e-12 else []
                 for row, count, first in zip(rows, counts, firsts)]
-    # [R, V]; a float64 copy first: cumsum casting float32 rows as it goes is ~3x slower (numpy 1.26)
-    cdf = np.array(rows, dtype=np.float64).cumsum(axis=1)
+    # [R, V]; a float64 copy first: cumsum casting float32 rows as it goes is ~3x slower (numpy 1.26);
+    # entries are read from the copy (the same numbers): device rows are read back once, stacked
+    if not all(isinstance(row, np.ndarray) for row in rows):
+        rows = stack_rows(rows)
+    rows = np.array(rows, dtype=np.float64)
+    cdf = rows.cumsum(axis=1)
     random = rng.random
     picked: list[list[int]] = []
     for r, (row, row_cdf, total, count) in enumerate(zip(rows, cdf, cdf[:, -1].tolist(), counts)):

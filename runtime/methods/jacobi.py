@@ -41,7 +41,9 @@ import numpy as np
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.methods.base import Batched, Decoding, Method
-from specrt.runtime.verification import draw_without_replacement, verify_position, verify_positions, verify_siblings
+from specrt.runtime.verification import (
+    draw_without_replacement, gathers, verify_position, verify_positions, verify_siblings,
+)
 from specrt.runtime.window import Window
 from specrt.validation import Bool, Choice, Int
 
@@ -161,12 +163,14 @@ class JacobiDecoding(Method):
     def _verify(self, ctx: Decoding, p_rows: np.ndarray, draws: np.ndarray, levels: list[Level], children: Children):
         """Walk the levels: (accepted tokens, committed slots, next token, stopped by a rejection?)."""
         accepted, path = [], [0]
+        ahead = _chain_entries(p_rows, levels, children)
         for depth, level in enumerate(levels):
             slots = level_slots(children, depth, path[-1])
             if slots is None:  # the accepted node is a leaf (not on an extended path): take a bonus token
                 break
             if len(level.candidates) == 1:  # a chain level: plain rejection sampling (= K of 1)
-                kept, token = verify_position(p_rows[path[-1]], level.q, level.candidates[0], ctx.rng)
+                kept, token = verify_position(p_rows[path[-1]], level.q, level.candidates[0], ctx.rng,
+                                              ahead[depth] if ahead else None)
                 index = 0 if kept else None
             else:
                 index, token = verify_siblings(p_rows[path[-1]], level.q, level.candidates, ctx.rng)
@@ -248,6 +252,18 @@ def fresh_proposal(vocab: int, grammar: Any = None) -> np.ndarray:
     row = np.zeros(vocab)
     row[:support] = 1.0 / support
     return row
+
+def _chain_entries(p_rows: Any, levels: list[Level], children: Children) -> list[tuple[float, float]]:
+    """A chain window on device rows: P and Q at every level's draft, read together
+    (verification.gathers: one copy each way) so the walk tests host numbers instead of reading
+    two entries per level; [] for host rows (read in place) and for trees."""
+    if isinstance(p_rows, np.ndarray) or children is not None or not levels:
+        return []
+    drafts = [level.candidates[0] for level in levels]
+    read = gathers((p_rows, (np.arange(len(levels)), np.asarray(drafts))),
+                   *[(level.q, (np.array([token]),)) for level, token in zip(levels, drafts)])
+    return list(zip(read[0].tolist(), [float(q_at[0]) for q_at in read[1:]]))
+
 
 def row_route(path: list[int], children: Children, depth: int) -> list[int]:
     """One slot per depth 0..D (`depth` = D, the window's levels) of the window whose rows draft
