@@ -42,7 +42,7 @@ from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.methods.base import Batched, Decoding, Method
 from specrt.runtime.verification import (
-    draw_without_replacement, gathers, verify_position, verify_positions, verify_siblings,
+    draw_without_replacement, gathers, host_rows, verify_position, verify_positions, verify_siblings,
 )
 from specrt.runtime.window import Window
 from specrt.validation import Bool, Choice, Int
@@ -207,6 +207,7 @@ class JacobiDecoding(Method):
         if self.proactive_drafting and rejected:
             tree = new[: self.tree_depth]
             for depth, level in enumerate(tree, start=1):
+                level.q = host_rows(level.q)[0]  # read back once (device rows): the siblings' tests read it too
                 level.candidates = draw_without_replacement(level.q, self.branching, ctx.rng,
                                                             first=level.candidates[0])
                 level.fanout = self.tree == "full" and depth < len(tree)
