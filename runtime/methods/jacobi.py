@@ -254,6 +254,7 @@ def fresh_proposal(vocab: int, grammar: Any = None) -> np.ndarray:
     row[:support] = 1.0 / support
     return row
 
+
 def _chain_entries(p_rows: Any, levels: list[Level], children: Children) -> list[tuple[float, float]]:
     """A chain window on device rows: P and Q at every level's draft, read together
     (verification.gathers: one copy each way) so the walk tests host numbers instead of reading
