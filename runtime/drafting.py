@@ -195,6 +195,13 @@ class ModelDrafter(Drafter):
         return drafts, rows
 
     def expand(self, ctx, trees, nodes):
+        self.runner.rows_to_host = True  # every asked row is read on the host (the tree's draws)
+        try:
+            return self._expand(ctx, trees, nodes)
+        finally:
+            self.runner.rows_to_host = False
+
+    def _expand(self, ctx, trees, nodes):
         rows: list[list[Any]] = [[] for _ in trees]
         self.expanded_draws = [None for _ in trees]
         staging = self.runner.stages_trees

@@ -277,7 +277,15 @@ class EagleDrafter(Drafter):
         are committed for good and the tree's nodes staged, one head call where a separate catch-up
         call would make two (as ModelDrafter's first pass). It fits the window: a first pass asks
         for the root alone, and the queue holds at most the last round's accepted drafts (no more
-        than the tree's depth, which the window's max_window exceeds)."""
+        than the tree's depth, which the window's max_window exceeds). On a device runner the
+        rows come back with the draws in one transfer (rows_to_host): the tree's draws read them."""
+        self.head.rows_to_host = True
+        try:
+            return self._expand(ctx, trees, nodes)
+        finally:
+            self.head.rows_to_host = False
+
+    def _expand(self, ctx, trees: Sequence[Optional["TokenTree"]], nodes: Sequence[Sequence[int]]) -> list[list[Any]]:
         later = [tree is not None and 0 in self._staged[p] for p, tree in enumerate(trees)]
         # the round's first pass: the queues before the pending pairs go in for good
         queued = [0] * len(trees) if any(later) else \

@@ -92,6 +92,9 @@ class ModelRunner(ABC):
     # (CUDA graphs re-captured) waits for a larger share and lets finished images ride as pad rows.
     retain_share = 0.0
     keep_hidden = False  # set (before allocate) when an EAGLE head drafts from this model's features
+    # set by a tree drafter around its passes: it reads every row it asked for on the host, so a
+    # device backend hands the rows back with the draws in one transfer (host rows: no effect)
+    rows_to_host = False
 
     def __init__(self, spec: ModelSpec, max_window: int):
         self.spec = spec

@@ -257,7 +257,16 @@ class TorchRunner(ModelRunner):
 
     def _handoff(self, probs: Any, draws: Any) -> StepOutput:
         """The head's outputs to the caller: the draws (W numbers) to the host, the rows kept on
-        the device (DeviceRows) or copied whole where the device is the host."""
+        the device (DeviceRows) or copied whole where the device is the host. A tree drafter
+        that reads every row it asked for (`rows_to_host`) gets rows and draws in one read back,
+        where reading its rows afterwards would wait for the device a second time."""
+        if self.keep_rows_on_device and self.rows_to_host and probs.shape[-1] < 2 ** 24:
+            # token ids below 2^24 are exact in float32: one flat transfer, split on the host
+            flat = self.torch.cat([probs.reshape(-1).float(), draws.reshape(-1).float()]).cpu().numpy()
+            self.host_numbers += flat.size
+            self.host_syncs += 1
+            rows = flat[: probs.numel()].reshape(tuple(probs.shape))
+            return StepOutput(rows, flat[probs.numel():].astype(np.int64).reshape(tuple(draws.shape)))
         host_draws = draws.cpu().numpy()  # on CUDA this copy waits for the step
         self.host_numbers += host_draws.size
         self.host_syncs += 1
