@@ -371,6 +371,7 @@ class TorchRunner(ModelRunner):
     def _write_kv(self, rows: np.ndarray, columns: np.ndarray, slots: np.ndarray) -> None:
         with self.torch.inference_mode():
             index = self.torch.from_numpy(np.stack([rows, columns, slots])).to(self.device)  # one copy to the device
+            self.host_syncs += 1  # from pageable memory: on a GPU this copy waits
             self._kv[:, :, index[0], :, index[1]] = self._present[:, :, index[0], :, index[2]].to(self.dtype)
 
     stages_trees = True
@@ -378,6 +379,7 @@ class TorchRunner(ModelRunner):
     def _move_kv(self, rows: np.ndarray, columns: np.ndarray, sources: np.ndarray) -> None:
         with self.torch.inference_mode():
             index = self.torch.from_numpy(np.stack([rows, columns, sources])).to(self.device)
+            self.host_syncs += 1
             self._kv[:, :, index[0], :, index[1]] = self._kv[:, :, index[0], :, index[2]]  # the gather copies first
 
     def _write_block(self, column: int, start: int, count: int) -> None:
