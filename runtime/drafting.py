@@ -245,7 +245,7 @@ class ModelDrafter(Drafter):
             if tree is not None:
                 self.cached[p] = self.tokens[p][:-1]
                 # the asked nodes' rows [n, V] in one gather (one read back from a device)
-                rows[p] = np.array(out.tree_rows()[p, np.array([slots[p][n] for n in nodes[p]], dtype=np.int64)])
+                rows[p] = np.asarray(out.tree_rows()[p, np.array([slots[p][n] for n in nodes[p]], dtype=np.int64)])
                 self.expanded_draws[p] = [int(out.draws[p, slots[p][n]]) for n in nodes[p]]
         if self.runner.stages_trees:
             self.runner.stage([[slots[p][n] for n in (0, *below[p])] if tree is not None else None
@@ -282,7 +282,7 @@ class ModelDrafter(Drafter):
                 self.expanded_draws[p] = out.draws[p, :len(new)].tolist()
             else:  # [n, V] in one gather
                 slot = {n: w for w, n in enumerate(new)}
-                rows[p] = np.array(block[p, np.array([slot[n] for n in nodes[p]], dtype=np.int64)])
+                rows[p] = np.asarray(block[p, np.array([slot[n] for n in nodes[p]], dtype=np.int64)])
                 self.expanded_draws[p] = [int(out.draws[p, slot[n]]) for n in nodes[p]]
             staged = self._staged[p]
             staged.update(zip(new, range(len(staged), len(staged) + len(new))))

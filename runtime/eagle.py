@@ -328,6 +328,6 @@ class EagleDrafter(Drafter):
                 self._node_features[p][n] = mine[:, before + w].copy()
                 self._staged[p][n] = len(self._staged[p])
             slot = {n: before + w for w, n in enumerate(run)}
-            rows[p] = np.array(block[p, np.array([slot[n] for n in nodes[p]], dtype=np.int64)])  # [n, V], one gather
+            rows[p] = np.asarray(block[p, np.array([slot[n] for n in nodes[p]], dtype=np.int64)])  # [n, V], one gather (a copy)
             self.expanded_draws[p] = [int(out.draws[p, slot[n]]) for n in nodes[p]]
         return rows

@@ -337,14 +337,7 @@ class ModelRunner(ABC):
         Jacobi spine), is a strided block copy per image (one for the whole batch when every
         image keeps the same count at the same length), not a gather of single rows."""
         start = time.perf_counter()
-        if isinstance(slots, range) and slots.start == 0 and slots.step == 1:  # every image, one prefix
-            if len(slots) and self.images == 1:  # one block, its column as a Python int
-                self._write_block(int(self.lengths[0]), 0, len(slots))
-                self.lengths[0] += len(slots)
-            elif len(slots):
-                self._write_runs(self.lengths, self._zeros[: self.images], np.full(self.images, len(slots)))
-                self.lengths += len(slots)
-        elif (prefixes := self._prefix_counts(slots)) is not None:
+        if (prefixes := self._prefix_counts(slots)) is not None:  # a range 0..n − 1 included: every image, one prefix
             if len(prefixes) == 1:  # one image (batch 1): one block, its count as a Python int
                 if prefixes[0]:
                     self._write_block(int(self.lengths[0]), 0, prefixes[0])
