@@ -171,7 +171,8 @@ class ModelDrafter(Drafter):
         keep it); the tokens to feed after it (at least the last one). Staged rows are dropped."""
         keeps = [common_prefix(cached, sequence[:-1]) if sequence is not None else len(cached)
                  for cached, sequence in zip(self.cached, sequences)]
-        self.runner.truncate(self.runner.spec.cond_len + np.asarray(keeps, dtype=np.int64))
+        cond_len = self.runner.spec.cond_len
+        self.runner.truncate([cond_len + keep for keep in keeps])  # a list: one image's takes the int path
         self._staged = [{} for _ in self.tokens]
         feeds: list[Optional[list[int]]] = []
         for cached, sequence, keep in zip(self.cached, sequences, keeps):

@@ -349,7 +349,10 @@ class ModelRunner(ABC):
         else:
             per_image = self._per_image(slots)
             self._write_slots(per_image, self.lengths)
-            self.lengths += [len(s) for s in per_image]
+            if len(per_image) == 1:  # one image: its count as an int (a list would become an array first)
+                self.lengths[0] += len(per_image[0])
+            else:
+                self.lengths += [len(s) for s in per_image]
         self.cache_seconds += time.perf_counter() - start
 
     def commit_chain(self, sizes: Sequence[int], drafts: Sequence[int]) -> None:
@@ -430,6 +433,9 @@ class ModelRunner(ABC):
         A tree drafter keeps its nodes here, so each depth feeds only the new level (EAGLE's
         tree attention); truncate drops them, adopt commits a path of them."""
         per_image = self._per_image(slots)
+        if len(per_image) == 1:  # one image (batch 1): its counts as Python ints, a level as one block
+            self._stage_one(per_image[0])
+            return
         sizes = [len(s) for s in per_image]
         if not any(sizes):
             return
@@ -437,11 +443,6 @@ class ModelRunner(ABC):
         columns = self.lengths + self.staged
         if max(column + size for column, size in zip(columns.tolist(), sizes)) > self.capacity:
             raise ValueError(f"staging {sizes} rows overflows capacity {self.capacity}")
-        if len(per_image) == 1 and _consecutive(per_image[0]):  # one image's level (batch 1): one block
-            self._write_block(int(columns[0]), int(per_image[0][0]), sizes[0])
-            self.staged[0] += sizes[0]
-            self.cache_seconds += time.perf_counter() - start
-            return
         counts = np.array(sizes, dtype=np.int64)
         if all(_consecutive(s) for s in per_image):
             # each image stages a run of consecutive slots (a level, a root and its closure): block copies
@@ -449,6 +450,22 @@ class ModelRunner(ABC):
         else:
             self._write_slots([[int(x) for x in s] for s in per_image], columns)
         self.staged += counts
+        self.cache_seconds += time.perf_counter() - start
+
+    def _stage_one(self, slots: Sequence[int]) -> None:
+        """stage for a batch of one image: a tree level's run of slots is one block copy."""
+        size = len(slots)
+        if not size:
+            return
+        start = time.perf_counter()
+        column = int(self.lengths[0]) + int(self.staged[0])
+        if column + size > self.capacity:
+            raise ValueError(f"staging {[size]} rows overflows capacity {self.capacity}")
+        if _consecutive(slots):
+            self._write_block(column, int(slots[0]), size)
+        else:
+            self._write_slots([[int(x) for x in slots]], np.array([column]))
+        self.staged[0] += size
         self.cache_seconds += time.perf_counter() - start
 
     def adopt(self, staged_rows: Slots) -> None:
