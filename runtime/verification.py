@@ -654,9 +654,9 @@ def draws_without_replacement(rows: Any, counts: Sequence[int], rng: np.random.G
                 for row, count, first in zip(rows, counts, firsts)]
     # [R, V]; a float64 copy first: cumsum casting float32 rows as it goes is ~3x slower (numpy 1.26);
     # entries are read from the copy (the same numbers): device rows are read back once, stacked
-    if not all(isinstance(row, np.ndarray) for row in rows):
+    if not isinstance(rows, np.ndarray) and not all(isinstance(row, np.ndarray) for row in rows):
         rows = stack_rows(rows)
-    rows = np.array(rows, dtype=np.float64)
+    rows = np.asarray(rows, dtype=np.float64)  # a copy unless the caller's block is float64 already
     cdf = rows.cumsum(axis=1)
     random = rng.random
     picked: list[list[int]] = []
