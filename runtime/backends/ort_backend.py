@@ -24,7 +24,7 @@ from specrt.manifest import GraphSpec, Manifest, read_manifest
 from specrt.runtime.bundle_check import check_manifest, check_session, load_neighbours
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.eagle import EAGLE_KIND, HeadRunner
-from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, uniform_run
+from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, compact_kv, uniform_run
 
 Providers = Union[None, Sequence[Any], Callable[[str], Sequence[Any]]]
 HEAD_INPUTS = ("mix", "uniforms")
@@ -149,10 +149,11 @@ class OrtRunner(ModelRunner):
         return self._kv_flat
 
     def _retain(self, rows: np.ndarray) -> None:
-        """The kept rows move to the front of the same buffer; the bindings are remade for the new batch."""
-        kept = self._kv[:, :, rows]  # a copy: the new view overlaps the old one
-        self._kv = self._kv_flat[: kept.size].reshape(kept.shape)
-        self._kv[...] = kept
+        """The kept rows move to the front of the same buffer (compact_kv); the bindings are
+        remade for the new batch."""
+        old = self._kv
+        self._kv = self._kv_flat[: old[:, :, :len(rows)].size].reshape(*old.shape[:2], len(rows), *old.shape[3:])
+        compact_kv(old, self._kv, rows, self.columns_in_use())
         self._kv_value = self.ort.OrtValue.ortvalue_from_numpy(self._kv)
         self._bindings.clear()
         self._call_views.clear()

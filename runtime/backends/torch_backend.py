@@ -25,7 +25,7 @@ from specrt.export.neighbours import DEFAULT_K, codebook_neighbours, codebook_of
 from specrt.lazy import require
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.eagle import HeadRunner
-from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, uniform_run
+from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, compact_kv, uniform_run
 
 
 def _torch():
@@ -223,9 +223,9 @@ class TorchRunner(ModelRunner):
     def _retain(self, rows: np.ndarray) -> None:
         """The kept rows move to the front of the same buffer; graphs captured for the old batch go."""
         with self.torch.inference_mode():
-            kept = self._kv[:, :, self.torch.from_numpy(rows).to(self.device)]  # a copy (advanced index)
-            self._kv = self._kv_flat[: kept.numel()].view(kept.shape)
-            self._kv.copy_(kept)
+            old = self._kv
+            self._kv = self._kv_flat[: old[:, :, :len(rows)].numel()].view(*old.shape[:2], len(rows), *old.shape[3:])
+            compact_kv(old, self._kv, self.torch.from_numpy(rows).to(self.device), self.columns_in_use())
         self._mix = self.torch.from_numpy(self.mix).to(self.device)  # a normal tensor: allocate() copies into it
         self._graphs.clear()
         self._seen_windows.clear()

@@ -146,3 +146,46 @@ def test_block_copies_and_moves_are_the_gathers_they_stand_for(pipelines, backen
         expected = gathered(runner._move_kv, column, source, count)
         runner._move_block(column, source, count)
         np.testing.assert_array_equal(kv_now(), expected)
+
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+def test_a_shrinking_batch_keeps_each_kept_images_rows_in_use(pipelines, backend):
+    """retain moves the kept images' KV rows (with their CFG twins) to the front of the same
+    buffer in place, block by block, over the columns in use (committed + staged): every kept row
+    there equals what it held before, in the new batch order; dropped images and unused columns
+    are gone. Fails if a block overwrites rows still to be read, or if the columns in use are cut
+    short."""
+    runner = pipelines[0 if backend == "torch" else 1].target
+    runner.allocate(guidance_mix(4, SamplingParams(cfg_scale=2.0)))
+    as_numpy = (lambda kv: kv.numpy().copy()) if backend == "torch" else (lambda kv: kv.copy())
+    values = np.random.default_rng(1).random(tuple(runner._kv.shape), dtype=np.float32)
+    if backend == "torch":
+        runner._kv.copy_(torch.from_numpy(values))
+    else:
+        runner._kv[...] = values
+    runner.lengths[:] = [7, 3, 5, 8]
+    runner.staged[:] = [0, 6, 0, 0]
+    keep = [1, 2]  # the widest in use: image 1's 3 committed and 6 staged rows
+    runner.retain(keep)
+    after = as_numpy(runner._kv)
+    old_rows = [1, 2, 5, 6]  # images 1 and 2, then their CFG twins (rows i + 4)
+    assert after.shape[2] == len(old_rows)
+    np.testing.assert_array_equal(after[:, :, :, :, :9], values[:, :, old_rows, :, :9])
+    assert runner.lengths.tolist() == [3, 5] and runner.staged.tolist() == [6, 0]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_compacting_kv_in_place_moves_every_layers_kept_rows(backend):
+    """compact_kv on a buffer of three layers: each (layer, key|value) block's kept rows land at
+    the front in order, as a gather into fresh memory would put them (numpy arrays and torch
+    tensors alike). Fails when the blocks are written in any order other than ascending."""
+    from specrt.runtime.runner import compact_kv
+
+    values = np.random.default_rng(2).random((3, 2, 6, 2, 5, 4), dtype=np.float32)
+    rows = np.array([0, 2, 3, 5])
+    flat = values.copy().reshape(-1)
+    if backend == "torch":
+        flat = torch.from_numpy(flat)
+    old = flat.reshape(values.shape)
+    new = flat[: values[:, :, rows].size].reshape(3, 2, len(rows), 2, 5, 4)
+    compact_kv(old, new, torch.from_numpy(rows) if backend == "torch" else rows, 5)
+    np.testing.assert_array_equal(np.asarray(new), values[:, :, rows])
