@@ -189,3 +189,28 @@ def test_compacting_kv_in_place_moves_every_layers_kept_rows(backend):
     new = flat[: values[:, :, rows].size].reshape(3, 2, len(rows), 2, 5, 4)
     compact_kv(old, new, torch.from_numpy(rows) if backend == "torch" else rows, 5)
     np.testing.assert_array_equal(np.asarray(new), values[:, :, rows])
+
+
+@pytest.mark.parametrize("backend", ["torch", "ort"])
+def test_one_image_stages_any_slots_after_its_rows(pipelines, backend):
+    """stage for a batch of one image (ModelRunner._stage_one): a run of slots is one block copy,
+    other slots a gather; either way they land after the image's committed and staged rows, in
+    order, on both backends' buffers, and the staged count grows by their number."""
+    runner = pipelines[0 if backend == "torch" else 1].target
+    runner.allocate(guidance_mix(1, SamplingParams(cfg_scale=2.0)))
+    rng = np.random.default_rng(3)
+    if backend == "torch":
+        runner._present = torch.from_numpy(rng.random((*runner._kv.shape[:4], 5, runner._kv.shape[5]), dtype=np.float32))
+        kv_now = lambda: runner._kv.numpy().copy()  # noqa: E731
+        present = runner._present.numpy()
+    else:
+        runner._present, _, _ = runner._bound_views((5, 0), runner.batch, 5, 5)
+        runner._present[...] = rng.random(runner._present.shape)
+        kv_now = lambda: runner._kv.copy()  # noqa: E731
+        present = runner._present
+    runner.lengths[0] = 2
+    runner.stage([range(1, 3)])  # a level: slots 1, 2 to columns 2, 3
+    runner.stage([[4, 0, 3]])  # any slots: to columns 4, 5, 6
+    kv = kv_now()
+    np.testing.assert_array_equal(kv[..., 2:7, :], present[..., [1, 2, 4, 0, 3], :])
+    assert runner.staged.tolist() == [5] and runner.lengths.tolist() == [2]
