@@ -374,7 +374,8 @@ class LanternRule(AcceptanceRule):
 
     def accept_probability(self, p, q, token, position):
         # Python floats from the k + 1 entries p̃ reads: the block's numbers (lantern_kept)
-        token_mass, *neighbour_mass = np.asarray(p[self.columns(int(token))], dtype=np.float64).tolist()
+        # (tolist gives float32 entries as the same numbers in Python floats: no float64 copy first)
+        token_mass, *neighbour_mass = p[self.columns(int(token))].tolist()
         return acceptance(token_mass + _kept_prefix(token_mass, neighbour_mass, self.tvd_budget, self.ratio)[1],
                           q[token])
 
