@@ -562,8 +562,8 @@ class ModelRunner(ABC):
 
 def compact_kv(old: Any, new: Any, rows: Any, used: int) -> None:
     """new[:, :, j] = old[:, :, rows[j]] over the first `used` columns, where `new` is the front of
-    the buffer `old` views, with fewer batch rows (KV [L, 2, B, Hkv, C, D]; numpy arrays or torch
-    tensors alike; rows increasing): the rows a shrinking batch keeps, moved down in place.
+    the buffer `old` views, with no more batch rows (KV [L, 2, B, Hkv, C, D]; numpy arrays or torch
+    tensors alike): the rows a shrinking batch keeps, moved down in place.
 
     Why block by block: gathering every kept row first and copying it back moves the buffer's data
     twice (3 ms a runner on the demo CPU at batch 8, each time an image finished). The new
