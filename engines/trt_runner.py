@@ -353,19 +353,24 @@ class TrtRunner(ModelRunner):
                 count * row, heads, self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice, self.prefill_engine.stream))
 
     def _retain(self, rows: np.ndarray) -> None:
-        """Gather the kept rows' [Hkv, capacity, D] blocks into a scratch buffer, then back to the
-        front of the KV buffer (whose address the step engine keeps)."""
-        block = self.kv_layout.n_kv_head * self.capacity * self._row_bytes()
-        scratch = DeviceBuffer(self.kv_layout.n_layer * 2 * len(rows) * block)
+        """Move the kept rows' caches to the front of the KV buffer (whose address the step engine
+        keeps) in place: per (layer, k/v) block and kept row, in ascending order, one 2D copy of
+        the columns in use over the heads. Row (b, j) of the new batch lands at or below row
+        (b, r) of the old one it comes from (j ≤ r, fewer rows per block), a whole row's span
+        lower or not at all, so no copy overlaps its source and none overwrites a row still to be
+        read: no scratch buffer (a cudaMalloc each time) and one copy of the data where gathering
+        into a scratch and back made two. Columns past those in use are never read before they
+        are written (ModelRunner._retain)."""
+        row, heads = self._row_bytes(), self.kv_layout.n_kv_head
+        used, pitch = self.columns_in_use(), self.capacity * row
         d2d = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-        for layer_kv in range(self.kv_layout.n_layer * 2):
-            for new, old in enumerate(rows):
-                _check(self.cudart.cudaMemcpyAsync(scratch.ptr + (layer_kv * len(rows) + new) * block,
-                                                   self._kv.ptr + (layer_kv * self.batch + int(old)) * block,
-                                                   block, d2d, self.prefill_engine.stream))
-        _check(self.cudart.cudaMemcpyAsync(self._kv.ptr, scratch.ptr, scratch.nbytes, d2d, self.prefill_engine.stream))
+        for block in range(self.kv_layout.n_layer * 2):
+            for new, old in enumerate(int(r) for r in rows):
+                target, source = (block * len(rows) + new) * heads, (block * self.batch + old) * heads
+                if target != source and used:
+                    _check(self.cudart.cudaMemcpy2DAsync(self._kv.ptr + target * pitch, pitch, self._kv.ptr + source * pitch,
+                                                         pitch, used * row, heads, d2d, self.prefill_engine.stream))
         _check(self.cudart.cudaStreamSynchronize(self.prefill_engine.stream))
-        scratch.free()
 
     def _row_bytes(self) -> int:
         return self.kv_layout.head_dim * self.step_engine.dtypes["past_kv"].itemsize

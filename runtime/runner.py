@@ -538,6 +538,8 @@ class ModelRunner(ABC):
         keep = np.asarray(images, dtype=np.int64)
         if len(keep) == self.images and np.array_equal(keep, np.arange(self.images)):
             return
+        if np.any(np.diff(keep) <= 0) or (len(keep) and (keep[0] < 0 or keep[-1] >= self.images)):
+            raise ValueError(f"retain takes batch positions in increasing order, got {keep.tolist()}")
         start = time.perf_counter()
         old_images, pairs = self.images, self.batch // self.images
         rows = np.concatenate([keep + old_images * k for k in range(pairs)])

@@ -96,16 +96,28 @@ def test_ragged_commits_copy_each_row_its_own_slots_to_its_own_columns():
     assert calls == (1 + 2) * 2 * 2  # runs per row × (layers × k/v): one copy over the heads each
 
 
-def test_retain_moves_the_kept_rows_to_the_front(monkeypatch):
-    """Finished images leave the batch: the kept rows' caches move to the front, in order."""
+def test_retain_moves_the_kept_rows_to_the_front_in_place(monkeypatch):
+    """Finished images leave the batch: the kept rows' caches move to the front, in order, over
+    the columns in use (committed + staged rows of the kept images), in place: no scratch buffer
+    is allocated, and a row already in place is not copied. Fails when a copy overwrites a row
+    still to be read (any order but ascending) or the columns in use are cut short."""
     batch, capacity = 4, 6
     kv, _ = _kv_and_present(batch, capacity, 1)
-    expected = kv[:, :, [3, 1]].copy()
-    monkeypatch.setattr("specrt.engines.trt_runner.DeviceBuffer",
-                        lambda nbytes: SimpleNamespace(**vars(HostBuffer(nbytes)), nbytes=nbytes, free=lambda: None))
-    runner = _runner(kv, KVLayout(n_layer=2, n_kv_head=3, head_dim=4), batch, capacity, HostCudart())
-    runner._retain(np.array([3, 1]))
-    np.testing.assert_array_equal(kv.reshape(-1)[:expected.size], expected.reshape(-1))
+    before = kv.copy()
+
+    def no_scratch(nbytes):
+        raise AssertionError("retain allocated a scratch buffer")
+
+    monkeypatch.setattr("specrt.engines.trt_runner.DeviceBuffer", no_scratch)
+    cudart = HostCudart()
+    runner = _runner(kv, KVLayout(n_layer=2, n_kv_head=3, head_dim=4), batch, capacity, cudart)
+    keep = np.array([0, 1, 3])  # increasing, as ModelRunner.retain hands them on
+    runner.lengths, runner.staged = np.array([2, 1, 3]), np.array([0, 2, 0])  # the kept images', as retain sets them
+    runner._retain(keep)
+    used = 3  # the longest committed + staged: image 3's 3 rows, image 1's 1 + 2
+    moved = kv.reshape(-1)[: before[:, :, keep].size].reshape(2, 2, len(keep), 3, capacity, 4)
+    np.testing.assert_array_equal(moved[..., :used, :], before[:, :, keep, :, :used, :])
+    assert cudart.calls == 2 * 2 * len(keep) - 2  # (layer, k/v) × kept rows, but rows 0 and 1 of block 0 stay
 
 
 # ---- the sampling head's outputs ------------------------------------------------------
