@@ -14,6 +14,7 @@ everything else, including timing, lives here once.
 """
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -562,10 +563,10 @@ class ModelRunner(ABC):
         self.image_forwards = 0
 
 
-def compact_kv(old: Any, new: Any, rows: Any, used: int) -> None:
-    """new[:, :, j] = old[:, :, rows[j]] over the first `used` columns, where `new` is the front of
-    the buffer `old` views, with no more batch rows (KV [L, 2, B, Hkv, C, D]; numpy arrays or torch
-    tensors alike): the rows a shrinking batch keeps, moved down in place.
+def compact_kv(flat: Any, old: Any, rows: Any, used: int) -> Any:
+    """The new batch's KV view [L, 2, len(rows), Hkv, C, D] at the front of the flat buffer `flat`
+    that `old` views, with new[:, :, j] = old[:, :, rows[j]] over the first `used` columns (numpy
+    arrays or torch tensors alike): the rows a shrinking batch keeps, moved down in place.
 
     Why block by block: gathering every kept row first and copying it back moves the buffer's data
     twice (3 ms a runner on the demo CPU at batch 8, each time an image finished). The new
@@ -573,9 +574,12 @@ def compact_kv(old: Any, new: Any, rows: Any, used: int) -> None:
     (a copy) before writing it, in ascending order, never overwrites a row still to be read: the
     data moves once, a block at a time, and only the columns in use (the rest are never read
     before they are written)."""
+    shape = (*old.shape[:2], len(rows), *old.shape[3:])
+    new = flat[: math.prod(shape)].reshape(shape)  # a view of the same memory
     for layer in range(old.shape[0]):
         for part in range(old.shape[1]):
             new[layer, part, :, :, :used] = old[layer, part, rows, :, :used]
+    return new
 
 
 def window_sizes(windows: Windows, images: int) -> np.ndarray:

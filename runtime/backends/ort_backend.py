@@ -151,9 +151,7 @@ class OrtRunner(ModelRunner):
     def _retain(self, rows: np.ndarray) -> None:
         """The kept rows move to the front of the same buffer (compact_kv); the bindings are
         remade for the new batch."""
-        old = self._kv
-        self._kv = self._kv_flat[: old[:, :, :len(rows)].size].reshape(*old.shape[:2], len(rows), *old.shape[3:])
-        compact_kv(old, self._kv, rows, self.columns_in_use())
+        self._kv = compact_kv(self._kv_flat, self._kv, rows, self.columns_in_use())
         self._kv_value = self.ort.OrtValue.ortvalue_from_numpy(self._kv)
         self._bindings.clear()
         self._call_views.clear()

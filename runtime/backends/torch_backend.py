@@ -223,9 +223,8 @@ class TorchRunner(ModelRunner):
     def _retain(self, rows: np.ndarray) -> None:
         """The kept rows move to the front of the same buffer; graphs captured for the old batch go."""
         with self.torch.inference_mode():
-            old = self._kv
-            self._kv = self._kv_flat[: old[:, :, :len(rows)].numel()].view(*old.shape[:2], len(rows), *old.shape[3:])
-            compact_kv(old, self._kv, self.torch.from_numpy(rows).to(self.device), self.columns_in_use())
+            self._kv = compact_kv(self._kv_flat, self._kv, self.torch.from_numpy(rows).to(self.device),
+                                  self.columns_in_use())
         self._mix = self.torch.from_numpy(self.mix).to(self.device)  # a normal tensor: allocate() copies into it
         self._graphs.clear()
         self._seen_windows.clear()

@@ -187,9 +187,8 @@ def test_compacting_kv_in_place_moves_every_layers_kept_rows(backend):
     flat = values.copy().reshape(-1)
     if backend == "torch":
         flat = torch.from_numpy(flat)
-    old = flat.reshape(values.shape)
-    new = flat[: values[:, :, rows].size].reshape(3, 2, len(rows), 2, 5, 4)
-    compact_kv(old, new, torch.from_numpy(rows) if backend == "torch" else rows, 5)
+    new = compact_kv(flat, flat.reshape(values.shape), torch.from_numpy(rows) if backend == "torch" else rows, 5)
+    assert tuple(new.shape) == (3, 2, len(rows), 2, 5, 4)
     np.testing.assert_array_equal(np.asarray(new), values[:, :, rows])
 
 
