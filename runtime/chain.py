@@ -106,3 +106,88 @@ class HeadChain(DraftChain):
     def _step(self, ids: torch.Tensor, fed: torch.Tensor | None, positions: torch.Tensor, mask: torch.Tensor,
               past_kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         return self.model.step(ids, fed, positions, mask, past_kv)  # (logits, features g, present)
+
+
+class DraftTree(DraftChain):
+    """A static tree's drafts in one call (runtime/tree_call.py: the host's side and the layout):
+    the catch-up window as DraftChain's, the root's children drawn from the row of each image's
+    `last` slot, then each level of fed nodes run at once, a node at depth d fed at
+    positions[last] + d and seeing what the root saw, its fed ancestors and itself.
+
+    A node's first child is the head's draw from its row (with its uniform, as every step
+    draws); child k > 1 is drawn without replacement: the row with children 1..k − 1 zeroed,
+    its inverse CDF at u·(mass left) (runtime.verification.draws_without_replacement's formula,
+    in float32 here). A child whose row has ≤ 1e-12 left, and everything below it, is −1.
+
+    (ids, positions, mask, past_kv, last, mix, uniforms [I, nodes − 1]) -> (present_kv [.., W + fed, ..],
+    probs [I, inner, V], draws [I, nodes − 1] int32), in the layout's orders."""
+
+    def __init__(self, model: nn.Module, layout):
+        super().__init__(model, 1)
+        self.layout = layout
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
+                past_kv: torch.Tensor, last: torch.Tensor, mix: torch.Tensor, uniforms: torch.Tensor):
+        layout = self.layout
+        batch = input_ids.shape[0]
+        pairs = batch // mix.shape[0]
+        logits, _, local = self._step(input_ids.long(), None, positions.long(), attention_mask, past_kv)
+        rows = torch.arange(batch, device=input_ids.device)
+        slot = last.long().repeat(pairs)
+        seen = attention_mask[rows, slot]                    # [B, C + W]: what the root saw
+        position = positions.long()[rows, slot][:, None]     # [B, 1]
+        vocab = torch.arange(logits.shape[-1], device=logits.device)
+        tokens: dict[int, torch.Tensor] = {}                 # node -> [I] its token
+        valid: dict[int, torch.Tensor] = {0: torch.ones_like(last, dtype=torch.bool)}
+        level_logits, level = logits[rows, slot][:, None], [0]
+        all_probs, fed_so_far = [], []
+        for depth in range(len(layout.levels) + 1):
+            if depth:  # run this level's nodes after the window and the levels before
+                level = layout.levels[depth - 1]
+                ids = torch.stack([tokens[n] for n in level], dim=1).clamp(min=0).repeat(pairs, 1)
+                fed_so_far += level
+                ancestry = torch.tensor([[_is_ancestor(layout.parents, f, n) for f in fed_so_far] for n in level],
+                                        dtype=seen.dtype, device=seen.device)
+                mask = torch.cat([seen[:, None].expand(-1, len(level), -1), ancestry.expand(batch, -1, -1)], dim=2)
+                level_logits, _, present = self._step(ids, None, (position + depth).expand(-1, len(level)), mask,
+                                                      KVSegments(past_kv, local))
+                local = torch.cat([local, present], dim=4)
+            firsts = [layout.children[n][0] - 1 for n in level]
+            probs, draws = self.head(level_logits, mix, uniforms[:, firsts])
+            all_probs.append(probs)
+            for i, node in enumerate(level):
+                first = layout.children[node][0]
+                tokens[first], valid[first] = draws[:, i].long(), valid[node]
+            for rank in range(1, max(len(layout.children[n]) for n in level)):
+                at = [i for i, n in enumerate(level) if len(layout.children[n]) > rank]
+                kids = [layout.children[level[i]][rank] for i in at]
+                drawn = torch.stack([torch.stack([tokens[c] for c in layout.children[level[i]][:rank]], dim=1)
+                                     for i in at], dim=1)   # [I, nodes, rank]: their earlier children
+                picks, left = _draw_without(probs[:, at], drawn, uniforms[:, [k - 1 for k in kids]], vocab)
+                for j, kid in enumerate(kids):
+                    before = layout.children[level[at[j]]][rank - 1]
+                    tokens[kid], valid[kid] = picks[:, j], valid[before] & (left[:, j] > 1e-12)
+        nodes = range(1, layout.nodes)
+        draws = torch.stack([torch.where(valid[n], tokens[n], torch.full_like(tokens[n], -1)) for n in nodes], dim=1)
+        return local, torch.cat(all_probs, dim=1), draws.to(torch.int32)
+
+
+def _draw_without(rows: torch.Tensor, drawn: torch.Tensor, uniforms: torch.Tensor,
+                  vocab: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row [I, n, V], the inverse CDF of the row without its `drawn` tokens [I, n, k] at
+    uniforms [I, n] times the mass left: (tokens [I, n], mass left [I, n]). Counted in float32, as
+    the head counts, so TensorRT needs no integer reduction."""
+    kept = rows * (1.0 - (drawn[..., None] == vocab).float().sum(dim=2))
+    cdf = torch.cumsum(kept, dim=-1)
+    left = cdf[..., -1]
+    below = (cdf <= (uniforms.float() * left)[..., None]).float().sum(dim=-1)
+    return torch.clamp(below, max=float(rows.shape[-1] - 1)).long(), left
+
+
+def _is_ancestor(parents: list[int], node: int, of: int) -> bool:
+    """True when `node` is `of` or one of its ancestors."""
+    while of >= 0:
+        if of == node:
+            return True
+        of = parents[of]
+    return False

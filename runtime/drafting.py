@@ -42,12 +42,13 @@ import numpy as np
 
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.runner import ModelRunner, StepOutput
-from specrt.runtime.tree import level_window
+from specrt.runtime.tree import TokenTree, level_window
+from specrt.runtime.tree_call import tree_from_draws
+from specrt.runtime.verification import SAMPLED
 from specrt.runtime.window import Window, chains
 
 if TYPE_CHECKING:  # pragma: no cover
     from specrt.runtime.methods.base import Decoding
-    from specrt.runtime.tree import TokenTree
 
 
 @dataclass
@@ -255,6 +256,46 @@ class ModelDrafter(Drafter):
                 if tree is not None:
                     self._staged[p] = {n: i for i, n in enumerate((0, *below[p]))}
                     self._trees[p] = tree
+
+    def draft_tree(self, ctx: "Decoding", layout: Any, max_depths: Sequence[int]) -> list[Optional["TokenTree"]]:
+        """Each image's static tree (runtime/tree_call.py) below its pending token in one call of
+        the runner's draft_tree (max_depths[p]: the drafts image p has left; < 0: no tree, 0: the
+        root alone, no call for it). Catches up as the level path's first pass does; stages the
+        root and the kept fed nodes, so `extend` adopts the accepted path's rows as after it."""
+        runner, drafting = self.runner, [depth > 0 for depth in max_depths]
+        trees: list[Optional["TokenTree"]] = [TokenTree(self.tokens[p][-1], SAMPLED) if depth == 0 else None
+                                              for p, depth in enumerate(max_depths)]
+        if not any(drafting):
+            return trees
+        feeds = self._unfed([self.tokens[p] if go else None for p, go in enumerate(drafting)])
+        fed = len(layout.fed)
+        long = [f is not None and len(f) > 1 and len(f) + fed > runner.max_window for f in feeds]
+        if any(long):  # catch up first, so the trees fit the window (as _run_closures does)
+            catch = [f[:-1] if too else None for f, too in zip(feeds, long)]
+            ctx.run(runner, [Window.chain(c) if c is not None else None for c in catch])
+            runner.commit([range(len(c)) if c is not None else None for c in catch])
+            feeds = [f[-1:] if too else f for f, too in zip(feeds, long)]
+        runner.rows_to_host = True  # every row is read on the host (the trees' q)
+        try:
+            out = ctx.run_tree(runner, chains(feeds), layout, [max(d, 0) for d in max_depths])
+            draws, block = out.draws.tolist(), out.probs
+            width = max(len(f) for f in feeds if f is not None)
+            if any(f is not None and len(f) > 1 for f in feeds):  # the tokens before the roots
+                runner.commit([range(len(f) - 1) if f is not None else None for f in feeds])
+            stage: list[Optional[list[int]]] = []
+            for p, feed in enumerate(feeds):
+                if feed is None:
+                    stage.append(None)
+                    continue
+                tree, kept = tree_from_draws(layout, self.tokens[p][-1], draws[p], np.array(block[p]), max_depths[p])
+                trees[p], self._trees[p] = tree, tree
+                self.cached[p] = self.tokens[p][:-1]
+                self._staged[p] = {0: 0, **{node: i for i, (node, _) in enumerate(kept, 1)}}
+                stage.append([len(feed) - 1, *(width + k for _, k in kept)])
+            runner.stage(stage)
+        finally:
+            runner.rows_to_host = False
+        return trees
 
     def _run_level(self, ctx, trees, nodes, rows) -> None:
         """A later pass of the round: each image's nodes not yet run, each seeing its staged ancestors."""

@@ -267,17 +267,50 @@ class ModelRunner(ABC):
             raise SpecrtError(f"{type(self).__name__} cannot draw a chain of {steps} drafts in one call")
         start = time.perf_counter()
         ids, positions, mask, _, top = self._window_inputs(windows, fed=steps - 1)
-        last = self._last[: self.images]
-        if isinstance(top, int):  # every image's window of one width
-            last[:] = max(top - 1, 0)
-        else:
-            np.maximum(top - 1, 0, out=last, casting="unsafe")
+        last = self._last_slots(top)
         uniform_view = self._step_views(steps)[3]  # [I, steps]: the same memory as a window of `steps`
         uniform_view[...] = uniforms
         ready = time.perf_counter()
         out = self._chain(ids, positions, mask, last, uniform_view)
         self._count_call(start, ready, top, passes=steps)
         return out
+
+    def draft_tree(self, windows: Windows, layout: Any, uniforms: np.ndarray) -> StepOutput:
+        """Run each image's window, then draft the static tree `layout` (runtime/tree_call.py
+        TreeLayout) below its last slot in one call (runtime/chain.py DraftTree): the rows of the
+        layout's inner nodes [I, inner, V] and every node's token [I, nodes − 1] (−1: not drawn),
+        drawn with `uniforms` [I, nodes − 1]. The present rows kept for `commit` and `stage` are
+        the window's slots, then the fed nodes' at slots W, W + 1, ... (W the widest window).
+        Only where `can_draft_tree(layout)`; the head's rows must be the sampling distribution."""
+        if not self.can_draft_tree(layout):
+            raise SpecrtError(f"{type(self).__name__} cannot draft this tree in one call")
+        if layout.nodes - 1 > self.max_window:
+            raise SpecrtError(f"a tree of {layout.nodes - 1} drafts exceeds this model's max_window {self.max_window}")
+        start = time.perf_counter()
+        ids, positions, mask, _, top = self._window_inputs(windows, fed=len(layout.fed))
+        uniform_view = self._step_views(layout.nodes - 1)[3]  # [I, nodes − 1]: fixed memory, as a chain's
+        uniform_view[...] = uniforms
+        ready = time.perf_counter()
+        out = self._draft_tree(ids, positions, mask, self._last_slots(top), layout, uniform_view)
+        self._count_call(start, ready, top, passes=1 + len(layout.levels))
+        return out
+
+    def _last_slots(self, top: int | np.ndarray) -> np.ndarray:
+        """[I] int32: each image's last real window slot (0 for an image without a window)."""
+        last = self._last[: self.images]
+        if isinstance(top, int):  # every image's window of one width
+            last[:] = max(top - 1, 0)
+        else:
+            np.maximum(top - 1, 0, out=last, casting="unsafe")
+        return last
+
+    def can_draft_tree(self, layout: Any) -> bool:
+        """True when `draft_tree` can draft this layout's tree in one call on this runner."""
+        return False
+
+    def _draft_tree(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray, layout: Any,
+                    uniforms: np.ndarray) -> StepOutput:
+        raise NotImplementedError(f"{type(self).__name__} drafts no trees in one call")
 
     def _window_inputs(self, windows: Windows, fed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                                                        int | np.ndarray]:

@@ -156,18 +156,19 @@ class OrtRunner(ModelRunner):
         self._bindings.clear()
         self._call_views.clear()
 
-    def _bound_views(self, key: tuple, batch: int, width: int, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _bound_views(self, key: tuple, batch: int, width: int, rows: int,
+                     draws: Optional[int] = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The present rows [L, 2, B, Hkv, width, D] and one of the two probs [I, rows, V] / draws
-        [I, rows] buffers (key's last entry: which) a call binds: views made once per key and batch,
-        as the bindings are (a decode loop alternates a few keys)."""
+        [I, draws (default: rows)] buffers (key's last entry: which) a call binds: views made once
+        per key and batch, as the bindings are (a decode loop alternates a few keys)."""
         views = self._call_views.get(key)
         if views is None:
             shape = (self.layers, 2, batch, self.kv_heads, width, self.head_dim)
-            count, vocab = self.images * rows, self.spec.vocab_size
+            count, vocab, drawn = self.images * rows, self.spec.vocab_size, rows if draws is None else draws
             views = self._call_views[key] = (
                 self._present_flat[: math.prod(shape)].reshape(shape),
                 self._probs[key[-1]][: count * vocab].reshape(self.images, rows, vocab),
-                self._draws[key[-1]][:count].reshape(self.images, rows))
+                self._draws[key[-1]][: self.images * drawn].reshape(self.images, drawn))
         return views
 
     def prefill_feeds(self, rows: Conditions, uniforms: np.ndarray) -> dict[str, np.ndarray]:
@@ -219,6 +220,22 @@ class OrtRunner(ModelRunner):
         self._run_bound(self.chain_session, key, {
             "input_ids": ids, "positions": positions, "attention_mask": mask, "last": last, "mix": self.mix,
             "uniforms": uniforms, **(extra_inputs or {})}, {"present_kv": self._present, "probs": probs, "draws": draws})
+        return StepOutput(probs, draws)
+
+    def can_draft_tree(self, layout: Any) -> bool:
+        return self.tree_session is not None and layout.key == self.tree_layout.key
+
+    def _draft_tree(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray, layout: Any,
+                    uniforms: np.ndarray) -> StepOutput:
+        """The draft_tree graph (runtime/chain.py DraftTree) on the runner's buffers."""
+        batch, size = ids.shape
+        parity = self._parity = 1 - self._parity
+        key = ("tree", size, parity)
+        self._present, probs, draws = self._bound_views(key, batch, size + len(layout.fed), len(layout.inner),
+                                                        layout.nodes - 1)
+        self._run_bound(self.tree_session, key, {
+            "input_ids": ids, "positions": positions, "attention_mask": mask, "last": last, "mix": self.mix,
+            "uniforms": uniforms}, {"present_kv": self._present, "probs": probs, "draws": draws})
         return StepOutput(probs, draws)
 
     def _run_bound(self, session: Any, key: tuple, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:

@@ -182,7 +182,7 @@ class TorchRunner(ModelRunner):
             raise ValueError("cuda_graphs needs a CUDA device")
         self._graphs: dict[Any, Any] = {}  # window size (or a chain's key) -> CapturedStep
         self._seen_windows: set[Any] = set()  # sizes (keys) stepped once since the buffers were made
-        self._chains: dict[int, Any] = {}  # steps -> runtime.chain.DraftChain over this model
+        self._chains: dict[Any, Any] = {}  # steps (a tree: its layout key) -> runtime.chain's module over this model
         self._outputs: list[Any] = []  # two probs buffers [I, max_window, V], alternating between steps
         self._parity = 0
 
@@ -342,6 +342,31 @@ class TorchRunner(ModelRunner):
             run = lambda: chain(ids_t, pos_t, mask_t, self._kv, last_t, self._mix, uniforms_t)  # noqa: E731
             if self.cuda_graphs:
                 self._present, probs, draws = self._captured(("chain", int(ids.shape[1]), steps), run)
+                return self._kept(probs, draws)
+            self._present, probs, draws = run()
+            return self._handoff(probs, draws)
+
+    def can_draft_tree(self, layout: Any) -> bool:
+        return self.chain_kind == "DraftChain"  # the tree module runs any static shape (not an EAGLE head's)
+
+    def _draft_tree(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray, layout: Any,
+                    uniforms: np.ndarray) -> StepOutput:
+        """runtime/chain.py's DraftTree, the module the draft_tree graph is exported from, made
+        once per shape: the levels' draws stay on the device (one read back at the end)."""
+        torch = self.torch
+        tree = self._chains.get(layout.key)
+        if tree is None:
+            from specrt.runtime.chain import DraftTree  # needs torch, as this runner does
+            tree = self._chains[layout.key] = DraftTree(self.gpt, layout)
+        with torch.inference_mode():
+            ids_t = self._to_device(ids, getattr(self, "_ids_dev", None))
+            pos_t = self._to_device(positions, getattr(self, "_pos_dev", None))
+            mask_t = self._to_device(mask, getattr(self, "_mask_dev", None))
+            last_t = self._to_device(last, getattr(self, "_last_dev", None))
+            uniforms_t = self._to_device(uniforms, self._uniforms_dev)
+            run = lambda: tree(ids_t, pos_t, mask_t, self._kv, last_t, self._mix, uniforms_t)  # noqa: E731
+            if self.cuda_graphs:
+                self._present, probs, draws = self._captured(("tree", int(ids.shape[1]), layout.key), run)
                 return self._kept(probs, draws)
             self._present, probs, draws = run()
             return self._handoff(probs, draws)

@@ -21,6 +21,7 @@ from specrt.runtime.conditions import Conditions, as_conditions
 from specrt.runtime.runner import ModelRunner, StepOutput, Windows, window_sizes
 from specrt.runtime.sampling import SamplingParams, inverse_cdf, needs_restriction, restrict
 from specrt.runtime.stats import Stats
+from specrt.runtime.tree_call import tree_uniforms
 from specrt.runtime.window import lone_window
 from specrt.validation import Param
 
@@ -92,6 +93,14 @@ class Decoding:
         image i keeps its first lengths[i] (drafts past them are never read), with uniforms from
         its own stream as the step-by-step loop draws them (_chain_uniforms)."""
         return runner.chain(windows, steps, self._chain_uniforms(windows, runner.images, lengths, steps))
+
+    def run_tree(self, runner: ModelRunner, windows: Windows, layout: Any, max_depths: Sequence[int]) -> StepOutput:
+        """`runner.draft_tree`: each image's window, then the static tree `layout` drafted below its
+        last slot in one call, with uniforms from each image's own stream in the order the
+        level-by-level drafter draws them (runtime.tree_call.tree_uniforms; max_depths[i]: the
+        drafts left in image i)."""
+        sizes = window_sizes(windows, runner.images).tolist()
+        return runner.draft_tree(windows, layout, tree_uniforms(layout, self.rngs, sizes, max_depths))
 
     def run_chain_pairs(self, head: Any, windows: Windows, features: Sequence[Optional[np.ndarray]],
                         lengths: Sequence[int], steps: int) -> StepOutput:

@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from specrt.runtime.conditions import Conditions
-from specrt.runtime.drafting import finish_round, make_drafter
+from specrt.runtime.drafting import ModelDrafter, finish_round, make_drafter
 from specrt.runtime.methods.base import Batched, Decoding
-from specrt.runtime.tree import DynamicGrowth, StaticGrowth, grow_trees, static_shape
+from specrt.runtime.sampling import needs_restriction
+from specrt.runtime.tree import DynamicGrowth, StaticGrowth, StaticShape, grow_trees, static_shape
+from specrt.runtime.tree_call import TreeLayout
 from specrt.runtime.verification import TreeOutcome, verify_tree
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,9 +54,14 @@ def generate_trees(method: "DraftThenVerify", ctx: Decoding, conditions: Conditi
     drafter.start(ctx, conditions, [t[0] for t in tokens], first)
     ctx.stats.record_round(1, len(tokens))
     shape = static_shape(method.static_tree) if method.tree == "static" else None
+    layout = one_call_layout(ctx, drafter, shape)
     batch = Batched(len(tokens))
     while batch.drop(ctx, [len(t) == total for t in tokens], drafter):
         images = list(batch.images)
+        if layout is not None:  # every depth of every image's tree in one draft call
+            trees = drafter.draft_tree(ctx, layout, [total - len(tokens[i]) - 1 for i in images])
+            _verify_and_finish(ctx, drafter, rule, tokens, images, trees)
+            continue
         growths: list[Optional[Any]] = []
         for i in images:
             max_depth = total - len(tokens[i]) - 1  # drafts that still fit in the image (−1: finished)
@@ -65,14 +72,30 @@ def generate_trees(method: "DraftThenVerify", ctx: Decoding, conditions: Conditi
             else:
                 growths.append(DynamicGrowth(tokens[i][-1], method.depth, method.tree_top_k, method.total_tokens,
                                              max_depth))
-        trees = grow_trees(ctx, drafter, growths)
-        scored = ctx.run(target, [tree.window() if tree is not None else None for tree in trees])
-        with ctx.stats.timing("verification"):
-            outcomes = [verify_tree(scored.probs[p], tree, rule, ctx.rngs[p], scored.draws[p])
-                        if tree is not None else None for p, tree in enumerate(trees)]
-        for observe in _observers:
-            observe(trees, outcomes)
-        finish_round(ctx, drafter, tokens, images, scored,
-                     [outcome.path if outcome is not None else None for outcome in outcomes],
-                     [outcome.accepted + [outcome.next_token] if outcome is not None else None for outcome in outcomes])
+        _verify_and_finish(ctx, drafter, rule, tokens, images, grow_trees(ctx, drafter, growths))
     return np.asarray(tokens, dtype=np.int64)
+
+
+def one_call_layout(ctx: Decoding, drafter: Any, shape: Optional[StaticShape]) -> Optional[TreeLayout]:
+    """The layout of `shape` where the draft drafts it in one call (runtime/tree_call.py: an
+    independent draft whose runner can, and sampling the head's softmax, which no host
+    restriction reshapes between levels); None: grow the trees one pass per depth."""
+    if shape is None or not isinstance(drafter, ModelDrafter) or needs_restriction(ctx.sampling):
+        return None
+    layout = TreeLayout(shape)
+    return layout if drafter.runner.can_draft_tree(layout) else None
+
+
+def _verify_and_finish(ctx: Decoding, drafter: Any, rule: Any, tokens: list[list[int]], images: list[int],
+                       trees: Sequence[Optional["TokenTree"]]) -> None:
+    """Score the round's trees in one target pass, verify each image's with its own stream, and
+    commit what was accepted (finish_round)."""
+    scored = ctx.run(ctx.target, [tree.window() if tree is not None else None for tree in trees])
+    with ctx.stats.timing("verification"):
+        outcomes = [verify_tree(scored.probs[p], tree, rule, ctx.rngs[p], scored.draws[p])
+                    if tree is not None else None for p, tree in enumerate(trees)]
+    for observe in _observers:
+        observe(trees, outcomes)
+    finish_round(ctx, drafter, tokens, images, scored,
+                 [outcome.path if outcome is not None else None for outcome in outcomes],
+                 [outcome.accepted + [outcome.next_token] if outcome is not None else None for outcome in outcomes])

@@ -1,0 +1,104 @@
+"""A static tree drafted in one draft call: the host's side of runtime/chain.py's DraftTree.
+
+Why: drafting a static tree level by level costs a draft pass per depth, and around each pass
+~100 µs of host work on the demo's CPU (the level's window inputs, staging its rows, the draws
+without replacement, copies of its rows): more than a third of a tree round's host time. DraftTree
+runs the catch-up window and every level of the shape inside one graph (the `draft_tree` graph
+of a bundle exported with --draft-tree, or the PyTorch module), drawing each node's children
+without replacement in the graph; the host then builds the TokenTree from the draws in one go.
+
+The layout (`TreeLayout`) fixes what both sides agree on, from the shape alone:
+- node ids: the shape's (runtime.tree.StaticShape, breadth first), 0 the root;
+- `inner`: the nodes with children, in node order, the root first: the graph's `probs` rows
+  (the q each node's children were drawn from);
+- `fed`: the inner nodes below the root, in node order (a level after another): fed after the
+  window, their KV rows at present slots W, W + 1, ... (W the window width);
+- `draws[:, n − 1]`: node n's token, −1 where its row ran out of mass (≤ 1e-12 left, as
+  verification.draws_without_replacement stops) or its parent is missing;
+- `uniforms[:, n − 1]`: the uniform node n is drawn with. `uniform_order` lays an image's stream
+  out as the level-by-level drafter consumes it (the window's uniforms, the last one drawing
+  the root's first child; the root's other children; then per level its nodes' first children
+  and their other children, node after node), so the two paths draw the same tokens from the
+  same stream, up to float32 against float64 at a CDF boundary (a rare token) and rows that run
+  out of mass (there the level path draws fewer uniforms). Both are exact in distribution.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from specrt.runtime.tree import StaticShape, TokenTree
+from specrt.runtime.verification import SAMPLED
+
+
+class TreeLayout:
+    """The node layout of a static shape drafted in one call (module docstring)."""
+
+    def __init__(self, shape: StaticShape):
+        self.children = [list(kids) for kids in shape.children]
+        count = len(self.children)
+        self.parents, self.depths = [-1] * count, [0] * count
+        for node, kids in enumerate(self.children):
+            for child in kids:
+                self.parents[child], self.depths[child] = node, self.depths[node] + 1
+        self.inner = [n for n in range(count) if self.children[n]]
+        self.fed = self.inner[1:]
+        self.levels = [[n for n in self.fed if self.depths[n] == depth]
+                       for depth in range(1, max((self.depths[n] for n in self.inner), default=0) + 1)]
+        self.key = tuple(tuple(kids) for kids in self.children)  # the shape, hashable
+        self._orders: dict[int, tuple[int, ...]] = {}
+
+    @property
+    def nodes(self) -> int:
+        return len(self.children)
+
+    def uniform_order(self, max_depth: int) -> tuple[int, ...]:
+        """The nodes an image with `max_depth` drafts left draws, in the order the level-by-level
+        drafter takes their uniforms from its stream (after the window's first W − 1)."""
+        order = self._orders.get(max_depth)
+        if order is None:
+            nodes: list[int] = []
+            for depth, level in enumerate([[0], *self.levels]):
+                if depth >= max_depth:
+                    break
+                nodes += [self.children[n][0] for n in level]
+                nodes += [child for n in level for child in self.children[n][1:]]
+            order = self._orders[max_depth] = tuple(nodes)
+        return order
+
+
+def tree_uniforms(layout: TreeLayout, rngs: Sequence[np.random.Generator], sizes: Sequence[int],
+                  max_depths: Sequence[int]) -> np.ndarray:
+    """[images, nodes − 1] uniforms of a one-call tree: image p takes its window's sizes[p] from
+    its stream (the last draws the root's first child), then one per node it draws, in
+    `uniform_order`; zeros where it draws nothing (no window, nodes past its max_depth)."""
+    uniforms = np.zeros((len(rngs), layout.nodes - 1))
+    for row, rng, size, depth in zip(uniforms, rngs, sizes, max_depths):
+        if size and depth > 0:
+            order = layout.uniform_order(depth)
+            row[np.array(order) - 1] = rng.random(size - 1 + len(order))[size - 1:]
+    return uniforms
+
+
+def tree_from_draws(layout: TreeLayout, root: int, draws: Sequence[int], rows: Any,
+                    max_depth: int) -> tuple[TokenTree, list[tuple[int, int]]]:
+    """The TokenTree an image's draws [nodes − 1] make (nodes deeper than max_depth, and missing
+    ones with their subtrees, left out; rows[k]: inner[k]'s q, set for every node with children)
+    and its nodes to stage, in fed order: (tree node, index in `fed`) of each fed node it keeps
+    above max_depth (its KV row sits at present slot W + that index)."""
+    index = {0: 0}
+    tokens, parents = [int(root)], [-1]
+    for node, token in enumerate(draws, 1):
+        parent = layout.parents[node]
+        if token >= 0 and layout.depths[node] <= max_depth and parent in index:
+            index[node] = len(tokens)
+            tokens.append(int(token))
+            parents.append(index[parent])
+    tree = TokenTree.from_parents(tokens, parents, SAMPLED)
+    for k, node in enumerate(layout.inner):
+        at = index.get(node)
+        if at is not None and tree.children[at]:
+            tree.rows[at] = rows[k]
+    staged = [(index[n], k) for k, n in enumerate(layout.fed) if n in index and layout.depths[n] < max_depth]
+    return tree, staged
