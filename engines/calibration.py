@@ -10,7 +10,7 @@ memory bounded by the calibration-set size (a GPT-B step feed carries a ~47 MB K
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -61,11 +61,14 @@ class RecordingRunner(OrtRunner):
     def can_chain(self, steps: int) -> bool:
         return False  # every draft step runs (and is recorded) on its own: chain feeds are made from them
 
+    def can_draft_tree(self, layout: Any) -> bool:
+        return False  # likewise every tree level: tree feeds are made from them
+
 
 def chain_feeds(step_feeds: list[Feeds], steps: int) -> list[Feeds]:
-    """Feeds for a draft chain graph from its draft's recorded step feeds: the same window, cache
-    and guidance, drafting after each image's last window slot (the chain's later passes see
-    the activations of the drafts the graph draws itself)."""
+    """Feeds for a draft chain (or tree: `steps` its drafts) graph from its draft's recorded step
+    feeds: the same window, cache and guidance, drafting after each image's last window slot (the
+    later passes see the activations of the drafts the graph draws itself)."""
     feeds = []
     for feed in step_feeds:
         images, window = feed["mix"].shape[0], feed["input_ids"].shape[1]
@@ -102,7 +105,8 @@ def record_feeds(manifest: Manifest, size: int, images: int, seed: int = 0, thre
             progress(f"calibration: image {i + 1}/{images} ({method})")
     feeds = {name: reservoir.items for name, reservoir in reservoirs.items()}
     for role in roles:
-        chain = manifest.graphs.get(f"{role}_chain")
-        if chain is not None:
-            feeds[chain.name] = chain_feeds(feeds[f"{role}_step"], int(chain.input("uniforms").shape[1]))
+        for kind in ("chain", "tree"):  # a draft chain's or tree's: one uniform per draft
+            graph = manifest.graphs.get(f"{role}_{kind}")
+            if graph is not None:
+                feeds[graph.name] = chain_feeds(feeds[f"{role}_step"], int(graph.input("uniforms").shape[1]))
     return feeds

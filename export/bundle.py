@@ -31,6 +31,7 @@ from specrt.runtime.defaults import as_dict, defaults_of
 from specrt.runtime.eagle import EAGLE_KIND
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 from specrt.runtime.sampling import SamplingParams
+from specrt.runtime.tree import DEFAULT_STATIC_TREE, static_shape
 
 NEIGHBOURS_FILE = "neighbours.npy"
 Progress = Callable[[str], None]
@@ -48,6 +49,9 @@ class ExportOptions:
     sampling: SamplingParams | None = None  # None: the models' own defaults (ModelSet.sampling)
     # drafts per draft_chain call (runtime/chain.py: a round's L draft steps in one graph); 0: no chain graph
     draft_chain: int = onnx_export.DEFAULT_CHAIN_STEPS
+    # the static tree the draft_tree graph drafts in one call (runtime/tree_call.py): a STATIC_TREES
+    # name or a tree plan file; "" for none
+    draft_tree: str = DEFAULT_STATIC_TREE
 
     def __post_init__(self) -> None:
         if self.opset not in onnx_export.SUPPORTED_OPSETS:
@@ -56,6 +60,23 @@ class ExportOptions:
                             ("--neighbours", self.neighbours_k)):
             validation.count(flag, value)
         validation.integer("--draft-chain (0: none)", self.draft_chain, low=0)
+        if self.draft_tree:
+            self.tree_paths  # a wrong name or plan fails here, before any export
+
+    @property
+    def tree_paths(self) -> list[list[int]]:
+        """The --draft-tree shape as paths of child ranks ([] for none), checked against
+        --max-window: every drafted node is a uniform input and a draws output of the graph."""
+        if not self.draft_tree:
+            return []
+        try:
+            shape = static_shape(self.draft_tree)
+        except SpecrtError as exc:
+            raise SpecrtError(f"--draft-tree: {exc}") from None
+        if shape.size > self.max_window - 1:
+            raise SpecrtError(f"--draft-tree {self.draft_tree} has {shape.size} drafts; --max-window "
+                              f"{self.max_window} holds {self.max_window - 1}")
+        return shape.paths
 
     @property
     def chain_steps(self) -> int:
@@ -192,6 +213,8 @@ def _graph_jobs(models: ModelSet, options: ExportOptions, limits: GraphLimits) -
         ("draft_prefill", lambda d: onnx_export.export_prefill(models.draft, "draft", limits, d, opset, False)),
         ("draft_step", lambda d: onnx_export.export_step(models.draft, "draft", limits, d, opset, False)),
         *draft_chain_jobs(models.draft, options.chain_steps, limits, opset),
+        *([("draft_tree", lambda d: onnx_export.export_tree(models.draft, "draft", limits, d, options.tree_paths, opset))]
+          if options.draft_tree else []),
     ] if models.draft is not None and not is_eagle(models.draft) else []
     if is_eagle(models.draft):
         if not options.target_hidden:

@@ -24,6 +24,7 @@ import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 import torch.nn as nn
@@ -31,11 +32,14 @@ import torch.nn as nn
 from specrt.errors import SpecrtError
 from specrt.lazy import require
 from specrt.manifest import GraphSpec, TensorSpec
-from specrt.runtime.chain import DraftChain
+from specrt.runtime.chain import DraftChain, DraftTree
 from specrt.runtime.head import SamplingHead
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
+from specrt.runtime.tree import StaticShape
+from specrt.runtime.tree_call import TreeLayout
 
 BATCH, WINDOW, CACHE_LEN, TOTAL_LEN, IMAGES = "batch", "window", "cache_len", "total_len", "images"
+TREE_LEN = "tree_len"  # a draft tree's present rows: its window and the nodes it fed (runtime/tree_call.py)
 CHAIN_LEN = "chain_len"  # a draft chain's present rows: its window and the drafts it fed (window + steps - 1)
 DEFAULT_CHAIN_STEPS = 4  # drafts per draft_chain call: the draft-then-verify methods' default draft_len
 DEFAULT_OPSET = 18
@@ -244,6 +248,29 @@ def chain_spec(name: str, role: str, config, limits: GraphLimits, opset: int, st
                               *head_outputs(config, steps)), profile=profile)
 
 
+def tree_spec(name: str, role: str, config, limits: GraphLimits, opset: int, paths: Sequence[Sequence[int]]) -> GraphSpec:
+    """A static tree drafted in one call (runtime/chain.py DraftTree; runtime/tree_call.py its
+    layout): the chain's inputs with one uniform per tree node; the rows of the inner nodes, every
+    node's token, and the present rows of the window and the fed nodes (tree_len = window + fed)."""
+    layout = TreeLayout(StaticShape(paths))
+    drafts, inner = layout.nodes - 1, len(layout.inner)
+    inputs = (
+        TensorSpec("input_ids", "int32", (BATCH, WINDOW)),
+        TensorSpec("positions", "int32", (BATCH, WINDOW)),
+        TensorSpec("attention_mask", "bool", (BATCH, WINDOW, TOTAL_LEN)),
+        TensorSpec("past_kv", "float32", _kv_shape(config, BATCH, CACHE_LEN)),
+        TensorSpec("last", "int32", (IMAGES,)),
+        *head_inputs(drafts),
+    )
+    profile = limits.step_profile()
+    profile[TREE_LEN] = {level: size + len(layout.fed) for level, size in profile[WINDOW].items()}
+    return GraphSpec(name=name, file=f"{name}.onnx", role=role, kind="tree", opset=opset, inputs=inputs,
+                     outputs=(TensorSpec("present_kv", "float32", _kv_shape(config, BATCH, TREE_LEN)),
+                              TensorSpec("probs", "float32", (IMAGES, inner, config.vocab_size)),
+                              TensorSpec("draws", "int32", (IMAGES, drafts))),
+                     profile=profile, tree=tuple(tuple(int(r) for r in path) for path in paths))
+
+
 def vq_decode_spec(grid: int, image_size: int, limits: GraphLimits, opset: int, cols: int | None = None) -> GraphSpec:
     """codes [B, grid, cols] -> image [B, 3, image_size, image_size · cols / grid] (cols: the grid's
     columns when it is not square)."""
@@ -262,7 +289,7 @@ def _example_inputs(spec: GraphSpec, config, grid: int | None = None) -> tuple[t
     """Small valid inputs with the example sizes: ids in range, positions past the condition,
     a causal mask that gives every window slot some visible columns."""
     gen = torch.Generator().manual_seed(0)
-    example = _CHAIN_EXAMPLE if spec.kind == "chain" else _EXAMPLE
+    example = _CHAIN_EXAMPLE if spec.kind in ("chain", "tree") else _EXAMPLE
     size = dict(example, **{TOTAL_LEN: example[CACHE_LEN] + example[WINDOW]})
     tensors = []
     for t in spec.inputs:
@@ -433,6 +460,13 @@ def export_chain(gpt: nn.Module, role: str, limits: GraphLimits, out_dir: Path, 
     """Export `<role>_chain`: a catch-up window, then `steps` drafts drawn inside the graph."""
     spec = chain_spec(f"{role}_chain", role, gpt.config, limits, opset, steps)
     return _export(DraftChain(gpt, steps), spec, _example_inputs(spec, gpt.config), out_dir)  # its own signature
+
+
+def export_tree(gpt: nn.Module, role: str, limits: GraphLimits, out_dir: Path, paths: Sequence[Sequence[int]],
+                opset: int = DEFAULT_OPSET) -> GraphSpec:
+    """Export `<role>_tree`: a catch-up window, then the static tree `paths` drafted inside the graph."""
+    spec = tree_spec(f"{role}_tree", role, gpt.config, limits, opset, paths)
+    return _export(DraftTree(gpt, TreeLayout(StaticShape(paths))), spec, _example_inputs(spec, gpt.config), out_dir)
 
 
 def export_vq_decode(vq: nn.Module, grid: int, limits: GraphLimits, out_dir: Path, opset: int = DEFAULT_OPSET,

@@ -317,6 +317,35 @@ def _verify_chain(manifest: Manifest, graph: GraphSpec, model, capacity: int, ma
                             scaled=("present_kv",) if pairs else ())
 
 
+def _verify_tree(manifest: Manifest, graph: GraphSpec, model, capacity: int, max_window: int,
+                 seed: int, threads: int) -> Iterator[Comparison]:
+    """A draft tree graph against runtime.chain.DraftTree over the model, on the step cases whose
+    window leaves room for the fed nodes, drafting below each image's last window slot: the
+    present rows, the inner nodes' rows and every node's token (drawn inside the graph)."""
+    from specrt.runtime.chain import DraftTree
+    from specrt.runtime.tree import StaticShape
+    from specrt.runtime.tree_call import TreeLayout
+
+    session = _session(manifest.root / graph.file, threads)
+    layout = TreeLayout(StaticShape(graph.tree))
+    tree = DraftTree(model, layout)
+    rng = np.random.default_rng(seed + 3)
+    for case in step_cases(model.config, capacity, max_window, seed):
+        batch, window = case.input_ids.shape
+        if window + len(layout.fed) > max_window:
+            continue
+        images = case.mix.shape[0]
+        past_kv = rng.standard_normal(graph.shape_at(graph.input("past_kv"), "max", batch=batch)).astype(np.float32)
+        feeds = {"input_ids": case.input_ids, "positions": case.positions, "attention_mask": case.attention_mask,
+                 "past_kv": past_kv, "last": np.full(images, window - 1, dtype=np.int32), "mix": case.mix,
+                 "uniforms": rng.random((images, layout.nodes - 1)).astype(np.float32)}
+        with torch.no_grad():
+            present_kv, probs, draws = tree(*(torch.from_numpy(feeds[name]) for name in graph.input_names))
+        got = session.run(list(graph.output_names), feeds)
+        yield from _compare(graph, f"{case.name} + a tree of {layout.nodes - 1}", got,
+                            {"present_kv": present_kv, "probs": probs, "draws": draws})
+
+
 def prefill_cases(config, rng: np.random.Generator) -> Iterator[tuple[str, dict[str, np.ndarray], np.ndarray]]:
     """(name, condition feeds, mix): real and null classes (c2i); captions of different
     lengths, left-padded as LlamaGen's sample_t2i.py pads them, with CFG rows (t2i); token
@@ -412,6 +441,8 @@ def verify_bundle(bundle: str | Path | Manifest, models: ModelSet, seed: int = 0
             comparisons += _verify_prefill(manifest, graph, model, seed, threads)
         elif graph.kind == "chain":
             comparisons += _verify_chain(manifest, graph, model, capacity, max_window, seed, threads)
+        elif graph.kind == "tree":
+            comparisons += _verify_tree(manifest, graph, model, capacity, max_window, seed, threads)
         else:
             comparisons += _verify_step(manifest, graph, model, capacity, max_window, seed, threads)
     return VerifyReport(tuple(comparisons))

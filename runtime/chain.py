@@ -137,51 +137,63 @@ class DraftTree(DraftChain):
         seen = attention_mask[rows, slot]                    # [B, C + W]: what the root saw
         position = positions.long()[rows, slot][:, None]     # [B, 1]
         vocab = torch.arange(logits.shape[-1], device=logits.device)
-        tokens: dict[int, torch.Tensor] = {}                 # node -> [I] its token
-        valid: dict[int, torch.Tensor] = {0: torch.ones_like(last, dtype=torch.bool)}
-        level_logits, level = logits[rows, slot][:, None], [0]
-        all_probs, fed_so_far = [], []
-        for depth in range(len(layout.levels) + 1):
+        level_logits, parent_ok = logits[rows, slot][:, None], torch.ones_like(last, dtype=torch.bool)[:, None]
+        all_probs, all_tokens, all_ok = [], [], []
+        where = {}  # node -> its column in the levels' tokens side by side (level by level, rank by rank)
+        columns, fed_so_far = 0, []
+        for depth, level in enumerate([[0], *layout.levels]):
             if depth:  # run this level's nodes after the window and the levels before
-                level = layout.levels[depth - 1]
-                ids = torch.stack([tokens[n] for n in level], dim=1).clamp(min=0).repeat(pairs, 1)
+                at = _index([where[n] for n in level], input_ids.device)
+                ids, parent_ok = tokens_so_far.index_select(1, at), ok_so_far.index_select(1, at)
                 fed_so_far += level
                 ancestry = torch.tensor([[_is_ancestor(layout.parents, f, n) for f in fed_so_far] for n in level],
                                         dtype=seen.dtype, device=seen.device)
                 mask = torch.cat([seen[:, None].expand(-1, len(level), -1), ancestry.expand(batch, -1, -1)], dim=2)
-                level_logits, _, present = self._step(ids, None, (position + depth).expand(-1, len(level)), mask,
+                level_logits, _, present = self._step(ids.clamp(min=0).repeat(pairs, 1), None,
+                                                      (position + depth).expand(-1, len(level)), mask,
                                                       KVSegments(past_kv, local))
                 local = torch.cat([local, present], dim=4)
-            firsts = [layout.children[n][0] - 1 for n in level]
-            probs, draws = self.head(level_logits, mix, uniforms[:, firsts])
+            # every node's children, rank after rank ([I, nodes, rank]): rank 0 is the head's draw,
+            # rank k a draw without ranks 0..k − 1; a node with fewer children ignores the rest
+            ranks = max(len(layout.children[n]) for n in level)
+            firsts = _index([layout.children[n][0] - 1 for n in level], input_ids.device)
+            probs, draws = self.head(level_logits, mix, uniforms.index_select(1, firsts))
             all_probs.append(probs)
+            picks, oks, kept = [draws.long()], [parent_ok], probs
+            for rank in range(1, ranks):
+                kids = [layout.children[n][min(rank, len(layout.children[n]) - 1)] for n in level]
+                kept = kept * (picks[-1][..., None] != vocab).to(kept.dtype)  # the row without ranks 0..rank − 1
+                pick, left = _inverse_cdf(kept, uniforms.index_select(1, _index([k - 1 for k in kids], input_ids.device)))
+                picks.append(pick)
+                oks.append(oks[-1] & (left > 1e-12))
+            tokens, ok = torch.stack(picks, dim=2), torch.stack(oks, dim=2)
             for i, node in enumerate(level):
-                first = layout.children[node][0]
-                tokens[first], valid[first] = draws[:, i].long(), valid[node]
-            for rank in range(1, max(len(layout.children[n]) for n in level)):
-                at = [i for i, n in enumerate(level) if len(layout.children[n]) > rank]
-                kids = [layout.children[level[i]][rank] for i in at]
-                drawn = torch.stack([torch.stack([tokens[c] for c in layout.children[level[i]][:rank]], dim=1)
-                                     for i in at], dim=1)   # [I, nodes, rank]: their earlier children
-                picks, left = _draw_without(probs[:, at], drawn, uniforms[:, [k - 1 for k in kids]], vocab)
-                for j, kid in enumerate(kids):
-                    before = layout.children[level[at[j]]][rank - 1]
-                    tokens[kid], valid[kid] = picks[:, j], valid[before] & (left[:, j] > 1e-12)
-        nodes = range(1, layout.nodes)
-        draws = torch.stack([torch.where(valid[n], tokens[n], torch.full_like(tokens[n], -1)) for n in nodes], dim=1)
+                for rank, child in enumerate(layout.children[node]):
+                    where[child] = columns + i * ranks + rank
+            columns += len(level) * ranks
+            all_tokens.append(tokens.reshape(tokens.shape[0], -1))
+            all_ok.append(ok.reshape(ok.shape[0], -1))
+            tokens_so_far, ok_so_far = torch.cat(all_tokens, dim=1), torch.cat(all_ok, dim=1)
+        drafted = _index([where[n] for n in range(1, layout.nodes)], input_ids.device)
+        tokens = tokens_so_far.index_select(1, drafted)
+        draws = torch.where(ok_so_far.index_select(1, drafted), tokens, torch.full_like(tokens, -1))
         return local, torch.cat(all_probs, dim=1), draws.to(torch.int32)
 
 
-def _draw_without(rows: torch.Tensor, drawn: torch.Tensor, uniforms: torch.Tensor,
-                  vocab: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row [I, n, V], the inverse CDF of the row without its `drawn` tokens [I, n, k] at
-    uniforms [I, n] times the mass left: (tokens [I, n], mass left [I, n]). Counted in float32, as
-    the head counts, so TensorRT needs no integer reduction."""
-    kept = rows * (1.0 - (drawn[..., None] == vocab).float().sum(dim=2))
-    cdf = torch.cumsum(kept, dim=-1)
-    left = cdf[..., -1]
-    below = (cdf <= (uniforms.float() * left)[..., None]).float().sum(dim=-1)
-    return torch.clamp(below, max=float(rows.shape[-1] - 1)).long(), left
+def _inverse_cdf(rows: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row [I, n, V] (unnormalised: a row without its earlier draws), its inverse CDF at
+    uniforms [I, n] times its mass: (tokens [I, n], mass [I, n]). Counted in float32, as the head
+    counts, so TensorRT needs no integer reduction."""
+    cdf = torch.cumsum(rows, dim=-1)
+    mass = cdf[..., -1]
+    below = (cdf <= (uniforms.float() * mass)[..., None]).float().sum(dim=-1)
+    return torch.clamp(below, max=float(rows.shape[-1] - 1)).long(), mass
+
+
+def _index(columns: list[int], device: torch.device) -> torch.Tensor:
+    """Constant column indices: index_select with them exports as one Gather (a list index as
+    transposes around a GatherND)."""
+    return torch.tensor(columns, dtype=torch.long, device=device)
 
 
 def _is_ancestor(parents: list[int], node: int, of: int) -> bool:

@@ -22,13 +22,13 @@ FORMAT = "specrt-bundle"
 VERSION = 2
 MANIFEST_NAME = "manifest.json"
 ROLES = ("target", "draft", "vq", "text")
-KINDS = ("prefill", "step", "chain", "decode", "encode")
+KINDS = ("prefill", "step", "chain", "tree", "decode", "encode")
 DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "bool")
 # The sampling head every prefill and step graph ends in (docs/contracts.md, "Sampling head"):
 # name -> dtype of the inputs it adds and the outputs it appends.
 HEAD_INPUTS = {"mix": "float32", "uniforms": "float32"}
 HEAD_OUTPUTS = {"probs": "float32", "draws": "int32"}
-HEAD_KINDS = ("prefill", "step", "chain")
+HEAD_KINDS = ("prefill", "step", "chain", "tree")
 
 
 DEFAULT_MAX_IMAGES = 32  # `export --max-batch`: images decoded together in one pass, 64 model rows under CFG
@@ -75,6 +75,8 @@ class GraphSpec:
     external_data: str | None = None
     # Set by `specrt quantize`: precision, tool and version, algorithm settings, calibration size.
     quantization: dict[str, Any] | None = None
+    # A draft_tree graph's static shape (runtime/tree_call.py): its paths of child ranks.
+    tree: tuple[tuple[int, ...], ...] | None = None
 
     def input(self, name: str) -> TensorSpec:
         return _find(self.inputs, name, f"input of graph {self.name}")
@@ -109,6 +111,8 @@ class GraphSpec:
             out["external_data"] = self.external_data
         if self.quantization:
             out["quantization"] = dict(self.quantization)
+        if self.tree is not None:
+            out["tree"] = [list(path) for path in self.tree]
         return out
 
 
@@ -219,6 +223,7 @@ def parse_graph(name: str, raw: dict[str, Any]) -> GraphSpec:
             outputs=tuple(_tensor(name, t) for t in raw["outputs"]),
             profile={d: dict(v) for d, v in raw.get("profile", {}).items()},
             external_data=raw.get("external_data"), quantization=raw.get("quantization"),
+            tree=tuple(tuple(int(r) for r in path) for path in raw["tree"]) if "tree" in raw else None,
         )
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise SpecrtError(f"manifest: graph {name} is missing or has a malformed field: {exc}") from None
@@ -231,6 +236,8 @@ def parse_graph(name: str, raw: dict[str, Any]) -> GraphSpec:
                           f"expected role in {ROLES}, kind in {KINDS}")
     if spec.kind in HEAD_KINDS:
         _check_head(spec)
+    if (spec.kind == "tree") != (spec.tree is not None):
+        raise SpecrtError(f"manifest: graph {name}: a \"tree\" field goes with kind \"tree\" and only there")
     for tensor in spec.inputs + spec.outputs:
         missing = [d for d in tensor.symbolic_dims if d not in spec.profile]
         if missing:

@@ -25,6 +25,8 @@ from specrt.runtime.bundle_check import check_manifest, check_session, load_neig
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.eagle import EAGLE_KIND, HeadRunner
 from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, compact_kv, uniform_run
+from specrt.runtime.tree import StaticShape
+from specrt.runtime.tree_call import TreeLayout
 
 Providers = Union[None, Sequence[Any], Callable[[str], Sequence[Any]]]
 HEAD_INPUTS = ("mix", "uniforms")
@@ -110,6 +112,12 @@ class OrtRunner(ModelRunner):
             _check_io(chain, (*STEP_INPUTS, "last"), STEP_OUTPUTS)
         self.chain_steps = int(chain.input("uniforms").shape[1]) if chain is not None else 0
         self.chain_session = _session(manifest, chain.name, providers, threads) if chain is not None else None
+        # a static tree drafted in one call (runtime/chain.py DraftTree), where the bundle has one
+        tree = manifest.graphs.get(f"{role}_tree")
+        if tree is not None:
+            _check_io(tree, (*STEP_INPUTS, "last"), STEP_OUTPUTS)
+        self.tree_layout = TreeLayout(StaticShape(tree.tree)) if tree is not None else None
+        self.tree_session = _session(manifest, tree.name, providers, threads) if tree is not None else None
         self.layers, self.kv_heads, self.head_dim = (int(entry[k]) for k in ("n_layer", "n_kv_head", "head_dim"))
         self.dim = int(entry.get("dim", 0))
         self._hidden = np.zeros((0, 0, 0), dtype=np.float32)

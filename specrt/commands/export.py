@@ -113,6 +113,10 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
               help="Drafts per call of the draft_chain graph (a round's draft steps in one graph run; "
                    "sd/cool-sd/lantern use it when their draft_len equals it and no top-k/top-p/greedy applies); "
                    "0: no chain graph.")
+@click.option("--draft-tree", "draft_tree", default="mc_sim_7b_63", show_default=True, metavar="TREE",
+              help="The static tree the draft_tree graph drafts in one call (every depth of a round's tree in one "
+                   "graph run; sd/cool-sd/lantern with tree=static use it when their static_tree is this one and no "
+                   "top-k/top-p/greedy applies): a static tree name or a `specrt plan-tree` plan file; none: no tree graph.")
 @click.option("--verify", is_flag=True, help="Afterwards run every graph in onnxruntime against PyTorch (exit 1 above tolerance).")
 @click.option("--family", type=click.Choice(["llamagen", "continuous"]), default="llamagen", show_default=True,
               help="Model family: LlamaGen GPT + VQ, or the continuous MAR-style family (export/mar: the mar demo, "
@@ -122,7 +126,7 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
 @checkpoint_flags
 def command(ctx: click.Context, out, force, target, draft, vq, grid, max_prompt_tokens, weights_dtype, checkpoint,
             random_weights, demo, demo_weights, text_encoder, max_window, max_batch, opset, eagle, no_hidden,
-            neighbours_k, draft_chain, verify, family, threads) -> None:
+            neighbours_k, draft_chain, draft_tree, verify, family, threads) -> None:
     """Export target, draft (optional) and VQ decoder to an ONNX bundle (the embedded demo by default;
     --demo t2i adds its text encoder, so the bundle takes prompts).
 
@@ -163,7 +167,8 @@ def command(ctx: click.Context, out, force, target, draft, vq, grid, max_prompt_
     from specrt.export.bundle import ExportOptions, write_bundle
 
     options = ExportOptions(opset=opset, max_window=max_window, max_batch=max_batch,
-                            target_hidden=not no_hidden, neighbours_k=neighbours_k, draft_chain=draft_chain)
+                            target_hidden=not no_hidden, neighbours_k=neighbours_k, draft_chain=draft_chain,
+                            draft_tree="" if draft_tree == "none" else draft_tree)
     if eagle and draft:
         raise SpecrtError("--eagle replaces the draft model: give --draft or --eagle, not both")
     models = _models(target, draft, vq, checkpoint, random_weights, demo_weights, text_encoder, demo)

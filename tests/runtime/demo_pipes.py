@@ -28,3 +28,14 @@ def step_by_step(pipe: Any) -> Iterator[None]:
         yield
     finally:
         del runner.can_chain
+
+
+@contextmanager
+def level_by_level(pipe: Any) -> Iterator[None]:
+    """The pipeline's draft runner without its one-call static tree (runtime/tree_call.py): a draft pass per depth."""
+    runner = pipe.draft
+    runner.can_draft_tree = lambda layout: False
+    try:
+        yield
+    finally:
+        del runner.can_draft_tree

@@ -1,0 +1,127 @@
+"""A static tree drafted in one call (runtime/tree_call.py, runtime/chain.py DraftTree).
+
+sd, cool-sd and lantern with tree=static draft every depth of a round's tree in one draft call
+where the runner can (a bundle's draft_tree graph for its shape, or the PyTorch module for any).
+The uniforms are laid out as the level-by-level drafter draws them, so both paths draft the same
+trees from the same stream, and everything after drafting is unchanged: the one-call path must
+give the level path's tokens (which the exactness suites test) alone and in ragged batches, on
+both backends. Its own draws without replacement are checked against their exact law here.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from _toy_exact import chi_square  # noqa: E402
+from demo_pipes import level_by_level  # noqa: E402
+from specrt.manifest import read_manifest  # noqa: E402
+from specrt.runtime.tree import STATIC_TREES, StaticShape, static_shape  # noqa: E402
+from specrt.runtime.tree_call import TreeLayout, tree_from_draws  # noqa: E402
+
+SMALL = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # root: 3 children; node 1: 2; nodes 2, 4: 1
+
+
+def test_the_demo_bundle_drafts_the_default_static_tree_in_one_call(demo_bundle, ort_pipe):
+    graph = read_manifest(demo_bundle).graph("draft_tree")
+    assert graph.kind == "tree" and [list(p) for p in graph.tree] == static_shape("mc_sim_7b_63").paths
+    assert graph.input("uniforms").shape[1] == 25 and graph.output("probs").shape[1] == 11  # root + 10 fed
+    assert ort_pipe.draft.can_draft_tree(TreeLayout(static_shape("mc_sim_7b_63")))
+    assert not ort_pipe.draft.can_draft_tree(TreeLayout(static_shape("reverse_balanced_25")))
+    assert not ort_pipe.target.can_draft_tree(TreeLayout(static_shape("mc_sim_7b_63")))
+
+
+def test_layout_orders_nodes_as_the_level_by_level_drafter():
+    layout = TreeLayout(StaticShape(SMALL))
+    assert layout.parents == [-1, 0, 0, 0, 1, 1, 2, 4] and layout.depths == [0, 1, 1, 1, 2, 2, 2, 3]
+    assert layout.inner == [0, 1, 2, 4] and layout.fed == [1, 2, 4] and layout.levels == [[1, 2], [4]]
+    # the pass's first children, then the other children node by node, level after level
+    assert layout.uniform_order(1) == (1, 2, 3)
+    assert layout.uniform_order(3) == (1, 2, 3, 4, 6, 5, 7)
+
+
+def test_tree_from_draws_drops_missing_children_with_their_subtrees():
+    layout = TreeLayout(StaticShape(SMALL))
+    rows = np.arange(4)[:, None] * np.ones((4, 5))  # inner node k's row: all k
+    tree, staged = tree_from_draws(layout, 9, [10, 11, 12, -1, 14, 15, 16], rows, max_depth=3)
+    # node 4 ([0, 0]) ran out of mass: it and node 7 below it are gone; node 5 is tree node 4
+    assert tree.tokens == [9, 10, 11, 12, 14, 15] and tree.parents == [-1, 0, 0, 0, 1, 2]
+    assert sorted(tree.rows) == [0, 1, 2] and tree.rows[2][0] == 2  # node 2's row; node 4's unused
+    assert staged == [(1, 0), (2, 1)]  # fed nodes 1 and 2 kept (their present slots W + 0, W + 1)
+    shallow, staged = tree_from_draws(layout, 9, [10, 11, 12, 13, 14, 15, 16], rows, max_depth=1)
+    assert shallow.tokens == [9, 10, 11, 12] and staged == [] and sorted(shallow.rows) == [0]
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+@pytest.mark.parametrize("method", ["sd", "cool-sd", "lantern"])
+def test_one_call_trees_give_the_level_by_level_tokens(request, backend, method):
+    pipe = request.getfixturevalue(f"{backend}_pipe")
+    classes = [0, 1, 2, 3, 4]  # a ragged batch: trees cut at different image ends
+    one_call = pipe.generate(classes, method=method, seed=21, tree="static", decode=False)
+    calls = pipe.draft.forwards
+    with level_by_level(pipe):
+        levels = pipe.generate(classes, method=method, seed=21, tree="static", decode=False)
+    assert calls < 0.4 * pipe.draft.forwards  # one draft call a round instead of one a depth
+    np.testing.assert_array_equal(one_call.tokens, levels.tokens)
+    alone = pipe.generate([classes[2]], method=method, seed=23, tree="static", decode=False)
+    np.testing.assert_array_equal(alone.tokens[0], one_call.tokens[2])
+
+
+def test_the_torch_module_drafts_any_static_shape(torch_pipe):
+    for name in ("reverse_balanced_25", "naive_extend_57"):
+        one_call = torch_pipe.generate([5, 6], method="sd", seed=2, tree="static", static_tree=name, decode=False)
+        calls = torch_pipe.draft.forwards
+        with level_by_level(torch_pipe):
+            levels = torch_pipe.generate([5, 6], method="sd", seed=2, tree="static", static_tree=name, decode=False)
+        assert calls < 0.4 * torch_pipe.draft.forwards
+        np.testing.assert_array_equal(one_call.tokens, levels.tokens)
+
+
+def test_restricted_sampling_drafts_level_by_level(ort_pipe):
+    """top-k acts on the host between levels: the tree graph cannot apply it."""
+    result = ort_pipe.generate([2], method="sd", seed=0, tree="static", top_k=50, decode=False)
+    assert ort_pipe.draft.forwards >= result.stats.target_forwards * 2  # a pass per depth
+
+
+def test_in_graph_siblings_are_draws_without_replacement():
+    """The root's first three children of many images with one row q: child 1 ~ q, child 2 ~
+    q without child 1 (renormalised), child 3 ~ q without both. Their joint law is checked by
+    chi-square at 4,000 images (sampling with replacement, or an unscaled uniform, fails it)."""
+    from specrt.export.demo import load_demo
+    from specrt.runtime.chain import DraftTree
+
+    draft = load_demo().draft
+    cfg = draft.config
+    layout = TreeLayout(StaticShape(SMALL))
+    module, images, calls = DraftTree(draft, layout), 500, 8
+    generator = torch.Generator().manual_seed(5)
+    drawn, q = [], None
+    for _ in range(calls):
+        ids = torch.full((images, 1), 7, dtype=torch.int32)
+        positions = torch.full((images, 1), cfg.cond_len, dtype=torch.int32)
+        mask = torch.ones(images, 1, cfg.cond_len + 1, dtype=torch.bool)
+        past = torch.zeros(cfg.n_layer, 2, images, cfg.n_kv_head, cfg.cond_len, cfg.head_dim)
+        mix = torch.eye(images) * 1.5  # temperature 2/3: a peaked row, so a wrong law shows
+        uniforms = torch.rand(images, layout.nodes - 1, generator=generator)
+        with torch.inference_mode():
+            _, probs, draws = module(ids, positions, mask, past, torch.zeros(images, dtype=torch.int32), mix, uniforms)
+        q = probs[0, 0].double().numpy()
+        assert torch.allclose(probs[:, 0], probs[:1, 0], atol=1e-6)  # every image's root row is the same
+        drawn.append(draws[:, :3].numpy())
+    tokens = np.concatenate(drawn)
+    assert (tokens >= 0).all() and all(len(set(row)) == 3 for row in tokens.tolist())  # distinct, none missing
+    q = q / q.sum()
+    top = np.argsort(-q)[:40]  # the exact joint of the three on the tokens that carry the mass; the rest pooled
+    exact = {}
+    for a in top:
+        for b in top:
+            for c in top:
+                if len({a, b, c}) == 3:
+                    exact[(a, b, c)] = q[a] * q[b] / (1 - q[a]) * q[c] / (1 - q[a] - q[b])
+    exact[(-1, -1, -1)] = 1.0 - sum(exact.values())
+    inside = np.isin(tokens, top).all(axis=1)
+    tokens = np.where(inside[:, None], tokens, -1)
+    statistic, critical = chi_square(tokens, exact)
+    assert statistic < critical, (statistic, critical)
+    assert exact[(-1, -1, -1)] < 0.5  # the test looks at the mass, not at the pool
