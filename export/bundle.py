@@ -50,8 +50,8 @@ class ExportOptions:
     # drafts per draft_chain call (runtime/chain.py: a round's L draft steps in one graph); 0: no chain graph
     draft_chain: int = onnx_export.DEFAULT_CHAIN_STEPS
     # the static tree the draft_tree graph drafts in one call (runtime/tree_call.py): a STATIC_TREES
-    # name or a tree plan file; "" for none
-    draft_tree: str = DEFAULT_STATIC_TREE
+    # name or a tree plan file; "" for none; None: the methods' default tree where max_window holds it
+    draft_tree: str | None = None
 
     def __post_init__(self) -> None:
         if self.opset not in onnx_export.SUPPORTED_OPSETS:
@@ -60,22 +60,24 @@ class ExportOptions:
                             ("--neighbours", self.neighbours_k)):
             validation.count(flag, value)
         validation.integer("--draft-chain (0: none)", self.draft_chain, low=0)
-        if self.draft_tree:
-            self.tree_paths  # a wrong name or plan fails here, before any export
+        self.tree_paths  # a wrong name or plan, or a tree too large, fails here, before any export
 
     @property
     def tree_paths(self) -> list[list[int]]:
         """The --draft-tree shape as paths of child ranks ([] for none), checked against
-        --max-window: every drafted node is a uniform input and a draws output of the graph."""
-        if not self.draft_tree:
+        --max-window: the target verifies the whole tree in one window. The default tree is
+        left out where the window is too small for it (no method could draft it there)."""
+        if self.draft_tree == "":
             return []
         try:
-            shape = static_shape(self.draft_tree)
+            shape = static_shape(self.draft_tree or DEFAULT_STATIC_TREE)
         except SpecrtError as exc:
             raise SpecrtError(f"--draft-tree: {exc}") from None
         if shape.size > self.max_window - 1:
+            if self.draft_tree is None:
+                return []
             raise SpecrtError(f"--draft-tree {self.draft_tree} has {shape.size} drafts; --max-window "
-                              f"{self.max_window} holds {self.max_window - 1}")
+                              f"{self.max_window} verifies {self.max_window - 1} at most")
         return shape.paths
 
     @property
@@ -214,7 +216,7 @@ def _graph_jobs(models: ModelSet, options: ExportOptions, limits: GraphLimits) -
         ("draft_step", lambda d: onnx_export.export_step(models.draft, "draft", limits, d, opset, False)),
         *draft_chain_jobs(models.draft, options.chain_steps, limits, opset),
         *([("draft_tree", lambda d: onnx_export.export_tree(models.draft, "draft", limits, d, options.tree_paths, opset))]
-          if options.draft_tree else []),
+          if options.tree_paths else []),
     ] if models.draft is not None and not is_eagle(models.draft) else []
     if is_eagle(models.draft):
         if not options.target_hidden:

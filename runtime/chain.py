@@ -26,6 +26,8 @@ This module needs torch; the runtime imports it only from the PyTorch backend.
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -117,7 +119,8 @@ class DraftTree(DraftChain):
     A node's first child is the head's draw from its row (with its uniform, as every step
     draws); child k > 1 is drawn without replacement: the row with children 1..k − 1 zeroed,
     its inverse CDF at u·(mass left) (runtime.verification.draws_without_replacement's formula,
-    in float32 here). A child whose row has ≤ 1e-12 left, and everything below it, is −1.
+    in float32 here). Which children a row had the mass for is the host's to check (it has the
+    rows: runtime.tree_call.tree_from_draws), which keeps that bookkeeping out of the graph.
 
     (ids, positions, mask, past_kv, last, mix, uniforms [I, nodes − 1]) -> (present_kv [.., W + fed, ..],
     probs [I, inner, V], draws [I, nodes − 1] int32), in the layout's orders."""
@@ -128,66 +131,58 @@ class DraftTree(DraftChain):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
                 past_kv: torch.Tensor, last: torch.Tensor, mix: torch.Tensor, uniforms: torch.Tensor):
-        layout = self.layout
+        layout, device = self.layout, input_ids.device
         batch = input_ids.shape[0]
         pairs = batch // mix.shape[0]
         logits, _, local = self._step(input_ids.long(), None, positions.long(), attention_mask, past_kv)
-        rows = torch.arange(batch, device=input_ids.device)
+        rows = torch.arange(batch, device=device)
         slot = last.long().repeat(pairs)
         seen = attention_mask[rows, slot]                    # [B, C + W]: what the root saw
         position = positions.long()[rows, slot][:, None]     # [B, 1]
-        vocab = torch.arange(logits.shape[-1], device=logits.device)
-        level_logits, parent_ok = logits[rows, slot][:, None], torch.ones_like(last, dtype=torch.bool)[:, None]
-        all_probs, all_tokens, all_ok = [], [], []
-        where = {}  # node -> its column in the levels' tokens side by side (level by level, rank by rank)
-        columns, fed_so_far = 0, []
+        vocab = torch.arange(logits.shape[-1], device=device, dtype=torch.float32)
+        level_logits, all_probs, all_tokens = logits[rows, slot][:, None], [], []
+        where: dict[int, tuple[int, int]] = {}  # node -> (its level's tokens, its column there)
+        fed_so_far: list[int] = []
         for depth, level in enumerate([[0], *layout.levels]):
             if depth:  # run this level's nodes after the window and the levels before
-                at = _index([where[n] for n in level], input_ids.device)
-                ids, parent_ok = tokens_so_far.index_select(1, at), ok_so_far.index_select(1, at)
+                # a level's nodes were drawn at the level before: gather them from its tokens
+                ids = all_tokens[depth - 1].index_select(1, _index([where[n][1] for n in level], device))
                 fed_so_far += level
                 ancestry = torch.tensor([[_is_ancestor(layout.parents, f, n) for f in fed_so_far] for n in level],
                                         dtype=seen.dtype, device=seen.device)
                 mask = torch.cat([seen[:, None].expand(-1, len(level), -1), ancestry.expand(batch, -1, -1)], dim=2)
-                level_logits, _, present = self._step(ids.clamp(min=0).repeat(pairs, 1), None,
+                level_logits, _, present = self._step(ids.long().repeat(pairs, 1), None,
                                                       (position + depth).expand(-1, len(level)), mask,
                                                       KVSegments(past_kv, local))
                 local = torch.cat([local, present], dim=4)
             # every node's children, rank after rank ([I, nodes, rank]): rank 0 is the head's draw,
             # rank k a draw without ranks 0..k − 1; a node with fewer children ignores the rest
             ranks = max(len(layout.children[n]) for n in level)
-            firsts = _index([layout.children[n][0] - 1 for n in level], input_ids.device)
+            firsts = _index([layout.children[n][0] - 1 for n in level], device)
             probs, draws = self.head(level_logits, mix, uniforms.index_select(1, firsts))
             all_probs.append(probs)
-            picks, oks, kept = [draws.long()], [parent_ok], probs
+            picks, kept = [draws.float()], probs
             for rank in range(1, ranks):
-                kids = [layout.children[n][min(rank, len(layout.children[n]) - 1)] for n in level]
-                kept = kept * (picks[-1][..., None] != vocab).to(kept.dtype)  # the row without ranks 0..rank − 1
-                pick, left = _inverse_cdf(kept, uniforms.index_select(1, _index([k - 1 for k in kids], input_ids.device)))
-                picks.append(pick)
-                oks.append(oks[-1] & (left > 1e-12))
-            tokens, ok = torch.stack(picks, dim=2), torch.stack(oks, dim=2)
+                kids = _index([layout.children[n][min(rank, len(layout.children[n]) - 1)] - 1 for n in level], device)
+                kept = torch.where(picks[-1][..., None] == vocab, 0.0, kept)  # without ranks 0..rank − 1
+                picks.append(_inverse_cdf(kept, uniforms.index_select(1, kids)))
+            all_tokens.append(torch.stack(picks, dim=2).reshape(probs.shape[0], -1))
             for i, node in enumerate(level):
                 for rank, child in enumerate(layout.children[node]):
-                    where[child] = columns + i * ranks + rank
-            columns += len(level) * ranks
-            all_tokens.append(tokens.reshape(tokens.shape[0], -1))
-            all_ok.append(ok.reshape(ok.shape[0], -1))
-            tokens_so_far, ok_so_far = torch.cat(all_tokens, dim=1), torch.cat(all_ok, dim=1)
-        drafted = _index([where[n] for n in range(1, layout.nodes)], input_ids.device)
-        tokens = tokens_so_far.index_select(1, drafted)
-        draws = torch.where(ok_so_far.index_select(1, drafted), tokens, torch.full_like(tokens, -1))
-        return local, torch.cat(all_probs, dim=1), draws.to(torch.int32)
+                    where[child] = (depth, i * ranks + rank)
+        tokens = torch.cat(all_tokens, dim=1)
+        offsets = list(itertools.accumulate((t.shape[1] for t in all_tokens), initial=0))
+        drafted = _index([offsets[where[n][0]] + where[n][1] for n in range(1, layout.nodes)], device)
+        return local, torch.cat(all_probs, dim=1), tokens.index_select(1, drafted).to(torch.int32)
 
 
-def _inverse_cdf(rows: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _inverse_cdf(rows: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Per row [I, n, V] (unnormalised: a row without its earlier draws), its inverse CDF at
-    uniforms [I, n] times its mass: (tokens [I, n], mass [I, n]). Counted in float32, as the head
-    counts, so TensorRT needs no integer reduction."""
+    uniforms [I, n] times its mass: tokens [I, n] as float32 (a count, as the head counts, so
+    TensorRT needs no integer reduction)."""
     cdf = torch.cumsum(rows, dim=-1)
-    mass = cdf[..., -1]
-    below = (cdf <= (uniforms.float() * mass)[..., None]).float().sum(dim=-1)
-    return torch.clamp(below, max=float(rows.shape[-1] - 1)).long(), mass
+    below = (cdf <= (uniforms.float() * cdf[..., -1])[..., None]).float().sum(dim=-1)
+    return torch.clamp(below, max=float(rows.shape[-1] - 1))
 
 
 def _index(columns: list[int], device: torch.device) -> torch.Tensor:

@@ -13,8 +13,8 @@ The layout (`TreeLayout`) fixes what both sides agree on, from the shape alone:
   (the q each node's children were drawn from);
 - `fed`: the inner nodes below the root, in node order (a level after another): fed after the
   window, their KV rows at present slots W, W + 1, ... (W the window width);
-- `draws[:, n − 1]`: node n's token, −1 where its row ran out of mass (≤ 1e-12 left, as
-  verification.draws_without_replacement stops) or its parent is missing;
+- `draws[:, n − 1]`: node n's token (where its parent's row still had mass for it: the host
+  checks, tree_from_draws);
 - `uniforms[:, n − 1]`: the uniform node n is drawn with. `uniform_order` lays an image's stream
   out as the level-by-level drafter consumes it (the window's uniforms, the last one drawing
   the root's first child; the root's other children; then per level its nodes' first children
@@ -43,6 +43,8 @@ class TreeLayout:
             for child in kids:
                 self.parents[child], self.depths[child] = node, self.depths[node] + 1
         self.inner = [n for n in range(count) if self.children[n]]
+        rows = {node: k for k, node in enumerate(self.inner)}
+        self.row_of = [rows.get(parent, 0) for parent in self.parents]  # a node's parent's row in `inner` order
         self.fed = self.inner[1:]
         self.levels = [[n for n in self.fed if self.depths[n] == depth]
                        for depth in range(1, max((self.depths[n] for n in self.inner), default=0) + 1)]
@@ -83,19 +85,30 @@ def tree_uniforms(layout: TreeLayout, rngs: Sequence[np.random.Generator], sizes
 
 def tree_from_draws(layout: TreeLayout, root: int, draws: Sequence[int], rows: Any,
                     max_depth: int) -> tuple[TokenTree, list[tuple[int, int]]]:
-    """The TokenTree an image's draws [nodes − 1] make (nodes deeper than max_depth, and missing
-    ones with their subtrees, left out; rows[k]: inner[k]'s q, set for every node with children)
-    and its nodes to stage, in fed order: (tree node, index in `fed`) of each fed node it keeps
-    above max_depth (its KV row sits at present slot W + that index)."""
-    index = {0: 0}
-    tokens, parents = [int(root)], [-1]
-    for node, token in enumerate(draws, 1):
+    """The TokenTree an image's draws [nodes − 1] make, with rows[k] [V] as inner[k]'s q, and its
+    nodes to stage, in fed order: (tree node, index in `fed`) of each fed node it keeps above
+    max_depth (its KV row sits at present slot W + that index).
+
+    Left out, with their subtrees: nodes deeper than max_depth, and children their row had no
+    mass for, as draws_without_replacement stops: child j of a row needs more than 1e-12 of it
+    left after children 1..j − 1 (float64 sums of the row's float32 entries, as there)."""
+    rows = np.asarray(rows)
+    tokens = [int(t) for t in draws]
+    totals = rows.sum(axis=1, dtype=np.float64).tolist()
+    masses = rows[layout.row_of[1:], tokens].astype(np.float64).tolist()  # each node's mass in its parent's row
+    index, left = {0: 0}, {}
+    kept_tokens, kept_parents = [int(root)], [-1]
+    for node in range(1, layout.nodes):
         parent = layout.parents[node]
-        if token >= 0 and layout.depths[node] <= max_depth and parent in index:
-            index[node] = len(tokens)
-            tokens.append(int(token))
-            parents.append(index[parent])
-    tree = TokenTree.from_parents(tokens, parents, SAMPLED)
+        before = left.get(parent, totals[layout.row_of[node]])  # the parent's row's mass not yet drawn
+        left[parent] = before - masses[node - 1]
+        if before > 1e-12 and parent in index and layout.depths[node] <= max_depth:
+            index[node] = len(kept_tokens)
+            kept_tokens.append(tokens[node - 1])
+            kept_parents.append(index[parent])
+        else:
+            left[parent] = 0.0  # a row that ran out stops: no later sibling either
+    tree = TokenTree.from_parents(kept_tokens, kept_parents, SAMPLED)
     for k, node in enumerate(layout.inner):
         at = index.get(node)
         if at is not None and tree.children[at]:

@@ -113,10 +113,11 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
               help="Drafts per call of the draft_chain graph (a round's draft steps in one graph run; "
                    "sd/cool-sd/lantern use it when their draft_len equals it and no top-k/top-p/greedy applies); "
                    "0: no chain graph.")
-@click.option("--draft-tree", "draft_tree", default="mc_sim_7b_63", show_default=True, metavar="TREE",
+@click.option("--draft-tree", "draft_tree", default=None, metavar="TREE",
               help="The static tree the draft_tree graph drafts in one call (every depth of a round's tree in one "
                    "graph run; sd/cool-sd/lantern with tree=static use it when their static_tree is this one and no "
-                   "top-k/top-p/greedy applies): a static tree name or a `specrt plan-tree` plan file; none: no tree graph.")
+                   "top-k/top-p/greedy applies): a static tree name or a `specrt plan-tree` plan file; none: no tree "
+                   "graph. Default: mc_sim_7b_63 (the methods' default) where --max-window holds it.")
 @click.option("--verify", is_flag=True, help="Afterwards run every graph in onnxruntime against PyTorch (exit 1 above tolerance).")
 @click.option("--family", type=click.Choice(["llamagen", "continuous"]), default="llamagen", show_default=True,
               help="Model family: LlamaGen GPT + VQ, or the continuous MAR-style family (export/mar: the mar demo, "
@@ -168,7 +169,7 @@ def command(ctx: click.Context, out, force, target, draft, vq, grid, max_prompt_
 
     options = ExportOptions(opset=opset, max_window=max_window, max_batch=max_batch,
                             target_hidden=not no_hidden, neighbours_k=neighbours_k, draft_chain=draft_chain,
-                            draft_tree="" if draft_tree == "none" else draft_tree)
+                            draft_tree="" if draft_tree == "none" else draft_tree)  # None: the default
     if eagle and draft:
         raise SpecrtError("--eagle replaces the draft model: give --draft or --eagle, not both")
     models = _models(target, draft, vq, checkpoint, random_weights, demo_weights, text_encoder, demo)
