@@ -27,6 +27,7 @@ from .precision import CONVERTER_VERSION, builder_flag_names, needs_conversion, 
 from .profiles import GraphProfile, derive_profile, onnx_input_dims, validate_against_onnx
 
 TRT_MISSING = "TensorRT is not installed: pip install 'specrt[trt]' (on Jetson it comes with JetPack)"
+SKIPPED_KINDS = ("tree",)  # graphs the TensorRT runner does not run yet (a draft_tree: trees draft level by level)
 CONVERTED_DIR = "engines/converted"  # relative to the bundle: fp16/bf16 graphs for TensorRT 11
 
 
@@ -192,6 +193,8 @@ def plan_jobs(bundle: str | Path, precision: str, trt_version: str, device: Devi
     validate_precision(precision)
     jobs = []
     for entry in graph_entries(bundle, graphs):
+        if graphs is None and entry.spec["kind"] in SKIPPED_KINDS:
+            continue  # the TensorRT runner does not run it: no engine unless asked for by name
         profile = derive_profile(entry.name, entry.spec, max_window)
         validate_against_onnx(profile, entry.spec, onnx_input_dims(entry.onnx_path))
         onnx_path, converter = entry.onnx_path, ""
