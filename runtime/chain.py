@@ -128,52 +128,63 @@ class DraftTree(DraftChain):
     def __init__(self, model: nn.Module, layout):
         super().__init__(model, 1)
         self.layout = layout
+        # the layout's index lists as buffers, made once (a CUDA graph's capture cannot copy them
+        # from the host); node n's token is column where[n][1] of the tokens drawn at level where[n][0]
+        self.levels = [[0], *layout.levels]
+        self.ranks = [max(len(layout.children[n]) for n in level) for level in self.levels]
+        where: dict[int, tuple[int, int]] = {}
+        for depth, level in enumerate(self.levels):
+            for i, node in enumerate(level):
+                for rank, child in enumerate(layout.children[node]):
+                    where[child] = (depth, i * self.ranks[depth] + rank)
+        fed: list[int] = []
+        for depth, level in enumerate(self.levels):
+            if depth:  # a level's nodes were drawn at the level before: their columns there
+                fed += level
+                self._constant(f"at{depth}", [where[n][1] for n in level])
+                self._constant(f"ancestry{depth}", [[_is_ancestor(layout.parents, f, n) for f in fed] for n in level])
+            self._constant(f"firsts{depth}", [layout.children[n][0] - 1 for n in level])
+            for rank in range(1, self.ranks[depth]):  # a node with fewer children repeats its last (ignored)
+                self._constant(f"kids{depth}_{rank}",
+                               [layout.children[n][min(rank, len(layout.children[n]) - 1)] - 1 for n in level])
+        offsets = list(itertools.accumulate((len(level) * r for level, r in zip(self.levels, self.ranks)), initial=0))
+        self._constant("drafted", [offsets[where[n][0]] + where[n][1] for n in range(1, layout.nodes)])
+
+    def _constant(self, name: str, values: list) -> None:
+        self.register_buffer(name, torch.tensor(values, dtype=torch.bool if isinstance(values[0], list) else torch.long),
+                             persistent=False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
                 past_kv: torch.Tensor, last: torch.Tensor, mix: torch.Tensor, uniforms: torch.Tensor):
-        layout, device = self.layout, input_ids.device
         batch = input_ids.shape[0]
         pairs = batch // mix.shape[0]
         logits, _, local = self._step(input_ids.long(), None, positions.long(), attention_mask, past_kv)
-        rows = torch.arange(batch, device=device)
+        rows = torch.arange(batch, device=input_ids.device)
         slot = last.long().repeat(pairs)
         seen = attention_mask[rows, slot]                    # [B, C + W]: what the root saw
         position = positions.long()[rows, slot][:, None]     # [B, 1]
-        vocab = torch.arange(logits.shape[-1], device=device, dtype=torch.float32)
+        vocab = torch.arange(logits.shape[-1], device=input_ids.device, dtype=torch.float32)
         level_logits, all_probs, all_tokens = logits[rows, slot][:, None], [], []
-        where: dict[int, tuple[int, int]] = {}  # node -> (its level's tokens, its column there)
-        fed_so_far: list[int] = []
-        for depth, level in enumerate([[0], *layout.levels]):
+        for depth, level in enumerate(self.levels):
             if depth:  # run this level's nodes after the window and the levels before
-                # a level's nodes were drawn at the level before: gather them from its tokens
-                ids = all_tokens[depth - 1].index_select(1, _index([where[n][1] for n in level], device))
-                fed_so_far += level
-                ancestry = torch.tensor([[_is_ancestor(layout.parents, f, n) for f in fed_so_far] for n in level],
-                                        dtype=seen.dtype, device=seen.device)
+                ids = all_tokens[depth - 1].index_select(1, getattr(self, f"at{depth}"))
+                ancestry = getattr(self, f"ancestry{depth}").to(seen.dtype)
                 mask = torch.cat([seen[:, None].expand(-1, len(level), -1), ancestry.expand(batch, -1, -1)], dim=2)
                 level_logits, _, present = self._step(ids.long().repeat(pairs, 1), None,
                                                       (position + depth).expand(-1, len(level)), mask,
                                                       KVSegments(past_kv, local))
                 local = torch.cat([local, present], dim=4)
             # every node's children, rank after rank ([I, nodes, rank]): rank 0 is the head's draw,
-            # rank k a draw without ranks 0..k − 1; a node with fewer children ignores the rest
-            ranks = max(len(layout.children[n]) for n in level)
-            firsts = _index([layout.children[n][0] - 1 for n in level], device)
-            probs, draws = self.head(level_logits, mix, uniforms.index_select(1, firsts))
+            # rank k a draw without ranks 0..k − 1
+            probs, draws = self.head(level_logits, mix, uniforms.index_select(1, getattr(self, f"firsts{depth}")))
             all_probs.append(probs)
             picks, kept = [draws.float()], probs
-            for rank in range(1, ranks):
-                kids = _index([layout.children[n][min(rank, len(layout.children[n]) - 1)] - 1 for n in level], device)
+            for rank in range(1, self.ranks[depth]):
                 kept = torch.where(picks[-1][..., None] == vocab, 0.0, kept)  # without ranks 0..rank − 1
-                picks.append(_inverse_cdf(kept, uniforms.index_select(1, kids)))
+                picks.append(_inverse_cdf(kept, uniforms.index_select(1, getattr(self, f"kids{depth}_{rank}"))))
             all_tokens.append(torch.stack(picks, dim=2).reshape(probs.shape[0], -1))
-            for i, node in enumerate(level):
-                for rank, child in enumerate(layout.children[node]):
-                    where[child] = (depth, i * ranks + rank)
-        tokens = torch.cat(all_tokens, dim=1)
-        offsets = list(itertools.accumulate((t.shape[1] for t in all_tokens), initial=0))
-        drafted = _index([offsets[where[n][0]] + where[n][1] for n in range(1, layout.nodes)], device)
-        return local, torch.cat(all_probs, dim=1), tokens.index_select(1, drafted).to(torch.int32)
+        tokens = torch.cat(all_tokens, dim=1).index_select(1, self.drafted)
+        return local, torch.cat(all_probs, dim=1), tokens.to(torch.int32)
 
 
 def _inverse_cdf(rows: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -183,12 +194,6 @@ def _inverse_cdf(rows: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     cdf = torch.cumsum(rows, dim=-1)
     below = (cdf <= (uniforms.float() * cdf[..., -1])[..., None]).float().sum(dim=-1)
     return torch.clamp(below, max=float(rows.shape[-1] - 1))
-
-
-def _index(columns: list[int], device: torch.device) -> torch.Tensor:
-    """Constant column indices: index_select with them exports as one Gather (a list index as
-    transposes around a GatherND)."""
-    return torch.tensor(columns, dtype=torch.long, device=device)
 
 
 def _is_ancestor(parents: list[int], node: int, of: int) -> bool:

@@ -357,7 +357,7 @@ class TorchRunner(ModelRunner):
         tree = self._chains.get(layout.key)
         if tree is None:
             from specrt.runtime.chain import DraftTree  # needs torch, as this runner does
-            tree = self._chains[layout.key] = DraftTree(self.gpt, layout)
+            tree = self._chains[layout.key] = DraftTree(self.gpt, layout).to(self.device)
         with torch.inference_mode():
             ids_t = self._to_device(ids, getattr(self, "_ids_dev", None))
             pos_t = self._to_device(positions, getattr(self, "_pos_dev", None))

@@ -129,3 +129,16 @@ def test_in_graph_siblings_are_draws_without_replacement():
     statistic, critical = chi_square(tokens, exact)
     assert statistic < critical, (statistic, critical)
     assert exact[(-1, -1, -1)] < 0.5  # the test looks at the mass, not at the pool
+
+
+def test_the_tree_module_copies_nothing_from_the_host_when_it_runs(torch_pipe, monkeypatch):
+    """A CUDA graph captures the module's second call: inside it no tensor may be made from host
+    data (its index lists are buffers made with the module); the tokens are unchanged."""
+    expected = torch_pipe.generate([3], method="sd", seed=4, tree="static", decode=False).tokens
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.tensor called while drafting a tree")
+
+    monkeypatch.setattr(torch, "tensor", refuse)
+    np.testing.assert_array_equal(torch_pipe.generate([3], method="sd", seed=4, tree="static", decode=False).tokens,
+                                  expected)
