@@ -49,7 +49,13 @@ class TreeLayout:
         self.levels = [[n for n in self.fed if self.depths[n] == depth]
                        for depth in range(1, max((self.depths[n] for n in self.inner), default=0) + 1)]
         self.key = tuple(tuple(kids) for kids in self.children)  # the shape, hashable
+        self.depth = max(self.depths)
         self._orders: dict[int, tuple[int, ...]] = {}
+        # for the whole-tree check: each node's parent row, and per row its children but the last
+        self._row_index = np.array(self.row_of[1:], dtype=np.int64)
+        self._all_but_last = np.zeros((len(self.inner), count - 1))
+        for k, node in enumerate(self.inner):
+            self._all_but_last[k, np.array(self.children[node][:-1], dtype=np.int64) - 1] = 1.0
 
     @property
     def nodes(self) -> int:
@@ -94,8 +100,11 @@ def tree_from_draws(layout: TreeLayout, root: int, draws: Sequence[int], rows: A
     left after children 1..j − 1 (float64 sums of the row's float32 entries, as there)."""
     rows = np.asarray(rows)
     tokens = [int(t) for t in draws]
-    totals = rows.sum(axis=1, dtype=np.float64).tolist()
-    masses = rows[layout.row_of[1:], tokens].astype(np.float64).tolist()  # each node's mass in its parent's row
+    totals = rows.sum(axis=1, dtype=np.float64)
+    masses = rows[layout._row_index, tokens].astype(np.float64)  # each node's mass in its parent's row
+    if max_depth >= layout.depth and (totals - layout._all_but_last @ masses > 1e-12).all():
+        return _whole_tree(layout, root, tokens, rows)  # the usual round: every row had mass for every child
+    totals, masses = totals.tolist(), masses.tolist()
     index, left = {0: 0}, {}
     kept_tokens, kept_parents = [int(root)], [-1]
     for node in range(1, layout.nodes):
@@ -115,3 +124,13 @@ def tree_from_draws(layout: TreeLayout, root: int, draws: Sequence[int], rows: A
             tree.rows[at] = rows[k]
     staged = [(index[n], k) for k, n in enumerate(layout.fed) if n in index and layout.depths[n] < max_depth]
     return tree, staged
+
+
+def _whole_tree(layout: TreeLayout, root: int, tokens: list[int], rows: np.ndarray) -> tuple[TokenTree, list[tuple[int, int]]]:
+    """tree_from_draws where every node is kept: the layout's own structure (node n is tree node n)."""
+    tree = TokenTree(root, SAMPLED)
+    tree.tokens = [int(root), *tokens]
+    tree.parents, tree.depths = list(layout.parents), list(layout.depths)
+    tree.children = [list(kids) for kids in layout.children]
+    tree.rows = dict(zip(layout.inner, rows))
+    return tree, [(node, k) for k, node in enumerate(layout.fed)]

@@ -50,6 +50,10 @@ def test_tree_from_draws_drops_children_their_row_had_no_mass_for():
     assert tree.tokens == [9, 0, 1, 3, 4, 0, 1] and tree.parents == [-1, 0, 0, 1, 1, 2, 3]
     assert sorted(tree.rows) == [0, 1, 2, 3] and tree.rows[2][0] == 1.0  # node 2's row
     assert staged == [(1, 0), (2, 1), (3, 2)]  # the fed nodes 1, 2, 4 (present slots W + 0, 1, 2)
+    full, staged = tree_from_draws(layout, 9, draws, np.full((4, 5), 0.2, dtype=np.float32), max_depth=3)
+    assert full.tokens == [9, *draws] and full.parents == layout.parents and full.depths == layout.depths
+    assert full.children == layout.children and sorted(full.rows) == layout.inner
+    assert staged == [(1, 0), (2, 1), (4, 2)]  # every row had mass for every child: the whole shape
     rows[1] = 0.0  # node 1's row is empty: its children (nodes 4, 5) and node 4's child go
     tree, staged = tree_from_draws(layout, 9, draws, rows, max_depth=3)
     assert tree.tokens == [9, 0, 1, 0] and tree.parents == [-1, 0, 0, 2] and staged == [(1, 0), (2, 1)]
