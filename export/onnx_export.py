@@ -229,18 +229,24 @@ def step_spec(name: str, role: str, config, limits: GraphLimits, opset: int, wit
                      inputs=inputs, outputs=(*outputs, *head_outputs(config, WINDOW)), profile=limits.step_profile())
 
 
-def chain_spec(name: str, role: str, config, limits: GraphLimits, opset: int, steps: int) -> GraphSpec:
-    """A draft chain (runtime/chain.py): the step graph's inputs plus each image's last real
-    window slot; `steps` drafts out (probs and draws [images, steps]) and the present rows of
-    the window and of the drafts it fed (chain_len = window + steps - 1)."""
-    inputs = (
+def drafting_inputs(config, drafts: int) -> tuple[TensorSpec, ...]:
+    """A draft chain's or tree's inputs: the step graph's, each image's last real window slot
+    after past_kv, and one uniform per draft."""
+    return (
         TensorSpec("input_ids", "int32", (BATCH, WINDOW)),
         TensorSpec("positions", "int32", (BATCH, WINDOW)),
         TensorSpec("attention_mask", "bool", (BATCH, WINDOW, TOTAL_LEN)),
         TensorSpec("past_kv", "float32", _kv_shape(config, BATCH, CACHE_LEN)),
         TensorSpec("last", "int32", (IMAGES,)),
-        *head_inputs(steps),
+        *head_inputs(drafts),
     )
+
+
+def chain_spec(name: str, role: str, config, limits: GraphLimits, opset: int, steps: int) -> GraphSpec:
+    """A draft chain (runtime/chain.py): the step graph's inputs plus each image's last real
+    window slot; `steps` drafts out (probs and draws [images, steps]) and the present rows of
+    the window and of the drafts it fed (chain_len = window + steps - 1)."""
+    inputs = drafting_inputs(config, steps)
     profile = limits.step_profile()
     profile[CHAIN_LEN] = {level: size + steps - 1 for level, size in profile[WINDOW].items()}
     return GraphSpec(name=name, file=f"{name}.onnx", role=role, kind="chain", opset=opset, inputs=inputs,
@@ -254,14 +260,7 @@ def tree_spec(name: str, role: str, config, limits: GraphLimits, opset: int, pat
     node's token, and the present rows of the window and the fed nodes (tree_len = window + fed)."""
     layout = TreeLayout(StaticShape(paths))
     drafts, inner = layout.nodes - 1, len(layout.inner)
-    inputs = (
-        TensorSpec("input_ids", "int32", (BATCH, WINDOW)),
-        TensorSpec("positions", "int32", (BATCH, WINDOW)),
-        TensorSpec("attention_mask", "bool", (BATCH, WINDOW, TOTAL_LEN)),
-        TensorSpec("past_kv", "float32", _kv_shape(config, BATCH, CACHE_LEN)),
-        TensorSpec("last", "int32", (IMAGES,)),
-        *head_inputs(drafts),
-    )
+    inputs = drafting_inputs(config, drafts)
     profile = limits.step_profile()
     profile[TREE_LEN] = {level: size + len(layout.fed) for level, size in profile[WINDOW].items()}
     return GraphSpec(name=name, file=f"{name}.onnx", role=role, kind="tree", opset=opset, inputs=inputs,

@@ -331,20 +331,9 @@ class TorchRunner(ModelRunner):
                uniforms: np.ndarray) -> StepOutput:
         """runtime/chain.py's DraftChain, the module the draft_chain graph is exported from, on the
         runner's buffers: the drafts stay on the device between steps (one read of the draws at the end)."""
-        torch, steps = self.torch, uniforms.shape[1]
-        chain = self._chain_module(steps)
-        with torch.inference_mode():
-            ids_t = self._to_device(ids, getattr(self, "_ids_dev", None))
-            pos_t = self._to_device(positions, getattr(self, "_pos_dev", None))
-            mask_t = self._to_device(mask, getattr(self, "_mask_dev", None))
-            last_t = self._to_device(last, getattr(self, "_last_dev", None))
-            uniforms_t = self._to_device(uniforms, self._uniforms_dev)
-            run = lambda: chain(ids_t, pos_t, mask_t, self._kv, last_t, self._mix, uniforms_t)  # noqa: E731
-            if self.cuda_graphs:
-                self._present, probs, draws = self._captured(("chain", int(ids.shape[1]), steps), run)
-                return self._kept(probs, draws)
-            self._present, probs, draws = run()
-            return self._handoff(probs, draws)
+        steps = uniforms.shape[1]
+        return self._run_drafting(self._chain_module(steps), ("chain", int(ids.shape[1]), steps),
+                                  ids, positions, mask, last, uniforms)
 
     def can_draft_tree(self, layout: Any) -> bool:
         return self.chain_kind == "DraftChain"  # the tree module runs any static shape (not an EAGLE head's)
@@ -353,20 +342,25 @@ class TorchRunner(ModelRunner):
                     uniforms: np.ndarray) -> StepOutput:
         """runtime/chain.py's DraftTree, the module the draft_tree graph is exported from, made
         once per shape: the levels' draws stay on the device (one read back at the end)."""
-        torch = self.torch
         tree = self._chains.get(layout.key)
         if tree is None:
             from specrt.runtime.chain import DraftTree  # needs torch, as this runner does
             tree = self._chains[layout.key] = DraftTree(self.gpt, layout).to(self.device)
-        with torch.inference_mode():
+        return self._run_drafting(tree, ("tree", int(ids.shape[1]), layout.key), ids, positions, mask, last, uniforms)
+
+    def _run_drafting(self, module: Any, key: Any, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray,
+                      last: np.ndarray, uniforms: np.ndarray) -> StepOutput:
+        """A drafting module (a chain's or a tree's) on the runner's buffers: a CUDA graph per `key`
+        where the runner captures them; the present rows kept for commit and stage."""
+        with self.torch.inference_mode():
             ids_t = self._to_device(ids, getattr(self, "_ids_dev", None))
             pos_t = self._to_device(positions, getattr(self, "_pos_dev", None))
             mask_t = self._to_device(mask, getattr(self, "_mask_dev", None))
             last_t = self._to_device(last, getattr(self, "_last_dev", None))
             uniforms_t = self._to_device(uniforms, self._uniforms_dev)
-            run = lambda: tree(ids_t, pos_t, mask_t, self._kv, last_t, self._mix, uniforms_t)  # noqa: E731
+            run = lambda: module(ids_t, pos_t, mask_t, self._kv, last_t, self._mix, uniforms_t)  # noqa: E731
             if self.cuda_graphs:
-                self._present, probs, draws = self._captured(("tree", int(ids.shape[1]), layout.key), run)
+                self._present, probs, draws = self._captured(key, run)
                 return self._kept(probs, draws)
             self._present, probs, draws = run()
             return self._handoff(probs, draws)

@@ -22,20 +22,21 @@ def demo_torch_pipeline() -> Any:
 @contextmanager
 def step_by_step(pipe: Any) -> Iterator[None]:
     """The pipeline's draft runner without its draft chain (runtime/chain.py): one call per draft."""
-    runner = pipe.draft
-    runner.can_chain = lambda steps: False
-    try:
+    with _refusing(pipe.draft, "can_chain"):
         yield
-    finally:
-        del runner.can_chain
 
 
 @contextmanager
 def level_by_level(pipe: Any) -> Iterator[None]:
     """The pipeline's draft runner without its one-call static tree (runtime/tree_call.py): a draft pass per depth."""
-    runner = pipe.draft
-    runner.can_draft_tree = lambda layout: False
+    with _refusing(pipe.draft, "can_draft_tree"):
+        yield
+
+
+@contextmanager
+def _refusing(runner: Any, capability: str) -> Iterator[None]:
+    setattr(runner, capability, lambda *_: False)
     try:
         yield
     finally:
-        del runner.can_draft_tree
+        delattr(runner, capability)

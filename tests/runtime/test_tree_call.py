@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 from _toy_exact import chi_square  # noqa: E402
 from demo_pipes import level_by_level  # noqa: E402
 from specrt.manifest import read_manifest  # noqa: E402
-from specrt.runtime.tree import STATIC_TREES, StaticShape, static_shape  # noqa: E402
+from specrt.runtime.tree import StaticShape, static_shape  # noqa: E402
 from specrt.runtime.tree_call import TreeLayout, tree_from_draws  # noqa: E402
 
 SMALL = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # root: 3 children; node 1: 2; nodes 2, 4: 1
