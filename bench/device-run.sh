@@ -2,7 +2,7 @@
 # The GPU measurements issue 30 owes, in stages that each fit one call of a lent machine
 # (10 minutes a command, 30 minutes of device time a session): run from the repository root,
 #
-#   bash bench/device-run.sh tests    # the CUDA-graph and draft-chain tests, then a smoke bench
+#   bash bench/device-run.sh tests    # the CUDA-graph, draft-chain and draft-tree tests, then a smoke bench
 #   bash bench/device-run.sh demo     # every method, PyTorch + CUDA graphs, batch 1 and 8
 #   bash bench/device-run.sh trees    # chains vs static vs dynamic trees, both drafts, batch 1 and 8
 #   bash bench/device-run.sh plans    # plan-tree for both drafts, then chains vs planned trees
@@ -39,7 +39,7 @@ run() {
 case "$stage" in
     tests)
         [ "$device" = cpu ] || python3 -m pytest -q -p no:cacheprovider tests/runtime/test_cuda_graphs.py \
-            tests/runtime/test_draft_chain.py tests/runtime/test_eagle_chain.py 2>&1 | tee "$out/pytest-cuda.txt"
+            tests/runtime/test_draft_chain.py tests/runtime/test_tree_call.py tests/runtime/test_eagle_chain.py 2>&1 | tee "$out/pytest-cuda.txt"
         run smoke "${bench[@]}" --methods ar,sd --images "${IMAGES:-8}"
         ;;
     demo)
