@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import torch
 from torch import nn
 
 from specrt.runtime.head import SamplingHead
+from specrt.runtime.window import Window
 
 
 class KVSegments:
@@ -138,11 +140,12 @@ class DraftTree(DraftChain):
                 for rank, child in enumerate(layout.children[node]):
                     where[child] = (depth, i * self.ranks[depth] + rank)
         fed: list[int] = []
+        ancestry = Window.tree(range(layout.nodes), layout.parents).ancestry()  # [n, m]: m is n or above it
         for depth, level in enumerate(self.levels):
             if depth:  # a level's nodes were drawn at the level before: their columns there
                 fed += level
                 self._constant(f"at{depth}", [where[n][1] for n in level])
-                self._constant(f"ancestry{depth}", [[_is_ancestor(layout.parents, f, n) for f in fed] for n in level])
+                self._constant(f"ancestry{depth}", ancestry[np.ix_(level, fed)].tolist())
             self._constant(f"firsts{depth}", [layout.children[n][0] - 1 for n in level])
             for rank in range(1, self.ranks[depth]):  # a node with fewer children repeats its last (ignored)
                 self._constant(f"kids{depth}_{rank}",
@@ -195,11 +198,3 @@ def _inverse_cdf(rows: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     below = (cdf <= (uniforms.float() * cdf[..., -1])[..., None]).float().sum(dim=-1)
     return torch.clamp(below, max=float(rows.shape[-1] - 1))
 
-
-def _is_ancestor(parents: list[int], node: int, of: int) -> bool:
-    """True when `node` is `of` or one of its ancestors."""
-    while of >= 0:
-        if of == node:
-            return True
-        of = parents[of]
-    return False

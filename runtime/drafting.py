@@ -217,18 +217,26 @@ class ModelDrafter(Drafter):
             self._run_level(ctx, [t if late else None for t, late in zip(trees, later)], nodes, rows)
         return rows
 
+    def _catch_up(self, ctx: "Decoding", feeds: list[Optional[list[int]]],
+                  below: Sequence[int]) -> list[Optional[list[int]]]:
+        """Where feeds[p] and the below[p] tree rows run after it would overflow the window, run
+        and commit the tokens before its root first (a pass of their own, drawing the uniforms
+        the one window would); the feeds left for the tree pass."""
+        long = [f is not None and len(f) > 1 and len(f) + b > self.runner.max_window for f, b in zip(feeds, below)]
+        if not any(long):
+            return feeds
+        catch = [f[:-1] if too else None for f, too in zip(feeds, long)]
+        ctx.run(self.runner, [Window.chain(c) if c is not None else None for c in catch])
+        self.runner.commit([range(len(c)) if c is not None else None for c in catch])
+        return [f[-1:] if too else f for f, too in zip(feeds, long)]
+
     def _run_closures(self, ctx, trees, nodes, rows) -> None:
         """Catch up on the committed tokens, then run each root and the closure of its nodes below
         it under the tree mask; only the tokens before the roots are committed (the round's first
         pass; on a staging runner the roots, and what ran below them, stay staged)."""
         feeds = self._unfed([self.tokens[p] if tree is not None else None for p, tree in enumerate(trees)])
         below = [[n for n in tree.closure(nodes[p]) if n] if tree is not None else [] for p, tree in enumerate(trees)]
-        long = [f is not None and len(f) > 1 and len(f) + len(b) > self.runner.max_window for f, b in zip(feeds, below)]
-        if any(long):  # catch up first, so the trees fit the window
-            catch = [f[:-1] if too else None for f, too in zip(feeds, long)]
-            ctx.run(self.runner, [Window.chain(c) if c is not None else None for c in catch])
-            self.runner.commit([range(len(c)) if c is not None else None for c in catch])
-            feeds = [f[-1:] if too else f for f, too in zip(feeds, long)]
+        feeds = self._catch_up(ctx, feeds, [len(b) for b in below])
         windows, slots = [], []
         for p, tree in enumerate(trees):
             if tree is None:
@@ -268,13 +276,7 @@ class ModelDrafter(Drafter):
         if not any(drafting):
             return trees
         feeds = self._unfed([self.tokens[p] if go else None for p, go in enumerate(drafting)])
-        fed = len(layout.fed)
-        long = [f is not None and len(f) > 1 and len(f) + fed > runner.max_window for f in feeds]
-        if any(long):  # catch up first, so the trees fit the window (as _run_closures does)
-            catch = [f[:-1] if too else None for f, too in zip(feeds, long)]
-            ctx.run(runner, [Window.chain(c) if c is not None else None for c in catch])
-            runner.commit([range(len(c)) if c is not None else None for c in catch])
-            feeds = [f[-1:] if too else f for f, too in zip(feeds, long)]
+        feeds = self._catch_up(ctx, feeds, [len(layout.fed)] * len(feeds))
         runner.rows_to_host = True  # every row is read on the host (the trees' q)
         try:
             out = ctx.run_tree(runner, chains(feeds), layout, [max(d, 0) for d in max_depths])

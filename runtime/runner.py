@@ -278,8 +278,9 @@ class ModelRunner(ABC):
     def draft_tree(self, windows: Windows, layout: Any, uniforms: np.ndarray) -> StepOutput:
         """Run each image's window, then draft the static tree `layout` (runtime/tree_call.py
         TreeLayout) below its last slot in one call (runtime/chain.py DraftTree): the rows of the
-        layout's inner nodes [I, inner, V] and every node's token [I, nodes − 1] (−1: not drawn),
-        drawn with `uniforms` [I, nodes − 1]. The present rows kept for `commit` and `stage` are
+        layout's inner nodes [I, inner, V] and every node's token [I, nodes − 1] (which of them
+        their row had the mass for is the caller's to check: tree_call.tree_from_draws), drawn
+        with `uniforms` [I, nodes − 1]. The present rows kept for `commit` and `stage` are
         the window's slots, then the fed nodes' at slots W, W + 1, ... (W the widest window).
         Only where `can_draft_tree(layout)`; the head's rows must be the sampling distribution."""
         if not self.can_draft_tree(layout):
