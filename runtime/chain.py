@@ -190,6 +190,68 @@ class DraftTree(DraftChain):
         return local, torch.cat(all_probs, dim=1), tokens.to(torch.int32)
 
 
+class DraftGrowth(DraftChain):
+    """A dynamic tree (EAGLE-2's growth, runtime.tree.DynamicGrowth) grown in one call
+    (runtime/tree_call.py GrowthLayout: the host's side). The catch-up window as DraftChain's;
+    then `depth` passes, each ranking its frontier's rows as the level path's passes do:
+
+        pass 1:   the root's row (each image's `last` slot): its top_k tokens are the candidates,
+                  scored by log mass
+        pass d:   the top_k candidates of pass d − 1 by score (ties: the earlier) are the
+                  frontier, fed at positions[last] + d − 1 under the root's `seen` row and their
+                  fed ancestors; each frontier row's top_k tokens are pass d's candidates, scored
+                  by their parent's score + log mass
+
+    Scores are float64 sums of logs of the float32 rows, as the host's growth counts them, so the
+    frontiers are the ones it would choose. Candidates a row had no mass for score −inf (ranked
+    last; the host drops them); nothing is sampled, so the graph takes no uniforms. Which
+    candidates make the tree (the total_tokens best) is the host's, from the scores.
+
+    (ids, positions, mask, past_kv, last, mix) -> (present_kv [.., W + (depth − 1)·top_k, ..],
+    tokens [I, C] int32, scores [I, C] float64, fronts [I, (depth − 1)·top_k] int64), C = top_k +
+    (depth − 1)·top_k²: pass after pass, a pass's candidates frontier node-major, best first; fronts:
+    each fed node's index among its pass's candidates, fed node f at present slot W + f."""
+
+    def __init__(self, model: nn.Module, depth: int, top_k: int):
+        super().__init__(model, 1)
+        self.depth, self.top_k = depth, top_k
+        self.register_buffer("own", torch.eye(top_k, dtype=torch.bool), persistent=False)  # a fed node sees itself
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
+                past_kv: torch.Tensor, last: torch.Tensor, mix: torch.Tensor):
+        batch, images, k = input_ids.shape[0], mix.shape[0], self.top_k
+        pairs = batch // images
+        logits, _, local = self._step(input_ids.long(), None, positions.long(), attention_mask, past_kv)
+        rows = torch.arange(batch, device=input_ids.device)
+        slot = last.long().repeat(pairs)
+        seen = attention_mask[rows, slot]                    # [B, C + W]: what the root saw
+        position = positions.long()[rows, slot][:, None]     # [B, 1]
+        level_logits = logits[rows, slot][:, None]
+        scores = torch.zeros(images, 1, 1, dtype=torch.float64, device=input_ids.device)  # the root's
+        own = self.own.to(seen.dtype)[None].expand(images, -1, -1)
+        all_tokens, all_scores, fronts, ancestry = [], [], [], None
+        for depth in range(1, self.depth + 1):
+            masses, tokens = torch.topk(self.head.distribution(level_logits, mix), k, dim=-1)  # [I, F, k]
+            scores = (scores + torch.log(masses.double())).reshape(images, -1)
+            tokens = tokens.reshape(images, -1)
+            all_tokens.append(tokens)
+            all_scores.append(scores)
+            if depth == self.depth:
+                break
+            scores, front = torch.topk(scores, k, dim=-1)    # the frontier, best first
+            fronts.append(front)
+            scores = scores[..., None]
+            parents = torch.div(front, k, rounding_mode="floor")  # each one's parent, in the last frontier
+            ancestry = own if ancestry is None else torch.cat(
+                [ancestry.gather(1, parents[..., None].expand(-1, -1, ancestry.shape[2])), own], dim=2)
+            mask = torch.cat([seen[:, None].expand(-1, k, -1), ancestry.repeat(pairs, 1, 1)], dim=2)
+            level_logits, _, present = self._step(tokens.gather(1, front).repeat(pairs, 1), None,
+                                                  (position + depth).expand(-1, k), mask, KVSegments(past_kv, local))
+            local = torch.cat([local, present], dim=4)
+        front = torch.cat(fronts, dim=1) if fronts else torch.zeros(images, 0, dtype=torch.long, device=seen.device)
+        return local, torch.cat(all_tokens, dim=1).to(torch.int32), torch.cat(all_scores, dim=1), front
+
+
 def _inverse_cdf(rows: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Per row [I, n, V] (unnormalised: a row without its earlier draws), its inverse CDF at
     uniforms [I, n] times its mass: tokens [I, n] as float32 (a count, as the head counts, so

@@ -43,8 +43,8 @@ import numpy as np
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.runner import ModelRunner, StepOutput
 from specrt.runtime.tree import TokenTree, level_window
-from specrt.runtime.tree_call import tree_from_draws
-from specrt.runtime.verification import SAMPLED
+from specrt.runtime.tree_call import grown_tree, tree_from_draws
+from specrt.runtime.verification import SAMPLED, TOP
 from specrt.runtime.window import Window, chains
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -297,6 +297,38 @@ class ModelDrafter(Drafter):
             runner.stage(stage)
         finally:
             runner.rows_to_host = False
+        return trees
+
+    def grow_tree(self, ctx: "Decoding", layout: Any, max_depths: Sequence[int],
+                  total_tokens: int) -> list[Optional["TokenTree"]]:
+        """Each image's dynamic tree (runtime/tree_call.py GrowthLayout) below its pending token in
+        one call of the runner's grow_tree: the tree runtime.tree.DynamicGrowth would grow in
+        min(depth, max_depths[p]) passes (< 0: no tree, 0: the root alone, no call for it). Catches
+        up as the level path's first pass does; stages the root and the frontier nodes its passes
+        would have run, and advances each image's stream past the uniforms those passes draw."""
+        runner, drafting = self.runner, [depth > 0 for depth in max_depths]
+        trees: list[Optional["TokenTree"]] = [TokenTree(self.tokens[p][-1], TOP) if depth == 0 else None
+                                              for p, depth in enumerate(max_depths)]
+        if not any(drafting):
+            return trees
+        feeds = self._unfed([self.tokens[p] if go else None for p, go in enumerate(drafting)])
+        feeds = self._catch_up(ctx, feeds, [layout.fed] * len(feeds))
+        out = runner.grow_tree(chains(feeds), layout)
+        width = max(len(f) for f in feeds if f is not None)
+        if any(f is not None and len(f) > 1 for f in feeds):  # the tokens before the roots
+            runner.commit([range(len(f) - 1) if f is not None else None for f in feeds])
+        stage: list[Optional[list[int]]] = []
+        for p, feed in enumerate(feeds):
+            if feed is None:
+                stage.append(None)
+                continue
+            trees[p], self._trees[p], fed = grown_tree(layout, self.tokens[p][-1], out.tokens[p], out.scores[p],
+                                                       out.fronts[p], min(layout.depth, max_depths[p]), total_tokens)
+            ctx.rngs[p].random(len(feed) + len(fed))  # the level path's passes: the window's, a frontier node's each
+            self.cached[p] = self.tokens[p][:-1]
+            self._staged[p] = {node: node for node in range(len(fed) + 1)}  # expanded node n: staged row n
+            stage.append([len(feed) - 1, *(width + f for f in fed)])
+        runner.stage(stage)
         return trees
 
     def _run_level(self, ctx, trees, nodes, rows) -> None:

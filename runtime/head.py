@@ -26,16 +26,23 @@ class SamplingHead(nn.Module):
     """(logits [B, W, V], mix [I, B], uniforms [I, W]) -> (probs [I, W, V] f32, draws [I, W] int32)."""
 
     def forward(self, logits: torch.Tensor, mix: torch.Tensor, uniforms: torch.Tensor):
-        batch, window, vocab = logits.shape
-        flat = logits.float().reshape(batch, window * vocab)
-        guided = torch.matmul(mix.float(), flat).reshape(mix.shape[0], window, vocab)
-        probs = torch.softmax(guided, dim=-1)
+        probs = self.distribution(logits, mix)
+        vocab = probs.shape[-1]
         cdf = torch.cumsum(probs, dim=-1)
         threshold = uniforms.float() * cdf[:, :, -1]
         # counted in float32 (exact below 2^24) so TensorRT needs no integer reduction
         below = (cdf <= threshold.unsqueeze(-1)).float().sum(dim=-1)
         draws = torch.clamp(below, max=float(vocab - 1)).to(torch.int32)
         return probs, draws
+
+    @staticmethod
+    def distribution(logits: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
+        """probs [I, W, V] without the draw: for a graph that ranks rows instead of sampling them
+        (runtime/chain.py DraftGrowth, a dynamic tree's top-k children)."""
+        batch, window, vocab = logits.shape
+        flat = logits.float().reshape(batch, window * vocab)
+        guided = torch.matmul(mix.float(), flat).reshape(mix.shape[0], window, vocab)
+        return torch.softmax(guided, dim=-1)
 
 
 def apply_head(logits: torch.Tensor, mix: torch.Tensor, uniforms: torch.Tensor):

@@ -72,6 +72,18 @@ class StepOutput:
         return self.probs if self.ranking is None else self.ranking
 
 
+@dataclass
+class GrownTrees:
+    """What a dynamic tree grown in one call hands the host (runtime/chain.py DraftGrowth, host
+    arrays, valid until the runner's next call): per image, every candidate's token [I, C] and
+    score [I, C] (float64, −inf without mass) and each fed frontier node's candidate index
+    within its pass [I, fed] (runtime/tree_call.py GrowthLayout: the orders)."""
+
+    tokens: np.ndarray
+    scores: np.ndarray
+    fronts: np.ndarray
+
+
 Slots = Union[Sequence[int], Sequence[Optional[Sequence[int]]]]  # the same for every image, or per image
 
 
@@ -295,6 +307,29 @@ class ModelRunner(ABC):
         out = self._draft_tree(ids, positions, mask, self._last_slots(top), layout, uniform_view)
         self._count_call(start, ready, top, passes=1 + len(layout.levels))
         return out
+
+    def grow_tree(self, windows: Windows, layout: Any) -> GrownTrees:
+        """Run each image's window, then grow the dynamic tree `layout` (runtime/tree_call.py
+        GrowthLayout) below its last slot in one call (runtime/chain.py DraftGrowth). The present
+        rows kept for `commit` and `stage` are the window's slots, then the fed frontier nodes' at
+        slots W, W + 1, ... (W the widest window). Only where `can_grow_tree(layout)`; the head's
+        rows must be the sampling distribution (ranked as the level path ranks its rows)."""
+        if not self.can_grow_tree(layout):
+            raise SpecrtError(f"{type(self).__name__} cannot grow this dynamic tree in one call")
+        start = time.perf_counter()
+        ids, positions, mask, _, top = self._window_inputs(windows, fed=layout.fed)
+        ready = time.perf_counter()
+        out = self._grow_tree(ids, positions, mask, self._last_slots(top), layout)
+        self._count_call(start, ready, top, passes=layout.depth)
+        return out
+
+    def can_grow_tree(self, layout: Any) -> bool:
+        """True when `grow_tree` can grow this layout's tree in one call on this runner."""
+        return False
+
+    def _grow_tree(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray,
+                   layout: Any) -> GrownTrees:
+        raise NotImplementedError(f"{type(self).__name__} grows no trees in one call")
 
     def _last_slots(self, top: int | np.ndarray) -> np.ndarray:
         """[I] int32: each image's last real window slot (0 for an image without a window)."""

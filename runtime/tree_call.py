@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from specrt.runtime.tree import StaticShape, TokenTree
-from specrt.runtime.verification import SAMPLED
+from specrt.runtime.verification import SAMPLED, TOP
 
 
 class TreeLayout:
@@ -134,3 +134,57 @@ def _whole_tree(layout: TreeLayout, root: int, tokens: list[int], rows: np.ndarr
     tree.children = [list(kids) for kids in layout.children]
     tree.rows = dict(zip(layout.inner, rows))
     return tree, [(node, k) for k, node in enumerate(layout.fed)]
+
+
+# ---- dynamic trees (EAGLE-2's growth) in one call ------------------------------------------------
+
+
+class GrowthLayout:
+    """What runtime/chain.py's DraftGrowth and the host agree on for a dynamic tree of `depth`
+    passes with `top_k` children per expanded node (total_tokens is the host's alone: which of the
+    candidates make the tree). Pass 1 has top_k candidates (the root's row), every later pass
+    top_k² (its frontier's rows, frontier node-major); `fed` = (depth − 1)·top_k frontier nodes,
+    pass d's at present slots W + (d − 2)·top_k, ..."""
+
+    def __init__(self, depth: int, top_k: int):
+        if depth < 1 or top_k < 1:
+            raise ValueError(f"a dynamic tree needs depth and top_k >= 1, got {depth}, {top_k}")
+        self.depth, self.top_k = depth, top_k
+        self.fed = (depth - 1) * top_k
+        self.key = ("dynamic", depth, top_k)
+        # every pass's first candidate; per candidate, the fed node that is its parent (−1: the root)
+        self.starts = [0, *(top_k + (d - 2) * top_k * top_k for d in range(2, depth + 2))]
+        self.candidates = self.starts[-1]
+        self._parent_fed = np.concatenate([np.full(top_k, -1, dtype=np.int64),
+                                           *((d - 2) * top_k + np.arange(top_k * top_k) // top_k
+                                             for d in range(2, depth + 1))])
+        self._first_of_fed = np.repeat(np.array(self.starts[:depth - 1], dtype=np.int64), top_k)
+
+
+def grown_tree(layout: GrowthLayout, root: int, tokens: np.ndarray, scores: np.ndarray, fronts: np.ndarray,
+               passes: int, total_tokens: int) -> tuple[TokenTree, TokenTree, list[int]]:
+    """One image's dynamic tree from DraftGrowth's outputs (tokens, scores [C], fronts [fed]), as
+    runtime.tree.DynamicGrowth grows it in `passes` passes (min(depth, drafts left)): the
+    total_tokens best candidates with mass (ties: the earlier, parents first), drafted as TOP.
+
+    Also: the tree of the root and the frontier nodes run (the drafter's staged nodes: `extend`
+    follows the accepted path through it) and their fed indices in that order (present slot W + f).
+    The level path's passes draw one uniform per node they run: the window's, then one per
+    frontier node, so an image's stream advances by its window and len(those) (the caller's)."""
+    real = np.isfinite(scores)
+    real[layout.starts[passes]:] = False  # passes past the image's end
+    at = layout._first_of_fed + fronts  # fed node f is candidate at[f]
+    parents = np.where(layout._parent_fed >= 0, at[np.maximum(layout._parent_fed, 0)] if layout.fed else 0, -1)
+    ranked = np.flatnonzero(real)[np.argsort(-scores[real], kind="stable")][:total_tokens]
+    chosen = np.sort(ranked)
+    node_of = {-1: 0, **{c: n for n, c in enumerate(chosen.tolist(), 1)}}  # a kept node's parent is kept
+    tree = TokenTree.from_parents([int(root), *tokens[chosen].tolist()],
+                                  [-1, *(node_of[int(parents[c])] for c in chosen.tolist())], TOP)
+    # the frontier nodes run: passes 1..passes − 1's real ones (−inf ranks last in a frontier)
+    expanded, staged, node_at = TokenTree(int(root), TOP), [], {-1: 0}
+    for f in range(min(passes, layout.depth) * layout.top_k - layout.top_k):
+        c = int(at[f])
+        if real[c]:
+            node_at[c] = expanded.add(node_at[int(parents[c])], int(tokens[c]))
+            staged.append(f)
+    return tree, expanded, staged

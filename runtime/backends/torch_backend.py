@@ -25,7 +25,7 @@ from specrt.export.neighbours import DEFAULT_K, codebook_neighbours, codebook_of
 from specrt.lazy import require
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.eagle import HeadRunner
-from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, compact_kv, uniform_run
+from specrt.runtime.runner import GrownTrees, ModelRunner, ModelSpec, StepOutput, VQDecoder, compact_kv, uniform_run
 
 
 def _torch():
@@ -347,6 +347,34 @@ class TorchRunner(ModelRunner):
             from specrt.runtime.chain import DraftTree  # needs torch, as this runner does
             tree = self._chains[layout.key] = DraftTree(self.gpt, layout).to(self.device)
         return self._run_drafting(tree, ("tree", int(ids.shape[1]), layout.key), ids, positions, mask, last, uniforms)
+
+    def can_grow_tree(self, layout: Any) -> bool:
+        return self.chain_kind == "DraftChain"  # the growth module runs any depth and top_k (not an EAGLE head's)
+
+    def _grow_tree(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray,
+                   layout: Any) -> GrownTrees:
+        """runtime/chain.py's DraftGrowth, the module the draft_growth graph is exported from, made
+        once per (depth, top_k): the passes stay on the device, and the candidates come back in
+        one read (tokens and indices are exact in float64)."""
+        torch, growth = self.torch, self._chains.get(layout.key)
+        if growth is None:
+            from specrt.runtime.chain import DraftGrowth  # needs torch, as this runner does
+            growth = self._chains[layout.key] = DraftGrowth(self.gpt, layout.depth, layout.top_k).to(self.device)
+        with torch.inference_mode():
+            ids_t = self._to_device(ids, getattr(self, "_ids_dev", None))
+            pos_t = self._to_device(positions, getattr(self, "_pos_dev", None))
+            mask_t = self._to_device(mask, getattr(self, "_mask_dev", None))
+            last_t = self._to_device(last, getattr(self, "_last_dev", None))
+            run = lambda: growth(ids_t, pos_t, mask_t, self._kv, last_t, self._mix)  # noqa: E731
+            key = ("growth", int(ids.shape[1]), layout.key)
+            self._present, tokens, scores, fronts = self._captured(key, run) if self.cuda_graphs else run()
+            flat = torch.cat([tokens.reshape(-1).double(), scores.reshape(-1), fronts.reshape(-1).double()]).cpu().numpy()
+        self.host_numbers += 2 * flat.size  # (counted in 4-byte numbers)
+        self.host_syncs += 1
+        count = tokens.numel()
+        return GrownTrees(flat[:count].astype(np.int64).reshape(tuple(tokens.shape)),
+                          flat[count: 2 * count].reshape(tuple(scores.shape)),
+                          flat[2 * count:].astype(np.int64).reshape(tuple(fronts.shape)))
 
     def _run_drafting(self, module: Any, key: Any, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray,
                       last: np.ndarray, uniforms: np.ndarray) -> StepOutput:

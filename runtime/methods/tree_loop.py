@@ -19,7 +19,7 @@ from specrt.runtime.drafting import ModelDrafter, finish_round, make_drafter
 from specrt.runtime.methods.base import Batched, Decoding
 from specrt.runtime.sampling import needs_restriction
 from specrt.runtime.tree import DynamicGrowth, StaticGrowth, StaticShape, grow_trees, static_shape
-from specrt.runtime.tree_call import TreeLayout
+from specrt.runtime.tree_call import GrowthLayout, TreeLayout
 from specrt.runtime.verification import TreeOutcome, verify_tree
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -55,11 +55,14 @@ def generate_trees(method: "DraftThenVerify", ctx: Decoding, conditions: Conditi
     ctx.stats.record_round(1, len(tokens))
     shape = static_shape(method.static_tree) if method.tree == "static" else None
     layout = one_call_layout(ctx, drafter, shape)
+    growth = one_call_growth(ctx, drafter, method) if method.tree == "dynamic" else None
     batch = Batched(len(tokens))
     while batch.drop(ctx, [len(t) == total for t in tokens], drafter):
         images = list(batch.images)
-        if layout is not None:  # every depth of every image's tree in one draft call
-            trees = drafter.draft_tree(ctx, layout, [total - len(tokens[i]) - 1 for i in images])
+        if layout is not None or growth is not None:  # every depth of every image's tree in one draft call
+            left = [total - len(tokens[i]) - 1 for i in images]
+            trees = drafter.draft_tree(ctx, layout, left) if layout is not None else \
+                drafter.grow_tree(ctx, growth, left, method.total_tokens)
             _verify_and_finish(ctx, drafter, rule, tokens, images, trees)
             continue
         growths: list[Optional[Any]] = []
@@ -84,6 +87,15 @@ def one_call_layout(ctx: Decoding, drafter: Any, shape: Optional[StaticShape]) -
         return None
     layout = TreeLayout(shape)
     return layout if drafter.runner.can_draft_tree(layout) else None
+
+
+def one_call_growth(ctx: Decoding, drafter: Any, method: "DraftThenVerify") -> Optional[GrowthLayout]:
+    """The dynamic tree's layout where the draft grows it in one call (runtime/tree_call.py), on
+    the same terms as a static tree's (one_call_layout); None: one pass per depth."""
+    if not isinstance(drafter, ModelDrafter) or needs_restriction(ctx.sampling):
+        return None
+    growth = GrowthLayout(method.depth, method.tree_top_k)
+    return growth if drafter.runner.can_grow_tree(growth) else None
 
 
 def _verify_and_finish(ctx: Decoding, drafter: Any, rule: Any, tokens: list[list[int]], images: list[int],
