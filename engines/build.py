@@ -27,7 +27,9 @@ from .precision import CONVERTER_VERSION, builder_flag_names, needs_conversion, 
 from .profiles import GraphProfile, derive_profile, onnx_input_dims, validate_against_onnx
 
 TRT_MISSING = "TensorRT is not installed: pip install 'specrt[trt]' (on Jetson it comes with JetPack)"
-SKIPPED_KINDS = ("tree",)  # graphs the TensorRT runner does not run yet (a draft_tree: trees draft level by level)
+# graphs the TensorRT runner does not run yet (a draft_tree, a draft_growth: trees draft level by
+# level there; a growth graph's float64 scores have no TensorRT type)
+SKIPPED_KINDS = ("tree", "growth")
 CONVERTED_DIR = "engines/converted"  # relative to the bundle: fp16/bf16 graphs for TensorRT 11
 
 

@@ -64,16 +64,23 @@ class RecordingRunner(OrtRunner):
     def can_draft_tree(self, layout: Any) -> bool:
         return False  # likewise every tree level: tree feeds are made from them
 
+    def can_grow_tree(self, layout: Any) -> bool:
+        return False  # and every dynamic tree pass: growth feeds are made from them
 
-def chain_feeds(step_feeds: list[Feeds], steps: int) -> list[Feeds]:
-    """Feeds for a draft chain (or tree: `steps` its drafts) graph from its draft's recorded step
-    feeds: the same window, cache and guidance, drafting after each image's last window slot (the
-    later passes see the activations of the drafts the graph draws itself)."""
+
+def chain_feeds(step_feeds: list[Feeds], steps: Optional[int]) -> list[Feeds]:
+    """Feeds for a draft chain (or tree: `steps` its drafts; a growth graph: None, it draws
+    nothing) graph from its draft's recorded step feeds: the same window, cache and guidance,
+    drafting after each image's last window slot (the later passes see the activations of the
+    drafts the graph makes itself)."""
     feeds = []
     for feed in step_feeds:
         images, window = feed["mix"].shape[0], feed["input_ids"].shape[1]
-        feeds.append({**feed, "last": np.full(images, window - 1, dtype=np.int32),
-                      "uniforms": np.full((images, steps), 0.5, dtype=np.float32)})
+        made = {**feed, "last": np.full(images, window - 1, dtype=np.int32),
+                "uniforms": np.full((images, steps or 0), 0.5, dtype=np.float32)}
+        if steps is None:
+            del made["uniforms"]
+        feeds.append(made)
     return feeds
 
 
@@ -105,8 +112,9 @@ def record_feeds(manifest: Manifest, size: int, images: int, seed: int = 0, thre
             progress(f"calibration: image {i + 1}/{images} ({method})")
     feeds = {name: reservoir.items for name, reservoir in reservoirs.items()}
     for role in roles:
-        for kind in ("chain", "tree"):  # a draft chain's or tree's: one uniform per draft
+        for kind in ("chain", "tree", "growth"):  # a draft chain's or tree's: one uniform per draft
             graph = manifest.graphs.get(f"{role}_{kind}")
             if graph is not None:
-                feeds[graph.name] = chain_feeds(feeds[f"{role}_step"], int(graph.input("uniforms").shape[1]))
+                drafts = int(graph.input("uniforms").shape[1]) if "uniforms" in graph.input_names else None
+                feeds[graph.name] = chain_feeds(feeds[f"{role}_step"], drafts)
     return feeds

@@ -42,7 +42,7 @@ TOOLS = ("onnxruntime", "modelopt")
 DEFAULT_TOOL = {"int4": "onnxruntime", "int8": "modelopt", "fp8": "modelopt"}
 ROLES = ("target", "draft")
 GRAPH_KINDS = ("prefill", "step")  # what a model needs (a self-draft is made of these)
-ROLE_KINDS = (*GRAPH_KINDS, "chain", "tree")  # what `--graphs target,draft` quantizes of a role: its draft chain and tree too
+ROLE_KINDS = (*GRAPH_KINDS, "chain", "tree", "growth")  # what `--graphs target,draft` quantizes of a role: its draft chain and trees too
 EXTERNAL_DATA_BYTES = (2 << 30) - (256 << 20)  # protobuf's 2 GB limit, with room for the graph itself
 Progress = Callable[[str], None]
 

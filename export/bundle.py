@@ -31,7 +31,7 @@ from specrt.runtime.defaults import as_dict, defaults_of
 from specrt.runtime.eagle import EAGLE_KIND
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 from specrt.runtime.sampling import SamplingParams
-from specrt.runtime.tree import DEFAULT_STATIC_TREE, static_shape
+from specrt.runtime.tree import DEFAULT_GROWTH, DEFAULT_STATIC_TREE, static_shape
 
 NEIGHBOURS_FILE = "neighbours.npy"
 Progress = Callable[[str], None]
@@ -52,6 +52,9 @@ class ExportOptions:
     # the static tree the draft_tree graph drafts in one call (runtime/tree_call.py): a STATIC_TREES
     # name or a tree plan file; "" for none; None: the methods' default tree where max_window holds it
     draft_tree: str | None = None
+    # the dynamic tree the draft_growth graph grows in one call: "DEPTH,TOP_K"; "" for none; None:
+    # the methods' default (depth 6, tree_top_k 8) where max_window holds its fed frontier nodes
+    draft_growth: str | None = None
 
     def __post_init__(self) -> None:
         if self.opset not in onnx_export.SUPPORTED_OPSETS:
@@ -61,6 +64,7 @@ class ExportOptions:
             validation.count(flag, value)
         validation.integer("--draft-chain (0: none)", self.draft_chain, low=0)
         self.tree_paths  # a wrong name or plan, or a tree too large, fails here, before any export
+        self.growth
 
     @property
     def tree_paths(self) -> list[list[int]]:
@@ -79,6 +83,27 @@ class ExportOptions:
             raise SpecrtError(f"--draft-tree {self.draft_tree} has {shape.size} drafts; --max-window "
                               f"{self.max_window} verifies {self.max_window - 1} at most")
         return shape.paths
+
+    @property
+    def growth(self) -> tuple[int, int] | None:
+        """The --draft-growth (depth, top_k), or None for no draft_growth graph. The graph feeds
+        (depth − 1)·top_k frontier nodes after a window of at least one token, so --max-window
+        must hold that many and one; the default is left out where it cannot."""
+        if self.draft_growth == "":
+            return None
+        text = self.draft_growth or ",".join(map(str, DEFAULT_GROWTH))
+        parts = text.split(",")
+        if len(parts) != 2 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+            raise SpecrtError(f"--draft-growth takes DEPTH,TOP_K (two positive integers, e.g. 6,8) or none, "
+                              f"got {self.draft_growth!r}")
+        depth, top_k = (int(p) for p in parts)
+        fed = (depth - 1) * top_k
+        if fed + 1 > self.max_window:
+            if self.draft_growth is None:
+                return None
+            raise SpecrtError(f"--draft-growth {text} feeds {fed} frontier nodes after the window; --max-window "
+                              f"{self.max_window} holds {self.max_window - 1} at most")
+        return depth, top_k
 
     @property
     def chain_steps(self) -> int:
@@ -217,6 +242,8 @@ def _graph_jobs(models: ModelSet, options: ExportOptions, limits: GraphLimits) -
         *draft_chain_jobs(models.draft, options.chain_steps, limits, opset),
         *([("draft_tree", lambda d: onnx_export.export_tree(models.draft, "draft", limits, d, options.tree_paths, opset))]
           if options.tree_paths else []),
+        *([("draft_growth", lambda d: onnx_export.export_growth(models.draft, "draft", limits, d, *options.growth, opset))]
+          if options.growth else []),
     ] if models.draft is not None and not is_eagle(models.draft) else []
     if is_eagle(models.draft):
         if not options.target_hidden:

@@ -32,14 +32,15 @@ import torch.nn as nn
 from specrt.errors import SpecrtError
 from specrt.lazy import require
 from specrt.manifest import GraphSpec, TensorSpec
-from specrt.runtime.chain import DraftChain, DraftTree
+from specrt.runtime.chain import DraftChain, DraftGrowth, DraftTree
 from specrt.runtime.head import SamplingHead
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 from specrt.runtime.tree import StaticShape
-from specrt.runtime.tree_call import TreeLayout
+from specrt.runtime.tree_call import GrowthLayout, TreeLayout
 
 BATCH, WINDOW, CACHE_LEN, TOTAL_LEN, IMAGES = "batch", "window", "cache_len", "total_len", "images"
 TREE_LEN = "tree_len"  # a draft tree's present rows: its window and the nodes it fed (runtime/tree_call.py)
+GROWTH_LEN = "growth_len"  # a dynamic tree's present rows: its window and the frontier nodes it fed
 CHAIN_LEN = "chain_len"  # a draft chain's present rows: its window and the drafts it fed (window + steps - 1)
 DEFAULT_CHAIN_STEPS = 4  # drafts per draft_chain call: the draft-then-verify methods' default draft_len
 DEFAULT_OPSET = 18
@@ -229,16 +230,16 @@ def step_spec(name: str, role: str, config, limits: GraphLimits, opset: int, wit
                      inputs=inputs, outputs=(*outputs, *head_outputs(config, WINDOW)), profile=limits.step_profile())
 
 
-def drafting_inputs(config, drafts: int) -> tuple[TensorSpec, ...]:
+def drafting_inputs(config, drafts: int | None) -> tuple[TensorSpec, ...]:
     """A draft chain's or tree's inputs: the step graph's, each image's last real window slot
-    after past_kv, and one uniform per draft."""
+    after past_kv, and one uniform per draft (None: a graph that draws nothing, the mix alone)."""
     return (
         TensorSpec("input_ids", "int32", (BATCH, WINDOW)),
         TensorSpec("positions", "int32", (BATCH, WINDOW)),
         TensorSpec("attention_mask", "bool", (BATCH, WINDOW, TOTAL_LEN)),
         TensorSpec("past_kv", "float32", _kv_shape(config, BATCH, CACHE_LEN)),
         TensorSpec("last", "int32", (IMAGES,)),
-        *head_inputs(drafts),
+        *(head_inputs(drafts) if drafts is not None else head_inputs(1)[:1]),
     )
 
 
@@ -270,6 +271,23 @@ def tree_spec(name: str, role: str, config, limits: GraphLimits, opset: int, pat
                      profile=profile, tree=tuple(tuple(int(r) for r in path) for path in paths))
 
 
+def growth_spec(name: str, role: str, config, limits: GraphLimits, opset: int, depth: int, top_k: int) -> GraphSpec:
+    """A dynamic tree grown in one call (runtime/chain.py DraftGrowth; runtime/tree_call.py
+    GrowthLayout its orders): the chain's inputs without uniforms (nothing is drawn); every
+    candidate's token and float64 score, each fed frontier node's index in its pass, and the
+    present rows of the window and the fed nodes (growth_len = window + (depth − 1)·top_k)."""
+    layout = GrowthLayout(depth, top_k)
+    profile = limits.step_profile()
+    profile[GROWTH_LEN] = {level: size + layout.fed for level, size in profile[WINDOW].items()}
+    return GraphSpec(name=name, file=f"{name}.onnx", role=role, kind="growth", opset=opset,
+                     inputs=drafting_inputs(config, None),
+                     outputs=(TensorSpec("present_kv", "float32", _kv_shape(config, BATCH, GROWTH_LEN)),
+                              TensorSpec("tokens", "int32", (IMAGES, layout.candidates)),
+                              TensorSpec("scores", "float64", (IMAGES, layout.candidates)),
+                              TensorSpec("fronts", "int64", (IMAGES, layout.fed))),
+                     profile=profile, growth={"depth": depth, "top_k": top_k})
+
+
 def vq_decode_spec(grid: int, image_size: int, limits: GraphLimits, opset: int, cols: int | None = None) -> GraphSpec:
     """codes [B, grid, cols] -> image [B, 3, image_size, image_size · cols / grid] (cols: the grid's
     columns when it is not square)."""
@@ -288,7 +306,7 @@ def _example_inputs(spec: GraphSpec, config, grid: int | None = None) -> tuple[t
     """Small valid inputs with the example sizes: ids in range, positions past the condition,
     a causal mask that gives every window slot some visible columns."""
     gen = torch.Generator().manual_seed(0)
-    example = _CHAIN_EXAMPLE if spec.kind in ("chain", "tree") else _EXAMPLE
+    example = _CHAIN_EXAMPLE if spec.kind in ("chain", "tree", "growth") else _EXAMPLE
     size = dict(example, **{TOTAL_LEN: example[CACHE_LEN] + example[WINDOW]})
     tensors = []
     for t in spec.inputs:
@@ -403,7 +421,7 @@ def _quiet_torch_logs():
             lg.setLevel(level)
 
 
-_ONNX_DTYPES = {"float32": 1, "int32": 6, "int64": 7, "bool": 9, "float16": 10, "bfloat16": 16}
+_ONNX_DTYPES = {"float32": 1, "int32": 6, "int64": 7, "bool": 9, "float16": 10, "float64": 11, "bfloat16": 16}
 
 
 def _stamp_and_check(model, spec: GraphSpec) -> None:
@@ -466,6 +484,14 @@ def export_tree(gpt: nn.Module, role: str, limits: GraphLimits, out_dir: Path, p
     """Export `<role>_tree`: a catch-up window, then the static tree `paths` drafted inside the graph."""
     spec = tree_spec(f"{role}_tree", role, gpt.config, limits, opset, paths)
     return _export(DraftTree(gpt, TreeLayout(StaticShape(paths))), spec, _example_inputs(spec, gpt.config), out_dir)
+
+
+def export_growth(gpt: nn.Module, role: str, limits: GraphLimits, out_dir: Path, depth: int, top_k: int,
+                  opset: int = DEFAULT_OPSET) -> GraphSpec:
+    """Export `<role>_growth`: a catch-up window, then a dynamic tree of `depth` passes with `top_k`
+    children per expanded node grown inside the graph."""
+    spec = growth_spec(f"{role}_growth", role, gpt.config, limits, opset, depth, top_k)
+    return _export(DraftGrowth(gpt, depth, top_k), spec, _example_inputs(spec, gpt.config), out_dir)
 
 
 def export_vq_decode(vq: nn.Module, grid: int, limits: GraphLimits, out_dir: Path, opset: int = DEFAULT_OPSET,

@@ -32,6 +32,7 @@ from specrt.runtime.head import SamplingHead
 # stack whose outputs are pixels in [-1, 1]: 1e-3 is far below one 8-bit level (7.8e-3).
 # probs: the softmax of mix @ logits moves by at most about p·(Σ|mix|)·Δlogit, below the
 # logits' own tolerance for the mixes used here. draws: the count of differing draws.
+COUNTED = ("draws", "tokens", "fronts")  # integer outputs: how many differ (a growth graph's candidates and frontiers too)
 TOLERANCES = {"logits": 1e-4, "hidden": 1e-4, "present_kv": 1e-4, "probs": 1e-4, "draws": 0, "image": 1e-3,
               "embeddings": 1e-4}
 TEXT_CASES = ("a photo", "A much longer prompt that the tokenizer will have to cut at the caption length " * 4)
@@ -77,20 +78,20 @@ class VerifyReport:
                 worst[key] = c
         return worst
 
-    def draw_counts(self, graph: str) -> tuple[int, int]:
-        """(draws that differ, draws compared) over every case of `graph`."""
-        draws = [c for c in self.comparisons if c.graph == graph and c.output == "draws"]
+    def draw_counts(self, graph: str, output: str = "draws") -> tuple[int, int]:
+        """(draws, or another COUNTED output's entries, that differ; those compared) over every case of `graph`."""
+        draws = [c for c in self.comparisons if c.graph == graph and c.output == output]
         return int(sum(c.max_abs_diff for c in draws)), sum(c.compared for c in draws)
 
     def format(self) -> str:
         lines = [f"{'graph':<15} {'output':<11} {'max |diff|':>11} {'tolerance':>10}  worst case"]
         for (graph, output), c in self.worst().items():
             flag = "" if c.passed else "   FAIL"
-            if output == "draws":
-                differ, compared = self.draw_counts(graph)
+            if output in COUNTED:
+                differ, compared = self.draw_counts(graph, output)
                 where = f"  {c.case}" if differ else ""
                 lines.append(f"{graph:<15} {output:<11} {f'{differ}/{compared}':>11} {'exact':>10}  "
-                             f"draws that differ, all cases{where}{flag}")
+                             f"{output} that differ, all cases{where}{flag}")
                 continue
             lines.append(f"{graph:<15} {output:<11} {c.max_abs_diff:>11.3e} {c.tolerance:>10.0e}  {c.case}{flag}")
         n_cases = len({(c.graph, c.case) for c in self.comparisons})
@@ -241,16 +242,19 @@ def _compare(graph: GraphSpec, case: str, got: list[np.ndarray], reference: dict
     above 1 (float32 rounding is relative)."""
     for spec, value in zip(graph.outputs, got):
         expected = reference[spec.name].detach()
-        expected = expected.numpy() if spec.name == "draws" else expected.float().numpy()
+        counted = spec.name in COUNTED
+        expected = expected.numpy() if counted or spec.dtype == "float64" else expected.float().numpy()
         if value.shape != expected.shape:
             raise AssertionError(f"{graph.name} {case}: {spec.name} shape {value.shape} != torch {expected.shape}")
-        if spec.name == "draws":
-            if value.dtype != np.int32:
-                raise AssertionError(f"{graph.name} {case}: draws are {value.dtype}, the contract says int32")
-            compared = usable if usable is not None else np.ones(value.shape, dtype=bool)
+        if counted:
+            if value.dtype != np.dtype(spec.dtype):
+                raise AssertionError(f"{graph.name} {case}: {spec.name} are {value.dtype}, the contract says {spec.dtype}")
+            compared = usable if usable is not None and spec.name == "draws" else np.ones(value.shape, dtype=bool)
             differ = int((value != expected)[compared].sum())
             yield Comparison(graph.name, case, spec.name, float(differ), TOLERANCES["draws"], int(compared.sum()))
             continue
+        if spec.dtype == "float64":  # scores: −inf (no mass) must match −inf
+            value, expected = (np.where(np.isneginf(x), -1e300, x) for x in (value, expected))
         diff = float(np.abs(value.astype(np.float64) - expected).max()) if value.size else 0.0
         tolerance = TOLERANCES.get(spec.name, 1e-4)
         if spec.name in scaled and value.size:
@@ -344,6 +348,31 @@ def _verify_tree(manifest: Manifest, graph: GraphSpec, model, capacity: int, max
         got = session.run(list(graph.output_names), feeds)
         yield from _compare(graph, f"{case.name} + a tree of {layout.nodes - 1}", got,
                             {"present_kv": present_kv, "probs": probs, "draws": draws})
+
+
+def _verify_growth(manifest: Manifest, graph: GraphSpec, model, capacity: int, max_window: int,
+                   seed: int, threads: int) -> Iterator[Comparison]:
+    """A draft growth graph against runtime.chain.DraftGrowth over the model, on the step cases
+    whose window leaves room for the fed nodes, growing below each image's last window slot: the
+    present rows, every candidate's token and score and the frontiers chosen."""
+    from specrt.runtime.chain import DraftGrowth
+
+    session = _session(manifest.root / graph.file, threads)
+    growth = DraftGrowth(model, graph.growth["depth"], graph.growth["top_k"])
+    rng = np.random.default_rng(seed + 4)
+    for case in step_cases(model.config, capacity, max_window, seed):
+        batch, window = case.input_ids.shape
+        if window + growth.top_k * (growth.depth - 1) > max_window:
+            continue
+        images = case.mix.shape[0]
+        past_kv = rng.standard_normal(graph.shape_at(graph.input("past_kv"), "max", batch=batch)).astype(np.float32)
+        feeds = {"input_ids": case.input_ids, "positions": case.positions, "attention_mask": case.attention_mask,
+                 "past_kv": past_kv, "last": np.full(images, window - 1, dtype=np.int32), "mix": case.mix}
+        with torch.no_grad():
+            outputs = growth(*(torch.from_numpy(feeds[name]) for name in graph.input_names))
+        got = session.run(list(graph.output_names), feeds)
+        yield from _compare(graph, f"{case.name} + a dynamic tree {growth.depth}x{growth.top_k}", got,
+                            dict(zip(graph.output_names, outputs)))
 
 
 def prefill_cases(config, rng: np.random.Generator) -> Iterator[tuple[str, dict[str, np.ndarray], np.ndarray]]:
@@ -443,6 +472,8 @@ def verify_bundle(bundle: str | Path | Manifest, models: ModelSet, seed: int = 0
             comparisons += _verify_chain(manifest, graph, model, capacity, max_window, seed, threads)
         elif graph.kind == "tree":
             comparisons += _verify_tree(manifest, graph, model, capacity, max_window, seed, threads)
+        elif graph.kind == "growth":
+            comparisons += _verify_growth(manifest, graph, model, capacity, max_window, seed, threads)
         else:
             comparisons += _verify_step(manifest, graph, model, capacity, max_window, seed, threads)
     return VerifyReport(tuple(comparisons))

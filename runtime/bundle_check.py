@@ -23,6 +23,7 @@ CONDITION_INT = {"c2i": "num_classes", "t2i": "caption_dim", "prompt": "image_vo
 VQ_INTS = ("codebook_size", "downsample", "grid_size")
 # onnxruntime's type strings -> the manifest's numpy dtype names
 ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
+              "tensor(double)": "float64",
               "tensor(int32)": "int32", "tensor(int64)": "int64", "tensor(bool)": "bool"}
 
 

@@ -47,6 +47,7 @@ MC_SIM_7B_63 = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 
                 [0, 0, 0], [0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 1, 1], [0, 2, 0], [0, 2, 1], [1, 0, 0],
                 [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 0, 0], [0, 0, 0, 0, 1]]
 DEFAULT_STATIC_TREE = "mc_sim_7b_63"  # the methods' static_tree, and the tree `export --draft-tree` drafts in one call
+DEFAULT_GROWTH = (6, 8)  # the methods' dynamic depth and tree_top_k, and what `export --draft-growth` grows in one call
 # LANTERN's models/drafters/choices.py (its static-tree experiments; naive_extend_57 is the
 # default of its ea_model_llamagen.generate, mc_sim_7b_63 of its generate_images.py; its `chain`
 # is tree=chain draft_len=5 here).

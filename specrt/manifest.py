@@ -22,8 +22,8 @@ FORMAT = "specrt-bundle"
 VERSION = 2
 MANIFEST_NAME = "manifest.json"
 ROLES = ("target", "draft", "vq", "text")
-KINDS = ("prefill", "step", "chain", "tree", "decode", "encode")
-DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "bool")
+KINDS = ("prefill", "step", "chain", "tree", "growth", "decode", "encode")
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "bool")
 # The sampling head every prefill and step graph ends in (docs/contracts.md, "Sampling head"):
 # name -> dtype of the inputs it adds and the outputs it appends.
 HEAD_INPUTS = {"mix": "float32", "uniforms": "float32"}
@@ -77,6 +77,8 @@ class GraphSpec:
     quantization: dict[str, Any] | None = None
     # A draft_tree graph's static shape (runtime/tree_call.py): its paths of child ranks.
     tree: tuple[tuple[int, ...], ...] | None = None
+    # A draft_growth graph's dynamic tree (runtime/tree_call.py GrowthLayout): its depth and top_k.
+    growth: dict[str, int] | None = None
 
     def input(self, name: str) -> TensorSpec:
         return _find(self.inputs, name, f"input of graph {self.name}")
@@ -113,6 +115,8 @@ class GraphSpec:
             out["quantization"] = dict(self.quantization)
         if self.tree is not None:
             out["tree"] = [list(path) for path in self.tree]
+        if self.growth is not None:
+            out["growth"] = dict(self.growth)
         return out
 
 
@@ -224,6 +228,7 @@ def parse_graph(name: str, raw: dict[str, Any]) -> GraphSpec:
             profile={d: dict(v) for d, v in raw.get("profile", {}).items()},
             external_data=raw.get("external_data"), quantization=raw.get("quantization"),
             tree=tuple(tuple(int(r) for r in path) for path in raw["tree"]) if "tree" in raw else None,
+            growth={key: int(raw["growth"][key]) for key in ("depth", "top_k")} if "growth" in raw else None,
         )
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise SpecrtError(f"manifest: graph {name} is missing or has a malformed field: {exc}") from None
@@ -238,6 +243,9 @@ def parse_graph(name: str, raw: dict[str, Any]) -> GraphSpec:
         _check_head(spec)
     if (spec.kind == "tree") != (spec.tree is not None):
         raise SpecrtError(f"manifest: graph {name}: a \"tree\" field goes with kind \"tree\" and only there")
+    if (spec.kind == "growth") != (spec.growth is not None) or (spec.growth and min(spec.growth.values()) < 1):
+        raise SpecrtError(f"manifest: graph {name}: a \"growth\" field (depth and top_k >= 1) goes with kind "
+                          f"\"growth\" and only there")
     for tensor in spec.inputs + spec.outputs:
         missing = [d for d in tensor.symbolic_dims if d not in spec.profile]
         if missing:

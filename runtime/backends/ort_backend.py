@@ -24,9 +24,9 @@ from specrt.manifest import GraphSpec, Manifest, read_manifest
 from specrt.runtime.bundle_check import check_manifest, check_session, load_neighbours
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.eagle import EAGLE_KIND, HeadRunner
-from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder, compact_kv, uniform_run
+from specrt.runtime.runner import GrownTrees, ModelRunner, ModelSpec, StepOutput, VQDecoder, compact_kv, uniform_run
 from specrt.runtime.tree import StaticShape
-from specrt.runtime.tree_call import TreeLayout
+from specrt.runtime.tree_call import GrowthLayout, TreeLayout
 
 Providers = Union[None, Sequence[Any], Callable[[str], Sequence[Any]]]
 HEAD_INPUTS = ("mix", "uniforms")
@@ -118,6 +118,12 @@ class OrtRunner(ModelRunner):
             _check_io(tree, (*STEP_INPUTS, "last"), STEP_OUTPUTS)
         self.tree_layout = TreeLayout(StaticShape(tree.tree)) if tree is not None else None
         self.tree_session = _session(manifest, tree.name, providers, threads) if tree is not None else None
+        # a dynamic tree grown in one call (runtime/chain.py DraftGrowth), where the bundle has one
+        growth = manifest.graphs.get(f"{role}_growth")
+        if growth is not None:
+            _check_io(growth, (*STEP_INPUTS[:-1], "last"), ("present_kv", "tokens", "scores", "fronts"))
+        self.growth_layout = GrowthLayout(growth.growth["depth"], growth.growth["top_k"]) if growth is not None else None
+        self.growth_session = _session(manifest, growth.name, providers, threads) if growth is not None else None
         self.layers, self.kv_heads, self.head_dim = (int(entry[k]) for k in ("n_layer", "n_kv_head", "head_dim"))
         self.dim = int(entry.get("dim", 0))
         self._hidden = np.zeros((0, 0, 0), dtype=np.float32)
@@ -245,6 +251,27 @@ class OrtRunner(ModelRunner):
             "input_ids": ids, "positions": positions, "attention_mask": mask, "last": last, "mix": self.mix,
             "uniforms": uniforms}, {"present_kv": self._present, "probs": probs, "draws": draws})
         return StepOutput(probs, draws)
+
+    def can_grow_tree(self, layout: Any) -> bool:
+        return self.growth_session is not None and layout.key == self.growth_layout.key
+
+    def _grow_tree(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray,
+                   layout: Any) -> GrownTrees:
+        """The draft_growth graph (runtime/chain.py DraftGrowth) on the runner's buffers; its
+        candidates land in arrays made once per window size (and batch, as the views are)."""
+        batch, size = ids.shape
+        key = ("growth", size, 0)
+        self._present = self._bound_views(key, batch, size + layout.fed, 0)[0]
+        grown = self._call_views.get(("grown", size))
+        if grown is None:
+            grown = self._call_views[("grown", size)] = (np.zeros((self.images, layout.candidates), dtype=np.int32),
+                                                         np.zeros((self.images, layout.candidates)),
+                                                         np.zeros((self.images, layout.fed), dtype=np.int64))
+        tokens, scores, fronts = grown
+        self._run_bound(self.growth_session, key, {
+            "input_ids": ids, "positions": positions, "attention_mask": mask, "last": last, "mix": self.mix},
+            {"present_kv": self._present, "tokens": tokens, "scores": scores, "fronts": fronts})
+        return GrownTrees(tokens, scores, fronts)
 
     def _run_bound(self, session: Any, key: tuple, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
         """Run `session` on these buffers (and the KV buffer as past_kv) through an IOBinding made

@@ -20,7 +20,7 @@ from specrt.runtime.methods.base import Batched, Decoding, Method
 from specrt.runtime.methods.tree_loop import generate_trees
 from specrt.runtime.runner import StepOutput
 from specrt.runtime.sampling import needs_restriction
-from specrt.runtime.tree import DEFAULT_STATIC_TREE, TREES, StaticTreeParam, static_shape
+from specrt.runtime.tree import DEFAULT_GROWTH, DEFAULT_STATIC_TREE, TREES, StaticTreeParam, static_shape
 from specrt.runtime.verification import (
     SCHEDULES, AcceptanceRule, ChainOutcomes, CoolRule, LanternRule, VanillaRule, by_position, relaxation_schedule,
     rows_by_position, stack_rows, take, theorem2_along_path, verify_chains,
@@ -48,7 +48,8 @@ class DraftThenVerify(Method):
     # drafts kept, depth levels, tree_top_k children per expanded node and nodes expanded per level
     PARAMS = {"draft_len": Int(4, low=1, symbol="L"), "tree": Choice("chain", choices=TREES),
               "static_tree": StaticTreeParam(DEFAULT_STATIC_TREE),  # a STATIC_TREES name or a plan file
-              "total_tokens": Int(63, low=1), "depth": Int(6, low=1), "tree_top_k": Int(8, low=1, symbol="top_k")}
+              "total_tokens": Int(63, low=1), "depth": Int(DEFAULT_GROWTH[0], low=1),
+              "tree_top_k": Int(DEFAULT_GROWTH[1], low=1, symbol="top_k")}
     theorem2 = False  # relaxed methods: report Theorem-2 estimates per round (Stats)
 
     def validate(self) -> None:

@@ -118,6 +118,11 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
                    "graph run; sd/cool-sd/lantern with tree=static use it when their static_tree is this one and no "
                    "top-k/top-p/greedy applies): a static tree name or a `specrt plan-tree` plan file; none: no tree "
                    "graph. Default: mc_sim_7b_63 (the methods' default) where --max-window holds it.")
+@click.option("--draft-growth", "draft_growth", default=None, metavar="DEPTH,TOP_K",
+              help="The dynamic tree the draft_growth graph grows in one call (EAGLE-2's passes in one graph run; "
+                   "sd/cool-sd/lantern with tree=dynamic use it when their depth and tree_top_k are these and no "
+                   "top-k/top-p/greedy applies); none: no growth graph. Default: 6,8 (the methods' default) where "
+                   "--max-window holds its (depth − 1)·top_k fed nodes.")
 @click.option("--verify", is_flag=True, help="Afterwards run every graph in onnxruntime against PyTorch (exit 1 above tolerance).")
 @click.option("--family", type=click.Choice(["llamagen", "continuous"]), default="llamagen", show_default=True,
               help="Model family: LlamaGen GPT + VQ, or the continuous MAR-style family (export/mar: the mar demo, "
@@ -127,7 +132,7 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
 @checkpoint_flags
 def command(ctx: click.Context, out, force, target, draft, vq, grid, max_prompt_tokens, weights_dtype, checkpoint,
             random_weights, demo, demo_weights, text_encoder, max_window, max_batch, opset, eagle, no_hidden,
-            neighbours_k, draft_chain, draft_tree, verify, family, threads) -> None:
+            neighbours_k, draft_chain, draft_tree, draft_growth, verify, family, threads) -> None:
     """Export target, draft (optional) and VQ decoder to an ONNX bundle (the embedded demo by default;
     --demo t2i adds its text encoder, so the bundle takes prompts).
 
@@ -169,7 +174,8 @@ def command(ctx: click.Context, out, force, target, draft, vq, grid, max_prompt_
 
     options = ExportOptions(opset=opset, max_window=max_window, max_batch=max_batch,
                             target_hidden=not no_hidden, neighbours_k=neighbours_k, draft_chain=draft_chain,
-                            draft_tree="" if draft_tree == "none" else draft_tree)  # None: the default
+                            draft_tree="" if draft_tree == "none" else draft_tree,  # None: the default
+                            draft_growth="" if draft_growth == "none" else draft_growth)
     if eagle and draft:
         raise SpecrtError("--eagle replaces the draft model: give --draft or --eagle, not both")
     models = _models(target, draft, vq, checkpoint, random_weights, demo_weights, text_encoder, demo)
