@@ -143,6 +143,6 @@ def test_draft_trees_get_an_engine_only_when_named(demo_bundle):
     """The TensorRT runner drafts trees level by level: a bundle's draft_tree graph is not built
     by default, and its profile plans when it is asked for by name."""
     names = [job.entry.name for job in plan_jobs(demo_bundle, "fp32", "10.3.0", GPU)]
-    assert "draft_tree" not in names and "draft_chain" in names
+    assert "draft_tree" not in names and "draft_growth" not in names and "draft_chain" in names
     job, = plan_jobs(demo_bundle, "fp32", "10.3.0", GPU, graphs=["draft_tree"])
     assert {shape[1] for shape in job.profile.to_json()["uniforms"].values()} == {25}  # mc_sim_7b_63's drafts

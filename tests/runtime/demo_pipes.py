@@ -28,8 +28,9 @@ def step_by_step(pipe: Any) -> Iterator[None]:
 
 @contextmanager
 def level_by_level(pipe: Any) -> Iterator[None]:
-    """The pipeline's draft runner without its one-call static tree (runtime/tree_call.py): a draft pass per depth."""
-    with _refusing(pipe.draft, "can_draft_tree"):
+    """The pipeline's draft runner without its one-call trees (runtime/tree_call.py: a static
+    tree's draft_tree, a dynamic tree's draft_growth): a draft pass per depth."""
+    with _refusing(pipe.draft, "can_draft_tree"), _refusing(pipe.draft, "can_grow_tree"):
         yield
 
 
