@@ -248,11 +248,16 @@ def _graph_jobs(models: ModelSet, options: ExportOptions, limits: GraphLimits) -
     if is_eagle(models.draft):
         if not options.target_hidden:
             raise SpecrtError("an EAGLE draft reads the target's hidden states: drop --no-hidden")
-        from specrt.export.eagle.export import CHAIN_GRAPH, GRAPH, export_head_chain, export_head_step
+        from specrt.export.eagle import export as head
 
-        steps = options.chain_steps  # the head's draft_chain, as an independent draft's (0: none)
-        draft = [(GRAPH, lambda d: export_head_step(models.draft, limits, d, opset)),
-                 *([(CHAIN_GRAPH, lambda d: export_head_chain(models.draft, limits, d, opset, steps))] if steps else [])]
+        steps = options.chain_steps  # the head's draft_chain, draft_tree and draft_growth, as an independent draft's
+        draft = [(head.GRAPH, lambda d: head.export_head_step(models.draft, limits, d, opset)),
+                 *([(head.CHAIN_GRAPH, lambda d: head.export_head_chain(models.draft, limits, d, opset, steps))]
+                   if steps else []),
+                 *([(head.TREE_GRAPH, lambda d: head.export_head_tree(models.draft, limits, d, options.tree_paths, opset))]
+                   if options.tree_paths else []),
+                 *([(head.GROWTH_GRAPH, lambda d: head.export_head_growth(models.draft, limits, d, *options.growth, opset))]
+                   if options.growth else [])]
     text = []
     if models.text_encoder is not None:
         from specrt.export.text_encoder import GRAPH, export_text_encoder

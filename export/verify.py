@@ -297,82 +297,66 @@ def _verify_chain(manifest: Manifest, graph: GraphSpec, model, capacity: int, ma
     through that recursion an untrained head's rows grow to hundreds (float32 rounding grows with them)."""
     from specrt.runtime.chain import DraftChain, HeadChain
 
-    session = _session(manifest.root / graph.file, threads)
     steps = int(graph.input("uniforms").shape[1])
-    pairs = "hidden" in graph.input_names  # an EAGLE head's chain
-    chain = (HeadChain if pairs else DraftChain)(model, steps)
-    rng = np.random.default_rng(seed + 2)
-    for case in step_cases(model.config, capacity, max_window, seed):
-        batch, window = case.input_ids.shape
-        if window + steps - 1 > max_window:
-            continue
-        images = case.mix.shape[0]
-        past_kv = rng.standard_normal(graph.shape_at(graph.input("past_kv"), "max", batch=batch)).astype(np.float32)
-        feeds = {"input_ids": case.input_ids, "positions": case.positions, "attention_mask": case.attention_mask,
-                 "past_kv": past_kv, "last": np.full(images, window - 1, dtype=np.int32), "mix": case.mix,
-                 "uniforms": rng.random((images, steps)).astype(np.float32)}
-        if pairs:
-            feeds["hidden"] = rng.standard_normal((batch, window, model.config.dim)).astype(np.float32)
-        with torch.no_grad():
-            present_kv, probs, draws = chain(*(torch.from_numpy(feeds[name]) for name in graph.input_names))
-        got = session.run(list(graph.output_names), feeds)
-        yield from _compare(graph, f"{case.name} + {steps} drafts", got,
-                            {"present_kv": present_kv, "probs": probs, "draws": draws},
-                            scaled=("present_kv",) if pairs else ())
+    chain = (HeadChain if "hidden" in graph.input_names else DraftChain)(model, steps)
+    yield from _verify_drafting(manifest, graph, chain, capacity, max_window, seed, threads, steps - 1,
+                                f"{steps} drafts", stream=2)
 
 
 def _verify_tree(manifest: Manifest, graph: GraphSpec, model, capacity: int, max_window: int,
                  seed: int, threads: int) -> Iterator[Comparison]:
-    """A draft tree graph against runtime.chain.DraftTree over the model, on the step cases whose
-    window leaves room for the fed nodes, drafting below each image's last window slot: the
-    present rows, the inner nodes' rows and every node's token (drawn inside the graph)."""
-    from specrt.runtime.chain import DraftTree
+    """A draft tree graph against runtime.chain.DraftTree (HeadTree for an EAGLE head's) over the
+    model, as _verify_chain: the present rows, the inner nodes' rows and every node's token
+    (drawn inside the graph)."""
+    from specrt.runtime.chain import DraftTree, HeadTree
     from specrt.runtime.tree import StaticShape
     from specrt.runtime.tree_call import TreeLayout
 
-    session = _session(manifest.root / graph.file, threads)
     layout = TreeLayout(StaticShape(graph.tree))
-    tree = DraftTree(model, layout)
-    rng = np.random.default_rng(seed + 3)
-    for case in step_cases(model.config, capacity, max_window, seed):
-        batch, window = case.input_ids.shape
-        if window + len(layout.fed) > max_window:
-            continue
-        images = case.mix.shape[0]
-        past_kv = rng.standard_normal(graph.shape_at(graph.input("past_kv"), "max", batch=batch)).astype(np.float32)
-        feeds = {"input_ids": case.input_ids, "positions": case.positions, "attention_mask": case.attention_mask,
-                 "past_kv": past_kv, "last": np.full(images, window - 1, dtype=np.int32), "mix": case.mix,
-                 "uniforms": rng.random((images, layout.nodes - 1)).astype(np.float32)}
-        with torch.no_grad():
-            present_kv, probs, draws = tree(*(torch.from_numpy(feeds[name]) for name in graph.input_names))
-        got = session.run(list(graph.output_names), feeds)
-        yield from _compare(graph, f"{case.name} + a tree of {layout.nodes - 1}", got,
-                            {"present_kv": present_kv, "probs": probs, "draws": draws})
+    tree = (HeadTree if "hidden" in graph.input_names else DraftTree)(model, layout)
+    yield from _verify_drafting(manifest, graph, tree, capacity, max_window, seed, threads, len(layout.fed),
+                                f"a tree of {layout.nodes - 1}", stream=3)
 
 
 def _verify_growth(manifest: Manifest, graph: GraphSpec, model, capacity: int, max_window: int,
                    seed: int, threads: int) -> Iterator[Comparison]:
-    """A draft growth graph against runtime.chain.DraftGrowth over the model, on the step cases
-    whose window leaves room for the fed nodes, growing below each image's last window slot: the
-    present rows, every candidate's token and score and the frontiers chosen."""
-    from specrt.runtime.chain import DraftGrowth
+    """A draft growth graph against runtime.chain.DraftGrowth (HeadGrowth for an EAGLE head's)
+    over the model, as _verify_chain: the present rows, every candidate's token and score and the
+    frontiers chosen."""
+    from specrt.runtime.chain import DraftGrowth, HeadGrowth
 
+    depth, top_k = graph.growth["depth"], graph.growth["top_k"]
+    growth = (HeadGrowth if "hidden" in graph.input_names else DraftGrowth)(model, depth, top_k)
+    yield from _verify_drafting(manifest, graph, growth, capacity, max_window, seed, threads,
+                                (depth - 1) * top_k, f"a dynamic tree {depth}x{top_k}", stream=4)
+
+
+def _verify_drafting(manifest: Manifest, graph: GraphSpec, module, capacity: int, max_window: int, seed: int,
+                     threads: int, fed: int, what: str, stream: int) -> Iterator[Comparison]:
+    """A drafting graph (a chain's, tree's or growth's) against its module on the step cases whose
+    window leaves room for the `fed` rows after it, drafting below each image's last window slot,
+    with random uniforms where it takes them and random features for an EAGLE head's (from
+    seed + stream: each kind its own numbers)."""
     session = _session(manifest.root / graph.file, threads)
-    growth = DraftGrowth(model, graph.growth["depth"], graph.growth["top_k"])
-    rng = np.random.default_rng(seed + 4)
-    for case in step_cases(model.config, capacity, max_window, seed):
+    pairs = "hidden" in graph.input_names
+    rng = np.random.default_rng(seed + stream)
+    for case in step_cases(module.model.config, capacity, max_window, seed):
         batch, window = case.input_ids.shape
-        if window + growth.top_k * (growth.depth - 1) > max_window:
+        if window + fed > max_window:
             continue
         images = case.mix.shape[0]
         past_kv = rng.standard_normal(graph.shape_at(graph.input("past_kv"), "max", batch=batch)).astype(np.float32)
         feeds = {"input_ids": case.input_ids, "positions": case.positions, "attention_mask": case.attention_mask,
                  "past_kv": past_kv, "last": np.full(images, window - 1, dtype=np.int32), "mix": case.mix}
+        if "uniforms" in graph.input_names:
+            feeds["uniforms"] = rng.random((images, int(graph.input("uniforms").shape[1]))).astype(np.float32)
+        if pairs:
+            feeds["hidden"] = rng.standard_normal((batch, window, module.model.config.dim)).astype(np.float32)
         with torch.no_grad():
-            outputs = growth(*(torch.from_numpy(feeds[name]) for name in graph.input_names))
+            outputs = module(*(torch.from_numpy(feeds[name]) for name in graph.input_names))
         got = session.run(list(graph.output_names), feeds)
-        yield from _compare(graph, f"{case.name} + a dynamic tree {growth.depth}x{growth.top_k}", got,
-                            dict(zip(graph.output_names, outputs)))
+        yield from _compare(graph, f"{case.name} + {what}", got, dict(zip(graph.output_names, outputs)),
+                            scaled=("present_kv",) if pairs else ())
 
 
 def prefill_cases(config, rng: np.random.Generator) -> Iterator[tuple[str, dict[str, np.ndarray], np.ndarray]]:

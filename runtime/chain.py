@@ -96,20 +96,26 @@ class DraftChain(nn.Module):
         return local, torch.cat(all_probs, dim=1), torch.cat(all_draws, dim=1)
 
 
-class HeadChain(DraftChain):
-    """An EAGLE head's chain (runtime/eagle.py): the step inputs take `hidden` [B, W, H] after the
-    ids, the feature before each window token; each draft is then fed with the head's own output
-    feature of the slot before it (draft 1: of each image's `last` slot; draft j + 1: of draft j),
-    EAGLE's recursion, as the step-by-step drafter feeds `features_out`. Outputs as DraftChain's."""
+class HeadSteps:
+    """An EAGLE head's model step for the drafting modules: the step inputs take `hidden` [B, W, H]
+    after the ids, the feature before each window token, and the head hands on its own output
+    feature g of each slot, which feeds the token after it (EAGLE's recursion, as the
+    step-by-step drafter feeds `features_out`)."""
+
+    def _step(self, ids: torch.Tensor, fed: torch.Tensor | None, positions: torch.Tensor, mask: torch.Tensor,
+              past_kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        return self.model.step(ids, fed, positions, mask, past_kv)  # (logits, features g, present)
+
+
+class HeadChain(HeadSteps, DraftChain):
+    """An EAGLE head's chain (runtime/eagle.py): each draft is fed with the head's own output
+    feature of the slot before it (draft 1: of each image's `last` slot; draft j + 1: of draft j).
+    Inputs as DraftChain's with `hidden` after the ids; outputs as DraftChain's."""
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 attention_mask: torch.Tensor, past_kv: torch.Tensor, last: torch.Tensor, mix: torch.Tensor,
                 uniforms: torch.Tensor):
         return self._draw(input_ids, hidden, positions, attention_mask, past_kv, last, mix, uniforms)
-
-    def _step(self, ids: torch.Tensor, fed: torch.Tensor | None, positions: torch.Tensor, mask: torch.Tensor,
-              past_kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        return self.model.step(ids, fed, positions, mask, past_kv)  # (logits, features g, present)
 
 
 class DraftTree(DraftChain):
@@ -150,6 +156,8 @@ class DraftTree(DraftChain):
             for rank in range(1, self.ranks[depth]):  # a node with fewer children repeats its last (ignored)
                 self._constant(f"kids{depth}_{rank}",
                                [layout.children[n][min(rank, len(layout.children[n]) - 1)] - 1 for n in level])
+            if depth:  # each node's parent among the level before's nodes (its feature feeds the node)
+                self._constant(f"up{depth}", [self.levels[depth - 1].index(layout.parents[n]) for n in level])
         offsets = list(itertools.accumulate((len(level) * r for level, r in zip(self.levels, self.ranks)), initial=0))
         self._constant("drafted", [offsets[where[n][0]] + where[n][1] for n in range(1, layout.nodes)])
 
@@ -159,13 +167,20 @@ class DraftTree(DraftChain):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
                 past_kv: torch.Tensor, last: torch.Tensor, mix: torch.Tensor, uniforms: torch.Tensor):
+        return self._tree(input_ids, None, positions, attention_mask, past_kv, last, mix, uniforms)
+
+    def _tree(self, input_ids: torch.Tensor, hidden: torch.Tensor | None, positions: torch.Tensor,
+              attention_mask: torch.Tensor, past_kv: torch.Tensor, last: torch.Tensor, mix: torch.Tensor,
+              uniforms: torch.Tensor):
+        """The levels (the class docstring), each node fed with what its parent hands on (`_step`)."""
         batch = input_ids.shape[0]
         pairs = batch // mix.shape[0]
-        logits, _, local = self._step(input_ids.long(), None, positions.long(), attention_mask, past_kv)
+        logits, out, local = self._step(input_ids.long(), hidden, positions.long(), attention_mask, past_kv)
         rows = torch.arange(batch, device=input_ids.device)
         slot = last.long().repeat(pairs)
         seen = attention_mask[rows, slot]                    # [B, C + W]: what the root saw
         position = positions.long()[rows, slot][:, None]     # [B, 1]
+        level_out = None if out is None else out[rows, slot][:, None]  # what the root hands its children
         vocab = torch.arange(logits.shape[-1], device=input_ids.device, dtype=torch.float32)
         level_logits, all_probs, all_tokens = logits[rows, slot][:, None], [], []
         for depth, level in enumerate(self.levels):
@@ -173,9 +188,10 @@ class DraftTree(DraftChain):
                 ids = all_tokens[depth - 1].index_select(1, getattr(self, f"at{depth}"))
                 ancestry = getattr(self, f"ancestry{depth}").to(seen.dtype)
                 mask = torch.cat([seen[:, None].expand(-1, len(level), -1), ancestry.expand(batch, -1, -1)], dim=2)
-                level_logits, _, present = self._step(ids.long().repeat(pairs, 1), None,
-                                                      (position + depth).expand(-1, len(level)), mask,
-                                                      KVSegments(past_kv, local))
+                fed = None if level_out is None else level_out.index_select(1, getattr(self, f"up{depth}"))
+                level_logits, level_out, present = self._step(ids.long().repeat(pairs, 1), fed,
+                                                              (position + depth).expand(-1, len(level)), mask,
+                                                              KVSegments(past_kv, local))
                 local = torch.cat([local, present], dim=4)
             # every node's children, rank after rank ([I, nodes, rank]): rank 0 is the head's draw,
             # rank k a draw without ranks 0..k − 1
@@ -219,13 +235,19 @@ class DraftGrowth(DraftChain):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
                 past_kv: torch.Tensor, last: torch.Tensor, mix: torch.Tensor):
+        return self._grow(input_ids, None, positions, attention_mask, past_kv, last, mix)
+
+    def _grow(self, input_ids: torch.Tensor, hidden: torch.Tensor | None, positions: torch.Tensor,
+              attention_mask: torch.Tensor, past_kv: torch.Tensor, last: torch.Tensor, mix: torch.Tensor):
+        """The passes (the class docstring), each frontier node fed with what its parent hands on (`_step`)."""
         batch, images, k = input_ids.shape[0], mix.shape[0], self.top_k
         pairs = batch // images
-        logits, _, local = self._step(input_ids.long(), None, positions.long(), attention_mask, past_kv)
+        logits, out, local = self._step(input_ids.long(), hidden, positions.long(), attention_mask, past_kv)
         rows = torch.arange(batch, device=input_ids.device)
         slot = last.long().repeat(pairs)
         seen = attention_mask[rows, slot]                    # [B, C + W]: what the root saw
         position = positions.long()[rows, slot][:, None]     # [B, 1]
+        level_out = None if out is None else out[rows, slot][:, None]  # what the root hands its children
         level_logits = logits[rows, slot][:, None]
         scores = torch.zeros(images, 1, 1, dtype=torch.float64, device=input_ids.device)  # the root's
         own = self.own.to(seen.dtype)[None].expand(images, -1, -1)
@@ -245,11 +267,34 @@ class DraftGrowth(DraftChain):
             ancestry = own if ancestry is None else torch.cat(
                 [ancestry.gather(1, parents[..., None].expand(-1, -1, ancestry.shape[2])), own], dim=2)
             mask = torch.cat([seen[:, None].expand(-1, k, -1), ancestry.repeat(pairs, 1, 1)], dim=2)
-            level_logits, _, present = self._step(tokens.gather(1, front).repeat(pairs, 1), None,
-                                                  (position + depth).expand(-1, k), mask, KVSegments(past_kv, local))
+            fed = None if level_out is None else \
+                level_out.gather(1, parents.repeat(pairs, 1)[..., None].expand(-1, -1, level_out.shape[2]))
+            level_logits, level_out, present = self._step(tokens.gather(1, front).repeat(pairs, 1), fed,
+                                                          (position + depth).expand(-1, k), mask,
+                                                          KVSegments(past_kv, local))
             local = torch.cat([local, present], dim=4)
         front = torch.cat(fronts, dim=1) if fronts else torch.zeros(images, 0, dtype=torch.long, device=seen.device)
         return local, torch.cat(all_tokens, dim=1).to(torch.int32), torch.cat(all_scores, dim=1), front
+
+
+class HeadTree(HeadSteps, DraftTree):
+    """An EAGLE head's static tree in one call: DraftTree's levels with `hidden` after the ids,
+    each node fed with its parent's output feature (the root's: of each image's `last` slot),
+    as EagleDrafter feeds its nodes level by level. Outputs as DraftTree's."""
+
+    def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                attention_mask: torch.Tensor, past_kv: torch.Tensor, last: torch.Tensor, mix: torch.Tensor,
+                uniforms: torch.Tensor):
+        return self._tree(input_ids, hidden, positions, attention_mask, past_kv, last, mix, uniforms)
+
+
+class HeadGrowth(HeadSteps, DraftGrowth):
+    """An EAGLE head's dynamic tree in one call: DraftGrowth's passes with `hidden` after the ids,
+    each frontier node fed with its parent's output feature. Outputs as DraftGrowth's."""
+
+    def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                attention_mask: torch.Tensor, past_kv: torch.Tensor, last: torch.Tensor, mix: torch.Tensor):
+        return self._grow(input_ids, hidden, positions, attention_mask, past_kv, last, mix)
 
 
 def _inverse_cdf(rows: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

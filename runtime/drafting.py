@@ -103,6 +103,25 @@ class Drafter(ABC):
         """The draft's row after each of nodes[p] of trees[p] (node 0 = the pending token; each node
         sees its ancestors, a tree mask), one draft pass for every image; commits nothing of the trees."""
 
+    # A whole tree in one draft call (runtime/tree_call.py), where the draft's runner can: the
+    # tree loop then calls draft_tree (a static shape's TreeLayout) or grow_tree (a dynamic
+    # tree's GrowthLayout) once a round instead of `expand` once a depth, for the same trees.
+    def can_draft_tree(self, layout: Any) -> bool:
+        return False
+
+    def can_grow_tree(self, layout: Any) -> bool:
+        return False
+
+    def draft_tree(self, ctx: "Decoding", layout: Any, max_depths: Sequence[int]) -> list[Optional["TokenTree"]]:
+        """Each image's static tree below its pending token (max_depths[p]: the drafts it has left;
+        < 0: no tree, 0: the root alone), as `expand` level by level would draft it."""
+        raise NotImplementedError(f"{type(self).__name__} drafts no trees in one call")
+
+    def grow_tree(self, ctx: "Decoding", layout: Any, max_depths: Sequence[int],
+                  total_tokens: int) -> list[Optional["TokenTree"]]:
+        """Each image's dynamic tree below its pending token, as runtime.tree.DynamicGrowth grows it."""
+        raise NotImplementedError(f"{type(self).__name__} grows no trees in one call")
+
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     if len(a) <= len(b) and a == b[:len(a)]:  # the usual case, a cache that is a prefix: compared in C
@@ -265,6 +284,12 @@ class ModelDrafter(Drafter):
                     self._staged[p] = {n: i for i, n in enumerate((0, *below[p]))}
                     self._trees[p] = tree
 
+    def can_draft_tree(self, layout: Any) -> bool:
+        return self.runner.can_draft_tree(layout)
+
+    def can_grow_tree(self, layout: Any) -> bool:
+        return self.runner.can_grow_tree(layout)
+
     def draft_tree(self, ctx: "Decoding", layout: Any, max_depths: Sequence[int]) -> list[Optional["TokenTree"]]:
         """Each image's static tree (runtime/tree_call.py) below its pending token in one call of
         the runner's draft_tree (max_depths[p]: the drafts image p has left; < 0: no tree, 0: the
@@ -318,16 +343,14 @@ class ModelDrafter(Drafter):
         if any(f is not None and len(f) > 1 for f in feeds):  # the tokens before the roots
             runner.commit([range(len(f) - 1) if f is not None else None for f in feeds])
         stage: list[Optional[list[int]]] = []
-        for p, feed in enumerate(feeds):
-            if feed is None:
+        for p, grown in enumerate(grown_trees(ctx, layout, out, feeds, max_depths, total_tokens)):
+            if grown is None:
                 stage.append(None)
                 continue
-            trees[p], self._trees[p], fed = grown_tree(layout, self.tokens[p][-1], out.tokens[p], out.scores[p],
-                                                       out.fronts[p], min(layout.depth, max_depths[p]), total_tokens)
-            ctx.rngs[p].random(len(feed) + len(fed))  # the level path's passes: the window's, a frontier node's each
+            trees[p], self._trees[p], fed = grown
             self.cached[p] = self.tokens[p][:-1]
             self._staged[p] = {node: node for node in range(len(fed) + 1)}  # expanded node n: staged row n
-            stage.append([len(feed) - 1, *(width + f for f in fed)])
+            stage.append([len(feeds[p]) - 1, *(width + f for f in fed)])
         runner.stage(stage)
         return trees
 
@@ -362,6 +385,24 @@ class ModelDrafter(Drafter):
                 self.expanded_draws[p] = [int(out.draws[p, slot[n]]) for n in nodes[p]]
             staged = self._staged[p]
             staged.update(zip(new, range(len(staged), len(staged) + len(new))))
+
+
+def grown_trees(ctx: "Decoding", layout: Any, out: Any, windows: Sequence[Optional[Sequence[int]]],
+                max_depths: Sequence[int], total_tokens: int) -> list[Optional[tuple["TokenTree", "TokenTree", list[int]]]]:
+    """runtime.tree_call.grown_tree for each image of a grow_tree call (`out`: its GrownTrees;
+    windows[p]: image p's window tokens, its root last; None: no tree), each image's stream
+    advanced past the uniforms the level path's passes would have drawn: its window's, then
+    one per frontier node run (what they draw is unused: the tree is the rows' top-k)."""
+    grown: list[Optional[tuple["TokenTree", "TokenTree", list[int]]]] = []
+    for p, window in enumerate(windows):
+        if window is None:
+            grown.append(None)
+            continue
+        tree, expanded, fed = grown_tree(layout, window[-1], out.tokens[p], out.scores[p], out.fronts[p],
+                                         min(layout.depth, max_depths[p]), total_tokens)
+        ctx.rngs[p].random(len(window) + len(fed))
+        grown.append((tree, expanded, fed))
+    return grown
 
 
 def finish_round(ctx: "Decoding", drafter: Drafter, tokens: list[list[int]], images: Sequence[int], scored: StepOutput,

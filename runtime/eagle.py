@@ -21,17 +21,14 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from typing import TYPE_CHECKING
-
 from specrt.runtime.conditions import Conditions
-from specrt.runtime.drafting import Drafter, Verified
-from specrt.runtime.runner import ModelRunner, StepOutput, window_sizes
+from specrt.runtime.drafting import Drafter, Verified, grown_trees
+from specrt.runtime.runner import GrownTrees, ModelRunner, StepOutput, window_sizes
 from specrt.runtime.sampling import needs_restriction
-from specrt.runtime.tree import level_window
+from specrt.runtime.tree import TokenTree, level_window
+from specrt.runtime.tree_call import tree_from_draws
+from specrt.runtime.verification import SAMPLED, TOP
 from specrt.runtime.window import Window, Windows
-
-if TYPE_CHECKING:  # pragma: no cover
-    from specrt.runtime.tree import TokenTree
 
 EAGLE_KIND = "eagle"  # manifest models.draft.kind
 
@@ -121,9 +118,42 @@ class HeadRunner(ModelRunner):
         mask[:, :, : self.spec.cond_len] = False  # as _step: the drafts see what the last slot saw
         return self._head_chain(ids, self._pending, positions, mask, last, uniforms)
 
+    def tree_pairs(self, windows: Windows, features: Sequence[Optional[np.ndarray]], layout: Any,
+                   uniforms: np.ndarray) -> StepOutput:
+        """`draft_tree` over each image's pairs (features as step_pairs'): the window, then the
+        static tree `layout`, each node fed with its parent's head feature (runtime/chain.py
+        HeadTree). Only where can_draft_tree(layout)."""
+        self._pending = self._pair_features(windows, features)
+        return self.draft_tree(windows, layout, uniforms)
+
+    def grow_pairs(self, windows: Windows, features: Sequence[Optional[np.ndarray]], layout: Any) -> GrownTrees:
+        """`grow_tree` over each image's pairs (runtime/chain.py HeadGrowth). Only where can_grow_tree(layout)."""
+        self._pending = self._pair_features(windows, features)
+        return self.grow_tree(windows, layout)
+
+    def _draft_tree(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray, layout: Any,
+                    uniforms: np.ndarray) -> StepOutput:
+        mask[:, :, : self.spec.cond_len] = False  # as _step
+        return self._head_tree(ids, self._pending, positions, mask, last, layout, uniforms)
+
+    def _grow_tree(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray,
+                   layout: Any) -> GrownTrees:
+        mask[:, :, : self.spec.cond_len] = False  # as _step
+        return self._head_grow(ids, self._pending, positions, mask, last, layout)
+
     def _head_step(self, ids: np.ndarray, features: np.ndarray, positions: np.ndarray, mask: np.ndarray,
                    uniforms: np.ndarray) -> StepOutput:
         raise NotImplementedError
+
+    def _head_tree(self, ids: np.ndarray, features: np.ndarray, positions: np.ndarray, mask: np.ndarray,
+                   last: np.ndarray, layout: Any, uniforms: np.ndarray) -> StepOutput:
+        """ModelRunner._draft_tree with the features before the window tokens (HeadTree's inputs)."""
+        raise NotImplementedError(f"{type(self).__name__} drafts no trees in one call")
+
+    def _head_grow(self, ids: np.ndarray, features: np.ndarray, positions: np.ndarray, mask: np.ndarray,
+                   last: np.ndarray, layout: Any) -> GrownTrees:
+        """ModelRunner._grow_tree with the features before the window tokens (HeadGrowth's inputs)."""
+        raise NotImplementedError(f"{type(self).__name__} grows no trees in one call")
 
     def _head_chain(self, ids: np.ndarray, features: np.ndarray, positions: np.ndarray, mask: np.ndarray,
                     last: np.ndarray, uniforms: np.ndarray) -> StepOutput:
@@ -269,6 +299,72 @@ class EagleDrafter(Drafter):
         if isinstance(out.probs, np.ndarray):  # each image's rows as one block view [L, V] (rows_by_position: no copy)
             return drafts, [out.probs[p, :len(chain)] for p, chain in enumerate(drafts)]
         return drafts, [[out.probs[p, j] for j in range(len(chain))] for p, chain in enumerate(drafts)]
+
+    def can_draft_tree(self, layout: Any) -> bool:
+        return self.head.can_draft_tree(layout)
+
+    def can_grow_tree(self, layout: Any) -> bool:
+        return self.head.can_grow_tree(layout)
+
+    def draft_tree(self, ctx, layout: Any, max_depths: Sequence[int]) -> list[Optional["TokenTree"]]:
+        """Each image's static tree in one head call (runtime/chain.py HeadTree): its queued pairs
+        as the window (the pending pair, the root, last), then every level, each node fed with its
+        parent's head feature, with uniforms drawn as the level path's passes draw them
+        (Decoding.run_tree). The queue before the pending pair is committed for good, as the
+        level path's first pass commits it; the tree's rows are not kept (rollback would drop them)."""
+        trees: list[Optional["TokenTree"]] = [TokenTree(self._tokens[p][-1], SAMPLED) if depth == 0 else None
+                                              for p, depth in enumerate(max_depths)]
+        counts = self._tree_queues(ctx, max_depths, len(layout.fed))
+        if not any(counts):
+            return trees
+        windows, features = self._queued(counts)
+        self.head.rows_to_host = True  # every row is read on the host (the trees' q)
+        try:
+            out = ctx.run_tree(self.head, windows, layout, [max(d, 0) for d in max_depths], features)
+        finally:
+            self.head.rows_to_host = False
+        self._commit_before_roots(counts)
+        draws = out.draws.tolist()
+        for p, count in enumerate(counts):
+            if count:
+                trees[p] = tree_from_draws(layout, self._tokens[p][-1], draws[p], np.array(out.probs[p]), max_depths[p])[0]
+        return trees
+
+    def grow_tree(self, ctx, layout: Any, max_depths: Sequence[int], total_tokens: int) -> list[Optional["TokenTree"]]:
+        """Each image's dynamic tree in one head call (runtime/chain.py HeadGrowth), the queues as
+        in draft_tree; each stream advanced as the level path's passes would (drafting.grown_trees)."""
+        trees: list[Optional["TokenTree"]] = [TokenTree(self._tokens[p][-1], TOP) if depth == 0 else None
+                                              for p, depth in enumerate(max_depths)]
+        counts = self._tree_queues(ctx, max_depths, layout.fed)
+        if not any(counts):
+            return trees
+        windows, features = self._queued(counts)
+        out = self.head.grow_pairs(windows, features, layout)
+        queues = [self._tokens[p][:count] if count else None for p, count in enumerate(counts)]
+        self._commit_before_roots(counts)
+        for p, grown in enumerate(grown_trees(ctx, layout, out, queues, max_depths, total_tokens)):
+            if grown is not None:
+                trees[p] = grown[0]
+        return trees
+
+    def _tree_queues(self, ctx, max_depths: Sequence[int], fed: int) -> list[int]:
+        """Per image, the queued pairs a one-call tree runs as its window (0: no tree). Where they
+        and the `fed` nodes would overflow the window, the pairs before the pending one are run
+        and committed first (a call of their own, drawing the uniforms the one window would)."""
+        counts = [len(self._tokens[p]) if depth > 0 else 0 for p, depth in enumerate(max_depths)]
+        first = [n - 1 if n > 1 and n + fed > self.head.max_window else 0 for n in counts]
+        if any(first):
+            self._run_queues(ctx, first)
+            counts = [n - k for n, k in zip(counts, first)]
+        return counts
+
+    def _commit_before_roots(self, counts: Sequence[int]) -> None:
+        """After a one-call tree: its window's pairs before each root are stable (committed for good)."""
+        before = [max(n - 1, 0) for n in counts]
+        if any(before):
+            self.head.commit([range(n) if n else None for n in before])
+            self._dequeue(before)
+            self._stable = self.head.lengths.copy()
 
     def expand(self, ctx, trees: Sequence[Optional["TokenTree"]], nodes: Sequence[Sequence[int]]) -> list[list[Any]]:
         """Each image's `nodes` (and the closure above them not yet run) under the tree mask; the

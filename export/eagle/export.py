@@ -21,13 +21,18 @@ import torch.nn as nn
 
 from specrt.export.eagle.model import EagleHead
 from specrt.export.onnx_export import (BATCH, CACHE_LEN, DEFAULT_CHAIN_STEPS, DEFAULT_OPSET, TOTAL_LEN, WINDOW,
-                                       GraphLimits, _example_inputs, _export, chain_spec, head_inputs, head_outputs)
+                                       GraphLimits, _example_inputs, _export, chain_spec, growth_spec, head_inputs,
+                                       head_outputs, tree_spec)
 from specrt.manifest import GraphSpec, TensorSpec
-from specrt.runtime.chain import HeadChain
+from specrt.runtime.chain import HeadChain, HeadGrowth, HeadTree
+from specrt.runtime.tree import StaticShape
+from specrt.runtime.tree_call import TreeLayout
 from specrt.runtime.head import SamplingHead
 
 GRAPH = "draft_step"
 CHAIN_GRAPH = "draft_chain"
+TREE_GRAPH = "draft_tree"
+GROWTH_GRAPH = "draft_growth"
 
 
 class _HeadStepGraph(nn.Module):
@@ -60,12 +65,16 @@ def head_step_spec(config, limits: GraphLimits, opset: int) -> GraphSpec:
                      inputs=inputs, outputs=outputs, profile=limits.step_profile())
 
 
-def head_chain_spec(config, limits: GraphLimits, opset: int, steps: int) -> GraphSpec:
-    """An independent draft's chain_spec (its one layer's KV) with the head's `hidden` input
-    [batch, window, dim] after input_ids, as the head's step graph takes it."""
-    spec = chain_spec(CHAIN_GRAPH, "draft", config, limits, opset, steps)
+def with_hidden(spec: GraphSpec, config) -> GraphSpec:
+    """An independent draft's drafting graph spec (a chain's, tree's or growth's: its one layer's
+    KV) with the head's `hidden` input [batch, window, dim] after input_ids, as the head's step
+    graph takes it."""
     hidden = TensorSpec("hidden", "float32", (BATCH, WINDOW, config.dim))
     return replace(spec, inputs=(spec.inputs[0], hidden, *spec.inputs[1:]))
+
+
+def head_chain_spec(config, limits: GraphLimits, opset: int, steps: int) -> GraphSpec:
+    return with_hidden(chain_spec(CHAIN_GRAPH, "draft", config, limits, opset, steps), config)
 
 
 def _examples(spec: GraphSpec, head: EagleHead) -> tuple[torch.Tensor, ...]:
@@ -89,3 +98,18 @@ def export_head_chain(head: EagleHead, limits: GraphLimits, out_dir: Path, opset
     drawn inside the graph (dynamic batch, window and cache length; steps static)."""
     spec = head_chain_spec(head.config, limits, opset, steps)
     return _export(HeadChain(head, steps), spec, _examples(spec, head), out_dir)  # its own signature
+
+
+def export_head_tree(head: EagleHead, limits: GraphLimits, out_dir: Path, paths, opset: int = DEFAULT_OPSET) -> GraphSpec:
+    """Export the head's `draft_tree` graph: a catch-up window of pairs, then the static tree
+    `paths` drafted inside the graph, each node fed with its parent's head feature (HeadTree)."""
+    spec = with_hidden(tree_spec(TREE_GRAPH, "draft", head.config, limits, opset, paths), head.config)
+    return _export(HeadTree(head, TreeLayout(StaticShape(paths))), spec, _examples(spec, head), out_dir)
+
+
+def export_head_growth(head: EagleHead, limits: GraphLimits, out_dir: Path, depth: int, top_k: int,
+                       opset: int = DEFAULT_OPSET) -> GraphSpec:
+    """Export the head's `draft_growth` graph: a catch-up window of pairs, then a dynamic tree
+    grown inside the graph, each frontier node fed with its parent's head feature (HeadGrowth)."""
+    spec = with_hidden(growth_spec(GROWTH_GRAPH, "draft", head.config, limits, opset, depth, top_k), head.config)
+    return _export(HeadGrowth(head, depth, top_k), spec, _examples(spec, head), out_dir)

@@ -240,8 +240,9 @@ class OrtRunner(ModelRunner):
         return self.tree_session is not None and layout.key == self.tree_layout.key
 
     def _draft_tree(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray, layout: Any,
-                    uniforms: np.ndarray) -> StepOutput:
-        """The draft_tree graph (runtime/chain.py DraftTree) on the runner's buffers."""
+                    uniforms: np.ndarray, extra_inputs: Optional[dict[str, np.ndarray]] = None) -> StepOutput:
+        """The draft_tree graph (runtime/chain.py DraftTree, or an EAGLE head's HeadTree with its
+        `hidden` among `extra_inputs`) on the runner's buffers."""
         batch, size = ids.shape
         parity = self._parity = 1 - self._parity
         key = ("tree", size, parity)
@@ -249,14 +250,14 @@ class OrtRunner(ModelRunner):
                                                         layout.nodes - 1)
         self._run_bound(self.tree_session, key, {
             "input_ids": ids, "positions": positions, "attention_mask": mask, "last": last, "mix": self.mix,
-            "uniforms": uniforms}, {"present_kv": self._present, "probs": probs, "draws": draws})
+            "uniforms": uniforms, **(extra_inputs or {})}, {"present_kv": self._present, "probs": probs, "draws": draws})
         return StepOutput(probs, draws)
 
     def can_grow_tree(self, layout: Any) -> bool:
         return self.growth_session is not None and layout.key == self.growth_layout.key
 
     def _grow_tree(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray,
-                   layout: Any) -> GrownTrees:
+                   layout: Any, extra_inputs: Optional[dict[str, np.ndarray]] = None) -> GrownTrees:
         """The draft_growth graph (runtime/chain.py DraftGrowth) on the runner's buffers; its
         candidates land in arrays made once per window size (and batch, as the views are)."""
         batch, size = ids.shape
@@ -269,8 +270,8 @@ class OrtRunner(ModelRunner):
                                                          np.zeros((self.images, layout.fed), dtype=np.int64))
         tokens, scores, fronts = grown
         self._run_bound(self.growth_session, key, {
-            "input_ids": ids, "positions": positions, "attention_mask": mask, "last": last, "mix": self.mix},
-            {"present_kv": self._present, "tokens": tokens, "scores": scores, "fronts": fronts})
+            "input_ids": ids, "positions": positions, "attention_mask": mask, "last": last, "mix": self.mix,
+            **(extra_inputs or {})}, {"present_kv": self._present, "tokens": tokens, "scores": scores, "fronts": fronts})
         return GrownTrees(tokens, scores, fronts)
 
     def _run_bound(self, session: Any, key: tuple, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
@@ -317,7 +318,8 @@ class OrtRunner(ModelRunner):
 class OrtHeadRunner(HeadRunner, OrtRunner):
     """An EAGLE head's `draft_step` (models.draft.kind `eagle`): no prefill graph; each step binds
     the features before its tokens (`hidden`) and the head's own (`features`) beside the contract's.
-    Its `draft_chain` (runtime/chain.py HeadChain), where the bundle has one, binds `hidden` too."""
+    Its `draft_chain`, `draft_tree` and `draft_growth` (runtime/chain.py HeadChain, HeadTree,
+    HeadGrowth), where the bundle has them, bind `hidden` too."""
 
     has_prefill = False
 
@@ -325,8 +327,9 @@ class OrtHeadRunner(HeadRunner, OrtRunner):
                  threads: Optional[int] = None):
         OrtRunner.__init__(self, manifest, role, providers, threads)
         _check_io(self.step_spec, ("hidden",), ("features",))
-        if self.chain_session is not None:
-            _check_io(manifest.graph(f"{role}_chain"), ("hidden",), ())
+        for kind in ("chain", "tree", "growth"):  # its drafting graphs take the features too
+            if f"{role}_{kind}" in manifest.graphs:
+                _check_io(manifest.graph(f"{role}_{kind}"), ("hidden",), ())
 
     def _extra_io(self, batch: int, size: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         return {"hidden": self._pending}, {"features": self.features_out}
@@ -336,6 +339,12 @@ class OrtHeadRunner(HeadRunner, OrtRunner):
 
     def _head_chain(self, ids, features, positions, mask, last, uniforms) -> StepOutput:
         return OrtRunner._chain(self, ids, positions, mask, last, uniforms, {"hidden": features})
+
+    def _head_tree(self, ids, features, positions, mask, last, layout, uniforms) -> StepOutput:
+        return OrtRunner._draft_tree(self, ids, positions, mask, last, layout, uniforms, {"hidden": features})
+
+    def _head_grow(self, ids, features, positions, mask, last, layout) -> GrownTrees:
+        return OrtRunner._grow_tree(self, ids, positions, mask, last, layout, {"hidden": features})
 
 
 class OrtVQ(VQDecoder):

@@ -336,36 +336,29 @@ class TorchRunner(ModelRunner):
                                   ids, positions, mask, last, uniforms)
 
     def can_draft_tree(self, layout: Any) -> bool:
-        return self.chain_kind == "DraftChain"  # the tree module runs any static shape (not an EAGLE head's)
+        return True  # the tree module runs any static shape
 
     def _draft_tree(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray, layout: Any,
-                    uniforms: np.ndarray) -> StepOutput:
-        """runtime/chain.py's DraftTree, the module the draft_tree graph is exported from, made
-        once per shape: the levels' draws stay on the device (one read back at the end)."""
-        tree = self._chains.get(layout.key)
-        if tree is None:
-            from specrt.runtime.chain import DraftTree  # needs torch, as this runner does
-            tree = self._chains[layout.key] = DraftTree(self.gpt, layout).to(self.device)
-        return self._run_drafting(tree, ("tree", int(ids.shape[1]), layout.key), ids, positions, mask, last, uniforms)
+                    uniforms: np.ndarray, features: Optional[np.ndarray] = None) -> StepOutput:
+        """runtime/chain.py's DraftTree (an EAGLE head's HeadTree, fed `features`), the module the
+        draft_tree graph is exported from, made once per shape: the levels' draws stay on the
+        device (one read back at the end)."""
+        return self._run_drafting(self._module("Tree", layout.key, layout), ("tree", int(ids.shape[1]), layout.key),
+                                  ids, positions, mask, last, uniforms, features)
 
     def can_grow_tree(self, layout: Any) -> bool:
-        return self.chain_kind == "DraftChain"  # the growth module runs any depth and top_k (not an EAGLE head's)
+        return True  # the growth module runs any depth and top_k
 
     def _grow_tree(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray,
-                   layout: Any) -> GrownTrees:
-        """runtime/chain.py's DraftGrowth, the module the draft_growth graph is exported from, made
-        once per (depth, top_k): the passes stay on the device, and the candidates come back in
-        one read (tokens and indices are exact in float64)."""
-        torch, growth = self.torch, self._chains.get(layout.key)
-        if growth is None:
-            from specrt.runtime.chain import DraftGrowth  # needs torch, as this runner does
-            growth = self._chains[layout.key] = DraftGrowth(self.gpt, layout.depth, layout.top_k).to(self.device)
+                   layout: Any, features: Optional[np.ndarray] = None) -> GrownTrees:
+        """runtime/chain.py's DraftGrowth (HeadGrowth for a head), the module the draft_growth graph
+        is exported from, made once per (depth, top_k): the passes stay on the device, and the
+        candidates come back in one read (tokens and indices are exact in float64)."""
+        torch = self.torch
+        growth = self._module("Growth", layout.key, layout.depth, layout.top_k)
         with torch.inference_mode():
-            ids_t = self._to_device(ids, getattr(self, "_ids_dev", None))
-            pos_t = self._to_device(positions, getattr(self, "_pos_dev", None))
-            mask_t = self._to_device(mask, getattr(self, "_mask_dev", None))
-            last_t = self._to_device(last, getattr(self, "_last_dev", None))
-            run = lambda: growth(ids_t, pos_t, mask_t, self._kv, last_t, self._mix)  # noqa: E731
+            args = self._drafting_args(ids, positions, mask, last, features)
+            run = lambda: growth(*args)  # noqa: E731
             key = ("growth", int(ids.shape[1]), layout.key)
             self._present, tokens, scores, fronts = self._captured(key, run) if self.cuda_graphs else run()
             flat = torch.cat([tokens.reshape(-1).double(), scores.reshape(-1), fronts.reshape(-1).double()]).cpu().numpy()
@@ -376,17 +369,25 @@ class TorchRunner(ModelRunner):
                           flat[count: 2 * count].reshape(tuple(scores.shape)),
                           flat[2 * count:].astype(np.int64).reshape(tuple(fronts.shape)))
 
+    def _drafting_args(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray,
+                       features: Optional[np.ndarray]) -> list[Any]:
+        """A drafting module's inputs on the device, up to the mix: ids, an EAGLE head's
+        `features` (the feature before each window token), positions, mask, the KV buffer, last, mix."""
+        ids_t = self._to_device(ids, getattr(self, "_ids_dev", None))
+        hidden = [] if features is None else [self.torch.from_numpy(features).to(self.device, self.dtype)]
+        pos_t = self._to_device(positions, getattr(self, "_pos_dev", None))
+        mask_t = self._to_device(mask, getattr(self, "_mask_dev", None))
+        last_t = self._to_device(last, getattr(self, "_last_dev", None))
+        return [ids_t, *hidden, pos_t, mask_t, self._kv, last_t, self._mix]
+
     def _run_drafting(self, module: Any, key: Any, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray,
-                      last: np.ndarray, uniforms: np.ndarray) -> StepOutput:
+                      last: np.ndarray, uniforms: np.ndarray, features: Optional[np.ndarray] = None) -> StepOutput:
         """A drafting module (a chain's or a tree's) on the runner's buffers: a CUDA graph per `key`
         where the runner captures them; the present rows kept for commit and stage."""
         with self.torch.inference_mode():
-            ids_t = self._to_device(ids, getattr(self, "_ids_dev", None))
-            pos_t = self._to_device(positions, getattr(self, "_pos_dev", None))
-            mask_t = self._to_device(mask, getattr(self, "_mask_dev", None))
-            last_t = self._to_device(last, getattr(self, "_last_dev", None))
-            uniforms_t = self._to_device(uniforms, self._uniforms_dev)
-            run = lambda: module(ids_t, pos_t, mask_t, self._kv, last_t, self._mix, uniforms_t)  # noqa: E731
+            args = [*self._drafting_args(ids, positions, mask, last, features),
+                    self._to_device(uniforms, self._uniforms_dev)]
+            run = lambda: module(*args)  # noqa: E731
             if self.cuda_graphs:
                 self._present, probs, draws = self._captured(key, run)
                 return self._kept(probs, draws)
@@ -396,11 +397,17 @@ class TorchRunner(ModelRunner):
     def _chain_module(self, steps: int) -> Any:
         """The chain module (`chain_kind`: runtime.chain's DraftChain, an EAGLE head's HeadChain) of
         `steps` drafts over this model, made once per count."""
-        chain = self._chains.get(steps)
-        if chain is None:
+        return self._module("Chain", steps, steps)
+
+    def _module(self, what: str, key: Any, *args: Any) -> Any:
+        """runtime.chain's drafting module `what` (Chain, Tree, Growth) of this runner's kind
+        (`chain_kind`: Draft… for a model, Head… for an EAGLE head) over this model, made once per key."""
+        module = self._chains.get(key)
+        if module is None:
             from specrt.runtime import chain as chains  # needs torch, as this runner does
-            chain = self._chains[steps] = getattr(chains, self.chain_kind)(self.gpt, steps)
-        return chain
+            kind = getattr(chains, self.chain_kind.replace("Chain", what))
+            module = self._chains[key] = kind(self.gpt, *args).to(self.device)
+        return module
 
     def _eager_step(self, ids_t: Any, pos_t: Any, mask_t: Any, uniforms_t: Any) -> tuple[Any, Any, Any, Any]:
         """Model step and sampling head on the fixed input buffers: (present KV, probs, draws, hidden)."""
@@ -457,9 +464,9 @@ class TorchRunner(ModelRunner):
 
 
 class TorchHeadRunner(HeadRunner, TorchRunner):
-    """An EAGLE head (specrt.export.eagle.EagleHead) on PyTorch: eager steps and chains
-    (runtime/chain.py HeadChain, any number of drafts; no CUDA graphs: the feature input changes
-    its host buffer per window size)."""
+    """An EAGLE head (specrt.export.eagle.EagleHead) on PyTorch: eager steps, chains and trees
+    (runtime/chain.py HeadChain, HeadTree, HeadGrowth: any count, shape, depth and top-k; no CUDA
+    graphs: the feature input changes its host buffer per window size)."""
 
     chain_kind = "HeadChain"
 
@@ -481,14 +488,14 @@ class TorchHeadRunner(HeadRunner, TorchRunner):
     def _head_chain(self, ids, features, positions, mask, last, uniforms) -> StepOutput:
         """The head's chain module (the draft_chain graph's) on the runner's KV buffer: the drafts
         and the head's features stay on the device between drafts (one read of the draws at the end)."""
-        torch, steps = self.torch, uniforms.shape[1]
-        chain = self._chain_module(steps)
-        with torch.inference_mode():
-            dev = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
-            self._present, probs, draws = chain(dev(ids), dev(features).to(self.dtype), dev(positions), dev(mask),
-                                                self._kv, dev(last), self._mix,
-                                                self._to_device(uniforms, self._uniforms_dev))
-            return self._handoff(probs, draws)
+        steps = uniforms.shape[1]
+        return self._run_drafting(self._chain_module(steps), None, ids, positions, mask, last, uniforms, features)
+
+    def _head_tree(self, ids, features, positions, mask, last, layout, uniforms) -> StepOutput:
+        return TorchRunner._draft_tree(self, ids, positions, mask, last, layout, uniforms, features)
+
+    def _head_grow(self, ids, features, positions, mask, last, layout) -> GrownTrees:
+        return TorchRunner._grow_tree(self, ids, positions, mask, last, layout, features)
 
 
 class CapturedStep:

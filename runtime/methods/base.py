@@ -94,13 +94,17 @@ class Decoding:
         its own stream as the step-by-step loop draws them (_chain_uniforms)."""
         return runner.chain(windows, steps, self._chain_uniforms(windows, runner.images, lengths, steps))
 
-    def run_tree(self, runner: ModelRunner, windows: Windows, layout: Any, max_depths: Sequence[int]) -> StepOutput:
+    def run_tree(self, runner: ModelRunner, windows: Windows, layout: Any, max_depths: Sequence[int],
+                 features: Optional[Sequence[Optional[np.ndarray]]] = None) -> StepOutput:
         """`runner.draft_tree`: each image's window, then the static tree `layout` drafted below its
         last slot in one call, with uniforms from each image's own stream in the order the
         level-by-level drafter draws them (runtime.tree_call.tree_uniforms; max_depths[i]: the
-        drafts left in image i)."""
+        drafts left in image i). With `features`, an EAGLE head's tree_pairs over them."""
         sizes = window_sizes(windows, runner.images).tolist()
-        return runner.draft_tree(windows, layout, tree_uniforms(layout, self.rngs, sizes, max_depths))
+        uniforms = tree_uniforms(layout, self.rngs, sizes, max_depths)
+        if features is not None:
+            return runner.tree_pairs(windows, features, layout, uniforms)
+        return runner.draft_tree(windows, layout, uniforms)
 
     def run_chain_pairs(self, head: Any, windows: Windows, features: Sequence[Optional[np.ndarray]],
                         lengths: Sequence[int], steps: int) -> StepOutput:

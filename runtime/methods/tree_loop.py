@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from specrt.runtime.conditions import Conditions
-from specrt.runtime.drafting import ModelDrafter, finish_round, make_drafter
+from specrt.runtime.drafting import finish_round, make_drafter
 from specrt.runtime.methods.base import Batched, Decoding
 from specrt.runtime.sampling import needs_restriction
 from specrt.runtime.tree import DynamicGrowth, StaticGrowth, StaticShape, grow_trees, static_shape
@@ -80,22 +80,22 @@ def generate_trees(method: "DraftThenVerify", ctx: Decoding, conditions: Conditi
 
 
 def one_call_layout(ctx: Decoding, drafter: Any, shape: Optional[StaticShape]) -> Optional[TreeLayout]:
-    """The layout of `shape` where the draft drafts it in one call (runtime/tree_call.py: an
-    independent draft whose runner can, and sampling the head's softmax, which no host
-    restriction reshapes between levels); None: grow the trees one pass per depth."""
-    if shape is None or not isinstance(drafter, ModelDrafter) or needs_restriction(ctx.sampling):
+    """The layout of `shape` where the draft drafts it in one call (runtime/tree_call.py: a draft
+    whose runner can, an independent model's or an EAGLE head's, and sampling the head's softmax,
+    which no host restriction reshapes between levels); None: grow the trees one pass per depth."""
+    if shape is None or needs_restriction(ctx.sampling):
         return None
     layout = TreeLayout(shape)
-    return layout if drafter.runner.can_draft_tree(layout) else None
+    return layout if drafter.can_draft_tree(layout) else None
 
 
 def one_call_growth(ctx: Decoding, drafter: Any, method: "DraftThenVerify") -> Optional[GrowthLayout]:
     """The dynamic tree's layout where the draft grows it in one call (runtime/tree_call.py), on
     the same terms as a static tree's (one_call_layout); None: one pass per depth."""
-    if not isinstance(drafter, ModelDrafter) or needs_restriction(ctx.sampling):
+    if needs_restriction(ctx.sampling):
         return None
     growth = GrowthLayout(method.depth, method.tree_top_k)
-    return growth if drafter.runner.can_grow_tree(growth) else None
+    return growth if drafter.can_grow_tree(growth) else None
 
 
 def _verify_and_finish(ctx: Decoding, drafter: Any, rule: Any, tokens: list[list[int]], images: list[int],
