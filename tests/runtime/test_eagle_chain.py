@@ -6,7 +6,9 @@ slot before it. Where the head runner can (an EAGLE bundle's draft_chain graph, 
 module) the round is one call; nothing else changes, so the tokens must be the step-by-step
 loop's (which the EAGLE exactness suites test), for every image, alone and in ragged batches,
 on both backends, and the head's state after a round (committed rows, stable lengths, queues)
-must be the loop's too.
+must be the loop's too. Trees likewise: a round's static or dynamic tree in one head call
+(HeadTree, HeadGrowth: each node fed its parent's head feature) must give the tokens of the
+level path (one head call per depth).
 """
 from __future__ import annotations
 
@@ -15,11 +17,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from demo_pipes import step_by_step  # noqa: E402
+from demo_pipes import level_by_level, step_by_step  # noqa: E402
 from specrt.manifest import read_manifest  # noqa: E402
 from specrt.runtime.eagle import EagleDrafter  # noqa: E402
 from specrt.runtime.pipeline import Pipeline  # noqa: E402
 from specrt.runtime.sampling import SamplingParams, guidance_mix  # noqa: E402
+from specrt.runtime.tree import DEFAULT_GROWTH, DEFAULT_STATIC_TREE, static_shape  # noqa: E402
+from specrt.runtime.tree_call import GrowthLayout, TreeLayout  # noqa: E402
 from specrt.runtime.window import Window  # noqa: E402
 
 METHODS = ["sd", "cool-sd", "lantern"]
@@ -163,3 +167,28 @@ def test_restricted_sampling_drafts_step_by_step(ort_pipe):
     with step_by_step(ort_pipe):
         ort_pipe.generate([2], method="sd", seed=0, decode=False, top_k=50)
     assert calls == ort_pipe.draft.forwards and chained.stats.draft_calls == calls
+
+
+def test_the_eagle_demo_bundle_carries_the_head_trees(eagle_bundle, ort_pipe):
+    manifest = read_manifest(eagle_bundle)
+    for name, kind in (("draft_tree", "tree"), ("draft_growth", "growth")):
+        graph = manifest.graph(name)
+        assert graph.kind == kind and graph.input_names[:2] == ("input_ids", "hidden")
+    assert ort_pipe.draft.can_draft_tree(TreeLayout(static_shape(DEFAULT_STATIC_TREE)))
+    assert ort_pipe.draft.can_grow_tree(GrowthLayout(*DEFAULT_GROWTH))
+
+
+@pytest.mark.parametrize("backend", ["ort", "torch"])
+@pytest.mark.parametrize("tree", ["static", "dynamic"])
+@pytest.mark.parametrize("method", METHODS)
+def test_head_trees_in_one_call_give_the_level_by_level_tokens(request, backend, tree, method):
+    pipe = request.getfixturevalue(f"{backend}_pipe")
+    classes = [0, 1, 2, 3]  # a ragged batch: queues of different lengths, images end at different rounds
+    one_call = pipe.generate(classes, method=method, seed=17, decode=False, tree=tree)
+    calls = pipe.draft.forwards
+    with level_by_level(pipe):
+        levels = pipe.generate(classes, method=method, seed=17, decode=False, tree=tree)
+    assert calls < 0.4 * pipe.draft.forwards  # one head call a round instead of one a depth
+    np.testing.assert_array_equal(one_call.tokens, levels.tokens)
+    alone = pipe.generate([classes[1]], method=method, seed=18, decode=False, tree=tree)
+    np.testing.assert_array_equal(alone.tokens[0], one_call.tokens[1])
