@@ -213,8 +213,9 @@ class DraftGrowth(DraftChain):
 
         pass 1:   the root's row (each image's `last` slot): its top_k tokens are the candidates,
                   scored by log mass
-        pass d:   the top_k candidates of pass d − 1 by score (ties: the earlier) are the
-                  frontier, fed at positions[last] + d − 1 under the root's `seen` row and their
+        pass d:   the top_k candidates of pass d − 1 by score are the frontier (ties: the
+                  lower index under ONNX TopK, as the host's stable sort; torch.topk promises
+                  no order, and any order is exact: the tree is verified as point masses), fed at positions[last] + d − 1 under the root's `seen` row and their
                   fed ancestors; each frontier row's top_k tokens are pass d's candidates, scored
                   by their parent's score + log mass
 

@@ -167,3 +167,16 @@ def test_the_default_growth_is_left_out_where_the_window_cannot_hold_it():
     assert ExportOptions(max_window=40).growth is None  # 40 fed nodes and a window do not fit
     assert ExportOptions(max_window=40, draft_growth="3,4").growth == (3, 4)
     assert ExportOptions(draft_growth="").growth is None  # --draft-growth none
+
+
+def test_the_growth_module_copies_nothing_from_the_host_when_it_runs(torch_pipe, monkeypatch):
+    """A CUDA graph captures the module's second call: inside it no tensor may be made from host
+    data; the tokens are unchanged."""
+    expected = torch_pipe.generate([3], method="sd", seed=4, tree="dynamic", decode=False).tokens
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.tensor called while growing a tree")
+
+    monkeypatch.setattr(torch, "tensor", refuse)
+    np.testing.assert_array_equal(torch_pipe.generate([3], method="sd", seed=4, tree="dynamic", decode=False).tokens,
+                                  expected)
