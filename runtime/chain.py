@@ -70,20 +70,27 @@ class DraftChain(nn.Module):
         logits, _, present = self.model.step(ids, positions, mask, past_kv)
         return logits, None, present
 
+    def _window(self, input_ids: torch.Tensor, hidden: torch.Tensor | None, positions: torch.Tensor,
+                attention_mask: torch.Tensor, past_kv: torch.Tensor, last: torch.Tensor, mix: torch.Tensor):
+        """The catch-up window, and its `last` slot per image (the root of what is drafted below
+        it): (the window's present rows, the slot's logits [B, 1, V], what it hands on [B, 1, H]
+        or None, what it saw [B, C + W], its position [B, 1]); model row i + images is row i's CFG twin."""
+        batch = input_ids.shape[0]
+        logits, out, local = self._step(input_ids.long(), hidden, positions.long(), attention_mask, past_kv)
+        rows = torch.arange(batch, device=input_ids.device)
+        slot = last.long().repeat(batch // mix.shape[0])
+        return (local, logits[rows, slot][:, None], None if out is None else out[rows, slot][:, None],
+                attention_mask[rows, slot], positions.long()[rows, slot][:, None])
+
     def _draw(self, input_ids: torch.Tensor, fed: torch.Tensor | None, positions: torch.Tensor,
               attention_mask: torch.Tensor, past_kv: torch.Tensor, last: torch.Tensor, mix: torch.Tensor,
               uniforms: torch.Tensor):
         """The window, then the drafts one after another (the formulas of the module docstring),
         each draft fed with what the slot before it hands on (`_step`)."""
         batch = input_ids.shape[0]
-        pairs = batch // mix.shape[0]  # model rows per image: 2 under CFG (row i + images is its twin)
-        logits, out, local = self._step(input_ids.long(), fed, positions.long(), attention_mask, past_kv)
-        rows = torch.arange(batch, device=input_ids.device)
-        slot = last.long().repeat(pairs)
-        seen = attention_mask[rows, slot]                    # [B, C + W]: what the last real slot saw
-        position = positions.long()[rows, slot][:, None]     # [B, 1]
-        fed = None if out is None else out[rows, slot][:, None]  # what the last real slot hands draft 1
-        probs, draws = self.head(logits[rows, slot][:, None], mix, uniforms[:, :1])
+        pairs = batch // mix.shape[0]  # model rows per image: 2 under CFG
+        local, logits, fed, seen, position = self._window(input_ids, fed, positions, attention_mask, past_kv, last, mix)
+        probs, draws = self.head(logits, mix, uniforms[:, :1])
         all_probs, all_draws = [probs], [draws]
         for j in range(1, self.steps):
             ids = draws.long().repeat(pairs, 1)              # [B, 1]: each image's draft, its CFG twin alike
@@ -175,14 +182,10 @@ class DraftTree(DraftChain):
         """The levels (the class docstring), each node fed with what its parent hands on (`_step`)."""
         batch = input_ids.shape[0]
         pairs = batch // mix.shape[0]
-        logits, out, local = self._step(input_ids.long(), hidden, positions.long(), attention_mask, past_kv)
-        rows = torch.arange(batch, device=input_ids.device)
-        slot = last.long().repeat(pairs)
-        seen = attention_mask[rows, slot]                    # [B, C + W]: what the root saw
-        position = positions.long()[rows, slot][:, None]     # [B, 1]
-        level_out = None if out is None else out[rows, slot][:, None]  # what the root hands its children
-        vocab = torch.arange(logits.shape[-1], device=input_ids.device, dtype=torch.float32)
-        level_logits, all_probs, all_tokens = logits[rows, slot][:, None], [], []
+        local, level_logits, level_out, seen, position = self._window(input_ids, hidden, positions, attention_mask,
+                                                                      past_kv, last, mix)
+        vocab = torch.arange(level_logits.shape[-1], device=input_ids.device, dtype=torch.float32)
+        all_probs, all_tokens = [], []
         for depth, level in enumerate(self.levels):
             if depth:  # run this level's nodes after the window and the levels before
                 ids = all_tokens[depth - 1].index_select(1, getattr(self, f"at{depth}"))
@@ -243,13 +246,8 @@ class DraftGrowth(DraftChain):
         """The passes (the class docstring), each frontier node fed with what its parent hands on (`_step`)."""
         batch, images, k = input_ids.shape[0], mix.shape[0], self.top_k
         pairs = batch // images
-        logits, out, local = self._step(input_ids.long(), hidden, positions.long(), attention_mask, past_kv)
-        rows = torch.arange(batch, device=input_ids.device)
-        slot = last.long().repeat(pairs)
-        seen = attention_mask[rows, slot]                    # [B, C + W]: what the root saw
-        position = positions.long()[rows, slot][:, None]     # [B, 1]
-        level_out = None if out is None else out[rows, slot][:, None]  # what the root hands its children
-        level_logits = logits[rows, slot][:, None]
+        local, level_logits, level_out, seen, position = self._window(input_ids, hidden, positions, attention_mask,
+                                                                      past_kv, last, mix)
         scores = torch.zeros(images, 1, 1, dtype=torch.float64, device=input_ids.device)  # the root's
         own = self.own.to(seen.dtype)[None].expand(images, -1, -1)
         all_tokens, all_scores, fronts, ancestry = [], [], [], None

@@ -295,13 +295,10 @@ class ModelDrafter(Drafter):
         the runner's draft_tree (max_depths[p]: the drafts image p has left; < 0: no tree, 0: the
         root alone, no call for it). Catches up as the level path's first pass does; stages the
         root and the kept fed nodes, so `extend` adopts the accepted path's rows as after it."""
-        runner, drafting = self.runner, [depth > 0 for depth in max_depths]
-        trees: list[Optional["TokenTree"]] = [TokenTree(self.tokens[p][-1], SAMPLED) if depth == 0 else None
-                                              for p, depth in enumerate(max_depths)]
-        if not any(drafting):
+        runner = self.runner
+        trees, feeds = self._one_call_windows(ctx, max_depths, len(layout.fed), SAMPLED)
+        if feeds is None:
             return trees
-        feeds = self._unfed([self.tokens[p] if go else None for p, go in enumerate(drafting)])
-        feeds = self._catch_up(ctx, feeds, [len(layout.fed)] * len(feeds))
         runner.rows_to_host = True  # every row is read on the host (the trees' q)
         try:
             out = ctx.run_tree(runner, chains(feeds), layout, [max(d, 0) for d in max_depths])
@@ -324,6 +321,18 @@ class ModelDrafter(Drafter):
             runner.rows_to_host = False
         return trees
 
+    def _one_call_windows(self, ctx: "Decoding", max_depths: Sequence[int], fed: int,
+                          drawn: str) -> tuple[list[Optional["TokenTree"]], Optional[list[Optional[list[int]]]]]:
+        """For a tree in one call: the root-only trees of images with no drafts left (the rest
+        None, for the call to fill) and each drafting image's window after catching up as the
+        level path's first pass does (`fed` rows follow it); None for the windows: no call."""
+        trees: list[Optional["TokenTree"]] = [TokenTree(self.tokens[p][-1], drawn) if depth == 0 else None
+                                              for p, depth in enumerate(max_depths)]
+        if not any(depth > 0 for depth in max_depths):
+            return trees, None
+        feeds = self._unfed([self.tokens[p] if depth > 0 else None for p, depth in enumerate(max_depths)])
+        return trees, self._catch_up(ctx, feeds, [fed] * len(feeds))
+
     def grow_tree(self, ctx: "Decoding", layout: Any, max_depths: Sequence[int],
                   total_tokens: int) -> list[Optional["TokenTree"]]:
         """Each image's dynamic tree (runtime/tree_call.py GrowthLayout) below its pending token in
@@ -331,13 +340,10 @@ class ModelDrafter(Drafter):
         min(depth, max_depths[p]) passes (< 0: no tree, 0: the root alone, no call for it). Catches
         up as the level path's first pass does; stages the root and the frontier nodes its passes
         would have run, and advances each image's stream past the uniforms those passes draw."""
-        runner, drafting = self.runner, [depth > 0 for depth in max_depths]
-        trees: list[Optional["TokenTree"]] = [TokenTree(self.tokens[p][-1], TOP) if depth == 0 else None
-                                              for p, depth in enumerate(max_depths)]
-        if not any(drafting):
+        runner = self.runner
+        trees, feeds = self._one_call_windows(ctx, max_depths, layout.fed, TOP)
+        if feeds is None:
             return trees
-        feeds = self._unfed([self.tokens[p] if go else None for p, go in enumerate(drafting)])
-        feeds = self._catch_up(ctx, feeds, [layout.fed] * len(feeds))
         out = runner.grow_tree(chains(feeds), layout)
         width = max(len(f) for f in feeds if f is not None)
         if any(f is not None and len(f) > 1 for f in feeds):  # the tokens before the roots

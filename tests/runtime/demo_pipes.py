@@ -34,6 +34,22 @@ def level_by_level(pipe: Any) -> Iterator[None]:
         yield
 
 
+def assert_one_call_trees_are_the_levels(pipe: Any, classes: list[int], seed: int, **settings: Any) -> None:
+    """Trees drafted in one call (runtime/tree_call.py) against the level path, a draft pass per
+    depth: the same tokens for a ragged batch, with far fewer draft calls, and an image of it
+    alone (the next seed) the same as in the batch."""
+    import numpy as np
+
+    one_call = pipe.generate(classes, seed=seed, decode=False, **settings)
+    calls = pipe.draft.forwards  # counted per generate call
+    with level_by_level(pipe):
+        levels = pipe.generate(classes, seed=seed, decode=False, **settings)
+    assert calls < 0.4 * pipe.draft.forwards  # one draft call a round instead of one a depth
+    np.testing.assert_array_equal(one_call.tokens, levels.tokens)
+    alone = pipe.generate([classes[1]], seed=seed + 1, decode=False, **settings)
+    np.testing.assert_array_equal(alone.tokens[0], one_call.tokens[1])
+
+
 @contextmanager
 def _refusing(runner: Any, capability: str) -> Iterator[None]:
     setattr(runner, capability, lambda *_: False)

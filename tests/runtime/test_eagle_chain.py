@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from demo_pipes import level_by_level, step_by_step  # noqa: E402
+from demo_pipes import assert_one_call_trees_are_the_levels, step_by_step  # noqa: E402
 from specrt.manifest import read_manifest  # noqa: E402
 from specrt.runtime.eagle import EagleDrafter  # noqa: E402
 from specrt.runtime.pipeline import Pipeline  # noqa: E402
@@ -182,13 +182,6 @@ def test_the_eagle_demo_bundle_carries_the_head_trees(eagle_bundle, ort_pipe):
 @pytest.mark.parametrize("tree", ["static", "dynamic"])
 @pytest.mark.parametrize("method", METHODS)
 def test_head_trees_in_one_call_give_the_level_by_level_tokens(request, backend, tree, method):
-    pipe = request.getfixturevalue(f"{backend}_pipe")
     classes = [0, 1, 2, 3]  # a ragged batch: queues of different lengths, images end at different rounds
-    one_call = pipe.generate(classes, method=method, seed=17, decode=False, tree=tree)
-    calls = pipe.draft.forwards
-    with level_by_level(pipe):
-        levels = pipe.generate(classes, method=method, seed=17, decode=False, tree=tree)
-    assert calls < 0.4 * pipe.draft.forwards  # one head call a round instead of one a depth
-    np.testing.assert_array_equal(one_call.tokens, levels.tokens)
-    alone = pipe.generate([classes[1]], method=method, seed=18, decode=False, tree=tree)
-    np.testing.assert_array_equal(alone.tokens[0], one_call.tokens[1])
+    assert_one_call_trees_are_the_levels(request.getfixturevalue(f"{backend}_pipe"), classes, 17, method=method,
+                                         tree=tree)

@@ -7,7 +7,8 @@ passes run inside one call and the host keeps the total_tokens best candidates. 
 sampled while growing, so the tree is a function of the draft's rows: the one-call path must
 build DynamicGrowth's tree from the same rows (checked here on a toy draft with rows that run
 out of mass and images that end mid-tree), stage the nodes its passes ran, advance each stream
-as those passes would, and so give the level path's tokens on the demo, alone and in batches.
+as those passes would, and so give the level path's tokens on the demo, alone and in batches
+(tests/runtime/test_tree_call.py, beside the static tree's).
 """
 from __future__ import annotations
 
@@ -113,21 +114,6 @@ def test_the_demo_bundle_grows_the_default_dynamic_tree_in_one_call(demo_bundle,
     assert not ort_pipe.target.can_grow_tree(GrowthLayout(depth, top_k))
 
 
-@pytest.mark.parametrize("backend", ["ort", "torch"])
-@pytest.mark.parametrize("method", ["sd", "cool-sd", "lantern"])
-def test_one_call_growth_gives_the_level_by_level_tokens(request, backend, method):
-    pipe = request.getfixturevalue(f"{backend}_pipe")
-    classes = [0, 1, 2, 3, 4]  # a ragged batch: trees cut at different image ends
-    one_call = pipe.generate(classes, method=method, seed=31, tree="dynamic", decode=False)
-    calls = pipe.draft.forwards
-    with level_by_level(pipe):
-        levels = pipe.generate(classes, method=method, seed=31, tree="dynamic", decode=False)
-    assert calls < 0.4 * pipe.draft.forwards  # one draft call a round instead of one a depth
-    np.testing.assert_array_equal(one_call.tokens, levels.tokens)
-    alone = pipe.generate([classes[2]], method=method, seed=33, tree="dynamic", decode=False)
-    np.testing.assert_array_equal(alone.tokens[0], one_call.tokens[2])
-
-
 def test_the_torch_module_grows_any_depth_and_top_k(torch_pipe):
     settings = dict(method="sd", seed=2, tree="dynamic", depth=3, tree_top_k=3, total_tokens=10, decode=False)
     one_call = torch_pipe.generate([5, 6], **settings)
@@ -168,15 +154,3 @@ def test_the_default_growth_is_left_out_where_the_window_cannot_hold_it():
     assert ExportOptions(max_window=40, draft_growth="3,4").growth == (3, 4)
     assert ExportOptions(draft_growth="").growth is None  # --draft-growth none
 
-
-def test_the_growth_module_copies_nothing_from_the_host_when_it_runs(torch_pipe, monkeypatch):
-    """A CUDA graph captures the module's second call: inside it no tensor may be made from host
-    data; the tokens are unchanged."""
-    expected = torch_pipe.generate([3], method="sd", seed=4, tree="dynamic", decode=False).tokens
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("torch.tensor called while growing a tree")
-
-    monkeypatch.setattr(torch, "tensor", refuse)
-    np.testing.assert_array_equal(torch_pipe.generate([3], method="sd", seed=4, tree="dynamic", decode=False).tokens,
-                                  expected)

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from _toy_exact import chi_square  # noqa: E402
-from demo_pipes import level_by_level  # noqa: E402
+from demo_pipes import assert_one_call_trees_are_the_levels, level_by_level  # noqa: E402
 from specrt.manifest import read_manifest  # noqa: E402
 from specrt.runtime.tree import StaticShape, static_shape  # noqa: E402
 from specrt.runtime.tree_call import TreeLayout, tree_from_draws  # noqa: E402
@@ -63,17 +63,11 @@ def test_tree_from_draws_drops_children_their_row_had_no_mass_for():
 
 @pytest.mark.parametrize("backend", ["ort", "torch"])
 @pytest.mark.parametrize("method", ["sd", "cool-sd", "lantern"])
-def test_one_call_trees_give_the_level_by_level_tokens(request, backend, method):
-    pipe = request.getfixturevalue(f"{backend}_pipe")
+@pytest.mark.parametrize("tree", ["static", "dynamic"])  # dynamic: tests/runtime/test_growth_call.py
+def test_one_call_trees_give_the_level_by_level_tokens(request, backend, method, tree):
     classes = [0, 1, 2, 3, 4]  # a ragged batch: trees cut at different image ends
-    one_call = pipe.generate(classes, method=method, seed=21, tree="static", decode=False)
-    calls = pipe.draft.forwards
-    with level_by_level(pipe):
-        levels = pipe.generate(classes, method=method, seed=21, tree="static", decode=False)
-    assert calls < 0.4 * pipe.draft.forwards  # one draft call a round instead of one a depth
-    np.testing.assert_array_equal(one_call.tokens, levels.tokens)
-    alone = pipe.generate([classes[2]], method=method, seed=23, tree="static", decode=False)
-    np.testing.assert_array_equal(alone.tokens[0], one_call.tokens[2])
+    assert_one_call_trees_are_the_levels(request.getfixturevalue(f"{backend}_pipe"), classes, 21, method=method,
+                                         tree=tree)
 
 
 def test_the_torch_module_drafts_any_static_shape(torch_pipe):
@@ -135,14 +129,15 @@ def test_in_graph_siblings_are_draws_without_replacement():
     assert exact[(-1, -1, -1)] < 0.5  # the test looks at the mass, not at the pool
 
 
-def test_the_tree_module_copies_nothing_from_the_host_when_it_runs(torch_pipe, monkeypatch):
-    """A CUDA graph captures the module's second call: inside it no tensor may be made from host
-    data (its index lists are buffers made with the module); the tokens are unchanged."""
-    expected = torch_pipe.generate([3], method="sd", seed=4, tree="static", decode=False).tokens
+@pytest.mark.parametrize("tree", ["static", "dynamic"])
+def test_the_tree_modules_copy_nothing_from_the_host_when_they_run(torch_pipe, monkeypatch, tree):
+    """A CUDA graph captures a module's second call: inside it no tensor may be made from host
+    data (index lists and masks are buffers made with the module); the tokens are unchanged."""
+    expected = torch_pipe.generate([3], method="sd", seed=4, tree=tree, decode=False).tokens
 
     def refuse(*args, **kwargs):
         raise AssertionError("torch.tensor called while drafting a tree")
 
     monkeypatch.setattr(torch, "tensor", refuse)
-    np.testing.assert_array_equal(torch_pipe.generate([3], method="sd", seed=4, tree="static", decode=False).tokens,
+    np.testing.assert_array_equal(torch_pipe.generate([3], method="sd", seed=4, tree=tree, decode=False).tokens,
                                   expected)
