@@ -103,9 +103,12 @@ class Drafter(ABC):
         """The draft's row after each of nodes[p] of trees[p] (node 0 = the pending token; each node
         sees its ancestors, a tree mask), one draft pass for every image; commits nothing of the trees."""
 
-    # A whole tree in one draft call (runtime/tree_call.py), where the draft's runner can: the
-    # tree loop then calls draft_tree (a static shape's TreeLayout) or grow_tree (a dynamic
-    # tree's GrowthLayout) once a round instead of `expand` once a depth, for the same trees.
+    # A whole tree in one draft call (runtime/tree_call.py), where the draft's runner can and
+    # `fused` (the method's fused_drafting) allows: the tree loop then calls draft_tree (a static
+    # shape's TreeLayout) or grow_tree (a dynamic tree's GrowthLayout) once a round instead of
+    # `expand` once a depth, for the same trees. A chain likewise (propose_chain, one call).
+    fused = True
+
     def can_draft_tree(self, layout: Any) -> bool:
         return False
 
@@ -285,10 +288,10 @@ class ModelDrafter(Drafter):
                     self._trees[p] = tree
 
     def can_draft_tree(self, layout: Any) -> bool:
-        return self.runner.can_draft_tree(layout)
+        return self.fused and self.runner.can_draft_tree(layout)
 
     def can_grow_tree(self, layout: Any) -> bool:
-        return self.runner.can_grow_tree(layout)
+        return self.fused and self.runner.can_grow_tree(layout)
 
     def draft_tree(self, ctx: "Decoding", layout: Any, max_depths: Sequence[int]) -> list[Optional["TokenTree"]]:
         """Each image's static tree (runtime/tree_call.py) below its pending token in one call of
@@ -438,11 +441,12 @@ def _staged_path(tree: Any, staged: dict[int, int], accepted: Sequence[int]) -> 
     return path
 
 
-def make_drafter(ctx: "Decoding") -> Drafter:
+def make_drafter(ctx: "Decoding", fused: bool = True) -> Drafter:
     """The drafter over this call's draft: an EAGLE head (runtime.eagle.EagleDrafter, fed the
-    target's hidden rows) or an independent model (ModelDrafter)."""
+    target's hidden rows) or an independent model (ModelDrafter); `fused`: whether it may draft
+    a round in one call (Drafter.fused)."""
     from specrt.runtime.eagle import EagleDrafter, HeadRunner  # eagle builds on this module
 
-    if isinstance(ctx.draft, HeadRunner):
-        return EagleDrafter(ctx.draft, ctx.target)
-    return ModelDrafter(ctx.draft)
+    drafter = EagleDrafter(ctx.draft, ctx.target) if isinstance(ctx.draft, HeadRunner) else ModelDrafter(ctx.draft)
+    drafter.fused = fused
+    return drafter

@@ -271,11 +271,11 @@ class EagleDrafter(Drafter):
 
     def _chain_steps(self, ctx, counts: Sequence[int], lengths: Sequence[int]) -> int:
         """Drafts per head call when this round fits one chain call, else 0 (draft step by step):
-        a longest chain of 2 or more (one draft is one call either way), a head that chains it
+        fused drafting, a longest chain of 2 or more (one draft is one call either way), a head that chains it
         (HeadRunner.chain_steps_for) within max_window after the longest queue, and no host
         restriction of the rows (top-k, top-p, greedy act between the steps)."""
         longest = max(lengths)
-        if longest < 2 or needs_restriction(ctx.sampling):
+        if longest < 2 or not self.fused or needs_restriction(ctx.sampling):
             return 0
         steps = self.head.chain_steps_for(longest)
         return steps if steps and max(counts) + steps - 1 <= self.head.max_window else 0
@@ -301,10 +301,10 @@ class EagleDrafter(Drafter):
         return drafts, [[out.probs[p, j] for j in range(len(chain))] for p, chain in enumerate(drafts)]
 
     def can_draft_tree(self, layout: Any) -> bool:
-        return self.head.can_draft_tree(layout)
+        return self.fused and self.head.can_draft_tree(layout)
 
     def can_grow_tree(self, layout: Any) -> bool:
-        return self.head.can_grow_tree(layout)
+        return self.fused and self.head.can_grow_tree(layout)
 
     def draft_tree(self, ctx, layout: Any, max_depths: Sequence[int]) -> list[Optional["TokenTree"]]:
         """Each image's static tree in one head call (runtime/chain.py HeadTree): its queued pairs

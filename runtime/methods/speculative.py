@@ -6,6 +6,10 @@ one more token. The three methods differ only in the AcceptanceRule they verify 
 `tree` = static | dynamic drafts a token tree instead of a chain (runtime.methods.tree_loop):
 `static_tree` names the static shape (or a `specrt plan-tree` plan file), `total_tokens`, `depth` and `tree_top_k` size the dynamic
 one (tree_top_k, not top_k: that is the sampling filter's name); draft_len is the chain's.
+`fused_drafting` (default true) drafts a round's chain or tree in one draft call where the
+draft's runner can (runtime/chain.py); false drafts one pass per position or depth, the
+reference those calls reproduce token for token, kept selectable so a device can be measured
+both ways in one `specrt bench` run.
 """
 from __future__ import annotations
 
@@ -49,7 +53,7 @@ class DraftThenVerify(Method):
     PARAMS = {"draft_len": Int(4, low=1, symbol="L"), "tree": Choice("chain", choices=TREES),
               "static_tree": StaticTreeParam(DEFAULT_STATIC_TREE),  # a STATIC_TREES name or a plan file
               "total_tokens": Int(63, low=1), "depth": Int(DEFAULT_GROWTH[0], low=1),
-              "tree_top_k": Int(DEFAULT_GROWTH[1], low=1, symbol="top_k")}
+              "tree_top_k": Int(DEFAULT_GROWTH[1], low=1, symbol="top_k"), "fused_drafting": Bool(True)}
     theorem2 = False  # relaxed methods: report Theorem-2 estimates per round (Stats)
 
     def validate(self) -> None:
@@ -118,7 +122,7 @@ class DraftThenVerify(Method):
         draft, cond_len, longest = ctx.draft, ctx.draft.spec.cond_len, max(draft_lens, default=0)
         if longest <= 0:
             return [[] for _ in sequences], None
-        if draft.can_chain(self.draft_len) and not needs_restriction(ctx.sampling):
+        if self.fused_drafting and draft.can_chain(self.draft_len) and not needs_restriction(ctx.sampling):
             feeds = [sequence[draft.lengths[p] - cond_len:] if draft_lens[p] > 0 else None
                      for p, sequence in enumerate(sequences)]
             out = ctx.run_chain(draft, chains(feeds), draft_lens, self.draft_len)
@@ -147,7 +151,7 @@ class DraftThenVerify(Method):
         target.truncate(0)
         first = ctx.prefill(target, conditions)
         tokens = [[int(t)] for t in first.draws[:, 0]]
-        drafter = make_drafter(ctx)
+        drafter = make_drafter(ctx, self.fused_drafting)
         drafter.start(ctx, conditions, [t[0] for t in tokens], first)
         ctx.stats.record_round(1, len(tokens))
         batch = Batched(len(tokens))

@@ -50,7 +50,7 @@ def generate_trees(method: "DraftThenVerify", ctx: Decoding, conditions: Conditi
     target.truncate(0)
     first = ctx.prefill(target, conditions)
     tokens = [[int(t)] for t in first.draws[:, 0]]
-    drafter = make_drafter(ctx)
+    drafter = make_drafter(ctx, method.fused_drafting)
     drafter.start(ctx, conditions, [t[0] for t in tokens], first)
     ctx.stats.record_round(1, len(tokens))
     shape = static_shape(method.static_tree) if method.tree == "static" else None

@@ -26,24 +26,15 @@ def step_by_step(pipe: Any) -> Iterator[None]:
         yield
 
 
-@contextmanager
-def level_by_level(pipe: Any) -> Iterator[None]:
-    """The pipeline's draft runner without its one-call trees (runtime/tree_call.py: a static
-    tree's draft_tree, a dynamic tree's draft_growth): a draft pass per depth."""
-    with _refusing(pipe.draft, "can_draft_tree"), _refusing(pipe.draft, "can_grow_tree"):
-        yield
-
-
 def assert_one_call_trees_are_the_levels(pipe: Any, classes: list[int], seed: int, **settings: Any) -> None:
     """Trees drafted in one call (runtime/tree_call.py) against the level path, a draft pass per
-    depth: the same tokens for a ragged batch, with far fewer draft calls, and an image of it
-    alone (the next seed) the same as in the batch."""
+    depth (the method's fused_drafting=False): the same tokens for a ragged batch, with far fewer
+    draft calls, and an image of it alone (the next seed) the same as in the batch."""
     import numpy as np
 
     one_call = pipe.generate(classes, seed=seed, decode=False, **settings)
     calls = pipe.draft.forwards  # counted per generate call
-    with level_by_level(pipe):
-        levels = pipe.generate(classes, seed=seed, decode=False, **settings)
+    levels = pipe.generate(classes, seed=seed, decode=False, fused_drafting=False, **settings)
     assert calls < 0.4 * pipe.draft.forwards  # one draft call a round instead of one a depth
     np.testing.assert_array_equal(one_call.tokens, levels.tokens)
     alone = pipe.generate([classes[1]], seed=seed + 1, decode=False, **settings)
