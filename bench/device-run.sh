@@ -49,8 +49,10 @@ case "$stage" in
         ;;
     trees)
         n="${IMAGES:-48}"
-        run eagle-demo-gpu "${bench[@]}" --methods ar --sweep 'sd:tree=chain,static,dynamic' --drafts independent,eagle \
-            --batch 1,8 --images "$n" --json "$out/eagle-demo-gpu.json" --markdown "$out/eagle-demo-gpu.md"
+        # fused_drafting=false: the same rounds drafted a pass per position or depth, for the A/B in one run
+        run eagle-demo-gpu "${bench[@]}" --methods ar --sweep 'sd:tree=chain,static,dynamic;fused_drafting=true,false' \
+            --drafts independent,eagle --batch 1,8 --images "$n" --json "$out/eagle-demo-gpu.json" \
+            --markdown "$out/eagle-demo-gpu.md"
         ;;
     plans)
         n="${IMAGES:-48}"
