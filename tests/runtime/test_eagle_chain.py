@@ -184,3 +184,18 @@ def test_head_trees_in_one_call_give_the_level_by_level_tokens(request, backend,
     classes = [0, 1, 2, 3]  # a ragged batch: queues of different lengths, images end at different rounds
     assert_one_call_trees_are_the_levels(request.getfixturevalue(f"{backend}_pipe"), classes, 17, method=method,
                                          tree=tree)
+
+
+@pytest.mark.parametrize("draft", ["independent", "eagle"])
+def test_a_tree_that_would_overflow_the_window_catches_up_first(draft):
+    """With 40 fed frontier nodes and a window of 41, a round whose queue (or uncached tokens)
+    holds more than the pending token runs the ones before it in a call of their own first,
+    drawing the uniforms the level path's one window would: the same tokens."""
+    from specrt.export.demo import load_demo
+    from specrt.export.eagle.checkpoint import load_eagle_head, packaged_demo_head
+
+    demo = load_demo()
+    model = load_eagle_head(packaged_demo_head(), demo.target) if draft == "eagle" else demo.draft
+    pipe = Pipeline.from_torch(demo.target, model, demo.vq, max_window=41, threads=1)
+    pipe.sampling_defaults = dict(vars(demo.sampling_defaults))
+    assert_one_call_trees_are_the_levels(pipe, [3, 4, 5], 9, method="sd", tree="dynamic", total_tokens=20)
