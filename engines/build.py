@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specrt.errors import SpecrtError
+from specrt.manifest import UNBUILT_KINDS
 from specrt.lazy import available
 
 from .bundle import GraphEntry, graph_entries
@@ -28,8 +29,8 @@ from .profiles import GraphProfile, derive_profile, onnx_input_dims, validate_ag
 
 TRT_MISSING = "TensorRT is not installed: pip install 'specrt[trt]' (on Jetson it comes with JetPack)"
 # graphs the TensorRT runner does not run yet (a draft_tree, a draft_growth: trees draft level by
-# level there; a growth graph's float64 scores have no TensorRT type)
-SKIPPED_KINDS = ("tree", "growth")
+# level there), and of those the ones no engine can be made of (manifest.UNBUILT_KINDS)
+SKIPPED_KINDS = ("tree", *UNBUILT_KINDS)
 CONVERTED_DIR = "engines/converted"  # relative to the bundle: fp16/bf16 graphs for TensorRT 11
 
 
@@ -197,6 +198,9 @@ def plan_jobs(bundle: str | Path, precision: str, trt_version: str, device: Devi
     for entry in graph_entries(bundle, graphs):
         if graphs is None and entry.spec["kind"] in SKIPPED_KINDS:
             continue  # the TensorRT runner does not run it: no engine unless asked for by name
+        if entry.spec["kind"] in UNBUILT_KINDS:
+            raise SpecrtError(f"{entry.name} outputs float64 scores, which TensorRT has no type for: onnxruntime "
+                              "and PyTorch run it (the TensorRT runner grows dynamic trees level by level)")
         profile = derive_profile(entry.name, entry.spec, max_window)
         validate_against_onnx(profile, entry.spec, onnx_input_dims(entry.onnx_path))
         onnx_path, converter = entry.onnx_path, ""

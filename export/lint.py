@@ -18,7 +18,7 @@ from typing import Iterator
 
 from specrt.export import trt_ops
 from specrt.lazy import require
-from specrt.manifest import GraphSpec, Manifest
+from specrt.manifest import UNBUILT_KINDS, GraphSpec, Manifest
 
 ERROR, WARNING, NOTE = "error", "warning", "note"
 ONNXRUNTIME_DOMAIN = "com.microsoft"  # onnxruntime's contrib ops
@@ -138,10 +138,12 @@ def _check_io(model, spec: GraphSpec) -> list[Finding]:
 
 
 def lint_graph(path: Path, spec: GraphSpec, max_opset: int = trt_ops.MAX_OPSET) -> list[Finding]:
-    """All findings for one ONNX file described by `spec` (structure only; weights not loaded)."""
+    """All findings for one ONNX file described by `spec` (structure only; weights not loaded);
+    for a kind TensorRT never builds (manifest.UNBUILT_KINDS), its agreement with the manifest only."""
     onnx = require("onnx", "graph linting")
     model = onnx.load(str(path), load_external_data=False)
-    return _check_ops(model, spec.name, max_opset) + _check_io(model, spec)
+    ops = _check_ops(model, spec.name, max_opset) if spec.kind not in UNBUILT_KINDS else []
+    return ops + _check_io(model, spec)
 
 
 def lint_neighbours(manifest: Manifest) -> list[Finding]:

@@ -29,6 +29,9 @@ DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "bool")
 HEAD_INPUTS = {"mix": "float32", "uniforms": "float32"}
 HEAD_OUTPUTS = {"probs": "float32", "draws": "int32"}
 HEAD_KINDS = ("prefill", "step", "chain", "tree")
+# kinds no TensorRT engine is made of: a draft_growth's scores are float64, which TensorRT has no
+# type for (its runner grows dynamic trees level by level; `specrt build` refuses them)
+UNBUILT_KINDS = ("growth",)
 
 
 DEFAULT_MAX_IMAGES = 32  # `export --max-batch`: images decoded together in one pass, 64 model rows under CFG

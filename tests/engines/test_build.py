@@ -146,3 +146,5 @@ def test_draft_trees_get_an_engine_only_when_named(demo_bundle):
     assert "draft_tree" not in names and "draft_growth" not in names and "draft_chain" in names
     job, = plan_jobs(demo_bundle, "fp32", "10.3.0", GPU, graphs=["draft_tree"])
     assert {shape[1] for shape in job.profile.to_json()["uniforms"].values()} == {25}  # mc_sim_7b_63's drafts
+    with pytest.raises(SpecrtError, match="draft_growth outputs float64 scores"):
+        plan_jobs(demo_bundle, "fp32", "10.3.0", GPU, graphs=["draft_growth"])

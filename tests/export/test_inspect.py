@@ -94,6 +94,21 @@ def test_control_flow_unsupported_and_custom_ops_are_errors(tmp_path):
     assert any("FusedThing" in m and "custom domain 'com.example'" in m for m in errors)
 
 
+def test_a_growth_graph_is_checked_against_its_manifest_but_not_for_tensorrt(tmp_path):
+    """A draft_growth graph is never built by TensorRT (float64 scores): its ops are not TensorRT's
+    concern, its I/O still has to match the manifest."""
+    from dataclasses import replace
+
+    graph = helper.make_graph([helper.make_node("Unique", ["x"], ["y"])], "g",
+                              [_io("x", TensorProto.FLOAT, ["batch", 4])], [_io("y", TensorProto.DOUBLE, ["batch", 4])])
+    growth = replace(SPEC_X, kind="growth", growth={"depth": 2, "top_k": 2},
+                     outputs=(TensorSpec("y", "float64", ("batch", 4)),))
+    assert _lint(tmp_path, graph, growth) == []
+    assert _messages(_lint(tmp_path, graph, replace(growth, outputs=SPEC_X.outputs)), ERROR) == \
+        ["output y is float64, manifest says float32"]
+    assert any("Unique" in m for m in _messages(_lint(tmp_path, graph, replace(growth, kind="step", growth=None)), ERROR))
+
+
 def test_onnxruntime_ops_are_notes_not_errors(tmp_path):
     """MatMulNBits (onnxruntime's int4) marks a graph made for onnxruntime: TensorRT cannot build it,
     but nothing is wrong with it (specrt inspect: onnxruntime-only, exit 0 unless --require-trt)."""
