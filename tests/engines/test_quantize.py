@@ -150,7 +150,7 @@ def test_inspect_reports_an_int4_bundle_as_onnxruntime_only(int4_bundle, capsys)
     """MatMulNBits is not TensorRT's, yet the bundle works: notes and exit 0; --require-trt: exit 1."""
     assert run_cli(["inspect", str(int4_bundle)]) == 0
     out = capsys.readouterr().out
-    assert "0 error(s), 0 warning(s), 7 note(s)" in out  # one per int4 graph (draft_chain, _tree, _growth included)
+    assert "0 error(s), 0 warning(s), 6 note(s)" in out  # one per int4 graph TensorRT would build (draft_growth: never)
     assert "runs on: onnxruntime only (ort, ort-cuda); TensorRT 10.3 cannot build target_prefill, target_step" in out
     assert run_cli(["inspect", str(int4_bundle), "--require-trt"]) == 1
 
