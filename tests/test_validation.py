@@ -111,6 +111,7 @@ BAD_VALUES = {
     "resampling": ["g*", None],
     "theorem2": [2, "maybe", 1.0],
     "adaptive_continuation": [3, "sometimes"],
+    "fused_drafting": [0, "yes please"],
     "proactive_drafting": [-1, "x"],
 }
 

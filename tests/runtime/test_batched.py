@@ -99,7 +99,7 @@ def test_chains_from_another_drafter_give_the_same_tokens(monkeypatch, method):
             calls.append(list(lengths))
             return super().propose_chain(ctx, lengths)
 
-    monkeypatch.setattr(speculative, "make_drafter", lambda ctx: OtherDrafter(ctx.draft))
+    monkeypatch.setattr(speculative, "make_drafter", lambda ctx, fused=True: OtherDrafter(ctx.draft))
     one_by_one = pipe.generate(CLASSES, method=method, seed=3, draft_len=3, decode=False).tokens
     assert calls and max(len(c) for c in calls) == len(CLASSES)  # the batch drafts together
     assert np.array_equal(one_by_one, batched)
