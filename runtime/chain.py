@@ -217,8 +217,8 @@ class DraftGrowth(DraftChain):
         pass 1:   the root's row (each image's `last` slot): its top_k tokens are the candidates,
                   scored by log mass
         pass d:   the top_k candidates of pass d − 1 by score are the frontier (ties: the
-                  lower index under ONNX TopK, as the host's stable sort; torch.topk promises
-                  no order, and any order is exact: the tree is verified as point masses), fed at positions[last] + d − 1 under the root's `seen` row and their
+                  lower index, `_top`, as the host's stable sort; any order would be exact:
+                  the tree is verified as point masses), fed at positions[last] + d − 1 under the root's `seen` row and their
                   fed ancestors; each frontier row's top_k tokens are pass d's candidates, scored
                   by their parent's score + log mass
 
@@ -252,14 +252,14 @@ class DraftGrowth(DraftChain):
         own = self.own.to(seen.dtype)[None].expand(images, -1, -1)
         all_tokens, all_scores, fronts, ancestry = [], [], [], None
         for depth in range(1, self.depth + 1):
-            masses, tokens = torch.topk(self.head.distribution(level_logits, mix), k, dim=-1)  # [I, F, k]
+            masses, tokens = _top(self.head.distribution(level_logits, mix), k)  # [I, F, k]
             scores = (scores + torch.log(masses.double())).reshape(images, -1)
             tokens = tokens.reshape(images, -1)
             all_tokens.append(tokens)
             all_scores.append(scores)
             if depth == self.depth:
                 break
-            scores, front = torch.topk(scores, k, dim=-1)    # the frontier, best first
+            scores, front = _top(scores, k)                  # the frontier, best first
             fronts.append(front)
             scores = scores[..., None]
             parents = torch.div(front, k, rounding_mode="floor")  # each one's parent, in the last frontier
@@ -294,6 +294,17 @@ class HeadGrowth(HeadSteps, DraftGrowth):
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 attention_mask: torch.Tensor, past_kv: torch.Tensor, last: torch.Tensor, mix: torch.Tensor):
         return self._grow(input_ids, hidden, positions, attention_mask, past_kv, last, mix)
+
+
+def _top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest along the last axis, best first, ties to the lower index: ONNX TopK's rule,
+    which the exported graph follows, and the host's stable sort's. torch.topk promises no order
+    among ties, so the module run eagerly (PyTorch backend, export --verify's reference) sorts
+    stably instead: both give the same candidates, rows without mass (all ties at 0) included."""
+    if torch.onnx.is_in_onnx_export():
+        return torch.topk(values, k, dim=-1)
+    ranked, order = torch.sort(values, dim=-1, descending=True, stable=True)
+    return ranked[..., :k], order[..., :k]
 
 
 def _inverse_cdf(rows: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

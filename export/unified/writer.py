@@ -25,7 +25,7 @@ from specrt.export import onnx_export
 from specrt.export.bundle import NEIGHBOURS_FILE, ExportOptions, export_graphs, write_neighbour_table
 from specrt.export.onnx_export import GraphLimits, capacity_for
 from specrt.manifest import FORMAT, MANIFEST_NAME, VERSION, GraphSpec, Manifest, file_record, read_manifest, rows_for_images
-from specrt.runtime.chain import DraftChain
+from specrt.runtime.chain import DraftChain, DraftGrowth
 from specrt.runtime.grammar import head_neighbours
 
 FAMILY = "unified"
@@ -105,14 +105,17 @@ def with_kv_dtype(spec: GraphSpec, dtype: str) -> GraphSpec:
 
 
 def export_language_graph(model: nn.Module, kind: str, role: str, limits: GraphLimits, out_dir: Path, opset: int,
-                          with_hidden: bool, steps: int = 0) -> GraphSpec:
-    """The `<role>_<kind>` graph (prefill, step, or a draft chain of `steps` drafts) with the KV
-    cache in the weights' dtype (float16 / bfloat16 weights: a float16 / bfloat16 cache, as the
-    model computes it)."""
+                          with_hidden: bool, shape: Any = 0) -> GraphSpec:
+    """The `<role>_<kind>` graph (prefill, step, a draft chain of `shape` drafts or a dynamic tree's
+    growth of `shape` = (depth, top_k)) with the KV cache in the weights' dtype (float16 /
+    bfloat16 weights: a float16 / bfloat16 cache, as the model computes it)."""
     name = f"{role}_{kind}"
     if kind == "chain":
-        spec = onnx_export.chain_spec(name, role, model.config, limits, opset, steps)
-        graph: nn.Module = DraftChain(model, steps)
+        spec = onnx_export.chain_spec(name, role, model.config, limits, opset, shape)
+        graph: nn.Module = DraftChain(model, shape)
+    elif kind == "growth":
+        spec = onnx_export.growth_spec(name, role, model.config, limits, opset, *shape)
+        graph = DraftGrowth(model, *shape)
     elif kind == "prefill":
         spec = onnx_export.prefill_spec(name, role, model.config, limits, opset, with_hidden)
         graph = onnx_export._PromptPrefillGraph(model, with_hidden)
@@ -136,10 +139,16 @@ def _graph_jobs(models: UnifiedModels, options: ExportOptions, limits: GraphLimi
     if models.draft is not None:
         jobs += [("draft_prefill", language(models.draft, "draft", "prefill", False)),
                  ("draft_step", language(models.draft, "draft", "step", False))]
+        draft = models.draft
         if options.chain_steps:
-            draft, steps = models.draft, options.chain_steps
             jobs.append(("draft_chain", lambda d: export_language_graph(draft, "chain", "draft", limits, d, opset,
-                                                                         False, steps)))
+                                                                         False, options.chain_steps)))
+        # dynamic trees grown in one call, as a LlamaGen bundle's: the same tokens as per pass. No
+        # draft_tree: a forced row end is a point-mass row, where the per-pass drafter draws fewer
+        # uniforms than the graph's fixed layout, so the two would draw different (equally exact) trees
+        if options.growth:
+            jobs.append(("draft_growth", lambda d: export_language_graph(draft, "growth", "draft", limits, d, opset,
+                                                                          False, options.growth)))
     if models.vq is not None:
         jobs.append(("vq_decode", lambda d: onnx_export.export_vq_decode(models.vq, grammar.rows, limits, d, opset,
                                                                           cols=grammar.cols)))

@@ -163,7 +163,7 @@ def command(ctx: click.Context, out, force, target, draft, vq, grid, max_prompt_
         _export_unified(ctx, out, force, target, draft, vq, grid, max_prompt_tokens, weights_dtype, demo, demo_weights,
                         random_weights or text_encoder or eagle or no_hidden or checkpoint.given(), verify,
                         dict(opset=opset, max_window=max_window, max_batch=max_batch, neighbours_k=neighbours_k,
-                             draft_chain=draft_chain))
+                             draft_chain=draft_chain, draft_growth="" if draft_growth == "none" else draft_growth))
         return
     if demo == "mar" or family == "continuous":
         if demo not in (None, "mar"):

@@ -36,7 +36,8 @@ def bundles(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     """(checkpoint dir, bundle dir) per architecture; Emu3's with itself as the draft (sd runs)."""
     root = tmp_path_factory.mktemp("unified")
     out = {}
-    emu3 = ["--draft", str(root / "emu3"), "--grid", "3x4"]  # Emu3 picks its grid per bundle: 3 rows of 4 + row ends
+    # Emu3 picks its grid per bundle: 3 rows of 4 + row ends; its draft grows dynamic trees of depth 3, top-k 2 in one call
+    emu3 = ["--draft", str(root / "emu3"), "--grid", "3x4", "--draft-growth", "3,2"]
     for name, make, extra in (("janus", tiny_janus, []), ("emu3", tiny_emu3, emu3)):
         checkpoint = make(root / name)
         _export(["--target", str(checkpoint), *extra, "--out", str(root / f"{name}-bundle")])
@@ -114,6 +115,19 @@ def test_every_method_runs_on_the_bundle(bundles, method, params):
     result = pipe.generate(prompts=["a thin two", "a thick one", "seven"], method=method, seed=0, **params)
     assert pipe.grammar.is_valid(result.stream).all()
     assert result.stats.tokens == 3 * pipe.grammar.stream_len
+
+
+def test_a_dynamic_tree_grown_in_one_call_gives_the_per_pass_tokens(bundles):
+    """Forced row ends are point-mass rows: the growth graph ranks them as the host does."""
+    pipe = Pipeline.from_bundle(bundles["emu3"][1])
+    settings = dict(prompts=["a thin two", "a thick one", "seven"], method="sd", seed=4, tree="dynamic",
+                    total_tokens=8, depth=3, tree_top_k=2, decode=False)
+    fused = pipe.generate(**settings)
+    calls = pipe.draft.forwards
+    per_pass = pipe.generate(**settings, fused_drafting=False)
+    assert calls < 0.6 * pipe.draft.forwards
+    np.testing.assert_array_equal(fused.stream, per_pass.stream)
+    assert pipe.grammar.is_valid(fused.stream).all()
 
 
 def test_onnxruntime_and_pytorch_give_the_same_images(bundles):
