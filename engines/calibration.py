@@ -76,10 +76,9 @@ def chain_feeds(step_feeds: list[Feeds], steps: Optional[int]) -> list[Feeds]:
     feeds = []
     for feed in step_feeds:
         images, window = feed["mix"].shape[0], feed["input_ids"].shape[1]
-        made = {**feed, "last": np.full(images, window - 1, dtype=np.int32),
-                "uniforms": np.full((images, steps or 0), 0.5, dtype=np.float32)}
-        if steps is None:
-            del made["uniforms"]
+        made = {**feed, "last": np.full(images, window - 1, dtype=np.int32)}
+        if steps is not None:
+            made["uniforms"] = np.full((images, steps), 0.5, dtype=np.float32)
         feeds.append(made)
     return feeds
 
@@ -112,7 +111,7 @@ def record_feeds(manifest: Manifest, size: int, images: int, seed: int = 0, thre
             progress(f"calibration: image {i + 1}/{images} ({method})")
     feeds = {name: reservoir.items for name, reservoir in reservoirs.items()}
     for role in roles:
-        for kind in ("chain", "tree", "growth"):  # a draft chain's or tree's: one uniform per draft
+        for kind in ("chain", "tree", "growth"):  # a chain's or tree's: one uniform per draft; a growth's: none
             graph = manifest.graphs.get(f"{role}_{kind}")
             if graph is not None:
                 drafts = int(graph.input("uniforms").shape[1]) if "uniforms" in graph.input_names else None

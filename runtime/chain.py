@@ -218,9 +218,9 @@ class DraftGrowth(DraftChain):
                   scored by log mass
         pass d:   the top_k candidates of pass d − 1 by score are the frontier (ties: the
                   lower index, `_top`, as the host's stable sort; any order would be exact:
-                  the tree is verified as point masses), fed at positions[last] + d − 1 under the root's `seen` row and their
-                  fed ancestors; each frontier row's top_k tokens are pass d's candidates, scored
-                  by their parent's score + log mass
+                  the tree is verified as point masses), fed at positions[last] + d − 1 under
+                  the root's `seen` row and their fed ancestors; each frontier row's top_k
+                  tokens are pass d's candidates, scored by their parent's score + log mass
 
     Scores are float64 sums of logs of the float32 rows, as the host's growth counts them, so the
     frontiers are the ones it would choose. Candidates a row had no mass for score −inf (ranked

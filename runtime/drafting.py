@@ -329,8 +329,7 @@ class ModelDrafter(Drafter):
         """For a tree in one call: the root-only trees of images with no drafts left (the rest
         None, for the call to fill) and each drafting image's window after catching up as the
         level path's first pass does (`fed` rows follow it); None for the windows: no call."""
-        trees: list[Optional["TokenTree"]] = [TokenTree(self.tokens[p][-1], drawn) if depth == 0 else None
-                                              for p, depth in enumerate(max_depths)]
+        trees = root_only_trees([tokens[-1] for tokens in self.tokens], max_depths, drawn)
         if not any(depth > 0 for depth in max_depths):
             return trees, None
         feeds = self._unfed([self.tokens[p] if depth > 0 else None for p, depth in enumerate(max_depths)])
@@ -394,6 +393,12 @@ class ModelDrafter(Drafter):
                 self.expanded_draws[p] = [int(out.draws[p, slot[n]]) for n in nodes[p]]
             staged = self._staged[p]
             staged.update(zip(new, range(len(staged), len(staged) + len(new))))
+
+
+def root_only_trees(roots: Sequence[int], max_depths: Sequence[int], drawn: str) -> list[Optional["TokenTree"]]:
+    """A one-call tree round's trees before the call: the root alone for an image with no drafts
+    left (max_depths[p] == 0), None for the rest (no tree, < 0, or the call's to fill)."""
+    return [TokenTree(root, drawn) if depth == 0 else None for root, depth in zip(roots, max_depths)]
 
 
 def grown_trees(ctx: "Decoding", layout: Any, out: Any, windows: Sequence[Optional[Sequence[int]]],

@@ -17,18 +17,21 @@ else one call per draft; the same drafts either way.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
 from specrt.runtime.conditions import Conditions
-from specrt.runtime.drafting import Drafter, Verified, grown_trees
+from specrt.runtime.drafting import Drafter, Verified, grown_trees, root_only_trees
 from specrt.runtime.runner import GrownTrees, ModelRunner, StepOutput, window_sizes
 from specrt.runtime.sampling import needs_restriction
-from specrt.runtime.tree import TokenTree, level_window
+from specrt.runtime.tree import level_window
 from specrt.runtime.tree_call import tree_from_draws
 from specrt.runtime.verification import SAMPLED, TOP
 from specrt.runtime.window import Window, Windows
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specrt.runtime.tree import TokenTree
 
 EAGLE_KIND = "eagle"  # manifest models.draft.kind
 
@@ -312,8 +315,7 @@ class EagleDrafter(Drafter):
         parent's head feature, with uniforms drawn as the level path's passes draw them
         (Decoding.run_tree). The queue before the pending pair is committed for good, as the
         level path's first pass commits it; the tree's rows are not kept (rollback would drop them)."""
-        trees: list[Optional["TokenTree"]] = [TokenTree(self._tokens[p][-1], SAMPLED) if depth == 0 else None
-                                              for p, depth in enumerate(max_depths)]
+        trees = root_only_trees([queue[-1] for queue in self._tokens], max_depths, SAMPLED)
         counts = self._tree_queues(ctx, max_depths, len(layout.fed))
         if not any(counts):
             return trees
@@ -333,8 +335,7 @@ class EagleDrafter(Drafter):
     def grow_tree(self, ctx, layout: Any, max_depths: Sequence[int], total_tokens: int) -> list[Optional["TokenTree"]]:
         """Each image's dynamic tree in one head call (runtime/chain.py HeadGrowth), the queues as
         in draft_tree; each stream advanced as the level path's passes would (drafting.grown_trees)."""
-        trees: list[Optional["TokenTree"]] = [TokenTree(self._tokens[p][-1], TOP) if depth == 0 else None
-                                              for p, depth in enumerate(max_depths)]
+        trees = root_only_trees([queue[-1] for queue in self._tokens], max_depths, TOP)
         counts = self._tree_queues(ctx, max_depths, layout.fed)
         if not any(counts):
             return trees

@@ -121,7 +121,8 @@ class OrtRunner(ModelRunner):
         # a dynamic tree grown in one call (runtime/chain.py DraftGrowth), where the bundle has one
         growth = manifest.graphs.get(f"{role}_growth")
         if growth is not None:
-            _check_io(growth, (*STEP_INPUTS[:-1], "last"), ("present_kv", "tokens", "scores", "fronts"))
+            _check_io(growth, (*(n for n in STEP_INPUTS if n != "uniforms"), "last"),  # it draws nothing
+                      ("present_kv", "tokens", "scores", "fronts"))
         self.growth_layout = GrowthLayout(growth.growth["depth"], growth.growth["top_k"]) if growth is not None else None
         self.growth_session = _session(manifest, growth.name, providers, threads) if growth is not None else None
         self.layers, self.kv_heads, self.head_dim = (int(entry[k]) for k in ("n_layer", "n_kv_head", "head_dim"))

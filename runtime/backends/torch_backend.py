@@ -489,7 +489,8 @@ class TorchHeadRunner(HeadRunner, TorchRunner):
         """The head's chain module (the draft_chain graph's) on the runner's KV buffer: the drafts
         and the head's features stay on the device between drafts (one read of the draws at the end)."""
         steps = uniforms.shape[1]
-        return self._run_drafting(self._chain_module(steps), None, ids, positions, mask, last, uniforms, features)
+        return self._run_drafting(self._chain_module(steps), ("chain", int(ids.shape[1]), steps),
+                                  ids, positions, mask, last, uniforms, features)
 
     def _head_tree(self, ids, features, positions, mask, last, layout, uniforms) -> StepOutput:
         return TorchRunner._draft_tree(self, ids, positions, mask, last, layout, uniforms, features)
