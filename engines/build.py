@@ -28,9 +28,9 @@ from .precision import CONVERTER_VERSION, builder_flag_names, needs_conversion, 
 from .profiles import GraphProfile, derive_profile, onnx_input_dims, validate_against_onnx
 
 TRT_MISSING = "TensorRT is not installed: pip install 'specrt[trt]' (on Jetson it comes with JetPack)"
-# graphs the TensorRT runner does not run yet (a draft_tree, a draft_growth: trees draft level by
-# level there), and of those the ones no engine can be made of (manifest.UNBUILT_KINDS)
-SKIPPED_KINDS = ("tree", *UNBUILT_KINDS)
+# graphs no engine can be made of (manifest.UNBUILT_KINDS: a draft_growth's float64 scores; the
+# TensorRT runner grows dynamic trees level by level)
+SKIPPED_KINDS = UNBUILT_KINDS
 CONVERTED_DIR = "engines/converted"  # relative to the bundle: fp16/bf16 graphs for TensorRT 11
 
 

@@ -15,6 +15,9 @@ Why it looks like this (DESIGN.md's per-step budget):
   as the host asks for them;
 - probs/draws alternate between two device buffers (both engines share the pair), so a
   StepOutput stays valid until the runner's second next call (runtime/runner.StepOutput);
+- a draft's chain and static-tree engines (runtime/chain.py DraftChain, DraftTree), where the
+  bundle has them and `specrt build` made them, draft a round in one execution on the same
+  buffers; a dynamic tree (draft_growth, float64 scores) grows level by level here;
 - `commit` moves the accepted slots' rows from `present_kv` into the KV buffer on the
   device: one strided 2D copy per run of consecutive slots when every image commits alike,
   one per (layer, k/v) and image run in a ragged batch, nothing through the host.
@@ -31,6 +34,8 @@ from specrt.errors import SpecrtError
 from specrt.runtime.backends.ort_backend import model_spec
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder
+from specrt.runtime.tree import StaticShape
+from specrt.runtime.tree_call import TreeLayout
 
 from .build import require_tensorrt
 
@@ -210,16 +215,19 @@ class KVLayout:
 
 
 class TrtRunner(ModelRunner):
-    """ModelRunner over a prefill and a step engine (and a draft's chain engine, runtime/chain.py)
-    sharing one stream and one device KV buffer."""
+    """ModelRunner over a prefill and a step engine (and a draft's chain and static-tree engines,
+    runtime/chain.py) sharing one stream and one device KV buffer."""
 
     meters_host_reads = True
     chain_engine: "TrtEngine | None" = None
     chain_steps = 0
+    tree_engine: "TrtEngine | None" = None
+    tree_layout: "TreeLayout | None" = None  # the static tree the tree engine drafts (its manifest entry's)
     _present_engine: "TrtEngine | None" = None  # whose present_kv the next commit copies (None: the step's)
 
     def __init__(self, spec: ModelSpec, kv: KVLayout, prefill_engine: str | Path, step_engine: str | Path,
-                 max_window: int, chain_engine: str | Path | None = None):
+                 max_window: int, chain_engine: str | Path | None = None, tree_engine: str | Path | None = None,
+                 tree_layout: "TreeLayout | None" = None):
         super().__init__(spec, max_window)
         self.kv_layout = kv
         self.prefill_engine = TrtEngine(prefill_engine)
@@ -227,6 +235,9 @@ class TrtRunner(ModelRunner):
         if chain_engine is not None:
             self.chain_engine = TrtEngine(chain_engine, stream=self.prefill_engine.stream)
             self.chain_steps = int(self.chain_engine.engine.get_tensor_shape("uniforms")[1])  # static: L
+        if tree_engine is not None and tree_layout is not None and tree_fits(tree_layout, max_window):
+            self.tree_engine = TrtEngine(tree_engine, stream=self.prefill_engine.stream)
+            self.tree_layout = tree_layout
         self.cudart = self.prefill_engine.cudart
         self._kv: DeviceBuffer | None = None
         self._probs: list[DeviceBuffer] = []  # two of each: outputs alternate between calls
@@ -258,6 +269,14 @@ class TrtRunner(ModelRunner):
                                         "mix": (images, batch), "uniforms": (images, self.chain_steps)},
                                        skip=("past_kv", *head))
             self.chain_engine.bind("past_kv", self._kv.ptr)
+        if self.tree_engine is not None:
+            window = w - len(self.tree_layout.fed)  # the longest window the tree's fed nodes may follow
+            self.tree_engine.allocate({"input_ids": (batch, window), "positions": (batch, window),
+                                       "attention_mask": (batch, window, capacity + window),
+                                       "past_kv": self._kv_shape(batch, capacity), "last": (images,),
+                                       "mix": (images, batch), "uniforms": (images, self.tree_layout.nodes - 1)},
+                                      skip=("past_kv", *head))
+            self.tree_engine.bind("past_kv", self._kv.ptr)
         condition = ({"class_ids": (batch,)} if self.spec.model_type == "c2i" else
                      {"captions": (batch, self.spec.cond_len, self.spec.caption_dim),
                       "caption_mask": (batch, self.spec.cond_len), "uncond": (batch,)})
@@ -271,9 +290,11 @@ class TrtRunner(ModelRunner):
     def kv_buffer(self) -> DeviceBuffer | None:
         return self._kv
 
-    def _run_with_head(self, engine: TrtEngine, inputs: dict[str, np.ndarray], window: int,
+    def _run_with_head(self, engine: TrtEngine, inputs: dict[str, np.ndarray], rows: int,
                        device_shapes: dict[str, tuple[int, ...]] | None = None) -> StepOutput:
-        """Run `engine` with the head writing into the next of the two output buffers; fetch the draws."""
+        """Run `engine` with the head writing into the next of the two output buffers; fetch the
+        draws. `rows`: the head's rows per image (a step's window, a chain's drafts, a tree's
+        inner nodes), the probs' shape [images, rows, V] left on the device."""
         self._parity = parity = 1 - self._parity
         engine.bind("probs", self._probs[parity].ptr)
         engine.bind("draws", self._draws[parity].ptr)
@@ -282,7 +303,7 @@ class TrtRunner(ModelRunner):
         self.host_numbers += draws.size
         probs_ptr, itemsize = self._probs[parity].ptr, engine.dtypes["probs"].itemsize
         return StepOutput(DeviceProbs(lambda offset, count: self._read(probs_ptr + offset * itemsize, count),
-                                      (self.images, window, self.spec.vocab_size)), draws)
+                                      (self.images, rows, self.spec.vocab_size)), draws)
 
     def _read(self, ptr: int, count: int) -> np.ndarray:
         self.host_numbers += count
@@ -317,6 +338,20 @@ class TrtRunner(ModelRunner):
                                    {"input_ids": ids, "positions": positions, "attention_mask": mask, "last": last,
                                     "uniforms": uniforms},
                                    steps, device_shapes={"past_kv": self._kv_shape(self.batch, self.capacity)})
+
+    def can_draft_tree(self, layout: Any) -> bool:
+        return self.tree_engine is not None and layout.key == self.tree_layout.key
+
+    def _draft_tree(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray, layout: Any,
+                    uniforms: np.ndarray) -> StepOutput:
+        """The static-tree engine on the KV buffer: the window, then every level of `layout` in one
+        execution, one read of the nodes' draws; the inner nodes' rows stay on the device. Its
+        present rows (window + fed nodes) are what the next commit and stage copy."""
+        self._present_engine, self._last_window = self.tree_engine, ids.shape[1] + len(layout.fed)
+        return self._run_with_head(self.tree_engine,
+                                   {"input_ids": ids, "positions": positions, "attention_mask": mask, "last": last,
+                                    "uniforms": uniforms},
+                                   len(layout.inner), device_shapes={"past_kv": self._kv_shape(self.batch, self.capacity)})
 
     def _write_kv(self, rows: np.ndarray, columns: np.ndarray, slots: np.ndarray) -> None:
         present = (self._present_engine or self.step_engine).addresses["present_kv"]
@@ -436,13 +471,29 @@ def runner_from_bundle(bundle: str | Path, role: str, precision: str = "fp32", m
     engines = find_engines(bundle, [f"{role}_prefill", f"{role}_step"], precision, max_window)
     chain = None
     if f"{role}_chain" in manifest.graphs:  # a draft chain, where its engine was built (else: step by step)
-        try:
-            chain = find_engines(bundle, [f"{role}_chain"], precision, max_window)[f"{role}_chain"]
-        except SpecrtError:
-            chain = None
+        chain = _built_engine(bundle, f"{role}_chain", precision, max_window)
+    tree, layout = None, None
+    if f"{role}_tree" in manifest.graphs:  # a static tree in one call, where its engine was built (else: level by level)
+        layout = TreeLayout(StaticShape(manifest.graphs[f"{role}_tree"].tree))
+        tree = _built_engine(bundle, f"{role}_tree", precision, max_window) if tree_fits(layout, window) else None
     spec = model_spec(model)
     kv = KVLayout(model["n_layer"], model["n_kv_head"], model["head_dim"])
-    return TrtRunner(spec, kv, engines[f"{role}_prefill"], engines[f"{role}_step"], window, chain)
+    return TrtRunner(spec, kv, engines[f"{role}_prefill"], engines[f"{role}_step"], window, chain, tree, layout)
+
+
+def tree_fits(layout: TreeLayout, max_window: int) -> bool:
+    """True when a window of at least one token and the tree's fed nodes fit `max_window`, and so
+    do its drafted nodes (ModelRunner.draft_tree's check): else the tree is drafted level by level."""
+    return len(layout.fed) < max_window and layout.nodes - 1 <= max_window
+
+
+def _built_engine(bundle: str | Path, graph: str, precision: str, max_window: int | None) -> Path | None:
+    """The engine of an optional graph where `specrt build` made one, else None (the runner then
+    does that graph's work step by step)."""
+    try:
+        return find_engines(bundle, [graph], precision, max_window)[graph]
+    except SpecrtError:
+        return None
 
 
 def pipeline_parts_from_bundle(bundle: str | Path, precision: str = "fp32") -> dict[str, Any]:

@@ -139,11 +139,12 @@ def test_cli_reports_a_bad_max_window_in_one_line(bundle):
     assert len(result.stderr.strip().splitlines()) == 1 and "--max-window 99" in result.stderr
 
 
-def test_draft_trees_get_an_engine_only_when_named(demo_bundle):
-    """The TensorRT runner drafts trees level by level: a bundle's draft_tree graph is not built
-    by default, and its profile plans when it is asked for by name."""
+def test_a_static_tree_gets_an_engine_and_a_dynamic_one_none(demo_bundle):
+    """The TensorRT runner drafts a bundle's static tree in one call: its draft_tree graph is built
+    with the rest, its uniforms fixed at the tree's drafts. A draft_growth (float64 scores) is
+    skipped, and refused by name."""
     names = [job.entry.name for job in plan_jobs(demo_bundle, "fp32", "10.3.0", GPU)]
-    assert "draft_tree" not in names and "draft_growth" not in names and "draft_chain" in names
+    assert "draft_tree" in names and "draft_chain" in names and "draft_growth" not in names
     job, = plan_jobs(demo_bundle, "fp32", "10.3.0", GPU, graphs=["draft_tree"])
     assert {shape[1] for shape in job.profile.to_json()["uniforms"].values()} == {25}  # mc_sim_7b_63's drafts
     with pytest.raises(SpecrtError, match="draft_growth outputs float64 scores"):

@@ -17,7 +17,6 @@ import pytest
 from specrt.cli import main
 from specrt.engines.precision import downstream_nodes
 from specrt.engines.quantize import QuantizeOptions, quantize_bundle
-from specrt.errors import SpecrtError
 from specrt.lazy import available
 from specrt.manifest import read_manifest
 from specrt.runtime.pipeline import Pipeline

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
 from unified_fixtures import one_torch_thread, tiny_emu3  # noqa: E402, F401 (one_torch_thread: autouse)

@@ -150,3 +150,18 @@ def test_every_method_on_tensorrt_matches_onnxruntime_greedy(built_demo_bundle, 
     on_ort = Pipeline.from_bundle(built_demo_bundle, backend="ort").generate(ids, method=method, seed=0, temperature=0.0)
     np.testing.assert_array_equal(on_trt.tokens, on_ort.tokens)
     assert on_trt.stats.target_forwards == on_ort.stats.target_forwards
+
+
+def test_a_static_tree_is_drafted_in_one_tensorrt_call(built_demo_bundle):
+    """The bundle's draft_tree engine drafts sd's default static tree in one execution a round,
+    with the tokens of the level-by-level drafter on the same engines."""
+    from specrt.runtime.pipeline import Pipeline
+
+    pipe = Pipeline.from_bundle(built_demo_bundle, backend="trt")
+    assert pipe.draft.can_draft_tree(pipe.draft.tree_layout)
+    settings = dict(method="sd", tree="static", seed=0, temperature=0.0)
+    fused = pipe.generate([0, 4, 9], **settings)
+    calls = pipe.draft.forwards
+    per_level = pipe.generate([0, 4, 9], **settings, fused_drafting=False)
+    np.testing.assert_array_equal(fused.tokens, per_level.tokens)
+    assert calls < 0.6 * pipe.draft.forwards

@@ -12,9 +12,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from specrt.engines.trt_runner import DeviceProbs, KVLayout, TrtRunner
+from specrt.engines.trt_runner import DeviceProbs, KVLayout, TrtRunner, tree_fits
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.runner import ModelSpec
+from specrt.runtime.tree import StaticShape
+from specrt.runtime.tree_call import TreeLayout
 
 
 class HostCudart:
@@ -266,3 +268,37 @@ def test_a_chain_runs_its_engine_and_its_present_rows_are_what_commits_copy():
     rows = np.repeat(np.arange(batch), 4)
     copier._write_kv(rows, np.tile(np.arange(5, 9), batch), np.tile(np.arange(4), batch))
     np.testing.assert_array_equal(kv, expected)
+
+
+# ---- a static-tree engine (runtime/chain.py DraftTree) ----------------------------------
+
+
+def test_a_static_tree_runs_its_engine_and_its_present_rows_are_what_commits_copy():
+    """The tree engine gets the window, `last` and one uniform per drafted node of each image and
+    answers the inner nodes' rows [I, inner, V] and every node's draw; the next commit (and stage)
+    copies from its present rows (window + fed nodes), a later step's from the step's again. Only
+    the engine's own tree is drafted in one call."""
+    layout = TreeLayout(StaticShape([[0], [1], [0, 0], [0, 1]]))  # root → 2 children, the first → 2
+    runner = _head_runner(images=2, batch=4, vocab=5, max_window=5)
+    runner.tree_engine, runner.tree_layout = FakeHeadEngine(5, [20]), layout
+    assert runner.can_draft_tree(layout) and not runner.can_draft_tree(TreeLayout(StaticShape([[0], [1]])))
+    ids = np.zeros((4, 2), np.int32)
+    mask = np.zeros((4, 2, runner.capacity + 2), bool)
+    out = runner._draft_tree(ids, ids, mask, np.array([1, 0], np.int32), layout, np.full((2, 4), 0.5, np.float32))
+    assert out.probs.shape == (2, len(layout.inner), 5) == (2, 2, 5)
+    assert out.draws.shape == (2, 4) and (out.draws == 21).all()
+    fed = runner.tree_engine.inputs[0]
+    np.testing.assert_array_equal(fed["last"], [1, 0])
+    assert fed["uniforms"].shape == (2, 4) and runner.step_engine.inputs == []
+    assert runner._present_engine is runner.tree_engine and runner._last_window == 2 + len(layout.fed) == 3
+    _step(runner, 2)
+    assert runner._present_engine is runner.step_engine and runner._last_window == 2
+
+
+def test_a_tree_engine_is_used_only_where_its_tree_fits_the_window():
+    """A runner opened with a smaller --max-window than the tree needs drafts it level by level."""
+    layout = TreeLayout(StaticShape([[0], [1], [0, 0], [0, 1]]))  # 4 drafts, 1 fed node
+    assert tree_fits(layout, 4) and tree_fits(layout, 64)
+    assert not tree_fits(layout, 3)  # 4 drafts: more than a call of 3 slots draws (ModelRunner.draft_tree)
+    deep = TreeLayout(StaticShape([[0], [0, 0], [0, 0, 0]]))  # a chain of 3: 2 fed nodes
+    assert tree_fits(deep, 3) and not tree_fits(deep, 2)
