@@ -25,7 +25,6 @@ import numpy as np
 from specrt.bench.report import MethodResult, latency_summary
 from specrt.bench.settings import Setting
 from specrt.runtime.methods import METHODS
-from specrt.runtime.conditions import Conditions
 from specrt.runtime.pipeline import Pipeline
 
 WARMUP_SEED = 1_000_003

@@ -6,7 +6,6 @@ alive (it holds a lock on it); no command ever reads such a folder as a bundle.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess

@@ -24,7 +24,6 @@ torch = require("torch", "the demo report")
 from specrt.export.demo.dataset import NUM_CLASSES, DigitsSplit  # noqa: E402
 from specrt.export.demo.evaluator import embed, frechet_distance  # noqa: E402
 from specrt.export.demo.store import DemoModels  # noqa: E402
-from specrt.export.llamagen_vq import VQModel  # noqa: E402
 
 SD_DRAFT_LEN = 4
 SD_SEQUENCES_PER_CLASS = 2

@@ -34,7 +34,7 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
              images_list: str = "1", dtypes: str = "fp32", cuda_graphs: bool = True,
              precisions: tuple[str, ...] = ()) -> None:
     from specrt.bench.cost_model import (
-        DTYPES, PROFILE_ARCHS, measure_runners, measure_step_latency, memory_bandwidth, parse_windows,
+        DTYPES, PROFILE_ARCHS, measure_step_latency, memory_bandwidth, parse_windows,
         prediction_table, write_profile_plot,
     )
     from specrt.bench.device import device_name

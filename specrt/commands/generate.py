@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import click
-import numpy as np
 
 from specrt import validation
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags

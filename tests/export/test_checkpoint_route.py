@@ -8,7 +8,6 @@ dicts), or the command must stop with one line naming the missing flag.
 """
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tiny_export import TINY_OPTIONS, cli_exit_code, tiny_models  # noqa: E402
+from tiny_export import TINY_OPTIONS, tiny_models  # noqa: E402
 
 from specrt.errors import SpecrtError  # noqa: E402
 from specrt.export.bundle import ModelSet  # noqa: E402

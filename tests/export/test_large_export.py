@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-import torch
 
 from unified_fixtures import tiny_emu3, one_torch_thread  # noqa: F401 (autouse)
 from specrt.export import onnx_export

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
 
 from specrt.runtime.pipeline import Pipeline, from_uint8, to_uint8
 from specrt.runtime.sampling import SamplingParams

@@ -4,7 +4,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.lazy import require

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 
 from specrt.lazy import require
 from specrt.runtime.families.continuous.runner import ContinuousRunner, ContinuousSpec
