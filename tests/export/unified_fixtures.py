@@ -89,9 +89,10 @@ def tiny_janus(path) -> Path:
     return path
 
 
-def tiny_emu3(path) -> Path:
+def tiny_emu3(path, codes: int = EMU3_CODES, seed: int = 0) -> Path:
     """Emu3-Gen layout: visual tokens `<|visual token NNNNNN|>` at permuted ids inside the
-    text vocabulary, `<|extra_200|>` ends every image row, `<|extra_201|>` the frame."""
+    text vocabulary, `<|extra_200|>` ends every image row, `<|extra_201|>` the frame. `codes`:
+    the VQ codebook's size; `seed`: the weights' (a draft for a target: the same vocabulary)."""
     import torch
     from transformers import Emu3Config, Emu3ForConditionalGeneration
 
@@ -102,19 +103,19 @@ def tiny_emu3(path) -> Path:
     for word in WORDS + [str(n) for n in range(10)]:
         vocab[word] = len(vocab)
     start = len(vocab)
-    order = np.random.default_rng(1).permutation(EMU3_CODES)  # code n at id start + order[n]
-    for code in range(EMU3_CODES):
+    order = np.random.default_rng(1).permutation(codes)  # code n at id start + order[n]
+    for code in range(codes):
         vocab[f"<|visual token {code:06d}|>"] = start + int(order[code])
     vocab_size = len(vocab) + 2
     text = _small_text(vocab_size=vocab_size, pad_token_id=vocab["<|endoftext|>"],
                        bos_token_id=vocab["<|extra_203|>"], eos_token_id=vocab["<|extra_204|>"],
                        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, attention_dropout=0.0)
-    vq = dict(codebook_size=EMU3_CODES, embed_dim=4, latent_channels=4, base_channels=32, channel_multiplier=[1, 2],
+    vq = dict(codebook_size=codes, embed_dim=4, latent_channels=4, base_channels=32, channel_multiplier=[1, 2],
               num_res_blocks=1, attn_resolutions=[], hidden_size=64, num_attention_heads=1,
               temporal_downsample_factor=4)
     special = [n for n in names if n not in ("*",)] + [n for n in vocab if n.startswith("<|visual")]
     config = Emu3Config(text_config=text, vq_config=vq, vocabulary_map=dict(vocab))
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = Emu3ForConditionalGeneration(config).eval()
     _save(model, path, {"bos_token_id": text["bos_token_id"], "eos_token_id": text["eos_token_id"],
                         "pad_token_id": text["pad_token_id"]})
