@@ -8,7 +8,7 @@ are indexed by batch position; None marks an image with nothing to do this round
         trees = grow_trees(ctx, drafter, ...)                        # drafter.expand per depth
                                                                      # (or drafter.propose_chain(ctx, lengths))
         scored = ctx.run(target, [tree.window() ...])                # one target pass, tree masks
-        outcomes = verify_tree(...) per image                        # runtime.verification
+        outcomes = verify_trees(...)  # each image's walk, reads batched # runtime.verification
         target.commit([outcome.path ...])
         drafter.rollback(committed lengths)                          # drop what was drafted this round
         drafter.extend(ctx, [outcome.accepted + [outcome.next_token] ...], Verified(scored, paths))

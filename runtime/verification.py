@@ -11,7 +11,7 @@ f the acceptance probability, ω the relaxation weight, δ the relaxation budget
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Generator, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -766,12 +766,42 @@ def verify_candidates(p: np.ndarray, proposals: Iterable[tuple[int, np.ndarray]]
     likewise computes the relaxed p̃ on the residual at each sibling. Cool-SD's ω is that of the
     siblings' depth (draft position `position`, 1-based).
     """
+    return _answer_reads(_candidates(p, proposals, rule, position, rng), lambda _: host_rows(p)[0])
+
+
+def _candidates(p: Any, proposals: Iterable[tuple[int, np.ndarray]], rule: AcceptanceRule, position: int,
+                rng: np.random.Generator) -> Generator[None, np.ndarray, tuple[Optional[int], int]]:
+    """verify_candidates, as a generator: where `p` is not a host row (entries read ahead, a device
+    row) it is only indexed for the tests' entries, and at the first rejection the generator yields
+    to be sent the whole row, which the residual needs; a host row never yields."""
     target = p
     for k, (token, q) in enumerate(proposals):
         if rng.random() <= rule.accept_probability(target, q, token, position):
             return k, int(token)
+        if not isinstance(target, np.ndarray):
+            target = yield
         target = rule.resample(target, q, token, position)
     return None, int(sample(np.asarray(target), rng))
+
+
+def _answer_reads(walk: Generator, read: Any) -> Any:
+    """Run a generator, answering what it yields (the row it asks for) with read(that); its return value."""
+    try:
+        asked = next(walk)
+        while True:
+            asked = walk.send(read(asked))
+    except StopIteration as done:
+        return done.value
+
+
+def _relay(walk: Generator, tag: Any) -> Generator[Any, np.ndarray, Any]:
+    """Re-yield a generator's requests as `tag` (which row it asks for), pass the answers on; its value."""
+    try:
+        next(walk)
+        while True:
+            walk.send((yield tag))
+    except StopIteration as done:
+        return done.value
 
 
 @dataclass
@@ -790,20 +820,102 @@ def verify_tree(p_rows: Any, tree: Any, rule: AcceptanceRule, rng: np.random.Gen
     without children the token after it is `bonus[node]`, the head's draw from that node's row.
 
     p_rows [W, V]: the target's rows by window slot (= node); only the tested tokens' entries and
-    the rows of a rejection's residual are read.
+    the rows of a rejection's residual are read. verify_trees does a round's images together.
     """
+    walk = _tree_walk(lambda node: p_rows[node], tree, rule, rng, bonus, p_rows.shape[-1])
+    return _answer_reads(walk, lambda node: host_rows(p_rows[node])[0])  # each row read when the walk asks
+
+
+def verify_trees(p_block: Any, trees: Sequence[Optional[Any]], rule: AcceptanceRule,
+                 rngs: Sequence[np.random.Generator], bonus: Any) -> list[Optional[TreeOutcome]]:
+    """verify_tree for each image p of a round (trees[p]; None: no tree, no outcome) with p_block[p]
+    its rows and bonus[p] its draws, each image with its own stream, the same outcomes.
+
+    What the batch reads of device rows (a backend that gathers several blocks at once: the torch
+    backend's DeviceRows) goes in a few transfers for all images instead of a few per image and
+    node: the entries every node's children are tested at (rule.columns of their tokens) in one
+    gather up front, then the images walk their trees in lockstep, and the whole rows their next
+    rejections need are read in one gather a wave (a wave per depth at most). Host rows are read
+    where they are."""
+    vocab = p_block.shape[-1]
+    ahead = None if isinstance(p_block, np.ndarray) or not hasattr(type(p_block), "gather_all") else \
+        _entries_ahead(p_block, trees, rule)
+    walks = {}
+    for p, tree in enumerate(trees):
+        if tree is not None:
+            rows = (lambda node, p=p: ahead[p, node]) if ahead is not None else (lambda node, p=p: p_block[p][node])
+            walks[p] = _tree_walk(rows, tree, rule, rngs[p], bonus[p], vocab)
+    outcomes: list[Optional[TreeOutcome]] = [None] * len(trees)
+    asking = {p: _step_walk(walk, None, outcomes, p) for p, walk in walks.items()}
+    while asking := {p: node for p, node in asking.items() if node is not None}:
+        rows = host_rows(*[p_block[p][node] for p, node in asking.items()])  # one read, no index sent
+        asking = {p: _step_walk(walks[p], row, outcomes, p) for p, row in zip(asking, rows)}
+    return outcomes
+
+
+def _step_walk(walk: Generator, row: Optional[np.ndarray], outcomes: list, p: int) -> Optional[int]:
+    """Advance image p's walk (sending it `row`): the node whose row it asks for next, or None when
+    it has finished (its outcome then in outcomes[p])."""
+    try:
+        return next(walk) if row is None else walk.send(row)
+    except StopIteration as done:
+        outcomes[p] = done.value
+        return None
+
+
+def _tree_walk(rows: Any, tree: Any, rule: AcceptanceRule, rng: np.random.Generator, bonus: Any,
+               vocab: int) -> Generator[int, np.ndarray, TreeOutcome]:
+    """verify_tree's walk as a generator: rows(node) is what a node's first test reads (a host row,
+    entries read ahead, a device row); it yields a node to be sent that node's whole row."""
     node, path, accepted = 0, [0], []
     while tree.children[node]:
         kids = tree.children[node]
-        proposals = candidate_proposals(tree.rows.get(node), [tree.tokens[c] for c in kids], tree.drawn,
-                                        p_rows.shape[-1])
-        index, token = verify_candidates(p_rows[node], proposals, rule, tree.depths[node] + 1, rng)
+        proposals = candidate_proposals(tree.rows.get(node), [tree.tokens[c] for c in kids], tree.drawn, vocab)
+        row, position = rows(node), tree.depths[node] + 1
+        if isinstance(row, np.ndarray):  # a host row: nothing to ask for
+            index, token = verify_candidates(row, proposals, rule, position, rng)
+        else:
+            index, token = yield from _relay(_candidates(row, proposals, rule, position, rng), node)
         if index is None:
             return TreeOutcome(path, accepted, token)
         node = kids[index]
         path.append(node)
         accepted.append(token)
     return TreeOutcome(path, accepted, int(bonus[node]))
+
+
+class _RowEntries:
+    """Entries of one target row read ahead (column -> P), indexed like the row by a token or an
+    array of tokens: what a node's first tests read; a column not read ahead raises KeyError (a
+    rule whose test reads more than its `columns`)."""
+
+    def __init__(self) -> None:
+        self.values: dict[int, float] = {}
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, (int, np.integer)):
+            return self.values[int(index)]
+        tokens = np.asarray(index)
+        return np.array([self.values[int(t)] for t in tokens.reshape(-1)]).reshape(tokens.shape)
+
+
+def _entries_ahead(p_block: Any, trees: Sequence[Optional[Any]], rule: AcceptanceRule) -> dict[tuple[int, int], _RowEntries]:
+    """Per (image, node) with children, the entries of its row those children are tested at
+    (rule.columns of their tokens), for every image's tree in one gather."""
+    images, nodes, columns = [], [], []
+    for p, tree in enumerate(trees):
+        for node, kids in enumerate(tree.children if tree is not None else ()):
+            if kids:
+                wanted = np.unique(rule.columns(np.array([tree.tokens[c] for c in kids])))
+                images += [p] * len(wanted)
+                nodes += [node] * len(wanted)
+                columns += wanted.tolist()
+    ahead: dict[tuple[int, int], _RowEntries] = {}
+    if columns:
+        values = gathers((p_block, (np.array(images), np.array(nodes), np.array(columns))))[0].tolist()
+        for p, node, column, value in zip(images, nodes, columns, values):
+            ahead.setdefault((p, node), _RowEntries()).values[column] = value
+    return ahead
 
 
 # ---- Theorem 2 (Cool-SD): expected accepted length and TV bound --------------------------------

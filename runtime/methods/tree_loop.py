@@ -2,8 +2,9 @@
 
 One round: the drafter grows a TokenTree below the pending token (runtime.tree: a static shape,
 children drawn without replacement; or EAGLE-2's dynamic tree, top-k children kept by cumulative
-draft probability); the target scores every node in one pass with the tree mask; verify_tree
-walks it with the method's acceptance rule (recursive rejection over siblings), and the accepted
+draft probability); the target scores every node in one pass with the tree mask; verify_trees
+walks each image's with the method's acceptance rule (recursive rejection over siblings; the
+batch's reads of device rows gathered across images), and the accepted
 path's KV rows are committed. The images of a batch go through every round together (ragged
 windows), each with its own stream, so an image's tokens do not depend on its batch-mates.
 """
@@ -20,7 +21,7 @@ from specrt.runtime.methods.base import Batched, Decoding
 from specrt.runtime.sampling import needs_restriction
 from specrt.runtime.tree import DynamicGrowth, StaticGrowth, StaticShape, grow_trees, static_shape
 from specrt.runtime.tree_call import GrowthLayout, TreeLayout
-from specrt.runtime.verification import TreeOutcome, verify_tree
+from specrt.runtime.verification import TreeOutcome, verify_trees
 
 if TYPE_CHECKING:  # pragma: no cover
     from specrt.runtime.methods.speculative import DraftThenVerify
@@ -104,8 +105,7 @@ def _verify_and_finish(ctx: Decoding, drafter: Any, rule: Any, tokens: list[list
     commit what was accepted (finish_round)."""
     scored = ctx.run(ctx.target, [tree.window() if tree is not None else None for tree in trees])
     with ctx.stats.timing("verification"):
-        outcomes = [verify_tree(scored.probs[p], tree, rule, ctx.rngs[p], scored.draws[p])
-                    if tree is not None else None for p, tree in enumerate(trees)]
+        outcomes = verify_trees(scored.probs, trees, rule, ctx.rngs, scored.draws)
     for observe in _observers:
         observe(trees, outcomes)
     finish_round(ctx, drafter, tokens, images, scored,

@@ -111,6 +111,33 @@ def test_device_resident_tree_drafting_reads_each_pass_back_once(tiny_pipeline, 
     assert pipe.draft.host_syncs == result.stats.draft_calls and not pipe.draft.rows_to_host
 
 
+@pytest.mark.parametrize("tree", ["static", "dynamic"])
+def test_device_resident_trees_of_a_batch_are_verified_in_a_few_reads_a_round(tiny_pipeline, tree, tmp_path):
+    """On device rows a batch's trees are verified together (verification.verify_trees): a round's
+    tested entries cross in one gather and the rejections' rows in one read a wave, so the target
+    runner waits for the device a bounded number of times a round whatever the batch size (before,
+    each image read its own entries and rows: several waits per image and node). Same tokens."""
+    pipe, _ = tiny_pipeline
+    from specrt.runtime.tree_plan import TreePlan, write_plan
+
+    shape = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]]  # fits max_window 16
+    params = {"tree": "static", "static_tree": str(write_plan(tmp_path / "plan.json", TreePlan(shape, [0.6, 0.2, 0.1])))} \
+        if tree == "static" else {"tree": "dynamic", "total_tokens": 10, "depth": 3, "tree_top_k": 3}
+    images, depth = [1, 2, 3, 4, 5, 6], 4 if tree == "static" else 3
+    expected = pipe.generate(images, method="sd", seed=3, **params).tokens
+    runners = [pipe.target, pipe.draft]
+    for runner in runners:
+        runner.keep_rows_on_device, runner.host_numbers, runner.host_syncs = True, 0, 0
+    try:
+        result = pipe.generate(images, method="sd", seed=3, **params)
+    finally:
+        for runner in runners:
+            runner.keep_rows_on_device = False
+    np.testing.assert_array_equal(result.tokens, expected)
+    # a call's draws, its commit's index copy, the entries (index copy + read), a read per wave
+    assert pipe.target.host_syncs <= result.stats.target_calls * (4 + depth), pipe.target.host_syncs
+
+
 @pytest.mark.parametrize("method,params", [("ar", {}), ("sd", {"draft_len": 3}), ("cool-sd", {"relaxation_budget": 2}),
                                            ("lantern", {"tvd_budget": 0.3}), ("sjd", {"window": 8}),
                                            ("sjd-pac", {"window": 15, "branching": 3})])

@@ -250,3 +250,46 @@ def test_greedy_tree_drafting_reproduces_greedy_decoding(method):
         np.testing.assert_array_equal(got, want, err_msg=f"{method} tree={tree}")
         # siblings still drafted (the draft's top-k children), not a chain of argmaxes
         assert max(widths) > 1 + 5 if tree == "static" else max(widths) > 1 + 4, (tree, max(widths))
+
+
+class Meter:
+    host_numbers = host_syncs = 0
+
+
+@pytest.mark.parametrize("drawn", [SAMPLED, TOP])
+def test_a_batch_of_trees_on_device_rows_is_verified_as_each_alone_in_a_few_reads(drawn):
+    """verify_trees over device rows (DeviceRows, on the CPU here) gives every image the outcome
+    verify_tree gives it alone on host rows, with its own stream (SD, Cool-SD and LANTERN; images
+    without a tree among them), while the batch's reads cross in one gather of the tested
+    entries and one read of rows per wave of rejections (at most one a depth): a handful of
+    transfers for the batch, not a few per image and node."""
+    torch = pytest.importorskip("torch")
+    from specrt.runtime.backends.torch_backend import DeviceRows
+    from specrt.runtime.verification import verify_trees
+
+    vocab = 6
+    neighbours = np.array([[t for t in np.argsort(np.abs(np.arange(vocab) - v)) if t != v] for v in range(vocab)])
+    rules = [VanillaRule(), CoolRule(np.array([2.0, 1.0, 0.5])), LanternRule(neighbours[:, :2], tvd_budget=0.2)]
+    for trial in range(40):
+        rng = np.random.default_rng(trial)
+        made = [random_tree(rng, vocab, drawn) if image != 2 else (None, None) for image in range(5)]
+        width = max(len(tree) for tree, _ in made if tree is not None)
+        block = np.zeros((len(made), width, vocab), dtype=np.float32)
+        for image, (tree, rows) in enumerate(made):
+            if tree is not None:
+                block[image, :len(tree)] = rows
+        bonus = rng.integers(0, vocab, size=(len(made), width))
+        trees = [tree for tree, _ in made]
+        for rule in rules:
+            meter = Meter()
+            got = verify_trees(DeviceRows(torch.from_numpy(block), meter), trees, rule,
+                               [np.random.default_rng([trial, i]) for i in range(len(made))], bonus)
+            for image, tree in enumerate(trees):
+                if tree is None:
+                    assert got[image] is None
+                    continue
+                want = verify_tree(block[image], tree, rule, np.random.default_rng([trial, image]), bonus[image])
+                assert (got[image].path, got[image].accepted, got[image].next_token) == \
+                    (want.path, want.accepted, want.next_token), (trial, rule, image)
+            depth = max(max(tree.depths) for tree in trees if tree is not None)
+            assert meter.host_syncs <= 2 + depth, (trial, rule, meter.host_syncs)
