@@ -766,42 +766,55 @@ def verify_candidates(p: np.ndarray, proposals: Iterable[tuple[int, np.ndarray]]
     likewise computes the relaxed p̃ on the residual at each sibling. Cool-SD's ω is that of the
     siblings' depth (draft position `position`, 1-based).
     """
-    return _answer_reads(_candidates(p, proposals, rule, position, rng), lambda _: host_rows(p)[0])
+    return read_in_waves({0: _candidates(p, proposals, rule, position, rng)})[0]
 
 
 def _candidates(p: Any, proposals: Iterable[tuple[int, np.ndarray]], rule: AcceptanceRule, position: int,
-                rng: np.random.Generator) -> Generator[None, np.ndarray, tuple[Optional[int], int]]:
-    """verify_candidates, as a generator: where `p` is not a host row (entries read ahead, a device
-    row) it is only indexed for the tests' entries, and at the first rejection the generator yields
-    to be sent the whole row, which the residual needs; a host row never yields."""
+                rng: np.random.Generator) -> Generator[list, list, tuple[Optional[int], int]]:
+    """verify_candidates as a walk (read_in_waves): where `p` is not a host row (entries read ahead,
+    a device row) it is only indexed for the tests' entries, and the whole row, which the residual
+    needs, is asked for at the first rejection; a host row asks for nothing."""
     target = p
     for k, (token, q) in enumerate(proposals):
         if rng.random() <= rule.accept_probability(target, q, token, position):
             return k, int(token)
         if not isinstance(target, np.ndarray):
-            target = yield
+            target = (yield [_whole(target)])[0]
         target = rule.resample(target, q, token, position)
     return None, int(sample(np.asarray(target), rng))
 
 
-def _answer_reads(walk: Generator, read: Any) -> Any:
-    """Run a generator, answering what it yields (the row it asks for) with read(that); its return value."""
-    try:
-        asked = next(walk)
-        while True:
-            asked = walk.send(read(asked))
-    except StopIteration as done:
-        return done.value
+def _whole(row: Any) -> tuple[Any, tuple]:
+    """A read request (read_in_waves) for the whole of `row` (of entries read ahead: of the row they
+    come from): no index array to send."""
+    return (row.row if isinstance(row, _RowEntries) else row), (slice(None),)
 
 
-def _relay(walk: Generator, tag: Any) -> Generator[Any, np.ndarray, Any]:
-    """Re-yield a generator's requests as `tag` (which row it asks for), pass the answers on; its value."""
-    try:
-        next(walk)
-        while True:
-            walk.send((yield tag))
-    except StopIteration as done:
-        return done.value
+def read_in_waves(walks: dict[Any, Generator]) -> dict[Any, Any]:
+    """Run walks that read what they need of device rows by yielding read requests (lists of
+    (block, index) pairs, as `gathers` takes them) and are sent the host arrays; each walk's return
+    value, by key. The requests of every walk still running go in one `gathers` call a wave, so
+    the images of a batch read together (on device rows: one index copy and one read back) what
+    each would read alone, while each runs its own code with its own stream."""
+    results: dict[Any, Any] = {}
+    asking: dict[Any, list] = {}
+
+    def advance(key: Any, answer: Optional[list]) -> None:
+        try:
+            asking[key] = next(walks[key]) if answer is None else walks[key].send(answer)
+        except StopIteration as done:
+            results[key] = done.value
+
+    for key in walks:
+        advance(key, None)
+    while asking:
+        waiting, asking = asking, {}
+        read = gathers(*[pair for requests in waiting.values() for pair in requests])
+        at = 0
+        for key, requests in waiting.items():
+            advance(key, read[at:at + len(requests)])
+            at += len(requests)
+    return results
 
 
 @dataclass
@@ -822,8 +835,7 @@ def verify_tree(p_rows: Any, tree: Any, rule: AcceptanceRule, rng: np.random.Gen
     p_rows [W, V]: the target's rows by window slot (= node); only the tested tokens' entries and
     the rows of a rejection's residual are read. verify_trees does a round's images together.
     """
-    walk = _tree_walk(lambda node: p_rows[node], tree, rule, rng, bonus, p_rows.shape[-1])
-    return _answer_reads(walk, lambda node: host_rows(p_rows[node])[0])  # each row read when the walk asks
+    return read_in_waves({0: _tree_walk(lambda node: p_rows[node], tree, rule, rng, bonus, p_rows.shape[-1])})[0]
 
 
 def verify_trees(p_block: Any, trees: Sequence[Optional[Any]], rule: AcceptanceRule,
@@ -834,39 +846,23 @@ def verify_trees(p_block: Any, trees: Sequence[Optional[Any]], rule: AcceptanceR
     What the batch reads of device rows (a backend that gathers several blocks at once: the torch
     backend's DeviceRows) goes in a few transfers for all images instead of a few per image and
     node: the entries every node's children are tested at (rule.columns of their tokens) in one
-    gather up front, then the images walk their trees in lockstep, and the whole rows their next
-    rejections need are read in one gather a wave (a wave per depth at most). Host rows are read
-    where they are."""
+    gather up front, then the images walk their trees in lockstep (read_in_waves), the whole rows
+    their next rejections need read together (a wave per depth at most). Host rows are read where
+    they are."""
     vocab = p_block.shape[-1]
     ahead = None if isinstance(p_block, np.ndarray) or not hasattr(type(p_block), "gather_all") else \
         _entries_ahead(p_block, trees, rule)
-    walks = {}
-    for p, tree in enumerate(trees):
-        if tree is not None:
-            rows = (lambda node, p=p: ahead[p, node]) if ahead is not None else (lambda node, p=p: p_block[p][node])
-            walks[p] = _tree_walk(rows, tree, rule, rngs[p], bonus[p], vocab)
-    outcomes: list[Optional[TreeOutcome]] = [None] * len(trees)
-    asking = {p: _step_walk(walk, None, outcomes, p) for p, walk in walks.items()}
-    while asking := {p: node for p, node in asking.items() if node is not None}:
-        rows = host_rows(*[p_block[p][node] for p, node in asking.items()])  # one read, no index sent
-        asking = {p: _step_walk(walks[p], row, outcomes, p) for p, row in zip(asking, rows)}
-    return outcomes
-
-
-def _step_walk(walk: Generator, row: Optional[np.ndarray], outcomes: list, p: int) -> Optional[int]:
-    """Advance image p's walk (sending it `row`): the node whose row it asks for next, or None when
-    it has finished (its outcome then in outcomes[p])."""
-    try:
-        return next(walk) if row is None else walk.send(row)
-    except StopIteration as done:
-        outcomes[p] = done.value
-        return None
+    walks = {p: _tree_walk((lambda node, p=p: ahead[p, node].of(p_block[p][node])) if ahead is not None else
+                           (lambda node, p=p: p_block[p][node]), tree, rule, rngs[p], bonus[p], vocab)
+             for p, tree in enumerate(trees) if tree is not None}
+    outcomes = read_in_waves(walks)
+    return [outcomes.get(p) for p in range(len(trees))]
 
 
 def _tree_walk(rows: Any, tree: Any, rule: AcceptanceRule, rng: np.random.Generator, bonus: Any,
-               vocab: int) -> Generator[int, np.ndarray, TreeOutcome]:
-    """verify_tree's walk as a generator: rows(node) is what a node's first test reads (a host row,
-    entries read ahead, a device row); it yields a node to be sent that node's whole row."""
+               vocab: int) -> Generator[list, list, TreeOutcome]:
+    """verify_tree's walk (read_in_waves): rows(node) is what a node's first test reads (a host row,
+    entries read ahead, a device row)."""
     node, path, accepted = 0, [0], []
     while tree.children[node]:
         kids = tree.children[node]
@@ -875,7 +871,7 @@ def _tree_walk(rows: Any, tree: Any, rule: AcceptanceRule, rng: np.random.Genera
         if isinstance(row, np.ndarray):  # a host row: nothing to ask for
             index, token = verify_candidates(row, proposals, rule, position, rng)
         else:
-            index, token = yield from _relay(_candidates(row, proposals, rule, position, rng), node)
+            index, token = yield from _candidates(row, proposals, rule, position, rng)
         if index is None:
             return TreeOutcome(path, accepted, token)
         node = kids[index]
@@ -887,10 +883,16 @@ def _tree_walk(rows: Any, tree: Any, rule: AcceptanceRule, rng: np.random.Genera
 class _RowEntries:
     """Entries of one target row read ahead (column -> P), indexed like the row by a token or an
     array of tokens: what a node's first tests read; a column not read ahead raises KeyError (a
-    rule whose test reads more than its `columns`)."""
+    rule whose test reads more than its `columns`). `row`: the row they come from, read whole at a
+    rejection."""
 
     def __init__(self) -> None:
         self.values: dict[int, float] = {}
+        self.row: Any = None
+
+    def of(self, row: Any) -> "_RowEntries":
+        self.row = row
+        return self
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, (int, np.integer)):
