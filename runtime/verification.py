@@ -554,9 +554,17 @@ def verify_position(p: np.ndarray, q: np.ndarray, token: int, rng: np.random.Gen
                     entries: Optional[tuple[float, float]] = None) -> tuple[bool, int]:
     """One lossless rejection-sampling test (SJD, SJD-PAC): keep x̃ with min(1, p/q), else Norm([p − q]_+).
     `entries`: P(x̃) and Q(x̃) when the caller read them ahead (device rows, a whole chain's at once)."""
+    return read_in_waves({0: position_walk(p, q, token, rng, entries)})[0]
+
+
+def position_walk(p: Any, q: Any, token: int, rng: np.random.Generator,
+                  entries: Optional[tuple[float, float]] = None) -> Generator[list, list, tuple[bool, int]]:
+    """verify_position as a walk (read_in_waves): a rejection asks for the two rows whole where
+    either is not on the host."""
     if rng.random() <= acceptance(*(entries if entries is not None else (p[token], q[token]))):
         return True, int(token)
-    return False, int(sample(residual(*host_rows(p, q)), rng))
+    rows = [p, q] if isinstance(p, np.ndarray) and isinstance(q, np.ndarray) else (yield [_whole(p), _whole(q)])
+    return False, int(sample(residual(*rows), rng))
 
 
 def host_rows(*rows: Any) -> list[np.ndarray]:
@@ -713,6 +721,12 @@ def verify_siblings(p: np.ndarray, q: np.ndarray, candidates: Sequence[int],
     On total rejection the token is drawn from p^(K+1). Exact for any K (SJD-PAC Theorem 2).
     """
     return verify_candidates(p, candidate_proposals(q, candidates, SAMPLED), VANILLA, 1, rng)
+
+
+def siblings_walk(p: Any, q: np.ndarray, candidates: Sequence[int],
+                  rng: np.random.Generator) -> Generator[list, list, tuple[Optional[int], int]]:
+    """verify_siblings as a walk (read_in_waves): a device row `p` is read whole at the first rejection."""
+    return (yield from _candidates(p, candidate_proposals(q, candidates, SAMPLED), VANILLA, 1, rng))
 
 
 # ---- verifying a token tree (tree drafting for sd, cool-sd, lantern) -------------------------------

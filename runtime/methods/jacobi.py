@@ -34,7 +34,7 @@ needs K + K² + … + K^D ≤ L. One iteration:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Generator, Optional
 
 import numpy as np
 
@@ -42,7 +42,8 @@ from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.methods.base import Batched, Decoding, Method
 from specrt.runtime.verification import (
-    draw_without_replacement, gathers, host_rows, verify_position, verify_positions, verify_siblings,
+    draw_without_replacement, host_rows, position_walk, read_in_waves, siblings_walk, verify_position, verify_positions,
+    verify_siblings,
 )
 from specrt.runtime.window import Window
 from specrt.validation import Bool, Choice, Int
@@ -141,17 +142,17 @@ class JacobiDecoding(Method):
                 trees.append(children)
             out = ctx.run(target, windows)
             paths: list[Optional[list[int]]] = []
+            with ctx.stats.timing("verification"):  # every image's walk, device reads in waves for all
+                verified = read_in_waves({p: self._verify(ctx.image(p), out.probs[p], out.draws[p], levels[i], trees[p])
+                                          for p, i in enumerate(images) if windows[p] is not None})
             for p, i in enumerate(images):
-                if windows[p] is None:
+                if p not in verified:
                     paths.append(None)
                     continue
-                one, children = ctx.image(p), trees[p]
-                p_rows, draws = out.probs[p], out.draws[p]
+                accepted, path, next_token, rejected = verified[p]
                 with ctx.stats.timing("verification"):
-                    accepted, path, next_token, rejected = self._verify(one, p_rows, draws, levels[i], children)
-                    levels[i] = self._next_levels(one, levels[i], p_rows, draws,
-                                                  row_route(path, children, len(levels[i])),
-                                                  len(accepted), rejected)
+                    levels[i] = self._next_levels(ctx.image(p), levels[i], out.probs[p], out.draws[p],
+                                                  row_route(path, trees[p], len(levels[i])), len(accepted), rejected)
                 paths.append(path)
                 tokens[i] += accepted + [next_token]
                 ctx.stats.record_round(len(accepted) + 1)
@@ -160,20 +161,29 @@ class JacobiDecoding(Method):
 
     # ---- one iteration's pieces ----------------------------------------------------------------
 
-    def _verify(self, ctx: Decoding, p_rows: np.ndarray, draws: np.ndarray, levels: list[Level], children: Children):
-        """Walk the levels: (accepted tokens, committed slots, next token, stopped by a rejection?)."""
+    def _verify(self, ctx: Decoding, p_rows: Any, draws: np.ndarray, levels: list[Level],
+                children: Children) -> Generator[list, list, tuple[list[int], list[int], int, bool]]:
+        """Walk the levels: (accepted tokens, committed slots, next token, stopped by a rejection?).
+        A walk (verification.read_in_waves): on device rows it asks for what it reads, so a batch's
+        images read together; host rows go through the verification functions as they are."""
         accepted, path = [], [0]
-        ahead = _chain_entries(p_rows, levels, children)
+        on_host = isinstance(p_rows, np.ndarray)
+        ahead = (yield from _chain_entries(p_rows, levels, children)) if not on_host else []
         for depth, level in enumerate(levels):
             slots = level_slots(children, depth, path[-1])
             if slots is None:  # the accepted node is a leaf (not on an extended path): take a bonus token
                 break
             if len(level.candidates) == 1:  # a chain level: plain rejection sampling (= K of 1)
-                kept, token = verify_position(p_rows[path[-1]], level.q, level.candidates[0], ctx.rng,
-                                              ahead[depth] if ahead else None)
+                if on_host:
+                    kept, token = verify_position(p_rows[path[-1]], level.q, level.candidates[0], ctx.rng)
+                else:
+                    kept, token = yield from position_walk(p_rows[path[-1]], level.q, level.candidates[0], ctx.rng,
+                                                           ahead[depth] if ahead else None)
                 index = 0 if kept else None
-            else:
+            elif on_host:
                 index, token = verify_siblings(p_rows[path[-1]], level.q, level.candidates, ctx.rng)
+            else:
+                index, token = yield from siblings_walk(p_rows[path[-1]], level.q, level.candidates, ctx.rng)
             if index is None:
                 return accepted, path, token, True
             accepted.append(token)
@@ -255,15 +265,15 @@ def fresh_proposal(vocab: int, grammar: Any = None) -> np.ndarray:
     return row
 
 
-def _chain_entries(p_rows: Any, levels: list[Level], children: Children) -> list[tuple[float, float]]:
-    """A chain window on device rows: P and Q at every level's draft, read together
-    (verification.gathers: one copy each way) so the walk tests host numbers instead of reading
-    two entries per level; [] for host rows (read in place) and for trees."""
-    if isinstance(p_rows, np.ndarray) or children is not None or not levels:
+def _chain_entries(p_rows: Any, levels: list[Level], children: Children):
+    """A chain window on device rows: P and Q at every level's draft, asked for together (a walk:
+    one request, read with the batch's) so the walk tests host numbers instead of reading two
+    entries per level; [] for trees."""
+    if children is not None or not levels:
         return []
     drafts = [level.candidates[0] for level in levels]
-    read = gathers((p_rows, (np.arange(len(levels)), np.asarray(drafts))),
-                   *[(level.q, (np.array([token]),)) for level, token in zip(levels, drafts)])
+    read = yield [(p_rows, (np.arange(len(levels)), np.asarray(drafts))),
+                  *[(level.q, (np.array([token]),)) for level, token in zip(levels, drafts)]]
     return list(zip(read[0].tolist(), [float(q_at[0]) for q_at in read[1:]]))
 
 
