@@ -596,25 +596,33 @@ def verify_positions(p_block: np.ndarray, q_rows: Sequence[np.ndarray], tokens: 
     test; only the tokens' entries are read until the rejected positions' residuals are formed
     and sampled as one [R, V] block instead of R small host calls.
     """
+    return read_in_waves({0: positions_walk(p_block, np.arange(len(tokens)), q_rows, tokens, rng)})[0]
+
+
+def positions_walk(p_rows: Any, slots: np.ndarray, q_rows: Sequence[Any], tokens: Sequence[int],
+                   rng: np.random.Generator) -> Generator[list, list, list[int]]:
+    """verify_positions as a walk (read_in_waves) over the new rows p_rows[slots] (on device rows
+    indexed inside the reads: no index copy of their own): host rows are read in place; device
+    rows ask for the tokens' entries, then for the rejected positions' rows."""
     count = len(tokens)
     index = np.arange(count), np.asarray(tokens)
-    on_host = all(isinstance(row, np.ndarray) for row in q_rows)
+    on_host = isinstance(p_rows, np.ndarray) and all(isinstance(row, np.ndarray) for row in q_rows)
     # host rows: read q at each token in place and copy only the rejected rows below; device rows
-    # (DeviceRows): one stacked block, read with P's block (gathers: one transfer each way)
+    # (DeviceRows): one stacked block, read with P's (one request: one transfer each way)
     q_block = None if on_host else stack_rows(q_rows)
     if on_host:
-        p_at = np.asarray(p_block[index], dtype=np.float64)
+        p_at = np.asarray(p_rows[slots, index[1]], dtype=np.float64)
         q_at = np.array([row.item(t) for row, t in zip(q_rows, tokens)], dtype=np.float64)
     else:
-        p_at, q_at = gathers((p_block, index), (q_block, index))
+        p_at, q_at = yield [(p_rows, (slots, index[1])), (q_block, index)]
     out = [int(t) for t in tokens]
     rejected = np.flatnonzero(rng.random(count) > acceptance(p_at, q_at))
     if rejected.size:
         if on_host:  # np.array copies a list of rows in C, where np.stack reshapes each row in Python first
-            p_rejected = np.asarray(p_block[rejected], dtype=np.float64)
+            p_rejected = np.asarray(p_rows[slots[rejected]], dtype=np.float64)
             q_rejected = np.array([q_rows[i] for i in rejected])
         else:
-            p_rejected, q_rejected = gathers((p_block, (rejected,)), (q_block, (rejected,)))
+            p_rejected, q_rejected = yield [(p_rows, (slots[rejected],)), (q_block, (rejected,))]
         for i, token in zip(rejected.tolist(), sample_masses(residual_mass(p_rejected, q_rejected), p_rejected, rng).tolist()):
             out[i] = token
     return out

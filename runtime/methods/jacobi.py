@@ -42,8 +42,8 @@ from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.methods.base import Batched, Decoding, Method
 from specrt.runtime.verification import (
-    draw_without_replacement, host_rows, position_walk, read_in_waves, siblings_walk, verify_position, verify_positions,
-    verify_siblings,
+    draw_without_replacement, host_rows, position_walk, positions_walk, read_in_waves, siblings_walk, verify_position,
+    verify_positions, verify_siblings,
 )
 from specrt.runtime.window import Window
 from specrt.validation import Bool, Choice, Int
@@ -142,17 +142,14 @@ class JacobiDecoding(Method):
                 trees.append(children)
             out = ctx.run(target, windows)
             paths: list[Optional[list[int]]] = []
-            with ctx.stats.timing("verification"):  # every image's walk, device reads in waves for all
-                verified = read_in_waves({p: self._verify(ctx.image(p), out.probs[p], out.draws[p], levels[i], trees[p])
-                                          for p, i in enumerate(images) if windows[p] is not None})
+            with ctx.stats.timing("verification"):  # every image's iteration, device reads in waves for all
+                done = read_in_waves({p: self._iteration(ctx.image(p), out.probs[p], out.draws[p], levels[i], trees[p])
+                                      for p, i in enumerate(images) if windows[p] is not None})
             for p, i in enumerate(images):
-                if p not in verified:
+                if p not in done:
                     paths.append(None)
                     continue
-                accepted, path, next_token, rejected = verified[p]
-                with ctx.stats.timing("verification"):
-                    levels[i] = self._next_levels(ctx.image(p), levels[i], out.probs[p], out.draws[p],
-                                                  row_route(path, trees[p], len(levels[i])), len(accepted), rejected)
+                accepted, path, next_token, levels[i] = done[p]
                 paths.append(path)
                 tokens[i] += accepted + [next_token]
                 ctx.stats.record_round(len(accepted) + 1)
@@ -160,6 +157,20 @@ class JacobiDecoding(Method):
         return np.asarray(tokens, dtype=np.int64)
 
     # ---- one iteration's pieces ----------------------------------------------------------------
+    # Walks (verification.read_in_waves): on device rows they ask for what they read, so a batch's
+    # images read together; host rows go through the verification functions as they are.
+
+    def _iteration(self, ctx: Decoding, p_rows: Any, draws: np.ndarray, levels: list[Level],
+                   children: Children) -> Generator[list, list, tuple[list[int], list[int], int, list[Level]]]:
+        """One image's verification and next proposal: (accepted tokens, committed slots, next token,
+        the next levels). A subclass's own _next_levels is called as it is (per image)."""
+        accepted, path, next_token, rejected = yield from self._verify(ctx, p_rows, draws, levels, children)
+        route = row_route(path, children, len(levels))
+        if type(self)._next_levels is JacobiDecoding._next_levels:
+            new = yield from self._next_levels_walk(ctx, levels, p_rows, draws, route, len(accepted), rejected)
+        else:
+            new = self._next_levels(ctx, levels, p_rows, draws, route, len(accepted), rejected)
+        return accepted, path, next_token, new
 
     def _verify(self, ctx: Decoding, p_rows: Any, draws: np.ndarray, levels: list[Level],
                 children: Children) -> Generator[list, list, tuple[list[int], list[int], int, bool]]:
@@ -190,24 +201,42 @@ class JacobiDecoding(Method):
             path.append(slots[index])
         return accepted, path, int(draws[path[-1]]), False  # the head's draw from the last row
 
-    def _next_levels(self, ctx: Decoding, levels: list[Level], p_rows: np.ndarray, draws: np.ndarray,
+    def _next_levels(self, ctx: Decoding, levels: list[Level], p_rows: Any, draws: np.ndarray,
                      route: list[int], accepted: int, rejected: bool) -> list[Level]:
         """Drafts for the depths after the new pending token (old depth accepted + 1).
 
         New level j sits at old depth e = accepted + 1 + j; its stale row is that of the route's
         slot at depth e − 1 (row_route), whose draw the head already made (SJD's fresh draft).
         These rows stay readable through the next step (the runner's outputs are double-buffered)."""
+        return read_in_waves({0: self._next_levels_walk(ctx, levels, p_rows, draws, route, accepted, rejected)})[0]
+
+    def _next_levels_walk(self, ctx: Decoding, levels: list[Level], p_rows: Any, draws: np.ndarray,
+                          route: list[int], accepted: int, rejected: bool) -> Generator[list, list, list[Level]]:
+        """_next_levels as a walk: adaptive continuation's entries and rows, and the rows proactive
+        drafting draws its siblings from, asked for where they are on the device."""
         slots = route[accepted + 1:]
         tokens = draws[slots].tolist()
+        on_host = isinstance(p_rows, np.ndarray)
         if self.adaptive_continuation:  # keep each old draft if its new row accepts it, else resample
             old = [(j, levels[accepted + 1 + j]) for j in range(len(slots)) if accepted + 1 + j < len(levels)]
             if old:
-                kept = verify_positions(p_rows[np.asarray([slots[j] for j, _ in old])], [level.q for _, level in old],
-                                        [level.candidates[0] for _, level in old], ctx.rng)
+                at, q_rows = np.asarray([slots[j] for j, _ in old]), [level.q for _, level in old]
+                drafts = [level.candidates[0] for _, level in old]
+                if on_host:
+                    kept = verify_positions(p_rows[at], q_rows, drafts, ctx.rng)
+                else:
+                    kept = yield from positions_walk(p_rows, at, q_rows, drafts, ctx.rng)
                 for (j, _), token in zip(old, kept):
                     tokens[j] = token
-        rows = list(p_rows) if isinstance(p_rows, np.ndarray) else p_rows  # host rows: views made in one C loop
-        return self._proactive([Level([t], rows[slot]) for t, slot in zip(tokens, slots)], ctx, rejected)
+        if on_host:
+            every = list(p_rows)  # host rows: views made in one C loop
+            rows = [every[slot] for slot in slots]
+        else:
+            rows = [p_rows[slot] for slot in slots]  # device views
+            if self.proactive_drafting and rejected:  # the rows proactive drafting reads, read together
+                tree = min(self.tree_depth, len(rows))
+                rows[:tree] = yield [(row, (slice(None),)) for row in rows[:tree]]
+        return self._proactive([Level([t], row) for t, row in zip(tokens, rows)], ctx, rejected)
 
     def _proactive(self, new: list[Level], ctx: Decoding, rejected: bool) -> list[Level]:
         """Proactive drafting: after a rejection the first D levels get K candidates each, drawn
