@@ -523,9 +523,11 @@ def take(block: Any, index: tuple) -> Any:
     names fewer axes than the block has), kept where the block lives when it gathers in place (a
     copy either way: later steps may reuse the block's buffer); other views (TensorRT's
     DeviceProbs, which reads a whole view for any array index) are read one entry or row at a time
-    to the host, never a whole block."""
+    to the host, never a whole block (a slice in the index: what it names, read once)."""
     if _gathers_in_place(block):
         return block[index]
+    if any(isinstance(part, slice) for part in index):  # whole rows (host_rows): the view read once
+        return np.asarray(block[index])
     arrays = np.broadcast_arrays(*[np.asarray(part) for part in index])
     out = np.empty(arrays[0].shape + tuple(block.shape[len(index):]))
     for at in np.ndindex(*arrays[0].shape):

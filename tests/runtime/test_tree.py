@@ -256,14 +256,17 @@ class Meter:
     host_numbers = host_syncs = 0
 
 
+@pytest.mark.parametrize("on", ["torch", "tensorrt"])
 @pytest.mark.parametrize("drawn", [SAMPLED, TOP])
-def test_a_batch_of_trees_on_device_rows_is_verified_as_each_alone_in_a_few_reads(drawn):
+def test_a_batch_of_trees_on_device_rows_is_verified_as_each_alone_in_a_few_reads(drawn, on):
     """verify_trees over device rows (DeviceRows, on the CPU here) gives every image the outcome
     verify_tree gives it alone on host rows, with its own stream (SD, Cool-SD and LANTERN; images
     without a tree among them), while the batch's reads cross in one gather of the tested
     entries and one read of rows per wave of rejections (at most one a depth): a handful of
-    transfers for the batch, not a few per image and node."""
+    transfers for the batch, not a few per image and node. The TensorRT runner's views
+    (DeviceProbs, replayed on host memory), which gather nothing on the device, give the same."""
     torch = pytest.importorskip("torch")
+    from specrt.engines.trt_runner import DeviceProbs
     from specrt.runtime.backends.torch_backend import DeviceRows
     from specrt.runtime.verification import verify_trees
 
@@ -281,9 +284,10 @@ def test_a_batch_of_trees_on_device_rows_is_verified_as_each_alone_in_a_few_read
         bonus = rng.integers(0, vocab, size=(len(made), width))
         trees = [tree for tree, _ in made]
         for rule in rules:
-            meter = Meter()
-            got = verify_trees(DeviceRows(torch.from_numpy(block), meter), trees, rule,
-                               [np.random.default_rng([trial, i]) for i in range(len(made))], bonus)
+            meter, flat = Meter(), block.reshape(-1)
+            rows = DeviceRows(torch.from_numpy(block), meter) if on == "torch" else \
+                DeviceProbs(lambda offset, count: flat[offset:offset + count].copy(), block.shape)
+            got = verify_trees(rows, trees, rule, [np.random.default_rng([trial, i]) for i in range(len(made))], bonus)
             for image, tree in enumerate(trees):
                 if tree is None:
                     assert got[image] is None
@@ -292,4 +296,4 @@ def test_a_batch_of_trees_on_device_rows_is_verified_as_each_alone_in_a_few_read
                 assert (got[image].path, got[image].accepted, got[image].next_token) == \
                     (want.path, want.accepted, want.next_token), (trial, rule, image)
             depth = max(max(tree.depths) for tree in trees if tree is not None)
-            assert meter.host_syncs <= 2 + depth, (trial, rule, meter.host_syncs)
+            assert meter.host_syncs <= 2 + depth, (trial, rule, meter.host_syncs)  # (DeviceProbs: none counted)
