@@ -876,7 +876,7 @@ def verify_trees(p_block: Any, trees: Sequence[Optional[Any]], rule: AcceptanceR
     vocab = p_block.shape[-1]
     ahead = None if isinstance(p_block, np.ndarray) or not hasattr(type(p_block), "gather_all") else \
         _entries_ahead(p_block, trees, rule)
-    walks = {p: _tree_walk((lambda node, p=p: ahead[p, node].of(p_block[p][node])) if ahead is not None else
+    walks = {p: _tree_walk((lambda node, p=p: ahead[p][node]) if ahead is not None else
                            (lambda node, p=p: p_block[p][node]), tree, rule, rngs[p], bonus[p], vocab)
              for p, tree in enumerate(trees) if tree is not None}
     outcomes = read_in_waves(walks)
@@ -925,22 +925,29 @@ class _RowEntries:
         return np.array([self.values[int(t)] for t in tokens.reshape(-1)]).reshape(tokens.shape)
 
 
-def _entries_ahead(p_block: Any, trees: Sequence[Optional[Any]], rule: AcceptanceRule) -> dict[tuple[int, int], _RowEntries]:
-    """Per (image, node) with children, the entries of its row those children are tested at
-    (rule.columns of their tokens), for every image's tree in one gather."""
-    images, nodes, columns = [], [], []
-    for p, tree in enumerate(trees):
-        for node, kids in enumerate(tree.children if tree is not None else ()):
-            if kids:
-                wanted = np.unique(rule.columns(np.array([tree.tokens[c] for c in kids])))
-                images += [p] * len(wanted)
-                nodes += [node] * len(wanted)
-                columns += wanted.tolist()
-    ahead: dict[tuple[int, int], _RowEntries] = {}
-    if columns:
-        values = gathers((p_block, (np.array(images), np.array(nodes), np.array(columns))))[0].tolist()
-        for p, node, column, value in zip(images, nodes, columns, values):
-            ahead.setdefault((p, node), _RowEntries()).values[column] = value
+def _entries_ahead(p_block: Any, trees: Sequence[Optional[Any]], rule: AcceptanceRule) -> dict[int, dict[int, _RowEntries]]:
+    """Per image, per node with children, the entries of its row those children are tested at
+    (rule.columns of their tokens): every image's in one gather (read_in_waves)."""
+    wanted = {p: {node: np.unique(rule.columns(np.array([tree.tokens[c] for c in kids]))).tolist()
+                  for node, kids in enumerate(tree.children) if kids}
+              for p, tree in enumerate(trees) if tree is not None}
+    return read_in_waves({p: rows_ahead(p_block[p], columns) for p, columns in wanted.items()})
+
+
+def rows_ahead(p_rows: Any, wanted: dict[int, Sequence[int]]) -> Generator[list, list, dict[int, _RowEntries]]:
+    """A walk (read_in_waves) asking, in one request, for p_rows[slot] at the columns `wanted` names
+    for each slot: per slot, those entries standing for the row in a test (read whole, through the
+    row itself, at a rejection)."""
+    slots = [slot for slot, columns in wanted.items() for _ in columns]
+    columns = [column for slot_columns in wanted.values() for column in slot_columns]
+    if not columns:
+        return {}
+    values = (yield [(p_rows, (np.array(slots), np.array(columns)))])[0].tolist()
+    ahead: dict[int, _RowEntries] = {}
+    for slot, column, value in zip(slots, columns, values):
+        if slot not in ahead:
+            ahead[slot] = _RowEntries().of(p_rows[slot])
+        ahead[slot].values[column] = value
     return ahead
 
 

@@ -42,8 +42,8 @@ from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.methods.base import Batched, Decoding, Method
 from specrt.runtime.verification import (
-    draw_without_replacement, host_rows, position_walk, positions_walk, read_in_waves, siblings_walk, verify_position,
-    verify_positions, verify_siblings,
+    draw_without_replacement, host_rows, position_walk, positions_walk, read_in_waves, rows_ahead, siblings_walk,
+    verify_position, verify_positions, verify_siblings,
 )
 from specrt.runtime.window import Window
 from specrt.validation import Bool, Choice, Int
@@ -180,6 +180,10 @@ class JacobiDecoding(Method):
         accepted, path = [], [0]
         on_host = isinstance(p_rows, np.ndarray)
         ahead = (yield from _chain_entries(p_rows, levels, children)) if not on_host else []
+        # a tree window on device rows: the entries each sibling group's tests read, asked for together
+        siblings = {} if on_host or children is None else (yield from rows_ahead(p_rows, {
+            parent: level.candidates for level, kids in zip(levels, children) if len(level.candidates) > 1
+            for parent in kids}))
         for depth, level in enumerate(levels):
             slots = level_slots(children, depth, path[-1])
             if slots is None:  # the accepted node is a leaf (not on an extended path): take a bonus token
@@ -194,7 +198,8 @@ class JacobiDecoding(Method):
             elif on_host:
                 index, token = verify_siblings(p_rows[path[-1]], level.q, level.candidates, ctx.rng)
             else:
-                index, token = yield from siblings_walk(p_rows[path[-1]], level.q, level.candidates, ctx.rng)
+                index, token = yield from siblings_walk(siblings.get(path[-1], p_rows[path[-1]]), level.q,
+                                                        level.candidates, ctx.rng)
             if index is None:
                 return accepted, path, token, True
             accepted.append(token)
