@@ -475,7 +475,7 @@ def runner_from_bundle(bundle: str | Path, role: str, precision: str = "fp32", m
     tree, layout = None, None
     if f"{role}_tree" in manifest.graphs:  # a static tree in one call, where its engine was built (else: level by level)
         layout = TreeLayout(StaticShape(manifest.graphs[f"{role}_tree"].tree))
-        tree = _built_engine(bundle, f"{role}_tree", precision, max_window) if tree_fits(layout, window) else None
+        tree = _built_engine(bundle, f"{role}_tree", precision, max_window)  # used where it fits (TrtRunner)
     spec = model_spec(model)
     kv = KVLayout(model["n_layer"], model["n_kv_head"], model["head_dim"])
     return TrtRunner(spec, kv, engines[f"{role}_prefill"], engines[f"{role}_step"], window, chain, tree, layout)

@@ -859,7 +859,7 @@ def verify_tree(p_rows: Any, tree: Any, rule: AcceptanceRule, rng: np.random.Gen
     p_rows [W, V]: the target's rows by window slot (= node); only the tested tokens' entries and
     the rows of a rejection's residual are read. verify_trees does a round's images together.
     """
-    return read_in_waves({0: _tree_walk(lambda node: p_rows[node], tree, rule, rng, bonus, p_rows.shape[-1])})[0]
+    return read_in_waves({0: _tree_walk(p_rows, tree, rule, rng, bonus)})[0]
 
 
 def verify_trees(p_block: Any, trees: Sequence[Optional[Any]], rule: AcceptanceRule,
@@ -869,29 +869,29 @@ def verify_trees(p_block: Any, trees: Sequence[Optional[Any]], rule: AcceptanceR
 
     What the batch reads of device rows (a backend that gathers several blocks at once: the torch
     backend's DeviceRows) goes in a few transfers for all images instead of a few per image and
-    node: the entries every node's children are tested at (rule.columns of their tokens) in one
-    gather up front, then the images walk their trees in lockstep (read_in_waves), the whole rows
-    their next rejections need read together (a wave per depth at most). Host rows are read where
-    they are."""
-    vocab = p_block.shape[-1]
-    ahead = None if isinstance(p_block, np.ndarray) or not hasattr(type(p_block), "gather_all") else \
-        _entries_ahead(p_block, trees, rule)
-    walks = {p: _tree_walk((lambda node, p=p: ahead[p][node]) if ahead is not None else
-                           (lambda node, p=p: p_block[p][node]), tree, rule, rngs[p], bonus[p], vocab)
-             for p, tree in enumerate(trees) if tree is not None}
-    outcomes = read_in_waves(walks)
+    node: the images walk their trees in lockstep (read_in_waves), first asking for the entries
+    every node's children are tested at (rule.columns of their tokens: one gather for the batch),
+    then for the whole rows their rejections need (a wave per depth at most). Host rows are read
+    where they are."""
+    ahead = not isinstance(p_block, np.ndarray) and hasattr(type(p_block), "gather_all")
+    outcomes = read_in_waves({p: _tree_walk(p_block[p], tree, rule, rngs[p], bonus[p], ahead)
+                              for p, tree in enumerate(trees) if tree is not None})
     return [outcomes.get(p) for p in range(len(trees))]
 
 
-def _tree_walk(rows: Any, tree: Any, rule: AcceptanceRule, rng: np.random.Generator, bonus: Any,
-               vocab: int) -> Generator[list, list, TreeOutcome]:
-    """verify_tree's walk (read_in_waves): rows(node) is what a node's first test reads (a host row,
-    entries read ahead, a device row)."""
+def _tree_walk(p_rows: Any, tree: Any, rule: AcceptanceRule, rng: np.random.Generator, bonus: Any,
+               ahead: bool = False) -> Generator[list, list, TreeOutcome]:
+    """verify_tree's walk (read_in_waves) over p_rows [W, V] (host or device rows). `ahead`: first ask
+    for the entries each node's children are tested at, which then stand for the rows in the tests."""
+    entries = (yield from rows_ahead(p_rows, {
+        node: np.unique(rule.columns(np.array([tree.tokens[c] for c in kids]))).tolist()
+        for node, kids in enumerate(tree.children) if kids})) if ahead else {}
     node, path, accepted = 0, [0], []
     while tree.children[node]:
         kids = tree.children[node]
-        proposals = candidate_proposals(tree.rows.get(node), [tree.tokens[c] for c in kids], tree.drawn, vocab)
-        row, position = rows(node), tree.depths[node] + 1
+        proposals = candidate_proposals(tree.rows.get(node), [tree.tokens[c] for c in kids], tree.drawn,
+                                        p_rows.shape[-1])
+        row, position = entries.get(node, p_rows[node]), tree.depths[node] + 1
         if isinstance(row, np.ndarray):  # a host row: nothing to ask for
             index, token = verify_candidates(row, proposals, rule, position, rng)
         else:
@@ -910,28 +910,15 @@ class _RowEntries:
     rule whose test reads more than its `columns`). `row`: the row they come from, read whole at a
     rejection."""
 
-    def __init__(self) -> None:
-        self.values: dict[int, float] = {}
-        self.row: Any = None
-
-    def of(self, row: Any) -> "_RowEntries":
+    def __init__(self, row: Any) -> None:
         self.row = row
-        return self
+        self.values: dict[int, float] = {}
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, (int, np.integer)):
             return self.values[int(index)]
         tokens = np.asarray(index)
         return np.array([self.values[int(t)] for t in tokens.reshape(-1)]).reshape(tokens.shape)
-
-
-def _entries_ahead(p_block: Any, trees: Sequence[Optional[Any]], rule: AcceptanceRule) -> dict[int, dict[int, _RowEntries]]:
-    """Per image, per node with children, the entries of its row those children are tested at
-    (rule.columns of their tokens): every image's in one gather (read_in_waves)."""
-    wanted = {p: {node: np.unique(rule.columns(np.array([tree.tokens[c] for c in kids]))).tolist()
-                  for node, kids in enumerate(tree.children) if kids}
-              for p, tree in enumerate(trees) if tree is not None}
-    return read_in_waves({p: rows_ahead(p_block[p], columns) for p, columns in wanted.items()})
 
 
 def rows_ahead(p_rows: Any, wanted: dict[int, Sequence[int]]) -> Generator[list, list, dict[int, _RowEntries]]:
@@ -946,7 +933,7 @@ def rows_ahead(p_rows: Any, wanted: dict[int, Sequence[int]]) -> Generator[list,
     ahead: dict[int, _RowEntries] = {}
     for slot, column, value in zip(slots, columns, values):
         if slot not in ahead:
-            ahead[slot] = _RowEntries().of(p_rows[slot])
+            ahead[slot] = _RowEntries(p_rows[slot])
         ahead[slot].values[column] = value
     return ahead
 
