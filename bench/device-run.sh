@@ -11,7 +11,9 @@
 # bench/results/gpu otherwise), headed by the command and the GPU's name, ready to be copied
 # into bench/results/ with the device named. The machine has torch, onnx, onnxruntime, click and
 # numpy but nothing can be fetched there, so specrt is installed from this checkout without
-# dependencies. IMAGES and DEVICE override the image counts and the torch device, PLAN_ARGS adds
+# dependencies; array-api-compat (pure Python, a runtime dependency) comes from a wheel carried
+# in .device-wheels/ (`pip download array-api-compat -d .device-wheels` here, then the device
+# tool's carry: [".device-wheels"]) unless the machine has it. IMAGES and DEVICE override the image counts and the torch device, PLAN_ARGS adds
 # plan-tree flags (IMAGES=2 DEVICE=cpu PLAN_ARGS='--max-nodes 6 --repeats 2 --probe-width 2
 # --probe-depth 2' checks the script itself on a machine without a GPU).
 set -euo pipefail
@@ -21,6 +23,9 @@ device="${DEVICE:-cuda}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 
+if ! python3 -c "import array_api_compat" 2>/dev/null; then
+    python3 -m pip install -q --no-index --find-links .device-wheels array-api-compat
+fi
 if ! python3 -c "import specrt" 2>/dev/null; then
     python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
 fi

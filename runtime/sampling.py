@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from specrt.errors import SpecrtError
+from specrt.runtime.arrays import is_host, namespace
 from specrt.validation import COUNT_MAX, integer, number
 
 # Bounds that keep the head's mix (s/T and (1 − s)/T, float32) and its softmax finite.
@@ -126,17 +127,20 @@ def inverse_cdf(probs: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
     """One draw per row of probs [..., V] with the given uniforms [...]: the number of CDF entries
     at or below u·total, so a zero-probability entry is never drawn (the head's formula). One row
     [V] with one uniform gives one int."""
-    if probs.ndim == 1:  # one row (a rejection at batch 1): no block reshapes around the search
+    if probs.ndim == 1 and is_host(probs):  # one row (a rejection at batch 1): no block reshapes around the search
         return draw_from_cdf(np.cumsum(probs), float(uniforms))
-    return draws_from_cdf(np.cumsum(probs.reshape(-1, probs.shape[-1]), axis=-1), uniforms).reshape(probs.shape[:-1])
+    xp = namespace(probs)  # numpy, or torch where the rows live (runtime.arrays)
+    rows = xp.reshape(probs, (-1, probs.shape[-1]))
+    return xp.reshape(draws_from_cdf(xp.cumulative_sum(rows, axis=-1), uniforms), probs.shape[:-1])
 
 
 def draws_from_cdf(cdf: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
     """inverse_cdf on rows' CDFs [R, V] (unnormalised: the uniform is scaled by each row's total)."""
-    if len(cdf) == 1:  # one row: a binary search, the same count, not a pass over V
+    if len(cdf) == 1 and is_host(cdf):  # one row: a binary search, the same count, not a pass over V
         return np.array([draw_from_cdf(cdf[0], float(np.reshape(uniforms, -1)[0]))])
-    u = np.reshape(uniforms, -1) * cdf[:, -1]
-    return np.minimum((cdf <= u[:, None]).sum(axis=-1), cdf.shape[-1] - 1)
+    xp = namespace(cdf)
+    u = xp.reshape(uniforms, (-1,)) * cdf[:, -1]
+    return xp.minimum(xp.sum(cdf <= u[:, None], axis=-1), cdf.shape[-1] - 1)
 
 
 def draw_from_cdf(cdf: np.ndarray, uniform: float) -> int:

@@ -16,6 +16,7 @@ from typing import Any, Generator, Iterable, Iterator, Optional, Sequence
 import numpy as np
 
 from specrt.errors import SpecrtError
+from specrt.runtime.arrays import Constants, as_array, is_host, namespace
 from specrt.runtime.sampling import draw_from_cdf, draws_from_cdf, inverse_cdf, sample
 
 # ---- the basic building blocks ------------------------------------------------------------
@@ -28,18 +29,19 @@ def normalise(mass: np.ndarray, fallback: np.ndarray) -> np.ndarray:
     fallback (the target row) is never sampled in exact arithmetic; it keeps rounding noise
     from producing NaNs.
     """
-    if mass.ndim == 1:
+    if mass.ndim == 1 and is_host(mass):
         total = mass.sum()
         if total <= 1e-12:
             return fallback
         mass /= total  # callers hand over a fresh array: normalise it in place
         return mass
-    total = mass.sum(axis=-1, keepdims=True)  # rows [..., V]: each falls back on its own
-    empty = total[..., 0] <= 1e-12
-    if empty.any():
-        mass[empty], total[empty] = np.asarray(fallback)[empty], 1.0
-    mass /= total
-    return mass
+    xp = namespace(mass)  # rows [..., V]: each falls back on its own
+    total = xp.sum(mass, axis=-1, keepdims=True)
+    empty = total <= 1e-12
+    if is_host(mass) and not empty.any():  # the fallback (perhaps device rows) is not read at all
+        return mass / total
+    # on the device no test waits for it: the fallback rows are chosen where they live
+    return xp.where(empty, xp.astype(as_array(fallback), xp.float64), mass / xp.where(empty, 1.0, total))
 
 
 def acceptance(target_mass: float | np.ndarray, draft_mass: float | np.ndarray) -> np.ndarray:
@@ -48,26 +50,28 @@ def acceptance(target_mass: float | np.ndarray, draft_mass: float | np.ndarray) 
     Where the draft has no mass the draft never proposes the token, so f there is irrelevant
     for the sampled path; it is set to 1, which makes Q·f = 0 in residuals as it must.
     """
-    if not isinstance(target_mass, np.ndarray) and not isinstance(draft_mass, np.ndarray):
+    if not isinstance(target_mass, np.ndarray) and not isinstance(draft_mass, np.ndarray) and \
+            is_host(target_mass) and is_host(draft_mass):
         # the per-token hot path, in Python floats: a few numpy calls cost more than the
         # arithmetic between two graph runs
         draft = float(draft_mass)
         return 1.0 if draft <= 0 else min(1.0, max(0.0, float(target_mass) / draft))
-    target_mass = np.asarray(target_mass, dtype=np.float64)
-    draft_mass = np.asarray(draft_mass, dtype=np.float64)
+    target_mass, draft_mass = as_array(target_mass), as_array(draft_mass)
+    xp = namespace(draft_mass if is_host(target_mass) else target_mass)
+    target_mass, draft_mass = xp.astype(target_mass, xp.float64), xp.astype(draft_mass, xp.float64)
     # the ratio only where the draft has more mass than the target (so some): 1 everywhere else,
-    # which is min(1, ratio) for the non-negative masses every rule hands over, in two numpy calls
-    shape = target_mass.shape if target_mass.shape == draft_mass.shape else \
-        np.broadcast_shapes(target_mass.shape, draft_mass.shape)
-    ratio = np.ones(shape)
-    np.divide(target_mass, draft_mass, out=ratio, where=draft_mass > target_mass)
-    return ratio
+    # which is min(1, ratio) for the non-negative masses every rule hands over
+    relaxed = draft_mass > target_mass
+    return xp.where(relaxed, target_mass / xp.where(relaxed, draft_mass, 1.0), 1.0)
 
 
 def residual_mass(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """[P − Q]_+ in float64, not normalised: the residual's shape (Cool-SD Eq. 2)."""
-    mass = np.subtract(p, q, dtype=np.float64)
-    return np.maximum(mass, 0.0, out=mass)
+    if is_host(p):  # the host's rows (a rejection's, at batch 1 the hot path): one float64 array
+        mass = np.subtract(p, q, dtype=np.float64)
+        return np.maximum(mass, 0.0, out=mass)
+    xp = namespace(p)
+    return xp.maximum(xp.astype(p, xp.float64) - xp.astype(q, xp.float64), 0.0)
 
 
 def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -92,8 +96,9 @@ def sample_masses(mass: np.ndarray, fallback: np.ndarray, rng: np.random.Generat
 
 def g_star(p: np.ndarray, q: np.ndarray, f: np.ndarray) -> np.ndarray:
     """Cool-SD's optimal resampling G* = Norm([P − Q·f(·)]_+) with f at every vocab entry (Eq. 10)."""
-    mass = np.subtract(p, np.multiply(q, f, dtype=np.float64), dtype=np.float64)
-    return normalise(np.maximum(mass, 0.0, out=mass), p)
+    p, q = as_array(p), as_array(q)
+    xp = namespace(p)
+    return normalise(xp.maximum(xp.astype(p, xp.float64) - xp.astype(q, xp.float64) * f, 0.0), p)
 
 
 # ---- relaxation schedules (Cool-SD) --------------------------------------------------------
@@ -170,10 +175,13 @@ def lantern_kept(neighbour_mass: np.ndarray, token_mass: Any, *, tvd_budget: Opt
     their mass is the cumulative sum at the last of them (the largest kept one), summed in order as
     `_kept_prefix` sums one token's in Python floats, so both give the same bits.
     """
-    cumulative = np.cumsum(neighbour_mass, axis=-1)
-    limit = tvd_budget if tvd_budget is not None else (ratio - 1.0) * np.asarray(token_mass)[..., None]
+    xp = namespace(neighbour_mass)
+    cumulative = xp.cumulative_sum(neighbour_mass, axis=-1)
+    limit = tvd_budget if tvd_budget is not None else (ratio - 1.0) * xp.asarray(token_mass)[..., None]
     kept = cumulative <= limit
-    return kept, np.where(kept, cumulative, 0.0).max(axis=-1, initial=0.0)
+    if cumulative.shape[-1] == 0:  # no neighbours: nothing kept
+        return kept, xp.zeros(cumulative.shape[:-1], dtype=cumulative.dtype)
+    return kept, xp.max(xp.where(kept, cumulative, 0.0), axis=-1)
 
 
 def _kept_prefix(token_mass: float, neighbour_mass: Sequence[float], tvd_budget: Optional[float],
@@ -192,9 +200,10 @@ def _kept_prefix(token_mass: float, neighbour_mass: Sequence[float], tvd_budget:
 
 
 def lantern_columns(neighbours: np.ndarray, tokens: Any) -> np.ndarray:
-    """[..., 1 + k]: each token, then its k nearest neighbours (the entries of P its p̃ reads)."""
-    tokens = np.asarray(tokens)
-    return np.concatenate([tokens[..., None], neighbours[tokens]], axis=-1)
+    """[..., 1 + k]: each token, then its k nearest neighbours (the entries of P its p̃ reads);
+    neighbours and tokens in one array library."""
+    tokens = np.asarray(tokens) if is_host(tokens) else tokens
+    return namespace(tokens).concat([tokens[..., None], neighbours[tokens]], axis=-1)
 
 
 def lantern_relaxed(columns_mass: np.ndarray, *, tvd_budget: Optional[float] = None,
@@ -207,9 +216,13 @@ def lantern_relaxed(columns_mass: np.ndarray, *, tvd_budget: Optional[float] = N
 
 def lantern_relaxed_mass(p: np.ndarray, neighbours: np.ndarray, *, tvd_budget: Optional[float] = None,
                          ratio: Optional[float] = None) -> np.ndarray:
-    """p̃ at every token of rows p [..., V] at once ([..., V]; G* needs f everywhere)."""
-    p = np.asarray(p, dtype=np.float64)
-    columns = lantern_columns(neighbours, np.arange(p.shape[-1]))  # [V, 1 + k]
+    """p̃ at every token of rows p [..., V] at once ([..., V]; G* needs f everywhere); `neighbours`
+    where p lives."""
+    p = as_array(p)
+    xp = namespace(p)
+    p = xp.astype(p, xp.float64)
+    every = np.arange(p.shape[-1]) if is_host(p) else xp.arange(p.shape[-1], device=p.device)
+    columns = lantern_columns(neighbours, every)  # [V, 1 + k]
     return lantern_relaxed(p[..., columns], tvd_budget=tvd_budget, ratio=ratio)
 
 
@@ -218,9 +231,10 @@ def lantern_moved_target(p: np.ndarray, neighbours: np.ndarray, tokens: Any, *, 
     """P^{k,λ} of Cool-SD Eq. 4 for rows p [..., V] and the rejected tokens x̃ [...]: the mass of
     A^{k,δ}(x̃) \\ {x̃} moved onto x̃ (for Eq. 6's residual); a fresh float64 array. One row with one
     token (a batch-1 rejection) finds the kept prefix in Python floats (_kept_prefix), the same
-    numbers as the block's."""
-    moved = np.array(p, dtype=np.float64)
-    if moved.ndim == 1:
+    numbers as the block's. `neighbours` where p lives."""
+    xp = namespace(p)
+    moved = np.array(p, dtype=np.float64) if is_host(p) else xp.astype(p, xp.float64, copy=True)
+    if moved.ndim == 1 and is_host(moved):
         token = int(tokens)
         nearest = neighbours[token]
         count, kept_mass = _kept_prefix(moved.item(token), moved[nearest].tolist(), tvd_budget, ratio)
@@ -228,13 +242,13 @@ def lantern_moved_target(p: np.ndarray, neighbours: np.ndarray, tokens: Any, *, 
         moved[token] += kept_mass
         return moved
     rows = moved.reshape(-1, moved.shape[-1])  # a view: [R, V]
-    tokens = np.asarray(tokens).reshape(-1)
-    at = np.arange(len(tokens))
+    tokens = (np.asarray(tokens) if is_host(tokens) else tokens).reshape(-1)
+    at = np.arange(len(tokens)) if is_host(tokens) else xp.arange(tokens.shape[0], device=tokens.device)
     nearest = at[:, None], neighbours[tokens]  # row r's k neighbour columns (one fancy index, no *_along_axis)
     token_mass = rows[at, tokens]
     mass = rows[nearest]
     kept, kept_mass = lantern_kept(mass, token_mass, tvd_budget=tvd_budget, ratio=ratio)
-    rows[nearest] = np.where(kept, 0.0, mass)  # x̃ is not its own neighbour; a row's neighbours are distinct
+    rows[nearest] = xp.where(kept, 0.0, mass)  # x̃ is not its own neighbour; a row's neighbours are distinct
     rows[at, tokens] = token_mass + kept_mass
     return moved
 
@@ -262,7 +276,7 @@ class AcceptanceRule:
     scalar_tests = False
 
     def columns(self, tokens: Any) -> np.ndarray:
-        return np.asarray(tokens)[..., None]
+        return (np.asarray(tokens) if is_host(tokens) else tokens)[..., None]
 
     def accept_probabilities(self, p_at: np.ndarray, q_at: np.ndarray, positions: Any) -> np.ndarray:
         raise NotImplementedError
@@ -310,6 +324,7 @@ class CoolRule(AcceptanceRule):
 
     weights: np.ndarray  # ω_1..ω_L
     scalar_tests = True
+    _on_device: Constants = field(default_factory=Constants, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         # ω ≤ 0 (the linear schedule's positions past ℓ) means never accept: f = 0, as the scalar
@@ -321,6 +336,8 @@ class CoolRule(AcceptanceRule):
         """ω_i at 1-based draft positions (any shape; one int position gives a number)."""
         if isinstance(positions, (int, np.integer)):  # a tree node, a batch-1 rejection: no arrays
             return self.weights[positions - 1]
+        if not is_host(positions):  # device positions: ω where they live (copied once per device)
+            return self._on_device.get("weights", self.weights, positions)[positions - 1]
         return np.asarray(self.weights)[np.asarray(positions) - 1]
 
     def accept_probabilities(self, p_at, q_at, positions):
@@ -328,8 +345,10 @@ class CoolRule(AcceptanceRule):
 
     def acceptance_row(self, p, q, position):
         omega = self.omega(position)
-        omega = omega[..., None] if isinstance(omega, np.ndarray) else omega  # ω_i per row, or one number
-        return acceptance(np.multiply(omega, p, dtype=np.float64), np.asarray(q))  # float64 for float32 rows too
+        omega = omega[..., None] if getattr(omega, "ndim", 0) else omega  # ω_i per row, or one number
+        p = as_array(p)
+        xp = namespace(p)
+        return acceptance(omega * xp.astype(p, xp.float64), q)  # float64 for float32 rows too
 
     def accept_probability(self, p, q, token, position):
         return float(acceptance(self.omega(position) * p[token], q[token]))  # Python floats, as SD's
@@ -339,13 +358,15 @@ class CoolRule(AcceptanceRule):
         second term is ≥ 0 for ω ≤ 1 and ≤ 0 for ω ≥ 1 (G* is then vanilla SD's residual): three
         array operations where g_star(p, q, acceptance_row(...)) takes eight, a batch-1 rejection's
         largest host cost. Equal to that form up to rounding (tests/runtime/test_verification.py)."""
-        mass = np.subtract(p, q, dtype=np.float64)
         omega = self.omega(position)
-        if not isinstance(omega, np.ndarray):  # one number: a batch-1 rejection
+        if not getattr(omega, "ndim", 0):  # one number: a batch-1 rejection
+            mass = np.subtract(p, q, dtype=np.float64)
             kept = np.multiply(p, 1.0 - omega, dtype=np.float64) if omega < 1.0 else 0.0
-        else:  # ω per row of a block
-            kept = np.multiply(p, np.maximum(1.0 - omega, 0.0)[..., None], dtype=np.float64)
-        return normalise(np.maximum(mass, kept, out=mass), p)
+            return normalise(np.maximum(mass, kept, out=mass), p)
+        p, q = as_array(p), as_array(q)  # ω per row of a block
+        xp = namespace(p)
+        p64 = xp.astype(p, xp.float64)
+        return normalise(xp.maximum(p64 - xp.astype(q, xp.float64), p64 * xp.maximum(1.0 - omega, 0.0)[..., None]), p)
 
 
 @dataclass
@@ -358,6 +379,7 @@ class LanternRule(AcceptanceRule):
     resampling: str = "lantern"
     scalar_tests = True
     _columns: Optional[np.ndarray] = field(default=None, init=False, repr=False, compare=False)
+    _on_device: Constants = field(default_factory=Constants, init=False, repr=False, compare=False)
 
     def _budget(self) -> dict:
         return {"tvd_budget": self.tvd_budget, "ratio": self.ratio}
@@ -367,7 +389,11 @@ class LanternRule(AcceptanceRule):
         # instead of lantern_columns' four numpy calls, at [V, 1 + k] integers
         if self._columns is None:
             self._columns = lantern_columns(self.neighbours, np.arange(len(self.neighbours)))
-        return self._columns[tokens]
+        return self._on_device.get("columns", self._columns, tokens)[tokens]
+
+    def _neighbours(self, like: Any) -> Any:
+        """The neighbour table where `like` lives."""
+        return self._on_device.get("neighbours", self.neighbours, like)
 
     def accept_probabilities(self, p_at, q_at, positions):
         return acceptance(lantern_relaxed(p_at, **self._budget()), q_at)
@@ -380,12 +406,12 @@ class LanternRule(AcceptanceRule):
                           q[token])
 
     def acceptance_row(self, p, q, position):
-        return acceptance(lantern_relaxed_mass(p, self.neighbours, **self._budget()), np.asarray(q))
+        return acceptance(lantern_relaxed_mass(p, self._neighbours(p), **self._budget()), q)
 
     def resample(self, p, q, token, position):
         if self.resampling == "gstar":
             return g_star(p, q, self.acceptance_row(p, q, position))
-        return residual(lantern_moved_target(p, self.neighbours, token, **self._budget()), q)
+        return residual(lantern_moved_target(p, self._neighbours(p), token, **self._budget()), q)
 
     @property
     def resample_depends_on_token(self) -> bool:
@@ -428,7 +454,9 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
     same alone or in any batch. As exact as testing position by position with fresh uniforms: the
     tests' uniforms are independent, and the resampling uniform is independent of them.
 
-    A batch of one image on host rows goes position by position instead (_verify_one_chain).
+    A batch of one image on host rows goes position by position instead (_verify_one_chain); rows
+    that verify where they live (the PyTorch backend's DeviceRows) go through _verify_chains_in_place,
+    with the same uniforms, tests and draws.
     """
     if len(drafts) == 1 and isinstance(p_block, np.ndarray) and isinstance(q_block, (np.ndarray, type(None))):
         return _verify_one_chain(p_block, q_block, drafts[0], rule, rngs[0], draws)
@@ -443,6 +471,8 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
     for size, rng, row in zip(sizes, rngs, uniforms):
         if size:
             rng.random(out=row[: size + 1])
+    if _verifies_in_place(p_block, q_block):
+        return _verify_chains_in_place(p_block, q_block, tokens, lengths, uniforms, next_tokens, rule)
     steps = np.arange(longest)
     q_at, p_at = gathers((q_block, (steps, images[:, None], tokens)),  # [images, L]
                          (p_block, (images[:, None, None], steps[:, None], rule.columns(tokens))))  # [images, L, c]
@@ -456,6 +486,46 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
         resampled = rule.resample(p_rows, q_rows, tokens[rejected, at], at + 1)
         next_tokens[rejected] = inverse_cdf(resampled, uniforms[rejected, lengths[rejected]])
     return ChainOutcomes(accepted.tolist(), next_tokens.tolist())
+
+
+def _verifies_in_place(*blocks: Any) -> bool:
+    """Blocks whose backend runs verification where they live (a `send` to their device and a
+    `receive` from it, as the torch backend's DeviceRows has), all of one kind."""
+    kinds = {type(block) for block in blocks}
+    return len(kinds) == 1 and hasattr(next(iter(kinds)), "send")
+
+
+def _verify_chains_in_place(p_block: Any, q_block: Any, tokens: np.ndarray, lengths: np.ndarray, uniforms: np.ndarray,
+                            bonus: np.ndarray, rule: AcceptanceRule) -> ChainOutcomes:
+    """verify_chains where the rows live (a GPU): the same tests and draws, as operations of the rows'
+    own array library on the rows in place (runtime.arrays), so what crosses per round is O(images):
+    the drafted tokens, chain lengths, bonus tokens and uniforms in one copy there, the accepted
+    lengths and next tokens in one read back, rejections or not (the host path reads each
+    rejection's two rows as well).
+
+    No array shape depends on an outcome, since finding the rejected images would make the host wait
+    for the device: every image's row pair at its first failed test (its last position if none
+    failed) is resampled, and where the chain was accepted whole the bonus token is kept instead.
+    Each image's resampling row is its own, so the numbers are those of the host path, which
+    resamples only the rejected images' rows (tests/runtime/test_verification.py compares them)."""
+    count, longest = tokens.shape
+    sent = p_block.send(np.concatenate([tokens.reshape(-1), lengths, bonus, uniforms.reshape(-1)]).astype(np.float64))
+    xp, p, q = namespace(sent), p_block.array, q_block.array
+    ints = xp.astype(sent[: count * (longest + 2)], xp.int64)  # token ids are exact in float64
+    drafted = xp.reshape(ints[: count * longest], (count, longest))
+    sizes, bonus_tokens = ints[count * longest: count * (longest + 1)], ints[count * (longest + 1):]
+    u = xp.reshape(sent[count * (longest + 2):], (count, longest + 1))
+    images, steps = xp.arange(count, device=sent.device), xp.arange(longest, device=sent.device)
+    q_at = xp.astype(q[steps, images[:, None], drafted], xp.float64)  # [images, L]
+    p_at = xp.astype(p[images[:, None, None], steps[:, None], rule.columns(drafted)], xp.float64)  # [images, L, c]
+    passed = xp.concat([u[:, :longest] <= rule.accept_probabilities(p_at, q_at, steps + 1),
+                        xp.zeros((count, 1), dtype=xp.bool, device=sent.device)], axis=1)
+    accepted = xp.minimum(xp.argmin(xp.astype(passed, xp.int8), axis=1), sizes)  # leading passes: τ
+    stop = xp.minimum(accepted, longest - 1)
+    resampled = inverse_cdf(rule.resample(p[images, stop], q[stop, images], drafted[images, stop], stop + 1),
+                            u[images, sizes])
+    outcomes = p_block.receive(xp.stack([accepted, xp.where(accepted < sizes, resampled, bonus_tokens)]))
+    return ChainOutcomes(outcomes[0].tolist(), outcomes[1].tolist())
 
 
 def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain: Sequence[int], rule: AcceptanceRule,

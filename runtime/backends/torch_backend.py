@@ -94,6 +94,24 @@ class DeviceRows:
             offset += part.numel()
         return out
 
+    @property
+    def array(self) -> Any:
+        """The tensor itself: runtime.verification runs a batch's chain tests and draws on it in place."""
+        return self.tensor
+
+    def send(self, host: np.ndarray) -> Any:
+        """A host array on this block's device, in one copy (what verification sends: tokens, uniforms)."""
+        if self.meter is not None:
+            self.meter.host_syncs += 1
+        return _torch().from_numpy(np.ascontiguousarray(host)).to(self.tensor.device)
+
+    def receive(self, array: Any) -> np.ndarray:
+        """A device array on the host, as it is (verification's outcomes: integers), in one read."""
+        if self.meter is not None:
+            self.meter.host_numbers += int(array.numel())
+            self.meter.host_syncs += 1
+        return array.cpu().numpy()
+
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         host = self._fetched(self.tensor)
         return host if dtype is None else host.astype(dtype)

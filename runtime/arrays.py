@@ -1,0 +1,104 @@
+"""Which array library a block of rows lives in, so that each verification formula is written once.
+
+The host verifies numpy rows; the PyTorch backend can verify a batch's chains where its rows live
+(a GPU), with the same formulas on torch tensors. `namespace` gives the Python array API
+namespace of an array (numpy's own functions under those names, or array-api-compat's torch
+wrapper): the formulas in runtime/verification.py and runtime/sampling.py call `xp.where`,
+`xp.cumulative_sum`, ... on it, and numpy-only shortcuts stay confined to the one-row fast paths.
+torch is never imported here: array-api-compat imports it only for a torch tensor.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class _Numpy:
+    """numpy's own functions under the array API names the formulas call. numpy 1.x lacks some of
+    them, and array-api-compat's numpy wrappers cost several µs a call: on the host's per-round
+    path, between two graph runs, that doubled a batch's chain verification. So host arrays get
+    numpy directly, and only torch tensors go through array-api-compat."""
+
+    float64, int64, int8, bool = np.float64, np.int64, np.int8, np.bool_
+    where, maximum, minimum, argmin = staticmethod(np.where), np.maximum, np.minimum, staticmethod(np.argmin)
+    sum, max, reshape, stack = staticmethod(np.sum), staticmethod(np.max), staticmethod(np.reshape), staticmethod(np.stack)
+
+    @staticmethod
+    def astype(array: np.ndarray, dtype: Any, copy: bool = False) -> np.ndarray:
+        return array.astype(dtype, copy=copy)
+
+    @staticmethod
+    def cumulative_sum(array: np.ndarray, axis: int) -> np.ndarray:
+        return np.cumsum(array, axis=axis)
+
+    @staticmethod
+    def concat(arrays: Any, axis: int = 0) -> np.ndarray:
+        return np.concatenate(arrays, axis=axis)
+
+    @staticmethod
+    def asarray(array: Any, device: Any = None) -> np.ndarray:
+        return np.asarray(array)
+
+    @staticmethod
+    def arange(count: int, device: Any = None) -> np.ndarray:
+        return np.arange(count)
+
+    @staticmethod
+    def zeros(shape: Any, dtype: Any = np.float64, device: Any = None) -> np.ndarray:
+        return np.zeros(shape, dtype=dtype)
+
+
+NUMPY = _Numpy()
+
+
+def namespace(array: Any) -> Any:
+    """The array API namespace of `array`: numpy's own functions (_Numpy) for host arrays and
+    numbers, array-api-compat's for a torch tensor."""
+    if is_host(array):
+        return NUMPY
+    from array_api_compat import array_namespace
+
+    return array_namespace(array)
+
+
+def _is_tensor(array: Any) -> bool:
+    return type(array).__module__.startswith("torch")
+
+
+def as_array(array: Any) -> Any:
+    """A torch tensor as it is; anything else (lists, numbers, device views that read themselves
+    through __array__) as a numpy array."""
+    return array if _is_tensor(array) else np.asarray(array)
+
+
+def is_host(array: Any) -> bool:
+    """True for numpy arrays and plain numbers: the host's own, no transfer involved."""
+    return type(array) is np.ndarray or not _is_tensor(array)
+
+
+def like(host: np.ndarray, array: Any) -> Any:
+    """The host array `host` (a rule's constant table: ω, LANTERN's neighbours) in `array`'s
+    library and on its device: `host` itself for a host array. Rules cache the result per device
+    (`Constants`), so a table crosses once per generate call, not once per round."""
+    if is_host(array):
+        return host
+    from array_api_compat import device
+
+    return namespace(array).asarray(host, device=device(array))
+
+
+class Constants:
+    """Per-device copies of a rule's host tables: `get(name, table, array)` is like(table, array),
+    made once for each device it is asked for."""
+
+    def __init__(self) -> None:
+        self._copies: dict[tuple[str, str], Any] = {}
+
+    def get(self, name: str, table: np.ndarray, array: Any) -> Any:
+        if is_host(array):
+            return table
+        key = name, str(getattr(array, "device", ""))
+        if key not in self._copies:
+            self._copies[key] = like(table, array)
+        return self._copies[key]
