@@ -100,7 +100,10 @@ class DeviceRows:
         return self.tensor
 
     def send(self, host: np.ndarray) -> Any:
-        """A host array on this block's device, in one copy (what verification sends: tokens, uniforms)."""
+        """A host array on this block's device (what verification sends: tokens, uniforms): through
+        the runner's page-locked staging where it has one (no wait), else one copy that waits."""
+        if hasattr(self.meter, "send_to_device"):
+            return self.meter.send_to_device(host)
         if self.meter is not None:
             self.meter.host_syncs += 1
         return _torch().from_numpy(np.ascontiguousarray(host)).to(self.tensor.device)
@@ -203,6 +206,7 @@ class TorchRunner(ModelRunner):
         self._chains: dict[Any, Any] = {}  # steps (a tree: its layout key) -> runtime.chain's module over this model
         self._outputs: list[Any] = []  # two probs buffers [I, max_window, V], alternating between steps
         self._parity = 0
+        self._staging: Optional[np.ndarray] = None  # page-locked on CUDA: send_to_device's host side
 
     def _allocate_kv(self, batch: int, capacity: int) -> None:
         torch = self.torch
@@ -254,6 +258,20 @@ class TorchRunner(ModelRunner):
             return super()._host_buffer(count, dtype)
         torch_dtype = self.torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
         return self.torch.zeros(count, dtype=torch_dtype, pin_memory=True).numpy()  # the array keeps the tensor
+
+    def send_to_device(self, host: np.ndarray) -> Any:
+        """Verification's inputs for one round (DeviceRows.send) on the device without waiting: on
+        CUDA staged in a page-locked buffer and queued on the stream, which the round's kernels
+        follow. The buffer is rewritten only in the next round, after this one's outcomes were
+        read back (a wait for the stream, the copy included). On the CPU the array itself."""
+        flat = np.ascontiguousarray(host).reshape(-1)
+        if self.device.type == "cpu":
+            return self.torch.from_numpy(flat)
+        if self._staging is None or self._staging.dtype != flat.dtype or self._staging.size < flat.size:
+            self._staging = self._host_buffer(max(flat.size, 4096), flat.dtype)
+        staged = self._staging[: flat.size]
+        staged[...] = flat
+        return self.torch.from_numpy(staged).to(self.device, non_blocking=True)
 
     def _to_device(self, host: np.ndarray, flat_dev: Any) -> Any:
         """A device tensor with host's shape, backed by the preallocated flat device buffer.
