@@ -56,7 +56,8 @@ class StepOutput:
 
     probs: [images, W, V] float32, indexable like numpy (a host array, or a device-resident
       view whose rows are fetched only when read, see backends/torch_backend.DeviceRows).
-    draws: int [images, W] on the host, drawn with the uniforms the step was given.
+    draws: int [images, W] on the host, drawn with the uniforms the step was given (a device view
+      that reads itself on first use where the caller cleared the runner's `draws_to_host`).
     Valid until the runner's second next step: backends alternate two output buffers, so the
     previous step's rows (SJD's stale drafts) survive the current one.
     """
@@ -108,6 +109,10 @@ class ModelRunner(ABC):
     # set by a tree drafter around its passes: it reads every row it asked for on the host, so a
     # device backend hands the rows back with the draws in one transfer (host rows: no effect)
     rows_to_host = False
+    # cleared by a chain round around its target step: verification reads only the bonus tokens of
+    # the draws, where they are, so a device backend may leave them there (a view that reads itself
+    # to the host on first use: backends/torch_backend.DeviceDraws); host draws: no effect
+    draws_to_host = True
 
     def __init__(self, spec: ModelSpec, max_window: int):
         self.spec = spec

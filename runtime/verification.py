@@ -462,17 +462,17 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
         return _verify_one_chain(p_block, q_block, drafts[0], rule, rngs[0], draws)
     count, sizes = len(drafts), [len(chain) for chain in drafts]
     lengths, images = np.array(sizes, dtype=np.int64), np.arange(count)
-    next_tokens = np.asarray(draws)[images, lengths].astype(np.int64, copy=False)  # bonus tokens; rejections below
     longest = max(sizes, default=0)
     if longest == 0:
-        return ChainOutcomes([0] * count, next_tokens.tolist())
+        return ChainOutcomes([0] * count, np.asarray(draws)[images, lengths].tolist())
     tokens = np.array([[*chain, *[0] * (longest - len(chain))] for chain in drafts], dtype=np.int64)  # pads: 0
     uniforms = np.zeros((count, longest + 1))
     for size, rng, row in zip(sizes, rngs, uniforms):
         if size:
             rng.random(out=row[: size + 1])
     if _verifies_in_place(p_block, q_block):
-        return _verify_chains_in_place(p_block, q_block, tokens, lengths, uniforms, next_tokens, rule)
+        return _verify_chains_in_place(p_block, q_block, tokens, lengths, uniforms, draws, rule)
+    next_tokens = np.asarray(draws)[images, lengths].astype(np.int64, copy=False)  # bonus tokens; rejections below
     steps = np.arange(longest)
     q_at, p_at = gathers((q_block, (steps, images[:, None], tokens)),  # [images, L]
                          (p_block, (images[:, None, None], steps[:, None], rule.columns(tokens))))  # [images, L, c]
@@ -496,12 +496,12 @@ def _verifies_in_place(*blocks: Any) -> bool:
 
 
 def _verify_chains_in_place(p_block: Any, q_block: Any, tokens: np.ndarray, lengths: np.ndarray, uniforms: np.ndarray,
-                            bonus: np.ndarray, rule: AcceptanceRule) -> ChainOutcomes:
+                            draws: Any, rule: AcceptanceRule) -> ChainOutcomes:
     """verify_chains where the rows live (a GPU): the same tests and draws, as operations of the rows'
     own array library on the rows in place (runtime.arrays), so what crosses per round is O(images):
-    the drafted tokens, chain lengths, bonus tokens and uniforms in one copy there, the accepted
-    lengths and next tokens in one read back, rejections or not (the host path reads each
-    rejection's two rows as well).
+    the drafted tokens, chain lengths and uniforms in one copy there (the bonus tokens too, unless
+    the draws were left on the device: DeviceDraws, picked there), the accepted lengths and next
+    tokens in one read back, rejections or not (the host path reads each rejection's two rows as well).
 
     No array shape depends on an outcome, since finding the rejected images would make the host wait
     for the device: every image's row pair at its first failed test (its last position if none
@@ -509,6 +509,8 @@ def _verify_chains_in_place(p_block: Any, q_block: Any, tokens: np.ndarray, leng
     Each image's resampling row is its own, so the numbers are those of the host path, which
     resamples only the rejected images' rows (tests/runtime/test_verification.py compares them)."""
     count, longest = tokens.shape
+    on_device = getattr(draws, "array", None)  # the target's draws where the rows are, or on the host
+    bonus = np.zeros(count) if on_device is not None else np.asarray(draws)[np.arange(count), lengths]
     sent = p_block.send(np.concatenate([tokens.reshape(-1), lengths, bonus, uniforms.reshape(-1)]).astype(np.float64))
     xp, p, q = namespace(sent), p_block.array, q_block.array
     ints = xp.astype(sent[: count * (longest + 2)], xp.int64)  # token ids are exact in float64
@@ -516,6 +518,8 @@ def _verify_chains_in_place(p_block: Any, q_block: Any, tokens: np.ndarray, leng
     sizes, bonus_tokens = ints[count * longest: count * (longest + 1)], ints[count * (longest + 1):]
     u = xp.reshape(sent[count * (longest + 2):], (count, longest + 1))
     images, steps = xp.arange(count, device=sent.device), xp.arange(longest, device=sent.device)
+    if on_device is not None:
+        bonus_tokens = xp.astype(on_device[images, sizes], xp.int64)
     q_at = xp.astype(q[steps, images[:, None], drafted], xp.float64)  # [images, L]
     p_at = xp.astype(p[images[:, None, None], steps[:, None], rule.columns(drafted)], xp.float64)  # [images, L, c]
     passed = xp.concat([u[:, :longest] <= rule.accept_probabilities(p_at, q_at, steps + 1),

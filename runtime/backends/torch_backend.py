@@ -133,6 +133,44 @@ class DeviceRows:
         return cls(torch.stack([p.float() for p in parts]), first.meter)
 
 
+class DeviceDraws:
+    """A step's draws [images, W] left on the device (ModelRunner.draws_to_host cleared, a chain
+    round's target step): in-place chain verification picks the bonus tokens there (`array`), so
+    the round's only read back is its outcomes; used as numpy (indexing, tolist, np.asarray) they
+    are read to the host once, on first use. A copy on the device: valid whatever the runner does next."""
+
+    def __init__(self, tensor: Any, meter: Any = None):
+        self.tensor = tensor
+        self.meter = meter
+        self._host: Optional[np.ndarray] = None
+
+    @property
+    def array(self) -> Any:
+        return self.tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.tensor.shape)
+
+    def _read(self) -> np.ndarray:
+        if self._host is None:
+            self._host = self.tensor.cpu().numpy().astype(np.int64)
+            if self.meter is not None:
+                self.meter.host_numbers += self._host.size
+                self.meter.host_syncs += 1
+        return self._host
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        host = self._read()
+        return host if dtype is None else host.astype(dtype)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._read()[index]
+
+    def tolist(self) -> list:
+        return self._read().tolist()
+
+
 def _send_indices(indices: Sequence[tuple], device: Any, meter: Any) -> list[tuple]:
     """Tuple indices with their integer arrays on `device`, all of them in one copy: each
     tuple's arrays broadcast together (as advanced indexing broadcasts them anyway), everything
@@ -206,7 +244,7 @@ class TorchRunner(ModelRunner):
         self._chains: dict[Any, Any] = {}  # steps (a tree: its layout key) -> runtime.chain's module over this model
         self._outputs: list[Any] = []  # two probs buffers [I, max_window, V], alternating between steps
         self._parity = 0
-        self._staging: Optional[np.ndarray] = None  # page-locked on CUDA: send_to_device's host side
+        self._staging: dict[str, tuple] = {}  # per use: _staged's page-locked buffer and its last copy's event
 
     def _allocate_kv(self, batch: int, capacity: int) -> None:
         torch = self.torch
@@ -260,18 +298,34 @@ class TorchRunner(ModelRunner):
         return self.torch.zeros(count, dtype=torch_dtype, pin_memory=True).numpy()  # the array keeps the tensor
 
     def send_to_device(self, host: np.ndarray) -> Any:
-        """Verification's inputs for one round (DeviceRows.send) on the device without waiting: on
-        CUDA staged in a page-locked buffer and queued on the stream, which the round's kernels
-        follow. The buffer is rewritten only in the next round, after this one's outcomes were
-        read back (a wait for the stream, the copy included). On the CPU the array itself."""
+        """Verification's inputs for one round (DeviceRows.send) on the device without waiting
+        (_staged). Its buffer is rewritten only in the next round, after this one's outcomes were
+        read back (a wait for the stream, the copy included)."""
+        return self._staged(host, "verification")
+
+    def _staged(self, host: np.ndarray, use: str) -> Any:
+        """A small host array (indices, uniforms) on the device, flat, without waiting: on CUDA
+        copied into a page-locked buffer kept for `use` and queued on the stream, which the kernels
+        that read it follow; a pageable copy would stage the data and wait. Before the buffer is
+        rewritten, its last copy's event is waited for: by then a read back has almost always
+        waited for the stream already (every round reads draws or outcomes between two commits
+        or two verifications), and back-to-back copies (a batch-1 adopt's runs) stay correct. On
+        the CPU the array itself."""
         flat = np.ascontiguousarray(host).reshape(-1)
         if self.device.type == "cpu":
             return self.torch.from_numpy(flat)
-        if self._staging is None or self._staging.dtype != flat.dtype or self._staging.size < flat.size:
-            self._staging = self._host_buffer(max(flat.size, 4096), flat.dtype)
-        staged = self._staging[: flat.size]
+        buffer, copied = self._staging.get(use, (None, None))
+        if copied is not None:
+            copied.synchronize()
+        if buffer is None or buffer.dtype != flat.dtype or buffer.size < flat.size:
+            buffer = self._host_buffer(max(flat.size, 4096), flat.dtype)
+        staged = buffer[: flat.size]
         staged[...] = flat
-        return self.torch.from_numpy(staged).to(self.device, non_blocking=True)
+        sent = self.torch.from_numpy(staged).to(self.device, non_blocking=True)
+        copied = self.torch.cuda.Event()
+        copied.record(self.torch.cuda.current_stream(self.device))
+        self._staging[use] = buffer, copied
+        return sent
 
     def _to_device(self, host: np.ndarray, flat_dev: Any) -> Any:
         """A device tensor with host's shape, backed by the preallocated flat device buffer.
@@ -302,6 +356,8 @@ class TorchRunner(ModelRunner):
             self.host_syncs += 1
             rows = flat[: probs.numel()].reshape(tuple(probs.shape))
             return StepOutput(rows, flat[probs.numel():].astype(np.int64).reshape(tuple(draws.shape)))
+        if self.keep_rows_on_device and not self.draws_to_host:  # a chain round: read where verified
+            return StepOutput(DeviceRows(probs, self), DeviceDraws(draws.clone(), self))
         host_draws = draws.cpu().numpy()  # on CUDA this copy waits for the step
         self.host_numbers += host_draws.size
         self.host_syncs += 1
@@ -459,16 +515,14 @@ class TorchRunner(ModelRunner):
 
     def _write_kv(self, rows: np.ndarray, columns: np.ndarray, slots: np.ndarray) -> None:
         with self.torch.inference_mode():
-            index = self.torch.from_numpy(np.stack([rows, columns, slots])).to(self.device)  # one copy to the device
-            self.host_syncs += 1  # from pageable memory: on a GPU this copy waits
+            index = self._staged(np.stack([rows, columns, slots]), "kv index").view(3, -1)  # one copy, no wait
             self._kv[:, :, index[0], :, index[1]] = self._present[:, :, index[0], :, index[2]].to(self.dtype)
 
     stages_trees = True
 
     def _move_kv(self, rows: np.ndarray, columns: np.ndarray, sources: np.ndarray) -> None:
         with self.torch.inference_mode():
-            index = self.torch.from_numpy(np.stack([rows, columns, sources])).to(self.device)
-            self.host_syncs += 1
+            index = self._staged(np.stack([rows, columns, sources]), "kv index").view(3, -1)
             self._kv[:, :, index[0], :, index[1]] = self._kv[:, :, index[0], :, index[2]]  # the gather copies first
 
     def _write_block(self, column: int, start: int, count: int) -> None:

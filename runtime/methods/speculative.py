@@ -96,8 +96,8 @@ class DraftThenVerify(Method):
             images = list(batch.images)
             draft_lens = [min(self.draft_len, total - len(tokens[i]) - 1) for i in images]  # 0 or less: finished
             drafts, q_block = self._draft(ctx, [tokens[i] for i in images], draft_lens)
-            scored = ctx.run(target, chains([[tokens[i][-1], *drafts[p]] if draft_lens[p] >= 0 else None
-                                             for p, i in enumerate(images)]))
+            scored = self._score(ctx, chains([[tokens[i][-1], *drafts[p]] if draft_lens[p] >= 0 else None
+                                              for p, i in enumerate(images)]))
             verified = [length >= 0 for length in draft_lens]  # the others finished: no window, no drafts
             outcomes = self._verify(ctx, scored, q_block, drafts, rule, verified)
             commits: list[Optional[range]] = []
@@ -159,8 +159,8 @@ class DraftThenVerify(Method):
             images = list(batch.images)
             draft_lens = [min(self.draft_len, total - len(tokens[i]) - 1) for i in images]  # < 0: finished
             drafts, q_rows = drafter.propose_chain(ctx, [max(n, 0) for n in draft_lens])
-            scored = ctx.run(target, chains([[tokens[i][-1], *drafts[p]] if draft_lens[p] >= 0 else None
-                                             for p, i in enumerate(images)]))
+            scored = self._score(ctx, chains([[tokens[i][-1], *drafts[p]] if draft_lens[p] >= 0 else None
+                                              for p, i in enumerate(images)]))
             verified = [length >= 0 for length in draft_lens]
             outcomes = self._verify(ctx, scored, rows_by_position(q_rows), drafts, rule, verified)
             paths: list[Optional[list[int]]] = []
@@ -170,6 +170,17 @@ class DraftThenVerify(Method):
                 new.append(drafts[p][:accepted] + [token] if verified[p] else None)
             finish_round(ctx, drafter, tokens, images, scored, paths, new)
         return np.asarray(tokens, dtype=np.int64)
+
+    @staticmethod
+    def _score(ctx: Decoding, windows: Any) -> StepOutput:
+        """The target's step over a round's chains. Its draws are left where the rows are
+        (ModelRunner.draws_to_host): verify_chains reads only the bonus tokens of them, on the
+        device when it verifies there, so the round's one read back is its outcomes."""
+        ctx.target.draws_to_host = False
+        try:
+            return ctx.run(ctx.target, windows)
+        finally:
+            ctx.target.draws_to_host = True
 
     def _verify(self, ctx: Decoding, scored: StepOutput, q_block: Any, drafts: list[list[int]], rule: AcceptanceRule,
                 verified: list[bool]) -> ChainOutcomes:

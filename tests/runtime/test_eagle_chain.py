@@ -81,6 +81,36 @@ def test_head_chain_tokens_equal_the_step_by_step_loop(request, backend, method)
         assert chained.stats.draft_calls == chain_calls
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_head_chains_on_device_rows_are_verified_there_with_the_host_tokens(torch_pipe, method, monkeypatch):
+    """With the rows kept on the device (as on a GPU; forced on the CPU here) the head's chains are
+    verified where the rows are, the target's draws left there: the tokens of host rows, and at
+    least two waits a round fewer than verifying the same device rows on the host (which reads the
+    draws, the tested entries and the rejections' rows; the head's own feature transfers are the
+    same in both)."""
+    from specrt.runtime import verification
+
+    classes = [0, 1, 2, 3, 4, 5]
+    expected = torch_pipe.generate(classes, method=method, seed=3, decode=False).tokens
+    runners = [torch_pipe.target, torch_pipe.draft]
+
+    def on_device() -> tuple:
+        for runner in runners:
+            runner.keep_rows_on_device, runner.host_syncs, runner.host_numbers = True, 0, 0
+        try:
+            result = torch_pipe.generate(classes, method=method, seed=3, decode=False)
+        finally:
+            for runner in runners:
+                runner.keep_rows_on_device = False
+        np.testing.assert_array_equal(result.tokens, expected)
+        return sum(r.host_syncs for r in runners), sum(r.host_numbers for r in runners), result.stats.target_calls
+
+    in_place, in_place_numbers, calls = on_device()
+    monkeypatch.setattr(verification, "_verifies_in_place", lambda *blocks: False)
+    on_host, on_host_numbers, _ = on_device()
+    assert in_place + 2 * (calls - 1) <= on_host and in_place_numbers < on_host_numbers, (in_place, on_host)
+
+
 def _record_rounds(monkeypatch) -> dict[str, list]:
     """After every propose_chain: the drafts, rows, the head's lengths, stable lengths, queues and
     committed KV rows, appended to rounds[mode] (set rounds["mode"] before each run)."""
