@@ -99,11 +99,12 @@ class DeviceRows:
         """The tensor itself: runtime.verification runs a batch's chain tests and draws on it in place."""
         return self.tensor
 
-    def send(self, host: np.ndarray) -> Any:
-        """A host array on this block's device (what verification sends: tokens, uniforms): through
-        the runner's page-locked staging where it has one (no wait), else one copy that waits."""
+    def send(self, host: np.ndarray, use: str = "verification") -> Any:
+        """A host array on this block's device (what verification sends: tokens, uniforms; host rows
+        stacked with device ones): through the runner's page-locked staging for `use` where it has
+        one (no wait), else one copy that waits."""
         if hasattr(self.meter, "send_to_device"):
-            return self.meter.send_to_device(host)
+            return self.meter.send_to_device(host, use)
         if self.meter is not None:
             self.meter.host_syncs += 1
         return _torch().from_numpy(np.ascontiguousarray(host)).to(self.tensor.device)
@@ -127,10 +128,15 @@ class DeviceRows:
         """Rows [V] (device views, or host arrays such as a uniform proposal) stacked on the device
         (runtime.verification.stack_rows): one block, read back in one transfer."""
         first = next(r for r in rows if isinstance(r, DeviceRows))
-        torch, device = _torch(), first.tensor.device
-        parts = [r.tensor if isinstance(r, DeviceRows) else
-                 torch.from_numpy(np.asarray(r, dtype=np.float32)).to(device) for r in rows]
-        return cls(torch.stack([p.float() for p in parts]), first.meter)
+        torch = _torch()
+        on_host = [at for at, r in enumerate(rows) if not isinstance(r, DeviceRows)]
+        parts = [r.tensor.float() if isinstance(r, DeviceRows) else None for r in rows]
+        if on_host:  # all host rows in one copy (SJD's uniform proposals), staged where the runner can
+            host = np.stack([np.asarray(rows[at], dtype=np.float32) for at in on_host])
+            sent = first.send(host, "rows").view(host.shape)
+            for n, at in enumerate(on_host):
+                parts[at] = sent[n]
+        return cls(torch.stack(parts), first.meter)
 
 
 class DeviceDraws:
@@ -297,11 +303,10 @@ class TorchRunner(ModelRunner):
         torch_dtype = self.torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
         return self.torch.zeros(count, dtype=torch_dtype, pin_memory=True).numpy()  # the array keeps the tensor
 
-    def send_to_device(self, host: np.ndarray) -> Any:
-        """Verification's inputs for one round (DeviceRows.send) on the device without waiting
-        (_staged). Its buffer is rewritten only in the next round, after this one's outcomes were
-        read back (a wait for the stream, the copy included)."""
-        return self._staged(host, "verification")
+    def send_to_device(self, host: np.ndarray, use: str = "verification") -> Any:
+        """What verification sends for a round (DeviceRows.send: tokens and uniforms, host rows to
+        stack with device ones) on the device without waiting (_staged)."""
+        return self._staged(host, use)
 
     def _staged(self, host: np.ndarray, use: str) -> Any:
         """A small host array (indices, uniforms) on the device, flat, without waiting: on CUDA

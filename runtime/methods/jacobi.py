@@ -42,8 +42,8 @@ from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.methods.base import Batched, Decoding, Method
 from specrt.runtime.verification import (
-    draw_without_replacement, host_rows, position_walk, positions_walk, read_in_waves, rows_ahead, siblings_walk,
-    verify_position, verify_positions, verify_siblings,
+    VANILLA, draw_without_replacement, host_rows, position_walk, positions_walk, read_in_waves, rows_ahead,
+    rows_by_position, siblings_walk, verify_chains, verify_position, verify_positions, verify_siblings,
 )
 from specrt.runtime.window import Window
 from specrt.validation import Bool, Choice, Int
@@ -142,8 +142,11 @@ class JacobiDecoding(Method):
                 trees.append(children)
             out = ctx.run(target, windows)
             paths: list[Optional[list[int]]] = []
-            with ctx.stats.timing("verification"):  # every image's iteration, device reads in waves for all
-                done = read_in_waves({p: self._iteration(ctx.image(p), out.probs[p], out.draws[p], levels[i], trees[p])
+            with ctx.stats.timing("verification"):  # chain windows together, then every image's iteration
+                verdicts = self._verify_chain_windows(ctx, out, [levels[i] if trees[p] is None and windows[p] is not None
+                                                                 else None for p, i in enumerate(images)])
+                done = read_in_waves({p: self._iteration(ctx.image(p), out.probs[p], out.draws[p], levels[i], trees[p],
+                                                         verdicts.get(p))
                                       for p, i in enumerate(images) if windows[p] is not None})
             for p, i in enumerate(images):
                 if p not in done:
@@ -160,11 +163,32 @@ class JacobiDecoding(Method):
     # Walks (verification.read_in_waves): on device rows they ask for what they read, so a batch's
     # images read together; host rows go through the verification functions as they are.
 
-    def _iteration(self, ctx: Decoding, p_rows: Any, draws: np.ndarray, levels: list[Level],
-                   children: Children) -> Generator[list, list, tuple[list[int], list[int], int, list[Level]]]:
-        """One image's verification and next proposal: (accepted tokens, committed slots, next token,
-        the next levels). A subclass's own _next_levels is called as it is (per image)."""
-        accepted, path, next_token, rejected = yield from self._verify(ctx, p_rows, draws, levels, children)
+    def _verify_chain_windows(self, ctx: Decoding, out: Any, chains: list[Optional[list[Level]]]) -> dict[int, tuple]:
+        """The chain windows of a step (chains[p]: image p's levels, None for a tree window or no
+        window), verified together as a batch of drafted chains (runtime.verification.verify_chains
+        with SD's rule: a level's one candidate tested against its stale row q, the first rejection
+        resampled from Norm([P − q]_+), the head's draw after a whole chain): array operations over
+        the batch, on the device where the rows live, each image with its own stream. Per image p:
+        _verify's verdict (accepted tokens, committed slots, next token, stopped by a rejection?)."""
+        drafts = [[level.candidates[0] for level in levels] if levels is not None else [] for levels in chains]
+        q_block = rows_by_position([[level.q for level in levels] if levels is not None else [] for levels in chains])
+        if not any(levels is not None for levels in chains):
+            return {}
+        outcomes = verify_chains(out.probs, q_block, drafts, VANILLA, ctx.rngs, out.draws)
+        verdicts = {}
+        for p, (chain, accepted, token) in enumerate(zip(drafts, outcomes.accepted_lengths, outcomes.next_tokens)):
+            if chains[p] is not None:
+                verdicts[p] = chain[:accepted], list(range(accepted + 1)), token, accepted < len(chain)
+        return verdicts
+
+    def _iteration(self, ctx: Decoding, p_rows: Any, draws: np.ndarray, levels: list[Level], children: Children,
+                   verdict: Optional[tuple] = None) -> Generator[list, list, tuple[list[int], list[int], int, list[Level]]]:
+        """One image's verification (`verdict` where its chain window was verified with the batch's)
+        and next proposal: (accepted tokens, committed slots, next token, the next levels). A
+        subclass's own _next_levels is called as it is (per image)."""
+        if verdict is None:
+            verdict = yield from self._verify(ctx, p_rows, draws, levels, children)
+        accepted, path, next_token, rejected = verdict
         route = row_route(path, children, len(levels))
         if type(self)._next_levels is JacobiDecoding._next_levels:
             new = yield from self._next_levels_walk(ctx, levels, p_rows, draws, route, len(accepted), rejected)
@@ -179,11 +203,8 @@ class JacobiDecoding(Method):
         images read together; host rows go through the verification functions as they are."""
         accepted, path = [], [0]
         on_host = isinstance(p_rows, np.ndarray)
-        ahead = (yield from _chain_entries(p_rows, levels, children)) if not on_host else []
-        # a tree window on device rows: the entries each sibling group's tests read, asked for together
-        siblings = {} if on_host or children is None else (yield from rows_ahead(p_rows, {
-            parent: level.candidates for level, kids in zip(levels, children) if len(level.candidates) > 1
-            for parent in kids}))
+        # a tree window on device rows: the entries every level's first tests read, asked for together
+        ahead, q_at = ({}, {}) if on_host or children is None else (yield from _entries_ahead(p_rows, levels, children))
         for depth, level in enumerate(levels):
             slots = level_slots(children, depth, path[-1])
             if slots is None:  # the accepted node is a leaf (not on an extended path): take a bonus token
@@ -192,13 +213,14 @@ class JacobiDecoding(Method):
                 if on_host:
                     kept, token = verify_position(p_rows[path[-1]], level.q, level.candidates[0], ctx.rng)
                 else:
-                    kept, token = yield from position_walk(p_rows[path[-1]], level.q, level.candidates[0], ctx.rng,
-                                                           ahead[depth] if ahead else None)
+                    entries = (ahead[path[-1]][level.candidates[0]], q_at[depth]) if path[-1] in ahead else None
+                    kept, token = yield from position_walk(ahead.get(path[-1], p_rows[path[-1]]), level.q,
+                                                           level.candidates[0], ctx.rng, entries)
                 index = 0 if kept else None
             elif on_host:
                 index, token = verify_siblings(p_rows[path[-1]], level.q, level.candidates, ctx.rng)
             else:
-                index, token = yield from siblings_walk(siblings.get(path[-1], p_rows[path[-1]]), level.q,
+                index, token = yield from siblings_walk(ahead.get(path[-1], p_rows[path[-1]]), level.q,
                                                         level.candidates, ctx.rng)
             if index is None:
                 return accepted, path, token, True
@@ -299,16 +321,24 @@ def fresh_proposal(vocab: int, grammar: Any = None) -> np.ndarray:
     return row
 
 
-def _chain_entries(p_rows: Any, levels: list[Level], children: Children):
-    """A chain window on device rows: P and Q at every level's draft, asked for together (a walk:
-    one request, read with the batch's) so the walk tests host numbers instead of reading two
-    entries per level; [] for trees."""
-    if children is not None or not levels:
-        return []
-    drafts = [level.candidates[0] for level in levels]
-    read = yield [(p_rows, (np.arange(len(levels)), np.asarray(drafts))),
-                  *[(level.q, (np.array([token]),)) for level, token in zip(levels, drafts)]]
-    return list(zip(read[0].tolist(), [float(q_at[0]) for q_at in read[1:]]))
+def _entries_ahead(p_rows: Any, levels: list[Level], children: list[dict[int, list[int]]]):
+    """A tree window on device rows, as a walk: in one request (the batch's wave), P at every
+    candidate under each parent slot it hangs from (rows_ahead: what a sibling group's or a
+    one-candidate level's first test reads) and Q at each one-candidate level's token; (P entries
+    per parent slot, Q entry per such depth). Read lazily, the levels after a proactive tree cost
+    two waits each, image by image."""
+    singles = [(depth, level) for depth, level in enumerate(levels) if len(level.candidates) == 1]
+    p_walk = rows_ahead(p_rows, {parent: level.candidates for level, kids in zip(levels, children) for parent in kids})
+    try:
+        p_request = next(p_walk)
+    except StopIteration as nothing:  # no candidate under any parent
+        return nothing.value, {}
+    answers = yield [*p_request, *[(level.q, (np.array(level.candidates),)) for _, level in singles]]
+    try:
+        p_walk.send(answers[: len(p_request)])
+    except StopIteration as read:
+        return read.value, {depth: float(q[0]) for (depth, _), q in zip(singles, answers[len(p_request):])}
+    raise AssertionError("rows_ahead asks once")
 
 
 def row_route(path: list[int], children: Children, depth: int) -> list[int]:
