@@ -573,8 +573,10 @@ def rows_by_position(rows: Sequence[Sequence[Any]]) -> Any:
     if len(rows) == 1 and all(isinstance(row, np.ndarray) for row in rows[0]):  # one image's host rows: one stack
         return stack_rows(rows[0])[:, None]
     filler = next(row for chain in rows for row in chain)
-    return stack_rows([stack_rows([chain[i] if i < len(chain) else filler for chain in rows])
-                       for i in range(longest)])
+    by_position = [[chain[i] if i < len(chain) else filler for chain in rows] for i in range(longest)]
+    if not any(hasattr(type(row), "stack_rows") for chain in rows for row in chain):  # host rows: one C-level copy
+        return np.array(by_position)
+    return stack_rows([stack_rows(block) for block in by_position])
 
 
 def by_position(block: Any, count: int) -> Any:
