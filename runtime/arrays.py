@@ -21,7 +21,8 @@ class _Numpy:
     numpy directly, and only torch tensors go through array-api-compat."""
 
     float64, int64, int8, bool = np.float64, np.int64, np.int8, np.bool_
-    where, maximum, minimum, argmin = staticmethod(np.where), np.maximum, np.minimum, staticmethod(np.argmin)
+    where, maximum, minimum = staticmethod(np.where), np.maximum, np.minimum
+    argmin, argmax = staticmethod(np.argmin), staticmethod(np.argmax)
     sum, max, reshape, stack = staticmethod(np.sum), staticmethod(np.max), staticmethod(np.reshape), staticmethod(np.stack)
 
     @staticmethod
@@ -60,6 +61,14 @@ def namespace(array: Any) -> Any:
     from array_api_compat import array_namespace
 
     return array_namespace(array)
+
+
+def kth_largest(array: Any, k: int) -> Any:
+    """The k-th largest entry of each row [..., V] as [..., 1]: an entry of the row itself, so
+    every library gives the same number (numpy partitions, torch takes its top k)."""
+    if is_host(array):
+        return np.partition(array, -k, axis=-1)[..., -k, None]
+    return array.topk(k, dim=-1).values[..., -1:]
 
 
 def _is_tensor(array: Any) -> bool:

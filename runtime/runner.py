@@ -17,8 +17,9 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
@@ -48,6 +49,17 @@ class ModelSpec:
     def num_image_tokens(self) -> int:
         """Tokens a method decodes per image: the grid, or a unified model's whole stream."""
         return self.stream_len or self.grid_size * self.grid_size
+
+
+@contextmanager
+def draws_left_on_device(runner: "ModelRunner") -> Iterator[None]:
+    """Clear `runner.draws_to_host` for the block (restored after, nesting included): its steps'
+    draws are not read as they come (ModelRunner.draws_to_host)."""
+    before, runner.draws_to_host = runner.draws_to_host, False
+    try:
+        yield
+    finally:
+        runner.draws_to_host = before
 
 
 @dataclass

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from specrt.errors import SpecrtError
-from specrt.runtime.arrays import is_host, namespace
+from specrt.runtime.arrays import as_array, is_host, kth_largest, namespace
 from specrt.validation import COUNT_MAX, integer, number
 
 # Bounds that keep the head's mix (s/T and (1 − s)/T, float32) and its softmax finite.
@@ -85,8 +85,7 @@ def _keep_top_k(probs: np.ndarray, top_k: int) -> np.ndarray:
     """Zero everything below the k-th largest probability of each row (ranking = the logits')."""
     if top_k <= 0 or top_k >= probs.shape[-1]:
         return probs
-    kth = np.partition(probs, -top_k, axis=-1)[..., -top_k, None]
-    return np.where(probs < kth, 0.0, probs)
+    return namespace(probs).where(probs < kth_largest(probs, top_k), 0.0, probs)
 
 
 def _keep_top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
@@ -98,6 +97,8 @@ def _keep_top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
     """
     if top_p >= 1.0:
         return probs
+    if not is_host(probs):
+        raise ValueError("top-p restricts host rows only (runtime.methods.base reads device rows for it)")
     order = np.argsort(-probs, axis=-1, kind="stable")
     sorted_probs = np.take_along_axis(probs, order, axis=-1)
     mass_before = np.cumsum(sorted_probs, axis=-1) - sorted_probs
@@ -112,15 +113,17 @@ def restrict(probs: np.ndarray, params: SamplingParams) -> np.ndarray:
 
     Masking softmax(l) to a set and renormalising is softmax of l restricted to that set, so
     this equals filtering the logits first. Temperature 0 gives the one-hot argmax, so every
-    method decodes greedily and backends can be compared token for token.
+    method decodes greedily and backends can be compared token for token. Host rows, or (greedy
+    and top-k) torch tensors where the rows live: the same numbers, as in runtime.arrays.
     """
-    probs = np.asarray(probs, dtype=np.float64)
+    probs = as_array(probs)
+    xp = namespace(probs)
+    probs = xp.astype(probs, xp.float64)
     if params.temperature == 0.0:
-        onehot = np.zeros(probs.shape, dtype=np.float64)
-        np.put_along_axis(onehot, np.argmax(probs, axis=-1)[..., None], 1.0, axis=-1)
-        return onehot
+        every = np.arange(probs.shape[-1]) if is_host(probs) else xp.arange(probs.shape[-1], device=probs.device)
+        return xp.astype(every == xp.argmax(probs, axis=-1)[..., None], xp.float64)
     kept = _keep_top_p(_keep_top_k(probs, params.top_k), params.top_p)
-    return kept / kept.sum(axis=-1, keepdims=True)
+    return kept / xp.sum(kept, axis=-1, keepdims=True)
 
 
 def inverse_cdf(probs: np.ndarray, uniforms: np.ndarray) -> np.ndarray:

@@ -49,6 +49,8 @@ class DeviceRows:
         if self.meter is not None:
             self.meter.host_numbers += int(part.numel())
             self.meter.host_syncs += 1
+        if part.dtype == _torch().float64:  # restricted rows (top-k, greedy): their own numbers
+            return part.cpu().numpy()
         return part.float().cpu().numpy().astype(np.float64)  # 4 bytes a number cross, not 8
 
     @property
@@ -87,7 +89,7 @@ class DeviceRows:
         first = device[0][1]
         sent = _send_indices([index for _, _, index in device], first.tensor.device, first.meter)
         taken = [block.tensor[index] for (_, block, _), index in zip(device, sent)]
-        flat = first._fetched(_torch().cat([t.reshape(-1).float() for t in taken]))
+        flat = first._fetched(_torch().cat([t.reshape(-1).to(_common_dtype(taken)) for t in taken]))
         offset = 0
         for (at, _, _), part in zip(device, taken):
             out[at] = flat[offset:offset + part.numel()].reshape(tuple(part.shape))
@@ -98,6 +100,10 @@ class DeviceRows:
     def array(self) -> Any:
         """The tensor itself: runtime.verification runs a batch's chain tests and draws on it in place."""
         return self.tensor
+
+    def holding(self, tensor: Any) -> "DeviceRows":
+        """Other rows on this device read through the same meter (restricted rows)."""
+        return DeviceRows(tensor, self.meter)
 
     def send(self, host: np.ndarray, use: str = "verification") -> Any:
         """A host array on this block's device (what verification sends: tokens, uniforms; host rows
@@ -130,12 +136,13 @@ class DeviceRows:
         first = next(r for r in rows if isinstance(r, DeviceRows))
         torch = _torch()
         on_host = [at for at, r in enumerate(rows) if not isinstance(r, DeviceRows)]
-        parts = [r.tensor.float() if isinstance(r, DeviceRows) else None for r in rows]
+        dtype = _common_dtype([r.tensor for r in rows if isinstance(r, DeviceRows)])
+        parts = [r.tensor.to(dtype) if isinstance(r, DeviceRows) else None for r in rows]
         if on_host:  # all host rows in one copy (SJD's uniform proposals), staged where the runner can
             host = np.stack([np.asarray(rows[at], dtype=np.float32) for at in on_host])
             sent = first.send(host, "rows").view(host.shape)
             for n, at in enumerate(on_host):
-                parts[at] = sent[n]
+                parts[at] = sent[n].to(dtype)
         return cls(torch.stack(parts), first.meter)
 
 
@@ -177,19 +184,30 @@ class DeviceDraws:
         return self._read().tolist()
 
 
+def _common_dtype(tensors: Sequence[Any]) -> Any:
+    """float64 where any of the tensors is (restricted rows keep their numbers), else float32 (a
+    head's rows: 4 bytes a number cross)."""
+    torch = _torch()
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
 def _send_indices(indices: Sequence[tuple], device: Any, meter: Any) -> list[tuple]:
     """Tuple indices with their integer arrays on `device`, all of them in one copy: each
     tuple's arrays broadcast together (as advanced indexing broadcasts them anyway), everything
     flattened into one int64 buffer, sent, and cut back into views there. On a GPU every copy
-    from pageable memory waits, so one copy instead of one per array."""
+    from pageable memory waits, so one copy instead of one per array, and through the runner's
+    page-locked staging (TorchRunner._staged) where the meter is a runner: no wait at all."""
     shaped = [np.broadcast_arrays(*[part for part in index if isinstance(part, np.ndarray)])
               if any(isinstance(part, np.ndarray) for part in index) else [] for index in indices]
     if not any(shaped):
         return list(indices)
     host = np.concatenate([np.asarray(a, dtype=np.int64).reshape(-1) for arrays in shaped for a in arrays])
-    sent = _torch().from_numpy(host).to(device)
-    if meter is not None:
-        meter.host_syncs += 1
+    if hasattr(meter, "send_to_device"):
+        sent = meter.send_to_device(host, "indices")
+    else:
+        sent = _torch().from_numpy(host).to(device)
+        if meter is not None:
+            meter.host_syncs += 1
     out, offset = [], 0
     for index, arrays in zip(indices, shaped):
         views = []

@@ -11,6 +11,7 @@ the decoding context untouched: methods only count it and hand it to Decoding.pr
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Optional, Sequence
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions, as_conditions
-from specrt.runtime.runner import ModelRunner, StepOutput, Windows, window_sizes
+from specrt.runtime.runner import ModelRunner, StepOutput, Windows, draws_left_on_device, window_sizes
 from specrt.runtime.sampling import SamplingParams, inverse_cdf, needs_restriction, restrict
 from specrt.runtime.stats import Stats
 from specrt.runtime.tree_call import tree_uniforms
@@ -69,7 +70,8 @@ class Decoding:
     def prefill(self, runner: ModelRunner, conditions: Conditions) -> StepOutput:
         """The condition rows of these images through `runner`: image token 0's rows and draws."""
         uniforms = self._uniforms([1] * runner.images)
-        return self._restricted(runner.prefill(self.condition_rows(conditions), uniforms), uniforms)
+        with self._redrawn(runner):
+            return self._restricted(runner.prefill(self.condition_rows(conditions), uniforms), uniforms)
 
     def run(self, runner: ModelRunner, windows: Windows) -> StepOutput:
         """One step of `runner` over each image's window (one Window for all, or one per image,
@@ -86,7 +88,8 @@ class Decoding:
             uniforms = self.rngs[0].random((1, len(lone)))  # one image's window (a tree level): one draw
         else:
             uniforms = self._uniforms(window_sizes(windows, runner.images))
-        return self._restricted(runner.step(windows, uniforms), uniforms)
+        with self._redrawn(runner):
+            return self._restricted(runner.step(windows, uniforms), uniforms)
 
     def run_chain(self, runner: ModelRunner, windows: Windows, lengths: Sequence[int], steps: int) -> StepOutput:
         """`runner.chain`: each image's window, then up to `steps` drafts drawn inside one call;
@@ -144,14 +147,28 @@ class Decoding:
         """One step of an EAGLE head (runtime.eagle.HeadRunner): `run`, with the features before
         each image's tokens (features[p] [pairs, W_p, H]; None where image p has no window)."""
         uniforms = self._uniforms(window_sizes(windows, head.images))
-        return self._restricted(head.step_pairs(windows, features, uniforms), uniforms)
+        with self._redrawn(head):
+            return self._restricted(head.step_pairs(windows, features, uniforms), uniforms)
+
+    def _redrawn(self, runner: ModelRunner) -> Any:
+        """Around a step whose draws _restricted redraws (greedy, top-k, top-p): the head's own
+        draws are left where they are, never read (a device backend's wait saved); else nothing."""
+        return draws_left_on_device(runner) if needs_restriction(self.sampling) else nullcontext()
 
     def _restricted(self, out: StepOutput, uniforms: np.ndarray) -> StepOutput:
-        """Greedy, top-k and top-p act on the host (sampling.restrict): they need whole rows, and
-        the draws are redone on the restricted rows with the same uniforms."""
+        """Greedy, top-k and top-p (sampling.restrict): they need whole rows, and the draws are
+        redone on the restricted rows with the same uniforms. Rows that live on a device (the torch
+        backend's DeviceRows: `array`, `send`, `receive`) are restricted and drawn from there for
+        greedy and top-k, LlamaGen's defaults, and only the draws cross; top-p, and other
+        rows, on the host."""
         if not needs_restriction(self.sampling):
             return out
         with self.stats.timing("verification"):
+            rows = out.probs
+            if hasattr(type(rows), "send") and self.sampling.top_p >= 1.0:
+                probs = restrict(rows.array, self.sampling)
+                draws = rows.receive(inverse_cdf(probs, rows.send(uniforms, "restriction").view(uniforms.shape)))
+                return StepOutput(rows.holding(probs), draws, rows if self.sampling.temperature == 0.0 else None)
             raw = np.asarray(out.probs)
             probs = restrict(raw, self.sampling)
             return StepOutput(probs, inverse_cdf(probs, uniforms), raw if self.sampling.temperature == 0.0 else None)

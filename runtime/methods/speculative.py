@@ -22,7 +22,7 @@ from specrt.runtime.conditions import Conditions
 from specrt.runtime.drafting import ModelDrafter, finish_round, make_drafter
 from specrt.runtime.methods.base import Batched, Decoding, Method
 from specrt.runtime.methods.tree_loop import generate_trees
-from specrt.runtime.runner import StepOutput
+from specrt.runtime.runner import StepOutput, draws_left_on_device
 from specrt.runtime.sampling import needs_restriction
 from specrt.runtime.tree import DEFAULT_GROWTH, DEFAULT_STATIC_TREE, TREES, StaticTreeParam, static_shape
 from specrt.runtime.verification import (
@@ -176,11 +176,8 @@ class DraftThenVerify(Method):
         """The target's step over a round's chains. Its draws are left where the rows are
         (ModelRunner.draws_to_host): verify_chains reads only the bonus tokens of them, on the
         device when it verifies there, so the round's one read back is its outcomes."""
-        ctx.target.draws_to_host = False
-        try:
+        with draws_left_on_device(ctx.target):
             return ctx.run(ctx.target, windows)
-        finally:
-            ctx.target.draws_to_host = True
 
     def _verify(self, ctx: Decoding, scored: StepOutput, q_block: Any, drafts: list[list[int]], rule: AcceptanceRule,
                 verified: list[bool]) -> ChainOutcomes:

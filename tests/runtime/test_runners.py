@@ -201,6 +201,35 @@ def test_device_resident_rows_give_the_same_tokens_and_cross_o_w_plus_v(tiny_pip
     assert reads < share * full_rows, f"{reads} numbers read back; whole rows would be {full_rows}"
 
 
+@pytest.mark.parametrize("sampling", [{"top_k": 8}, {"temperature": 0.0}], ids=["top-k", "greedy"])
+@pytest.mark.parametrize("method,params", [("ar", {}), ("sd", {"draft_len": 3}), ("cool-sd", {"relaxation_budget": 2}),
+                                           ("lantern", {"tvd_budget": 0.3}), ("sjd", {"window": 8}),
+                                           ("sjd-pac", {"window": 15, "branching": 3}),
+                                           ("sd", {"tree": "dynamic", "total_tokens": 10, "depth": 3, "tree_top_k": 3})])
+def test_device_rows_are_restricted_where_they_live(tiny_pipeline, method, params, sampling):
+    """Top-k (LlamaGen's default) and greedy decoding restrict device rows on the device and draw
+    there (runtime.methods.base._restricted): the tokens of host rows, and the target's rows are
+    read back far less than whole (a host restriction reads W·V numbers a step; a tree's draft
+    passes read theirs, as unrestricted)."""
+    pipe, _ = tiny_pipeline
+    params = {**params, **sampling}
+    expected = pipe.generate([3, 6], method=method, seed=5, **params).tokens
+    runners = [pipe.target, pipe.draft]
+    for runner in runners:
+        runner.keep_rows_on_device, runner.host_numbers = True, 0
+    try:
+        result = pipe.generate([3, 6], method=method, seed=5, **params)
+    finally:
+        for runner in runners:
+            runner.keep_rows_on_device = False
+    np.testing.assert_array_equal(result.tokens, expected)
+    window = {"ar": 1, "sd": 4, "cool-sd": 5, "lantern": 5}.get(method, params.get("window", 0) + 1)  # + pending
+    window = params.get("total_tokens", window - 1) + 1
+    whole_windows = result.stats.target_forwards * window * pipe.target.spec.vocab_size  # a host restriction's reads
+    # SJD-PAC's proactive drafting and adaptive continuation read rows whole, unrestricted or not
+    assert pipe.target.host_numbers < (0.8 if method == "sjd-pac" else 0.2) * whole_windows
+
+
 def test_ar_decodes_a_batch_like_single_images(tiny_pipeline):
     pipe, _ = tiny_pipeline
     batch = pipe.generate([1, 5, 9], method="ar", seed=0, temperature=0.0).tokens
