@@ -85,9 +85,12 @@ def test_head_chain_tokens_equal_the_step_by_step_loop(request, backend, method)
 def test_head_chains_on_device_rows_are_verified_there_with_the_host_tokens(torch_pipe, method, monkeypatch):
     """With the rows kept on the device (as on a GPU; forced on the CPU here) the head's chains are
     verified where the rows are, the target's draws left there: the tokens of host rows, and at
-    least two waits a round fewer than verifying the same device rows on the host (which reads the
-    draws, the tested entries and the rejections' rows; the head's own feature transfers are the
-    same in both)."""
+    least one wait a round fewer than verifying the same device rows on the host, which waits for
+    the draws and for the tested entries every round, and for the rows of a rejection, where the
+    device path waits for its outcomes alone (the head's own feature transfers are the same in
+    both). One, not two: since the gathers' indices are staged without a wait the host path's
+    margin is about 1.9 a round (sd 183 against 231 waits over 26 rounds), below two where a
+    round rejects nothing."""
     from specrt.runtime import verification
 
     classes = [0, 1, 2, 3, 4, 5]
@@ -108,7 +111,7 @@ def test_head_chains_on_device_rows_are_verified_there_with_the_host_tokens(torc
     in_place, in_place_numbers, calls = on_device()
     monkeypatch.setattr(verification, "_verifies_in_place", lambda *blocks: False)
     on_host, on_host_numbers, _ = on_device()
-    assert in_place + 2 * (calls - 1) <= on_host and in_place_numbers < on_host_numbers, (in_place, on_host)
+    assert in_place + (calls - 1) <= on_host and in_place_numbers < on_host_numbers, (in_place, on_host)
 
 
 def _record_rounds(monkeypatch) -> dict[str, list]:
