@@ -6,6 +6,7 @@
 #   bash bench/device-run.sh demo     # every method, PyTorch + CUDA graphs, batch 1 and 8
 #   bash bench/device-run.sh trees    # chains vs static vs dynamic trees, both drafts, batch 1 and 8
 #   bash bench/device-run.sh plans    # plan-tree for both drafts, then chains vs planned trees
+#   bash bench/device-run.sh verify   # chains verified on the device vs the same rows on the host
 #
 # Each stage writes its text, JSON and Markdown into $OUT (the device tool's return folder;
 # bench/results/gpu otherwise), headed by the command and the GPU's name, ready to be copied
@@ -17,7 +18,7 @@
 # plan-tree flags (IMAGES=2 DEVICE=cpu PLAN_ARGS='--max-nodes 6 --repeats 2 --probe-width 2
 # --probe-depth 2' checks the script itself on a machine without a GPU).
 set -euo pipefail
-stage="${1:?usage: bash bench/device-run.sh tests|demo|trees|plans}"
+stage="${1:?usage: bash bench/device-run.sh tests|demo|trees|plans|verify}"
 out="${OUT:-bench/results/gpu}"
 device="${DEVICE:-cuda}"
 mkdir -p "$out"
@@ -68,8 +69,15 @@ case "$stage" in
             --sweep "sd:tree=static;static_tree=mc_sim_7b_63,$out/plan-independent.json,$out/plan-eagle.json" \
             --drafts independent,eagle --images "$((n * 3))" --json "$out/tree-plan-gpu.json" --markdown "$out/tree-plan-gpu.md"
         ;;
+    verify)
+        n="${IMAGES:-48}"
+        # device_verification=false: the same device rows verified on the host, the same tokens
+        run verify-gpu "${bench[@]}" --methods ar --sweep 'sd:device_verification=true,false' \
+            --sweep 'lantern:device_verification=true,false' --sweep 'sjd:device_verification=true,false' \
+            --batch 1,8 --images "$n" --json "$out/verify-gpu.json" --markdown "$out/verify-gpu.md"
+        ;;
     *)
-        echo "bench/device-run.sh: unknown stage '$stage' (tests, demo, trees or plans)" >&2
+        echo "bench/device-run.sh: unknown stage '$stage' (tests, demo, trees, plans or verify)" >&2
         exit 2
         ;;
 esac

@@ -431,7 +431,7 @@ class ChainOutcomes:
 
 
 def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], rule: AcceptanceRule,
-                  rngs: Sequence[np.random.Generator], draws: Any) -> ChainOutcomes:
+                  rngs: Sequence[np.random.Generator], draws: Any, in_place: bool = True) -> ChainOutcomes:
     """Cool-SD Alg. 1 lines 4-17 for every image of a batch: accept x̃_i while r_i ≤ f_i; at the first
     rejection sample G_i; if all of an image's drafts are accepted its next token is the head's
     draw from its P_{L+1} (the bonus token).
@@ -456,7 +456,9 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
 
     A batch of one image on host rows goes position by position instead (_verify_one_chain); rows
     that verify where they live (the PyTorch backend's DeviceRows) go through _verify_chains_in_place,
-    with the same uniforms, tests and draws.
+    with the same uniforms, tests and draws, unless `in_place` is false: then they are verified on
+    the host like any device view (the tested entries gathered, a rejection's rows read back), the
+    other side of the A/B a GPU session measures (methods' `device_verification`).
     """
     if len(drafts) == 1 and isinstance(p_block, np.ndarray) and isinstance(q_block, (np.ndarray, type(None))):
         return _verify_one_chain(p_block, q_block, drafts[0], rule, rngs[0], draws)
@@ -470,7 +472,7 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
     for size, rng, row in zip(sizes, rngs, uniforms):
         if size:
             rng.random(out=row[: size + 1])
-    if _verifies_in_place(p_block, q_block):
+    if in_place and _verifies_in_place(p_block, q_block):
         return _verify_chains_in_place(p_block, q_block, tokens, lengths, uniforms, draws, rule)
     next_tokens = np.asarray(draws)[images, lengths].astype(np.int64, copy=False)  # bonus tokens; rejections below
     steps = np.arange(longest)

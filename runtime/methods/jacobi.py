@@ -30,6 +30,10 @@ needs K + K² + … + K^D ≤ L. One iteration:
    or resampled token is a draw from the new row, so it is candidate 1 of a proactive level);
    proactive drafting turns the first D levels into K-candidate levels; slots past the last
    row start from uniform random tokens (q uniform).
+
+`device_verification` (default true): chain windows are verified where the rows live when the
+backend keeps them on a GPU (runtime.verification.verify_chains); false verifies them on the
+host, the same tokens (the A/B a GPU session measures; DraftThenVerify has the same switch).
 """
 from __future__ import annotations
 
@@ -100,7 +104,7 @@ class JacobiDecoding(Method):
     PARAMS = {"window": Int(16, low=1, symbol="L"), "adaptive_continuation": Bool(False),
               "proactive_drafting": Bool(False),
               "branching": Int(4, low=1, symbol="K"), "tree_depth": Int(3, low=0, symbol="D"),
-              "tree": Choice("spine", choices=TREES)}
+              "tree": Choice("spine", choices=TREES), "device_verification": Bool(True)}
 
     def validate(self) -> None:
         super().validate()
@@ -174,7 +178,8 @@ class JacobiDecoding(Method):
         q_block = rows_by_position([[level.q for level in levels] if levels is not None else [] for levels in chains])
         if not any(levels is not None for levels in chains):
             return {}
-        outcomes = verify_chains(out.probs, q_block, drafts, VANILLA, ctx.rngs, out.draws)
+        outcomes = verify_chains(out.probs, q_block, drafts, VANILLA, ctx.rngs, out.draws,
+                                 in_place=self.device_verification)
         verdicts = {}
         for p, (chain, accepted, token) in enumerate(zip(drafts, outcomes.accepted_lengths, outcomes.next_tokens)):
             if chains[p] is not None:

@@ -201,6 +201,46 @@ def test_device_resident_rows_give_the_same_tokens_and_cross_o_w_plus_v(tiny_pip
     assert reads < share * full_rows, f"{reads} numbers read back; whole rows would be {full_rows}"
 
 
+@pytest.mark.parametrize("method,params", [("sd", {"draft_len": 3}), ("lantern", {"tvd_budget": 0.3}),
+                                           ("sjd", {"window": 8})])
+def test_device_verification_false_verifies_device_rows_on_the_host_with_the_same_tokens(tiny_pipeline, method,
+                                                                                        params):
+    """`device_verification=false` (the GPU A/B's other side): chains of device rows are verified on
+    the host from the entries and rows read back, the same tokens as in place, with more waits and
+    more numbers read: in place a round reads its outcomes only, on the host a rejection reads its
+    two whole rows (this random tiny model rejects in most rounds: at least half a row's worth a
+    round more, where the draws read with the step add a few numbers only); on host rows it
+    changes nothing."""
+    pipe, _ = tiny_pipeline
+    expected = pipe.generate([3, 6], method=method, seed=5, **params).tokens
+    np.testing.assert_array_equal(
+        pipe.generate([3, 6], method=method, seed=5, device_verification=False, **params).tokens, expected)
+    runners = [pipe.target, pipe.draft]
+
+    def on_device(where: bool) -> tuple[int, int, int]:
+        for runner in runners:
+            runner.keep_rows_on_device, runner.host_numbers, runner.host_syncs = True, 0, 0
+        try:
+            result = pipe.generate([3, 6], method=method, seed=5, device_verification=where, **params)
+        finally:
+            for runner in runners:
+                runner.keep_rows_on_device = False
+        np.testing.assert_array_equal(result.tokens, expected)
+        return sum(r.host_syncs for r in runners), sum(r.host_numbers for r in runners), result.stats.target_calls
+
+    (in_place, in_place_numbers, calls), (on_host, on_host_numbers, _) = on_device(True), on_device(False)
+    assert in_place < on_host, (in_place, on_host)
+    rounds = calls - 1  # after the prefill
+    assert on_host_numbers - in_place_numbers >= rounds * pipe.target.spec.vocab_size / 2, \
+        (in_place_numbers, on_host_numbers, rounds)
+
+
+def test_device_verification_is_a_strict_flag(tiny_pipeline):
+    pipe, _ = tiny_pipeline
+    with pytest.raises(SpecrtError, match="device_verification"):
+        pipe.generate([3], method="sd", device_verification="maybe")
+
+
 @pytest.mark.parametrize("sampling", [{"top_k": 8}, {"temperature": 0.0}], ids=["top-k", "greedy"])
 @pytest.mark.parametrize("method,params", [("ar", {}), ("sd", {"draft_len": 3}), ("cool-sd", {"relaxation_budget": 2}),
                                            ("lantern", {"tvd_budget": 0.3}), ("sjd", {"window": 8}),
