@@ -87,11 +87,23 @@ def sample_masses(mass: np.ndarray, fallback: np.ndarray, rng: np.random.Generat
     inverse CDF scales its uniform by each row's total anyway (sampling.inverse_cdf), so the
     division is skipped; a row with (numerically) no mass draws from its fallback row, as normalise
     would. The same uniforms, in the same order, as `sample`."""
-    cdf = np.cumsum(mass, axis=-1)
+    return draw_masses(mass, fallback, rng.random(len(mass)))
+
+
+def draw_masses(mass: Any, fallback: Any, uniforms: Any) -> Any:
+    """sample_masses with its uniforms [R] given, in the rows' own array library (runtime.arrays):
+    on the host a row without mass reads its fallback row alone; where the rows live on a device
+    every fallback CDF is formed and picked where needed, since choosing rows there would make the
+    host wait. The same draws either way."""
+    xp = namespace(mass)
+    cdf = xp.cumulative_sum(mass, axis=-1)
     empty = cdf[:, -1] <= 1e-12
-    if empty.any():
-        cdf[empty] = np.cumsum(np.asarray(fallback, dtype=np.float64)[empty], axis=-1)
-    return draws_from_cdf(cdf, rng.random(len(cdf)))
+    if is_host(mass):
+        if empty.any():
+            cdf[empty] = np.cumsum(np.asarray(fallback, dtype=np.float64)[empty], axis=-1)
+    else:
+        cdf = xp.where(empty[:, None], xp.cumulative_sum(xp.astype(fallback, xp.float64), axis=-1), cdf)
+    return draws_from_cdf(cdf, uniforms)
 
 
 def g_star(p: np.ndarray, q: np.ndarray, f: np.ndarray) -> np.ndarray:
@@ -675,37 +687,68 @@ def verify_positions(p_block: np.ndarray, q_rows: Sequence[np.ndarray], tokens: 
     ones (stacked once, stack_rows). Each position uses its own uniforms, so this is the same
     test; only the tokens' entries are read until the rejected positions' residuals are formed
     and sampled as one [R, V] block instead of R small host calls.
+
+    Random stream: 2n uniforms up front, n tests then position i's resampling draw (used where it
+    is rejected), so what a call consumes does not depend on its outcomes.
     """
     return read_in_waves({0: positions_walk(p_block, np.arange(len(tokens)), q_rows, tokens, rng)})[0]
 
 
 def positions_walk(p_rows: Any, slots: np.ndarray, q_rows: Sequence[Any], tokens: Sequence[int],
-                   rng: np.random.Generator) -> Generator[list, list, list[int]]:
+                   rng: np.random.Generator, in_place: bool = True) -> Generator[list, list, list[int]]:
     """verify_positions as a walk (read_in_waves) over the new rows p_rows[slots] (on device rows
-    indexed inside the reads: no index copy of their own): host rows are read in place; device
-    rows ask for the tokens' entries, then for the rejected positions' rows."""
+    indexed inside the reads: no index copy of their own): host rows are read in place; rows that
+    verify where they live (DeviceRows) are tested and resampled there and ask for the kept or
+    resampled tokens alone (unless not `in_place`); other device rows ask for the tokens'
+    entries, then for the rejected positions' rows."""
     count = len(tokens)
+    uniforms = rng.random(2 * count)  # n tests, then each position's resampling draw
     index = np.arange(count), np.asarray(tokens)
     on_host = isinstance(p_rows, np.ndarray) and all(isinstance(row, np.ndarray) for row in q_rows)
     # host rows: read q at each token in place and copy only the rejected rows below; device rows
     # (DeviceRows): one stacked block, read with P's (one request: one transfer each way)
     q_block = None if on_host else stack_rows(q_rows)
+    if not on_host and in_place and _verifies_in_place(p_rows, q_block):
+        return (yield from _positions_in_place(p_rows, slots, q_block, index[1], uniforms))
     if on_host:
         p_at = np.asarray(p_rows[slots, index[1]], dtype=np.float64)
         q_at = np.array([row.item(t) for row, t in zip(q_rows, tokens)], dtype=np.float64)
     else:
         p_at, q_at = yield [(p_rows, (slots, index[1])), (q_block, index)]
     out = [int(t) for t in tokens]
-    rejected = np.flatnonzero(rng.random(count) > acceptance(p_at, q_at))
+    rejected = np.flatnonzero(uniforms[:count] > acceptance(p_at, q_at))
     if rejected.size:
         if on_host:  # np.array copies a list of rows in C, where np.stack reshapes each row in Python first
             p_rejected = np.asarray(p_rows[slots[rejected]], dtype=np.float64)
             q_rejected = np.array([q_rows[i] for i in rejected])
         else:
             p_rejected, q_rejected = yield [(p_rows, (slots[rejected],)), (q_block, (rejected,))]
-        for i, token in zip(rejected.tolist(), sample_masses(residual_mass(p_rejected, q_rejected), p_rejected, rng).tolist()):
+        drawn = draw_masses(residual_mass(p_rejected, q_rejected), p_rejected, uniforms[count + rejected])
+        for i, token in zip(rejected.tolist(), drawn.tolist()):
             out[i] = token
     return out
+
+
+def _positions_in_place(p_rows: Any, slots: np.ndarray, q_block: Any, tokens: np.ndarray,
+                        uniforms: np.ndarray) -> Generator[list, list, list[int]]:
+    """positions_walk where the rows live (a GPU; SJD-PAC's adaptive continuation): the slots,
+    tokens and uniforms go there in one copy (no wait), every position is tested and its residual
+    row drawn from there, the draw kept where the test failed, and the walk asks for the n tokens
+    alone (one read for a wave's images), where the host path reads each rejected position's two
+    whole rows (at LlamaGen's 16,384 codes 128 KB a position). No shape depends on an outcome; the
+    formulas and uniforms are the host path's, so are the tokens (tests/runtime compare them)."""
+    count = len(tokens)
+    sent = p_rows.send(np.concatenate([slots, tokens, uniforms]).astype(np.float64), "continuation")
+    xp = namespace(sent)
+    ints = xp.astype(sent[: 2 * count], xp.int64)  # slots and token ids are exact in float64
+    at, drafted, u = ints[:count], ints[count:], sent[2 * count:]
+    p = xp.astype(p_rows.array[at], xp.float64)  # [n, V]: the new rows
+    q = xp.astype(q_block.array, xp.float64)  # [n, V]: the stale rows the drafts came from
+    positions = xp.arange(count, device=sent.device)
+    kept = u[:count] <= acceptance(p[positions, drafted], q[positions, drafted])
+    drawn = draw_masses(residual_mass(p, q), p, u[count:])
+    out = xp.where(kept, drafted, xp.astype(drawn, xp.int64))
+    return (yield [(p_rows.holding(out), (slice(None),))])[0].astype(np.int64).tolist()
 
 
 # ---- verifying sibling candidates drawn without replacement (SJD-PAC App. A.3) ------------------

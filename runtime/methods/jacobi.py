@@ -257,7 +257,8 @@ class JacobiDecoding(Method):
                 if on_host:
                     kept = verify_positions(p_rows[at], q_rows, drafts, ctx.rng)
                 else:
-                    kept = yield from positions_walk(p_rows, at, q_rows, drafts, ctx.rng)
+                    kept = yield from positions_walk(p_rows, at, q_rows, drafts, ctx.rng,
+                                                     in_place=self.device_verification)
                 for (j, _), token in zip(old, kept):
                     tokens[j] = token
         if on_host:

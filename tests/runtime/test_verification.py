@@ -12,7 +12,8 @@ import pytest
 
 from specrt.runtime.sampling import inverse_cdf
 from specrt.runtime.verification import (
-    CoolRule, LanternRule, VanillaRule, acceptance, relaxation_schedule, rows_by_position, verify_chains,
+    CoolRule, LanternRule, VanillaRule, acceptance, positions_walk, read_in_waves, relaxation_schedule,
+    rows_by_position, verify_chains,
 )
 
 VOCAB, DRAFT_LEN = 12, 4
@@ -220,6 +221,42 @@ def test_device_rows_are_verified_in_place_and_only_outcomes_read_back(name):
             assert (meter.host_numbers, meter.host_syncs) == (2 * len(drafts), 2)
             rejected_at.update(a for a, chain in zip(host.accepted_lengths, drafts) if a < len(chain))
     assert rejected_at == set(range(DRAFT_LEN))
+
+
+def test_stale_drafts_are_re_tested_in_place_with_the_hosts_tokens_and_only_tokens_read_back():
+    """SJD-PAC's adaptive continuation on device rows (positions_walk): every stale draft tested and
+    resampled where the rows live gives the host path's token, position for position (the same 2n
+    uniforms, the same float64 arithmetic), over draws with rejections and acceptances, and rows
+    equal to their stale row (a residual without mass: the device forms every row's fallback CDF and
+    must pick the residual's draw elsewhere); what crosses is one copy there and the n tokens back."""
+    torch = pytest.importorskip("torch")
+    from specrt.runtime.backends.torch_backend import DeviceRows
+
+    class Meter:
+        host_numbers = host_syncs = 0
+
+    kept = resampled = fallback = 0
+    for seed in range(60):
+        rng = np.random.default_rng(seed)
+        count = 1 + seed % 7
+        p_block = rng.dirichlet(np.full(VOCAB, 0.3), size=count + 2).astype(np.float32)  # the step's rows
+        slots = rng.permutation(count + 2)[:count]
+        q_rows = [rng.dirichlet(np.full(VOCAB, 0.3)).astype(np.float32) for _ in range(count)]
+        if seed % 5 == 0:  # a stale row equal to its new one: an empty residual (its draft is kept)
+            q_rows[0] = p_block[slots[0]].copy()
+        tokens = [int(rng.choice(VOCAB, p=q.astype(np.float64) / q.astype(np.float64).sum())) for q in q_rows]
+        host = read_in_waves({0: positions_walk(p_block, slots, q_rows, tokens, np.random.default_rng(seed + 99))})[0]
+        meter = Meter()
+        device = read_in_waves({0: positions_walk(DeviceRows(torch.from_numpy(p_block.copy()), meter), slots,
+                                                  [DeviceRows(torch.from_numpy(q.copy()), meter) for q in q_rows],
+                                                  tokens, np.random.default_rng(seed + 99))})[0]
+        assert device == host, seed
+        # one copy there (a wait with this bare meter: a runner stages it without one) and one read back
+        assert (meter.host_numbers, meter.host_syncs) == (count, 2), seed
+        kept += sum(a == b for a, b in zip(host, tokens))
+        resampled += sum(a != b for a, b in zip(host, tokens))
+        fallback += seed % 5 == 0
+    assert kept and resampled and fallback
 
 
 def test_views_that_read_what_they_index_are_read_entry_by_entry():
