@@ -31,9 +31,11 @@ needs K + K² + … + K^D ≤ L. One iteration:
    proactive drafting turns the first D levels into K-candidate levels; slots past the last
    row start from uniform random tokens (q uniform).
 
-`device_verification` (default true): chain windows are verified where the rows live when the
-backend keeps them on a GPU (runtime.verification.verify_chains); false verifies them on the
-host, the same tokens (the A/B a GPU session measures; DraftThenVerify has the same switch).
+`device_verification` (default true): chain windows, and adaptive continuation's re-tests of the
+stale drafts, are verified where the rows live when the backend keeps them on a GPU
+(runtime.verification.verify_chains, positions_walk); false verifies them on the host, the same
+tokens (the A/B a GPU session measures; DraftThenVerify has the same switch). Tree windows'
+sibling groups and proactive drafting's draws are made on the host either way.
 """
 from __future__ import annotations
 
