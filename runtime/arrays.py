@@ -71,6 +71,25 @@ def kth_largest(array: Any, k: int) -> Any:
     return array.topk(k, dim=-1).values[..., -1:]
 
 
+def descending(array: Any) -> tuple[Any, Any]:
+    """(each row [..., V] sorted largest first, the order it was taken in): a stable sort, equal
+    entries in index order, in numpy (argsort of the negated rows) and torch alike."""
+    if is_host(array):
+        order = np.argsort(-array, axis=-1, kind="stable")
+        return np.take_along_axis(array, order, axis=-1), order
+    values, order = array.sort(dim=-1, descending=True, stable=True)
+    return values, order
+
+
+def unsorted(values: Any, order: Any) -> Any:
+    """`values` [..., V], given in the order `descending` returned, put back in the rows' own order."""
+    if is_host(values):
+        out = np.empty_like(values)
+        np.put_along_axis(out, order, values, axis=-1)
+        return out
+    return values.new_empty(values.shape).scatter_(-1, order, values)
+
+
 def _is_tensor(array: Any) -> bool:
     return type(array).__module__.startswith("torch")
 

@@ -3,8 +3,9 @@
 DESIGN.md: all methods take CFG, temperature, top-k and top-p as the target model's sampling
 distribution, identically for P and Q. CFG, temperature and the softmax run on the device, in
 the sampling head at the end of every graph (specrt.runtime.head), fed the `guidance_mix` made
-here; the host applies greedy/top-k/top-p to the rows it reads (`restrict`) and draws from
-residual rows (`sample`). Host arrays are numpy; restricted rows are float64.
+here; greedy/top-k/top-p restrict the rows where they are (`restrict`: on the host, or where the
+PyTorch backend keeps them on a GPU) and the host draws from residual rows (`sample`). Host
+arrays are numpy; restricted rows are float64.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from specrt.errors import SpecrtError
-from specrt.runtime.arrays import as_array, is_host, kth_largest, namespace
+from specrt.runtime.arrays import as_array, descending, is_host, kth_largest, namespace, unsorted
 from specrt.validation import COUNT_MAX, integer, number
 
 # Bounds that keep the head's mix (s/T and (1 − s)/T, float32) and its softmax finite.
@@ -94,18 +95,17 @@ def _keep_top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
     The token that crosses the threshold is kept, so at least one token always survives. The
     mass is relative to the row's total: after top-k the row is no longer normalised, and top-p
     acts on the top-k distribution (LlamaGen's top_k_top_p_filtering softmaxes the kept logits).
+    Host rows or torch tensors where the rows live, the same numbers: the total is the running
+    sum's last entry (summed in the order the running sum adds, as every library does), not a
+    separate sum whose order of additions each library chooses.
     """
     if top_p >= 1.0:
         return probs
-    if not is_host(probs):
-        raise ValueError("top-p restricts host rows only (runtime.methods.base reads device rows for it)")
-    order = np.argsort(-probs, axis=-1, kind="stable")
-    sorted_probs = np.take_along_axis(probs, order, axis=-1)
-    mass_before = np.cumsum(sorted_probs, axis=-1) - sorted_probs
-    keep_sorted = mass_before < top_p * sorted_probs.sum(axis=-1, keepdims=True)
-    keep = np.empty_like(keep_sorted)
-    np.put_along_axis(keep, order, keep_sorted, axis=-1)
-    return np.where(keep, probs, 0.0)
+    xp = namespace(probs)
+    sorted_probs, order = descending(probs)
+    running = xp.cumulative_sum(sorted_probs, axis=-1)
+    keep_sorted = running - sorted_probs < top_p * running[..., -1:]
+    return xp.where(unsorted(keep_sorted, order), probs, 0.0)
 
 
 def restrict(probs: np.ndarray, params: SamplingParams) -> np.ndarray:

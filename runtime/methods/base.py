@@ -158,14 +158,13 @@ class Decoding:
     def _restricted(self, out: StepOutput, uniforms: np.ndarray) -> StepOutput:
         """Greedy, top-k and top-p (sampling.restrict): they need whole rows, and the draws are
         redone on the restricted rows with the same uniforms. Rows that live on a device (the torch
-        backend's DeviceRows: `array`, `send`, `receive`) are restricted and drawn from there for
-        greedy and top-k, LlamaGen's defaults, and only the draws cross; top-p, and other
-        rows, on the host."""
+        backend's DeviceRows: `array`, `send`, `receive`) are restricted and drawn from there, and
+        only the draws cross; other rows on the host."""
         if not needs_restriction(self.sampling):
             return out
         with self.stats.timing("verification"):
             rows = out.probs
-            if hasattr(type(rows), "send") and self.sampling.top_p >= 1.0:
+            if hasattr(type(rows), "send"):
                 probs = restrict(rows.array, self.sampling)
                 draws = rows.receive(inverse_cdf(probs, rows.send(uniforms, "restriction").view(uniforms.shape)))
                 return StepOutput(rows.holding(probs), draws, rows if self.sampling.temperature == 0.0 else None)

@@ -241,15 +241,16 @@ def test_device_verification_is_a_strict_flag(tiny_pipeline):
         pipe.generate([3], method="sd", device_verification="maybe")
 
 
-@pytest.mark.parametrize("sampling", [{"top_k": 8}, {"temperature": 0.0}], ids=["top-k", "greedy"])
+@pytest.mark.parametrize("sampling", [{"top_k": 8}, {"temperature": 0.0}, {"top_p": 0.7}, {"top_k": 20, "top_p": 0.8}],
+                         ids=["top-k", "greedy", "top-p", "top-k-top-p"])
 @pytest.mark.parametrize("method,params", [("ar", {}), ("sd", {"draft_len": 3}), ("cool-sd", {"relaxation_budget": 2}),
                                            ("lantern", {"tvd_budget": 0.3}), ("sjd", {"window": 8}),
                                            ("sjd-pac", {"window": 15, "branching": 3}),
                                            ("sd", {"tree": "dynamic", "total_tokens": 10, "depth": 3, "tree_top_k": 3})])
 def test_device_rows_are_restricted_where_they_live(tiny_pipeline, method, params, sampling):
-    """Top-k (LlamaGen's default) and greedy decoding restrict device rows on the device and draw
-    there (runtime.methods.base._restricted): the tokens of host rows, and the target's rows are
-    read back far less than whole (a host restriction reads W·V numbers a step; a tree's draft
+    """Top-k (LlamaGen's default), top-p and greedy decoding restrict device rows on the device and
+    draw there (runtime.methods.base._restricted): the tokens of host rows, and the target's rows
+    are read back far less than whole (a host restriction reads W·V numbers a step; a tree's draft
     passes read theirs, as unrestricted)."""
     pipe, _ = tiny_pipeline
     params = {**params, **sampling}

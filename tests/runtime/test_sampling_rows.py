@@ -36,3 +36,28 @@ def test_runtime_rows_equal_the_reference(sampling):
         row = restrict(probs, sampling)[0, 0] if needs_restriction(sampling) else probs[0, 0]
         expected = reference_row(cond[r], uncond[r] if sampling.uses_cfg else None, sampling)
         np.testing.assert_allclose(row, expected, atol=2e-6, err_msg=f"row {r}")
+
+
+@pytest.mark.parametrize("sampling", SETTINGS[3:], ids=lambda s: f"k{s.top_k}-p{s.top_p}-T{s.temperature}")
+def test_device_rows_are_restricted_to_the_host_rows_numbers(sampling):
+    """`restrict` on torch tensors (the PyTorch backend's rows where they live) gives the host's
+    numbers bit for bit, ties included: top-k keeps every entry equal to the k-th largest, top-p
+    sorts stably (equal entries in index order) and keeps the entry that crosses the mass."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    rows = rng.dirichlet(np.full(9, 0.5), size=(50, 3)).astype(np.float32)
+    rows[:10, :, :4] = rows[:10, :, :1]  # ties: four equal entries in some rows
+    host = restrict(rows, sampling)
+    device = restrict(torch.from_numpy(rows.copy()), sampling).numpy()
+    np.testing.assert_array_equal(device, host)
+    assert (host > 0).sum(axis=-1).min() >= 1  # a token always survives
+
+
+def test_top_p_keeps_equal_entries_in_index_order_on_host_and_device_rows():
+    """Four equal entries and top-p 0.6: the nucleus is the first three by index, on both."""
+    torch = pytest.importorskip("torch")
+    row = np.array([[0.1, 0.225, 0.225, 0.1, 0.225, 0.225]], dtype=np.float32)
+    sampling = SamplingParams(top_p=0.6)
+    expected = np.array([[0.0, 1 / 3, 1 / 3, 0.0, 1 / 3, 0.0]])
+    np.testing.assert_allclose(restrict(row, sampling), expected, rtol=1e-6)
+    np.testing.assert_array_equal(restrict(torch.from_numpy(row.copy()), sampling).numpy(), restrict(row, sampling))
