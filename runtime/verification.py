@@ -82,19 +82,14 @@ def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return normalise(residual_mass(p, q), p)
 
 
-def sample_masses(mass: np.ndarray, fallback: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """sample(normalise(mass, fallback), rng) for rows [R, V] without normalising them first: the
-    inverse CDF scales its uniform by each row's total anyway (sampling.inverse_cdf), so the
-    division is skipped; a row with (numerically) no mass draws from its fallback row, as normalise
-    would. The same uniforms, in the same order, as `sample`."""
-    return draw_masses(mass, fallback, rng.random(len(mass)))
-
-
 def draw_masses(mass: Any, fallback: Any, uniforms: Any) -> Any:
-    """sample_masses with its uniforms [R] given, in the rows' own array library (runtime.arrays):
-    on the host a row without mass reads its fallback row alone; where the rows live on a device
-    every fallback CDF is formed and picked where needed, since choosing rows there would make the
-    host wait. The same draws either way."""
+    """One draw from Norm(mass) for each row [R, V] with the uniforms [R] given, without normalising
+    first: the inverse CDF scales its uniform by each row's total anyway (sampling.inverse_cdf), so
+    the division is skipped; a row with (numerically) no mass draws from its fallback row, as
+    normalise would. In the rows' own array library (runtime.arrays): on the host a row without
+    mass reads its fallback row alone; where the rows live on a device every fallback CDF is formed
+    and picked where needed, since choosing rows there would make the host wait. The same draws
+    either way."""
     xp = namespace(mass)
     cdf = xp.cumulative_sum(mass, axis=-1)
     empty = cdf[:, -1] <= 1e-12
