@@ -17,6 +17,7 @@ the rows are host arrays (onnxruntime, TensorRT, the CPU), nor for trees (verifi
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Optional
 
 import numpy as np
@@ -182,9 +183,7 @@ class DraftThenVerify(Method):
         the bonus tokens of them, on the device, so the round's one read back is its outcomes.
         Verified on the host (device_verification false), they come back with the step, as the
         host path has always read them."""
-        if not self.device_verification:
-            return ctx.run(ctx.target, windows)
-        with draws_left_on_device(ctx.target):
+        with draws_left_on_device(ctx.target) if self.device_verification else nullcontext():
             return ctx.run(ctx.target, windows)
 
     def _verify(self, ctx: Decoding, scored: StepOutput, q_block: Any, drafts: list[list[int]], rule: AcceptanceRule,
