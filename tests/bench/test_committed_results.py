@@ -1,4 +1,4 @@
-"""The committed default run (bench/results/demo.json): complete, and showing what issue 7 asks.
+"""The committed default run (bench/results/demo.json): complete, and showing every method's speed and fidelity.
 
 These read the numbers `specrt bench --json bench/results/demo.json` measured on the trained
 demo; they fail if a re-run that is committed loses a method, a field, or one of the
@@ -73,8 +73,8 @@ def test_each_family_beats_ar_or_the_profile_shows_where_it_would(payload, famil
 
 @pytest.mark.skipif(not (RESULTS / "demo-h100.json").is_file(), reason="no committed GPU results")
 def test_gpu_results_name_the_gpu_and_cover_every_method():
-    """Issue 17: the demo on PyTorch + CUDA graphs and the LlamaGen profiles, measured on an H100,
-    committed with the device named; the README quotes them beside the CPU figures."""
+    """The demo on PyTorch + CUDA graphs and the LlamaGen profiles, measured on an H100,
+    committed with the device named; the README and docs/benchmarks.md quote them beside the CPU figures."""
     run = json.loads((RESULTS / "demo-h100.json").read_text())
     assert "H100" in run["device"] and run["backend"] == "torch-cuda"
     assert {r["method"] for r in run["results"]} == set(DEFAULT_METHODS)
@@ -106,7 +106,7 @@ def test_int4_step_of_gpt_b_is_faster_than_fp32_at_one_token():
 
 
 def test_committed_precision_run_has_the_self_draft_beside_the_independent_one():
-    """`specrt bench --precision fp32,int8,int4,self-int4` (issue 22): one run, every precision;
+    """`specrt bench --precision fp32,int8,int4,self-int4` one run, every precision;
     the self-draft's sd accepts more than the independent draft's, on the unchanged target."""
     run = json.loads((RESULTS / "precision-demo.json").read_text())
     rows = {(r["precision"], r["label"]): r for r in run["rows"]}
@@ -121,8 +121,8 @@ def test_batch_8_costs_ar_sd_and_sjd_less_per_image_than_batch_1():
     """bench/results/demo-batch.json (`specrt bench --batch 1,8`): one run, the same tokens at both
     sizes, and ar's, sd's and sjd's per-image latency at batch 8 below their own at batch 1.
     SJD-PAC is not among them on this CPU: its 65-token window over 16 model rows is compute-bound
-    and a batch waits for its slowest image (session 6, quiet 2-core EPYC: 139 vs 132 ms per image;
-    README "Batches")."""
+    and a batch waits for its slowest image (quiet 2-core EPYC, 2026-11-24: 139 vs 132 ms per image;
+    docs/benchmarks.md, "Batches")."""
     path = RESULTS / "demo-batch.json"
     if not path.is_file():
         pytest.skip("no committed batch run")
@@ -136,7 +136,7 @@ def test_batch_8_costs_ar_sd_and_sjd_less_per_image_than_batch_1():
 
 @pytest.mark.skipif(not (RESULTS / "demo-t2i.json").is_file(), reason="no committed t2i bench results")
 def test_t2i_demo_run_scores_prompt_following_for_every_method_and_ar_passes_the_bar():
-    """Issue 12: `specrt bench --demo t2i` on a named device, every method with prompt following
+    """`specrt bench --demo t2i` on a named device, every method with prompt following
     beside the Fréchet distance, and AR samples showing the words of their prompts at >= 80% of
     the rate the evaluator reads them on real held-out digits (all words together, and each
     word: the digit and every attribute)."""

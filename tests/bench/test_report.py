@@ -1,5 +1,5 @@
 """The bench's time-per-image table, JSON and Markdown: the cost model's speed-up from the run's own
-graph timings beside the measured one (issue 30), on synthetic results with known answers."""
+graph timings beside the measured one, on synthetic results with known answers."""
 from __future__ import annotations
 
 import pytest
@@ -77,5 +77,5 @@ def test_json_and_markdown_carry_the_prediction_and_read_older_files(results):
     assert all(line.count("|") == markdown[0].count("|") for line in markdown[1:2 + len(results)])
     older = {**payload, "results": [{k: v for k, v in r.items() if k not in
                                      ("predicted_speedup_vs_ar", "mean_speedup_vs_ar", "measured_over_predicted")}
-                                    for r in payload["results"]]}  # written before issue 30
+                                    for r in payload["results"]]}  # written before the cost-model columns existed
     assert "| sd |" in format_markdown(older) and "| - | - |" in format_markdown(older)

@@ -1,4 +1,4 @@
-"""Continuous decoding batches (issue 27): ar and cspd decode a batch of images in one pass.
+"""Continuous decoding batches: ar and cspd decode a batch of images in one pass.
 
 A tiny random-weight MAR pair (8 tokens, drafts of 3) makes the images of a batch accept
 different numbers of drafts and finish in different rounds. The runner is checked slot by slot

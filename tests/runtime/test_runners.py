@@ -147,8 +147,8 @@ def test_device_resident_jacobi_windows_of_a_batch_are_read_in_a_few_waves_a_ste
     window's tested entries, its one-candidate levels' included, in one gather, rejection rows in
     one read, adaptive continuation's entries and rows and proactive drafting's rows likewise. So
     the target runner waits a bounded number of times a step whatever the batch size (reading
-    image by image, 6 images cost sjd about 15 and sjd-pac about 43 waits a step here; before
-    session 17, about 4 and 13). Same tokens."""
+    image by image, 6 images cost sjd about 15 and sjd-pac about 43 waits a step here; with
+    the reads in waves, about 4 and 13). Same tokens."""
     pipe, _ = tiny_pipeline
     images = [1, 2, 3, 4, 5, 6]
     expected = pipe.generate(images, method=method, seed=3, **params).tokens
