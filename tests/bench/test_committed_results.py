@@ -2,7 +2,7 @@
 
 These read the numbers `specrt bench --json bench/results/demo.json` measured on the trained
 demo; they fail if a re-run that is committed loses a method, a field, or one of the
-properties the README states.
+properties the README and docs/benchmarks.md state.
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_gpu_results_name_the_gpu_and_cover_every_method():
         assert result["host_bytes_per_forward"] is not None and result["host_bytes_per_forward"] > 0
     eager = json.loads((RESULTS / "demo-h100-eager.json").read_text())  # before CUDA graphs
     speed = lambda payload: {r["label"]: r["latency_s"]["median"] for r in payload["results"]}  # noqa: E731
-    assert speed(run)["ar"] < speed(eager)["ar"] / 3  # CUDA graphs: the fix this issue made
+    assert speed(run)["ar"] < speed(eager)["ar"] / 3  # CUDA graphs: the fix the H100 run made
     for arch in ("B", "XL"):
         profile = json.loads((RESULTS / f"profile-llamagen-c2i-{arch}-h100.json").read_text())
         assert "H100" in profile["device"] and profile["cuda_graphs"] is True
@@ -92,7 +92,9 @@ def test_gpu_results_name_the_gpu_and_cover_every_method():
             assert curve["windows"] == [1, 2, 4, 8, 16, 32, 64]
             assert 0 < curve["memory_bound_floor_s"] < curve["target_step_s"][0]  # no step beats the bandwidth
     readme = (RESULTS.parents[1] / "README.md").read_text()
-    assert "H100" in readme and "demo-h100" in readme and "llamagen-c2i-XL --device cuda" in readme
+    assert "H100" in readme and "demo-h100" in readme and "llamagen-c2i-XL" in readme
+    benchmarks = (RESULTS.parents[1] / "docs" / "benchmarks.md").read_text()
+    assert "demo-h100" in benchmarks and "llamagen-c2i-XL --device cuda" in benchmarks
 
 
 def test_int4_step_of_gpt_b_is_faster_than_fp32_at_one_token():

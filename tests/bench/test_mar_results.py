@@ -1,4 +1,4 @@
-"""The committed continuous-demo run (bench/results/mar-demo.json) is complete and says what the README reads."""
+"""The committed continuous-demo run (bench/results/mar-demo.json) is complete and says what docs/benchmarks.md reads."""
 from __future__ import annotations
 
 import json

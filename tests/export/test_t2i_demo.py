@@ -133,7 +133,7 @@ def test_packaged_weights_fit_the_budget_and_record_prompt_following():
     ratio = json.loads((folder / "demo.json").read_text())["quality"]["ratio"]
     # AR samples' share of the named words the evaluator reads as asked, over the same on real
     # digits: >= 0.8 overall and for the digit and each attribute ("every word of the prompt at
-    # once" falls short, 0.72: see the README)
+    # once" falls short, 0.72: see docs/guides/demos.md)
     assert min(ratio[k] for k in ("words", "digit", "thickness", "slant", "width")) >= 0.8
 
 

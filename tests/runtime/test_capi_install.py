@@ -1,6 +1,6 @@
 """The C API as `cmake --install` lays it out runs: the installed example program finds
-libspecrt in its prefix (RUNPATH $ORIGIN/../lib) with no LD_LIBRARY_PATH. The README's two
-commands, library and example in one project, installed into a temporary prefix."""
+libspecrt in its prefix (RUNPATH $ORIGIN/../lib) with no LD_LIBRARY_PATH. The C/C++ guide's
+(docs/guides/c-cpp.md) two commands, library and example in one project, installed into a temporary prefix."""
 from __future__ import annotations
 
 import os

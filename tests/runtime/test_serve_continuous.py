@@ -69,7 +69,7 @@ def test_specrt_serve_serves_the_continuous_demo_bundle_to_the_client(tmp_path):
     """`specrt serve BUNDLE` on the continuous demo bundle: one cspd request through the Client
     gets the PNG and float tokens a single generate gives; a bad class id is one line."""
     pytest.importorskip("pytriton.triton", reason="nvidia-pytriton is not installed (pip install 'specrt[serve]' in "
-                                                  "a venv made with /usr/bin/python3.11; README, Serving)")
+                                                  "a venv made with /usr/bin/python3.11; docs/guides/serve-triton.md)")
     pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed (pip install 'specrt[serve]')")
     from PIL import Image
 

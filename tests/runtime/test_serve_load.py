@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("pytriton.triton", reason="nvidia-pytriton is not installed (pip install 'specrt[serve]' in a "
-                                              "venv made with /usr/bin/python3.11; README, Serving)")
+                                              "venv made with /usr/bin/python3.11; docs/guides/serve-triton.md)")
 
 from serving_fixtures import REQUEST_KINDS, free_ports, tiny_pipeline  # noqa: E402
 

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("pytriton.triton", reason="nvidia-pytriton is not installed (pip install 'specrt[serve]' in a "
-                                              "venv made with /usr/bin/python3.11; README, Serving)")
+                                              "venv made with /usr/bin/python3.11; docs/guides/serve-triton.md)")
 pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed (pip install 'specrt[serve]')")
 
 from serving_fixtures import free_ports, wait_until_ready  # noqa: E402

@@ -19,7 +19,7 @@ from specrt.runtime.families import open_bundle  # noqa: E402
 
 def test_specrt_serve_serves_prompts_of_a_unified_bundle(tmp_path):
     pytest.importorskip("pytriton.triton", reason="nvidia-pytriton is not installed (pip install 'specrt[serve]' in "
-                                                  "a venv made with /usr/bin/python3.11; README, Serving)")
+                                                  "a venv made with /usr/bin/python3.11; docs/guides/serve-triton.md)")
     pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed (pip install 'specrt[serve]')")
     from PIL import Image
 
