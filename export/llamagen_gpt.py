@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from specrt.export.kv_cache import Cache, LayerCall, LayerPast, attend, run_layers
 from specrt.export.rope import apply_rope, rope_2d_tables
 
 # name -> (dim, n_layer, n_head), as LlamaGen's GPT_models.
@@ -142,9 +143,9 @@ class Attention(nn.Module):
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        past_k: Optional[torch.Tensor], past_v: Optional[torch.Tensor], mask: Optional[torch.Tensor],
+        past_k: LayerPast, past_v: LayerPast, mask: Optional[torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [B,W,dim]; past_k/v [B,Hkv,C,D] or None; mask bool [B,1,W,C+W] or None (= causal).
+        """x [B,W,dim]; past_k/v [B,Hkv,C,D], segments, a kv_cache.CacheWrite or None; mask bool [B,1,W,C+W] or None (= causal).
 
         Returns (output [B,W,dim], new k [B,Hkv,W,D], new v [B,Hkv,W,D]).
         """
@@ -157,31 +158,6 @@ class Attention(nn.Module):
 
         out = attend(q, k, v, past_k, past_v, mask).transpose(1, 2).reshape(bsz, width, q_size)
         return self.dropout(self.wo(out)), k, v
-
-
-def _repeat_kv(x: torch.Tensor, rep: int) -> torch.Tensor:
-    """[B,Hkv,T,D] -> [B,H,T,D], each kv head repeated consecutively (repeat_interleave)."""
-    if rep == 1:
-        return x
-    b, h, t, d = x.shape
-    return x[:, :, None].expand(b, h, rep, t, d).reshape(b, h * rep, t, d)
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: Optional[torch.Tensor],
-           past_v: Optional[torch.Tensor], mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """Attention of q [B,H,W,D] over the cache (past_k/v [B,Hkv,C,D], a tuple of such segments
-    along the sequence axis, or None) and the window's k/v [B,Hkv,W,D] (GQA heads repeated), mask
-    bool [B,1,W,C+W] or None (causal): [B,H,W,D]. Segments (a draft chain's cache and the rows it
-    drafted so far: runtime/chain.py) are joined with the window's rows in one concatenation."""
-    keys = k if past_k is None else torch.cat([*_segments(past_k), k], dim=2)
-    values = v if past_v is None else torch.cat([*_segments(past_v), v], dim=2)
-    rep = q.shape[1] // k.shape[1]
-    keys, values = _repeat_kv(keys, rep), _repeat_kv(values, rep)
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None)
-
-
-def _segments(past: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    return past if isinstance(past, tuple) else (past,)
 
 
 class TransformerBlock(nn.Module):
@@ -299,20 +275,14 @@ class GPT(nn.Module):
     # ---- shared trunk -----------------------------------------------------------------
 
     def _trunk(self, h: torch.Tensor, positions: torch.Tensor, mask: Optional[torch.Tensor],
-               past_kv: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               past_kv: Cache, run_layer: Optional[LayerCall] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run all layers on h [B,W,dim] at `positions` [B,W]; returns (logits, hidden, present_kv)."""
         # Padding slots past the end of the image reuse the last row (ONNX Min, TensorRT-friendly).
         positions = torch.minimum(positions, self.last_position.to(positions.dtype))
         cos, sin = F.embedding(positions, self.rope_cos), F.embedding(positions, self.rope_sin)  # Gather, int32-safe
-        h = self.tok_dropout(h)
-        present = []
-        for i, layer in enumerate(self.layers):
-            past_k = None if past_kv is None else past_kv[i, 0]
-            past_v = None if past_kv is None else past_kv[i, 1]
-            h, k, v = layer(h, cos, sin, past_k, past_v, mask)
-            present.append(torch.stack([k, v]))
+        h, present = run_layers(self.layers, self.tok_dropout(h), cos, sin, mask, past_kv, run_layer)
         hidden = self.norm(h)
-        return self.output(hidden).float(), hidden, torch.stack(present)
+        return self.output(hidden).float(), hidden, present
 
     def _condition_mask(self, cond_mask: Optional[torch.Tensor], batch: int, length: int, device) -> Optional[torch.Tensor]:
         """LlamaGen's t2i mask: causal, padded caption columns hidden, every token sees itself.
@@ -367,18 +337,20 @@ class GPT(nn.Module):
         return logits[:, -1:], hidden[:, -1:], present_kv
 
     def step(self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
-             past_kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             past_kv: Cache, run_layer: Optional[LayerCall] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run a window of W image tokens against a caller-owned cache.
 
         input_ids, positions: int [B,W] (positions are absolute sequence positions);
         attention_mask: bool [B,W,C+W] (columns < C: cache slots, then window slots);
-        past_kv: [L,2,B,Hkv,C,D]. Every window slot must be allowed at least one column;
-        positions past seq_len - 1 (padding slots) use the last RoPE row.
+        past_kv: [L,2,B,Hkv,C,D], or a kv_cache.StaticCache the step writes in place (the PyTorch
+        backend's decode step); `run_layer`: how each layer is run (a compiled function), default eager.
+        Every window slot must be allowed at least one column; positions past seq_len - 1
+        (padding slots) use the last RoPE row.
         Returns logits [B,W,V], hidden [B,W,dim] (final-norm output) and present_kv
         [L,2,B,Hkv,W,D] holding only the window's new keys/values.
         """
         h = self.tok_embeddings(input_ids)
-        return self._trunk(h, positions, attention_mask[:, None], past_kv)
+        return self._trunk(h, positions, attention_mask[:, None], past_kv, run_layer)
 
     # ---- training -----------------------------------------------------------------------
 

@@ -25,7 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from specrt.export.llamagen_gpt import GPT, RMSNorm, attend
+from specrt.export.kv_cache import attend, run_layers
+from specrt.export.llamagen_gpt import GPT, RMSNorm
 from specrt.export.rope import apply_rope, rope_2d_tables
 
 
@@ -156,11 +157,9 @@ class EagleHead(nn.Module):
         positions = torch.minimum(positions, self.last_position.to(positions.dtype))
         cos, sin = F.embedding(positions, self.rope_cos), F.embedding(positions, self.rope_sin)
         x = self.fc(torch.cat([self.embed_tokens(input_ids).to(hidden.dtype), hidden], dim=-1))
-        past_k = None if past_kv is None else past_kv[0, 0]
-        past_v = None if past_kv is None else past_kv[0, 1]
-        out, k, v = self.layers[0](x, cos, sin, past_k, past_v, mask)
+        out, present = run_layers(self.layers, x, cos, sin, mask, past_kv)
         logits = F.linear(out, self.lm_head.to(out.dtype)).float()
-        return logits, out, torch.stack([k, v])[None]
+        return logits, out, present
 
     def step(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
              attention_mask: torch.Tensor, past_kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -23,7 +23,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from specrt.export.llamagen_gpt import RMSNorm, attend
+from specrt.export.kv_cache import Cache, LayerCall, attend, run_layers
+from specrt.export.llamagen_gpt import RMSNorm
 from specrt.export.unified.config import CHAMELEON_QK_NORM_EPS, UnifiedConfig
 from specrt.runtime.grammar import FORCED_LOGIT
 
@@ -230,16 +231,11 @@ class UnifiedLM(nn.Module):
         return cos.to(dtype)[:, None], sin.to(dtype)[:, None]
 
     def _trunk(self, h: torch.Tensor, rope_positions: torch.Tensor, mask: torch.Tensor,
-               past_kv: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+               past_kv: Cache, run_layer: Optional[LayerCall] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """All layers on h [B,W,dim]; mask bool [B,1,W,C+W]. Returns (final-norm hidden, present_kv)."""
         cos, sin = self._rope(rope_positions, h.dtype)
-        present = []
-        for i, layer in enumerate(self.layers):
-            past_k = None if past_kv is None else past_kv[i, 0]
-            past_v = None if past_kv is None else past_kv[i, 1]
-            h, k, v = layer(h, cos, sin, past_k, past_v, mask)
-            present.append(torch.stack([k, v]))
-        return self.norm(h), torch.stack(present)
+        h, present = run_layers(self.layers, h, cos, sin, mask, past_kv, run_layer)
+        return self.norm(h), present
 
     def embed_stream(self, head_indices: torch.Tensor) -> torch.Tensor:
         """Head indices [B,W] -> input embeddings: Janus's generation embedding + aligner, else the
@@ -302,12 +298,13 @@ class UnifiedLM(nn.Module):
         return self.apply_grammar(logits, stream_index), last.float(), present
 
     def step(self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
-             past_kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             past_kv: Cache, run_layer: Optional[LayerCall] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run a window of stream tokens against a caller-owned cache.
 
         input_ids [B,W]: head indices; positions [B,W]: cache slots (cond_len + stream index);
         attention_mask bool [B,W,C+W] (cache columns, then window columns; columns below cond_len
-        carry the prompt mask); past_kv [L,2,B,Hkv,C,D]. Row w's logits predict stream index
+        carry the prompt mask); past_kv [L,2,B,Hkv,C,D] or a kv_cache.StaticCache written in place
+        (run_layer: how each layer runs, as GPT.step). Row w's logits predict stream index
         positions[w] − cond_len + 1. Returns logits [B,W,Vh] (float32), hidden [B,W,dim]
         (float32), present_kv [L,2,B,Hkv,W,D] (the window's rows only).
         """
@@ -318,7 +315,7 @@ class UnifiedLM(nn.Module):
         real = mask[:, :, :cond_len].to(torch.int64).sum(-1).amax(-1)
         rope_positions = positions - (cond_len - real)[:, None]
         h = self.embed_stream(input_ids.to(torch.int64))
-        hidden, present = self._trunk(h, rope_positions, mask[:, None], past_kv)
+        hidden, present = self._trunk(h, rope_positions, mask[:, None], past_kv, run_layer)
         logits = self.apply_grammar(self.head_logits(hidden), positions - cond_len + 1)
         return logits, hidden.float(), present
 

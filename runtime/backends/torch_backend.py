@@ -236,19 +236,25 @@ def model_spec(gpt: Any) -> ModelSpec:
 class TorchRunner(ModelRunner):
     """A ModelRunner over a GPT module (eval mode, inference_mode, its own device and dtype).
 
-    `cuda_graphs` (default: on for CUDA devices) replays one captured graph per window size.
+    `cuda_graphs` (default: on for CUDA devices) replays one captured graph per window size;
+    `compile` (default: on for CUDA devices) runs the step's blocks and head compiled by
+    torch.compile (compiled_step.CompiledStep, `compile_mode` one of its COMPILE_MODES).
+
+    The KV buffer holds `max_window` scratch columns after the capacity: a step writes its
+    window's keys/values there in place (export.kv_cache.StaticCache) and attends over the
+    buffer as it lies, so no layer copies its cache; `present` is a view of those columns until
+    the next step, and commits copy the accepted ones down as before.
     """
 
     meters_host_reads = True
     chain_kind = "DraftChain"  # the runtime.chain module `chain` runs
 
     def __init__(self, gpt: Any, max_window: int = 64, device: Optional[str] = None,
-                 cuda_graphs: Optional[bool] = None):
+                 cuda_graphs: Optional[bool] = None, compile: Optional[bool] = None, compile_mode: str = "default"):
         super().__init__(model_spec(gpt), max_window)
         torch = _torch()
         self.torch = torch
         from specrt.runtime.head import apply_head  # needs torch, as this runner does
-        self._apply_head = apply_head
         self.gpt = gpt.eval()
         if device is not None:
             self.gpt.to(device)
@@ -263,6 +269,13 @@ class TorchRunner(ModelRunner):
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
         if self.cuda_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs needs a CUDA device")
+        self.compiled = None  # compiled_step.CompiledStep where the step is compiled
+        if self.device.type == "cuda" if compile is None else compile:
+            from specrt.runtime.backends.compiled_step import CompiledStep
+
+            self.compiled = CompiledStep(compile_mode)
+        self._run_layer = self.compiled.run_layer if self.compiled else None
+        self._apply_head = self.compiled.head if self.compiled else apply_head
         self._graphs: dict[Any, Any] = {}  # window size (or a chain's key) -> CapturedStep
         self._seen_windows: set[Any] = set()  # sizes (keys) stepped once since the buffers were made
         self._chains: dict[Any, Any] = {}  # steps (a tree: its layout key) -> runtime.chain's module over this model
@@ -273,7 +286,7 @@ class TorchRunner(ModelRunner):
     def _allocate_kv(self, batch: int, capacity: int) -> None:
         torch = self.torch
         layers, two, _, heads, _, head_dim = self._kv_shape
-        shape = (layers, two, batch, heads, capacity, head_dim)
+        shape = (layers, two, batch, heads, capacity + self.max_window, head_dim)  # + the step's scratch columns
         self._kv_flat = torch.zeros(int(np.prod(shape)), dtype=self.dtype, device=self.device)
         self._kv = self._kv_flat.view(shape)
         self._mix = torch.zeros(self.mix.shape, dtype=torch.float32, device=self.device)  # filled by allocate()
@@ -493,7 +506,7 @@ class TorchRunner(ModelRunner):
         pos_t = self._to_device(positions, getattr(self, "_pos_dev", None))
         mask_t = self._to_device(mask, getattr(self, "_mask_dev", None))
         last_t = self._to_device(last, getattr(self, "_last_dev", None))
-        return [ids_t, *hidden, pos_t, mask_t, self._kv, last_t, self._mix]
+        return [ids_t, *hidden, pos_t, mask_t, self._committed_kv(), last_t, self._mix]
 
     def _run_drafting(self, module: Any, key: Any, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray,
                       last: np.ndarray, uniforms: np.ndarray, features: Optional[np.ndarray] = None) -> StepOutput:
@@ -525,10 +538,22 @@ class TorchRunner(ModelRunner):
         return module
 
     def _eager_step(self, ids_t: Any, pos_t: Any, mask_t: Any, uniforms_t: Any) -> tuple[Any, Any, Any, Any]:
-        """Model step and sampling head on the fixed input buffers: (present KV, probs, draws, hidden)."""
-        logits, hidden, present = self.gpt.step(ids_t, pos_t, mask_t, self._kv)
+        """Model step and sampling head on the fixed input buffers: (present KV, probs, draws, hidden).
+        The window's keys/values are written into the buffer's scratch columns (present views them)."""
+        logits, hidden, present = self.gpt.step(ids_t, pos_t, mask_t, self._static_kv(), self._run_layer)
         probs, draws = self._apply_head(logits, self._mix, uniforms_t)
         return present, probs, draws, hidden
+
+    def _static_kv(self) -> Any:
+        """The KV buffer as a step writes it: scratch columns from the capacity on."""
+        from specrt.export.kv_cache import StaticCache
+
+        return StaticCache(self._kv, self.capacity)
+
+    def _committed_kv(self) -> Any:
+        """The buffer's committed columns [L, 2, B, Hkv, capacity, D] (a view): what the drafting
+        modules, which keep their own window rows, read as past_kv."""
+        return self._kv[:, :, :, :, : self.capacity]
 
     def _hidden_rows(self, slots: Sequence[int]) -> np.ndarray:
         rows = self._hidden[:, list(slots)].float().cpu().numpy()
@@ -593,7 +618,7 @@ class TorchHeadRunner(HeadRunner, TorchRunner):
         with torch.inference_mode():
             dev = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
             logits, out, self._present = self.gpt.step(dev(ids).long(), dev(features).to(self.dtype),
-                                                       dev(positions).long(), dev(mask), self._kv)
+                                                       dev(positions).long(), dev(mask), self._static_kv())
             self.features_out[...] = out.float().cpu().numpy()
             probs, draws = self._apply_head(logits, self._mix, self._to_device(uniforms, self._uniforms_dev))
             return self._handoff(probs, draws)

@@ -1,0 +1,122 @@
+"""The KV cache forms a transformer layer attends over, and the loop that runs the layers over them.
+
+Why two forms: an exported graph (ONNX, TensorRT) takes the cache as an explicit input and hands
+the window's new keys/values back as an output ("present"), so the caller can commit only the
+accepted ones (docs/contracts.md); attention then joins the cache and the window's rows in one
+concatenation. On the PyTorch backend that concatenation copied each layer's whole cache every
+step (0.9 ms of a 5 ms GPT-XL step on an H100). A decode step there writes the window's rows in
+place instead, into scratch columns of the one preallocated buffer (`StaticCache`), and attends
+over the buffer's columns as they lie, under the same mask: what the step hands back as
+"present" is a view of those scratch columns, and a commit copies the accepted ones down, as it
+did from the concatenated output. The mask, positions and commit rules do not change.
+
+Every model with this trunk (LlamaGen's GPT, the unified-vocabulary LM, an EAGLE head) runs its
+layers through `run_layers`, so one design serves all of them.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+
+class CacheWrite(NamedTuple):
+    """One layer's keys (or values) [B, Hkv, S, D] of a static cache that the step writes in place:
+    the window's W rows go to columns [start, start + W), and attention reads columns [0, width),
+    width being the mask's last dimension (C + W, with start = C)."""
+
+    cache: torch.Tensor
+    start: int
+
+    def written(self, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """Write the window's rows [B, Hkv, W, D] in place; the columns attention reads, as a view."""
+        self.cache[:, :, self.start:self.start + rows.shape[2]].copy_(rows)
+        return self.cache[:, :, :width]
+
+
+class StaticCache(NamedTuple):
+    """A whole model's static KV buffer [L, 2, B, Hkv, S, D] with its scratch columns from `start`
+    (the runner's capacity C; S ≥ C + the widest window): the step writes each layer's window rows
+    there and attends over columns [0, C + W) under the step's mask [B, W, C + W]."""
+
+    buffer: torch.Tensor
+    start: int
+
+    def layer(self, index: int) -> tuple[CacheWrite, CacheWrite]:
+        return CacheWrite(self.buffer[index, 0], self.start), CacheWrite(self.buffer[index, 1], self.start)
+
+    def window(self, width: int) -> torch.Tensor:
+        """The window's rows as written, [L, 2, B, Hkv, W, D]: a view, valid until the next step."""
+        return self.buffer[:, :, :, :, self.start:self.start + width]
+
+
+# What attention reads as a layer's past: nothing, a tensor [B, Hkv, C, D], a tuple of such
+# segments (a draft chain's cache and the rows it drafted so far: runtime/chain.py KVSegments),
+# or a static cache written in place.
+LayerPast = Union[None, torch.Tensor, tuple, CacheWrite]
+Cache = Any  # None, a [L, 2, B, Hkv, C, D] tensor, KVSegments, or a StaticCache
+LayerCall = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def call_layer(layer: torch.nn.Module, *args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """layer(*args): the eager way to run a layer (a runner passes a compiled one instead)."""
+    return layer(*args)
+
+
+def run_layers(layers: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Optional[torch.Tensor],
+               cache: Cache, run_layer: Optional[LayerCall] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every layer over h [B, W, dim] against `cache`: (h, present [L, 2, B, Hkv, W, D]).
+
+    `run_layer(layer, h, cos, sin, past_k, past_v, mask)` runs one layer (default: eagerly);
+    the PyTorch backend passes one compiled function that every layer of a model shares.
+    present is stacked from the layers' outputs, or, over a StaticCache, the view of the
+    scratch columns they were written to (no copy)."""
+    run_layer = run_layer or call_layer
+    in_place = isinstance(cache, StaticCache)
+    present = []
+    for index, layer in enumerate(layers):
+        past_k, past_v = layer_past(cache, index)
+        h, k, v = run_layer(layer, h, cos, sin, past_k, past_v, mask)
+        if not in_place:
+            present.append(torch.stack([k, v]))
+    return h, cache.window(h.shape[1]) if in_place else torch.stack(present)
+
+
+def layer_past(cache: Cache, index: int) -> tuple[LayerPast, LayerPast]:
+    """Layer `index`'s keys and values in whatever form `cache` holds them."""
+    if cache is None:
+        return None, None
+    if isinstance(cache, StaticCache):
+        return cache.layer(index)
+    return cache[index, 0], cache[index, 1]
+
+
+def _repeat_kv(x: torch.Tensor, rep: int) -> torch.Tensor:
+    """[B,Hkv,T,D] -> [B,H,T,D], each kv head repeated consecutively (repeat_interleave)."""
+    if rep == 1:
+        return x
+    b, h, t, d = x.shape
+    return x[:, :, None].expand(b, h, rep, t, d).reshape(b, h * rep, t, d)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: LayerPast, past_v: LayerPast,
+           mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """Attention of q [B,H,W,D] over the cache and the window's k/v [B,Hkv,W,D] (GQA heads
+    repeated), mask bool [B,1,W,C+W] or None (causal): [B,H,W,D].
+
+    A static cache (CacheWrite) takes the window's rows in place and is read as it lies; a tensor
+    or a tuple of segments is joined with the window's rows in one concatenation."""
+    if isinstance(past_k, CacheWrite):
+        width = mask.shape[-1]
+        keys, values = past_k.written(k, width), past_v.written(v, width)
+    else:
+        keys = k if past_k is None else torch.cat([*_segments(past_k), k], dim=2)
+        values = v if past_v is None else torch.cat([*_segments(past_v), v], dim=2)
+    rep = q.shape[1] // k.shape[1]
+    keys, values = _repeat_kv(keys, rep), _repeat_kv(values, rep)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None)
+
+
+def _segments(past: Union[torch.Tensor, tuple]) -> tuple:
+    return past if isinstance(past, tuple) else (past,)
