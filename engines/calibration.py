@@ -10,7 +10,7 @@ memory bounded by the calibration-set size (a GPT-B step feed carries a ~47 MB K
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -68,17 +68,26 @@ class RecordingRunner(OrtRunner):
         return False  # and every dynamic tree pass: growth feeds are made from them
 
 
-def chain_feeds(step_feeds: list[Feeds], steps: Optional[int]) -> list[Feeds]:
+def chain_feeds(step_feeds: list[Feeds], steps: Optional[int],
+                inputs: Optional[Sequence[str]] = None) -> list[Feeds]:
     """Feeds for a draft chain (or tree: `steps` its drafts; a growth graph: None, it draws
     nothing) graph from its draft's recorded step feeds: the same window, cache and guidance,
     drafting after each image's last window slot (the later passes see the activations of the
-    drafts the graph makes itself)."""
+    drafts the graph makes itself).
+
+    `inputs` (the graph's input names) drops every recorded entry the graph does not take:
+    onnxruntime refuses a feed with a name the graph lacks, and a growth graph has no
+    `uniforms` although the step feeds it is made from do."""
     feeds = []
     for feed in step_feeds:
         images, window = feed["mix"].shape[0], feed["input_ids"].shape[1]
         made = {**feed, "last": np.full(images, window - 1, dtype=np.int32)}
         if steps is not None:
             made["uniforms"] = np.full((images, steps), 0.5, dtype=np.float32)
+        else:
+            made.pop("uniforms", None)
+        if inputs is not None:
+            made = {name: value for name, value in made.items() if name in inputs}
         feeds.append(made)
     return feeds
 
@@ -115,5 +124,5 @@ def record_feeds(manifest: Manifest, size: int, images: int, seed: int = 0, thre
             graph = manifest.graphs.get(f"{role}_{kind}")
             if graph is not None:
                 drafts = int(graph.input("uniforms").shape[1]) if "uniforms" in graph.input_names else None
-                feeds[graph.name] = chain_feeds(feeds[f"{role}_step"], drafts)
+                feeds[graph.name] = chain_feeds(feeds[f"{role}_step"], drafts, graph.input_names)
     return feeds

@@ -91,13 +91,56 @@ class QuantizeOptions:
 
 # ---- one graph ------------------------------------------------------------------------------
 
+WEIGHT_OPS = ("MatMul", "Gemm", "Conv")
+
+
+def _weight_layer(node: Any, constants: set[str]) -> bool:
+    """A linear layer of the model: a MatMul / Gemm / Conv whose second operand is a stored weight."""
+    return node.op_type in WEIGHT_OPS and len(node.input) > 1 and node.input[1] in constants
+
+
 def head_node_names(model: Any) -> list[str]:
-    """Names of the sampling head's nodes (downstream of `mix` / `uniforms`): kept in float."""
+    """Names of the sampling head's nodes (downstream of `mix` / `uniforms`): kept in float.
+
+    A chain, tree or growth graph runs the model again on the tokens its head drew, so those
+    passes' linear layers are downstream of `mix` too; they are the model's weights, not the
+    head (whose only MatMul weighs the CFG rows by `mix`), and are quantized like the first
+    pass's. Without this a draft chain kept every later pass in float while its manifest said
+    int8."""
     from specrt.engines.precision import downstream_nodes
 
     graph = model.graph
     sources = {i.name for i in graph.input if i.name in HEAD_INPUTS}
-    return [graph.node[i].name for i in sorted(downstream_nodes(graph, sources))]
+    constants = {t.name for t in graph.initializer}
+    return [graph.node[i].name for i in sorted(downstream_nodes(graph, sources))
+            if not _weight_layer(graph.node[i], constants)]
+
+
+def fold_weight_transposes(model: Any) -> int:
+    """Replace each Transpose of a stored weight by the transposed weight; returns how many.
+
+    Both quantizers recognise a linear layer by a weight stored as an initializer. The step
+    graphs have their weight transposes folded by the exporter; the fused chain, tree and
+    growth graphs share one Transpose per weight between their passes and keep it, which
+    hid every layer behind it from quantization (a draft chain came out unchanged)."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    weights = {t.name: t for t in graph.initializer}
+    folded = []
+    for node in graph.node:
+        if node.op_type != "Transpose" or len(node.input) != 1 or node.input[0] not in weights:
+            continue
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+        array = numpy_helper.to_array(weights[node.input[0]], base_dir="")
+        graph.initializer.append(numpy_helper.from_array(array.transpose(perm).copy(), node.output[0]))
+        folded.append(node)
+    for node in folded:
+        graph.node.remove(node)
+    used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    for tensor in [t for t in graph.initializer if t.name in {n.input[0] for n in folded} and t.name not in used]:
+        graph.initializer.remove(tensor)
+    return len(folded)
 
 
 def _name_nodes(model: Any) -> None:
@@ -200,6 +243,7 @@ def quantize_model(model: Any, options: QuantizeOptions, feeds: Sequence[dict] =
     """
     onnx = require("onnx", "specrt quantize")
     model = onnx.ModelProto.FromString(model.SerializeToString()) if model.ByteSize() < EXTERNAL_DATA_BYTES else model
+    fold_weight_transposes(model)
     _name_nodes(model)
     exclude = head_node_names(model)
     if options.tool == "onnxruntime":

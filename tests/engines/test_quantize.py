@@ -39,6 +39,19 @@ def ops(path: Path) -> list[str]:
     return [n.op_type for n in onnx.load(str(path)).graph.node]
 
 
+def float_linear_layers(path: Path) -> int:
+    """MatMul / Gemm nodes whose weight is a stored float tensor (or a Transpose of one): the
+    linear layers a quantizer left in float."""
+    graph = onnx.load(str(path)).graph
+    stored = {t.name for t in graph.initializer}
+    made_by = {out: node for node in graph.node for out in node.output}
+
+    def weight(name: str) -> bool:
+        node = made_by.get(name)
+        return name in stored or (node is not None and node.op_type == "Transpose" and node.input[0] in stored)
+    return sum(1 for n in graph.node if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1 and weight(n.input[1]))
+
+
 def head_ops(path: Path) -> set[str]:
     """Op types of the sampling head's nodes (downstream of mix / uniforms)."""
     graph = onnx.load(str(path)).graph
@@ -203,6 +216,38 @@ def test_modelopt_qdq_graphs_calibrated_on_recorded_feeds(demo_bundle, tmp_path,
     assert manifest.graph("draft_step").quantization is None
     result = Pipeline.from_bundle(out, threads=1).generate([1, 2], method="sd", seed=0)
     assert result.images.shape[0] == 2
+
+
+@pytest.mark.parametrize("mode", [pytest.param("int8", marks=needs_modelopt), "int4"])
+def test_every_graph_of_both_roles_quantizes_and_runs(demo_bundle, tmp_path, mode):
+    """The CLI's default --graphs target,draft quantizes every linear layer of every graph of
+    both roles: the draft chain, the static tree and the growth graph too, whose later passes
+    run on the head's draws and whose weights are shared between passes (and the growth graph
+    takes no `uniforms`, so its calibration feeds must not carry one); every tree runs on it."""
+    out = tmp_path / mode
+    assert run_cli(["quantize", str(demo_bundle), "--mode", mode, "--out", str(out), "--no-progress",
+                    "--calibration-images", "2", "--calibration-size", "3"]) == 0
+    manifest = read_manifest(out)
+    roles = [name for name, spec in read_manifest(demo_bundle).graphs.items() if spec.role in ("target", "draft")]
+    assert "draft_growth" in roles and "draft_tree" in roles and "draft_chain" in roles
+    for name in roles:
+        record = manifest.graph(name).quantization
+        assert record is not None and record["precision"] == mode, name
+        # every linear layer of every pass, not only the first pass of a fused chain or tree
+        assert float_linear_layers(demo_bundle / f"{name}.onnx") > 0, name
+        assert float_linear_layers(manifest.graph_path(name)) == 0, name
+    pipe = Pipeline.from_bundle(out, threads=1)
+    for params in ({"tree": "dynamic"}, {"tree": "static"}, {}):
+        assert pipe.generate([1], method="sd", seed=0, **params).images.shape[0] == 1
+
+
+def test_growth_feeds_carry_only_the_growth_graphs_inputs(demo_bundle):
+    from specrt.engines.calibration import record_feeds
+
+    manifest = read_manifest(demo_bundle)
+    feeds = record_feeds(manifest, size=2, images=1)
+    for name in ("draft_chain", "draft_tree", "draft_growth"):
+        assert feeds[name] and all(set(feed) == set(manifest.graph(name).input_names) for feed in feeds[name]), name
 
 
 def test_calibration_feeds_are_real_decoding_inputs(demo_bundle):
