@@ -57,6 +57,15 @@ class StepLatency:
     dtype: str = "fp32"
     bytes_per_step: int | None = None
     tokens: int | None = None  # image tokens per image (the architecture's grid²)
+    ops_per_step: int | None = None  # of a W = 1 step: GPU kernels on CUDA, compute ops on a CPU (bench/step_ops.py)
+    layers: int | None = None  # the target's transformer blocks
+    compiled: bool = False  # steps run through torch.compile (runtime/backends/compiled_step.py)
+    compile_s: float = 0.0  # seconds the first calls spent compiling
+
+    @property
+    def ops_per_layer(self) -> float | None:
+        """ops_per_step over the blocks (the embedding, final norm and head spread over them)."""
+        return self.ops_per_step / self.layers if self.ops_per_step and self.layers else None
 
     def target(self, window: int) -> float:
         """t(W), linearly interpolated between measured windows (clamped to the range)."""
@@ -139,18 +148,31 @@ def memory_bandwidth(device: str, megabytes: int = 1024, repeats: int = 10) -> f
 
 def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] = DEFAULT_WINDOWS, repeats: int = 7,
                    device: str = "cpu", progress: Callable[[str], None] | None = None, images: int = 1,
-                   dtype: str = "fp32", cuda_graphs: bool = True) -> StepLatency:
+                   dtype: str = "fp32", cuda_graphs: bool = True, compile: bool | None = None,
+                   compile_mode: str = "default") -> StepLatency:
     """t(W) of a target GPT (`images` CFG pairs, past half full) at each window, and t_draft(1) of
-    a draft GPT, with weights and KV buffer in `dtype`.
+    a draft GPT, with weights and KV buffer in `dtype`, and the operations of a W = 1 step.
 
-    On CUDA each step is timed as the runtime runs it (TorchRunner): a replayed CUDA graph, so
+    Each step is run as the runtime runs it (TorchRunner): over a static cache written in place,
+    compiled where `compile` (default: on CUDA), and on CUDA timed as a replayed CUDA graph, so
     t(W) is the GPU's time and not Python's kernel launches (`cuda_graphs=False` times eager
     steps, launch-bound for every LlamaGen size at small batch)."""
     torch = require("torch", "specrt bench --profile-arch")
+    from specrt.bench.step_ops import profile_generated_kernels, step_ops
+    from specrt.export.kv_cache import StaticCache
     from specrt.runtime.head import apply_head
     from specrt.runtime.sampling import SamplingParams, guidance_mix
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    compile = device.startswith("cuda") if compile is None else compile
+    compiled = None
+    if compile:
+        from specrt.runtime.backends.compiled_step import CompiledStep
+
+        if not device.startswith("cuda"):
+            profile_generated_kernels()  # before compiling: each fused C++ kernel counts as one op
+        compiled = CompiledStep(compile_mode)
+    head = compiled.head if compiled else apply_head
     weights_type = torch_dtype(dtype)
     config = target.config
     capacity = config.seq_len + max(windows)
@@ -168,18 +190,20 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
         mask[:, :, capacity:] = torch.ones(window, window, dtype=torch.bool, device=device).tril()
         uniforms = torch.full((images, window), 0.5, device=device)
 
-        args = (ids, positions, mask, kv)
+        cache = StaticCache(kv, capacity)  # the window written into the scratch columns, as TorchRunner does
+        args: tuple = (ids, positions, mask, cache, compiled.run_layer if compiled else None)
         if getattr(model, "draft_kind", None) == "eagle":  # an EAGLE head also reads a feature per token
-            args = (ids, torch.zeros(rows, window, config.dim, device=device, dtype=weights_type), positions, mask, kv)
+            args = (ids, torch.zeros(rows, window, config.dim, device=device, dtype=weights_type), positions, mask,
+                    cache)
 
         def run() -> Any:
             with torch.inference_mode():  # the model and the sampling head every step graph ends in
-                return apply_head(model.step(*args)[0], mix, uniforms)
+                return head(model.step(*args)[0], mix, uniforms)
         return run
 
     def kv_for(cfg):
-        return torch.zeros(cfg.n_layer, 2, rows, cfg.n_kv_head, capacity, cfg.head_dim, device=device,
-                           dtype=weights_type)
+        return torch.zeros(cfg.n_layer, 2, rows, cfg.n_kv_head, capacity + max(windows), cfg.head_dim,
+                           device=device, dtype=weights_type)
 
     graphs = cuda_graphs and device.startswith("cuda")
     if graphs:
@@ -193,8 +217,11 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
 
     target = target.to(device=device, dtype=weights_type).eval()
     kv = kv_for(config)
-    floor_bytes = bytes_per_step(target, kv)
-    fns = [timed(step_fn(target, window, kv)) for window in windows]
+    floor_bytes = bytes_per_step(target, kv[:, :, :, :, :capacity])  # the scratch columns are the window's
+    steps = [step_fn(target, window, kv) for window in windows]
+    steps[0]()  # warm (compiles) before counting
+    ops = step_ops(steps[0], device)
+    fns = [timed(step) for step in steps]
     report = (lambda done: progress(f"{name} {dtype} x{images}: round {done}/{repeats} over "
                                     f"W={','.join(map(str, windows))}")) if progress else None
     target_s = _interleaved_best(fns, repeats, sync, report)
@@ -202,7 +229,8 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
     draft = draft.to(device=device, dtype=weights_type).eval()
     draft_s = _interleaved_best([timed(step_fn(draft, 1, kv_for(draft.config)))], repeats, sync)[0]
     return StepLatency(name, device, list(windows), target_s, draft_s, images, dtype, floor_bytes,
-                       config.num_image_tokens)
+                       config.num_image_tokens, ops, config.n_layer, compiled is not None,
+                       compiled.compile_seconds if compiled else 0.0)
 
 
 def measure_runners(name: str, target: Any, draft: Any, windows: tuple[int, ...] = DEFAULT_WINDOWS,
@@ -234,7 +262,8 @@ def measure_runners(name: str, target: Any, draft: Any, windows: tuple[int, ...]
 
 def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, repeats: int = 7,
                          device: str = "cpu", progress: Callable[[str], None] | None = None, images: int = 1,
-                         dtype: str = "fp32", cuda_graphs: bool = True) -> StepLatency:
+                         dtype: str = "fp32", cuda_graphs: bool = True, compile: bool | None = None,
+                         compile_mode: str = "default") -> StepLatency:
     """measure_models on a LlamaGen architecture with random weights and an EAGLE head for it."""
     if arch not in PROFILE_ARCHS:
         raise SpecrtError(f"unknown --profile-arch {arch!r}; choose from {', '.join(PROFILE_ARCHS)}")
@@ -251,7 +280,8 @@ def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, 
     with torch.device(device):  # initialise on the device: XL's random weights are 3 GB
         target = GPT(config)
         draft = EagleHead(EagleConfig.for_target(target)).tie_to(target)
-    return measure_models(arch, target, draft, windows, repeats, device, progress, images, dtype, cuda_graphs)
+    return measure_models(arch, target, draft, windows, repeats, device, progress, images, dtype, cuda_graphs,
+                          compile, compile_mode)
 
 
 def window_cost(method: str, params: dict[str, Any]) -> tuple[int, int]:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The GPU measurements issue 30 owes, in stages that each fit one call of a lent machine
-# (10 minutes a command, 30 minutes of device time a session): run from the repository root,
+# The GPU measurements, in stages that each fit one call of a lent machine (10 minutes a
+# command; keep each stage under 6 minutes on an H100): run from the repository root,
 #
+#   bash bench/device-run.sh step     # the decode step: XL and B profiles (fp32/bf16, 1 and 8 images), AR end to end
 #   bash bench/device-run.sh tests    # the CUDA-graph, draft-chain and draft-tree tests, then a smoke bench
 #   bash bench/device-run.sh demo     # every method, PyTorch + CUDA graphs, batch 1 and 8
 #   bash bench/device-run.sh trees    # chains vs static vs dynamic trees, both drafts, batch 1 and 8
@@ -14,11 +15,13 @@
 # numpy but nothing can be fetched there, so specrt is installed from this checkout without
 # dependencies; array-api-compat (pure Python, a runtime dependency) comes from a wheel carried
 # in .device-wheels/ (`pip download array-api-compat -d .device-wheels` here, then the device
-# tool's carry: [".device-wheels"]) unless the machine has it. IMAGES and DEVICE override the image counts and the torch device, PLAN_ARGS adds
-# plan-tree flags (IMAGES=2 DEVICE=cpu PLAN_ARGS='--max-nodes 6 --repeats 2 --probe-width 2
-# --probe-depth 2' checks the script itself on a machine without a GPU).
+# tool's carry: [".device-wheels"]) unless the machine has it. IMAGES and DEVICE override the image
+# counts and the torch device, PLAN_ARGS adds plan-tree flags, STEP_ARCHS the step stage's profiles
+# (IMAGES=2 DEVICE=cpu STEP_ARCHS=B PLAN_ARGS='--max-nodes 6 --repeats 2 --probe-width 2
+# --probe-depth 2' checks the script itself on a machine without a GPU). The step stage compiles
+# each (model, dtype, batch, window) once (inductor's cache: TORCHINDUCTOR_CACHE_DIR).
 set -euo pipefail
-stage="${1:?usage: bash bench/device-run.sh tests|demo|trees|plans|verify}"
+stage="${1:?usage: bash bench/device-run.sh step|tests|demo|trees|plans|verify}"
 out="${OUT:-bench/results/gpu}"
 device="${DEVICE:-cuda}"
 mkdir -p "$out"
@@ -39,10 +42,22 @@ plan=(python3 -m specrt.cli plan-tree --backend torch --device "$device" --threa
 run() {
     local name="$1"; shift
     { echo "\$ $*"; echo "($machine; bench/device-run.sh $stage)"
-      "$@" 2>&1 | tr '\r' '\n' | grep -v "img/s\]\|s/img\]\|it/s\]\|^\[\|^exporting\|^ *$"; } | tee "$out/$name.txt"
+      "$@" 2>&1 | tr '\r' '\n' | grep -v "img/s\]\|s/img\]\|it/s\]\|^\[\|^exporting\|^ *$\|: round [0-9]*/\|^USDT"; } | tee "$out/$name.txt"
 }
 
 case "$stage" in
+    step)
+        # the decode step as the runtime runs it (static KV cache, compiled, CUDA graphs), against the eager step
+        for arch in ${STEP_ARCHS:-XL B}; do
+            run "step-profile-$arch" "${bench[@]}" --profile-arch "llamagen-c2i-$arch" --profile-dtypes bf16,fp32 \
+                --profile-images 1,8 --windows 1,16 --repeats 5 --precision none --json "$out/step-profile-$arch.json"
+        done
+        run step-profile-XL-eager "${bench[@]}" --profile-arch llamagen-c2i-XL --no-compile --profile-dtypes bf16 \
+            --profile-images 1 --windows 1,16 --repeats 5 --precision none
+        # LlamaGen's sample_c2i.py setting: 256 px, CFG 4; compare with its generate() under torch.compile
+        run ar-xl python3 -m specrt.bench.ar_timing --arch GPT-XL --image-size 256 --dtype bf16 --images 1,8 \
+            --device "$device" --repeats 2
+        ;;
     tests)
         [ "$device" = cpu ] || python3 -m pytest -q -p no:cacheprovider tests/runtime/test_cuda_graphs.py \
             tests/runtime/test_draft_chain.py tests/runtime/test_tree_call.py tests/runtime/test_growth_call.py tests/runtime/test_eagle_chain.py 2>&1 | tee "$out/pytest-cuda.txt"
@@ -77,7 +92,7 @@ case "$stage" in
             --batch 1,8 --images "$n" --json "$out/verify-gpu.json" --markdown "$out/verify-gpu.md"
         ;;
     *)
-        echo "bench/device-run.sh: unknown stage '$stage' (tests, demo, trees, plans or verify)" >&2
+        echo "bench/device-run.sh: unknown stage '$stage' (step, tests, demo, trees, plans or verify)" >&2
         exit 2
         ;;
 esac

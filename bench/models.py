@@ -161,16 +161,17 @@ def open_models(bundle: Optional[Path] = None, backend: str = "ort", demo_weight
                 threads: Optional[int] = 1, cache_dir: Optional[Path] = None, judge: bool = True,
                 progress: Optional[Progress] = None, device: str = "cpu",
                 cuda_graphs: Optional[bool] = None, drafts: Sequence[str] = (), demo: Optional[str] = None,
-                prompts: Optional[list[str]] = None) -> BenchModels:
+                prompts: Optional[list[str]] = None, compile: Optional[bool] = None,
+                compile_mode: str = "default") -> BenchModels:
     """A BUNDLE on onnxruntime, or the demo `demo` (export.demo.registry; default c2i) on
     onnxruntime (cached export) or PyTorch. `prompts`: a t2i model's prompts (bench_prompts).
 
-    `device` and `cuda_graphs` are the torch backend's (Pipeline.from_torch); the backend is
+    `device`, `cuda_graphs`, `compile` and `compile_mode` are the torch backend's (Pipeline.from_torch); the backend is
     reported as 'torch-cuda' on a GPU so the run names the GPU. `drafts` (the demo only):
     the draft kinds to compare, each a pipeline of its own (`independent`: the demo's draft
     GPT; `eagle`: the packaged EAGLE head, on the same target)."""
     models = _open_models(bundle, backend, demo_weights, threads, cache_dir, judge, progress, device, cuda_graphs,
-                          demo)
+                          demo, compile, compile_mode)
     models.prompts = bench_prompts(models.pipeline, prompts)
     if drafts:
         if bundle is not None or demo_weights is not None or demo not in (None, "c2i"):
@@ -178,13 +179,14 @@ def open_models(bundle: Optional[Path] = None, backend: str = "ort", demo_weight
                               "--demo-weights (or benchmark each bundle on its own)")
         for kind in drafts:
             models.drafts[kind] = models.pipeline if kind == "independent" else \
-                _eagle_demo_pipeline(backend, threads, cache_dir, progress, device)
+                _eagle_demo_pipeline(backend, threads, cache_dir, progress, device, compile, compile_mode)
             models.draft_sources[kind] = "demo draft GPT" if kind == "independent" else "demo EAGLE head (eagle.safetensors)"
     return models
 
 
 def _eagle_demo_pipeline(backend: str, threads: Optional[int], cache_dir: Optional[Path],
-                         progress: Optional[Progress], device: str) -> Pipeline:
+                         progress: Optional[Progress], device: str, compile: Optional[bool] = None,
+                         compile_mode: str = "default") -> Pipeline:
     """The demo target with its packaged EAGLE head as the draft, on the run's backend."""
     if backend != "torch":
         return Pipeline.from_bundle(demo_bundle(None, cache_dir, progress, eagle=True), backend=backend, threads=threads)
@@ -193,11 +195,12 @@ def _eagle_demo_pipeline(backend: str, threads: Optional[int], cache_dir: Option
 
     demo = load_demo()
     return Pipeline.from_torch(demo.target, load_eagle_head(packaged_demo_head(), demo.target), demo.vq,
-                               device=device, threads=threads, cuda_graphs=False)
+                               device=device, threads=threads, cuda_graphs=False, compile=compile,
+                               compile_mode=compile_mode)
 
 
 def _open_models(bundle, backend, demo_weights, threads, cache_dir, judge, progress, device, cuda_graphs,
-                 demo=None) -> BenchModels:
+                 demo=None, compile=None, compile_mode="default") -> BenchModels:
     from specrt.export.demo.registry import DEFAULT_DEMO, get_demo
 
     if backend not in BACKENDS:
@@ -220,7 +223,8 @@ def _open_models(bundle, backend, demo_weights, threads, cache_dir, judge, progr
                            f"{where} (exported to {path})", fidelity)
 
     # the demo's own sampling defaults
-    pipe = entry.hook("torch_pipeline")(demo_weights, device=device, threads=threads, cuda_graphs=cuda_graphs)
+    pipe = entry.hook("torch_pipeline")(demo_weights, device=device, threads=threads, cuda_graphs=cuda_graphs,
+                                        compile=compile, compile_mode=compile_mode)
     on_gpu = device.startswith("cuda")
     graphs = " with CUDA graphs" if on_gpu and pipe.target.cuda_graphs else ""
     return BenchModels(pipe, "torch-cuda" if on_gpu else "torch", f"{where} (PyTorch modules{graphs})", fidelity)

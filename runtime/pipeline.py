@@ -130,7 +130,8 @@ class Pipeline:
                    max_window: int = DEFAULT_MAX_WINDOW, device: Optional[str] = None,
                    sampling_defaults: Optional[SamplingParams] = None, cuda_graphs: Optional[bool] = None,
                    threads: Optional[int] = None, text_encoder: Any = None,
-                   max_images: int = DEFAULT_MAX_IMAGES) -> "Pipeline":
+                   max_images: int = DEFAULT_MAX_IMAGES, compile: Optional[bool] = None,
+                   compile_mode: str = "default") -> "Pipeline":
         """PyTorch GPT modules (specrt.export.llamagen_gpt.GPT) and a VQModel or VQDecoder;
         draft may be None, a GPT (an independent draft) or an EAGLE head (specrt.export.eagle,
         e.g. from load_eagle_head or train-draft), which drafts from the target's hidden states. The three must fit together (runtime.compatibility): one line if not.
@@ -139,6 +140,10 @@ class Pipeline:
         its loader recorded, else its family's), which `specrt export` writes into a bundle too,
         so this pipeline and the bundle exported from the same modules sample alike.
         `cuda_graphs` (default: on for CUDA) replays each window size's step as a CUDA graph.
+        `compile` (default: on for CUDA) runs each step's blocks and sampling head compiled by
+        torch.compile (`compile_mode`: "default" or "max-autotune-no-cudagraphs"); the first
+        step of each window size compiles (runtime/backends/compiled_step.py), False keeps the
+        eager step, the reference the compiled one is tested against.
         `threads`: torch's intra-op threads, as from_bundle's for onnxruntime (torch's setting
         is process-wide; None leaves it as it is, by default one per core).
         `text_encoder` (t2i) turns prompts into caption embeddings (runtime.text).
@@ -154,7 +159,8 @@ class Pipeline:
                 set_torch_threads(validation.count("threads", threads))
             return UnifiedPipeline.from_torch(target_gpt, draft_gpt, vq, neighbours=neighbours, max_window=max_window,
                                               device=device, sampling_defaults=sampling_defaults,
-                                              cuda_graphs=cuda_graphs, max_images=max_images)
+                                              cuda_graphs=cuda_graphs, max_images=max_images, compile=compile,
+                                              compile_mode=compile_mode)
         from specrt.runtime.eagle import EAGLE_KIND
         from specrt.runtime.backends.torch_backend import TorchHeadRunner, TorchRunner, TorchVQ
         max_window = validation.count("max_window", max_window)
@@ -163,13 +169,13 @@ class Pipeline:
         eagle = getattr(draft_gpt, "draft_kind", None) == EAGLE_KIND  # an EAGLE head (specrt.export.eagle)
         check_compatible(target_gpt.config, draft_gpt.config if draft_gpt is not None and not eagle else None,
                          vq.config, "Pipeline.from_torch")
-        target = TorchRunner(target_gpt, max_window, device, cuda_graphs)
+        target = TorchRunner(target_gpt, max_window, device, cuda_graphs, compile, compile_mode)
         draft = None
         if eagle:
-            draft = TorchHeadRunner(draft_gpt, target.spec, max_window, device)
+            draft = TorchHeadRunner(draft_gpt, target.spec, max_window, device, compile, compile_mode)
             target.keep_hidden = True
         elif draft_gpt is not None:
-            draft = TorchRunner(draft_gpt, max_window, device, cuda_graphs)
+            draft = TorchRunner(draft_gpt, max_window, device, cuda_graphs, compile, compile_mode)
         if neighbours is None:
             neighbours = TorchVQ.neighbours_of(vq)
         defaults = sampling_defaults or defaults_of(target_gpt)

@@ -608,8 +608,10 @@ class TorchHeadRunner(HeadRunner, TorchRunner):
 
     chain_kind = "HeadChain"
 
-    def __init__(self, head: Any, target_spec: ModelSpec, max_window: int = 64, device: Optional[str] = None):
-        TorchRunner.__init__(self, head, max_window, device, cuda_graphs=False)
+    def __init__(self, head: Any, target_spec: ModelSpec, max_window: int = 64, device: Optional[str] = None,
+                 compile: Optional[bool] = None, compile_mode: str = "default"):
+        TorchRunner.__init__(self, head, max_window, device, cuda_graphs=False, compile=compile,
+                             compile_mode=compile_mode)
         self.spec = target_spec  # the head speaks the target's token language and conditions
         self.dim = head.config.dim
 

@@ -19,6 +19,7 @@ from specrt.bench.models import BACKENDS
 from specrt.export.demo.registry import DEFAULT_DEMO, demo_names, help_text as demo_help
 from specrt import validation
 from specrt.errors import SpecrtError
+from specrt.runtime.threads import checked as checked_threads
 
 DEFAULT_IMAGES = 180  # 18 per class; the FD noise floor can use 179 real images (half B)
 
@@ -32,7 +33,7 @@ def _committed_results() -> Path:
 def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int, device: str,
              threads: int, json_path: Optional[Path], plot_path: Optional[Path], demo_weights: Optional[Path],
              images_list: str = "1", dtypes: str = "fp32", cuda_graphs: bool = True,
-             precisions: tuple[str, ...] = ()) -> None:
+             precisions: tuple[str, ...] = (), compile_step: Optional[bool] = None, compile_mode: str = "default") -> None:
     from specrt.bench.cost_model import (
         DTYPES, PROFILE_ARCHS, measure_step_latency, memory_bandwidth, parse_windows,
         prediction_table, write_profile_plot,
@@ -60,9 +61,10 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
     on_gpu = device.startswith("cuda")
     curves = [measure_step_latency(arch, window_list, repeats=repeats, device=device, progress=say, images=images,
-                                   dtype=dtype, cuda_graphs=cuda_graphs) for dtype in dtype_list for images in batches]
+                                   dtype=dtype, cuda_graphs=cuda_graphs, compile=compile_step, compile_mode=compile_mode)
+              for dtype in dtype_list for images in batches]
     bandwidth = memory_bandwidth(device)
-    reference = _profile_reference(window_list, repeats, device, threads, demo_weights, say, cuda_graphs)
+    reference = _profile_reference(window_list, repeats, device, threads, demo_weights, say, cuda_graphs, compile_step)
     where = device_name("torch-cuda" if on_gpu else "torch")
     how = (" as CUDA graphs" if cuda_graphs else " eager (no CUDA graphs)") if on_gpu else ""
     click.echo(f"\nstep latency, cache half full, on {where}, {threads} thread(s): {arch} (random weights) on PyTorch"
@@ -73,7 +75,12 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
     for curve in curves:
         table, predictions = prediction_table(curve, measured, reference)
         floor = curve.bytes_per_step / bandwidth if bandwidth and curve.bytes_per_step else None
-        click.echo(f"\n== {arch} {curve.dtype}, {curve.images} image(s) per step ({2 * curve.images} rows with CFG)")
+        click.echo(f"\n== {arch} {curve.dtype}, {curve.images} image(s) per step ({2 * curve.images} rows with CFG), "
+                   f"{'compiled' if curve.compiled else 'eager'} step over a static KV cache")
+        if curve.ops_per_step:
+            what = "GPU kernels" if on_gpu else "compute ops"
+            click.echo(f"{what} per W={curve.windows[0]} step: {curve.ops_per_step} ({curve.ops_per_layer:.1f} per layer, "
+                       f"{curve.layers} layers)" + (f"; compiling took {curve.compile_s:.1f} s" if curve.compiled else ""))
         if floor:
             click.echo(f"bytes read per step (weights + KV): {curve.bytes_per_step / 1e6:.0f} MB -> memory-bound floor "
                        f"{1000 * floor:.2f} ms; t(1) = {1000 * curve.target_s[0]:.2f} ms = "
@@ -82,6 +89,8 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
         entries.append({"dtype": curve.dtype, "images": curve.images, "windows": curve.windows,
                         "target_step_s": curve.target_s, "draft_step_s": curve.draft_s,
                         "bytes_per_step": curve.bytes_per_step, "memory_bound_floor_s": floor,
+                        "ops_per_step": curve.ops_per_step, "ops_per_layer": curve.ops_per_layer,
+                        "compiled": curve.compiled, "compile_s": curve.compile_s,
                         "predictions": predictions})
     click.echo(f"\npredicted speed-up = accepted length x t(1) / (straggle x (t(W) + drafts x t_draft)), straggle = "
                f"target steps a batch ran per image round in the --batch run (1 at batch 1); accepted lengths from "
@@ -117,7 +126,7 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
 
 
 def _profile_reference(windows, repeats: int, device: str, threads: int, demo_weights: Optional[Path], say,
-                       cuda_graphs: bool = True):
+                       cuda_graphs: bool = True, compile_step: Optional[bool] = None):
     """The demo's own step costs beside the architecture's: its exported graphs on onnxruntime
     (as the default bench runs them) on a CPU, its PyTorch modules on the same GPU otherwise."""
     from specrt.bench.cost_model import measure_runners
@@ -127,7 +136,8 @@ def _profile_reference(windows, repeats: int, device: str, threads: int, demo_we
         from specrt.export.demo import load_demo
 
         demo = load_demo(demo_weights)
-        pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq, device=device, cuda_graphs=cuda_graphs)
+        pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq, device=device, cuda_graphs=cuda_graphs,
+                                   compile=compile_step)
         return measure_runners("demo (torch)", pipe.target, pipe.draft, windows, repeats, device)
     from specrt.bench.models import demo_bundle
 
@@ -173,7 +183,7 @@ def _batches(text: str) -> tuple[int, ...]:
 @click.option("--batch", "batch_text", default="1", show_default=True, metavar="LIST",
               help="Images per generate call, e.g. 1,4,16: every setting runs at every batch size (same images, "
                    "same tokens); latency is per image (call time / images), speed-up against ar at the same batch.")
-@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--threads", type=int, default=1, show_default=True, callback=checked_threads,
               help="CPU threads per model call (intra-op, the same for onnxruntime and torch); 1 gives the steadiest "
                    "single-stream latency on a shared CPU.")
 @click.option("--tokens", "keep_tokens", is_flag=True,
@@ -208,6 +218,11 @@ def _batches(text: str) -> tuple[int, ...]:
               help="torch device (cpu, cuda, cuda:N) for --backend torch and --profile-arch.")
 @click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
               help="--backend torch and --profile-arch on CUDA: replay each window size's step as a CUDA graph.")
+@click.option("--compile/--no-compile", "compile_step", default=None,
+              help="--backend torch and --profile-arch: run the step compiled by torch.compile (default: on for CUDA, "
+                   "off on a CPU; the first step of each window size compiles).")
+@click.option("--compile-mode", type=click.Choice(["default", "max-autotune-no-cudagraphs"]), default="default",
+              show_default=True, help="torch.compile's mode for --compile.")
 @click.option("--precision", "precision", default=None, metavar="LIST",
               help="fp32,int8,int4 (and self-int4: fp32 target, its own int4 copy as the draft): run the settings "
                    "(default ar,sd,cool-sd,lantern) on the bundle and its quantized copies (made once by specrt quantize "
@@ -220,7 +235,7 @@ def _batches(text: str) -> tuple[int, ...]:
                                  "attribute, all) beside the Fréchet distance.")
 def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, threads, keep_tokens, json_path, plot_path, markdown_path, prompts_path, demo_weights,
             cache_dir, profile_arch, results_path, windows, repeats, profile_images, profile_dtypes, device, cuda_graphs,
-            precision, progress, demo) -> None:
+            compile_step, compile_mode, precision, progress, demo) -> None:
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
     validation.seed(seed, "--seed")  # image i uses seed + i: checked before anything loads
     from specrt.paths import cache_folder, output_file
@@ -245,7 +260,8 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
         device = validation.torch_device(device)
         default = "fp32,int4" if device == "cpu" else "none"  # the onnxruntime curves run on the CPU
         _profile(profile_arch, results_path, windows, repeats, device, threads, json_path, plot_path, demo_weights,
-                 profile_images, profile_dtypes, cuda_graphs, _precisions(precision if precision is not None else default))
+                 profile_images, profile_dtypes, cuda_graphs, _precisions(precision if precision is not None else default),
+                 compile_step, compile_mode)
         return
     if precision is not None:
         if demo not in (None, DEFAULT_DEMO) or prompts_path:
@@ -276,7 +292,7 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     prompts = _read_prompts(prompts_path) if prompts_path else None
     models = open_models(bundle, backend, demo_weights, threads, cache_dir, progress=say, device=device,
                          cuda_graphs=cuda_graphs and device.startswith("cuda"), drafts=drafts,
-                         demo=demo, prompts=prompts)
+                         demo=demo, prompts=prompts, compile=compile_step, compile_mode=compile_mode)
     settings = _draft_free_if_needed(settings, models, chosen)
     if max(batches) > (models.pipeline.max_images or max(batches)):
         raise SpecrtError(f"--batch {max(batches)} exceeds this bundle's {models.pipeline.max_images} images per "

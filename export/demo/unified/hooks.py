@@ -57,7 +57,8 @@ def model_set(weights: Optional[Path] = None, dtype: str = "float32") -> Any:
 
 
 def torch_pipeline(weights: Optional[Path] = None, max_window: Optional[int] = None, device: Optional[str] = None,
-                   threads: Optional[int] = None, **_: Any) -> Any:
+                   threads: Optional[int] = None, cuda_graphs: Optional[bool] = None, compile: Optional[bool] = None,
+                   compile_mode: str = "default", **_: Any) -> Any:
     """UnifiedPipeline.from_torch over the demo's modules (what `specrt generate --demo chameleon` runs)."""
     from specrt.runtime.families.unified.pipeline import UnifiedPipeline
     from specrt.runtime.families.unified.prompts import PromptEncoder
@@ -74,7 +75,8 @@ def torch_pipeline(weights: Optional[Path] = None, max_window: Optional[int] = N
     prompts = PromptEncoder(models.prompt, models.target.config.cond_len, tokenizer)
     return UnifiedPipeline.from_torch(models.target, models.draft, models.vq, prompts=prompts,
                                       max_window=max_window or DEFAULT_MAX_WINDOW, device=device,
-                                      sampling_defaults=models.sampling_defaults)
+                                      sampling_defaults=models.sampling_defaults, cuda_graphs=cuda_graphs,
+                                      compile=compile, compile_mode=compile_mode)
 
 
 def fidelity_judge(weights: Optional[Path] = None) -> Any:

@@ -65,7 +65,8 @@ class UnifiedPipeline(Pipeline):
     def from_torch(cls, target: Any, draft: Any = None, vq: Any = None, prompts: Optional[PromptEncoder] = None,
                    neighbours: Optional[np.ndarray] = None, max_window: int = DEFAULT_MAX_WINDOW,
                    device: Optional[str] = None, sampling_defaults: Optional[dict] = None,
-                   cuda_graphs: Optional[bool] = None, max_images: int = 32, **_: Any) -> "UnifiedPipeline":
+                   cuda_graphs: Optional[bool] = None, max_images: int = 32, compile: Optional[bool] = None,
+                   compile_mode: str = "default", **_: Any) -> "UnifiedPipeline":
         """specrt.export.unified.UnifiedLM modules (target, optional draft of the same vocabulary and
         grammar) and a VQ decoder module (decode_codes); the PyTorch backend runs them as the graphs."""
         from specrt.runtime.backends.torch_backend import TorchRunner, TorchVQ
@@ -73,8 +74,10 @@ class UnifiedPipeline(Pipeline):
         grammar = target.config.grammar
         if draft is not None and (draft.config.grammar != grammar or draft.config.cond_len != target.config.cond_len):
             raise SpecrtError("the draft's image grammar or prompt length differs from the target's")
-        runner = TorchRunner(target, validation.count("max_window", max_window), device, cuda_graphs)
-        draft_runner = TorchRunner(draft, max_window, device, cuda_graphs) if draft is not None else None
+        runner = TorchRunner(target, validation.count("max_window", max_window), device, cuda_graphs, compile,
+                             compile_mode)
+        draft_runner = (TorchRunner(draft, max_window, device, cuda_graphs, compile, compile_mode)
+                        if draft is not None else None)
         if neighbours is None and vq is not None:
             codes = TorchVQ.neighbours_of(vq)
             neighbours = None if codes is None else head_neighbours(codes, grammar)
