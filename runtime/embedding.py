@@ -72,7 +72,7 @@ def open_handle(bundle_dir: str, backend: str | None) -> Handle:
 
     threads = os.environ.get("SPECRT_THREADS") or None
     if threads is not None:
-        threads = validation.count("SPECRT_THREADS", threads)
+        threads = validation.threads("SPECRT_THREADS", threads)
     plugin, manifest = read_bundle(bundle_dir)
     pipeline = plugin.open(Path(bundle_dir), backend=backend or "ort", threads=threads)
     return Handle(pipeline, plugin, plugin.image_size(pipeline, manifest))

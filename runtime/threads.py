@@ -17,7 +17,7 @@ its own default, which is also one thread per core, unless the process has chang
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Any, Optional
 
 from specrt import validation
 
@@ -34,14 +34,26 @@ def default_threads() -> int:
 
 
 def resolve(threads: Optional[int], name: str = "--threads") -> int:
-    """A checked thread count: the given one (>= 1, one line if not), else default_threads()."""
-    return default_threads() if threads is None else validation.count(name, threads)
+    """A checked thread count: the given one (1 to the machine's CPUs, one line if not), else default_threads()."""
+    return default_threads() if threads is None else validation.threads(name, threads)
+
+
+def checked(ctx: Any, param: Any, value: Optional[int]) -> Optional[int]:
+    """Click callback for every `--threads N` flag: validation.threads before anything loads
+    (one line and exit 2 for 0, a negative count or more threads than the machine has CPUs)."""
+    return None if value is None else validation.threads(param.opts[0], value)
+
+
+def checked_or_zero(ctx: Any, param: Any, value: Optional[int]) -> Optional[int]:
+    """checked, for the flags whose 0 means "the library's default" (specrt serve's build step)."""
+    return None if value is None else validation.threads(param.opts[0], value, zero_means_default=True)
 
 
 def set_torch_threads(threads: Optional[int]) -> None:
     """torch's intra-op threads (process-wide); None leaves them alone; no-op without torch."""
     if threads is None:
         return
+    threads = validation.threads("threads", threads)
     try:
         import torch
     except ImportError:  # a bundle on onnxruntime needs no torch

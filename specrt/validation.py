@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import os
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -154,6 +155,29 @@ def seed(value: Any, name: str = "seed") -> int:
 def count(name: str, value: Any, low: int = 1, high: int = COUNT_MAX) -> int:
     """A size a user picks (batch size, window, tree width): an integer in [low, high]."""
     return integer(name, value, low=low, high=high)
+
+
+def machine_cpus() -> int:
+    """The CPUs this machine has (os.cpu_count(); 1 where it cannot tell)."""
+    return max(1, os.cpu_count() or 1)
+
+
+def threads(name: str, value: Any, zero_means_default: bool = False) -> int:
+    """A CPU thread count: an integer in [1, the machine's CPUs] ([0, ...] where 0 means the library's default).
+
+    Why a ceiling: each thread is an OS thread per model session, so `--threads 100000`
+    started ~32,000 threads, printed nothing for minutes and left the machine unable to fork;
+    more threads than CPUs never makes a step faster. Every thread count (CLI flags, the Python
+    API, $SPECRT_THREADS of the C API, serving) goes through here so the limit and its message
+    are the same everywhere."""
+    limit = machine_cpus()
+    low = 0 if zero_means_default else 1
+    try:
+        return integer(name, value, low=low, high=limit)
+    except SpecrtError:
+        what = f"an integer in [{low}, {limit}]" + (" (0: the library's default)" if zero_means_default else "")
+        raise SpecrtError(f"{name} must be {what}: this machine has {limit} CPU(s), "
+                          f"got {_shown(value)}") from None
 
 
 TORCH_INSTALL = "https://pytorch.org/get-started/locally/"

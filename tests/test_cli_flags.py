@@ -146,3 +146,47 @@ def test_empty_prompts_exit_2(prompts, message, capsys, no_model_loads):
     argv = ["generate", "--demo", "t2i"] + [a for p in prompts for a in ("--prompt", p)]
     code, err = run(argv, capsys)
     assert code == 2 and message in one_line(err)
+
+
+# ---- thread counts ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def four_cpus(monkeypatch):
+    """A machine with 4 CPUs, whatever this one has."""
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate"], ["generate", "--demo", "t2i", "--prompt", "a seven"], ["export", "--out", "{tmp}/b"],
+    ["bench"], ["serve"], ["plan-tree", "{tmp}"], ["quantize", "{tmp}", "--out", "{tmp}/q", "--mode", "int4"],
+    ["train-draft", "--out", "{tmp}/h"], ["demo", "train", "--out", "{tmp}/w"], ["demo", "report"],
+    ["triton-repo", "{tmp}", "--out", "{tmp}/r"],
+])
+@pytest.mark.parametrize("threads", ["5", "100000", "0", "-1"])
+def test_thread_counts_beyond_the_machine_exit_2(argv, threads, tmp_path, capsys, no_model_loads, four_cpus):
+    """More threads than CPUs never runs faster, and a huge count starved the machine of processes."""
+    if argv[0] == "triton-repo" and threads == "0":
+        return  # 0 is onnxruntime's own default there
+    code, err = run([a.replace("{tmp}", str(tmp_path)) for a in argv] + ["--threads", threads], capsys)
+    assert code == 2 and f"--threads must be an integer in [" in one_line(err)
+    assert f"this machine has 4 CPU(s), got {threads}" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_thread_counts_through_the_python_and_c_apis(demo_bundle, tmp_path, monkeypatch, four_cpus):
+    from specrt.runtime.embedding import open_handle
+    from specrt.runtime.pipeline import Pipeline
+    from specrt.runtime.threads import resolve, set_torch_threads
+
+    with pytest.raises(SpecrtError, match=r"^threads must be an integer in \[1, 4\]: this machine has 4 CPU"):
+        Pipeline.from_bundle(demo_bundle, threads=100000)
+    with pytest.raises(SpecrtError, match="this machine has 4 CPU"):
+        set_torch_threads(5)
+    with pytest.raises(SpecrtError, match=r"^--threads must be an integer in \[1, 4\]"):
+        resolve(5)
+    monkeypatch.setenv("SPECRT_THREADS", "100000")
+    with pytest.raises(SpecrtError, match=r"^SPECRT_THREADS must be an integer in \[1, 4\]"):
+        open_handle(str(demo_bundle), None)

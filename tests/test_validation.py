@@ -55,6 +55,21 @@ def test_json_object_takes_objects_only():
         validation.json_object("p", "[1]")
 
 
+def test_thread_counts_are_bounded_by_the_machines_cpus(monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert validation.threads("--threads", 8) == 8 and validation.threads("--threads", "1") == 1
+    assert validation.threads("--threads", 0, zero_means_default=True) == 0
+    for bad in (9, 100000, 0, -1, 1.5, True, "x"):
+        with pytest.raises(SpecrtError, match=r"^--threads must be an integer in \[1, 8\]: this machine has 8 CPU"):
+            validation.threads("--threads", bad)
+    with pytest.raises(SpecrtError, match=r"in \[0, 8\] \(0: the library's default\)"):
+        validation.threads("--threads", 9, zero_means_default=True)
+    monkeypatch.setattr(os, "cpu_count", lambda: None)  # cannot tell: one thread is always allowed
+    assert validation.threads("--threads", 1) == 1
+
+
 def test_seed_and_class_ids():
     assert validation.seed(2**64 - 1) == 2**64 - 1
     for bad in (-1, 2**64, 1.5, "x", True):

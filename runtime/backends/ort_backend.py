@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.lazy import require
 from specrt.manifest import GraphSpec, Manifest, read_manifest
@@ -51,7 +52,7 @@ def session_options(threads: Optional[int] = None) -> Any:
     options = _ort().SessionOptions()
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if threads:
-        options.intra_op_num_threads = int(threads)
+        options.intra_op_num_threads = validation.threads("threads", threads)
         options.inter_op_num_threads = 1
     return options
 
@@ -60,8 +61,9 @@ def _session(manifest: Manifest, graph: str, providers: Providers, threads: Opti
     ort = _ort()
     chosen = providers(graph) if callable(providers) else providers
     path = manifest.graph_path(graph)
+    options = session_options(threads)  # a bad thread count is the caller's mistake, not the graph's
     try:
-        session = ort.InferenceSession(str(path), sess_options=session_options(threads),
+        session = ort.InferenceSession(str(path), sess_options=options,
                                        providers=list(chosen or ["CPUExecutionProvider"]))
     except Exception as exc:  # onnxruntime raises its own exception types
         raise SpecrtError(f"onnxruntime could not load {path.name}: {(str(exc).splitlines() or [''])[0]}") from exc

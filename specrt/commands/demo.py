@@ -14,7 +14,7 @@ import click
 from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.export.demo.registry import DEFAULT_DEMO, DEMOS, demo_names, get_demo
-from specrt.runtime.threads import HELP as THREADS_HELP, resolve as resolve_threads
+from specrt.runtime.threads import HELP as THREADS_HELP, checked as checked_threads, resolve as resolve_threads
 
 
 @click.group(name="demo")
@@ -30,7 +30,7 @@ def group() -> None:
 @click.option("--seed", default=0, show_default=True, help="Seed for every model's initialisation and batches.")
 @click.option("--steps-scale", default=1.0, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
               help="Multiply every model's training steps (e.g. 0.05 for a quick smoke run).")
-@click.option("--threads", type=click.IntRange(min=1), help=f"{THREADS_HELP} (use 1 on a machine other jobs keep busy).")
+@click.option("--threads", type=int, callback=checked_threads, help=f"{THREADS_HELP} (use 1 on a machine other jobs keep busy).")
 @click.option("--no-eval", is_flag=True, help="Skip the sampling-quality summary at the end.")
 def train(demo: str, out_dir: Path, seed: int, steps_scale: float, threads: int, no_eval: bool) -> None:
     """Train a demo family (c2i: tokenizer, target, draft and evaluator from scratch, CPU ~30 min;
@@ -62,7 +62,7 @@ def train(demo: str, out_dir: Path, seed: int, steps_scale: float, threads: int,
               help="Draft length for the speculative-decoding acceptance measurement.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the numbers as JSON.")
-@click.option("--threads", type=click.IntRange(min=1), help=f"{THREADS_HELP}.")
+@click.option("--threads", type=int, callback=checked_threads, help=f"{THREADS_HELP}.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress lines on stderr.")
 @click.option("--record", is_flag=True,
               help="Store these sampling settings as the weights' defaults and the numbers as their "

@@ -14,7 +14,7 @@ from specrt import validation
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
 from specrt.errors import SpecrtError
 from specrt.export.demo.registry import DEFAULT_DEMO, demo_names, help_text as demo_help
-from specrt.runtime.threads import HELP as THREADS_HELP, resolve as resolve_threads
+from specrt.runtime.threads import HELP as THREADS_HELP, checked as checked_threads, resolve as resolve_threads
 from specrt.manifest import DEFAULT_MAX_IMAGES
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 
@@ -127,7 +127,7 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
 @click.option("--family", type=click.Choice(["llamagen", "continuous"]), default="llamagen", show_default=True,
               help="Model family: LlamaGen GPT + VQ, or the continuous MAR-style family (export/mar: the mar demo, "
                    "its --demo-weights, or --random-weights).")
-@click.option("--threads", type=int, default=None, help=f"{THREADS_HELP}.")
+@click.option("--threads", type=int, default=None, callback=checked_threads, help=f"{THREADS_HELP}.")
 @click.pass_context
 @checkpoint_flags
 def command(ctx: click.Context, out, force, target, draft, vq, grid, max_prompt_tokens, weights_dtype, checkpoint,

@@ -26,7 +26,7 @@ from specrt.errors import SpecrtError
 from specrt.export.demo.registry import DEFAULT_DEMO, demo_names, help_text as demo_help
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 from specrt.runtime.defaults import describe
-from specrt.runtime.threads import HELP as THREADS_HELP, resolve as resolve_threads
+from specrt.runtime.threads import HELP as THREADS_HELP, checked as checked_threads, resolve as resolve_threads
 from specrt.runtime.pipeline import BUNDLE_BACKENDS, SAMPLING_KEYS
 
 METHOD_NAMES = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
@@ -55,7 +55,7 @@ def check_before_loading(method: str, seed: int, max_window: int, image_size: Op
     validation.seed(seed, "--seed")
     validation.count("--max-window", max_window)
     if threads is not None:
-        validation.count("--threads", threads)
+        validation.threads("--threads", threads)
     if image_size is not None:
         validation.count("--image-size", image_size)
     given_twice = sorted(set(sampling) & set(method_params))
@@ -248,7 +248,7 @@ def sampling_epilog() -> str:
               help="Also write the image tokens here as .npy (int64 [N, grid, grid], N = number of --class).")
 @click.option("--tokens-only", is_flag=True,
               help="Skip the VQ decode and the PNG: write only the tokens (to --save-tokens, default: --out as .npy).")
-@click.option("--threads", type=int, help=f"{THREADS_HELP}; the embedded demo: 1 (its graphs are too small to share).")
+@click.option("--threads", type=int, callback=checked_threads, help=f"{THREADS_HELP}; the embedded demo: 1 (its graphs are too small to share).")
 @checkpoint_flags
 def command(bundle, method, class_ids, prompts, captions_path, text_encoder, demo, seed, out, backend, target, draft, vq,
             checkpoint, device, max_window, cfg_scale, temperature, top_k, top_p, params, stats_path, tokens_path,
@@ -344,7 +344,7 @@ def _generate_unified_checkpoint(target: Path, draft: Optional[Path], vq: Option
     if threads is not None:
         from specrt.runtime.threads import set_torch_threads
 
-        set_torch_threads(validation.count("--threads", threads))
+        set_torch_threads(validation.threads("--threads", threads))
     models = unified_models(target, draft, vq, progress=click.echo)
     tokenizer, _ = read_tokenizer(target)
     pipe = UnifiedPipeline.from_torch(models.target, models.draft, models.vq,

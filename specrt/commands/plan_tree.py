@@ -27,6 +27,7 @@ import numpy as np
 
 from specrt import validation
 from specrt.errors import SpecrtError
+from specrt.runtime.threads import checked as checked_threads
 from specrt.runtime.tree_plan import TREE_KINDS
 
 METHODS = ("sd", "cool-sd", "lantern")  # the drafted methods with tree=static
@@ -65,7 +66,7 @@ CHAIN_DRAFTS_MAX = 16  # the longest chain whose draft_chain call is timed (wher
 @click.option("--repeats", type=int, default=11, show_default=True, help="Timed rounds per window (the fastest counts).")
 @click.option("--seed", type=int, default=PROBE_SEED, show_default=True,
               help="Seed of probe image 0 (image i: seed + i); not bench's 0, so a plan is judged on other images.")
-@click.option("--threads", type=int, default=1, show_default=True, help="CPU threads per model call.")
+@click.option("--threads", type=int, default=1, show_default=True, callback=checked_threads, help="CPU threads per model call.")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the exported demo bundle is kept (as specrt bench's).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("tree-plan.json"),
@@ -87,7 +88,7 @@ def command(bundle, method, tree_kind, params, draft_kind, backend, device, imag
     probe_width = validation.count("--probe-width", probe_width)
     probe_depth = validation.count("--probe-depth", probe_depth)
     repeats = validation.count("--repeats", repeats)
-    threads = validation.count("--threads", threads)
+    threads = validation.threads("--threads", threads)
     validation.seed(seed, "--seed")
     method_params = parse_params(params)
     fixed = sorted(set(method_params) & set(TREE_KEYS))

@@ -11,6 +11,7 @@ from typing import Optional
 import click
 
 from specrt.errors import SpecrtError
+from specrt.runtime.threads import checked as checked_threads
 
 
 @click.command(name="quantize")
@@ -34,7 +35,7 @@ from specrt.errors import SpecrtError
               help="modelopt: images generated (AR and SD in turn) to record calibration feeds from.")
 @click.option("--calibration-method", help="modelopt: its calibration method (default: max for int8/fp8, rtn_dq for int4).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the calibration generations.")
-@click.option("--threads", type=int, default=None, help="onnxruntime threads while recording calibration feeds.")
+@click.option("--threads", type=int, default=None, callback=checked_threads, help="onnxruntime threads while recording calibration feeds.")
 @click.option("--force", is_flag=True, help="Replace an existing --out (only once the new bundle is complete).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress lines on stderr.")
 def command(bundle: Path, out: Path, mode: Optional[str], self_draft: Optional[str], graphs: str, tool: Optional[str],
@@ -54,7 +55,7 @@ def command(bundle: Path, out: Path, mode: Optional[str], self_draft: Optional[s
                               calibration_size=calibration_size, calibration_images=calibration_images,
                               calibration_method=calibration_method, seed=seed)
     if threads is not None:
-        validation.count("--threads", threads)
+        validation.threads("--threads", threads)
     names = [g.strip() for g in graphs.split(",") if g.strip()]
     if not names:
         raise SpecrtError("--graphs is empty")

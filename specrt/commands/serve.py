@@ -16,6 +16,7 @@ from specrt import validation
 from specrt.commands.generate import DEMO_HELP, DEMO_NAMES
 from specrt.runtime.pipeline import BUNDLE_BACKENDS
 from specrt.runtime.serving.protocol import INPUTS, OUTPUTS
+from specrt.runtime.threads import checked as checked_threads, checked_or_zero
 
 _TENSORS = "\n".join(["\b", "Inputs (one per row, all optional):",
                       *(f"  {s.name:<12} {s.dtype:<6} {s.doc}" for s in INPUTS),
@@ -32,7 +33,7 @@ def _port(name: str, value: int) -> int:
 @click.option("--backend", type=click.Choice(["torch", *BUNDLE_BACKENDS]),
               help="Default: ort for a BUNDLE, torch for the embedded demo.")
 @click.option("--device", help="torch device for the embedded demo (cpu, cuda).")
-@click.option("--threads", type=int, help="Intra-op threads (default: one per CPU; the demo: 1).")
+@click.option("--threads", type=int, callback=checked_threads, help="Intra-op threads (default: one per CPU; the demo: 1).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address HTTP, gRPC and metrics bind to.")
 @click.option("--http-port", type=int, default=8000, show_default=True, help="HTTP/REST port (KServe v2).")
 @click.option("--grpc-port", type=int, default=8001, show_default=True, help="gRPC port.")
@@ -100,7 +101,7 @@ def serve_command(bundle, demo, backend, device, threads, host, http_port, grpc_
 @click.option("--instances", type=int, default=1, show_default=True, help="Model instances (per GPU with gpu).")
 @click.option("--max-batch", type=int, default=8, show_default=True, help="Triton's max_batch_size.")
 @click.option("--queue-delay-us", type=int, default=2000, show_default=True, help="Dynamic batcher queue delay.")
-@click.option("--threads", type=int, default=0, show_default=True,
+@click.option("--threads", type=int, default=0, show_default=True, callback=checked_or_zero,
               help="onnxruntime intra-op threads per session (0: its default, one per core).")
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
 def triton_repo_command(bundle, out, model_name, backend, instance_kind, instances, max_batch, queue_delay_us,
@@ -121,6 +122,6 @@ def triton_repo_command(bundle, out, model_name, backend, instance_kind, instanc
                         instances=validation.count("--instances", instances),
                         max_batch=validation.count("--max-batch", max_batch),
                         queue_delay_us=validation.integer("--queue-delay-us", queue_delay_us, low=0),
-                        threads=validation.integer("--threads", threads, low=0))
+                        threads=validation.threads("--threads", threads, zero_means_default=True))
     model = write_repository(bundle, out, config, force=force)
     click.echo(f"wrote {model} (config.pbtxt, 1/model.py, 1/bundle); run tritonserver --model-repository={out}")

@@ -13,7 +13,7 @@ import click
 from specrt import validation
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
 from specrt.errors import SpecrtError
-from specrt.runtime.threads import HELP as THREADS_HELP, resolve as resolve_threads
+from specrt.runtime.threads import HELP as THREADS_HELP, checked as checked_threads, resolve as resolve_threads
 
 DATA_FILE = "train_data.npz"
 
@@ -98,7 +98,7 @@ def _data(kind: str, models, count: int, tokens: Path | None, labels: Path | Non
 @click.option("--checkpoint-every", default=200, show_default=True, help="Save the resume state every N steps.")
 @click.option("--resume", is_flag=True, help="Continue from OUT/train_state.pt (same flags).")
 @click.option("--seed", default=0, show_default=True, help="Seed for the head, the batches, the noise and the samples.")
-@click.option("--threads", type=int, default=None, help=f"{THREADS_HELP} (use 1 on a shared machine).")
+@click.option("--threads", type=int, default=None, callback=checked_threads, help=f"{THREADS_HELP} (use 1 on a shared machine).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @checkpoint_flags
 def command(out, target, vq, data_kind, sample_count, tokens, labels, steps, batch_size, lr, uncond_fraction, noise,
