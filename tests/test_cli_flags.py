@@ -190,3 +190,25 @@ def test_thread_counts_through_the_python_and_c_apis(demo_bundle, tmp_path, monk
     monkeypatch.setenv("SPECRT_THREADS", "100000")
     with pytest.raises(SpecrtError, match=r"^SPECRT_THREADS must be an integer in \[1, 4\]"):
         open_handle(str(demo_bundle), None)
+
+
+# ---- --out ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [["generate"], ["generate", "--demo", "t2i", "--prompt", "a seven"],
+                                  ["generate", "--demo", "mar"]])
+def test_an_out_suffix_that_is_no_image_type_exits_2(argv, tmp_path, capsys, no_model_loads):
+    code, err = run(argv + ["--out", str(tmp_path / "x.foo")], capsys)
+    assert code == 2 and "'.foo' is not an image type specrt writes" in one_line(err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_writes_the_type_its_suffix_names(tmp_path, capsys):
+    from PIL import Image
+
+    for name, kind, written in (("x.jpg", "JPEG", "x.jpg"), ("noext", "PNG", "noext.png")):
+        code, _ = run(["generate", "--out", str(tmp_path / name)], capsys)
+        assert code == 0
+        with Image.open(tmp_path / written) as image:
+            assert image.format == kind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["noext.png", "x.jpg"]

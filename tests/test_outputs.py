@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specrt.commands._outputs import save_images, save_tokens
+from specrt.commands._outputs import image_output, save_images, save_tokens
+from specrt.errors import SpecrtError
 
 
 def test_outputs_are_written_whole(tmp_path):
@@ -28,3 +29,20 @@ def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         save_images(np.zeros((1, 4, 4, 3), dtype=np.uint8), tmp_path / "img.png", 1)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name, magic", [("a.jpg", b"\xff\xd8\xff"), ("a.JPEG", b"\xff\xd8\xff"),
+                                         ("a.png", b"\x89PNG"), ("a.webp", b"RIFF"), ("a.bmp", b"BM")])
+def test_each_image_is_written_in_the_type_its_suffix_names(tmp_path, name, magic):
+    images = np.full((2, 4, 4, 3), 200, dtype=np.uint8)
+    for count in (1, 2):
+        for path in save_images(images[:count], tmp_path / name, count):
+            assert path.read_bytes().startswith(magic), path
+
+
+def test_out_without_a_suffix_gets_png_and_an_unknown_suffix_is_refused(tmp_path):
+    assert image_output(tmp_path / "noext") == tmp_path / "noext.png"
+    assert image_output(tmp_path / "a.jpg") == tmp_path / "a.jpg"
+    for bad in ("a.foo", "a.gif", "a.npy"):
+        with pytest.raises(SpecrtError, match=r"is not an image type specrt writes; use one of .png, .jpg"):
+            image_output(tmp_path / bad)

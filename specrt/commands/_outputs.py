@@ -1,4 +1,4 @@
-"""What generate writes, for every family: images as PNG files, tokens as .npy.
+"""What generate writes, for every family: images in the format --out names (PNG by default), tokens as .npy.
 
 Every file is written to a hidden temporary name beside its destination and renamed into place
 when complete, so an interrupted or failed run never leaves a truncated PNG or .npy that looks
@@ -35,12 +35,48 @@ def save_tokens(tokens: np.ndarray, path: Path) -> Path:
     return path
 
 
-def save_images(images: np.ndarray, out: Path, count: int) -> list[Path]:
-    """img.png for one image; img_0.png, img_1.png, ... for several (into an existing folder)."""
+# Suffix -> Pillow format of the image files --out may name: the ones that store 8-bit RGB whole
+# (GIF would quantize to 256 colours, so it is left out). Others are refused before a model loads.
+IMAGE_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP", ".bmp": "BMP",
+                 ".tif": "TIFF", ".tiff": "TIFF", ".ppm": "PPM"}
+DEFAULT_IMAGE_SUFFIX = ".png"
+
+
+def image_formats() -> dict[str, str]:
+    """IMAGE_FORMATS that this Pillow can write (WebP needs libwebp in the wheel)."""
     from PIL import Image
 
-    paths = [out] if count == 1 else [out.with_name(f"{out.stem}_{i}{out.suffix or '.png'}") for i in range(count)]
+    Image.init()
+    return {suffix: name for suffix, name in IMAGE_FORMATS.items() if name in Image.SAVE}
+
+
+def image_output(out: Path, name: str = "--out") -> Path:
+    """The image path generate writes for `out`: the file type its suffix names, checked.
+
+    Why: a name ending in .jpg holding PNG bytes breaks every tool that trusts the suffix, so the
+    suffix picks the format. A name without a suffix gets .png (the wrote ... line shows it); a
+    suffix that is no image type we write is one line, before a model loads."""
+    if not out.suffix:
+        return out.with_name(out.name + DEFAULT_IMAGE_SUFFIX)
+    formats = image_formats()
+    if out.suffix.lower() not in formats:
+        from specrt.errors import SpecrtError
+
+        raise SpecrtError(f"{name} {out}: {out.suffix!r} is not an image type specrt writes; "
+                          f"use one of {', '.join(formats)}")
+    return out
+
+
+def save_images(images: np.ndarray, out: Path, count: int) -> list[Path]:
+    """img.png for one image; img_0.png, img_1.png, ... for several (into an existing folder), each
+    in the format its suffix names (image_output; PNG where there is none)."""
+    from PIL import Image
+
+    suffix = out.suffix or DEFAULT_IMAGE_SUFFIX
+    paths = [out] if count == 1 else [out.with_name(f"{out.stem}_{i}{suffix}") for i in range(count)]
+    kind = image_formats().get(suffix.lower(), "PNG")
+    options = {"quality": 95} if kind in ("JPEG", "WEBP") else {}
     for image, path in zip(images, paths):
         with written_atomically(path) as partial:
-            Image.fromarray(image).save(partial, format="PNG")
+            Image.fromarray(image).save(partial, format=kind, **options)
     return paths

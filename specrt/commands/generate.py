@@ -21,7 +21,7 @@ import click
 from specrt import validation
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
 from specrt.commands import _family
-from specrt.commands._outputs import save_images, save_tokens
+from specrt.commands._outputs import image_output, save_images, save_tokens
 from specrt.errors import SpecrtError
 from specrt.export.demo.registry import DEFAULT_DEMO, demo_names, help_text as demo_help
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
@@ -224,7 +224,8 @@ def sampling_epilog() -> str:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed: same seed, same image. The images of a call are decoded together; image i uses "
                    "seed + i, so it is the image that class (or prompt) alone gives with seed + i.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("img.png"), show_default=True,
-              help="PNG to write (numbered when several images are asked for).")
+              help="Image to write, in the type its suffix names (.png, .jpg, .webp, ...; none: .png is added); "
+                   "numbered when several images are asked for.")
 @click.option("--backend", type=click.Choice(["torch", *BUNDLE_BACKENDS]),
               help="Default: ort for a BUNDLE, torch for checkpoints/demo. A BUNDLE also runs on ort-cuda / ort-trt "
                    "(onnxruntime's CUDA / TensorRT providers) and trt (engines from `specrt build`).")
@@ -267,6 +268,7 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
                λ + 1); neighbours_k counts neighbours, not the token itself.
     """
     method_params = parse_params(params)
+    out = out if tokens_only else image_output(out)
     check_outputs(out, stats_path, tokens_path, tokens_only)
     check_prompts(prompts)
     from specrt.runtime.families import family_for
