@@ -251,6 +251,9 @@ class Pipeline:
         spec = self.target.spec
         # explicit keys override the defaults one by one; None means "the default" on every path
         explicit = {k: v for k in SAMPLING_KEYS if k in params and (v := params.pop(k)) is not None}
+        if "top_k" in explicit:  # a family default may exceed a small vocabulary (for_vocab); a user's value may not
+            explicit["top_k"] = validation.integer(f"top_k (0 disables it; this model has {spec.vocab_size} tokens)",
+                                                   explicit["top_k"], low=0, high=spec.vocab_size)
         sampling = SamplingParams(**{**self.sampling_defaults, **explicit}).for_vocab(spec.vocab_size)
         if isinstance(method, Method) and params:
             raise SpecrtError(f"parameters {', '.join(params)} go to make_method, not to a Method instance")

@@ -47,7 +47,7 @@ def generate(family: Family, pipe: Any, method: str, class_ids: tuple[int, ...],
              prompts: tuple[str, ...], sampling: dict[str, Any], params: dict[str, str], stats_path: Optional[Path],
              tokens_only: bool, tokens_path: Optional[Path]) -> None:
     """Generate with the family's pipeline and write PNGs / tokens / stats as `specrt generate` does."""
-    from specrt.commands._outputs import save_images, save_tokens
+    from specrt.commands._outputs import save_images, save_tokens, summary_line
 
     kwargs = {**{k: v for k, v in sampling.items() if v is not None}, **params}  # validated where they are used
     if family.takes_prompts:
@@ -61,16 +61,5 @@ def generate(family: Family, pipe: Any, method: str, class_ids: tuple[int, ...],
     summary = {"method": method, **family.summary(result)}
     if stats_path:
         stats_path.write_text(json.dumps(summary, indent=2) + "\n")
-    shown = ", ".join(f"{key.replace('_', ' ')} {_short(summary[key])}" for key in summary
-                      if key not in ("method", "sampling") and not isinstance(summary[key], (dict, list)))
-    used = getattr(result, "sampling", None) or {}
-    if not isinstance(used, dict):  # the discrete pipelines' SamplingParams
-        from specrt.runtime.defaults import as_dict
-
-        used = as_dict(used)
-    sampling_used = " ".join(f"{k}={v}" for k, v in used.items())
-    click.echo(f"wrote {', '.join(str(p) for p in paths)}  ({method}: {shown}; sampling {sampling_used})")
-
-
-def _short(value: Any) -> str:
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
+    click.echo(summary_line(paths, method, summary, getattr(result, "sampling", None) or {},
+                            None if tokens_only else result.images))

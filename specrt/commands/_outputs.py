@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -80,3 +80,35 @@ def save_images(images: np.ndarray, out: Path, count: int) -> list[Path]:
         with written_atomically(path) as partial:
             Image.fromarray(image).save(partial, format=kind, **options)
     return paths
+
+
+def summary_line(paths: Sequence[Path], method: str, summary: dict[str, Any], sampling: Any,
+                 images: Optional[np.ndarray] = None) -> str:
+    """generate's one closing line, the same for every model family:
+
+        wrote img.png  (2 images 32x32, sd: 128 tokens, 60 target forwards, mean accepted length 2.13, 0.41 s;
+        sampling cfg 2, temperature 1, top-k 0, top-p 1)
+
+    Why one shape: each family's stats name their counters differently (a continuous model
+    counts target passes and tokens per pass, a unified one has no host-byte count on every
+    path), and a line that changes with the model cannot be compared or parsed. The family's
+    full numbers stay in --stats."""
+    from specrt.runtime.defaults import as_dict, describe
+
+    forwards = summary.get("target_forwards", summary.get("target_passes"))
+    accepted = summary.get("mean_accepted_length", summary.get("tokens_per_target_pass"))
+    seconds = summary.get("seconds")
+    seconds = seconds.get("total") if isinstance(seconds, dict) else seconds
+    parts = [f"{summary['tokens']} tokens"]
+    if forwards is not None:
+        parts.append(f"{forwards} target forwards")
+    if accepted is not None:
+        parts.append(f"mean accepted length {float(accepted):.2f}")
+    if seconds is not None:
+        parts.append(f"{float(seconds):.2f} s")
+    shown = f"{method}: {', '.join(parts)}"
+    if images is not None and np.ndim(images) == 4:
+        count, height, width = images.shape[:3]
+        shown = f"{count} image{'s' if count != 1 else ''} {width}x{height}, {shown}"
+    used = sampling if isinstance(sampling, dict) else as_dict(sampling)
+    return f"wrote {', '.join(str(p) for p in paths)}  ({shown}; sampling {describe(used)})"

@@ -21,11 +21,10 @@ import click
 from specrt import validation
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
 from specrt.commands import _family
-from specrt.commands._outputs import image_output, save_images, save_tokens
+from specrt.commands._outputs import image_output, save_images, save_tokens, summary_line
 from specrt.errors import SpecrtError
 from specrt.export.demo.registry import DEFAULT_DEMO, demo_names, help_text as demo_help
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
-from specrt.runtime.defaults import describe
 from specrt.runtime.threads import HELP as THREADS_HELP, checked as checked_threads, resolve as resolve_threads
 from specrt.runtime.pipeline import BUNDLE_BACKENDS, SAMPLING_KEYS
 
@@ -315,9 +314,7 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
     summary = result.stats.summary()
     if stats_path:
         stats_path.write_text(json.dumps(summary, indent=2) + "\n")
-    click.echo(f"wrote {', '.join(str(p) for p in paths)}  ({method}: {summary['tokens']} tokens, "
-               f"{summary['target_forwards']} target forwards, mean accepted length {summary['mean_accepted_length']:.2f}, "
-               f"{summary['seconds']['total']:.2f} s; sampling {describe(result.sampling)})")
+    click.echo(summary_line(paths, method, summary, result.sampling, result.images))
 
 
 def _generate_unified_checkpoint(target: Path, draft: Optional[Path], vq: Optional[Path], method: str,
