@@ -23,7 +23,7 @@ from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.export import onnx_export
 from specrt.export.neighbours import codebook_neighbours, codebook_of, neighbour_count
-from specrt.export.onnx_export import GraphLimits, capacity_for
+from specrt.export.onnx_export import GraphLimits, capacity_for, is_prompt_model
 from specrt.manifest import (DEFAULT_MAX_IMAGES, FORMAT, MANIFEST_NAME, VERSION, GraphSpec, Manifest, file_record,
                              read_manifest, rows_for_images)
 from specrt.runtime import compatibility
@@ -104,6 +104,41 @@ class ExportOptions:
             raise SpecrtError(f"--draft-growth {text} feeds {fed} frontier nodes after the window; --max-window "
                               f"{self.max_window} holds {self.max_window - 1} at most")
         return depth, top_k
+
+    def fitted(self, config: Any, say: Callable[[str], None] = lambda _msg: None) -> "ExportOptions":
+        """These options checked against the model they export (its image tokens and vocabulary).
+
+        Why: what fits one model does not fit every model. A window longer than an image's
+        tokens + 1 is never used by any method, yet sizes every KV buffer (--max-window 100000
+        made each generate allocate tens of GiB), so it is refused. A tree or growth graph
+        keeps up to top-k children per node: a default that wants more children than the
+        vocabulary has is left out with a note (torch.export failed on it with a long
+        traceback); a value the user gave is refused, one line each."""
+        tokens = int(config.grammar.stream_len if is_prompt_model(config) else config.grid_size ** 2)
+        vocab = int(config.vocab_size)
+        longest = max(tokens + 1, DEFAULT_MAX_WINDOW)
+        if self.max_window > longest:
+            raise SpecrtError(f"--max-window {self.max_window}: this model's images have {tokens} tokens, so no "
+                              f"window is longer than {tokens + 1}; give at most {longest}")
+        fitted = self
+        growth = self.growth
+        if growth is not None and growth[1] > vocab:
+            if self.draft_growth is not None:
+                raise SpecrtError(f"--draft-growth {self.draft_growth}: top-k {growth[1]} is more than this model's "
+                                  f"{vocab} tokens; give a top-k of at most {vocab}, or none")
+            say(f"note: no draft_growth graph: the default dynamic tree keeps {growth[1]} children per node and "
+                f"this model has {vocab} tokens (--draft-growth DEPTH,{vocab} makes one)")
+            fitted = replace(fitted, draft_growth="")
+        paths = self.tree_paths
+        widest = max((rank + 1 for path in paths for rank in path), default=0)
+        if widest > vocab:
+            if self.draft_tree is not None:
+                raise SpecrtError(f"--draft-tree {self.draft_tree}: a node has {widest} children, more than this "
+                                  f"model's {vocab} tokens")
+            say(f"note: no draft_tree graph: the default static tree has a node with {widest} children and this "
+                f"model has {vocab} tokens")
+            fitted = replace(fitted, draft_tree="")
+        return fitted
 
     @property
     def chain_steps(self) -> int:
@@ -327,6 +362,7 @@ def write_bundle(models: ModelSet, out: str | Path, options: ExportOptions | Non
     say = progress or (lambda _msg: None)
     refuse_existing(out, force)
     check_compatible(models)
+    options = options.fitted(models.target.config, say)
     limits = GraphLimits(capacity=capacity_for(models.target.config, options.max_window),
                          max_window=options.max_window, max_batch=rows_for_images(options.max_batch),
                          max_images=options.max_batch)
