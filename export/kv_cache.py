@@ -74,6 +74,8 @@ def run_layers(layers: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     scratch columns they were written to (no copy)."""
     run_layer = run_layer or call_layer
     in_place = isinstance(cache, StaticCache)
+    if in_place and mask is not None and mask.dtype == torch.bool:
+        mask = additive_mask(mask, h.dtype)  # once a step, not once a layer inside attention
     present = []
     for index, layer in enumerate(layers):
         past_k, past_v = layer_past(cache, index)
@@ -81,6 +83,13 @@ def run_layers(layers: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
         if not in_place:
             present.append(torch.stack([k, v]))
     return h, cache.window(h.shape[1]) if in_place else torch.stack(present)
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask as the additive one attention builds from it (0 where allowed, −inf
+    elsewhere): the same numbers, made once for every layer (on a GPU, once a layer was one more
+    kernel a layer)."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
 
 
 def layer_past(cache: Cache, index: int) -> tuple[LayerPast, LayerPast]:

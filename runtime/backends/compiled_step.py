@@ -11,8 +11,8 @@ whole (LlamaGen's own `--compile`), every block is traced and optimised again, 7
 size on an H100. Here the function that runs one block is compiled once and every layer calls
 it with its own module (torch.compile lifts the module's weights to inputs), so the block's
 kernels are built once per shape and reused by every layer ("regional compilation"). The token
-embedding, the final norm and output projection run eagerly (a handful of kernels a step); the
-sampling head is compiled on its own.
+embedding, the final norm, the output projection and the sampling head run eagerly (a handful
+of kernels a step).
 
 Cost a user sees: the first step of each (window, batch, cache size) compiles (seconds for a
 demo model on a CPU, tens of seconds for GPT-XL on a GPU); inductor keeps its compiled artefacts
@@ -38,8 +38,8 @@ RECOMPILE_LIMIT = 256
 class CompiledStep:
     """The compiled pieces of a decode step, and the seconds spent compiling them.
 
-    `run_layer(layer, h, cos, sin, past_k, past_v, mask)` runs one block (kv_cache.run_layers'
-    layer call); `head(logits, mix, uniforms)` is runtime.head.apply_head compiled."""
+    `run_layer(layer, h, cos, sin, past_k, past_v, mask)` runs one block compiled (kv_cache.run_layers'
+    layer call); `head(logits, mix, uniforms)` is runtime.head.apply_head (eager, see __init__)."""
 
     def __init__(self, mode: str = "default"):
         if mode not in COMPILE_MODES:
@@ -49,11 +49,16 @@ class CompiledStep:
         from specrt.runtime.head import apply_head
 
         _raise_recompile_limit(torch)
+        if mode != "default":  # tune each generated kernel's launch configuration too (gpt-fast's setting)
+            torch._inductor.config.coordinate_descent_tuning = True
         self.mode = mode
         self.compile_seconds = 0.0
         self._compiled_shapes = 0
         self.run_layer = self._timed(torch.compile(call_layer, mode=mode, dynamic=False))
-        self.head = self._timed(torch.compile(apply_head, mode=mode, dynamic=False))
+        # the sampling head stays eager (a handful of kernels a step): inductor in torch 2.11 /
+        # Triton 3.6 failed to generate its guided softmax at W = 16 on an H100 (TypeError in
+        # TritonSymbols.get_block_shape)
+        self.head = apply_head
 
     def _timed(self, compiled: Callable[..., Any]) -> Callable[..., Any]:
         """`compiled`, with the time of calls that compiled something added to compile_seconds
