@@ -14,7 +14,10 @@ transpose, slice...) move no data and are not counted.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import os
+import sys
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from specrt.lazy import require
 
@@ -39,7 +42,7 @@ def step_ops(run: Callable[[], Any], device: str) -> int:
 
     on_gpu = device.startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    with profile(activities=activities) as prof:
+    with _native_stderr_silenced(), profile(activities=activities) as prof:
         run()
         if on_gpu:
             torch.cuda.synchronize()
@@ -47,6 +50,23 @@ def step_ops(run: Callable[[], Any], device: str) -> int:
     if on_gpu:
         return sum(1 for event in events if _on_device(event))
     return sum(1 for event in events if _is_compute(event))
+
+
+@contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """The process's stderr closed to native code for the block: the profiler's C++ side prints a
+    line when it starts and stops (torch 2.13), which would land in the middle of a bench table.
+    The step being profiled ran before, so nothing else is expected there."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _on_device(event: Any) -> bool:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from specrt.export.checkpoints import load_gpt
+from specrt.export.kv_cache import StaticCache
 from specrt.export.llamagen_gpt import GPT, GPTConfig, gpt_config
 from specrt.export.rope import rope_2d_tables
 
@@ -36,15 +37,21 @@ def _build(tmp_path, shapes, config_or_arch, n_head, n_kv_head, grid, cond_len, 
 
 
 class CacheDriver:
-    """Drives GPT.prefill / GPT.step over one preallocated buffer, as the runtime does."""
+    """Drives GPT.prefill / GPT.step over one preallocated buffer, as the runtime does: the cache as
+    an input and the window's rows as an output (the exported graphs), or, `static`, a buffer with
+    scratch columns after the capacity that the step writes in place (the PyTorch backend)."""
 
-    def __init__(self, model: GPT, batch: int, capacity: int, cond_valid: torch.Tensor):
+    SCRATCH = 8
+
+    def __init__(self, model: GPT, batch: int, capacity: int, cond_valid: torch.Tensor, static: bool = False):
         c = model.config
         gen = torch.Generator().manual_seed(123)
-        # Garbage in never-written rows: the mask alone must keep them out.
-        self.kv = 50 * torch.randn(c.n_layer, 2, batch, c.n_kv_head, capacity, c.head_dim, generator=gen)
+        # Garbage in never-written rows (and scratch columns): the mask alone must keep them out.
+        columns = capacity + (self.SCRATCH if static else 0)
+        self.kv = 50 * torch.randn(c.n_layer, 2, batch, c.n_kv_head, columns, c.head_dim, generator=gen)
         self.visible = torch.zeros(batch, capacity, dtype=torch.bool)
         self.model, self.capacity, self.length, self.cond_valid = model, capacity, 0, cond_valid
+        self.static = static
 
     def prefill(self, cond, cond_mask=None):
         logits, hidden, present = self.model.prefill(cond, cond_mask)
@@ -57,7 +64,13 @@ class CacheDriver:
         positions = (self.length + torch.arange(width)).expand(batch, width).int()
         mask = torch.cat([self.visible[:, None, :].expand(batch, width, self.capacity),
                           window_mask[None].expand(batch, width, width)], dim=2)
-        return self.model.step(ids.int(), positions, mask, self.kv)
+        if not self.static:
+            return self.model.step(ids.int(), positions, mask, self.kv)
+        committed = self.kv[:, :, :, :, : self.capacity].clone()
+        logits, hidden, present = self.model.step(ids.int(), positions, mask, StaticCache(self.kv, self.capacity))
+        assert torch.equal(self.kv[:, :, :, :, : self.capacity], committed), "a step wrote a committed column"
+        assert present.data_ptr() == self.kv[:, :, :, :, self.capacity:].data_ptr(), "present is not the scratch"
+        return logits, hidden, present
 
     def commit(self, present: torch.Tensor, valid: torch.Tensor = None):
         n = present.shape[4]
@@ -66,8 +79,9 @@ class CacheDriver:
         self.length += n
 
 
-def _check_decoding(model: GPT, ref: ReferenceLlamaGen, cond, cond_mask=None, n_single=4, window=5):
-    """Prefill, single-token steps, then a causal multi-token window, each against the reference."""
+def _check_decoding(model: GPT, ref: ReferenceLlamaGen, cond, cond_mask=None, n_single=4, window=5, static=False):
+    """Prefill, single-token steps, then a causal multi-token window, each against the reference
+    (`static`: over a static cache written in place, as the PyTorch backend steps)."""
     c = model.config
     batch = cond.shape[0]
     gen = torch.Generator().manual_seed(1)
@@ -75,7 +89,7 @@ def _check_decoding(model: GPT, ref: ReferenceLlamaGen, cond, cond_mask=None, n_
     capacity = c.cond_len + n_single + window + 3
     ref.setup_caches(batch, capacity, cond_mask)
     valid = torch.ones(batch, c.cond_len, dtype=torch.bool) if cond_mask is None else cond_mask
-    driver = CacheDriver(model, batch, capacity, valid)
+    driver = CacheDriver(model, batch, capacity, valid, static)
     with torch.no_grad():
         logits, hidden = driver.prefill(cond, cond_mask)
         expected = ref.forward(cond=cond, input_pos=torch.arange(c.cond_len))[:, -1:]
@@ -115,18 +129,20 @@ def test_gpt_b_c2i_real_shapes(tmp_path):
     _check_decoding(model, ref, torch.tensor([3, 1000]), n_single=3, window=4)  # row 2: the null class
 
 
-def test_small_c2i_gqa_decoding_and_teacher_forcing(tmp_path):
+@pytest.mark.parametrize("static", [False, True], ids=["cache-as-input", "static-cache-in-place"])
+def test_small_c2i_gqa_decoding_and_teacher_forcing(tmp_path, static):
     config = GPTConfig(dim=96, n_layer=3, n_head=6, n_kv_head=2, vocab_size=300, num_classes=10, grid_size=4)
     shapes = llamagen_gpt_shapes(96, 3, 6, 2, vocab_size=300, num_classes=10)
     model, ref = _build(tmp_path, shapes, config, 6, 2, grid=4, cond_len=1)
     cond = torch.tensor([0, 7, 10])
-    _check_decoding(model, ref, cond)
+    _check_decoding(model, ref, cond, static=static)
     tokens = torch.randint(0, 300, (3, 16), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         _assert_close(model(cond, tokens), ref.teacher_forcing(cond, tokens), "teacher forcing")
 
 
-def test_small_t2i_with_left_padded_captions(tmp_path):
+@pytest.mark.parametrize("static", [False, True], ids=["cache-as-input", "static-cache-in-place"])
+def test_small_t2i_with_left_padded_captions(tmp_path, static):
     cond_len, caption_dim = 8, 32
     config = GPTConfig(dim=64, n_layer=2, n_head=4, vocab_size=200, model_type="t2i", cond_len=cond_len,
                        caption_dim=caption_dim, grid_size=4)
@@ -136,7 +152,7 @@ def test_small_t2i_with_left_padded_captions(tmp_path):
     cond_mask = torch.ones(2, cond_len, dtype=torch.bool)
     cond_mask[0, :3] = False  # LlamaGen left-pads short captions
     captions[0, :3] = 0
-    _check_decoding(model, ref, captions, cond_mask)
+    _check_decoding(model, ref, captions, cond_mask, static=static)
     tokens = torch.randint(0, 200, (2, 16), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         _assert_close(model(captions, tokens, cond_mask), ref.teacher_forcing(captions, tokens, cond_mask), "t2i teacher forcing")
