@@ -209,7 +209,7 @@ def test_existing_output_is_refused_without_force(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--max-window", "0"], "--max-window must be an integer in [1, 1048576], got 0"),
     (["--max-batch", "-2"], "--max-batch must be an integer in [1, 1048576], got -2"),
-    (["--threads", "0"], "--threads must be an integer in [1, 1048576], got 0"),
+    (["--threads", "0"], "CPU(s), got 0"),
     (["--opset", "21"], "--opset must be one of"),
     (["--target", "t.pt"], "missing --vq"),
     (["--draft", "d.pt"], "missing --target, --vq"),
