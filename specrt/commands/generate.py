@@ -119,16 +119,20 @@ def check_applicable(bundle: Optional[Path], demo: Optional[str], target: Option
         if _given("max_window"):
             raise SpecrtError("--max-window sizes the torch backend's windows; a BUNDLE's largest window was fixed "
                               "at export (specrt export --max-window)")
+        if _given("compile_step"):
+            raise SpecrtError("--compile/--no-compile choose how the torch backend runs its step; a BUNDLE runs its "
+                              "exported graphs")
     validation.torch_device(device)
 
 
 def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optional[Path], draft: Optional[Path],
                    vq: Optional[Path], checkpoint: CheckpointFlags, max_window: int, device: Optional[str],
                    threads: Optional[int] = None, text_encoder: Optional[Path] = None,
-                   demo: Optional[str] = None) -> Any:
+                   demo: Optional[str] = None, compile_step: Optional[bool] = None) -> Any:
     """The Pipeline the flags describe (bundle on ort, checkpoints or the demo `demo` on torch),
     with `threads` intra-op threads on whichever library runs it (None: specrt.runtime.threads'
-    default, one per CPU; 1 for the embedded demo, whose graphs are too small to share)."""
+    default, one per CPU; 1 for the embedded demo, whose graphs are too small to share).
+    `compile_step`: the torch backend's step compiled (None: on CUDA only; Pipeline.from_torch)."""
     from specrt.export.demo.registry import get_demo
     from specrt.runtime.pipeline import Pipeline
 
@@ -161,12 +165,12 @@ def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optio
         # the loader `specrt export` uses: same models, same grid, same sampling defaults as the bundle
         return Pipeline.from_torch(models.target, models.draft, models.vq, max_window=max_window, device=device,
                                    sampling_defaults=models.sampling_defaults, threads=resolve_threads(threads),
-                                   text_encoder=encoder)
+                                   text_encoder=encoder, compile=compile_step)
     # ---- embedded demo (export.demo.registry): its torch_pipeline hook ----
     # the demo is tiny: intra-op threads only add synchronisation, and on a busy machine
     # spinning OpenMP threads make it 100x slower
     return get_demo(demo).hook("torch_pipeline")(None, max_window=max_window, device=device,
-                                                 threads=1 if threads is None else threads)
+                                                 threads=1 if threads is None else threads, compile=compile_step)
 
 
 def condition_args(model_type: str, class_ids: tuple[int, ...], prompts: tuple[str, ...],
@@ -238,6 +242,9 @@ def sampling_epilog() -> str:
 @click.option("--device", help="torch device (cpu, cuda); default: where the weights are.")
 @click.option("--max-window", type=int, default=DEFAULT_MAX_WINDOW, show_default=True,
               help="torch backend: largest step window (tokens per target step; sjd-pac at L = 64 feeds 65).")
+@click.option("--compile/--no-compile", "compile_step", default=None,
+              help="torch backend: run the step compiled by torch.compile (default: on CUDA only; the first step of "
+                   "each window size compiles, cached on disk for the next run).")
 @click.option("--cfg-scale", type=float, help="Classifier-free guidance scale (1 = none). Default: below.")
 @click.option("--temperature", type=float, help="Sampling temperature (0 = greedy). Default: below.")
 @click.option("--top-k", type=int, help="Top-k filter (0 disables). Default: below.")
@@ -251,8 +258,8 @@ def sampling_epilog() -> str:
 @click.option("--threads", type=int, callback=checked_threads, help=f"{THREADS_HELP}; the embedded demo: 1 (its graphs are too small to share).")
 @checkpoint_flags
 def command(bundle, method, class_ids, prompts, captions_path, text_encoder, demo, seed, out, backend, target, draft, vq,
-            checkpoint, device, max_window, cfg_scale, temperature, top_k, top_p, params, stats_path, tokens_path,
-            tokens_only, threads) -> None:
+            checkpoint, device, max_window, compile_step, cfg_scale, temperature, top_k, top_p, params, stats_path,
+            tokens_path, tokens_only, threads) -> None:
     """Generate images for class ids or prompts (the embedded demo models by default; --demo t2i
     takes prompts, e.g. --demo t2i --prompt "a thick slanted seven").
 
@@ -274,7 +281,7 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
 
     if target is not None and target.is_dir():  # a Hugging Face directory: the unified family on PyTorch
         _generate_unified_checkpoint(target, draft, vq, method, prompts, class_ids, seed, out, max_window, device,
-                                     threads, {"cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k,
+                                     compile_step, threads, {"cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k,
                                                "top_p": top_p}, method_params, stats_path, tokens_only, tokens_path,
                                      bundle or demo or captions_path or text_encoder or checkpoint.given())
         return
@@ -287,7 +294,7 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
                    "--prompt": prompts and not family.takes_prompts, "--class": class_ids and family.takes_prompts,
                    "--captions": captions_path, "--text-encoder": text_encoder, "--target/--draft/--vq": target or vq or draft,
                    "--device": device is not None and device.strip().lower() != "cpu",  # it runs on the CPU
-                   "--max-window": _given("max_window"),
+                   "--max-window": _given("max_window"), "--compile/--no-compile": _given("compile_step"),
                    **{name: True for name in checkpoint.given()}}
         validation.seed(seed, "--seed")
         _family.refuse(family, method, refused)  # before the model loads
@@ -304,7 +311,7 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
     check_before_loading(method, seed, max_window, checkpoint.image_size, threads, sampling, method_params)
     check_applicable(bundle, demo, target, draft, vq, checkpoint, device, backend)
     pipe = build_pipeline(bundle, backend, target, draft, vq, checkpoint, max_window, device, threads, text_encoder,
-                          demo)
+                          demo, compile_step)
     conditions = condition_args(pipe.target.spec.model_type, class_ids, prompts, captions_path)
     result = pipe.generate(**conditions, method=method, seed=seed, decode=not tokens_only, **sampling,
                            **method_params)
@@ -319,7 +326,8 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
 
 def _generate_unified_checkpoint(target: Path, draft: Optional[Path], vq: Optional[Path], method: str,
                                  prompts: tuple[str, ...], class_ids: tuple[int, ...], seed: int, out: Path,
-                                 max_window: int, device: Optional[str], threads: Optional[int],
+                                 max_window: int, device: Optional[str], compile_step: Optional[bool],
+                                 threads: Optional[int],
                                  sampling: dict[str, Any], method_params: dict[str, str], stats_path: Optional[Path],
                                  tokens_only: bool, tokens_path: Optional[Path], inapplicable: Any) -> None:
     """`specrt generate --target HF_DIR [--draft HF_DIR] --prompt ...`: the checkpoint's models, decoder and
@@ -348,7 +356,8 @@ def _generate_unified_checkpoint(target: Path, draft: Optional[Path], vq: Option
     tokenizer, _ = read_tokenizer(target)
     pipe = UnifiedPipeline.from_torch(models.target, models.draft, models.vq,
                                       prompts=PromptEncoder(models.prompt, models.target.config.cond_len, tokenizer),
-                                      max_window=max_window, device=device, sampling_defaults=models.sampling_defaults)
+                                      max_window=max_window, device=device, sampling_defaults=models.sampling_defaults,
+                                      compile=compile_step)
     if models.vq is None and not tokens_only:
         raise SpecrtError("this checkpoint has no image decoder here: add --tokens-only, or --vq DIR with vqgan.ckpt "
                           "and vqgan.yaml")
