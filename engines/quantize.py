@@ -18,7 +18,8 @@ What stays float in every mode: the sampling head (every node downstream of the 
 (neither tool touches them: only MatMul/Gemm/Conv weights are quantized, and ModelOpt's
 attention-MatMul QDQ is disabled), and the graphs' I/O types (so the runtime and the
 contract do not change). Losslessness is with respect to the graph that verifies: a
-quantized draft changes only the speed; a quantized target is a new P (README).
+quantized draft changes only the speed; a quantized target is a new P
+(docs/guides/quantize.md, "Which distribution is sampled").
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ _EXTRA_FOR = {
                   "tokenizers)",
     "modelopt": "pip install 'specrt[quant]'",
     "onnx_graphsurgeon": "pip install 'specrt[quant]'",
-    "pytriton": "pip install 'specrt[serve]' in a venv made with the system python3.11 (README, Serving)",
+    "pytriton": "pip install 'specrt[serve]' in a venv made with the system python3.11 (docs/guides/serve-triton.md)",
     "tritonclient": "pip install 'specrt[serve]'",
     "cuda": "pip install 'specrt[trt]'",
 }

@@ -4,7 +4,7 @@ Why: an output that cannot be written should cost a second, not a model load and
 generation followed by a traceback. The CLI passes each output flag through one of these
 before it loads anything; each failure is one SpecrtError line naming the flag and the fix.
 
-The rule the README states: specrt creates no missing parent folders. A file output
+The rule docs/concepts/bundle.md states: specrt creates no missing parent folders. A file output
 (`generate --out img.png`, `--stats`, `bench --json`) goes into a folder that must exist and
 accept new files; a folder output (`export --out bundle`, `train-draft --out head`) is created
 itself, in a parent folder that must exist. Writability is tried, not guessed from permission

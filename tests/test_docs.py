@@ -69,6 +69,22 @@ def _specrt_commands(lines: list[str]) -> list[list[str]]:
     return commands
 
 
+def _quoted_summaries() -> dict[str, str]:
+    """The closing line of `specrt generate` as the README and the getting-started page quote it."""
+    quoted = {}
+    for path in (README, GETTING_STARTED):
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()
+                 if line.strip().startswith("wrote img.png")]
+        assert len(lines) == 1, f"{path.name} should quote generate's closing line once, found {lines}"
+        quoted[path.name] = lines[0]
+    return quoted
+
+
+def _without_timing(line: str) -> str:
+    """A summary line with its seconds masked: the one field that differs from run to run."""
+    return re.sub(r"\b[0-9]+\.[0-9]+ s;", "T s;", line.strip())
+
+
 @pytest.mark.slow
 def test_the_quickstart_writes_the_image_it_promises(tmp_path):
     from PIL import Image
@@ -81,7 +97,9 @@ def test_the_quickstart_writes_the_image_it_promises(tmp_path):
         argv = [str(script) if script.exists() else "specrt", *argv[1:]]
         done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
-        assert done.stdout.startswith("wrote img.png"), done.stdout  # the summary line the page shows
+        # the summary line the pages show, field for field (the seconds aside)
+        for page, quoted in _quoted_summaries().items():
+            assert _without_timing(done.stdout) == _without_timing(quoted), (page, done.stdout)
     image = Image.open(tmp_path / "img.png")
     assert image.format == "PNG" and image.size == (32, 32) and image.mode == "RGB"
     # a digit: dark background, some bright ink

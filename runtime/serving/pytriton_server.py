@@ -36,7 +36,7 @@ from specrt.runtime.serving.handler import RequestHandler
 from specrt.runtime.serving.protocol import INPUTS, NUMPY_DTYPES
 
 FEATURE = "specrt serve"
-INSTALL = "pip install 'specrt[serve]' in a venv made with the system python3.11 (README, Serving)"
+INSTALL = "pip install 'specrt[serve]' in a venv made with the system python3.11 (docs/guides/serve-triton.md)"
 
 
 @dataclass(frozen=True)

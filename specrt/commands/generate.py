@@ -264,7 +264,7 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
     takes prompts, e.g. --demo t2i --prompt "a thick slanted seven").
 
     \b
-    Method parameters (--param KEY=VALUE; the README lists them all):
+    Method parameters (--param KEY=VALUE; docs/concepts/methods.md lists them all):
       cool-sd  relaxation_budget δ >= 1 is the mean weight, sum of ω_i = δ·L.
                schedule=uniform: ω_i = δ everywhere (δ = 1 is vanilla SD);
                schedule=exp (Eq. 16) / linear (Eq. 17): weight moved to early

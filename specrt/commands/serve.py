@@ -112,7 +112,7 @@ def triton_repo_command(bundle, out, model_name, backend, instance_kind, instanc
     REPO/<model>/config.pbtxt   Python backend, dynamic batching, instance_group
     REPO/<model>/1/model.py     specrt's Triton model (specrt must be installed in the container)
     REPO/<model>/1/bundle/      a copy of BUNDLE
-    The README ("Serving") has the docker command.
+    docs/guides/serve-triton.md has the docker command.
     """
     from specrt.paths import output_folder
     from specrt.runtime.serving.repository import RepoConfig, write_repository
