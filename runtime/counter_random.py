@@ -1,0 +1,51 @@
+"""Counter-based uniforms: each one a pure function of (seed, image, position, slot).
+
+Why: a speculative round that runs on the device, captured whole as a CUDA graph, cannot ask the
+host for random numbers between its stages, and a numpy stream per image drawn step by step ties
+an image's draws to the order the host happened to draw them in. A counter-based generator
+computes the number a draw needs from the draw's own coordinates instead — which image (its
+seed, its index), which token position, which use within that position (the draft's proposal,
+the acceptance test, the residual draw...) — with integer operations every array library has.
+So numpy on the host, torch on a GPU (inside a graph) and an exported ONNX graph (BitwiseXor,
+BitShift, Mul, BitwiseAnd) compute the same numbers, and an image draws the same numbers alone
+or in any batch.
+
+The mix is a 32-bit integer hash (x ^= x >> 16; x *= 0x45d9f3b; twice; x ^= x >> 16), applied to
+each coordinate in turn with a distinct odd offset; the multiplier is below 2^27, so every
+product of a 32-bit value fits a signed 64-bit integer and no array library overflows. Two such
+hashes give 53 bits, a float64 in (0, 1) — never 0 or 1, so an inverse-CDF draw never falls on a
+boundary by construction.
+
+Nothing draws from here yet: the decoding methods still use their per-image numpy streams.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from specrt.runtime.arrays import namespace
+
+_MASK32 = 0xFFFFFFFF
+_MULTIPLIER = 0x45D9F3B  # < 2^27: (2^32 − 1) · multiplier < 2^63
+# distinct odd offsets per coordinate, so (a, b) and (b, a) hash apart
+_SEED, _IMAGE, _POSITION, _SLOT, _SECOND = 0x3C6EF372, 0x1B873593, 0x5BD1E995, 0x68E31DA4, 0x2545F491
+
+
+def mix32(x: Any) -> Any:
+    """The 32-bit hash of int64 values in [0, 2^32), elementwise, in their own array library."""
+    x = ((x >> 16) ^ x) * _MULTIPLIER & _MASK32
+    x = ((x >> 16) ^ x) * _MULTIPLIER & _MASK32
+    return (x >> 16) ^ x
+
+
+def counter_uniforms(seed: Any, image: Any, position: Any, slot: Any) -> Any:
+    """float64 uniforms in (0, 1), one per broadcast element of the int64 coordinates (numpy arrays
+    or torch tensors, all in one library; Python ints broadcast): the same numbers in every
+    library, on every device. seed, image, position and slot are each taken modulo 2^32."""
+    key = mix32((seed & _MASK32) ^ _SEED)
+    key = mix32(key ^ ((image & _MASK32) ^ _IMAGE))
+    key = mix32(key ^ ((position & _MASK32) ^ _POSITION))
+    high = mix32(key ^ ((slot & _MASK32) ^ _SLOT))
+    low = mix32(high ^ _SECOND)
+    bits = (high >> 5) * (1 << 26) + (low >> 6)  # 27 + 26 = 53 bits, below 2^53: exact in float64
+    xp = namespace(bits)
+    return (xp.astype(bits, xp.float64) + 0.5) / float(1 << 53)
