@@ -16,13 +16,15 @@ reproduced.
 """
 from __future__ import annotations
 
+import json
+import warnings
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from specrt.errors import SpecrtError
+from specrt.errors import SpecrtError, SpecrtWarning
 from specrt.lazy import require
 
 Encoded = tuple[np.ndarray, np.ndarray]  # float32 [N, L, D] embeddings, bool [N, L] mask (real tokens first)
@@ -31,6 +33,69 @@ Encoded = tuple[np.ndarray, np.ndarray]  # float32 [N, L, D] embeddings, bool [N
 def prepare_prompt(text: str) -> str:
     """T5Embedder.text_preprocessing without caption cleaning: lower-case, stripped."""
     return text.lower().strip()
+
+
+class PromptChecker:
+    """What a tokenizer makes of a user's prompt, said before any work: a prompt none of whose
+    words the tokenizer knows is refused, unknown words and a prompt cut to the encoder's length
+    are warned about (one line each, SpecrtWarning).
+
+    Why: a model reads an unknown word as its `<unk>` token, the same for every unknown word, so
+    a prompt made only of them conditions on nothing the user wrote — the t2i demo drew the same
+    digit for "zzz qqq" as for any other nonsense, with exit 0 — and a prompt longer than the
+    encoder's window loses its end without a word. Works on a `tokenizers.Tokenizer` (the
+    bundle's tokenizer.json, or a transformers fast tokenizer's backend), copied without
+    truncation or padding so the whole prompt is counted."""
+
+    HINT_VOCAB = 1000  # a tokenizer this small (the demos' word lists) gets example words in the error
+
+    def __init__(self, tokenizer: Any):
+        tokenizers = require("tokenizers", "prompts")
+        text = tokenizer.to_str()
+        self.tokenizer = tokenizers.Tokenizer.from_str(text)
+        self.tokenizer.no_truncation()
+        self.tokenizer.no_padding()
+        self.unknown_id = _unknown_id(self.tokenizer, json.loads(text).get("model") or {})
+
+    def check(self, prompt: str, index: int = 0, limit: Optional[int] = None, specials: bool = True) -> list[int]:
+        """`prompt`'s token ids (the tokenizer's specials included when `specials`), after
+        refusing a prompt with no known word and warning about unknown words and, when `limit`
+        is given, about a prompt longer than `limit` tokens (the encoder truncates it)."""
+        encoding = self.tokenizer.encode(prompt, add_special_tokens=specials)
+        words = [(token, start, stop) for token, (start, stop), special
+                 in zip(encoding.ids, encoding.offsets, encoding.special_tokens_mask) if not special]
+        if self.unknown_id is not None and words:
+            unknown = list(dict.fromkeys(prompt[start:stop] for token, start, stop in words if token == self.unknown_id))
+            if all(token == self.unknown_id for token, _, _ in words):
+                raise SpecrtError(f"prompt {index} ({prompt.strip()!r:.60}): no word of it is known to this model's "
+                                  f"tokenizer, so the image could not follow it{self._hint()}")
+            if unknown:
+                shown = ", ".join(repr(w) for w in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+                warnings.warn(f"prompt {index}: {len(unknown)} word(s) unknown to this model's tokenizer, read as "
+                              f"nothing it knows: {shown}", SpecrtWarning, stacklevel=3)
+        if limit is not None and len(encoding.ids) > limit:
+            warnings.warn(f"prompt {index} is {len(encoding.ids)} tokens; the text encoder reads its first {limit} "
+                          "and the rest is cut", SpecrtWarning, stacklevel=3)
+        return list(encoding.ids)
+
+    def _hint(self) -> str:
+        """A few words a small (closed) vocabulary knows, for the error; nothing for a real model's."""
+        vocab = self.tokenizer.get_vocab()
+        if len(vocab) > self.HINT_VOCAB:
+            return ""
+        words = [w for w, _ in sorted(vocab.items(), key=lambda item: item[1]) if w.isalpha() and w.islower()
+                 and len(w) > 2][:8]
+        return f"; it knows words such as {', '.join(words)}" if words else ""
+
+
+def _unknown_id(tokenizer: Any, model: dict[str, Any]) -> Optional[int]:
+    """The id the tokenizer gives words it does not know: its model's unk_token (WordLevel,
+    WordPiece, BPE) or unk_id (Unigram: T5's sentencepiece); None for one that has none
+    (byte-level BPE, as Janus's and Emu3's, never meets an unknown word)."""
+    if isinstance(model.get("unk_id"), int):
+        return int(model["unk_id"])
+    name = model.get("unk_token")
+    return tokenizer.token_to_id(name) if isinstance(name, str) else None
 
 
 class TextEncoder(ABC):
@@ -42,6 +107,21 @@ class TextEncoder(ABC):
     @abstractmethod
     def encode(self, prompts: Sequence[str]) -> Encoded:
         ...
+
+    def check(self, prompts: Sequence[str]) -> None:
+        """Refuse prompts with no word the tokenizer knows, warn about unknown words and prompts
+        longer than max_length (PromptChecker); without a `tokenizers` tokenizer, nothing."""
+        checker = self._checker()
+        if checker is not None:
+            for index, prompt in enumerate(_check_prompts(prompts)):
+                checker.check(prompt, index, limit=self.max_length)
+
+    def _checker(self) -> Optional[PromptChecker]:
+        if not hasattr(self, "_prompt_checker"):
+            backend = getattr(self, "tokenizer", None)
+            backend = getattr(backend, "backend_tokenizer", backend)  # a transformers fast tokenizer's own
+            self._prompt_checker = PromptChecker(backend) if hasattr(backend, "to_str") else None
+        return self._prompt_checker
 
 
 def _check_prompts(prompts: Sequence[str]) -> list[str]:
@@ -78,6 +158,7 @@ class T5TextEncoder(TextEncoder):
         return out["input_ids"].astype(np.int64), out["attention_mask"].astype(np.int64)
 
     def encode(self, prompts: Sequence[str]) -> Encoded:
+        self.check(prompts)
         ids, mask = self.tokenize(prompts)
         torch = self.torch
         device = next(self.model.parameters()).device
@@ -108,6 +189,7 @@ class OnnxTextEncoder(TextEncoder):
         return ids, mask
 
     def encode(self, prompts: Sequence[str]) -> Encoded:
+        self.check(prompts)
         ids, mask = self.tokenize(prompts)
         (embeddings,) = self.session.run(["embeddings"], {"input_ids": ids.astype(np.int32),
                                                           "attention_mask": mask.astype(np.int32)})

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -14,7 +15,7 @@ import click
 
 from specrt import __version__
 from specrt.commands import bench, build, demo, export, generate, inspect, plan_tree, quantize, serve, train_draft
-from specrt.errors import SpecrtError, Terminated
+from specrt.errors import SpecrtError, SpecrtWarning, Terminated
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -82,12 +83,31 @@ def sigterm_as_interrupt() -> Iterator[None]:
         sys.unraisablehook = previous_hook
 
 
+@contextmanager
+def warnings_as_lines() -> Iterator[None]:
+    """SpecrtWarnings print as one line each, `specrt: warning: ...` on stderr, every time they are
+    raised (Python's default shows a warning with its source line, once per place); other warnings
+    go where they went before. The previous handlers come back after the block."""
+    with warnings.catch_warnings():
+        previous = warnings.showwarning
+        warnings.simplefilter("always", SpecrtWarning)
+
+        def show(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+            if issubclass(category, SpecrtWarning):
+                click.echo(f"specrt: warning: {' '.join(str(message).split())}", err=True)
+            else:
+                previous(message, category, *args, **kwargs)
+
+        warnings.showwarning = show
+        yield
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning SpecrtError into one line on stderr and exit code 2,
     Ctrl-C into exit code 130 and SIGTERM into 143, each after the command's cleanup ran."""
     try:
         # With standalone_mode=False click returns ctx.exit(code)'s code instead of exiting.
-        with sigterm_as_interrupt():
+        with sigterm_as_interrupt(), warnings_as_lines():
             code = cli.main(args=argv, prog_name="specrt", standalone_mode=False)
         if isinstance(code, int) and code:
             sys.exit(code)

@@ -17,3 +17,10 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM arrived (what `timeout`, systemd and `docker stop` send). The CLI raises it from its
     signal handler so it unwinds exactly like Ctrl-C: every `except BaseException` / `finally`
     that removes temporary files runs, and the process exits with 143 (128 + SIGTERM)."""
+
+
+class SpecrtWarning(UserWarning):
+    """Something a user should know about work that still goes ahead (a prompt cut to the text
+    encoder's length, words its tokenizer does not know). The CLI prints it as one line,
+    `specrt: warning: ...`, on stderr; the Python API raises it through `warnings`, so callers
+    filter or escalate it the usual way."""

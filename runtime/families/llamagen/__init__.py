@@ -56,6 +56,8 @@ class LlamaGenFamily(Family):
             pipeline.conditions(class_ids=[class_id])
         elif pipeline.text_encoder is None:
             raise SpecrtError("this model has no text encoder: export the bundle with --text-encoder to send prompts")
+        elif prompt is not None and hasattr(pipeline.text_encoder, "check"):  # runtime.text's encoders
+            pipeline.text_encoder.check([prompt])  # a prompt with no known word is this row's error alone
         SamplingParams(**{**pipeline.sampling_defaults,
                           **{k: v for k, v in params.items() if k in SAMPLING_KEYS and v is not None}})
         make_method(method, **{k: v for k, v in params.items() if k not in SAMPLING_KEYS})

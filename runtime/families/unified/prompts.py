@@ -39,6 +39,7 @@ class PromptEncoder:
         self.suffix = [int(i) for i in self.recipe.get("suffix_ids", [])]
         self.pad_id = int(self.recipe.get("pad_id", 0))
         self.uncond = dict(self.recipe.get("uncond") or {"kind": "ids"})
+        self._checker: Any = None  # a runtime.text.PromptChecker over the tokenizer, made on first use
         if self.uncond.get("kind") not in UNCOND_KINDS:
             raise SpecrtError(f"prompt recipe: uncond kind must be one of {', '.join(UNCOND_KINDS)}, "
                               f"got {self.uncond.get('kind')!r}")
@@ -63,10 +64,21 @@ class PromptEncoder:
 
     # ---- one row ---------------------------------------------------------------------------------
 
-    def ids(self, prompt: str, template: Optional[str] = None) -> list[int]:
-        """The conditional prompt's token ids (through `template`, by default the recipe's)."""
+    def ids(self, prompt: str, template: Optional[str] = None, index: int = 0) -> list[int]:
+        """The conditional prompt's token ids (through `template`, by default the recipe's).
+
+        The user's text is checked on its own first (runtime.text.PromptChecker): one with no word
+        the tokenizer knows is refused, since the template's words alone would condition the image,
+        and unknown words are warned about. A prompt longer than the bundle's cond_len is refused
+        by left_pad (a unified model reads its prompt whole, so it is never cut)."""
         if not isinstance(prompt, str) or not prompt.strip():
             raise SpecrtError("a prompt must be a non-empty string")
+        if self.tokenizer is not None:
+            if self._checker is None:
+                from specrt.runtime.text import PromptChecker
+
+                self._checker = PromptChecker(self.tokenizer)
+            self._checker.check(prompt.strip() if self.recipe.get("strip") else prompt, index, specials=False)
         return self._row(prompt, self.template if template is None else template)
 
     def _row(self, text: str, template: str) -> list[int]:
@@ -101,7 +113,7 @@ class PromptEncoder:
             prompts = [prompts] if isinstance(prompts, str) else list(prompts)
             if not prompts:
                 raise SpecrtError("no prompts given")
-            rows = [self.ids(p) for p in prompts]
+            rows = [self.ids(p, index=i) for i, p in enumerate(prompts)]
         else:
             high = None if self.vocab_size is None else int(self.vocab_size) - 1
             rows = [[validation.integer(f"prompt_ids[{r}][{j}]", i, low=0, high=high, strings=False)
