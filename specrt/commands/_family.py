@@ -20,6 +20,26 @@ from specrt.errors import SpecrtError
 from specrt.runtime.families.base import Family
 
 
+MAX_IMAGES_PER_CALL = 1024  # images one generate call makes: --num-images times the classes or prompts
+
+
+def repeated(values: list[Any], times: int, what: str) -> list[Any]:
+    """Each of `values` (classes, prompts, caption rows) `times` times in a row, for --num-images.
+
+    Why a ceiling: one call decodes every image before it writes any (in passes of the bundle's
+    max_images), so a typo like --num-images 100000 would run for hours and then fill a folder;
+    more than MAX_IMAGES_PER_CALL is one line, and a larger set is several calls with --seed."""
+    from specrt import validation
+
+    times = validation.count("--num-images", times, high=MAX_IMAGES_PER_CALL)
+    total = len(values) * times
+    if total > MAX_IMAGES_PER_CALL:
+        raise SpecrtError(f"--num-images {times} of {len(values)} {what}{'es' if what == 'class' else 's'} is "
+                          f"{total} images; one call makes at most {MAX_IMAGES_PER_CALL} (split it over calls with "
+                          "--seed)")
+    return [value for value in values for _ in range(times)]
+
+
 def open_pipeline(family: Family, bundle: Optional[Path], demo: Optional[str], backend: Optional[str],
                   threads: Optional[int] = None) -> Any:
     """The family's pipeline over BUNDLE on `backend`, else its embedded demo `demo`."""
@@ -45,21 +65,20 @@ def refuse(family: Family, method: str, refused: dict[str, Any]) -> None:
 
 def generate(family: Family, pipe: Any, method: str, class_ids: tuple[int, ...], seed: int, out: Path,
              prompts: tuple[str, ...], sampling: dict[str, Any], params: dict[str, str], stats_path: Optional[Path],
-             tokens_only: bool, tokens_path: Optional[Path]) -> None:
-    """Generate with the family's pipeline and write PNGs / tokens / stats as `specrt generate` does."""
-    from specrt.commands._outputs import save_images, save_tokens, summary_line
+             tokens_only: bool, tokens_path: Optional[Path], num_images: int = 1, sheet: Optional[Path] = None) -> None:
+    """Generate with the family's pipeline and write images / tokens / stats / the contact sheet as
+    `specrt generate` does; `num_images` images of each class or prompt (image i: seed + i)."""
+    from specrt.commands._outputs import summary_line, write_results
 
     kwargs = {**{k: v for k, v in sampling.items() if v is not None}, **params}  # validated where they are used
     if family.takes_prompts:
-        kwargs["prompts"] = list(prompts)
+        kwargs["prompts"] = repeated(list(prompts), num_images, "prompt")
     else:
-        kwargs["class_ids"] = list(class_ids or (0,))
+        kwargs["class_ids"] = repeated(list(class_ids or (0,)), num_images, "class")
     result = pipe.generate(method=method, seed=seed, decode=not tokens_only, **kwargs)
-    paths = [] if tokens_only else save_images(result.images, out, len(result.tokens))
-    if tokens_only or tokens_path:
-        paths.append(save_tokens(result.tokens, tokens_path or out.with_suffix(".npy")))
+    images = None if tokens_only else result.images
+    paths, others = write_results(images, result.tokens, out, tokens_only, tokens_path, sheet, num_images)
     summary = {"method": method, **family.summary(result)}
     if stats_path:
         stats_path.write_text(json.dumps(summary, indent=2) + "\n")
-    click.echo(summary_line(paths, method, summary, getattr(result, "sampling", None) or {},
-                            None if tokens_only else result.images))
+    click.echo(summary_line(paths, method, summary, getattr(result, "sampling", None) or {}, images, others))

@@ -83,7 +83,7 @@ def save_images(images: np.ndarray, out: Path, count: int) -> list[Path]:
 
 
 def summary_line(paths: Sequence[Path], method: str, summary: dict[str, Any], sampling: Any,
-                 images: Optional[np.ndarray] = None) -> str:
+                 images: Optional[np.ndarray] = None, others: Sequence[Path] = ()) -> str:
     """generate's one closing line, the same for every model family:
 
         wrote img.png  (2 images 32x32, sd: 128 tokens, 60 target forwards, mean accepted length 2.13, 0.41 s;
@@ -92,7 +92,8 @@ def summary_line(paths: Sequence[Path], method: str, summary: dict[str, Any], sa
     Why one shape: each family's stats name their counters differently (a continuous model
     counts target passes and tokens per pass, a unified one has no host-byte count on every
     path), and a line that changes with the model cannot be compared or parsed. The family's
-    full numbers stay in --stats."""
+    full numbers stay in --stats. `paths` are the images (a long run shown as its first and last),
+    `others` the other files written (tokens, the contact sheet)."""
     from specrt.runtime.defaults import as_dict, describe
 
     forwards = summary.get("target_forwards", summary.get("target_passes"))
@@ -111,4 +112,91 @@ def summary_line(paths: Sequence[Path], method: str, summary: dict[str, Any], sa
         count, height, width = images.shape[:3]
         shown = f"{count} image{'s' if count != 1 else ''} {width}x{height}, {shown}"
     used = sampling if isinstance(sampling, dict) else as_dict(sampling)
-    return f"wrote {', '.join(str(p) for p in paths)}  ({shown}; sampling {describe(used)})"
+    return f"wrote {shown_paths(paths, others)}  ({shown}; sampling {describe(used)})"
+
+
+SHEET_GAP = 2          # pixels of grey between the tiles of a contact sheet
+SHEET_MAX_SIDE = 8192  # a sheet's longer side at most: tiles are shrunk by a whole factor to fit
+
+
+def sheet_columns(count: int, per_condition: int) -> int:
+    """Columns of a contact sheet of `count` images: one row per class or prompt when several
+    were asked for each (at most 16 a row), else as square a grid as the count allows."""
+    if 1 < per_condition <= 16 and count > per_condition:
+        return per_condition
+    return max(1, int(np.ceil(np.sqrt(count))))
+
+
+def save_sheet(images: np.ndarray, path: Path, columns: int) -> Path:
+    """One image holding every image of the call on a grid, in call order, row by row.
+
+    Why: a batch is judged at a glance, and opening fifty files to do it is what people skip.
+    Tiles keep the images' own pixels unless the sheet's longer side would pass SHEET_MAX_SIDE,
+    where each is shrunk by the smallest whole factor that fits (a 1024-image call of 384-pixel
+    images would otherwise be a 12,000-pixel square). Written whole or not at all, in the format
+    the suffix names (image_output)."""
+    from PIL import Image
+
+    images = np.asarray(images, dtype=np.uint8)
+    count, height, width = images.shape[:3]
+    rows = -(-count // columns)
+    side = max(rows * (height + SHEET_GAP), columns * (width + SHEET_GAP))
+    shrink = max(1, -(-side // SHEET_MAX_SIDE))
+    tile_h, tile_w = max(1, height // shrink), max(1, width // shrink)
+    sheet = Image.new("RGB", (columns * (tile_w + SHEET_GAP) + SHEET_GAP, rows * (tile_h + SHEET_GAP) + SHEET_GAP),
+                      (128, 128, 128))
+    for i, image in enumerate(images):
+        tile = Image.fromarray(image)
+        if shrink > 1:
+            tile = tile.resize((tile_w, tile_h), Image.Resampling.BOX)
+        row, column = divmod(i, columns)
+        sheet.paste(tile, (SHEET_GAP + column * (tile_w + SHEET_GAP), SHEET_GAP + row * (tile_h + SHEET_GAP)))
+    kind = image_formats().get((path.suffix or DEFAULT_IMAGE_SUFFIX).lower(), "PNG")
+    with written_atomically(path) as partial:
+        sheet.save(partial, format=kind, **({"quality": 95} if kind in ("JPEG", "WEBP") else {}))
+    return path
+
+
+def shown_paths(images: Sequence[Path], others: Sequence[Path] = (), most: int = 4) -> str:
+    """The files a call wrote, for the closing line: every image, or the first and the last of a
+    long numbered run (a 100-image call would otherwise print 100 names), then the other files
+    (tokens, the contact sheet)."""
+    names = [str(p) for p in images]
+    if len(names) > most:
+        names = [f"{names[0]} ... {names[-1]}"]
+    return ", ".join(names + [str(p) for p in others])
+
+
+def write_results(images: Optional[np.ndarray], tokens: np.ndarray, out: Path, tokens_only: bool,
+                  tokens_path: Optional[Path], sheet: Optional[Path] = None,
+                  per_condition: int = 1) -> tuple[list[Path], list[Path]]:
+    """Everything generate writes for one call, for every family: the images (save_images), the
+    tokens when asked, the contact sheet when asked. Returns (image paths, other paths) for
+    summary_line."""
+    paths = [] if tokens_only else save_images(images, out, len(tokens))
+    others = []
+    if tokens_only or tokens_path:
+        others.append(save_tokens(tokens, tokens_path or out.with_suffix(".npy")))
+    if sheet is not None and images is not None:
+        others.append(save_sheet(images, sheet, sheet_columns(len(images), per_condition)))
+    return paths, others
+
+
+def check_sheet(sheet: Optional[Path], out: Path, tokens_only: bool) -> Optional[Path]:
+    """--sheet checked before a model loads: images to lay out, a folder that takes the file, an
+    image type (image_output) and a name that no image of the call takes (img.png, img_3.png)."""
+    if sheet is None:
+        return None
+    from specrt.errors import SpecrtError
+    from specrt.paths import output_file
+
+    if tokens_only:
+        raise SpecrtError("--sheet lays out the call's images, and --tokens-only makes none")
+    sheet = image_output(sheet, "--sheet")
+    output_file("--sheet", sheet)
+    suffix = out.suffix or DEFAULT_IMAGE_SUFFIX
+    numbered = (sheet.suffix == suffix and sheet.stem.startswith(f"{out.stem}_")
+                and sheet.stem[len(out.stem) + 1:].isdigit())
+    if sheet.parent.resolve() == out.parent.resolve() and (sheet.name == out.name or numbered):
+        raise SpecrtError(f"--sheet {sheet} is a name the images of --out {out} take; give the sheet its own name")
+    return sheet

@@ -21,7 +21,7 @@ import click
 from specrt import validation
 from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
 from specrt.commands import _family
-from specrt.commands._outputs import image_output, save_images, save_tokens, summary_line
+from specrt.commands._outputs import check_sheet, image_output, summary_line, write_results
 from specrt.errors import SpecrtError
 from specrt.export.demo.registry import DEFAULT_DEMO, demo_names, help_text as demo_help
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
@@ -174,21 +174,26 @@ def build_pipeline(bundle: Optional[Path], backend: Optional[str], target: Optio
 
 
 def condition_args(model_type: str, class_ids: tuple[int, ...], prompts: tuple[str, ...],
-                   captions_path: Optional[Path]) -> dict[str, Any]:
-    """Pipeline.generate's condition keyword from the flags; a c2i model defaults to class 0."""
+                   captions_path: Optional[Path], num_images: int = 1) -> dict[str, Any]:
+    """Pipeline.generate's condition keyword from the flags, each class, prompt or caption row
+    `num_images` times in a row (--num-images); a c2i model defaults to class 0."""
     if model_type == "c2i":
         if prompts or captions_path:
             raise SpecrtError("this model is class-conditional: give --class, not --prompt or --captions")
-        return {"class_ids": list(class_ids or (0,))}
+        return {"class_ids": _family.repeated(list(class_ids or (0,)), num_images, "class")}
     if class_ids:
         raise SpecrtError("this model is text-to-image: give --prompt or --captions, not --class")
     if bool(prompts) == bool(captions_path):
         raise SpecrtError("this model is text-to-image: give --prompt \"...\" (repeatable) or --captions FILE, one of them")
     if prompts:
-        return {"prompts": list(prompts)}
+        return {"prompts": _family.repeated(list(prompts), num_images, "prompt")}
+    import numpy as np
+
     from specrt.runtime.text import load_caption_file
 
-    return {"captions": load_caption_file(captions_path)}
+    embeddings, mask = load_caption_file(captions_path)
+    rows = _family.repeated(list(range(len(embeddings))), num_images, "caption")
+    return {"captions": (np.asarray(embeddings)[rows], None if mask is None else np.asarray(mask)[rows])}
 
 
 def sampling_epilog() -> str:
@@ -229,6 +234,12 @@ def sampling_epilog() -> str:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("img.png"), show_default=True,
               help="Image to write, in the type its suffix names (.png, .jpg, .webp, ...; none: .png is added); "
                    "numbered when several images are asked for.")
+@click.option("--num-images", "-n", type=int, default=1, show_default=True,
+              help=f"Images of each --class / --prompt (image i of the call: seed + i); at most "
+                   f"{_family.MAX_IMAGES_PER_CALL} in all.")
+@click.option("--sheet", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write one contact sheet here: every image of the call on a grid (a row per class or "
+                   "prompt with --num-images).")
 @click.option("--backend", type=click.Choice(["torch", *BUNDLE_BACKENDS]),
               help="Default: ort for a BUNDLE, torch for checkpoints/demo. A BUNDLE also runs on ort-cuda / ort-trt "
                    "(onnxruntime's CUDA / TensorRT providers) and trt (engines from `specrt build`).")
@@ -257,9 +268,9 @@ def sampling_epilog() -> str:
               help="Skip the VQ decode and the PNG: write only the tokens (to --save-tokens, default: --out as .npy).")
 @click.option("--threads", type=int, callback=checked_threads, help=f"{THREADS_HELP}; the embedded demo: 1 (its graphs are too small to share).")
 @checkpoint_flags
-def command(bundle, method, class_ids, prompts, captions_path, text_encoder, demo, seed, out, backend, target, draft, vq,
-            checkpoint, device, max_window, compile_step, cfg_scale, temperature, top_k, top_p, params, stats_path,
-            tokens_path, tokens_only, threads) -> None:
+def command(bundle, method, class_ids, prompts, captions_path, text_encoder, demo, seed, out, num_images, sheet, backend,
+            target, draft, vq, checkpoint, device, max_window, compile_step, cfg_scale, temperature, top_k, top_p, params,
+            stats_path, tokens_path, tokens_only, threads) -> None:
     """Generate images for class ids or prompts (the embedded demo models by default; --demo t2i
     takes prompts, e.g. --demo t2i --prompt "a thick slanted seven").
 
@@ -276,14 +287,17 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
     method_params = parse_params(params)
     out = out if tokens_only else image_output(out)
     check_outputs(out, stats_path, tokens_path, tokens_only)
+    sheet = check_sheet(sheet, out, tokens_only)
     check_prompts(prompts)
+    _family.repeated(list(prompts or class_ids or (0,)), num_images, "prompt" if prompts else "class")  # the bound
     from specrt.runtime.families import family_for
 
     if target is not None and target.is_dir():  # a Hugging Face directory: the unified family on PyTorch
         _generate_unified_checkpoint(target, draft, vq, method, prompts, class_ids, seed, out, max_window, device,
                                      compile_step, threads, {"cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k,
                                                "top_p": top_p}, method_params, stats_path, tokens_only, tokens_path,
-                                     bundle or demo or captions_path or text_encoder or checkpoint.given())
+                                     bundle or demo or captions_path or text_encoder or checkpoint.given(),
+                                     num_images, sheet)
         return
     family = family_for(bundle, demo)  # a damaged manifest is one line here, before any other check
     if family.name != "llamagen":  # another family: through its plug-in alone (commands/_family.py)
@@ -304,7 +318,7 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
         pipe = _family.open_pipeline(family, bundle, demo, backend, threads)
         _family.generate(family, pipe, method, class_ids, seed, out, prompts,
                          {"cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k, "top_p": top_p},
-                         method_params, stats_path, tokens_only, tokens_path)
+                         method_params, stats_path, tokens_only, tokens_path, num_images, sheet)
         return
     sampling = {k: v for k, v in (("cfg_scale", cfg_scale), ("temperature", temperature), ("top_k", top_k),
                                   ("top_p", top_p)) if v is not None}
@@ -312,16 +326,14 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
     check_applicable(bundle, demo, target, draft, vq, checkpoint, device, backend)
     pipe = build_pipeline(bundle, backend, target, draft, vq, checkpoint, max_window, device, threads, text_encoder,
                           demo, compile_step)
-    conditions = condition_args(pipe.target.spec.model_type, class_ids, prompts, captions_path)
+    conditions = condition_args(pipe.target.spec.model_type, class_ids, prompts, captions_path, num_images)
     result = pipe.generate(**conditions, method=method, seed=seed, decode=not tokens_only, **sampling,
                            **method_params)
-    paths = [] if tokens_only else save_images(result.images, out, len(result.tokens))
-    if tokens_only or tokens_path:
-        paths.append(save_tokens(result.tokens, tokens_path or out.with_suffix(".npy")))
+    paths, others = write_results(result.images, result.tokens, out, tokens_only, tokens_path, sheet, num_images)
     summary = result.stats.summary()
     if stats_path:
         stats_path.write_text(json.dumps(summary, indent=2) + "\n")
-    click.echo(summary_line(paths, method, summary, result.sampling, result.images))
+    click.echo(summary_line(paths, method, summary, result.sampling, result.images, others))
 
 
 def _generate_unified_checkpoint(target: Path, draft: Optional[Path], vq: Optional[Path], method: str,
@@ -329,7 +341,8 @@ def _generate_unified_checkpoint(target: Path, draft: Optional[Path], vq: Option
                                  max_window: int, device: Optional[str], compile_step: Optional[bool],
                                  threads: Optional[int],
                                  sampling: dict[str, Any], method_params: dict[str, str], stats_path: Optional[Path],
-                                 tokens_only: bool, tokens_path: Optional[Path], inapplicable: Any) -> None:
+                                 tokens_only: bool, tokens_path: Optional[Path], inapplicable: Any,
+                                 num_images: int = 1, sheet: Optional[Path] = None) -> None:
     """`specrt generate --target HF_DIR [--draft HF_DIR] --prompt ...`: the checkpoint's models, decoder and
     recipe (export.unified.sources, what `specrt export` would write) on PyTorch."""
     from specrt.export.unified.sources import read_tokenizer, unified_models
@@ -362,4 +375,4 @@ def _generate_unified_checkpoint(target: Path, draft: Optional[Path], vq: Option
         raise SpecrtError("this checkpoint has no image decoder here: add --tokens-only, or --vq DIR with vqgan.ckpt "
                           "and vqgan.yaml")
     _family.generate(unified, pipe, method, class_ids, seed, out, prompts, sampling, method_params, stats_path,
-                     tokens_only, tokens_path)
+                     tokens_only, tokens_path, num_images, sheet)
