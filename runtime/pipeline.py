@@ -140,10 +140,10 @@ class Pipeline:
         its loader recorded, else its family's), which `specrt export` writes into a bundle too,
         so this pipeline and the bundle exported from the same modules sample alike.
         `cuda_graphs` (default: on for CUDA) replays each window size's step as a CUDA graph.
-        `compile` (default: on for CUDA) runs each step's blocks and sampling head compiled by
+        `compile` (default: on for CUDA) runs each step's transformer blocks compiled by
         torch.compile (`compile_mode`: "default" or "max-autotune-no-cudagraphs"); the first
-        step of each window size compiles (runtime/backends/compiled_step.py), False keeps the
-        eager step, the reference the compiled one is tested against.
+        steps compile, a second shape once more (runtime/backends/compiled_step.py); False keeps
+        the eager step, the reference the compiled one is tested against.
         `threads`: torch's intra-op threads, as from_bundle's for onnxruntime (torch's setting
         is process-wide; None leaves it as it is, by default one per core).
         `text_encoder` (t2i) turns prompts into caption embeddings (runtime.text).

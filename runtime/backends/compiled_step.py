@@ -14,8 +14,15 @@ kernels are built once per shape and reused by every layer ("regional compilatio
 embedding, the final norm, the output projection and the sampling head run eagerly (a handful
 of kernels a step).
 
-Cost a user sees: the first step of each (window, batch, cache size) compiles (seconds for a
-demo model on a CPU, tens of seconds for GPT-XL on a GPU); inductor keeps its compiled artefacts
+Shapes: the first step compiles the block for its shapes; when a second window size, batch size
+or cache size comes, dynamo compiles once more with that dimension symbolic ("automatic dynamic
+shapes") and every later size reuses it. Compiled for every size it met (as `dynamic=False`
+would), a Jacobi or tree method's dozens of window sizes each cost a compile inside the timed
+decoding (sjd on the demo: 84 s of compiling on a CPU, 14 s with automatic dynamic shapes). A
+plain AR decode keeps its one static shape, and size-1 dimensions (W = 1) stay specialised.
+
+Cost a user sees: the first steps compile (seconds for a demo model on a CPU, tens of seconds
+for GPT-XL on a GPU); inductor keeps its compiled artefacts
 in its on-disk cache (TORCHINDUCTOR_CACHE_DIR, default under /tmp), so a second process with the
 same shapes loads them instead of compiling. `compile=False` on the runner (`--no-compile`) keeps
 the eager step, the reference the compiled one is tested against.
@@ -30,8 +37,8 @@ from specrt.lazy import require
 # inductor modes that leave CUDA-graph capture to the runner (one graph per whole step), as SGLang
 # compiles inside its own capture; "reduce-overhead" would capture each layer call by itself
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
-# shapes a process may compile the block for (windows x batch sizes x cache sizes x models);
-# dynamo's default of 8 would silently fall back to eager after a tree method's ninth window size
+# compiled versions a process may keep of the block (static and symbolic shapes x models x dtypes);
+# dynamo's default of 8 would silently fall back to eager past it
 RECOMPILE_LIMIT = 256
 
 
@@ -54,7 +61,7 @@ class CompiledStep:
         self.mode = mode
         self.compile_seconds = 0.0
         self._compiled_shapes = 0
-        self.run_layer = self._timed(torch.compile(call_layer, mode=mode, dynamic=False))
+        self.run_layer = self._timed(torch.compile(call_layer, mode=mode, dynamic=None))  # automatic dynamic
         # the sampling head stays eager (a handful of kernels a step): inductor in torch 2.11 /
         # Triton 3.6 failed to generate its guided softmax at W = 16 on an H100 (TypeError in
         # TritonSymbols.get_block_shape)

@@ -220,7 +220,7 @@ def _batches(text: str) -> tuple[int, ...]:
               help="--backend torch and --profile-arch on CUDA: replay each window size's step as a CUDA graph.")
 @click.option("--compile/--no-compile", "compile_step", default=None,
               help="--backend torch and --profile-arch: run the step compiled by torch.compile (default: on for CUDA, "
-                   "off on a CPU; the first step of each window size compiles).")
+                   "off on a CPU; the first steps compile, then the result is cached on disk).")
 @click.option("--compile-mode", type=click.Choice(["default", "max-autotune-no-cudagraphs"]), default="default",
               show_default=True, help="torch.compile's mode for --compile.")
 @click.option("--precision", "precision", default=None, metavar="LIST",

@@ -254,8 +254,8 @@ def sampling_epilog() -> str:
 @click.option("--max-window", type=int, default=DEFAULT_MAX_WINDOW, show_default=True,
               help="torch backend: largest step window (tokens per target step; sjd-pac at L = 64 feeds 65).")
 @click.option("--compile/--no-compile", "compile_step", default=None,
-              help="torch backend: run the step compiled by torch.compile (default: on CUDA only; the first step of "
-                   "each window size compiles, cached on disk for the next run).")
+              help="torch backend: run the step compiled by torch.compile (default: on CUDA only; the first steps "
+                   "compile, cached on disk for the next run).")
 @click.option("--cfg-scale", type=float, help="Classifier-free guidance scale (1 = none). Default: below.")
 @click.option("--temperature", type=float, help="Sampling temperature (0 = greedy). Default: below.")
 @click.option("--top-k", type=int, help="Top-k filter (0 disables). Default: below.")
