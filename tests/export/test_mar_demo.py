@@ -56,7 +56,7 @@ def test_generate_from_the_demo_and_from_its_bundle(demo_bundle, tmp_path, capsy
         assert summary["tokens"] == 64 and summary["method"] == argv[argv.index("--method") + 1]
         if summary["method"] == "cspd":
             assert summary["drafted"] > 0
-    assert "cfg_schedule=linear" in capsys.readouterr().out
+    assert "cfg schedule linear" in capsys.readouterr().out  # the closing line names the schedule
     assert cli_exit_code(["generate", str(demo_bundle), "--method", "sd"]) == 2
     assert cli_exit_code(["generate", "--demo", "mar", "--top-k", "5"]) == 2
     assert "does not apply to a continuous" in capsys.readouterr().err
