@@ -53,6 +53,8 @@ class CheckpointFlags:
                 GPTChoice(self.draft_arch, self.draft_n_head, self.draft_n_kv_head, flag_prefix="draft-"))
 
 
+CHECKPOINT_FLAG_NAMES = tuple(CheckpointFlags.__dataclass_fields__)  # their parameter names, for help sections
+
 _OPTIONS = [
     click.option("--arch", help=f"Target's LlamaGen size ({GPT_ARCH_NAMES}); fixes its head count. "
                                 "Default: read from the weights."),

@@ -16,7 +16,8 @@ from typing import Optional
 import click
 
 from specrt.bench.models import BACKENDS
-from specrt.export.demo.registry import DEFAULT_DEMO, demo_names, help_text as demo_help
+from specrt.commands._help import COMMON, DEMO_SHORT_HELP, sectioned
+from specrt.export.demo.registry import DEFAULT_DEMO, demo_names
 from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.runtime.threads import checked as checked_threads
@@ -163,7 +164,15 @@ def _batches(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(validation.count("--batch", part) for part in parts))
 
 
-@click.command(name="bench")
+@sectioned("bench", sections=[
+    (COMMON, ["methods", "sweeps", "demo", "images", "seed", "json_path", "plot_path", "help"]),
+    ("Models and inputs", ["drafts", "demo_weights", "prompts_path", "cache_dir"]),
+    ("Runs", ["batch_text", "precision"]),
+    ("Output", ["keep_tokens", "markdown_path", "progress"]),
+    ("Performance", ["backend", "threads", "device", "cuda_graphs", "compile_step", "compile_mode"]),
+    ("Step profile (--profile-arch)", ["profile_arch", "results_path", "windows", "repeats", "profile_images",
+                                       "profile_dtypes"]),
+])
 @click.argument("bundle", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--methods", default=None, metavar="LIST",
               help="Comma-separated methods (default: ar,sd,cool-sd,lantern,sjd,sjd-pac). ar is always measured.")
@@ -230,9 +239,8 @@ def _batches(text: str) -> tuple[int, ...]:
                    "step graph on onnxruntime at these precisions (fp32, int4; default fp32,int4; 'none' skips).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 @click.option("--demo", type=click.Choice(demo_names()), default=None,
-              help=demo_help() + " mar: ar against cspd (default sweep cspd:draft_len=2,4,8) on its bundle, "
-                                 "exported once into the cache, on onnxruntime. t2i: prompt following (digit, each "
-                                 "attribute, all) beside the Fréchet distance.")
+              help=DEMO_SHORT_HELP + " mar: ar against cspd (default sweep cspd:draft_len=2,4,8); t2i: prompt "
+                                     "following beside the Fréchet distance.")
 def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, threads, keep_tokens, json_path, plot_path, markdown_path, prompts_path, demo_weights,
             cache_dir, profile_arch, results_path, windows, repeats, profile_images, profile_dtypes, device, cuda_graphs,
             compile_step, compile_mode, precision, progress, demo) -> None:

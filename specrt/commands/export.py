@@ -11,9 +11,10 @@ from typing import Any
 import click
 
 from specrt import validation
-from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
+from specrt.commands._checkpoint_flags import CHECKPOINT_FLAG_NAMES, CheckpointFlags, checkpoint_flags
+from specrt.commands._help import COMMON, DEMO_SHORT_HELP, sectioned
 from specrt.errors import SpecrtError
-from specrt.export.demo.registry import DEFAULT_DEMO, demo_names, help_text as demo_help
+from specrt.export.demo.registry import DEFAULT_DEMO, demo_names
 from specrt.runtime.threads import HELP as THREADS_HELP, checked as checked_threads, resolve as resolve_threads
 from specrt.manifest import DEFAULT_MAX_IMAGES
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
@@ -63,7 +64,15 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
                           f"({demo or DEFAULT_DEMO}) has a fixed architecture and image size")
 
 
-@click.command(name="export")
+@sectioned("export", sections=[
+    (COMMON, ["out", "force", "demo", "target", "draft", "vq", "verify", "help"]),
+    ("Model and checkpoints", ["family", "random_weights", "demo_weights", "text_encoder", "eagle",
+                               *CHECKPOINT_FLAG_NAMES]),
+    ("Hugging Face checkpoints", ["grid", "max_prompt_tokens", "weights_dtype"]),
+    ("Bundle shape", ["max_window", "max_batch", "opset"]),
+    ("Method graphs", ["neighbours_k", "draft_chain", "draft_tree", "draft_growth", "no_hidden"]),
+    ("Performance", ["threads"]),
+])
 @click.option("--out", "out", type=click.Path(path_type=Path), default=Path("bundle"), show_default=True,
               help="Bundle directory to write (refused if it exists, unless --force).")
 @click.option("--force", is_flag=True, help="Replace an existing --out (only once the new bundle is complete).")
@@ -91,7 +100,7 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
                    "tokenizer, so the bundle takes prompts (needs specrt[t2i]).")
 @click.option("--random-weights", is_flag=True, help="Random weights in the --arch / --draft-arch / --vq-arch layouts "
                                                    "(real dims, no checkpoint; GPT-B, VQ-16, 256 px unless given).")
-@click.option("--demo", type=click.Choice(demo_names()), default=None, help=demo_help())
+@click.option("--demo", type=click.Choice(demo_names()), default=None, help=DEMO_SHORT_HELP)
 @click.option("--demo-weights", type=click.Path(file_okay=False, path_type=Path),
               help="A `specrt demo train --demo NAME` output folder instead of the packaged weights of that demo.")
 @click.option("--max-window", type=int, default=DEFAULT_MAX_WINDOW, show_default=True,
@@ -122,7 +131,7 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
               help="The dynamic tree the draft_growth graph grows in one call (EAGLE-2's passes in one graph run; "
                    "sd/cool-sd/lantern with tree=dynamic use it when their depth and tree_top_k are these and no "
                    "top-k/top-p/greedy applies); none: no growth graph. Default: 6,8 (the methods' default) where "
-                   "--max-window holds its (depth − 1)·top_k fed nodes.")
+                   "--max-window holds the nodes it feeds.")
 @click.option("--verify", is_flag=True, help="Afterwards run every graph in onnxruntime against PyTorch (exit 1 above tolerance).")
 @click.option("--family", type=click.Choice(["llamagen", "continuous"]), default="llamagen", show_default=True,
               help="Model family: LlamaGen GPT + VQ, or the continuous MAR-style family (export/mar: the mar demo, "
@@ -133,12 +142,9 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
 def command(ctx: click.Context, out, force, target, draft, vq, grid, max_prompt_tokens, weights_dtype, checkpoint,
             random_weights, demo, demo_weights, text_encoder, max_window, max_batch, opset, eagle, no_hidden,
             neighbours_k, draft_chain, draft_tree, draft_growth, verify, family, threads) -> None:
-    """Export target, draft (optional) and VQ decoder to an ONNX bundle (the embedded demo by default;
-    --demo t2i adds its text encoder, so the bundle takes prompts).
-
-    Class-conditional (c2i) and text-to-image (t2i) LlamaGen checkpoints (the model type comes
-    from the weights), and Hugging Face checkpoint directories of unified-vocabulary models
-    (Janus / Janus-Pro, Emu3-Gen, Lumina-mGPT: --target DIR)."""
+    """Export target, draft (optional) and VQ decoder to an ONNX bundle: the embedded demo by
+    default, LlamaGen c2i or t2i checkpoints (--target/--vq files; the model type comes from the
+    weights), or a Hugging Face directory of Janus / Janus-Pro, Emu3-Gen or Lumina-mGPT (--target DIR)."""
     from specrt.lazy import require
     from specrt.paths import output_folder
 

@@ -19,7 +19,8 @@ from typing import Any, Optional
 import click
 
 from specrt import validation
-from specrt.commands._checkpoint_flags import CheckpointFlags, checkpoint_flags
+from specrt.commands._checkpoint_flags import CHECKPOINT_FLAG_NAMES, CheckpointFlags, checkpoint_flags
+from specrt.commands._help import COMMON, DEMO_SHORT_HELP, sectioned
 from specrt.commands import _family
 from specrt.commands._outputs import check_sheet, image_output, summary_line, write_results
 from specrt.errors import SpecrtError
@@ -216,7 +217,14 @@ def sampling_epilog() -> str:
     return "\b\n" + "\n".join(lines)
 
 
-@click.command(name="generate", epilog=sampling_epilog())
+@sectioned("generate", epilog=sampling_epilog(), sections=[
+    (COMMON, ["method", "class_ids", "prompts", "demo", "num_images", "seed", "out", "help"]),
+    ("Model and checkpoints", ["target", "draft", "vq", "text_encoder", "captions_path", *CHECKPOINT_FLAG_NAMES]),
+    ("Sampling", ["cfg_scale", "temperature", "top_k", "top_p"]),
+    ("Method parameters", ["params"]),
+    ("Output", ["sheet", "stats_path", "tokens_path", "tokens_only"]),
+    ("Performance", ["backend", "device", "threads", "compile_step", "max_window"]),
+])
 @click.argument("bundle", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--method", "-m", type=click.Choice(METHOD_NAMES + ("cspd",)), default="ar", show_default=True,
               help="Decoding method (cspd: continuous models only; there ar and cspd).")
@@ -228,7 +236,7 @@ def sampling_epilog() -> str:
                    "'embeddings' and optional 'mask').")
 @click.option("--text-encoder", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="t2i checkpoints: a local T5 encoder directory for --prompt (a bundle carries its own).")
-@click.option("--demo", type=click.Choice(DEMO_NAMES), default=None, help=DEMO_HELP)
+@click.option("--demo", type=click.Choice(DEMO_NAMES), default=None, help=DEMO_SHORT_HELP)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed: same seed, same image. The images of a call are decoded together; image i uses "
                    "seed + i, so it is the image that class (or prompt) alone gives with seed + i.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("img.png"), show_default=True,
@@ -260,7 +268,8 @@ def sampling_epilog() -> str:
 @click.option("--temperature", type=float, help="Sampling temperature (0 = greedy). Default: below.")
 @click.option("--top-k", type=int, help="Top-k filter (0 disables). Default: below.")
 @click.option("--top-p", type=float, help="Top-p filter (1 disables). Default: below.")
-@click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Method parameter, e.g. relaxation_budget=2.")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Method parameter, repeatable, e.g. --param draft_len=4 --param relaxation_budget=2 "
+                   "(each method's parameters: docs/concepts/methods.md).")
 @click.option("--stats", "stats_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write the stats as JSON here.")
 @click.option("--save-tokens", "tokens_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the image tokens here as .npy (int64 [N, grid, grid], N = number of --class).")
@@ -271,18 +280,8 @@ def sampling_epilog() -> str:
 def command(bundle, method, class_ids, prompts, captions_path, text_encoder, demo, seed, out, num_images, sheet, backend,
             target, draft, vq, checkpoint, device, max_window, compile_step, cfg_scale, temperature, top_k, top_p, params,
             stats_path, tokens_path, tokens_only, threads) -> None:
-    """Generate images for class ids or prompts (the embedded demo models by default; --demo t2i
-    takes prompts, e.g. --demo t2i --prompt "a thick slanted seven").
-
-    \b
-    Method parameters (--param KEY=VALUE; docs/concepts/methods.md lists them all):
-      cool-sd  relaxation_budget δ >= 1 is the mean weight, sum of ω_i = δ·L.
-               schedule=uniform: ω_i = δ everywhere (δ = 1 is vanilla SD);
-               schedule=exp (Eq. 16) / linear (Eq. 17): weight moved to early
-               positions, so even δ = 1 relaxes them.
-      lantern  tvd_budget δ (neighbour mass <= δ) or ratio λ (LANTERN++, as
-               LANTERN's code: neighbour mass <= (λ-1)·p, the Cool-SD paper's
-               λ + 1); neighbours_k counts neighbours, not the token itself.
+    """Generate images for class ids or prompts with a decoding method (the embedded demo models
+    by default; --demo t2i takes prompts, e.g. --demo t2i --prompt "a thick slanted seven").
     """
     method_params = parse_params(params)
     out = out if tokens_only else image_output(out)
