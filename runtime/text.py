@@ -57,24 +57,27 @@ class PromptChecker:
         self.tokenizer.no_padding()
         self.unknown_id = _unknown_id(self.tokenizer, json.loads(text).get("model") or {})
 
-    def check(self, prompt: str, index: int = 0, limit: Optional[int] = None, specials: bool = True) -> list[int]:
+    def check(self, prompt: str, index: int = 0, limit: Optional[int] = None, specials: bool = True,
+              name: Optional[str] = None) -> list[int]:
         """`prompt`'s token ids (the tokenizer's specials included when `specials`), after
         refusing a prompt with no known word and warning about unknown words and, when `limit`
-        is given, about a prompt longer than `limit` tokens (the encoder truncates it)."""
+        is given, about a prompt longer than `limit` tokens (the encoder truncates it). Messages
+        call it `name` (default "prompt INDEX"), so a negative prompt is named as such."""
+        name = name or f"prompt {index}"
         encoding = self.tokenizer.encode(prompt, add_special_tokens=specials)
         words = [(token, start, stop) for token, (start, stop), special
                  in zip(encoding.ids, encoding.offsets, encoding.special_tokens_mask) if not special]
         if self.unknown_id is not None and words:
             unknown = list(dict.fromkeys(prompt[start:stop] for token, start, stop in words if token == self.unknown_id))
             if all(token == self.unknown_id for token, _, _ in words):
-                raise SpecrtError(f"prompt {index} ({prompt.strip()!r:.60}): no word of it is known to this model's "
+                raise SpecrtError(f"{name} ({prompt.strip()!r:.60}): no word of it is known to this model's "
                                   f"tokenizer, so the image could not follow it{self._hint()}")
             if unknown:
                 shown = ", ".join(repr(w) for w in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
-                warnings.warn(f"prompt {index}: {len(unknown)} word(s) unknown to this model's tokenizer, read as "
+                warnings.warn(f"{name}: {len(unknown)} word(s) unknown to this model's tokenizer, read as "
                               f"nothing it knows: {shown}", SpecrtWarning, stacklevel=3)
         if limit is not None and len(encoding.ids) > limit:
-            warnings.warn(f"prompt {index} is {len(encoding.ids)} tokens; the text encoder reads its first {limit} "
+            warnings.warn(f"{name} is {len(encoding.ids)} tokens; the text encoder reads its first {limit} "
                           "and the rest is cut", SpecrtWarning, stacklevel=3)
         return list(encoding.ids)
 

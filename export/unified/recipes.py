@@ -149,6 +149,7 @@ def _emu3(config: dict, vocab: _Vocab, grid: Optional[tuple[int, int]], downsamp
     suffix = [vocab.id(EMU3_BOI, "image-start"), *vocab.text(f"{rows}*{cols}"), vocab.id(EMU3_IMAGE_WRAPPER, "image-token")]
     prompt = {
         "template": PROMPT_SLOT + EMU3_POSITIVE,
+        "positive_suffix": EMU3_POSITIVE,  # the template's fixed words, which a call may drop
         "strip": False,
         "prefix_ids": [vocab.id(EMU3_BOS, "begin-of-sentence")],
         "suffix_ids": suffix,

@@ -27,6 +27,9 @@ class Family(ABC):
     # judge), called with the command's options as keywords; None: the LlamaGen bench
     bench_runner: ClassVar[Optional[str]] = None
     takes_prompts: ClassVar[bool] = False  # generate is conditioned on text prompts (else class ids)
+    # its CFG row is a prompt too: generate takes negative_prompt / prompt_suffix (--negative-prompt,
+    # --no-prompt-suffix); elsewhere the unconditional row is a learned embedding and they are refused
+    negative_prompts: ClassVar[bool] = False
 
     @abstractmethod
     def open(self, path: Path, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:

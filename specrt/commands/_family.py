@@ -53,6 +53,25 @@ def open_pipeline(family: Family, bundle: Optional[Path], demo: Optional[str], b
     return family.demo_pipeline(demo, threads)
 
 
+def prompt_options_of(negative_prompt: Optional[str], no_prompt_suffix: bool) -> dict[str, Any]:
+    """The pipeline keywords of --negative-prompt / --no-prompt-suffix, only those given, so a
+    call without them runs exactly as before (the recipe's own unconditional row and suffix)."""
+    options: dict[str, Any] = {}
+    if negative_prompt is not None:
+        options["negative_prompt"] = negative_prompt
+    if no_prompt_suffix:
+        options["prompt_suffix"] = False
+    return options
+
+
+def refused_prompt_options(family: Family, negative_prompt: Optional[str], no_prompt_suffix: bool) -> dict[str, bool]:
+    """The refused-flag entries of --negative-prompt / --no-prompt-suffix for `family` (refuse's
+    {flag: given?}): they shape a CFG row that is a prompt, which only some families have."""
+    applies = family.negative_prompts
+    return {"--negative-prompt": negative_prompt is not None and not applies,
+            "--no-prompt-suffix": no_prompt_suffix and not applies}
+
+
 def refuse(family: Family, method: str, refused: dict[str, Any]) -> None:
     """Before the model loads: SpecrtError naming the first flag in `refused` ({flag: given?})
     that was given, or a method the family does not run."""
@@ -65,12 +84,16 @@ def refuse(family: Family, method: str, refused: dict[str, Any]) -> None:
 
 def generate(family: Family, pipe: Any, method: str, class_ids: tuple[int, ...], seed: int, out: Path,
              prompts: tuple[str, ...], sampling: dict[str, Any], params: dict[str, str], stats_path: Optional[Path],
-             tokens_only: bool, tokens_path: Optional[Path], num_images: int = 1, sheet: Optional[Path] = None) -> None:
+             tokens_only: bool, tokens_path: Optional[Path], num_images: int = 1, sheet: Optional[Path] = None,
+             prompt_options: Optional[dict[str, Any]] = None) -> None:
     """Generate with the family's pipeline and write images / tokens / stats / the contact sheet as
-    `specrt generate` does; `num_images` images of each class or prompt (image i: seed + i)."""
+    `specrt generate` does; `num_images` images of each class or prompt (image i: seed + i).
+    `prompt_options`: prompt_options_of's keywords (--negative-prompt, --no-prompt-suffix), given
+    only to a family that takes them (refused before this for the others)."""
     from specrt.commands._outputs import summary_line, write_results
 
     kwargs = {**{k: v for k, v in sampling.items() if v is not None}, **params}  # validated where they are used
+    kwargs.update(prompt_options or {})
     if family.takes_prompts:
         kwargs["prompts"] = repeated(list(prompts), num_images, "prompt")
     else:

@@ -221,6 +221,7 @@ def sampling_epilog() -> str:
     (COMMON, ["method", "class_ids", "prompts", "demo", "num_images", "seed", "out", "help"]),
     ("Model and checkpoints", ["target", "draft", "vq", "text_encoder", "captions_path", *CHECKPOINT_FLAG_NAMES]),
     ("Sampling", ["cfg_scale", "temperature", "top_k", "top_p"]),
+    ("Prompts of Janus, Emu3, Lumina-mGPT", ["negative_prompt", "no_prompt_suffix"]),
     ("Method parameters", ["params"]),
     ("Output", ["sheet", "stats_path", "tokens_path", "tokens_only"]),
     ("Performance", ["backend", "device", "threads", "compile_step", "max_window"]),
@@ -268,6 +269,13 @@ def sampling_epilog() -> str:
 @click.option("--temperature", type=float, help="Sampling temperature (0 = greedy). Default: below.")
 @click.option("--top-k", type=int, help="Top-k filter (0 disables). Default: below.")
 @click.option("--top-p", type=float, help="Top-p filter (1 disables). Default: below.")
+@click.option("--negative-prompt", default=None, metavar="TEXT",
+              help="The unconditional (CFG) row as this text instead of the model's own (Emu3: its negative prompt; "
+                   "Janus: the padded prompt; Lumina-mGPT: no text), so guidance steers away from it; \"\" is the row "
+                   "without words. Hugging Face checkpoints, their bundles and --demo chameleon.")
+@click.option("--no-prompt-suffix", is_flag=True,
+              help="Drop the fixed words the model's recipe appends to every prompt (Emu3: \" masterpiece, film "
+                   "grained, best quality.\"); refused for a model without them.")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Method parameter, repeatable, e.g. --param draft_len=4 --param relaxation_budget=2 "
                    "(each method's parameters: docs/concepts/methods.md).")
 @click.option("--stats", "stats_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write the stats as JSON here.")
@@ -278,8 +286,8 @@ def sampling_epilog() -> str:
 @click.option("--threads", type=int, callback=checked_threads, help=f"{THREADS_HELP}; the embedded demo: 1 (its graphs are too small to share).")
 @checkpoint_flags
 def command(bundle, method, class_ids, prompts, captions_path, text_encoder, demo, seed, out, num_images, sheet, backend,
-            target, draft, vq, checkpoint, device, max_window, compile_step, cfg_scale, temperature, top_k, top_p, params,
-            stats_path, tokens_path, tokens_only, threads) -> None:
+            target, draft, vq, checkpoint, device, max_window, compile_step, cfg_scale, temperature, top_k, top_p,
+            negative_prompt, no_prompt_suffix, params, stats_path, tokens_path, tokens_only, threads) -> None:
     """Generate images for class ids or prompts with a decoding method (the embedded demo models
     by default; --demo t2i takes prompts, e.g. --demo t2i --prompt "a thick slanted seven").
     """
@@ -291,12 +299,13 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
     _family.repeated(list(prompts or class_ids or (0,)), num_images, "prompt" if prompts else "class")  # the bound
     from specrt.runtime.families import family_for
 
+    prompt_options = _family.prompt_options_of(negative_prompt, no_prompt_suffix)
     if target is not None and target.is_dir():  # a Hugging Face directory: the unified family on PyTorch
         _generate_unified_checkpoint(target, draft, vq, method, prompts, class_ids, seed, out, max_window, device,
                                      compile_step, threads, {"cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k,
                                                "top_p": top_p}, method_params, stats_path, tokens_only, tokens_path,
                                      bundle or demo or captions_path or text_encoder or checkpoint.given(),
-                                     num_images, sheet)
+                                     num_images, sheet, prompt_options)
         return
     family = family_for(bundle, demo)  # a damaged manifest is one line here, before any other check
     if family.name != "llamagen":  # another family: through its plug-in alone (commands/_family.py)
@@ -308,6 +317,7 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
                    "--captions": captions_path, "--text-encoder": text_encoder, "--target/--draft/--vq": target or vq or draft,
                    "--device": device is not None and device.strip().lower() != "cpu",  # it runs on the CPU
                    "--max-window": _given("max_window"), "--compile/--no-compile": _given("compile_step"),
+                   **_family.refused_prompt_options(family, negative_prompt, no_prompt_suffix),
                    **{name: True for name in checkpoint.given()}}
         validation.seed(seed, "--seed")
         _family.refuse(family, method, refused)  # before the model loads
@@ -317,8 +327,13 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
         pipe = _family.open_pipeline(family, bundle, demo, backend, threads)
         _family.generate(family, pipe, method, class_ids, seed, out, prompts,
                          {"cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k, "top_p": top_p},
-                         method_params, stats_path, tokens_only, tokens_path, num_images, sheet)
+                         method_params, stats_path, tokens_only, tokens_path, num_images, sheet, prompt_options)
         return
+    refused = [flag for flag, given in _family.refused_prompt_options(family, negative_prompt, no_prompt_suffix).items()
+               if given]
+    if refused:  # a LlamaGen model's unconditional row is a learned embedding, not a prompt
+        raise SpecrtError(f"{refused[0]} applies to Janus / Emu3 / Lumina-mGPT prompts; a {family.description} "
+                          "model's unconditional (CFG) row is a learned embedding, not a prompt")
     sampling = {k: v for k, v in (("cfg_scale", cfg_scale), ("temperature", temperature), ("top_k", top_k),
                                   ("top_p", top_p)) if v is not None}
     check_before_loading(method, seed, max_window, checkpoint.image_size, threads, sampling, method_params)
@@ -341,7 +356,8 @@ def _generate_unified_checkpoint(target: Path, draft: Optional[Path], vq: Option
                                  threads: Optional[int],
                                  sampling: dict[str, Any], method_params: dict[str, str], stats_path: Optional[Path],
                                  tokens_only: bool, tokens_path: Optional[Path], inapplicable: Any,
-                                 num_images: int = 1, sheet: Optional[Path] = None) -> None:
+                                 num_images: int = 1, sheet: Optional[Path] = None,
+                                 prompt_options: Optional[dict[str, Any]] = None) -> None:
     """`specrt generate --target HF_DIR [--draft HF_DIR] --prompt ...`: the checkpoint's models, decoder and
     recipe (export.unified.sources, what `specrt export` would write) on PyTorch."""
     from specrt.export.unified.sources import read_tokenizer, unified_models
@@ -374,4 +390,4 @@ def _generate_unified_checkpoint(target: Path, draft: Optional[Path], vq: Option
         raise SpecrtError("this checkpoint has no image decoder here: add --tokens-only, or --vq DIR with vqgan.ckpt "
                           "and vqgan.yaml")
     _family.generate(unified, pipe, method, class_ids, seed, out, prompts, sampling, method_params, stats_path,
-                     tokens_only, tokens_path, num_images, sheet)
+                     tokens_only, tokens_path, num_images, sheet, prompt_options)

@@ -25,6 +25,7 @@ class UnifiedFamily(LlamaGenFamily):
     description = "unified-vocabulary (Janus / Emu3 / Lumina-mGPT)"
     sampling_keys = ("cfg_scale", "temperature", "top_k", "top_p")
     takes_prompts = True
+    negative_prompts = True
 
     def open(self, path: Path, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:
         from specrt.runtime.families.unified.pipeline import UnifiedPipeline

@@ -100,26 +100,40 @@ class UnifiedPipeline(Pipeline):
         return self.grammar.rows * down, self.grammar.cols * down
 
     def conditions(self, class_ids: Any = None, prompts: Sequence[str] | str | None = None, captions: Any = None,
-                   prompt_ids: Any = None) -> Conditions:
+                   prompt_ids: Any = None, negative_prompt: Optional[str] = None,
+                   prompt_suffix: bool = True) -> Conditions:
         """Token prompts: text through the model's recipe, or ready ids of its vocabulary (the recipe's
-        unconditional rule still applies to them), or ready Conditions."""
+        unconditional rule still applies to them), or ready Conditions. `negative_prompt` and
+        `prompt_suffix` as in generate."""
         if class_ids is not None or captions is not None:
             raise SpecrtError("this model is conditioned on text prompts: give prompts (or prompt_ids), not "
                               + ("class ids" if class_ids is not None else "caption embeddings"))
         if isinstance(prompts, Conditions):
+            if negative_prompt is not None or not validation.flag("prompt_suffix", prompt_suffix):
+                raise SpecrtError("negative_prompt and prompt_suffix shape prompts from text; ready Conditions are "
+                                  "used as given")
             return prompts
-        return self.prompts.encode(prompts, prompt_ids)
+        return self.prompts.encode(prompts, prompt_ids, negative_prompt=negative_prompt, prompt_suffix=prompt_suffix)
 
     def generate(self, class_ids: Any = None, method: str | Method = "ar", seed: int | Sequence[int] = 0,
                  decode: bool = True, *, prompts: Sequence[str] | str | None = None, captions: Any = None,
-                 prompt_ids: Any = None, **params: Any) -> GenerationResult:
+                 prompt_ids: Any = None, negative_prompt: Optional[str] = None, prompt_suffix: bool = True,
+                 **params: Any) -> GenerationResult:
         """Images for `prompts` (or `prompt_ids`) with a decoding method; as Pipeline.generate. The
-        result's `tokens` are the VQ grids, `stream` the decoded tokens with the row ends in place."""
+        result's `tokens` are the VQ grids, `stream` the decoded tokens with the row ends in place.
+
+        Classifier-free guidance pushes each image away from its unconditional row, which the
+        model's recipe builds (Emu3: its negative prompt; Janus: the prompt padded out;
+        Lumina-mGPT: the image-start tokens alone). `negative_prompt` replaces that row by a text
+        of the caller's (through the model's template; "" is the row without words), so guidance
+        also steers away from what it says. `prompt_suffix=False` drops the fixed words the
+        recipe appends to every prompt (Emu3's " masterpiece, film grained, best quality."); a
+        recipe without them refuses it."""
         decode = validation.flag("decode", decode)
         if decode and self.vq is None:
             raise SpecrtError("this bundle has no image decoder (exported without the model's VQ): generate tokens only "
                               "(--tokens-only, decode=False), or re-export with --vq DIR")
         with self._generate_lock:
-            conditions = self.conditions(class_ids, prompts, captions, prompt_ids)
+            conditions = self.conditions(class_ids, prompts, captions, prompt_ids, negative_prompt, prompt_suffix)
             return self._generate(conditions, method, image_seeds(seed, len(conditions)), decode, **params)
 

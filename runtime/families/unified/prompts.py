@@ -12,6 +12,11 @@ models"): `pad` (Janus: the prompt with every token but the first `keep_first` a
 own `template`, same prefix and suffix) or `ids` (Lumina-mGPT: exactly the listed ids, the
 image-start and size tokens). `strip` strips the user's text first (Janus's chat template).
 Both rows are left-padded to the bundle's cond_len (real tokens last; runtime.conditions).
+
+Per call, a user may replace the unconditional row by a negative prompt of their own (the text
+through the model's template, without the positive suffix), and drop `positive_suffix`, the
+fixed words the recipe appends to every prompt (Emu3's " masterpiece, film grained, best
+quality."), which must end the template.
 """
 from __future__ import annotations
 
@@ -39,6 +44,9 @@ class PromptEncoder:
         self.suffix = [int(i) for i in self.recipe.get("suffix_ids", [])]
         self.pad_id = int(self.recipe.get("pad_id", 0))
         self.uncond = dict(self.recipe.get("uncond") or {"kind": "ids"})
+        self.positive_suffix = str(self.recipe.get("positive_suffix") or "")
+        if self.positive_suffix and not self.template.endswith(self.positive_suffix):
+            raise SpecrtError(f"prompt recipe: positive_suffix {self.positive_suffix!r:.40} must end the template")
         self._checker: Any = None  # a runtime.text.PromptChecker over the tokenizer, made on first use
         if self.uncond.get("kind") not in UNCOND_KINDS:
             raise SpecrtError(f"prompt recipe: uncond kind must be one of {', '.join(UNCOND_KINDS)}, "
@@ -91,6 +99,36 @@ class PromptEncoder:
         ids = list(self.tokenizer.encode(body, add_special_tokens=False).ids) if body else []
         return self.prefix + ids + self.suffix
 
+    def template_without_suffix(self) -> str:
+        """The template with the recipe's positive suffix dropped (prompt_suffix=False); refused
+        for a recipe that has none, since the flag would change nothing."""
+        if not self.positive_suffix:
+            raise SpecrtError("--no-prompt-suffix (prompt_suffix=False): this model's prompt recipe adds no fixed "
+                              "suffix to drop")
+        return self.template[:len(self.template) - len(self.positive_suffix)]
+
+    def negative_ids(self, text: str) -> list[int]:
+        """The unconditional row for the negative prompt `text`, in place of the recipe's own rule.
+
+        Why through a template: the row must look like a prompt to the model, so the text goes
+        through the same prefix / suffix ids as the prompt, and through the recipe's unconditional
+        template where it has one (Emu3's negative prompt) or else the prompt template without
+        its positive suffix (Janus's chat turn, Lumina-mGPT's instruction). An empty text is the
+        row without words; text of no known word is refused, as for a prompt."""
+        if not isinstance(text, str):
+            raise SpecrtError(f"a negative prompt must be a string, got {text!r:.40}")
+        if self.uncond.get("kind") == "prompt":
+            template = str(self.uncond.get("template", "{prompt}"))
+        else:
+            template = self.template[:len(self.template) - len(self.positive_suffix)]
+        if text.strip() and self.tokenizer is not None:
+            if self._checker is None:
+                from specrt.runtime.text import PromptChecker
+
+                self._checker = PromptChecker(self.tokenizer)
+            self._checker.check(text, specials=False, name="the negative prompt")
+        return self._row(text, template)
+
     def null_ids(self, ids: Sequence[int]) -> list[int]:
         """The unconditional prompt the model's code pairs with the prompt `ids`."""
         kind, ids = self.uncond["kind"], list(ids)
@@ -105,20 +143,33 @@ class PromptEncoder:
     # ---- a batch ----------------------------------------------------------------------------------
 
     def encode(self, prompts: Optional[Sequence[str]] = None,
-               prompt_ids: Optional[Sequence[Sequence[int]]] = None) -> Conditions:
-        """Conditions of token prompts (and their unconditional twins) from text or from ids."""
+               prompt_ids: Optional[Sequence[Sequence[int]]] = None, negative_prompt: Optional[str] = None,
+               prompt_suffix: bool = True) -> Conditions:
+        """Conditions of token prompts (and their unconditional twins) from text or from ids.
+
+        `negative_prompt`: every image's unconditional row is this text (negative_ids) instead of
+        the recipe's rule; `prompt_suffix=False`: text prompts go through the template without the
+        recipe's positive suffix (ready prompt_ids are used as given, so it is refused with them)."""
         if (prompts is None) == (prompt_ids is None):
             raise SpecrtError("give prompts or prompt_ids (one of them)")
+        template = None
+        if not validation.flag("prompt_suffix", prompt_suffix):
+            template = self.template_without_suffix()
+            if prompts is None:
+                raise SpecrtError("prompt_suffix=False applies to text prompts; prompt_ids are used as given")
         if prompts is not None:
             prompts = [prompts] if isinstance(prompts, str) else list(prompts)
             if not prompts:
                 raise SpecrtError("no prompts given")
-            rows = [self.ids(p, index=i) for i, p in enumerate(prompts)]
+            rows = [self.ids(p, template=template, index=i) for i, p in enumerate(prompts)]
         else:
             high = None if self.vocab_size is None else int(self.vocab_size) - 1
             rows = [[validation.integer(f"prompt_ids[{r}][{j}]", i, low=0, high=high, strings=False)
                      for j, i in enumerate(row)] for r, row in enumerate(_rows_of(prompt_ids))]
-        nulls = [self.null_ids(row) for row in rows]
+        if negative_prompt is not None:
+            nulls = [self.negative_ids(negative_prompt)] * len(rows)
+        else:
+            nulls = [self.null_ids(row) for row in rows]
         ids, mask = self.left_pad(rows)
         if not all(nulls):  # no unconditional prompt (no recipe): fine until CFG asks for one
             return Conditions.of_prompt_ids(ids, mask)
