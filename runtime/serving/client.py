@@ -48,15 +48,18 @@ class Client:
             self._client = self._lib.InferenceServerClient(url)
 
     def generate(self, class_id: Optional[int] = None, prompt: Optional[str] = None, method: str = "ar",
-                 seed: int = 0, tokens_only: bool = False, **params: Any) -> ServedImage:
-        """One image; `params` are method parameters and sampling keys, as Pipeline.generate takes."""
+                 seed: int = 0, tokens_only: bool = False, negative_prompt: Optional[str] = None,
+                 prompt_suffix: Optional[bool] = None, **params: Any) -> ServedImage:
+        """One image; `params` are method parameters and sampling keys, as Pipeline.generate takes;
+        `negative_prompt` / `prompt_suffix` (unified-vocabulary models) as UnifiedPipeline.generate's."""
         values = {"class_id": class_id, "prompt": prompt, "method": method, "seed": seed,
-                  "params": json.dumps(params) if params else None, "tokens_only": tokens_only}
+                  "params": json.dumps(params) if params else None, "tokens_only": tokens_only,
+                  "negative_prompt": negative_prompt, "prompt_suffix": prompt_suffix}
         inputs = []
         for name, value in values.items():
             if value is None:
                 continue
-            dtype = {"class_id": "INT64", "seed": "UINT64", "tokens_only": "BOOL"}.get(name, "BYTES")
+            dtype = {"class_id": "INT64", "seed": "UINT64", "tokens_only": "BOOL", "prompt_suffix": "BOOL"}.get(name, "BYTES")
             array = np.array([[value.encode() if isinstance(value, str) else value]], dtype=NUMPY_DTYPES[dtype])
             tensor = self._lib.InferInput(name, list(array.shape), dtype)
             tensor.set_data_from_numpy(array)

@@ -72,6 +72,9 @@ class RequestHandler:
                     raise SpecrtError("this model is class-conditional: send class_id, not prompt")
             elif row.prompt is None:
                 raise SpecrtError("this model is text-to-image: send prompt, not class_id")
+            if row.prompt_options and not self.family.negative_prompts:
+                raise SpecrtError(f"{' and '.join(row.prompt_options)} apply to models whose unconditional row is a "
+                                  f"prompt (Janus, Emu3, Lumina-mGPT), not to a {self.family.description} model")
             self.family.check_request(self.pipeline, row.method, dict(row.params), class_id=row.class_id,
                                       prompt=row.prompt)
         except SpecrtError as exc:
@@ -87,7 +90,8 @@ class RequestHandler:
         called = time.perf_counter()
         try:
             result = self.pipeline.generate(**condition, method=first.method, seed=[r.seed for r in rows],
-                                            decode=self.decodes and not first.tokens_only, **dict(first.params))
+                                            decode=self.decodes and not first.tokens_only, **first.prompt_options,
+                                            **dict(first.params))
         except SpecrtError as exc:
             return [ImageResult(error=str(exc)) for _ in rows]
         except Exception as exc:  # a bug, not the client's mistake: log it, answer, keep serving

@@ -44,6 +44,9 @@ INPUTS = (
     TensorSpec("params", "BYTES", (1,), "JSON object of method parameters and sampling keys"),
     TensorSpec("tokens_only", "BOOL", (1,), "skip the decoder: `image` comes back empty (always so for a model "
                                             "without one)"),
+    TensorSpec("negative_prompt", "BYTES", (1,), "UTF-8 text of the unconditional (CFG) row, models whose "
+                                                 "unconditional row is a prompt (Janus, Emu3, Lumina-mGPT)"),
+    TensorSpec("prompt_suffix", "BOOL", (1,), "false drops the recipe's fixed prompt suffix (Emu3's); default true"),
 )
 OUTPUTS = (
     TensorSpec("image", "BYTES", (1,), "PNG bytes (empty with tokens_only or on an error)"),
@@ -78,11 +81,20 @@ class ImageRequest:
     seed: int
     params: tuple[tuple[str, Any], ...]  # sorted items of the params object
     tokens_only: bool
+    negative_prompt: Optional[str] = None
+    prompt_suffix: Optional[bool] = None  # None: not sent (the recipe's own)
 
     @property
     def group(self) -> tuple:
-        """Rows with equal groups run in one generate call (same method, parameters, decoding)."""
-        return self.method, json.dumps(self.params), self.tokens_only
+        """Rows with equal groups run in one generate call (same method, parameters, decoding and
+        unconditional row)."""
+        return self.method, json.dumps(self.params), self.tokens_only, self.negative_prompt, self.prompt_suffix
+
+    @property
+    def prompt_options(self) -> dict[str, Any]:
+        """The generate keywords that shape a prompt model's rows, as far as the row sent them."""
+        return {name: value for name, value in (("negative_prompt", self.negative_prompt),
+                                                ("prompt_suffix", self.prompt_suffix)) if value is not None}
 
 
 @dataclass
@@ -155,6 +167,7 @@ def decode_row(inputs: Mapping[str, np.ndarray], row: int) -> ImageRequest:
         raise SpecrtError("give class_id (class-conditional models) or prompt (text-to-image), exactly one")
     method = value("method")
     tokens_only = value("tokens_only")
+    negative_prompt, prompt_suffix = value("negative_prompt"), value("prompt_suffix")
     params = params_object(_text(value("params"), "params")) if value("params") is not None else {}
     return ImageRequest(
         class_id=None if class_id is None else validation.integer("class_id", class_id, low=0),
@@ -163,6 +176,8 @@ def decode_row(inputs: Mapping[str, np.ndarray], row: int) -> ImageRequest:
         seed=0 if value("seed") is None else validation.seed(value("seed")),
         params=tuple(sorted(params.items())),
         tokens_only=False if tokens_only is None else validation.flag("tokens_only", tokens_only),
+        negative_prompt=None if negative_prompt is None else _text(negative_prompt, "negative_prompt"),
+        prompt_suffix=None if prompt_suffix is None else validation.flag("prompt_suffix", prompt_suffix),
     )
 
 

@@ -152,3 +152,21 @@ def test_prompts_on_a_text_to_image_model():
     for row, (prompt, seed) in enumerate([("a thin seven", 3), ("a round zero", 4)]):
         expected = pipe.generate(prompts=[prompt], method="sd", seed=seed)
         np.testing.assert_array_equal(out[0]["tokens"][row], expected.tokens.reshape(-1))
+
+
+def test_negative_prompts_are_served_to_prompt_models_and_refused_elsewhere(pipe):
+    from specrt.export.demo.registry import get_demo
+
+    unified = get_demo("chameleon").hook("torch_pipeline")(None, threads=1)
+    handler = RequestHandler(unified)
+    out = handler([rows(prompt=["a thin two", "a thin two", "a thin two"], seed=[3, 3, 3],
+                        negative_prompt=["", "a thick seven", "a thin two"], tokens_only=[True, True, True])])[0]
+    assert errors(out) == ["", "", ""]
+    for at, negative in enumerate(["", "a thick seven", "a thin two"]):  # each row as generate gives it
+        expected = unified.generate(prompts=["a thin two"], seed=3, decode=False, negative_prompt=negative).tokens
+        np.testing.assert_array_equal(out["tokens"][at], expected[0].ravel())
+    assert not np.array_equal(out["tokens"][0], out["tokens"][1])  # the unconditional row is the client's
+    suffix = handler([rows(prompt=["a thin two"], prompt_suffix=[False])])[0]
+    assert "suffix" in errors(suffix)[0]  # the demo's recipe has no suffix to drop: that row's one-line error
+    refused = RequestHandler(pipe)([rows(class_id=[1], negative_prompt=["blurry"])])[0]
+    assert "negative_prompt apply to models whose unconditional row is a prompt" in errors(refused)[0]
