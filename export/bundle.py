@@ -29,7 +29,7 @@ from specrt.manifest import (DEFAULT_MAX_IMAGES, FORMAT, MANIFEST_NAME, VERSION,
 from specrt.runtime import compatibility
 from specrt.runtime.defaults import as_dict, defaults_of
 from specrt.runtime.eagle import EAGLE_KIND
-from specrt.runtime.methods import DEFAULT_MAX_WINDOW
+from specrt.runtime.methods import DEFAULT_MAX_WINDOW, checked_max_window
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.tree import DEFAULT_GROWTH, DEFAULT_STATIC_TREE, static_shape
 
@@ -116,10 +116,7 @@ class ExportOptions:
         traceback); a value the user gave is refused, one line each."""
         tokens = int(config.grammar.stream_len if is_prompt_model(config) else config.grid_size ** 2)
         vocab = int(config.vocab_size)
-        longest = max(tokens + 1, DEFAULT_MAX_WINDOW)
-        if self.max_window > longest:
-            raise SpecrtError(f"--max-window {self.max_window}: this model's images have {tokens} tokens, so no "
-                              f"window is longer than {tokens + 1}; give at most {longest}")
+        checked_max_window(self.max_window, tokens)
         fitted = self
         growth = self.growth
         if growth is not None and growth[1] > vocab:

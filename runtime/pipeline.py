@@ -24,7 +24,7 @@ from specrt.manifest import DEFAULT_MAX_IMAGES
 from specrt.runtime.compatibility import check_compatible
 from specrt.runtime.defaults import as_dict, defaults_of
 from specrt.runtime.conditions import Conditions
-from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Decoding, Method, make_method
+from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Decoding, Method, checked_max_window, make_method
 from specrt.runtime.methods.speculative import Lantern
 from specrt.runtime.runner import ModelRunner, VQDecoder
 from specrt.runtime.sampling import SamplingParams, guidance_mix
@@ -163,7 +163,8 @@ class Pipeline:
                                               compile_mode=compile_mode)
         from specrt.runtime.eagle import EAGLE_KIND
         from specrt.runtime.backends.torch_backend import TorchHeadRunner, TorchRunner, TorchVQ
-        max_window = validation.count("max_window", max_window)
+        max_window = checked_max_window(validation.count("max_window", max_window),
+                                        target_gpt.config.num_image_tokens, "max_window")
         if threads is not None:
             set_torch_threads(validation.count("threads", threads))
         eagle = getattr(draft_gpt, "draft_kind", None) == EAGLE_KIND  # an EAGLE head (specrt.export.eagle)

@@ -23,7 +23,7 @@ from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.families.unified.prompts import PromptEncoder
 from specrt.runtime.grammar import ImageGrammar, head_neighbours
-from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Method
+from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Method, checked_max_window
 from specrt.runtime.pipeline import GenerationResult, Pipeline, image_seeds
 
 
@@ -74,8 +74,8 @@ class UnifiedPipeline(Pipeline):
         grammar = target.config.grammar
         if draft is not None and (draft.config.grammar != grammar or draft.config.cond_len != target.config.cond_len):
             raise SpecrtError("the draft's image grammar or prompt length differs from the target's")
-        runner = TorchRunner(target, validation.count("max_window", max_window), device, cuda_graphs, compile,
-                             compile_mode)
+        max_window = checked_max_window(validation.count("max_window", max_window), grammar.stream_len, "max_window")
+        runner = TorchRunner(target, max_window, device, cuda_graphs, compile, compile_mode)
         draft_runner = (TorchRunner(draft, max_window, device, cuda_graphs, compile, compile_mode)
                         if draft is not None else None)
         if neighbours is None and vq is not None:
