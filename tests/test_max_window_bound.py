@@ -21,3 +21,14 @@ def test_the_python_api_applies_the_same_bound():
     with pytest.raises(SpecrtError, match="give at most 65"):
         Pipeline.from_torch(demo.target, demo.draft, demo.vq, max_window=66)
     assert Pipeline.from_torch(demo.target, demo.draft, demo.vq, max_window=65).target.max_window == 65
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--windows", "100000"], "--windows 100000: this model's images have 256 tokens"),
+    (["--profile-images", "100000"], "--profile-images 100000: at most 32 images a step"),
+    (["--repeats", "100000000"], "'--repeats': 100000000 is not in the range"),
+])
+def test_the_step_profile_bounds_what_it_allocates(flags, message, capsys):
+    code, err = run(["bench", "--profile-arch", "llamagen-c2i-B", *flags], capsys)
+    assert code == 2
+    assert message in one_line(err)

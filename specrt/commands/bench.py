@@ -44,8 +44,16 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
 
     if arch not in PROFILE_ARCHS:
         raise SpecrtError(f"unknown --profile-arch {arch!r}; choose from {', '.join(PROFILE_ARCHS)}")
+    from specrt.manifest import DEFAULT_MAX_IMAGES
+    from specrt.runtime.methods import checked_max_window
+
     window_list = parse_windows(windows)
+    _, image_size = PROFILE_ARCHS[arch]
+    checked_max_window(max(window_list), (image_size // 16) ** 2, "--windows")  # LlamaGen's VQ-16 grid
     batches = parse_windows(images_list, "--profile-images")  # the same rule: positive integers
+    if max(batches) > DEFAULT_MAX_IMAGES:
+        raise SpecrtError(f"--profile-images {max(batches)}: at most {DEFAULT_MAX_IMAGES} images a step (a bundle's "
+                          f"default --max-batch)")
     dtype_list = [d.strip() for d in dtypes.split(",") if d.strip()]
     unknown = [d for d in dtype_list if d not in DTYPES] or ([] if dtype_list else [dtypes])
     if unknown:
@@ -217,7 +225,7 @@ def _batches(text: str) -> tuple[int, ...]:
 @click.option("--results", "results_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="--profile-arch: bench JSON with the accepted lengths (default: the committed demo results).")
 @click.option("--windows", default="1,2,4,8,16,32,64", show_default=True, help="--profile-arch: windows W to time.")
-@click.option("--repeats", type=click.IntRange(min=1), default=7, show_default=True,
+@click.option("--repeats", type=click.IntRange(min=1, max=1000), default=7, show_default=True,
               help="--profile-arch: timed rounds per W (the fastest counts).")
 @click.option("--profile-images", default="1", show_default=True, metavar="LIST",
               help="--profile-arch: images per step to time (each a CFG pair of rows), e.g. 1,8.")
