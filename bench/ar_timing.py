@@ -13,6 +13,7 @@ graph); it is reported on its own, then the median of `--repeats` timed runs.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 
@@ -76,8 +77,10 @@ def time_ar(arch: str, image_size: int, dtype: str, batches: tuple[int, ...], de
 
 
 @click.command()
-@click.option("--arch", default="GPT-XL", show_default=True, help="LlamaGen size (GPT-B, GPT-L, GPT-XL, ...).")
-@click.option("--image-size", type=click.IntRange(min=16), default=256, show_default=True)
+@click.option("--arch", type=click.Choice(["GPT-B", "GPT-L", "GPT-XL", "GPT-XXL", "GPT-XXXL", "GPT-1B", "GPT-3B",
+                                           "GPT-7B"]), default="GPT-XL", show_default=True, help="LlamaGen size.")
+@click.option("--image-size", type=click.IntRange(min=16, max=1024), default=256, show_default=True,
+              help="Pixels a side, a multiple of 16 (LlamaGen's VQ-16 grid).")
 @click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="bf16", show_default=True)
 @click.option("--images", "images_text", default="1,8", show_default=True, help="Batch sizes (images).")
 @click.option("--device", default="cuda", show_default=True)
@@ -89,12 +92,29 @@ def time_ar(arch: str, image_size: int, dtype: str, batches: tuple[int, ...], de
 def main(arch: str, image_size: int, dtype: str, images_text: str, device: str, repeats: int,
          compile_step: bool | None, compile_mode: str) -> None:
     """Time plain AR end to end (tokens only) on random weights in LlamaGen's layout."""
+    from specrt.errors import SpecrtError
+
+    try:
+        _timed_run(arch, image_size, dtype, images_text, device, repeats, compile_step, compile_mode)
+    except SpecrtError as exc:  # a user's mistake: one line and exit 2, as the specrt commands do
+        click.echo(f"specrt.bench.ar_timing: error: {exc}", err=True)
+        sys.exit(2)
+
+
+def _timed_run(arch: str, image_size: int, dtype: str, images_text: str, device: str, repeats: int,
+               compile_step: bool | None, compile_mode: str) -> None:
     from specrt.bench.cost_model import parse_windows
     from specrt.bench.device import device_name
+    from specrt.errors import SpecrtError
+    from specrt.manifest import DEFAULT_MAX_IMAGES
     from specrt.validation import torch_device
 
     device = torch_device(device)
     batches = parse_windows(images_text, "--images")
+    if max(batches) > DEFAULT_MAX_IMAGES:
+        raise SpecrtError(f"--images {max(batches)}: at most {DEFAULT_MAX_IMAGES} images a call")
+    if image_size % 16:
+        raise SpecrtError(f"--image-size {image_size}: a multiple of 16 (LlamaGen's VQ-16 grid)")
     timings = time_ar(arch, image_size, dtype, batches, device, repeats, compile_step, compile_mode)
     where = device_name("torch-cuda" if device.startswith("cuda") else "torch")
     how = "eager" if compile_step is False or (compile_step is None and not device.startswith("cuda")) else \

@@ -1,0 +1,35 @@
+"""`python -m specrt.bench.ar_timing`: plain AR timed end to end on random LlamaGen-layout weights."""
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specrt.bench.ar_timing", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_times_each_batch_size_after_a_warm_up():
+    done = _run("--arch", "GPT-B", "--image-size", "32", "--dtype", "fp32", "--images", "1,2", "--device", "cpu",
+                "--repeats", "1", "--no-compile")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert "GPT-B c2i random weights, 32 px, fp32" in lines[0] and "eager step over a static KV cache" in lines[0]
+    rows = [line.split() for line in lines[2:]]
+    assert [row[0] for row in rows] == ["1", "2"]
+    for batch, ms_image, ms_token, _ in rows:  # 4 tokens an image: a token's time is the call's over 4
+        assert float(ms_token) == pytest.approx(float(ms_image) * int(batch) / 4, rel=0.02, abs=0.02)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--images", "100000"], "--images 100000: at most 32 images a call"),
+    (["--image-size", "100"], "--image-size 100: a multiple of 16"),
+])
+def test_sizes_that_would_exhaust_the_machine_are_one_line(flags, message):
+    done = _run(*flags, "--device", "cpu")
+    assert done.returncode == 2
+    assert done.stderr.startswith("specrt.bench.ar_timing: error: ") and message in done.stderr
+    assert done.stderr.count("\n") == 1
