@@ -172,7 +172,6 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
         if not device.startswith("cuda"):
             profile_generated_kernels()  # before compiling: each fused C++ kernel counts as one op
         compiled = CompiledStep(compile_mode)
-    head = compiled.head if compiled else apply_head
     weights_type = torch_dtype(dtype)
     config = target.config
     capacity = config.seq_len + max(windows)
@@ -198,7 +197,7 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
 
         def run() -> Any:
             with torch.inference_mode():  # the model and the sampling head every step graph ends in
-                return head(model.step(*args)[0], mix, uniforms)
+                return apply_head(model.step(*args)[0], mix, uniforms)
         return run
 
     def kv_for(cfg):
@@ -269,11 +268,10 @@ def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, 
         raise SpecrtError(f"unknown --profile-arch {arch!r}; choose from {', '.join(PROFILE_ARCHS)}")
     torch = require("torch", "specrt bench --profile-arch")
     from specrt.export.eagle.model import EagleConfig, EagleHead
-    from specrt.export.llamagen_gpt import GPT, gpt_config
+    from specrt.export.llamagen_gpt import GPT
 
-    name, image_size = PROFILE_ARCHS[arch]
     torch.manual_seed(0)
-    config = gpt_config(name, image_size=image_size)
+    config = profile_config(arch)
     if progress:
         progress(f"{arch}: random weights ({config.n_layer} layers, dim {config.dim}, {config.num_image_tokens} "
                  f"tokens) on {device}")
@@ -282,6 +280,15 @@ def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, 
         draft = EagleHead(EagleConfig.for_target(target)).tie_to(target)
     return measure_models(arch, target, draft, windows, repeats, device, progress, images, dtype, cuda_graphs,
                           compile, compile_mode)
+
+
+def profile_config(arch: str) -> Any:
+    """The GPTConfig of a PROFILE_ARCHS name (its LlamaGen size at its image size); needs torch."""
+    require("torch", "specrt bench --profile-arch")
+    from specrt.export.llamagen_gpt import gpt_config
+
+    name, image_size = PROFILE_ARCHS[arch]
+    return gpt_config(name, image_size=image_size)
 
 
 def window_cost(method: str, params: dict[str, Any]) -> tuple[int, int]:

@@ -173,7 +173,7 @@ class Pipeline:
         target = TorchRunner(target_gpt, max_window, device, cuda_graphs, compile, compile_mode)
         draft = None
         if eagle:
-            draft = TorchHeadRunner(draft_gpt, target.spec, max_window, device, compile, compile_mode)
+            draft = TorchHeadRunner(draft_gpt, target.spec, max_window, device)
             target.keep_hidden = True
         elif draft_gpt is not None:
             draft = TorchRunner(draft_gpt, max_window, device, cuda_graphs, compile, compile_mode)

@@ -12,7 +12,8 @@ size on an H100. Here the function that runs one block is compiled once and ever
 it with its own module (torch.compile lifts the module's weights to inputs), so the block's
 kernels are built once per shape and reused by every layer ("regional compilation"). The token
 embedding, the final norm, the output projection and the sampling head run eagerly (a handful
-of kernels a step).
+of kernels a step; inductor in torch 2.11 / Triton 3.6 failed to generate the head's guided
+softmax at W = 16 on an H100, a TypeError in TritonSymbols.get_block_shape).
 
 Shapes: the first step compiles the block for its shapes; when a second window size, batch size
 or cache size comes, dynamo compiles once more with that dimension symbolic ("automatic dynamic
@@ -22,9 +23,9 @@ decoding (sjd on the demo: 84 s of compiling on a CPU, 14 s with automatic dynam
 plain AR decode keeps its one static shape, and size-1 dimensions (W = 1) stay specialised.
 
 Cost a user sees: the first steps compile (seconds for a demo model on a CPU, tens of seconds
-for GPT-XL on a GPU); inductor keeps its compiled artefacts
-in its on-disk cache (TORCHINDUCTOR_CACHE_DIR, default under /tmp), so a second process with the
-same shapes loads them instead of compiling. `compile=False` on the runner (`--no-compile`) keeps
+for GPT-XL on a GPU); inductor keeps its compiled artefacts in its on-disk cache
+(TORCHINDUCTOR_CACHE_DIR, default under /tmp), so a second process with the same shapes loads
+them instead of compiling. `compile=False` on the runner (`--no-compile`) keeps
 the eager step, the reference the compiled one is tested against.
 """
 from __future__ import annotations
@@ -43,29 +44,24 @@ RECOMPILE_LIMIT = 256
 
 
 class CompiledStep:
-    """The compiled pieces of a decode step, and the seconds spent compiling them.
+    """A decode step's compiled block, and what compiling it cost.
 
     `run_layer(layer, h, cos, sin, past_k, past_v, mask)` runs one block compiled (kv_cache.run_layers'
-    layer call); `head(logits, mix, uniforms)` is runtime.head.apply_head (eager, see __init__)."""
+    layer call); `compile_seconds` and `compiled_shapes` count the calls that compiled."""
 
     def __init__(self, mode: str = "default"):
         if mode not in COMPILE_MODES:
             raise ValueError(f"compile mode {mode!r}: choose from {', '.join(COMPILE_MODES)}")
         torch = require("torch", "the compiled decode step")
         from specrt.export.kv_cache import call_layer
-        from specrt.runtime.head import apply_head
 
         _raise_recompile_limit(torch)
         if mode != "default":  # tune each generated kernel's launch configuration too (gpt-fast's setting)
             torch._inductor.config.coordinate_descent_tuning = True
         self.mode = mode
         self.compile_seconds = 0.0
-        self._compiled_shapes = 0
+        self.compiled_shapes = 0  # (function, shape) pairs compiled so far
         self.run_layer = self._timed(torch.compile(call_layer, mode=mode, dynamic=None))  # automatic dynamic
-        # the sampling head stays eager (a handful of kernels a step): inductor in torch 2.11 /
-        # Triton 3.6 failed to generate its guided softmax at W = 16 on an H100 (TypeError in
-        # TritonSymbols.get_block_shape)
-        self.head = apply_head
 
     def _timed(self, compiled: Callable[..., Any]) -> Callable[..., Any]:
         """`compiled`, with the time of calls that compiled something added to compile_seconds
@@ -78,14 +74,9 @@ class CompiledStep:
             out = compiled(*args)
             if counters["stats"]["unique_graphs"] != before:
                 self.compile_seconds += time.perf_counter() - start
-                self._compiled_shapes += 1
+                self.compiled_shapes += 1
             return out
         return run
-
-    @property
-    def compiled_shapes(self) -> int:
-        """How many (function, shape) pairs this step compiled so far."""
-        return self._compiled_shapes
 
 
 def _raise_recompile_limit(torch: Any) -> None:

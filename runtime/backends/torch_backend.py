@@ -237,7 +237,7 @@ class TorchRunner(ModelRunner):
     """A ModelRunner over a GPT module (eval mode, inference_mode, its own device and dtype).
 
     `cuda_graphs` (default: on for CUDA devices) replays one captured graph per window size;
-    `compile` (default: on for CUDA devices) runs the step's blocks and head compiled by
+    `compile` (default: on for CUDA devices) runs the step's transformer blocks compiled by
     torch.compile (compiled_step.CompiledStep, `compile_mode` one of its COMPILE_MODES).
 
     The KV buffer holds `max_window` scratch columns after the capacity: a step writes its
@@ -275,7 +275,7 @@ class TorchRunner(ModelRunner):
 
             self.compiled = CompiledStep(compile_mode)
         self._run_layer = self.compiled.run_layer if self.compiled else None
-        self._apply_head = self.compiled.head if self.compiled else apply_head
+        self._apply_head = apply_head
         self._graphs: dict[Any, Any] = {}  # window size (or a chain's key) -> CapturedStep
         self._seen_windows: set[Any] = set()  # sizes (keys) stepped once since the buffers were made
         self._chains: dict[Any, Any] = {}  # steps (a tree: its layout key) -> runtime.chain's module over this model
@@ -604,14 +604,13 @@ class TorchRunner(ModelRunner):
 class TorchHeadRunner(HeadRunner, TorchRunner):
     """An EAGLE head (specrt.export.eagle.EagleHead) on PyTorch: eager steps, chains and trees
     (runtime/chain.py HeadChain, HeadTree, HeadGrowth: any count, shape, depth and top-k; no CUDA
-    graphs: the feature input changes its host buffer per window size)."""
+    graphs: the feature input changes its host buffer per window size; not compiled: its one
+    layer runs once a step, so a compiled block would save a few kernels and cost a compile)."""
 
     chain_kind = "HeadChain"
 
-    def __init__(self, head: Any, target_spec: ModelSpec, max_window: int = 64, device: Optional[str] = None,
-                 compile: Optional[bool] = None, compile_mode: str = "default"):
-        TorchRunner.__init__(self, head, max_window, device, cuda_graphs=False, compile=compile,
-                             compile_mode=compile_mode)
+    def __init__(self, head: Any, target_spec: ModelSpec, max_window: int = 64, device: Optional[str] = None):
+        TorchRunner.__init__(self, head, max_window, device, cuda_graphs=False, compile=False)
         self.spec = target_spec  # the head speaks the target's token language and conditions
         self.dim = head.config.dim
 
