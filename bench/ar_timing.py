@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import click
 
 from specrt.bench.cost_model import torch_dtype
+from specrt.export.llamagen_gpt import GPT_ARCHS
+from specrt.runtime.backends.compiled_step import COMPILE_MODES
 from specrt.lazy import require
 
 
@@ -77,8 +79,7 @@ def time_ar(arch: str, image_size: int, dtype: str, batches: tuple[int, ...], de
 
 
 @click.command()
-@click.option("--arch", type=click.Choice(["GPT-B", "GPT-L", "GPT-XL", "GPT-XXL", "GPT-XXXL", "GPT-1B", "GPT-3B",
-                                           "GPT-7B"]), default="GPT-XL", show_default=True, help="LlamaGen size.")
+@click.option("--arch", type=click.Choice(list(GPT_ARCHS)), default="GPT-XL", show_default=True, help="LlamaGen size.")
 @click.option("--image-size", type=click.IntRange(min=16, max=1024), default=256, show_default=True,
               help="Pixels a side, a multiple of 16 (LlamaGen's VQ-16 grid).")
 @click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="bf16", show_default=True)
@@ -87,7 +88,7 @@ def time_ar(arch: str, image_size: int, dtype: str, batches: tuple[int, ...], de
 @click.option("--repeats", type=click.IntRange(min=1, max=100), default=2, show_default=True)
 @click.option("--compile/--no-compile", "compile_step", default=None,
               help="The step compiled by torch.compile (default: on for CUDA).")
-@click.option("--compile-mode", type=click.Choice(["default", "max-autotune-no-cudagraphs"]), default="default",
+@click.option("--compile-mode", type=click.Choice(COMPILE_MODES), default="default",
               show_default=True)
 def main(arch: str, image_size: int, dtype: str, images_text: str, device: str, repeats: int,
          compile_step: bool | None, compile_mode: str) -> None:

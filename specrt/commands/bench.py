@@ -20,6 +20,7 @@ from specrt.commands._help import COMMON, DEMO_SHORT_HELP, sectioned
 from specrt.export.demo.registry import DEFAULT_DEMO, demo_names
 from specrt import validation
 from specrt.errors import SpecrtError
+from specrt.runtime.backends.compiled_step import COMPILE_MODES
 from specrt.runtime.threads import checked as checked_threads
 
 DEFAULT_IMAGES = 180  # 18 per class; the FD noise floor can use 179 real images (half B)
@@ -37,7 +38,7 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
              precisions: tuple[str, ...] = (), compile_step: Optional[bool] = None, compile_mode: str = "default") -> None:
     from specrt.bench.cost_model import (
         DTYPES, PROFILE_ARCHS, measure_step_latency, memory_bandwidth, parse_windows,
-        prediction_table, write_profile_plot,
+        prediction_table, profile_config, write_profile_plot,
     )
     from specrt.bench.device import device_name
     from specrt.lazy import require
@@ -48,8 +49,7 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
     from specrt.runtime.methods import checked_max_window
 
     window_list = parse_windows(windows)
-    _, image_size = PROFILE_ARCHS[arch]
-    checked_max_window(max(window_list), (image_size // 16) ** 2, "--windows")  # LlamaGen's VQ-16 grid
+    checked_max_window(max(window_list), profile_config(arch).num_image_tokens, "--windows")
     batches = parse_windows(images_list, "--profile-images")  # the same rule: positive integers
     if max(batches) > DEFAULT_MAX_IMAGES:
         raise SpecrtError(f"--profile-images {max(batches)}: at most {DEFAULT_MAX_IMAGES} images a step (a bundle's "
@@ -238,7 +238,7 @@ def _batches(text: str) -> tuple[int, ...]:
 @click.option("--compile/--no-compile", "compile_step", default=None,
               help="--backend torch and --profile-arch: run the step compiled by torch.compile (default: on for CUDA, "
                    "off on a CPU; the first steps compile, then the result is cached on disk).")
-@click.option("--compile-mode", type=click.Choice(["default", "max-autotune-no-cudagraphs"]), default="default",
+@click.option("--compile-mode", type=click.Choice(COMPILE_MODES), default="default",
               show_default=True, help="torch.compile's mode for --compile.")
 @click.option("--precision", "precision", default=None, metavar="LIST",
               help="fp32,int8,int4 (and self-int4: fp32 target, its own int4 copy as the draft): run the settings "
