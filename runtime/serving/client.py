@@ -20,7 +20,9 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.lazy import require
-from specrt.runtime.serving.protocol import NUMPY_DTYPES, OUTPUTS
+from specrt.runtime.serving.protocol import INPUTS, NUMPY_DTYPES, OUTPUTS
+
+INPUT_TYPES = {spec.name: spec.dtype for spec in INPUTS}  # each input's Triton type, as the model declares it
 
 
 @dataclass
@@ -59,7 +61,7 @@ class Client:
         for name, value in values.items():
             if value is None:
                 continue
-            dtype = {"class_id": "INT64", "seed": "UINT64", "tokens_only": "BOOL", "prompt_suffix": "BOOL"}.get(name, "BYTES")
+            dtype = INPUT_TYPES[name]
             array = np.array([[value.encode() if isinstance(value, str) else value]], dtype=NUMPY_DTYPES[dtype])
             tensor = self._lib.InferInput(name, list(array.shape), dtype)
             tensor.set_data_from_numpy(array)
