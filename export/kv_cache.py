@@ -10,6 +10,11 @@ over the buffer's columns as they lie, under the same mask: what the step hands 
 "present" is a view of those scratch columns, and a commit copies the accepted ones down, as it
 did from the concatenated output. The mask, positions and commit rules do not change.
 
+The device round (runtime/rounds) needs one more form: each image sits at its own length, and the
+round cannot ask the host where, so a step there writes each row's window keys/values straight to
+the columns of their positions (`ColumnCache`, a scatter by a device index; rejected rows are simply
+overwritten by a later round), and attends over the whole buffer under a mask made on the device.
+
 Every model with this trunk (LlamaGen's GPT, the unified-vocabulary LM, an EAGLE head) runs its
 layers through `run_layers`, so one design serves all of them.
 """
@@ -51,11 +56,40 @@ class StaticCache(NamedTuple):
         return self.buffer[:, :, :, :, self.start:self.start + width]
 
 
+class ColumnWrite(NamedTuple):
+    """One layer's keys (or values) [B, Hkv, S, D] written at per-row columns: `columns` [B, W] says
+    where each row's W window rows go; attention reads all S columns, under the step's mask [B, W, S]."""
+
+    cache: torch.Tensor
+    columns: torch.Tensor
+
+    def written(self, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """Scatter the window's rows [B, Hkv, W, D] to their columns in place; the columns attention reads."""
+        batch, heads, window, dim = rows.shape
+        index = self.columns[:, None, :, None].expand(batch, heads, window, dim)
+        self.cache.scatter_(2, index, rows)
+        return self.cache[:, :, :width]
+
+
+class ColumnCache(NamedTuple):
+    """A whole model's KV buffer [L, 2, B, Hkv, S, D] written at per-row columns [B, W] (ColumnWrite).
+    Nothing is handed back as "present": the rows already sit where a commit would put them."""
+
+    buffer: torch.Tensor
+    columns: torch.Tensor
+
+    def layer(self, index: int) -> tuple[ColumnWrite, ColumnWrite]:
+        return ColumnWrite(self.buffer[index, 0], self.columns), ColumnWrite(self.buffer[index, 1], self.columns)
+
+    def window(self, width: int) -> None:
+        return None
+
+
 # What attention reads as a layer's past: nothing, a tensor [B, Hkv, C, D], a tuple of such
 # segments (a draft chain's cache and the rows it drafted so far: runtime/chain.py KVSegments),
 # or a static cache written in place.
-LayerPast = Union[None, torch.Tensor, tuple, CacheWrite]
-Cache = Any  # None, a [L, 2, B, Hkv, C, D] tensor, KVSegments, or a StaticCache
+LayerPast = Union[None, torch.Tensor, tuple, CacheWrite, ColumnWrite]
+Cache = Any  # None, a [L, 2, B, Hkv, C, D] tensor, KVSegments, a StaticCache or a ColumnCache
 LayerCall = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
@@ -73,7 +107,7 @@ def run_layers(layers: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     present is stacked from the layers' outputs, or, over a StaticCache, the view of the
     scratch columns they were written to (no copy)."""
     run_layer = run_layer or call_layer
-    in_place = isinstance(cache, StaticCache)
+    in_place = isinstance(cache, (StaticCache, ColumnCache))
     if in_place and mask is not None and mask.dtype == torch.bool:
         mask = additive_mask(mask, h.dtype)  # once a step, not once a layer inside attention
     present = []
@@ -96,7 +130,7 @@ def layer_past(cache: Cache, index: int) -> tuple[LayerPast, LayerPast]:
     """Layer `index`'s keys and values in whatever form `cache` holds them."""
     if cache is None:
         return None, None
-    if isinstance(cache, StaticCache):
+    if isinstance(cache, (StaticCache, ColumnCache)):
         return cache.layer(index)
     return cache[index, 0], cache[index, 1]
 
@@ -114,9 +148,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: LayerPast,
     """Attention of q [B,H,W,D] over the cache and the window's k/v [B,Hkv,W,D] (GQA heads
     repeated), mask bool [B,1,W,C+W] or None (causal): [B,H,W,D].
 
-    A static cache (CacheWrite) takes the window's rows in place and is read as it lies; a tensor
+    A static cache (CacheWrite, ColumnWrite) takes the window's rows in place and is read as it lies; a tensor
     or a tuple of segments is joined with the window's rows in one concatenation."""
-    if isinstance(past_k, CacheWrite):
+    if isinstance(past_k, (CacheWrite, ColumnWrite)):
         width = mask.shape[-1]
         keys, values = past_k.written(k, width), past_v.written(v, width)
     else:

@@ -1,14 +1,17 @@
 """Which array library a block of rows lives in, so that each verification formula is written once.
 
-The host verifies numpy rows; the PyTorch backend can verify a batch's chains where its rows live
-(a GPU), with the same formulas on torch tensors. `namespace` gives the Python array API
-namespace of an array (numpy's own functions under those names, or array-api-compat's torch
-wrapper): the formulas in runtime/verification.py and runtime/sampling.py call `xp.where`,
-`xp.cumulative_sum`, ... on it, and numpy-only shortcuts stay confined to the one-row fast paths.
-torch is never imported here: array-api-compat imports it only for a torch tensor.
+The host verifies numpy rows; the PyTorch backend's device round (runtime/rounds) verifies on
+torch tensors where they live, with the same formulas. `namespace` gives the array namespace of an
+array — numpy's or torch's own functions under the Python array API's names: the formulas in
+runtime/verification.py and runtime/sampling.py call `xp.where`, `xp.cumulative_sum`, ... on it,
+and numpy-only shortcuts stay confined to the one-row fast paths. Both namespaces are thin tables
+of the libraries' own functions: a wrapper that asks torch for a result type (array-api-compat's
+does, for a Python number) breaks a torch.compile graph, and the round must compile whole.
+torch is never imported here: its namespace is made from the module of a tensor already made.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -54,13 +57,68 @@ NUMPY = _Numpy()
 
 
 def namespace(array: Any) -> Any:
-    """The array API namespace of `array`: numpy's own functions (_Numpy) for host arrays and
-    numbers, array-api-compat's for a torch tensor."""
+    """The array namespace of `array`: numpy's own functions (_Numpy) for host arrays and numbers,
+    torch's (_Torch) for a torch tensor."""
     if is_host(array):
         return NUMPY
-    from array_api_compat import array_namespace
+    global _TORCH
+    if _TORCH is None:
+        _TORCH = _Torch(sys.modules["torch"])
+    return _TORCH
 
-    return array_namespace(array)
+
+class _Torch:
+    """torch's own functions under the array API names the formulas call (see the module's
+    docstring for why not array-api-compat). A Python number as the second operand of maximum or
+    minimum is a clamp, which torch.compile traces without asking for a result type."""
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        self.float64, self.int64, self.int8, self.bool = torch.float64, torch.int64, torch.int8, torch.bool
+        self.where, self.reshape, self.argmin, self.argmax = torch.where, torch.reshape, torch.argmin, torch.argmax
+
+    def astype(self, array: Any, dtype: Any, copy: bool = False) -> Any:
+        return array.to(dtype, copy=copy)
+
+    def cumulative_sum(self, array: Any, axis: int) -> Any:
+        return self.torch.cumsum(array, dim=axis)
+
+    def concat(self, arrays: Any, axis: int = 0) -> Any:
+        return self.torch.cat(list(arrays), dim=axis)
+
+    def stack(self, arrays: Any, axis: int = 0) -> Any:
+        return self.torch.stack(list(arrays), dim=axis)
+
+    def asarray(self, array: Any, device: Any = None) -> Any:
+        return self.torch.as_tensor(array, device=device)
+
+    def arange(self, count: int, device: Any = None) -> Any:
+        return self.torch.arange(count, device=device)
+
+    def zeros(self, shape: Any, dtype: Any = None, device: Any = None) -> Any:
+        return self.torch.zeros(shape, dtype=dtype or self.float64, device=device)
+
+    def sum(self, array: Any, axis: Any = None, keepdims: bool = False) -> Any:
+        return array.sum() if axis is None else array.sum(dim=axis, keepdim=keepdims)
+
+    def max(self, array: Any, axis: Any = None, keepdims: bool = False) -> Any:
+        return array.max() if axis is None else array.amax(dim=axis, keepdim=keepdims)
+
+    def maximum(self, a: Any, b: Any) -> Any:
+        return self._pair(a, b, self.torch.maximum, "min")
+
+    def minimum(self, a: Any, b: Any) -> Any:
+        return self._pair(a, b, self.torch.minimum, "max")
+
+    def _pair(self, a: Any, b: Any, both: Any, bound: str) -> Any:
+        if not _is_tensor(b):
+            return self.torch.clamp(a, **{bound: b})
+        if not _is_tensor(a):
+            return self.torch.clamp(b, **{bound: a})
+        return both(a, b)
+
+
+_TORCH: Any = None
 
 
 def kth_largest(array: Any, k: int) -> Any:
@@ -91,7 +149,20 @@ def unsorted(values: Any, order: Any) -> Any:
 
 
 def _is_tensor(array: Any) -> bool:
-    return type(array).__module__.startswith("torch")
+    tensor = _tensor_type()
+    return tensor is not None and isinstance(array, tensor)
+
+
+def _tensor_type() -> Any:
+    """torch.Tensor once torch is imported (by whoever made a tensor), else None: an isinstance
+    test torch.compile traces, where a test of the type's module name breaks its graph."""
+    global _TENSOR
+    if _TENSOR is None and "torch" in sys.modules:
+        _TENSOR = sys.modules["torch"].Tensor
+    return _TENSOR
+
+
+_TENSOR: Any = None
 
 
 def as_array(array: Any) -> Any:
@@ -111,9 +182,7 @@ def like(host: np.ndarray, array: Any) -> Any:
     (`Constants`), so a table crosses once per generate call, not once per round."""
     if is_host(array):
         return host
-    from array_api_compat import device
-
-    return namespace(array).asarray(host, device=device(array))
+    return namespace(array).asarray(host, device=array.device)
 
 
 class Constants:

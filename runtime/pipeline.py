@@ -26,6 +26,7 @@ from specrt.runtime.defaults import as_dict, defaults_of
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Decoding, Method, checked_max_window, make_method
 from specrt.runtime.methods.speculative import Lantern
+from specrt.runtime.rounds import LOOPS
 from specrt.runtime.runner import ModelRunner, VQDecoder
 from specrt.runtime.sampling import SamplingParams, guidance_mix
 from specrt.runtime.stats import Stats
@@ -74,6 +75,9 @@ class Pipeline:
         # each caller gets exactly the result it would get alone. Run several Pipelines (or
         # processes) for parallel generation.
         self._generate_lock = threading.Lock()
+        # which loop decodes (runtime/rounds.LOOPS): "auto" runs the device round on a GPU PyTorch
+        # backend where the method has one, "round" wherever it has one, "host" the host loop
+        self.loop = "auto"
 
     # ---- constructors ------------------------------------------------------------------------
 
@@ -289,6 +293,25 @@ class Pipeline:
         stats.seconds["total"] = time.perf_counter() - start
         return GenerationResult(tokens, images, stats, sampling, stream if self.grammar is not None else None)
 
+    def _device_round(self, decoder: Method, sampling: SamplingParams, mix: np.ndarray) -> Any:
+        """The device round (runtime/rounds) this call decodes with, or None for the host loop: by
+        `loop` — "host" never, "auto" on a GPU PyTorch backend, "round" wherever the method has one."""
+        loop = validation.choice("loop", self.loop, LOOPS)
+        if loop == "host" or not self.target.device_rounds or (loop == "auto" and not self.target.on_accelerator):
+            if loop == "round":
+                raise SpecrtError("loop 'round' runs on the PyTorch backend only (checkpoints or the demo, "
+                                  "--backend torch); bundles on onnxruntime or TensorRT run the host loop")
+            return None
+        from specrt.runtime.rounds import plan_round
+
+        round_ = plan_round(decoder, self.target, self.draft if decoder.needs_draft else None, sampling, mix,
+                            self.grammar)
+        if round_ is None and loop == "round":
+            raise SpecrtError(f"method {decoder.name!r} with these parameters has no device round (it has: ar; sd, "
+                              "cool-sd, lantern drafting chains with a draft model; sjd; sjd-pac without "
+                              "proactive_drafting; no image grammar): use loop 'host' or 'auto'")
+        return round_
+
     def grids(self, stream: np.ndarray) -> np.ndarray:
         """Decoded streams [N, tokens] -> the VQ grids [N, rows, cols] the decoder takes (a grammar's
         structural tokens dropped)."""
@@ -307,6 +330,12 @@ class Pipeline:
             runner.reset_counters()
         ctx = Decoding(self.target, self.draft if decoder.needs_draft else None, sampling,
                        [np.random.default_rng(seed) for seed in seeds], stats, self.grammar)
+        round_ = self._device_round(decoder, sampling, mix)
+        if round_ is not None:
+            from specrt.runtime.rounds import decode_rounds
+
+            return decode_rounds(round_, ctx.condition_rows(conditions), seeds, self.target.spec.num_image_tokens, stats,
+                                 graphs=bool(getattr(self.target, "cuda_graphs", False)))
         tokens = decoder.generate(ctx, conditions)
         stats.target_forwards += self.target.image_forwards
         stats.target_calls += self.target.forwards

@@ -125,6 +125,9 @@ class ModelRunner(ABC):
     # the draws, where they are, so a device backend may leave them there (a view that reads itself
     # to the host on first use: backends/torch_backend.DeviceDraws); host draws: no effect
     draws_to_host = True
+    # a runner the device round (runtime/rounds) can take the model of: the PyTorch backend's
+    device_rounds = False
+    on_accelerator = False  # its model runs on a GPU (the device round is then the default loop)
 
     def __init__(self, spec: ModelSpec, max_window: int):
         self.spec = spec

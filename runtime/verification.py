@@ -438,7 +438,7 @@ class ChainOutcomes:
 
 
 def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], rule: AcceptanceRule,
-                  rngs: Sequence[np.random.Generator], draws: Any, in_place: bool = True) -> ChainOutcomes:
+                  rngs: Sequence[np.random.Generator], draws: Any) -> ChainOutcomes:
     """Cool-SD Alg. 1 lines 4-17 for every image of a batch: accept x̃_i while r_i ≤ f_i; at the first
     rejection sample G_i; if all of an image's drafts are accepted its next token is the head's
     draw from its P_{L+1} (the bonus token).
@@ -461,11 +461,10 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
     same alone or in any batch. As exact as testing position by position with fresh uniforms: the
     tests' uniforms are independent, and the resampling uniform is independent of them.
 
-    A batch of one image on host rows goes position by position instead (_verify_one_chain); rows
-    that verify where they live (the PyTorch backend's DeviceRows) go through _verify_chains_in_place,
-    with the same uniforms, tests and draws, unless `in_place` is false: then they are verified on
-    the host like any device view (the tested entries gathered, a rejection's rows read back), the
-    other side of the A/B a GPU session measures (methods' `device_verification`).
+    A batch of one image on host rows goes position by position instead (_verify_one_chain); device
+    rows (the PyTorch backend's DeviceRows) are verified here like host rows, the tested entries
+    gathered and a rejection's rows read back. The device round verifies where the rows live
+    instead, with verify_chain_block.
     """
     if len(drafts) == 1 and isinstance(p_block, np.ndarray) and isinstance(q_block, (np.ndarray, type(None))):
         return _verify_one_chain(p_block, q_block, drafts[0], rule, rngs[0], draws)
@@ -479,8 +478,6 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
     for size, rng, row in zip(sizes, rngs, uniforms):
         if size:
             rng.random(out=row[: size + 1])
-    if in_place and _verifies_in_place(p_block, q_block):
-        return _verify_chains_in_place(p_block, q_block, tokens, lengths, uniforms, draws, rule)
     next_tokens = np.asarray(draws)[images, lengths].astype(np.int64, copy=False)  # bonus tokens; rejections below
     steps = np.arange(longest)
     q_at, p_at = gathers((q_block, (steps, images[:, None], tokens)),  # [images, L]
@@ -497,48 +494,30 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
     return ChainOutcomes(accepted.tolist(), next_tokens.tolist())
 
 
-def _verifies_in_place(*blocks: Any) -> bool:
-    """Blocks whose backend runs verification where they live (a `send` to their device and a
-    `receive` from it, as the torch backend's DeviceRows has), all of one kind."""
-    kinds = {type(block) for block in blocks}
-    return len(kinds) == 1 and hasattr(next(iter(kinds)), "send")
+def verify_chain_block(p: Any, q: Any, drafted: Any, limits: Any, coins: Any, next_uniforms: Any,
+                       rule: AcceptanceRule) -> tuple[Any, Any]:
+    """verify_chains as the device round runs it: every image's chain at once, in the rows' own array
+    library, with no array shape that depends on an outcome (finding the rejected images would make
+    the host wait). (accepted τ [I], next token [I]).
 
-
-def _verify_chains_in_place(p_block: Any, q_block: Any, tokens: np.ndarray, lengths: np.ndarray, uniforms: np.ndarray,
-                            draws: Any, rule: AcceptanceRule) -> ChainOutcomes:
-    """verify_chains where the rows live (a GPU): the same tests and draws, as operations of the rows'
-    own array library on the rows in place (runtime.arrays), so what crosses per round is O(images):
-    the drafted tokens, chain lengths and uniforms in one copy there (the bonus tokens too, unless
-    the draws were left on the device: DeviceDraws, picked there), the accepted lengths and next
-    tokens in one read back, rejections or not (the host path reads each rejection's two rows as well).
-
-    No array shape depends on an outcome, since finding the rejected images would make the host wait
-    for the device: every image's row pair at its first failed test (its last position if none
-    failed) is resampled, and where the chain was accepted whole the bonus token is kept instead.
-    Each image's resampling row is its own, so the numbers are those of the host path, which
-    resamples only the rejected images' rows (tests/runtime/test_verification.py compares them)."""
-    count, longest = tokens.shape
-    on_device = getattr(draws, "array", None)  # the target's draws where the rows are, or on the host
-    bonus = np.zeros(count) if on_device is not None else np.asarray(draws)[np.arange(count), lengths]
-    sent = p_block.send(np.concatenate([tokens.reshape(-1), lengths, bonus, uniforms.reshape(-1)]).astype(np.float64))
-    xp, p, q = namespace(sent), p_block.array, q_block.array
-    ints = xp.astype(sent[: count * (longest + 2)], xp.int64)  # token ids are exact in float64
-    drafted = xp.reshape(ints[: count * longest], (count, longest))
-    sizes, bonus_tokens = ints[count * longest: count * (longest + 1)], ints[count * (longest + 1):]
-    u = xp.reshape(sent[count * (longest + 2):], (count, longest + 1))
-    images, steps = xp.arange(count, device=sent.device), xp.arange(longest, device=sent.device)
-    if on_device is not None:
-        bonus_tokens = xp.astype(on_device[images, sizes], xp.int64)
-    q_at = xp.astype(q[steps, images[:, None], drafted], xp.float64)  # [images, L]
-    p_at = xp.astype(p[images[:, None, None], steps[:, None], rule.columns(drafted)], xp.float64)  # [images, L, c]
-    passed = xp.concat([u[:, :longest] <= rule.accept_probabilities(p_at, q_at, steps + 1),
-                        xp.zeros((count, 1), dtype=xp.bool, device=sent.device)], axis=1)
-    accepted = xp.minimum(xp.argmin(xp.astype(passed, xp.int8), axis=1), sizes)  # leading passes: τ
+    p [I, L + 1, V]: row j predicts draft j + 1 (row L the bonus position); q [I, L, V] the rows the
+    drafts drafted [I, L] were drawn from; limits [I]: how many of an image's drafts may count (fewer
+    near the image's end, 0 for none); coins [I, L] the tests' uniforms, next_uniforms [I] the one
+    draw after the accepted prefix. Every image's pair of rows at its first failed test is resampled
+    from rule.resample and its bonus row drawn from, and the one that applies is kept: the same
+    tests and draws as verify_chains makes with the same uniforms (tests/runtime/test_rounds.py)."""
+    xp = namespace(p)
+    count, longest = drafted.shape
+    images, steps = xp.arange(count, device=p.device), xp.arange(longest, device=p.device)
+    q_at = xp.astype(q[images[:, None], steps, drafted], xp.float64)  # [I, L]
+    p_at = xp.astype(p[images[:, None, None], steps[:, None], rule.columns(drafted)], xp.float64)  # [I, L, c]
+    passed = (coins <= rule.accept_probabilities(p_at, q_at, steps + 1)) & (steps < limits[:, None])
+    accepted = xp.sum(xp.astype(xp.cumulative_sum(xp.astype(~passed, xp.int64), axis=1) == 0, xp.int64), axis=1)
     stop = xp.minimum(accepted, longest - 1)
-    resampled = inverse_cdf(rule.resample(p[images, stop], q[stop, images], drafted[images, stop], stop + 1),
-                            u[images, sizes])
-    outcomes = p_block.receive(xp.stack([accepted, xp.where(accepted < sizes, resampled, bonus_tokens)]))
-    return ChainOutcomes(outcomes[0].tolist(), outcomes[1].tolist())
+    resampled = inverse_cdf(rule.resample(p[images, stop], q[images, stop], drafted[images, stop], stop + 1),
+                            next_uniforms)
+    bonus = inverse_cdf(p[images, accepted], next_uniforms)
+    return accepted, xp.where(accepted < limits, resampled, bonus)
 
 
 def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain: Sequence[int], rule: AcceptanceRule,
@@ -690,12 +669,10 @@ def verify_positions(p_block: np.ndarray, q_rows: Sequence[np.ndarray], tokens: 
 
 
 def positions_walk(p_rows: Any, slots: np.ndarray, q_rows: Sequence[Any], tokens: Sequence[int],
-                   rng: np.random.Generator, in_place: bool = True) -> Generator[list, list, list[int]]:
+                   rng: np.random.Generator) -> Generator[list, list, list[int]]:
     """verify_positions as a walk (read_in_waves) over the new rows p_rows[slots] (on device rows
-    indexed inside the reads: no index copy of their own): host rows are read in place; rows that
-    verify where they live (DeviceRows) are tested and resampled there and ask for the kept or
-    resampled tokens alone (unless not `in_place`); other device rows ask for the tokens'
-    entries, then for the rejected positions' rows."""
+    indexed inside the reads: no index copy of their own): host rows are read in place; device rows
+    ask for the tokens' entries, then for the rejected positions' rows."""
     count = len(tokens)
     uniforms = rng.random(2 * count)  # n tests, then each position's resampling draw
     index = np.arange(count), np.asarray(tokens)
@@ -703,7 +680,7 @@ def positions_walk(p_rows: Any, slots: np.ndarray, q_rows: Sequence[Any], tokens
     # host rows: read q at each token in place and copy only the rejected rows below; device rows
     # (DeviceRows): one stacked block, read with P's (one request: one transfer each way)
     q_block = None if on_host else stack_rows(q_rows)
-    if not on_host and in_place and _verifies_in_place(p_rows, q_block):
+    if not on_host and _verifies_in_place(p_rows, q_block):
         return (yield from _positions_in_place(p_rows, slots, q_block, index[1], uniforms))
     if on_host:
         p_at = np.asarray(p_rows[slots, index[1]], dtype=np.float64)
@@ -724,26 +701,37 @@ def positions_walk(p_rows: Any, slots: np.ndarray, q_rows: Sequence[Any], tokens
     return out
 
 
+def _verifies_in_place(*blocks: Any) -> bool:
+    """Blocks whose backend computes where they live (a `send` to their device and a `receive`
+    from it, as the torch backend's DeviceRows has), all of one kind."""
+    kinds = {type(block) for block in blocks}
+    return len(kinds) == 1 and hasattr(next(iter(kinds)), "send")
+
+
 def _positions_in_place(p_rows: Any, slots: np.ndarray, q_block: Any, tokens: np.ndarray,
                         uniforms: np.ndarray) -> Generator[list, list, list[int]]:
-    """positions_walk where the rows live (a GPU; SJD-PAC's adaptive continuation): the slots,
-    tokens and uniforms go there in one copy (no wait), every position is tested and its residual
-    row drawn from there, the draw kept where the test failed, and the walk asks for the n tokens
-    alone (one read for a wave's images), where the host path reads each rejected position's two
-    whole rows (at LlamaGen's 16,384 codes 128 KB a position). No shape depends on an outcome; the
-    formulas and uniforms are the host path's, so are the tokens (tests/runtime compare them)."""
+    """positions_walk where the rows live (the host loop's SJD-PAC on a GPU): slots, tokens and
+    uniforms go there in one copy, retest_block runs there, and the walk asks for the n tokens alone,
+    where reading back would cost each rejected position's two whole rows."""
     count = len(tokens)
     sent = p_rows.send(np.concatenate([slots, tokens, uniforms]).astype(np.float64), "continuation")
     xp = namespace(sent)
     ints = xp.astype(sent[: 2 * count], xp.int64)  # slots and token ids are exact in float64
     at, drafted, u = ints[:count], ints[count:], sent[2 * count:]
-    p = xp.astype(p_rows.array[at], xp.float64)  # [n, V]: the new rows
-    q = xp.astype(q_block.array, xp.float64)  # [n, V]: the stale rows the drafts came from
-    positions = xp.arange(count, device=sent.device)
-    kept = u[:count] <= acceptance(p[positions, drafted], q[positions, drafted])
-    drawn = draw_masses(residual_mass(p, q), p, u[count:])
-    out = xp.where(kept, drafted, xp.astype(drawn, xp.int64))
+    out = retest_block(p_rows.array[at], q_block.array, drafted, u[:count], u[count:])
     return (yield [(p_rows.holding(out), (slice(None),))])[0].astype(np.int64).tolist()
+
+
+def retest_block(p: Any, q: Any, drafted: Any, coins: Any, draw_uniforms: Any) -> Any:
+    """verify_positions as the device round runs it (SJD-PAC's adaptive continuation): each old draft
+    drafted [R] re-tested against its new row p [R, V] with the row q [R, V] it was drawn from, kept
+    where coins [R] pass, else drawn from Norm([p − q]_+) with draw_uniforms [R]. Every row's residual
+    is drawn and the applicable token kept: no shape depends on an outcome."""
+    xp = namespace(p)
+    rows = xp.arange(drafted.shape[0], device=p.device)
+    kept = coins <= acceptance(p[rows, drafted], q[rows, drafted])
+    drawn = draw_masses(residual_mass(p, q), p, draw_uniforms)
+    return xp.where(kept, drafted, xp.astype(drawn, xp.int64))
 
 
 # ---- verifying sibling candidates drawn without replacement (SJD-PAC App. A.3) ------------------

@@ -127,7 +127,6 @@ BAD_VALUES = {
     "theorem2": [2, "maybe", 1.0],
     "adaptive_continuation": [3, "sometimes"],
     "fused_drafting": [0, "yes please"],
-    "device_verification": [2, "on the gpu"],
     "proactive_drafting": [-1, "x"],
 }
 

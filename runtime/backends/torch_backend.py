@@ -219,6 +219,17 @@ def _send_indices(indices: Sequence[tuple], device: Any, meter: Any) -> list[tup
     return out
 
 
+def prefill_inputs(torch: Any, rows: Conditions, device: Any, dtype: Any) -> tuple:
+    """The condition rows as a model's prefill takes them, on its device: prompt ids and their mask
+    (a unified model), caption embeddings, mask and CFG flags (t2i), or class ids (c2i)."""
+    if rows.is_prompt:
+        return (torch.from_numpy(rows.prompt_ids.astype(np.int64)).to(device), torch.from_numpy(rows.caption_mask).to(device))
+    if rows.is_caption:
+        return (torch.from_numpy(rows.captions).to(device, dtype), torch.from_numpy(rows.caption_mask).to(device),
+                torch.from_numpy(rows.uncond).to(device))
+    return (torch.from_numpy(rows.class_ids.astype(np.int64)).to(device),)
+
+
 def model_spec(gpt: Any) -> ModelSpec:
     """The runtime's view of a specrt.export GPT (GPTConfig field names)."""
     cfg = gpt.config
@@ -247,6 +258,7 @@ class TorchRunner(ModelRunner):
     """
 
     meters_host_reads = True
+    device_rounds = True
     chain_kind = "DraftChain"  # the runtime.chain module `chain` runs
 
     def __init__(self, gpt: Any, max_window: int = 64, device: Optional[str] = None,
@@ -265,7 +277,8 @@ class TorchRunner(ModelRunner):
         self._kv = None
         self._present = None
         self._mix = None
-        self.keep_rows_on_device = self.device.type != "cpu"  # tests force True to check DeviceRows on CPU
+        self.on_accelerator = self.device.type != "cpu"
+        self.keep_rows_on_device = self.on_accelerator  # tests force True to check DeviceRows on CPU
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
         if self.cuda_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs needs a CUDA device")
@@ -402,15 +415,7 @@ class TorchRunner(ModelRunner):
     def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
         torch = self.torch
         with torch.inference_mode():
-            if rows.is_prompt:
-                args = (torch.from_numpy(rows.prompt_ids.astype(np.int64)).to(self.device),
-                        torch.from_numpy(rows.caption_mask).to(self.device))
-            elif rows.is_caption:
-                args = (torch.from_numpy(rows.captions).to(self.device, self.dtype),
-                        torch.from_numpy(rows.caption_mask).to(self.device), torch.from_numpy(rows.uncond).to(self.device))
-            else:
-                args = (torch.from_numpy(rows.class_ids.astype(np.int64)).to(self.device),)
-            logits, hidden, present = self.gpt.prefill(*args)
+            logits, hidden, present = self.gpt.prefill(*prefill_inputs(torch, rows, self.device, self.dtype))
             self._hidden = hidden
             self._kv[:, :, :, :, : present.shape[4]] = present.to(self.dtype)
             return self._head(logits, uniforms)
@@ -608,6 +613,7 @@ class TorchHeadRunner(HeadRunner, TorchRunner):
     layer runs once a step, so a compiled block would save a few kernels and cost a compile)."""
 
     chain_kind = "HeadChain"
+    device_rounds = False  # a head drafts from its target's features: no round takes it yet
 
     def __init__(self, head: Any, target_spec: ModelSpec, max_window: int = 64, device: Optional[str] = None):
         TorchRunner.__init__(self, head, max_window, device, cuda_graphs=False, compile=False)

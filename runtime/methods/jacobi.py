@@ -31,11 +31,8 @@ needs K + K² + … + K^D ≤ L. One iteration:
    proactive drafting turns the first D levels into K-candidate levels; slots past the last
    row start from uniform random tokens (q uniform).
 
-`device_verification` (default true): chain windows, and adaptive continuation's re-tests of the
-stale drafts, are verified where the rows live when the backend keeps them on a GPU
-(runtime.verification.verify_chains, positions_walk); false verifies them on the host, the same
-tokens (the A/B a GPU session measures; DraftThenVerify has the same switch). Tree windows'
-sibling groups and proactive drafting's draws are made on the host either way.
+On the PyTorch backend's device round (runtime/rounds) SJD, and SJD-PAC without proactive
+drafting, run whole on the device instead of this loop: see the pipeline's `loop`.
 """
 from __future__ import annotations
 
@@ -106,7 +103,7 @@ class JacobiDecoding(Method):
     PARAMS = {"window": Int(16, low=1, symbol="L"), "adaptive_continuation": Bool(False),
               "proactive_drafting": Bool(False),
               "branching": Int(4, low=1, symbol="K"), "tree_depth": Int(3, low=0, symbol="D"),
-              "tree": Choice("spine", choices=TREES), "device_verification": Bool(True)}
+              "tree": Choice("spine", choices=TREES)}
 
     def validate(self) -> None:
         super().validate()
@@ -180,8 +177,7 @@ class JacobiDecoding(Method):
         q_block = rows_by_position([[level.q for level in levels] if levels is not None else [] for levels in chains])
         if not any(levels is not None for levels in chains):
             return {}
-        outcomes = verify_chains(out.probs, q_block, drafts, VANILLA, ctx.rngs, out.draws,
-                                 in_place=self.device_verification)
+        outcomes = verify_chains(out.probs, q_block, drafts, VANILLA, ctx.rngs, out.draws)
         verdicts = {}
         for p, (chain, accepted, token) in enumerate(zip(drafts, outcomes.accepted_lengths, outcomes.next_tokens)):
             if chains[p] is not None:
@@ -259,8 +255,7 @@ class JacobiDecoding(Method):
                 if on_host:
                     kept = verify_positions(p_rows[at], q_rows, drafts, ctx.rng)
                 else:
-                    kept = yield from positions_walk(p_rows, at, q_rows, drafts, ctx.rng,
-                                                     in_place=self.device_verification)
+                    kept = yield from positions_walk(p_rows, at, q_rows, drafts, ctx.rng)
                 for (j, _), token in zip(old, kept):
                     tokens[j] = token
         if on_host:

@@ -9,11 +9,8 @@ one (tree_top_k, not top_k: that is the sampling filter's name); draft_len is th
 `fused_drafting` (default true) drafts a round's chain or tree in one draft call where the
 draft's runner can (runtime/chain.py); false drafts one pass per position or depth, the
 reference those calls reproduce token for token, kept selectable so a device can be measured
-both ways in one `specrt bench` run. `device_verification` (default true) verifies a round's
-chains where the rows live when the backend keeps them on a GPU (the PyTorch backend); false
-verifies them on the host from the entries and rows read back, with the same tokens: the same
-kind of A/B, for whether in-place verification pays on a given GPU. It changes nothing where
-the rows are host arrays (onnxruntime, TensorRT, the CPU), nor for trees (verified on the host).
+both ways in one `specrt bench` run. On the PyTorch backend's device round (runtime/rounds) the
+whole round runs on the device instead of this loop: see the pipeline's `loop`.
 """
 from __future__ import annotations
 
@@ -58,8 +55,7 @@ class DraftThenVerify(Method):
     PARAMS = {"draft_len": Int(4, low=1, symbol="L"), "tree": Choice("chain", choices=TREES),
               "static_tree": StaticTreeParam(DEFAULT_STATIC_TREE),  # a STATIC_TREES name or a plan file
               "total_tokens": Int(63, low=1), "depth": Int(DEFAULT_GROWTH[0], low=1),
-              "tree_top_k": Int(DEFAULT_GROWTH[1], low=1, symbol="top_k"), "fused_drafting": Bool(True),
-              "device_verification": Bool(True)}
+              "tree_top_k": Int(DEFAULT_GROWTH[1], low=1, symbol="top_k"), "fused_drafting": Bool(True)}
     theorem2 = False  # relaxed methods: report Theorem-2 estimates per round (Stats)
 
     def validate(self) -> None:
@@ -178,13 +174,8 @@ class DraftThenVerify(Method):
         return np.asarray(tokens, dtype=np.int64)
 
     def _score(self, ctx: Decoding, windows: Any) -> StepOutput:
-        """The target's step over a round's chains. Its draws are left where the rows are
-        (ModelRunner.draws_to_host) when the chains are verified there: verify_chains reads only
-        the bonus tokens of them, on the device, so the round's one read back is its outcomes.
-        Verified on the host (device_verification false), they come back with the step, as the
-        host path has always read them."""
-        with draws_left_on_device(ctx.target) if self.device_verification else nullcontext():
-            return ctx.run(ctx.target, windows)
+        """The target's step over a round's chains."""
+        return ctx.run(ctx.target, windows)
 
     def _verify(self, ctx: Decoding, scored: StepOutput, q_block: Any, drafts: list[list[int]], rule: AcceptanceRule,
                 verified: list[bool]) -> ChainOutcomes:
@@ -192,8 +183,7 @@ class DraftThenVerify(Method):
         target rows in one verify_chains, each image with its own stream; `verified` marks the
         images that had a pass (the others pass no drafts and their outcome is ignored)."""
         with ctx.stats.timing("verification"):
-            outcomes = verify_chains(scored.probs, q_block, drafts, rule, ctx.rngs, scored.draws,
-                                     in_place=self.device_verification)
+            outcomes = verify_chains(scored.probs, q_block, drafts, rule, ctx.rngs, scored.draws)
             if self.theorem2:  # opt-in estimates, image by image
                 for p, chain in enumerate(drafts):
                     if verified[p]:

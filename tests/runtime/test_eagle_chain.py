@@ -82,33 +82,20 @@ def test_head_chain_tokens_equal_the_step_by_step_loop(request, backend, method)
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_head_chains_on_device_rows_are_verified_there_with_the_host_tokens(torch_pipe, method):
+def test_head_chains_on_device_rows_give_the_host_rows_tokens(torch_pipe, method):
     """With the rows kept on the device (as on a GPU; forced on the CPU here) the head's chains are
-    verified where the rows are, the target's draws left there: the tokens of host rows, and at
-    least one wait a round fewer than verifying the same device rows on the host
-    (device_verification=false), which waits for the draws and for the tested entries every
-    round, and for the rows of a rejection, where the device path waits for its outcomes alone
-    (the head's own feature transfers are the same in both). One, not two: since the gathers'
-    indices are staged without a wait the host path's margin is about 1.9 a round (sd 183
-    against 231 waits over 26 rounds), below two where a round rejects nothing."""
+    verified from the entries and rows read back: the tokens of host rows."""
     classes = [0, 1, 2, 3, 4, 5]
     expected = torch_pipe.generate(classes, method=method, seed=3, decode=False).tokens
     runners = [torch_pipe.target, torch_pipe.draft]
-
-    def on_device(where: bool) -> tuple:
+    for runner in runners:
+        runner.keep_rows_on_device = True
+    try:
+        result = torch_pipe.generate(classes, method=method, seed=3, decode=False)
+    finally:
         for runner in runners:
-            runner.keep_rows_on_device, runner.host_syncs, runner.host_numbers = True, 0, 0
-        try:
-            result = torch_pipe.generate(classes, method=method, seed=3, decode=False, device_verification=where)
-        finally:
-            for runner in runners:
-                runner.keep_rows_on_device = False
-        np.testing.assert_array_equal(result.tokens, expected)
-        return sum(r.host_syncs for r in runners), sum(r.host_numbers for r in runners), result.stats.target_calls
-
-    in_place, in_place_numbers, calls = on_device(True)
-    on_host, on_host_numbers, _ = on_device(False)
-    assert in_place + (calls - 1) <= on_host and in_place_numbers < on_host_numbers, (in_place, on_host)
+            runner.keep_rows_on_device = False
+    np.testing.assert_array_equal(result.tokens, expected)
 
 
 def _record_rounds(monkeypatch) -> dict[str, list]:

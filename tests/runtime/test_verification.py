@@ -191,69 +191,79 @@ def test_verify_chains_is_the_per_image_definition_and_each_image_its_own(name):
 
 
 @pytest.mark.parametrize("name", RULES)
-def test_device_rows_are_verified_in_place_and_only_outcomes_read_back(name):
-    """On device-resident rows (the torch backend's DeviceRows) the tests and draws run where the rows
-    live: the outcome is the host one, image for image (the same uniforms, the same float64
-    arithmetic), over many batches with rejections at every position, and at batch one (where the
-    host goes position by position); what crosses is one copy there (tokens, lengths, bonus tokens,
-    uniforms) and one read back of two numbers an image, rejections or not."""
+def test_the_device_rounds_block_verification_is_the_per_image_definition(name):
+    """verify_chain_block (the device round's verification: torch tensors, every image's chain at
+    once, no shape that depends on an outcome) gives the per-image definition's outcome, image for
+    image, with the same uniforms — the tests' L, then the draw after the accepted prefix — over many
+    batches with rejections at every position, chains of every length down to none (`limits`), and
+    the bonus token drawn from the row after the chain."""
     torch = pytest.importorskip("torch")
-    from specrt.runtime.backends.torch_backend import DeviceRows
-
-    class Meter:
-        host_numbers = host_syncs = 0
+    from specrt.runtime.verification import verify_chain_block
 
     rule = RULES[name]
     rejected_at = set()
     for seed in range(40):
-        for images in (slice(None), slice(seed % len(LENGTHS), seed % len(LENGTHS) + 1)):
-            p_block, q_rows, drafts, draws = random_batch(seed)
-            p_block, q_rows, drafts, draws = p_block[images], q_rows[images], drafts[images], draws[images]
-            host = verify_chains(p_block, rows_by_position(q_rows), drafts, rule, streams(seed, len(drafts)), draws)
-            meter = Meter()
-            device_p = DeviceRows(torch.from_numpy(p_block.copy()), meter)
-            device_q = rows_by_position([[DeviceRows(torch.from_numpy(row.copy()), meter) for row in rows]
-                                         for rows in q_rows])
-            if device_q is None:  # nothing drafted: the bonus tokens, no verification
-                continue
-            out = verify_chains(device_p, device_q, drafts, rule, streams(seed, len(drafts)), draws)
-            assert (out.accepted_lengths, out.next_tokens) == (host.accepted_lengths, host.next_tokens), seed
-            assert (meter.host_numbers, meter.host_syncs) == (2 * len(drafts), 2)
-            rejected_at.update(a for a, chain in zip(host.accepted_lengths, drafts) if a < len(chain))
+        p_block, q_rows, drafts, _ = random_batch(seed)
+        count = len(drafts)
+        uniforms = np.random.default_rng(seed).random((count, DRAFT_LEN + 1))
+        q_block = np.full((count, DRAFT_LEN, VOCAB), 1.0 / VOCAB, dtype=np.float32)  # rows past a chain: unused
+        drafted = np.zeros((count, DRAFT_LEN), dtype=np.int64)
+        for b, (rows, chain) in enumerate(zip(q_rows, drafts)):
+            if chain:
+                q_block[b, : len(chain)] = rows
+                drafted[b, : len(chain)] = chain
+        limits = np.array([len(chain) for chain in drafts])
+        next_u = uniforms[np.arange(count), limits]
+        accepted, tokens = verify_chain_block(torch.from_numpy(p_block), torch.from_numpy(q_block),
+                                              torch.from_numpy(drafted), torch.from_numpy(limits),
+                                              torch.from_numpy(uniforms[:, :DRAFT_LEN]), torch.from_numpy(next_u), rule)
+        for b, chain in enumerate(drafts):
+            bonus = inverse_cdf(p_block[b, len(chain)].astype(np.float64), next_u[b])
+            draws = np.full(DRAFT_LEN + 1, bonus)
+            expected = one_image(p_block[b], q_rows[b], chain, rule, _Fixed(np.r_[uniforms[b, :len(chain)], next_u[b]]),
+                                 draws)
+            assert (int(accepted[b]), int(tokens[b])) == expected, (seed, b)
+            if expected[0] < len(chain):
+                rejected_at.add(expected[0])
     assert rejected_at == set(range(DRAFT_LEN))
 
 
-def test_stale_drafts_are_re_tested_in_place_with_the_hosts_tokens_and_only_tokens_read_back():
-    """SJD-PAC's adaptive continuation on device rows (positions_walk): every stale draft tested and
-    resampled where the rows live gives the host path's token, position for position (the same 2n
-    uniforms, the same float64 arithmetic), over draws with rejections and acceptances, and rows
-    equal to their stale row (a residual without mass: the device forms every row's fallback CDF and
-    must pick the residual's draw elsewhere); what crosses is one copy there and the n tokens back."""
-    torch = pytest.importorskip("torch")
-    from specrt.runtime.backends.torch_backend import DeviceRows
+class _Fixed:
+    """A stand-in random stream handing out given uniforms (one_image draws them all at once)."""
 
-    class Meter:
-        host_numbers = host_syncs = 0
+    def __init__(self, values: np.ndarray):
+        self.values = values
+
+    def random(self, count: int) -> np.ndarray:
+        assert count == len(self.values)
+        return self.values
+
+
+def test_the_device_rounds_re_test_of_stale_drafts_is_the_host_ones():
+    """retest_block (SJD-PAC's adaptive continuation in the device round) gives verify_positions'
+    token at every position with the same uniforms (n tests, then n residual draws), over draws with
+    rejections and acceptances and rows equal to their stale row (a residual without mass: the
+    block forms every row's fallback and must keep the draft there)."""
+    torch = pytest.importorskip("torch")
+    from specrt.runtime.verification import retest_block
 
     kept = resampled = 0
     for seed in range(60):
         rng = np.random.default_rng(seed)
         count = 1 + seed % 7
-        p_block = rng.dirichlet(np.full(VOCAB, 0.3), size=count + 2).astype(np.float32)  # the step's rows
-        slots = rng.permutation(count + 2)[:count]
+        p_rows = rng.dirichlet(np.full(VOCAB, 0.3), size=count).astype(np.float32)
         q_rows = [rng.dirichlet(np.full(VOCAB, 0.3)).astype(np.float32) for _ in range(count)]
         if seed % 5 == 0:  # a stale row equal to its new one: an empty residual (its draft is kept)
-            q_rows[0] = p_block[slots[0]].copy()
+            q_rows[0] = p_rows[0].copy()
         tokens = [int(rng.choice(VOCAB, p=q.astype(np.float64) / q.astype(np.float64).sum())) for q in q_rows]
-        host = read_in_waves({0: positions_walk(p_block, slots, q_rows, tokens, np.random.default_rng(seed + 99))})[0]
-        meter = Meter()
-        device = read_in_waves({0: positions_walk(DeviceRows(torch.from_numpy(p_block.copy()), meter), slots,
-                                                  [DeviceRows(torch.from_numpy(q.copy()), meter) for q in q_rows],
-                                                  tokens, np.random.default_rng(seed + 99))})[0]
+        host = read_in_waves({0: positions_walk(p_rows, np.arange(count), q_rows, tokens,
+                                                np.random.default_rng(seed + 99))})[0]
+        uniforms = np.random.default_rng(seed + 99).random(2 * count)
+        device = retest_block(torch.from_numpy(p_rows), torch.from_numpy(np.stack(q_rows)),
+                              torch.tensor(tokens), torch.from_numpy(uniforms[:count]),
+                              torch.from_numpy(uniforms[count:])).tolist()
         assert device == host, seed
-        # one copy there (a wait with this bare meter: a runner stages it without one) and one read back
-        assert (meter.host_numbers, meter.host_syncs) == (count, 2), seed
-        if seed % 5 == 0:  # f = 1 where the stale row is the new one: the draft kept, on both
+        if seed % 5 == 0:
             assert device[0] == tokens[0], seed
         kept += sum(a == b for a, b in zip(host, tokens))
         resampled += sum(a != b for a, b in zip(host, tokens))

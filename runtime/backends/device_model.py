@@ -1,0 +1,91 @@
+"""A model as the device round calls it: a window of tokens per image in, sampling rows out, no host.
+
+Why not the TorchRunner's step: the runner takes numpy windows, a mask built on the host and
+lengths kept in host arrays, and commits by copying accepted rows — every step starts and ends on
+the host. The round (runtime/rounds) keeps each image's length on the device, so here a step is
+a function of device tensors alone: image i's W tokens sit at token indices first[i] .. first[i] + W − 1,
+their keys/values are scattered straight to those columns of one static buffer
+(export.kv_cache.ColumnCache), and the mask and positions are derived from `first` on the device.
+A rejected token's columns are overwritten by a later round; nothing is ever copied down.
+
+Rows of the buffer are the CFG rows of the images (row k·images + i is image i's twin k, as the
+guidance matrix orders them), so an image's tokens are fed to all its rows and the head mixes
+them back into one distribution per image (runtime/head.py).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from specrt.runtime.conditions import Conditions
+from specrt.runtime.sampling import SamplingParams, needs_restriction, restrict
+
+
+class DeviceModel:
+    """One model (a specrt.export GPT) with its own KV buffer for a generate call's images.
+
+    `columns` is the buffer's width: the condition's columns plus every image token a round may
+    write (the image's tokens and one window past its end). `run_layer` is how a transformer block
+    runs (the runner's compiled one, or eagerly)."""
+
+    def __init__(self, torch: Any, gpt: Any, mix: np.ndarray, sampling: SamplingParams, tokens: int, window: int,
+                 run_layer: Any = None):
+        self.torch, self.gpt, self.sampling, self.run_layer = torch, gpt, sampling, run_layer
+        parameter = next(gpt.parameters())
+        self.device, self.dtype = parameter.device, parameter.dtype
+        self.mix = torch.from_numpy(np.ascontiguousarray(mix, dtype=np.float32)).to(self.device)
+        self.images, rows = mix.shape
+        self.row_image = torch.arange(rows, device=self.device) % self.images
+        self.prefix = int(gpt.config.cond_len)
+        self.width = self.prefix + tokens + window + 1
+        cfg = gpt.config
+        self.kv = torch.zeros((cfg.n_layer, 2, rows, cfg.n_kv_head, self.width, cfg.head_dim),
+                              dtype=self.dtype, device=self.device)
+        self.column_index = torch.arange(self.width, device=self.device)
+        self.row_dtype = torch.float64 if needs_restriction(sampling) else torch.float32  # what distribution gives
+        # the condition's columns every image token sees (a padded caption's stay hidden): set by prefill
+        self.prefix_mask = (self.column_index < self.prefix)[None, :].repeat(rows, 1)
+
+    def prefill(self, rows: Conditions) -> Any:
+        """The condition rows through the model, their keys/values into the buffer's first columns:
+        the sampling rows [images, V] image token 0 is drawn from."""
+        from specrt.runtime.backends.torch_backend import prefill_inputs
+
+        inputs = prefill_inputs(self.torch, rows, self.device, self.dtype)
+        logits, _, present = self.gpt.prefill(*inputs)
+        self.kv[:, :, :, :, : present.shape[4]] = present.to(self.dtype)
+        if rows.caption_mask is not None:  # padded caption columns stay hidden from every image token
+            self.prefix_mask[:, : self.prefix] = self.torch.from_numpy(rows.caption_mask).to(self.device)
+        return self.distribution(logits)[:, 0]
+
+    def window(self, ids: Any, index: Any) -> Any:
+        """Image i's tokens ids [images, W] at token indices index [images, W] (a chain: ascending, each
+        slot seeing the image's tokens up to its own index; a repeated index is the same token fed
+        twice): their keys/values written to those columns, and the sampling rows [images, W, V]
+        that follow each."""
+        columns = self.prefix + index[self.row_image]  # [rows, W]: token index + the condition's columns
+        return self._step(ids[self.row_image], columns)
+
+    def _step(self, row_ids: Any, columns: Any) -> Any:
+        from specrt.export.kv_cache import ColumnCache
+
+        column = self.column_index[None, None, :]
+        seen = (column >= self.prefix) & (column <= columns[:, :, None])  # the image's tokens up to the slot's own
+        mask = self.prefix_mask[:, None, :] | seen  # [rows, W, S]
+        logits, _, _ = self.gpt.step(row_ids, columns, mask, ColumnCache(self.kv, columns), self.run_layer)
+        return self.distribution(logits)
+
+    def distribution(self, logits: Any) -> Any:
+        """The sampling distribution [images, W, V] of the model rows' logits: CFG and temperature
+        (the head's mix), then top-k / top-p / greedy where the user asked for them, on the device."""
+        from specrt.runtime.head import SamplingHead
+
+        probs = SamplingHead.distribution(logits, self.mix)
+        return restrict(probs, self.sampling) if needs_restriction(self.sampling) else probs
+
+
+def device_model_of(runner: Any, mix: np.ndarray, sampling: SamplingParams, window: int) -> DeviceModel:
+    """A DeviceModel over a TorchRunner's module, with its compiled block when it has one."""
+    run_layer = runner.compiled.run_layer if runner.compiled is not None else None
+    return DeviceModel(runner.torch, runner.gpt, mix, sampling, runner.spec.num_image_tokens, window, run_layer)

@@ -1,0 +1,111 @@
+"""The device round: a whole speculative round as one function of device tensors, no host inside.
+
+Why: on a GPU the host loop (runtime/methods) loses to plain AR — between every stage it reads
+outcomes back, draws random numbers and builds masks, and each stage pays a launch and a wait.
+Here a method family's round — draft, target window, acceptance, next token, commit — is a
+function `round(state)` of device tensors only (runtime/rounds/state.py): random numbers from
+counters, lengths and masks derived on the device, shapes fixed for the call. On CUDA it is
+captured as one CUDA graph after its first (eager) run and replayed; on CPU the same function
+runs eagerly; torch.compile(fullgraph=True) traces it whole (tests/runtime/test_rounds.py), which
+is how a CPU shows it has no graph break. The host reads one flag a round: are all images done.
+
+Families with a round: ar; sd, cool-sd and lantern drafting chains with an independent draft
+model; sjd, and sjd-pac without proactive drafting. Everything else (trees, EAGLE heads, a
+unified model's grammar, onnxruntime / TensorRT) runs the host loop, the reference these rounds
+reproduce in distribution. Random numbers differ from the host loop's streams, so tokens for a
+seed differ between the two loops; within the round an image is the same alone or in any batch.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from specrt.runtime.conditions import Conditions
+from specrt.runtime.sampling import SamplingParams
+from specrt.runtime.stats import Stats
+
+LOOPS = ("auto", "round", "host")  # auto: the round on a CUDA PyTorch backend where the method has one
+
+
+def plan_round(method: Any, target: Any, draft: Any, sampling: SamplingParams, mix: np.ndarray,
+               grammar: Any) -> Optional[Any]:
+    """The round that decodes `method` on these runners, or None where the host loop must (see the
+    module docstring for which). Needs torch: call it only for PyTorch runners."""
+    from specrt.runtime.backends.device_model import device_model_of
+    from specrt.runtime.methods.jacobi import JacobiDecoding
+    from specrt.runtime.methods.speculative import DraftThenVerify
+    from specrt.runtime.rounds.chains import ArRound, ChainRound
+    from specrt.runtime.rounds.jacobi import JacobiRound
+
+    if grammar is not None or not runs_rounds(target):
+        return None
+    window = method.max_window
+    if method.name == "ar":
+        return ArRound(device_model_of(target, mix, sampling, window))
+    if isinstance(method, JacobiDecoding) and not method.proactive_drafting:
+        return JacobiRound(device_model_of(target, mix, sampling, window), method.window, target.spec.vocab_size,
+                           method.adaptive_continuation)
+    if isinstance(method, DraftThenVerify) and method.tree == "chain" and not method.theorem2 and runs_rounds(draft):
+        return ChainRound(device_model_of(target, mix, sampling, window), device_model_of(draft, mix, sampling, window),
+                          method.rule(None), method.draft_len)
+    return None
+
+
+def runs_rounds(runner: Any) -> bool:
+    """A PyTorch runner over a whole model (not an EAGLE head): what a DeviceModel wraps."""
+    return runner is not None and runner.device_rounds
+
+
+def decode_rounds(round_: Any, rows: Conditions, seeds: Sequence[int], total: int, stats: Stats,
+                  graphs: bool = False) -> np.ndarray:
+    """Image tokens [I, total] from rounds until every image has finished: the round's first run
+    eager, then (graphs) one CUDA graph of it replayed. One read a round (the finished flags),
+    one at the end (tokens and counters); the round's time is counted as the target's forward,
+    since it is device work (model passes and verification together)."""
+    import torch
+
+    start = time.perf_counter()
+    with torch.inference_mode():
+        state = round_.start(rows, seeds, total)
+        step, runs = round_, 0
+        done = bool(state.finished.all())
+        while not done:
+            if runs > total:
+                raise RuntimeError(f"the round ran {runs} times for {total} tokens: an image stopped advancing")
+            if graphs and runs == 1:
+                step = CapturedRound(torch, round_, state)
+            step(state)
+            runs += 1
+            done = bool(state.finished.all())
+        tokens = state.tokens[:, :total].cpu().numpy()
+        produced, image_rounds = state.produced.cpu().numpy(), int(state.rounds.sum())
+    images = len(seeds)
+    for count, rounds in enumerate(produced.tolist()):
+        if rounds:
+            stats.record_round(count, rounds)
+    stats.record_round(1, images)  # the prefill's token
+    stats.target_forwards += image_rounds + images
+    stats.target_calls += runs + 1
+    drafts = round_.passes["draft"]
+    if drafts:
+        stats.draft_forwards += drafts * image_rounds + images
+        stats.draft_calls += drafts * runs + 1
+    stats.host_syncs = (stats.host_syncs or 0) + runs + 2
+    stats.host_numbers = (stats.host_numbers or 0) + runs * images + tokens.size + produced.size + 1
+    stats.seconds["target_forward"] += time.perf_counter() - start
+    return tokens
+
+
+class CapturedRound:
+    """A round captured as one CUDA graph over the state's own buffers, replayed in place."""
+
+    def __init__(self, torch: Any, round_: Any, state: Any):
+        self.graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(self.graph):
+            round_(state)
+
+    def __call__(self, state: Any) -> None:
+        self.graph.replay()

@@ -1,0 +1,91 @@
+"""Rounds of plain AR and of drafted chains (SD, Cool-SD, LANTERN with an independent draft model).
+
+A chain round, all on the device, fixed shapes: the draft catches up on the two tokens it may not
+have cached (the pending token and the one before it: after a round that accepted every draft,
+the last draft was never fed to it) and drafts L tokens; the target scores [pending, drafts] in one
+pass; runtime.verification.verify_chain_block accepts a prefix and draws the next token with the
+method's rule; the state commits it. Keys/values sit at their tokens' columns (the models'
+ColumnCache), so nothing is copied at a commit: a rejected draft's columns are overwritten later.
+Near an image's end it may accept only the drafts that fit (`limits`), which leaves every draw the
+distribution it is in the host loop.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from specrt.runtime.conditions import Conditions
+from specrt.runtime.rounds.state import DRAFT, NEXT, TEST, RoundState
+from specrt.runtime.sampling import inverse_cdf
+from specrt.runtime.verification import AcceptanceRule, verify_chain_block
+
+
+def start_state(target: Any, rows: Conditions, seeds: Sequence[int], total: int, window: int) -> RoundState:
+    """Prefill the target and draw each image's token 0 (the state's first commit)."""
+    first_rows = target.prefill(rows)
+    state = RoundState.start(torch.zeros(first_rows.shape[0], dtype=torch.int64, device=first_rows.device),
+                             seeds, total, window)
+    zero = torch.zeros_like(state.length)
+    state.tokens[:, 0] = inverse_cdf(first_rows, state.uniforms(zero, NEXT))
+    return state
+
+
+class ArRound:
+    """Plain AR as a round: the pending token through the target, the next token drawn."""
+
+    window = 1
+    passes = {"target": 1, "draft": 0}
+
+    def __init__(self, target: Any):
+        self.target = target
+
+    def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
+        return start_state(self.target, rows, seeds, total, self.window)
+
+    def __call__(self, state: RoundState) -> None:
+        n = state.length
+        rows = self.target.window(state.pending()[:, None], (n - 1)[:, None])[:, 0]
+        nothing = state.tokens[:, :0]
+        state.commit(torch.zeros_like(n), nothing, inverse_cdf(rows, state.uniforms(n, NEXT)))
+
+
+class ChainRound:
+    """One draft-then-verify round over an independent draft model (see the module docstring)."""
+
+    def __init__(self, target: Any, draft: Any, rule: AcceptanceRule, draft_len: int):
+        self.target, self.draft, self.rule, self.draft_len = target, draft, rule, draft_len
+        self.window = draft_len + 1
+        self.passes = {"target": 1, "draft": draft_len}
+
+    def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
+        state = start_state(self.target, rows, seeds, total, self.window)
+        self.draft.prefill(rows)
+        return state
+
+    def __call__(self, state: RoundState) -> None:
+        n, longest = state.length, self.draft_len
+        steps = torch.arange(longest, device=n.device)
+        drafts, q_rows = self._draft(state, n, steps)
+        target_index = (n - 1)[:, None] + torch.arange(longest + 1, device=n.device)
+        p_rows = self.target.window(torch.cat([state.pending()[:, None], drafts], dim=1), target_index)
+        limits = (state.total - n - 1).clamp(min=0, max=longest)
+        accepted, next_token = verify_chain_block(p_rows, q_rows, drafts, limits,
+                                                  state.uniforms(n[:, None] + steps, TEST), state.uniforms(n, NEXT),
+                                                  self.rule)
+        state.commit(accepted, drafts, next_token)
+
+    def _draft(self, state: RoundState, n: Any, steps: Any) -> tuple[Any, Any]:
+        """L drafts [I, L] and the rows they were drawn from [I, L, V]: the catch-up pass over
+        (token n − 2, pending), then one pass per further draft."""
+        uniforms = state.uniforms(n[:, None] + steps, DRAFT)
+        before = (n - 2).clamp(min=0)  # image token 0 pending: it is fed twice, at the same column
+        index = torch.stack([before, n - 1], dim=1)
+        rows = self.draft.window(state.tokens.gather(1, index), index)[:, 1]
+        drafts, q_rows = [], []
+        for j in range(self.draft_len):
+            if j:
+                rows = self.draft.window(drafts[-1][:, None], (n - 1 + j)[:, None])[:, 0]
+            q_rows.append(rows)
+            drafts.append(inverse_cdf(rows, uniforms[:, j]))
+        return torch.stack(drafts, dim=1), torch.stack(q_rows, dim=1)

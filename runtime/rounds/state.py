@@ -1,0 +1,89 @@
+"""The state a device round reads and writes: one flat set of tensors for a batch of images.
+
+Why tensors and not Python lists: a round that is captured as one CUDA graph cannot ask the host
+for a length, a finished flag or a random number between its stages. So every image's committed
+tokens, its length, its round count, whether it has finished and the histogram of tokens per
+round live on the device, in buffers of fixed shape (vLLM's SpecDecodeMetadata is the model),
+and a round updates them in place. Finished images stay in the batch as padding: their rows run
+and change nothing.
+
+Random numbers come from runtime.counter_random, keyed by (image seed, token index, draw kind,
+round): every uniform a round uses is fresh — no (round, index, kind) repeats within an image —
+and depends on nothing but the image's own seed and progress, so an image is the same alone or
+in any batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from specrt.runtime.counter_random import counter_uniforms
+
+# what a uniform is for, at one token index of one round
+DRAFT, TEST, NEXT, FRESH, RETEST, RESAMPLE = range(6)
+KINDS = 8  # room for new kinds without changing existing numbers
+
+
+@dataclass
+class RoundState:
+    """A batch's decoding state on the device (all tensors; `total` image tokens an image).
+
+    tokens [I, total + window + 1] int64: committed tokens first (a round writes its window past
+    them, which later rounds overwrite); length [I]: committed tokens, ≥ 1 (the last is the pending
+    token, not yet in the target's cache); rounds [I]: rounds the image took part in unfinished;
+    finished [I] bool; produced [window + 2]: how many rounds produced each count of tokens;
+    seed_low / seed_high [I]: each image's 64-bit seed, split for the counter generator."""
+
+    tokens: Any
+    length: Any
+    rounds: Any
+    finished: Any
+    produced: Any
+    seed_low: Any
+    seed_high: Any
+    total: int
+
+    @classmethod
+    def start(cls, first: Any, seeds: Sequence[int], total: int, window: int) -> "RoundState":
+        """The state after the prefill: image token 0 (first [I], on the device) committed."""
+        device, images = first.device, first.shape[0]
+        tokens = torch.zeros((images, total + window + 1), dtype=torch.int64, device=device)
+        tokens[:, 0] = first
+        seeds_t = torch.tensor([[int(s) & 0xFFFFFFFF, int(s) >> 32] for s in seeds], dtype=torch.int64).to(device)
+        return cls(tokens=tokens, length=torch.ones(images, dtype=torch.int64, device=device),
+                   rounds=torch.zeros(images, dtype=torch.int64, device=device),
+                   finished=torch.full((images,), total <= 1, dtype=torch.bool, device=device),
+                   produced=torch.zeros(window + 2, dtype=torch.int64, device=device),
+                   seed_low=seeds_t[:, 0].contiguous(), seed_high=seeds_t[:, 1].contiguous(), total=total)
+
+    def uniforms(self, index: Any, kind: int) -> Any:
+        """float64 uniforms for token indices index [I, K] (or [I]) of this round, for one kind of draw."""
+        extra = (None,) * (index.dim() - 1)
+        slot = kind + KINDS * self.rounds[(slice(None), *extra)]
+        return counter_uniforms(self.seed_low[(slice(None), *extra)], self.seed_high[(slice(None), *extra)], index, slot)
+
+    def pending(self) -> Any:
+        """Each image's pending token [I] (its last committed one)."""
+        return self.tokens.gather(1, (self.length - 1)[:, None])[:, 0]
+
+    def commit(self, accepted: Any, drafted: Any, next_token: Any) -> None:
+        """Image i keeps its first accepted[i] drafts drafted [I, L] and then next_token[i]; finished
+        images keep what they have. In place, with shapes that never depend on the outcome."""
+        live = ~self.finished
+        slots = torch.arange(drafted.shape[1] + 1, device=drafted.device)
+        values = torch.cat([drafted, next_token[:, None]], dim=1)
+        values = values.where(slots[None, :] < accepted[:, None], next_token[:, None])
+        columns = (self.length[:, None] + slots[None, :]).clamp(max=self.tokens.shape[1] - 1)
+        old = self.tokens.gather(1, columns)
+        self.tokens.scatter_(1, columns, values.where(live[:, None], old))
+        made = (accepted + 1) * live
+        self.produced.index_add_(0, made, live.to(self.produced.dtype))
+        self.length += made
+        self.rounds += live.to(self.rounds.dtype)
+        self.finished |= self.length >= self.total
+
+    def buffers(self) -> list[Any]:
+        """Every tensor of the state (a CUDA graph's replay reads and writes these same ones)."""
+        return [self.tokens, self.length, self.rounds, self.finished, self.produced, self.seed_low, self.seed_high]
