@@ -186,16 +186,18 @@ def like(host: np.ndarray, array: Any) -> Any:
 
 
 class Constants:
-    """Per-device copies of a rule's host tables: `get(name, table, array)` is like(table, array),
-    made once for each device it is asked for."""
+    """Per-device copies of a rule's host tables: `get(name, table, array)` is like(table(), array),
+    made once for each device it is asked for. `table` is a function, called on the first request
+    only: a round traced by torch.compile finds the copy and never touches the numpy table (traced,
+    it would become a host tensor inside the graph)."""
 
     def __init__(self) -> None:
         self._copies: dict[tuple[str, str], Any] = {}
 
-    def get(self, name: str, table: np.ndarray, array: Any) -> Any:
+    def get(self, name: str, table: Any, array: Any) -> Any:
         if is_host(array):
-            return table
-        key = name, str(getattr(array, "device", ""))
+            return table()
+        key = name, str(array.device)
         if key not in self._copies:
-            self._copies[key] = like(table, array)
+            self._copies[key] = like(table(), array)
         return self._copies[key]

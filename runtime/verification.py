@@ -303,6 +303,10 @@ class AcceptanceRule:
         """True when G depends on the rejected token (LANTERN's Eq. 6), outside Theorem 2's form."""
         return False
 
+    def prepare(self, like: Any) -> None:
+        """Copy the rule's tables to `like`'s device now (the device round calls it before its first
+        round): made inside a traced round, the copy would be a host tensor in the graph."""
+
 
 class VanillaRule(AcceptanceRule):
     """Lossless SD: f = min(1, P/Q), G = Norm([P − Q]_+)."""
@@ -344,11 +348,14 @@ class CoolRule(AcceptanceRule):
         if isinstance(positions, (int, np.integer)):  # a tree node, a batch-1 rejection: no arrays
             return self.weights[positions - 1]
         if not is_host(positions):  # device positions: ω where they live (copied once per device)
-            return self._on_device.get("weights", self.weights, positions)[positions - 1]
+            return self._on_device.get("weights", lambda: self.weights, positions)[positions - 1]
         return np.asarray(self.weights)[np.asarray(positions) - 1]
 
     def accept_probabilities(self, p_at, q_at, positions):
         return acceptance(self.omega(positions) * p_at[..., 0], q_at)
+
+    def prepare(self, like: Any) -> None:
+        self._on_device.get("weights", lambda: self.weights, like)
 
     def acceptance_row(self, p, q, position):
         omega = self.omega(position)
@@ -394,13 +401,20 @@ class LanternRule(AcceptanceRule):
     def columns(self, tokens):
         # every token's columns, built once per rule (a generate call): one row lookup per test
         # instead of lantern_columns' four numpy calls, at [V, 1 + k] integers
+        return self._on_device.get("columns", self._host_columns, tokens)[tokens]
+
+    def _host_columns(self) -> np.ndarray:
         if self._columns is None:
             self._columns = lantern_columns(self.neighbours, np.arange(len(self.neighbours)))
-        return self._on_device.get("columns", self._columns, tokens)[tokens]
+        return self._columns
 
     def _neighbours(self, like: Any) -> Any:
         """The neighbour table where `like` lives."""
-        return self._on_device.get("neighbours", self.neighbours, like)
+        return self._on_device.get("neighbours", lambda: self.neighbours, like)
+
+    def prepare(self, like: Any) -> None:
+        self.columns(like[:0])
+        self._neighbours(like)
 
     def accept_probabilities(self, p_at, q_at, positions):
         return acceptance(lantern_relaxed(p_at, **self._budget()), q_at)

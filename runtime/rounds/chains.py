@@ -61,6 +61,7 @@ class ChainRound:
     def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
         state = start_state(self.target, rows, seeds, total, self.window)
         self.draft.prefill(rows)
+        self.rule.prepare(state.length)
         return state
 
     def __call__(self, state: RoundState) -> None:
