@@ -21,7 +21,7 @@ class _Numpy:
     """numpy's own functions under the array API names the formulas call. numpy 1.x lacks some of
     them, and array-api-compat's numpy wrappers cost several µs a call: on the host's per-round
     path, between two graph runs, that doubled a batch's chain verification. So host arrays get
-    numpy directly, and only torch tensors go through array-api-compat."""
+    numpy directly, as torch tensors get torch (_Torch)."""
 
     float64, int64, int8, bool = np.float64, np.int64, np.int8, np.bool_
     where, maximum, minimum = staticmethod(np.where), np.maximum, np.minimum

@@ -16,7 +16,8 @@ product of a 32-bit value fits a signed 64-bit integer and no array library over
 hashes give 53 bits, a float64 in (0, 1) — never 0 or 1, so an inverse-CDF draw never falls on a
 boundary by construction.
 
-Nothing draws from here yet: the decoding methods still use their per-image numpy streams.
+The device round (runtime/rounds) draws every number from here; the host loop (runtime/methods)
+still uses its per-image numpy streams, so for a seed the two loops give different images.
 """
 from __future__ import annotations
 

@@ -74,9 +74,10 @@ def decode_rounds(round_: Any, rows: Conditions, seeds: Sequence[int], total: in
         while not done:
             if runs > total:
                 raise RuntimeError(f"the round ran {runs} times for {total} tokens: an image stopped advancing")
-            if graphs and runs == 1:
+            if graphs and runs == 1:  # this round runs as the capture's warm-up; replays from the next
                 step = CapturedRound(torch, round_, state)
-            step(state)
+            else:
+                step(state)
             runs += 1
             done = bool(state.finished.all())
         tokens = state.tokens[:, :total].cpu().numpy()
@@ -99,11 +100,19 @@ def decode_rounds(round_: Any, rows: Conditions, seeds: Sequence[int], total: in
 
 
 class CapturedRound:
-    """A round captured as one CUDA graph over the state's own buffers, replayed in place."""
+    """A round captured as one CUDA graph over the state's own buffers, replayed in place.
+
+    Made after the round's first eager run: one more real round runs on a side stream (cuBLAS
+    handles and autotuning must not happen during capture, PyTorch's CUDA-graph notes say), then
+    the capture records a round without running it."""
 
     def __init__(self, torch: Any, round_: Any, state: Any):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            round_(state)
+        torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize()
         with torch.cuda.graph(self.graph):
             round_(state)
 
