@@ -325,17 +325,18 @@ class Pipeline:
         """One pass of the method over at most max_images images; its counters into `stats`."""
         runners = [r for r in (self.target, self.draft if decoder.needs_draft else None) if r is not None]
         mix = guidance_mix(len(conditions), sampling)
+        round_ = self._device_round(decoder, sampling, mix)
         for runner in runners:
-            runner.allocate(mix)
+            if round_ is None:  # the round's models keep their own buffers (runtime/backends/device_model.py)
+                runner.allocate(mix)
             runner.reset_counters()
         ctx = Decoding(self.target, self.draft if decoder.needs_draft else None, sampling,
                        [np.random.default_rng(seed) for seed in seeds], stats, self.grammar)
-        round_ = self._device_round(decoder, sampling, mix)
         if round_ is not None:
             from specrt.runtime.rounds import decode_rounds
 
             return decode_rounds(round_, ctx.condition_rows(conditions), seeds, self.target.spec.num_image_tokens, stats,
-                                 graphs=bool(getattr(self.target, "cuda_graphs", False)))
+                                 graphs=self.target.cuda_graphs)
         tokens = decoder.generate(ctx, conditions)
         stats.target_forwards += self.target.image_forwards
         stats.target_calls += self.target.forwards
