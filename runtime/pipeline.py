@@ -56,6 +56,9 @@ def from_uint8(pixels: np.ndarray) -> np.ndarray:
     return ((np.asarray(pixels, dtype=np.float32) - 128.0) / 127.5).transpose(0, 3, 1, 2)
 
 
+KEPT_ROUNDS = 4  # device rounds a pipeline keeps for later calls (method, batch and sampling alike)
+
+
 class Pipeline:
     """Target (+ optional draft) runners, a VQ decoder and the sampling defaults of a model family."""
 
@@ -78,6 +81,8 @@ class Pipeline:
         # which loop decodes (runtime/rounds.LOOPS): "auto" runs the device round on a GPU PyTorch
         # backend where the method has one, "round" wherever it has one, "host" the host loop
         self.loop = "auto"
+        # device rounds of recent calls, with their buffers and captured graphs, by what shapes them
+        self._rounds: dict[tuple, Any] = {}
 
     # ---- constructors ------------------------------------------------------------------------
 
@@ -304,8 +309,16 @@ class Pipeline:
             return None
         from specrt.runtime.rounds import plan_round
 
-        round_ = plan_round(decoder, self.target, self.draft if decoder.needs_draft else None, sampling, mix,
-                            self.grammar)
+        key = (type(decoder), tuple((name, repr(getattr(decoder, name))) for name in sorted(decoder.PARAMS)),
+               mix.shape, sampling)
+        round_ = self._rounds.pop(key, None)  # re-inserted below: the most recent last
+        if round_ is None:
+            round_ = plan_round(decoder, self.target, self.draft if decoder.needs_draft else None, sampling, mix,
+                                self.grammar)
+        if round_ is not None:
+            self._rounds[key] = round_
+            while len(self._rounds) > KEPT_ROUNDS:  # each holds KV buffers and a graph's memory pool
+                self._rounds.pop(next(iter(self._rounds)))
         if round_ is None and loop == "round":
             raise SpecrtError(f"method {decoder.name!r} with these parameters has no device round (it has: ar; sd, "
                               "cool-sd, lantern drafting chains with a draft model; sjd; sjd-pac without "

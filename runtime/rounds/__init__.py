@@ -61,7 +61,8 @@ def runs_rounds(runner: Any) -> bool:
 def decode_rounds(round_: Any, rows: Conditions, seeds: Sequence[int], total: int, stats: Stats,
                   graphs: bool = False) -> np.ndarray:
     """Image tokens [I, total] from rounds until every image has finished: the round's first run
-    eager, then (graphs) one CUDA graph of it replayed. One read a round (the finished flags),
+    eager, then (graphs) one CUDA graph of it replayed — kept on the round, so a later call with
+    the same round (Pipeline keeps them per method, batch and sampling) replays from its first. One read a round (the finished flags),
     one at the end (tokens and counters); the round's time is counted as the target's forward,
     since it is device work (model passes and verification together)."""
     import torch
@@ -69,13 +70,13 @@ def decode_rounds(round_: Any, rows: Conditions, seeds: Sequence[int], total: in
     start = time.perf_counter()
     with torch.inference_mode():
         state = round_.start(rows, seeds, total)
-        step, runs = round_, 0
+        step, runs = getattr(round_, "captured", None) or round_, 0  # captured by an earlier call: replayed
         done = bool(state.finished.all())
         while not done:
             if runs > total:
                 raise RuntimeError(f"the round ran {runs} times for {total} tokens: an image stopped advancing")
-            if graphs and runs == 1:  # this round runs as the capture's warm-up; replays from the next
-                step = CapturedRound(torch, round_, state)
+            if graphs and runs == 1 and step is round_:  # this round is the capture's warm-up; replays follow
+                step = round_.captured = CapturedRound(torch, round_, state)
             else:
                 step(state)
             runs += 1

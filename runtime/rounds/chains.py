@@ -21,13 +21,16 @@ from specrt.runtime.sampling import inverse_cdf
 from specrt.runtime.verification import AcceptanceRule, verify_chain_block
 
 
-def start_state(target: Any, rows: Conditions, seeds: Sequence[int], total: int, window: int) -> RoundState:
-    """Prefill the target and draw each image's token 0 (the state's first commit)."""
-    first_rows = target.prefill(rows)
-    state = RoundState.start(torch.zeros(first_rows.shape[0], dtype=torch.int64, device=first_rows.device),
-                             seeds, total, window)
-    zero = torch.zeros_like(state.length)
-    state.tokens[:, 0] = inverse_cdf(first_rows, state.uniforms(zero, NEXT))
+def start_state(round_: Any, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
+    """Prefill the round's target and draw each image's token 0: the round's state, made on its first
+    call and restarted in place on later ones (a captured round replays over the same buffers)."""
+    first_rows = round_.target.prefill(rows)
+    state = getattr(round_, "state", None)
+    if state is None:
+        state = round_.state = RoundState.start(first_rows.device, seeds, total, round_.window)
+    else:
+        state.restart(seeds)
+    state.tokens[:, 0] = inverse_cdf(first_rows, state.uniforms(torch.zeros_like(state.length), NEXT))
     return state
 
 
@@ -41,7 +44,7 @@ class ArRound:
         self.target = target
 
     def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
-        return start_state(self.target, rows, seeds, total, self.window)
+        return start_state(self, rows, seeds, total)
 
     def __call__(self, state: RoundState) -> None:
         n = state.length
@@ -59,7 +62,7 @@ class ChainRound:
         self.passes = {"target": 1, "draft": draft_len}
 
     def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
-        state = start_state(self.target, rows, seeds, total, self.window)
+        state = start_state(self, rows, seeds, total)
         self.draft.prefill(rows)
         self.rule.prepare(state.length)
         return state

@@ -31,13 +31,17 @@ class JacobiRound:
         self.passes = {"target": 1, "draft": 0}
 
     def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
-        state = start_state(self.target, rows, seeds, total, self.window)
+        state = start_state(self, rows, seeds, total)
         steps = torch.arange(self.width, device=state.length.device)
-        images = state.length.shape[0]
         # round 0's own fresh slots lie past index L + 1, so these indices' FRESH uniforms are not reused
-        self.drafts = self._random(state, state.length[:, None] + steps)
-        self.proposal = torch.full((images, self.width, self.vocab), 1.0 / self.vocab, dtype=self.target.row_dtype,
-                                   device=state.length.device)
+        drafts = self._random(state, state.length[:, None] + steps)
+        if getattr(self, "drafts", None) is None:
+            self.drafts = drafts
+            self.proposal = torch.empty((drafts.shape[0], self.width, self.vocab), dtype=self.target.row_dtype,
+                                        device=drafts.device)
+        else:  # a later call: the captured round reads these buffers
+            self.drafts.copy_(drafts)
+        self.proposal.fill_(1.0 / self.vocab)
         return state
 
     def _random(self, state: RoundState, index: Any) -> Any:

@@ -46,17 +46,31 @@ class RoundState:
     total: int
 
     @classmethod
-    def start(cls, first: Any, seeds: Sequence[int], total: int, window: int) -> "RoundState":
-        """The state after the prefill: image token 0 (first [I], on the device) committed."""
-        device, images = first.device, first.shape[0]
-        tokens = torch.zeros((images, total + window + 1), dtype=torch.int64, device=device)
-        tokens[:, 0] = first
-        seeds_t = torch.tensor([[int(s) & 0xFFFFFFFF, int(s) >> 32] for s in seeds], dtype=torch.int64).to(device)
-        return cls(tokens=tokens, length=torch.ones(images, dtype=torch.int64, device=device),
-                   rounds=torch.zeros(images, dtype=torch.int64, device=device),
-                   finished=torch.full((images,), total <= 1, dtype=torch.bool, device=device),
-                   produced=torch.zeros(window + 2, dtype=torch.int64, device=device),
-                   seed_low=seeds_t[:, 0].contiguous(), seed_high=seeds_t[:, 1].contiguous(), total=total)
+    def start(cls, device: Any, seeds: Sequence[int], total: int, window: int) -> "RoundState":
+        """A new state for len(seeds) images on `device`, as `restart` leaves it."""
+        images = len(seeds)
+        state = cls(tokens=torch.zeros((images, total + window + 1), dtype=torch.int64, device=device),
+                    length=torch.ones(images, dtype=torch.int64, device=device),
+                    rounds=torch.zeros(images, dtype=torch.int64, device=device),
+                    finished=torch.zeros(images, dtype=torch.bool, device=device),
+                    produced=torch.zeros(window + 2, dtype=torch.int64, device=device),
+                    seed_low=torch.zeros(images, dtype=torch.int64, device=device),
+                    seed_high=torch.zeros(images, dtype=torch.int64, device=device), total=total)
+        state.restart(seeds)
+        return state
+
+    def restart(self, seeds: Sequence[int]) -> None:
+        """The same buffers for a new call of as many images (a captured round replays over them):
+        the seeds' halves in place, one token committed (image token 0: the caller writes it), every
+        count back to zero."""
+        halves = torch.tensor([[int(s) & 0xFFFFFFFF, int(s) >> 32] for s in seeds], dtype=torch.int64)
+        self.seed_low.copy_(halves[:, 0])
+        self.seed_high.copy_(halves[:, 1])
+        self.tokens.zero_()
+        self.length.fill_(1)
+        self.rounds.zero_()
+        self.finished.fill_(self.total <= 1)
+        self.produced.zero_()
 
     def uniforms(self, index: Any, kind: int) -> Any:
         """float64 uniforms for token indices index [I, K] (or [I]) of this round, for one kind of draw."""

@@ -226,3 +226,23 @@ def test_the_loop_setting_is_checked_and_says_where_rounds_run():
     pipe.loop = "host"
     np.testing.assert_array_equal(auto.tokens, pipe.generate([1, 0], method="sd", seed=3, decode=False).tokens)
     assert pipe.target.forwards > 0
+
+
+@pytest.mark.parametrize("method,params", [FAMILIES[1], FAMILIES[5]], ids=["sd", "sjd-pac"])
+def test_a_later_call_reuses_its_round_and_decodes_as_a_fresh_one(monkeypatch, method, params):
+    """A pipeline keeps its recent rounds (buffers, and on CUDA the captured graph) and restarts them in
+    place: a later call of the same method, batch and sampling plans nothing new and gives the tokens
+    a fresh pipeline gives."""
+    import specrt.runtime.rounds as rounds
+
+    pipe = pipeline(GUIDED, vocab=16, grid=4, classes=10)
+    pipe.generate([3, 6], method=method, seed=1, decode=False, **params)
+    planned = []
+    monkeypatch.setattr(rounds, "plan_round", lambda *args: planned.append(args) or None)
+    again = pipe.generate([1, 2], method=method, seed=7, decode=False, **params)
+    monkeypatch.undo()
+    fresh = pipeline(GUIDED, vocab=16, grid=4, classes=10).generate([1, 2], method=method, seed=7, decode=False,
+                                                                   **params)
+    assert planned == []
+    np.testing.assert_array_equal(again.tokens, fresh.tokens)
+    assert again.stats.host_syncs == fresh.stats.host_syncs
