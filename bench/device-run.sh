@@ -7,34 +7,40 @@
 #   bash bench/device-run.sh demo     # every method, PyTorch + CUDA graphs, batch 1 and 8
 #   bash bench/device-run.sh trees    # chains vs static vs dynamic trees, both drafts, batch 1 and 8
 #   bash bench/device-run.sh plans    # plan-tree for both drafts, then chains vs planned trees
-#   bash bench/device-run.sh verify   # chains verified on the device vs the same rows on the host
+#   bash bench/device-run.sh round    # the device round vs the host loop, the same settings side by side, batch 1 and 8
 #
-# Each stage writes its text, JSON and Markdown into $OUT (the device tool's return folder;
-# bench/results/gpu otherwise), headed by the command and the GPU's name, ready to be copied
-# into bench/results/ with the device named. The machine has torch, onnx, onnxruntime, click and
-# numpy but nothing can be fetched there, so specrt is installed from this checkout without
-# dependencies; array-api-compat (pure Python, a runtime dependency) comes from a wheel carried
-# in .device-wheels/ (`pip download array-api-compat -d .device-wheels` here, then the device
-# tool's carry: [".device-wheels"]) unless the machine has it. IMAGES and DEVICE override the image
-# counts and the torch device, PLAN_ARGS adds plan-tree flags, STEP_ARCHS the step stage's profiles
-# (IMAGES=2 DEVICE=cpu STEP_ARCHS=B PLAN_ARGS='--max-nodes 6 --repeats 2 --probe-width 2
-# --probe-depth 2' checks the script itself on a machine without a GPU). The step stage compiles
+# Each stage writes its text, JSON and Markdown into a folder named for the device, the date and
+# the stage (h100-2026-11-27-round, say) under $OUT (the device tool's return folder) or, without
+# it, bench/results/; each file is headed by the command and the GPU's name, and the folder is
+# ready to be copied into bench/results/ as it is. The machine has torch, onnx, onnxruntime, click
+# and numpy but nothing can be fetched there, so specrt is installed from this checkout without
+# dependencies. IMAGES and DEVICE override the image counts and the torch device, PLAN_ARGS adds
+# plan-tree flags, STEP_ARCHS the step stage's profiles (IMAGES=2 DEVICE=cpu STEP_ARCHS=B
+# PLAN_ARGS='--max-nodes 6 --repeats 2 --probe-width 2 --probe-depth 2' checks the script itself
+# on a machine without a GPU, into a cpu-... folder). The step stage compiles
 # each (model, dtype, batch, window) once (inductor's cache: TORCHINDUCTOR_CACHE_DIR).
 set -euo pipefail
-stage="${1:?usage: bash bench/device-run.sh step|tests|demo|trees|plans|verify}"
-out="${OUT:-bench/results/gpu}"
+stage="${1:?usage: bash bench/device-run.sh step|tests|demo|trees|plans|round}"
+case "$stage" in
+    step|tests|demo|trees|plans|round) ;;
+    *) echo "bench/device-run.sh: unknown stage '$stage' (step, tests, demo, trees, plans or round)" >&2; exit 2 ;;
+esac
 device="${DEVICE:-cuda}"
-mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 
-if ! python3 -c "import array_api_compat" 2>/dev/null; then
-    python3 -m pip install -q --no-index --find-links .device-wheels array-api-compat
-fi
 if ! python3 -c "import specrt" 2>/dev/null; then
     python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
 fi
 gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)"
 machine="${gpu:-no GPU ($(uname -m))}, torch $(python3 -c 'import torch; print(torch.__version__)')"
+# the folder's device: the GPU model's first word ("NVIDIA H100 80GB HBM3" -> h100), cpu on a CPU run
+if [ "$device" = cpu ] || [ -z "$gpu" ]; then
+    named=cpu
+else
+    named="$(echo "$gpu" | sed 's/^NVIDIA //I' | awk '{print tolower($1)}')"
+fi
+out="${OUT:-bench/results}/$named-$(date -u +%F)-$stage"
+mkdir -p "$out"
 bench=(python3 -m specrt.cli bench --backend torch --device "$device" --threads 1)
 plan=(python3 -m specrt.cli plan-tree --backend torch --device "$device" --threads 1 ${PLAN_ARGS:-})
 
@@ -84,15 +90,13 @@ case "$stage" in
             --sweep "sd:tree=static;static_tree=mc_sim_7b_63,$out/plan-independent.json,$out/plan-eagle.json" \
             --drafts independent,eagle --images "$((n * 3))" --json "$out/tree-plan-gpu.json" --markdown "$out/tree-plan-gpu.md"
         ;;
-    verify)
-        n="${IMAGES:-48}"
-        # device_verification=false: the same device rows verified on the host, the same tokens
-        run verify-gpu "${bench[@]}" --methods ar --sweep 'sd:device_verification=true,false' \
-            --sweep 'lantern:device_verification=true,false' --sweep 'sjd:device_verification=true,false' \
-            --batch 1,8 --images "$n" --json "$out/verify-gpu.json" --markdown "$out/verify-gpu.md"
-        ;;
-    *)
-        echo "bench/device-run.sh: unknown stage '$stage' (step, tests, demo, trees, plans or verify)" >&2
-        exit 2
+    round)
+        n="${IMAGES:-64}"
+        # every setting once on the host loop and once as the device round (rows 'loop=host' / 'loop=round';
+        # speed-up, host % and meas/pred against ar in the same loop, syncs/round beside them): the families
+        # the round has, cool-sd at relaxation_budget 4, sjd-pac without proactive drafting (the round's form)
+        run round-gpu "${bench[@]}" --methods ar,sd,cool-sd,lantern,sjd,sjd-pac --sweep 'cool-sd:delta=4' \
+            --sweep 'sjd-pac:proactive_drafting=false' --loop host,round --batch 1,8 --images "$n" \
+            --json "$out/round-gpu.json" --markdown "$out/round-gpu.md"
         ;;
 esac

@@ -24,6 +24,7 @@ import numpy as np
 
 from specrt.bench.report import MethodResult, latency_summary
 from specrt.bench.settings import Setting
+from specrt.errors import SpecrtError
 from specrt.runtime.methods import METHODS
 from specrt.runtime.pipeline import Pipeline
 
@@ -122,9 +123,15 @@ def has_theory(setting: Setting) -> bool:
     return "theorem2" in METHODS[setting.method].PARAMS and setting.params.get("tree", "chain") == "chain"
 
 
-def pipeline_for(pipe: Pipeline, setting: Setting, drafts: Optional[dict[str, Pipeline]]) -> Pipeline:
-    """The pipeline a setting runs on: the one with its draft kind when a run compares drafts."""
-    return (drafts or {}).get(setting.draft, pipe)
+def pipeline_for(pipe: Pipeline, setting: Setting, drafts: Optional[dict[str, Pipeline]],
+                 loop: Optional[str] = None) -> Pipeline:
+    """The pipeline a setting runs on: the one with its draft kind when a run compares drafts, set
+    to decode with `loop`, or else the setting's loop when a run compares loops (`--loop host,round`;
+    no loop: the pipeline's own)."""
+    chosen = (drafts or {}).get(setting.draft, pipe)
+    if loop or setting.loop:
+        chosen.loop = loop or setting.loop
+    return chosen
 
 
 def run_settings(pipe: Pipeline, settings: Sequence[Setting], images: int, seed: int = 0,
@@ -140,8 +147,11 @@ def run_settings(pipe: Pipeline, settings: Sequence[Setting], images: int, seed:
     records = [SettingRecords(s, batch) for batch in batches for s in settings]
     params = [timed_params(r.setting) for r in records]
     for record, kwargs in zip(records, params):  # warm-up, untimed
-        pipeline_for(pipe, record.setting, drafts).generate(**feeds([plan[0][0]] * record.batch),
-                                                            method=record.setting.method, seed=WARMUP_SEED, **kwargs)
+        try:
+            pipeline_for(pipe, record.setting, drafts).generate(
+                **feeds([plan[0][0]] * record.batch), method=record.setting.method, seed=WARMUP_SEED, **kwargs)
+        except SpecrtError as exc:  # e.g. `loop=round` for a setting without a device round: name the row
+            raise SpecrtError(f"setting {record.setting.label}: {exc}") from None
     order_rng = np.random.default_rng(seed + 7919)
     block = max(batches)
     gc_was_enabled = gc.isenabled()
@@ -174,22 +184,30 @@ def theory_pass(pipe: Pipeline, settings: Sequence[Setting], images: int = THEOR
                 prompts: Optional[Sequence[str]] = None) -> dict[Setting, SettingRecords]:
     """Untimed re-run of the first images of each relaxed setting with Theorem-2 estimates on.
 
-    The estimates consume no random numbers, so these are the same images as the timed run's.
+    The estimates consume no random numbers, so these are the same images as the timed run's
+    host loop: the estimates are the host loop's (the device round has none), so every setting,
+    a round-loop one too, runs them there (a round's images differ: its random streams do).
     """
     plan = image_plan(images, pipe.target.spec.num_classes, seed, prompts)
     feeds = ConditionFeeds(pipe, plan)
     out = {}
-    for setting in settings:
-        if not has_theory(setting):
-            continue
-        record = out[setting] = SettingRecords(setting)
-        params = {**setting.params, "theorem2": setting.params.get("theorem2", True)}
-        for condition, image_seed in plan:
-            result = pipeline_for(pipe, setting, drafts).generate(**feeds([condition]), method=setting.method,
-                                                                  seed=image_seed, **params)
-            record.add(float("nan"), result)  # untimed
-            if on_image:
-                on_image(setting)
+    pipes = [pipe, *(drafts or {}).values()]
+    loops = [p.loop for p in pipes]
+    try:
+        for setting in settings:
+            if not has_theory(setting):
+                continue
+            record = out[setting] = SettingRecords(setting)
+            params = {**setting.params, "theorem2": setting.params.get("theorem2", True)}
+            for condition, image_seed in plan:
+                result = pipeline_for(pipe, setting, drafts, "host").generate(
+                    **feeds([condition]), method=setting.method, seed=image_seed, **params)
+                record.add(float("nan"), result)  # untimed
+                if on_image:
+                    on_image(setting)
+    finally:
+        for chosen, loop in zip(pipes, loops):
+            chosen.loop = loop
     return out
 
 
@@ -219,6 +237,8 @@ def summarise(record: SettingRecords, theory: Optional[SettingRecords] = None) -
     calls = record.target_forwards + record.draft_forwards
     read_per_call = 4 * record.host_numbers / calls if record.host_numbers is not None and calls else None
     syncs_per_call = record.host_syncs / calls if record.host_syncs is not None and calls else None
+    syncs_per_round = (record.host_syncs / record.target_calls if record.host_syncs is not None and record.target_calls
+                       else None)
     return MethodResult(
         method=record.setting.method,
         params=dict(record.setting.params),
@@ -237,5 +257,7 @@ def summarise(record: SettingRecords, theory: Optional[SettingRecords] = None) -
         accepted_length_histogram={str(k): int(v) for k, v in sorted(record.histogram.items())},
         host_bytes_per_forward=read_per_call,
         host_syncs_per_forward=syncs_per_call,
+        host_syncs_per_round=syncs_per_round,
+        loop=record.setting.loop or None,
         theory=_theory(theory, record.setting.method),
     )

@@ -5,7 +5,8 @@ The JSON layout is a contract (issue 7): one object with `device`, `backend`, `b
 `target_forwards_per_image`, `latency_s` {median, p90}, `speedup_vs_ar`, `breakdown_s` and
 `quality`; since issue 30 also `predicted_speedup_vs_ar` (the cost model on the run's own graph
 timings: ar's graph seconds per image over the setting's), `mean_speedup_vs_ar` and
-`measured_over_predicted` (their ratio), absent from files written before.
+`measured_over_predicted` (their ratio), absent from files written before; since the device round
+also `host_syncs_per_round` and, in a run comparing decoding loops (`--loop host,round`), `loop`.
 """
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ class MethodResult:
     # transfers per model call that waited for the device (its draws, verification reads, index
     # copies): on a GPU each is a synchronisation; None: not metered
     host_syncs_per_forward: float | None = None
+    # the same transfers per target call: per round (the host loop calls the target once a round; the
+    # device round reads once a round, its target_calls are rounds + 1)
+    host_syncs_per_round: float | None = None
     quality: dict[str, Any] = field(default_factory=dict)
     theory: dict[str, Any] = field(default_factory=dict)
     batch: int = 1  # images per Pipeline.generate call; latency_s is per image (call time / images)
@@ -54,6 +58,7 @@ class MethodResult:
     predicted_speedup_vs_ar: float | None = None
     mean_speedup_vs_ar: float | None = None
     measured_over_predicted: float | None = None
+    loop: str | None = None  # the decoding loop (runtime.rounds.LOOPS) when a run compares several; None: one
 
 
 def latency_summary(latencies: list[float]) -> dict[str, float]:
@@ -68,12 +73,13 @@ def mean_latency(latency_s: dict[str, float]) -> float:
 
 
 def attach_speedups(results: list[MethodResult]) -> None:
-    """Speed-up of every setting against `ar` at the same batch size from the same run (median latency
-    ratio), and beside it the cost model's prediction from the run's graph timings with the measured
-    speed-up it compares to: mean latencies, the statistic the graph times are (their ratio is then
-    the host's cost alone, see run_predicted_speedup)."""
+    """Speed-up of every setting against `ar` at the same batch size (and, in a run comparing loops, in
+    the same loop) from the same run (median latency ratio), and beside it the cost model's prediction
+    from the run's graph timings with the measured speed-up it compares to: mean latencies, the
+    statistic the graph times are (their ratio is then the host's cost alone, see run_predicted_speedup)."""
     for result in results:
-        reference = next((r for r in results if r.method == "ar" and r.batch == result.batch), None)
+        reference = next((r for r in results if r.method == "ar" and r.batch == result.batch
+                          and r.loop == result.loop), None)
         result.speedup_vs_ar = result.predicted_speedup_vs_ar = None
         result.mean_speedup_vs_ar = result.measured_over_predicted = None
         if reference is None:
@@ -162,12 +168,13 @@ def format_breakdown(results: list[MethodResult]) -> str:
     """Where each setting's time goes: mean per image, in milliseconds; `other` is the rest of the
     mean latency (Python orchestration of the method between model calls); `host %` is everything
     but the graphs (host_share); `read B/fwd` the bytes read back from the device per model call and
-    `syncs/fwd` the transfers per model call that waited for the device (device backends only: one
-    is the call's own draws, the rest are verification's reads and index copies). Then the speed-up against ar on these means, the cost model's from the
-    same run's graph timings (`pred.`, host work free) and their ratio: below 1 where the setting
-    loses more of its time to the host than ar does (attach_speedups)."""
+    `syncs/round` the transfers per round (target call) that waited for the device (device backends
+    only; on the host loop a round's draws, verification reads and index copies, on the device round
+    one read of its finished flags, plus two a call). Then the speed-up against ar on these means,
+    the cost model's from the same run's graph timings (`pred.`, host work free) and their ratio:
+    below 1 where the setting loses more of its time to the host than ar does (attach_speedups)."""
     headers = (["setting"] + [k for k in BREAKDOWN_KEYS]
-               + ["other", "total", "host %", "read B/fwd", "syncs/fwd", "speed-up", "pred.", "meas/pred"])
+               + ["other", "total", "host %", "read B/fwd", "syncs/round", "speed-up", "pred.", "meas/pred"])
     rows = []
     for r in results:
         parts = [r.breakdown_s.get(k, 0.0) for k in BREAKDOWN_KEYS]
@@ -175,7 +182,7 @@ def format_breakdown(results: list[MethodResult]) -> str:
         other = max(total - sum(parts), 0.0)
         rows.append([r.label] + [f"{1000 * p:.1f}" for p in parts]
                     + [f"{1000 * other:.1f}", f"{1000 * total:.1f}", f"{100 * host_share(r):.1f}",
-                       _fmt(r.host_bytes_per_forward, 0), _fmt(r.host_syncs_per_forward, 2),
+                       _fmt(r.host_bytes_per_forward, 0), _fmt(r.host_syncs_per_round, 2),
                        _speedup(r.mean_speedup_vs_ar),
                        _speedup(r.predicted_speedup_vs_ar), _fmt(r.measured_over_predicted)])
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
@@ -207,7 +214,8 @@ def to_json_object(results: list[MethodResult], *, device: str, backend: str, bu
         "backend": backend,
         "bundle": bundle,
         "settings": settings,
-        "results": [{k: v for k, v in asdict(r).items() if k != "tokens" or v is not None} for r in results],
+        "results": [{k: v for k, v in asdict(r).items() if k not in ("tokens", "loop") or v is not None}
+                    for r in results],
     }
 
 
@@ -218,7 +226,7 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
 
 def _point_label(result: MethodResult) -> str:
     """'delta=2.5' for a swept point (the label's parameter part), Greek where the paper uses it."""
-    inner = result.label[len(result.method) + 1:-1] if result.params else ""
+    inner = result.label[len(result.method) + 1:result.label.rfind(")")] if result.params else ""
     return inner.replace("delta=", "δ=").replace("lambda=", "λ=").replace("nu=", "ν=")
 
 
@@ -237,8 +245,8 @@ def write_plot(path: str, results: list[MethodResult], title: str, fd_floor: flo
     import matplotlib.pyplot as plt
 
     families: dict[str, list[MethodResult]] = {}
-    for r in results:
-        families.setdefault(r.method, []).append(r)
+    for r in results:  # a run comparing loops: one curve per method and loop
+        families.setdefault(r.method + (f" loop={r.loop}" if r.loop else ""), []).append(r)
     has_fd = any(r.quality.get("frechet_distance") is not None for r in results)
     if has_fd:
         panels = (("frechet_distance", "speedup", "speed-up vs ar (wall clock, same run)"),
@@ -260,9 +268,10 @@ def write_plot(path: str, results: list[MethodResult], title: str, fd_floor: flo
             pts = [p for p in pts if p[0] is not None and p[1] is not None]
             if not pts:
                 continue
-            ar = method == "ar"
+            ar = members[0].method == "ar"
             line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="*" if ar else "o",
-                            markersize=13 if ar else 6, label=method, color="black" if ar else None)
+                            markersize=13 if ar else 6, label=method,
+                            color="black" if ar and not members[0].loop else None)
             spread = [m.quality.get("frechet_distance_std") for _, _, m in pts]
             if xkey == "frechet_distance" and all(v is not None for v in spread):  # bootstrap sd of each FD
                 ax.errorbar([p[0] for p in pts], [p[1] for p in pts], xerr=spread, fmt="none",

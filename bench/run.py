@@ -98,15 +98,18 @@ def benchmark(models: BenchModels, settings: Sequence[Setting], images: int, see
         "tokens_identical_across_batches": same_tokens_at_every_batch(records) if len(batches) > 1 else None,
         "threads": threads,
         "sampling": dict(models.pipeline.sampling_defaults),
-        "settings": [{"method": s.method, "params": s.params, "label": s.label, **({"draft": s.draft} if s.draft else {})}
+        "settings": [{"method": s.method, "params": s.params, "label": s.label,
+                      **({"draft": s.draft} if s.draft else {}), **({"loop": s.loop} if s.loop else {})}
                      for s in settings],
+        "loop": ([*dict.fromkeys(s.loop for s in settings)] if any(s.loop for s in settings)
+                 else getattr(models.pipeline, "loop", None)),  # several: each setting's in "settings"
         **({"drafts": models.draft_sources} if models.drafts else {}),
-        "speedup": "median latency of ar / median latency of the setting, same run and batch size",
+        "speedup": "median latency of ar / median latency of the setting, same run, batch size and loop",
         "predicted_speedup": "the cost model on this run's graph timings: ar's target + draft + VQ-decode seconds "
                              "per image / the setting's (host work free); measured_over_predicted = mean_speedup_vs_ar "
                              "(mean latencies) / predicted_speedup_vs_ar",
         "theorem2": f"relaxed settings re-run untimed on the first {theory_images} images with the runtime's "
-                    "Theorem-2 estimates on (timed runs have them off)",
+                    "Theorem-2 estimates on (timed runs have them off), on the host loop (the device round has none)",
         "fd_noise_floor": floor,
         "fd_reference": "held-out real digits, half A (class-interleaved); floor = half B's first N images vs half A",
         "wall_time_s": None,

@@ -7,7 +7,8 @@ parameter names (specrt.runtime.methods, each method's PARAMS) or the papers' sy
 (delta, nu, lambda, L, K, D), which mean different parameters for different methods.
 `ar` is always measured, first, because every speed-up is a ratio against it from the same
 run. Every setting is checked by constructing its runtime method object, so a misspelt key
-or an out-of-range value fails before anything is measured.
+or an out-of-range value fails before anything is measured. `--drafts` and `--loop` with several
+values run every setting once per draft kind / decoding loop, side by side in one run.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any, Sequence
 
 from specrt.errors import SpecrtError
 from specrt.runtime.methods import METHODS, make_method
+from specrt.runtime.rounds import LOOPS
 
 DEFAULT_METHODS = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
 DRAFT_KINDS = ("independent", "eagle")  # `--drafts`: the demo's independent draft GPT, its EAGLE head
@@ -54,18 +56,19 @@ class Setting:
     method: str
     params: dict[str, Any] = field(default_factory=dict)
     draft: str = ""  # a drafted method's draft when a run compares several (DRAFT_KINDS); "" = the pipeline's own
+    loop: str = ""  # the decoding loop when a run compares several (runtime.rounds.LOOPS); "" = the pipeline's own
 
     @property
     def label(self) -> str:
-        """Human-readable name, e.g. `cool-sd(delta=2)`, `sd[eagle]`."""
-        suffix = f"[{self.draft}]" if self.draft else ""
+        """Human-readable name, e.g. `cool-sd(delta=2)`, `sd[eagle]`, `sd loop=round`."""
+        suffix = (f"[{self.draft}]" if self.draft else "") + (f" loop={self.loop}" if self.loop else "")
         if not self.params:
             return self.method + suffix
         inner = ",".join(f"{_symbol(self.method, k)}={v}" for k, v in sorted(self.params.items()))
         return f"{self.method}({inner}){suffix}"
 
     def __hash__(self) -> int:
-        return hash((self.method, json.dumps(self.params, sort_keys=True), self.draft))
+        return hash((self.method, json.dumps(self.params, sort_keys=True), self.draft, self.loop))
 
 
 def _parse_value(text: str) -> Any:
@@ -119,10 +122,22 @@ def parse_drafts(text: str | None) -> tuple[str, ...]:
     return names
 
 
+def parse_loops(text: str) -> tuple[str, ...]:
+    """`--loop host,round` -> the decoding loops a run compares (runtime.rounds.LOOPS), in order."""
+    names = tuple(dict.fromkeys(n.strip().lower() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in LOOPS]
+    if not names or unknown:
+        raise SpecrtError(f"--loop {text!r}: expected {', '.join(LOOPS)} or a comma-separated list of them, "
+                          "e.g. host,round")
+    return names
+
+
 def build_settings(methods: str | Sequence[str] = DEFAULT_METHODS, sweeps: Sequence[str] = (),
-                   drafts: Sequence[str] = ()) -> list[Setting]:
+                   drafts: Sequence[str] = (), loops: Sequence[str] = ()) -> list[Setting]:
     """The ordered list of settings for a run: `ar` first, sweeps expanded in place, each validated;
-    with `drafts`, every drafted setting once per draft kind (`sd[independent]`, `sd[eagle]`)."""
+    with `drafts`, every drafted setting once per draft kind (`sd[independent]`, `sd[eagle]`); with
+    several `loops`, every setting once per loop, next to each other (`sd loop=host`, `sd loop=round`;
+    one loop is the pipeline's own and labels nothing)."""
     names = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
     unknown = sorted({m for m in names if m not in METHODS})
     if unknown:
@@ -143,6 +158,8 @@ def build_settings(methods: str | Sequence[str] = DEFAULT_METHODS, sweeps: Seque
     if drafts:
         settings = [Setting(s.method, s.params, d) for s in settings
                     for d in (drafts if METHODS[s.method].needs_draft else ("",))]
+    if len(loops) > 1:
+        settings = [Setting(s.method, s.params, s.draft, loop) for s in settings for loop in loops]
     return settings
 
 

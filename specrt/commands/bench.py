@@ -2,7 +2,8 @@
 
 Flags map onto specrt.bench: BUNDLE / --backend / --demo-weights / --threads onto
 open_models, --methods / --sweep onto build_settings, --images / --seed onto benchmark,
---json / --plot onto write_json / write_plot. --profile-arch switches to the cost model
+--json / --plot onto write_json / write_plot, --loop onto each pipeline's `loop` (several: a
+setting per loop, build_settings). --profile-arch switches to the cost model
 (measure_step_latency + predicted_speedup) instead of a benchmark run.
 """
 from __future__ import annotations
@@ -154,6 +155,24 @@ def _profile_reference(windows, repeats: int, device: str, threads: int, demo_we
     return measure_runners("demo (ort)", pipe.target, pipe.draft, windows, repeats)
 
 
+def _loops(text: str, backend: str, profile_arch: Optional[str], precision: Optional[str]) -> tuple[str, ...]:
+    """--loop's loops (bench.settings.parse_loops), refused in one line where no loop is chosen: the
+    step profile times single steps, bundles (every backend but torch) run the host loop."""
+    from specrt.bench.settings import parse_loops
+
+    loops = parse_loops(text)
+    if loops == ("auto",):
+        return loops
+    if profile_arch:
+        raise SpecrtError("--loop picks how a bench run decodes; --profile-arch times single target steps")
+    if precision is not None:
+        raise SpecrtError("--loop picks how the torch backend decodes; --precision runs bundles, on the host loop")
+    if "round" in loops and backend != "torch":
+        raise SpecrtError(f"--loop round runs on --backend torch (the demo's PyTorch modules); --backend {backend} "
+                          "runs the host loop")
+    return loops
+
+
 def _precisions(text: str) -> tuple[str, ...]:
     """'fp32,int4' -> ('fp32', 'int4'); 'none' -> ()."""
     if text.strip().lower() == "none":
@@ -177,7 +196,7 @@ def _batches(text: str) -> tuple[int, ...]:
     ("Models and inputs", ["drafts", "demo_weights", "prompts_path", "cache_dir"]),
     ("Runs", ["batch_text", "precision"]),
     ("Output", ["keep_tokens", "markdown_path", "progress"]),
-    ("Performance", ["backend", "threads", "device", "cuda_graphs", "compile_step", "compile_mode"]),
+    ("Performance", ["backend", "threads", "device", "loop_text", "cuda_graphs", "compile_step", "compile_mode"]),
     ("Step profile (--profile-arch)", ["profile_arch", "results_path", "windows", "repeats", "profile_images",
                                        "profile_dtypes"]),
 ])
@@ -233,6 +252,12 @@ def _batches(text: str) -> tuple[int, ...]:
               help="--profile-arch: weight and KV types to time: fp32, bf16, fp16 (e.g. fp32,bf16).")
 @click.option("--device", default="cpu", show_default=True,
               help="torch device (cpu, cuda, cuda:N) for --backend torch and --profile-arch.")
+@click.option("--loop", "loop_text", default="auto", show_default=True, metavar="LIST",
+              help="--backend torch: which loop decodes — round: the device round (each round one function of device "
+                   "tensors, the host reading once a round; ar, sd, cool-sd, lantern chains, sjd, sjd-pac without "
+                   "proactive_drafting), host: the host loop, auto: the round on a GPU where the method has one. "
+                   "A list runs every setting once per loop, side by side (e.g. host,round; rows 'loop=...', "
+                   "speed-ups against ar in the same loop).")
 @click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
               help="--backend torch and --profile-arch on CUDA: replay each window size's step as a CUDA graph.")
 @click.option("--compile/--no-compile", "compile_step", default=None,
@@ -250,8 +275,8 @@ def _batches(text: str) -> tuple[int, ...]:
               help=DEMO_SHORT_HELP + " mar: ar against cspd (default sweep cspd:draft_len=2,4,8); t2i: prompt "
                                      "following beside the Fréchet distance.")
 def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, threads, keep_tokens, json_path, plot_path, markdown_path, prompts_path, demo_weights,
-            cache_dir, profile_arch, results_path, windows, repeats, profile_images, profile_dtypes, device, cuda_graphs,
-            compile_step, compile_mode, precision, progress, demo) -> None:
+            cache_dir, profile_arch, results_path, windows, repeats, profile_images, profile_dtypes, device, loop_text,
+            cuda_graphs, compile_step, compile_mode, precision, progress, demo) -> None:
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
     validation.seed(seed, "--seed")  # image i uses seed + i: checked before anything loads
     from specrt.paths import cache_folder, output_file
@@ -263,7 +288,11 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     from specrt.bench.models import refuse_torch_bundle
 
     refuse_torch_bundle(bundle, backend)  # a flag mistake first, then what the manifest says
+    loops = _loops(loop_text, backend, profile_arch, precision)
     family = family_for(bundle, demo)  # a damaged manifest is one line here, before anything runs
+    if family.bench_runner is not None and loops != ("auto",):
+        raise SpecrtError(f"--loop picks how a LlamaGen-style model decodes; a {family.description} model's bench "
+                          "runs its own loop")
     if family.bench_runner is not None:  # a family with its own bench (runtime/families)
         module, _, function = family.bench_runner.partition(":")
         getattr(importlib.import_module(module), function)(
@@ -299,7 +328,7 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     if not chosen:
         sweeps = DEFAULT_SWEEPS
     drafts = parse_drafts(drafts)
-    settings = build_settings(methods or ",".join(DEFAULT_METHODS), sweeps, drafts)  # validate before loading anything
+    settings = build_settings(methods or ",".join(DEFAULT_METHODS), sweeps, drafts, loops)  # validate before loading
     say = (lambda msg: click.echo(msg, err=True)) if progress else None
     if device != "cpu" and backend != "torch":
         raise SpecrtError(f"--device {device} applies to --backend torch (and --profile-arch); "
@@ -310,6 +339,9 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
                          cuda_graphs=cuda_graphs and device.startswith("cuda"), drafts=drafts,
                          demo=demo, prompts=prompts, compile=compile_step, compile_mode=compile_mode)
     settings = _draft_free_if_needed(settings, models, chosen)
+    if len(loops) == 1:  # one loop: the pipelines' own (several: each setting sets its own, measure.pipeline_for)
+        for pipe in {id(p): p for p in (models.pipeline, *models.drafts.values())}.values():
+            pipe.loop = loops[0]
     if max(batches) > (models.pipeline.max_images or max(batches)):
         raise SpecrtError(f"--batch {max(batches)} exceeds this bundle's {models.pipeline.max_images} images per "
                           f"call (re-export with `specrt export --max-batch {max(batches)}`)")
@@ -419,8 +451,9 @@ def _print_run(run) -> None:
     info, settings = run.payload, run.payload["settings"]
     click.echo(f"device: {info['device']}  backend: {info['backend']} ({settings['threads']} thread(s))  "
                f"bundle: {info['bundle']}")
+    looped = any(r.loop for r in run.results)
     click.echo(f"{settings['images_per_setting']} images per setting, interleaved in random order; "
-               "speed-up = median latency of ar / setting")
+               "speed-up = median latency of ar / setting" + (" (ar in the same loop)" if looped else ""))
     click.echo(format_table(run.results))
     floor = settings["fd_noise_floor"]
     if floor and floor["frechet_distance"] is not None:
@@ -436,7 +469,9 @@ def _print_run(run) -> None:
         click.echo(format_prompt_following(run.results, (floor or {}).get("real_prompt_following")))
     click.echo("\ntime per image, ms (means; other = Python orchestration between model calls); speed-up = ar's "
                "total / total;\npred. = the cost model on this run's graph timings: ar's target_forward + draft_forward"
-               " + vq_decode / the setting's (host work free); meas/pred = (1 - host %) / (1 - ar's host %)")
+               " + vq_decode / the setting's (host work free); meas/pred = (1 - host %) / (1 - ar's host %);\n"
+               "syncs/round = waits for the device per target call (the device round: its one read a round, "
+               "its time counted as target_forward)")
     click.echo(format_breakdown(run.results))
     click.echo(f"\nrun time {settings['wall_time_s']:.0f} s")
 

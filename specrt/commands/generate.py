@@ -5,7 +5,8 @@ and --vq checkpoints run on PyTorch (from_torch over specrt.export.sources.check
 which reads them exactly as `specrt export` does); with
 no model arguments the embedded demo models run on PyTorch. Method parameters go through
 --param key=value (e.g. --param relaxation_budget=2 --param draft_len=4). --threads is the
-intra-op thread count on whichever library runs (specrt.runtime.threads); --tokens-only maps
+intra-op thread count on whichever library runs (specrt.runtime.threads); --loop sets the
+pipeline's `loop` (runtime.rounds.LOOPS: the device round or the host loop); --tokens-only maps
 onto generate(decode=False), --save-tokens writes result.tokens as .npy.
 Text-to-image models take --prompt (through the bundle's text encoder, or --text-encoder DIR
 with checkpoints) or --captions FILE (precomputed embeddings, runtime.text.load_caption_file).
@@ -28,6 +29,7 @@ from specrt.export.demo.registry import DEFAULT_DEMO, demo_names, help_text as d
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 from specrt.runtime.threads import HELP as THREADS_HELP, checked as checked_threads, resolve as resolve_threads
 from specrt.runtime.pipeline import BUNDLE_BACKENDS, SAMPLING_KEYS
+from specrt.runtime.rounds import LOOPS
 
 METHOD_NAMES = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
 DEMO_NAMES, DEMO_HELP = demo_names(), demo_help()
@@ -100,7 +102,7 @@ def _given(name: str) -> bool:
 
 def check_applicable(bundle: Optional[Path], demo: Optional[str], target: Optional[Path], draft: Optional[Path],
                      vq: Optional[Path], checkpoint: CheckpointFlags, device: Optional[str],
-                     backend: Optional[str] = None) -> None:
+                     backend: Optional[str] = None, loop: str = "auto") -> None:
     """A flag that does not apply to what runs is refused in one line, never ignored; --device is
     checked against the installed torch (specrt.validation.torch_device) before a model loads."""
     if not (target or vq or draft):
@@ -123,6 +125,9 @@ def check_applicable(bundle: Optional[Path], demo: Optional[str], target: Option
         if _given("compile_step"):
             raise SpecrtError("--compile/--no-compile choose how the torch backend runs its step; a BUNDLE runs its "
                               "exported graphs")
+        if loop == "round":
+            raise SpecrtError("--loop round runs the device round on the torch backend (checkpoints or the demo); "
+                              "a BUNDLE decodes with the host loop")
     validation.torch_device(device)
 
 
@@ -224,7 +229,7 @@ def sampling_epilog() -> str:
     ("Prompts of Janus, Emu3, Lumina-mGPT", ["negative_prompt", "no_prompt_suffix"]),
     ("Method parameters", ["params"]),
     ("Output", ["sheet", "stats_path", "tokens_path", "tokens_only"]),
-    ("Performance", ["backend", "device", "threads", "compile_step", "max_window"]),
+    ("Performance", ["backend", "device", "threads", "loop", "compile_step", "max_window"]),
 ])
 @click.argument("bundle", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--method", "-m", type=click.Choice(METHOD_NAMES + ("cspd",)), default="ar", show_default=True,
@@ -262,6 +267,11 @@ def sampling_epilog() -> str:
 @click.option("--device", help="torch device (cpu, cuda); default: where the weights are.")
 @click.option("--max-window", type=int, default=DEFAULT_MAX_WINDOW, show_default=True,
               help="torch backend: largest step window (tokens per target step; sjd-pac at L = 64 feeds 65).")
+@click.option("--loop", type=click.Choice(LOOPS), default="auto", show_default=True,
+              help="torch backend: round = the device round (each round one function of device tensors, the host "
+                   "reading once a round; ar, sd, cool-sd, lantern chains, sjd, sjd-pac without "
+                   "proactive_drafting), host = the host loop, auto = the round on a GPU where the method has one. "
+                   "A seed's tokens differ between the two.")
 @click.option("--compile/--no-compile", "compile_step", default=None,
               help="torch backend: run the step compiled by torch.compile (default: on CUDA only; the first steps "
                    "compile, cached on disk for the next run).")
@@ -286,7 +296,7 @@ def sampling_epilog() -> str:
 @click.option("--threads", type=int, callback=checked_threads, help=f"{THREADS_HELP}; the embedded demo: 1 (its graphs are too small to share).")
 @checkpoint_flags
 def command(bundle, method, class_ids, prompts, captions_path, text_encoder, demo, seed, out, num_images, sheet, backend,
-            target, draft, vq, checkpoint, device, max_window, compile_step, cfg_scale, temperature, top_k, top_p,
+            target, draft, vq, checkpoint, device, max_window, loop, compile_step, cfg_scale, temperature, top_k, top_p,
             negative_prompt, no_prompt_suffix, params, stats_path, tokens_path, tokens_only, threads) -> None:
     """Generate images for class ids or prompts with a decoding method (the embedded demo models
     by default; --demo t2i takes prompts, e.g. --demo t2i --prompt "a thick slanted seven").
@@ -305,7 +315,7 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
                                      compile_step, threads, {"cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k,
                                                "top_p": top_p}, method_params, stats_path, tokens_only, tokens_path,
                                      bundle or demo or captions_path or text_encoder or checkpoint.given(),
-                                     num_images, sheet, prompt_options)
+                                     num_images, sheet, prompt_options, loop)
         return
     family = family_for(bundle, demo)  # a damaged manifest is one line here, before any other check
     if family.name != "llamagen":  # another family: through its plug-in alone (commands/_family.py)
@@ -317,6 +327,7 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
                    "--captions": captions_path, "--text-encoder": text_encoder, "--target/--draft/--vq": target or vq or draft,
                    "--device": device is not None and device.strip().lower() != "cpu",  # it runs on the CPU
                    "--max-window": _given("max_window"), "--compile/--no-compile": _given("compile_step"),
+                   "--loop": _given("loop"),
                    **_family.refused_prompt_options(family, negative_prompt, no_prompt_suffix),
                    **{name: True for name in checkpoint.given()}}
         validation.seed(seed, "--seed")
@@ -337,9 +348,10 @@ def command(bundle, method, class_ids, prompts, captions_path, text_encoder, dem
     sampling = {k: v for k, v in (("cfg_scale", cfg_scale), ("temperature", temperature), ("top_k", top_k),
                                   ("top_p", top_p)) if v is not None}
     check_before_loading(method, seed, max_window, checkpoint.image_size, threads, sampling, method_params)
-    check_applicable(bundle, demo, target, draft, vq, checkpoint, device, backend)
+    check_applicable(bundle, demo, target, draft, vq, checkpoint, device, backend, loop)
     pipe = build_pipeline(bundle, backend, target, draft, vq, checkpoint, max_window, device, threads, text_encoder,
                           demo, compile_step)
+    pipe.loop = loop  # a method with no round under --loop round: Pipeline.generate's one-line error
     conditions = condition_args(pipe.target.spec.model_type, class_ids, prompts, captions_path, num_images)
     result = pipe.generate(**conditions, method=method, seed=seed, decode=not tokens_only, **sampling,
                            **method_params)
@@ -357,7 +369,7 @@ def _generate_unified_checkpoint(target: Path, draft: Optional[Path], vq: Option
                                  sampling: dict[str, Any], method_params: dict[str, str], stats_path: Optional[Path],
                                  tokens_only: bool, tokens_path: Optional[Path], inapplicable: Any,
                                  num_images: int = 1, sheet: Optional[Path] = None,
-                                 prompt_options: Optional[dict[str, Any]] = None) -> None:
+                                 prompt_options: Optional[dict[str, Any]] = None, loop: str = "auto") -> None:
     """`specrt generate --target HF_DIR [--draft HF_DIR] --prompt ...`: the checkpoint's models, decoder and
     recipe (export.unified.sources, what `specrt export` would write) on PyTorch."""
     from specrt.export.unified.sources import read_tokenizer, unified_models
@@ -373,6 +385,9 @@ def _generate_unified_checkpoint(target: Path, draft: Optional[Path], vq: Option
         raise SpecrtError(f"--draft {draft} must be a Hugging Face directory like --target")
     validation.seed(seed, "--seed")
     _family.refuse(unified, method, {"--class": class_ids})
+    if loop == "round":  # before the model loads (Pipeline.generate would say so too, after)
+        raise SpecrtError(f"--loop round: a {unified.description} model decodes under an image grammar, which has no "
+                          "device round; use --loop host or auto")
     if not prompts:
         raise SpecrtError(f"a {unified.description} model draws what a prompt says: give --prompt \"...\" (repeatable)")
     validation.torch_device(device)
@@ -386,6 +401,7 @@ def _generate_unified_checkpoint(target: Path, draft: Optional[Path], vq: Option
                                       prompts=PromptEncoder(models.prompt, models.target.config.cond_len, tokenizer),
                                       max_window=max_window, device=device, sampling_defaults=models.sampling_defaults,
                                       compile=compile_step)
+    pipe.loop = loop
     if models.vq is None and not tokens_only:
         raise SpecrtError("this checkpoint has no image decoder here: add --tokens-only, or --vq DIR with vqgan.ckpt "
                           "and vqgan.yaml")

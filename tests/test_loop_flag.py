@@ -1,0 +1,63 @@
+"""`specrt generate --loop auto|round|host`: the device round or the host loop on the torch backend,
+refused in one line where the backend or the method has no round."""
+import json
+
+import numpy as np
+
+from cli_helpers import one_line, run
+
+
+def generate(tmp_path, capsys, *flags: str) -> tuple[np.ndarray, dict]:
+    name = "-".join(f.strip("-") for f in flags) or "default"
+    tokens, stats = tmp_path / f"{name}.npy", tmp_path / f"{name}.json"
+    code, err = run(["generate", "--method", "sd", "--class", "3", "--seed", "1", "--num-images", "2", *flags,
+                     "--tokens-only", "--save-tokens", str(tokens), "--stats", str(stats)], capsys)
+    assert code == 0, err
+    return np.load(tokens), json.loads(stats.read_text())
+
+
+def test_the_round_reads_the_host_once_a_round_and_the_host_loop_more(tmp_path, capsys):
+    round_tokens, round_stats = generate(tmp_path, capsys, "--loop", "round")
+    host_tokens, host_stats = generate(tmp_path, capsys, "--loop", "host")
+    for stats in (round_stats, host_stats):
+        assert stats["tokens"] == round_tokens.size and stats["host_syncs"] is not None
+    # the round: one read a round (target_calls = rounds + 1 with the prefill) and two a call
+    assert round_stats["host_syncs"] <= round_stats["target_calls"] + 1, round_stats
+    assert host_stats["host_syncs"] > round_stats["host_syncs"] + 1, (host_stats, round_stats)
+    # the loops draw from different random streams: the flag changed what ran
+    assert round_tokens.shape == host_tokens.shape and not np.array_equal(round_tokens, host_tokens)
+
+
+def test_auto_on_a_cpu_is_the_host_loop(tmp_path, capsys):
+    auto_tokens, auto_stats = generate(tmp_path, capsys)  # the default, --loop auto
+    host_tokens, host_stats = generate(tmp_path, capsys, "--loop", "host")
+    np.testing.assert_array_equal(auto_tokens, host_tokens)
+    assert auto_stats["host_syncs"] == host_stats["host_syncs"]
+
+
+def test_an_unknown_loop_exits_2_in_one_line(tmp_path, capsys):
+    code, err = run(["generate", "--loop", "bogus", "--out", str(tmp_path / "x.png")], capsys)
+    assert code == 2
+    assert "--loop" in one_line(err) and "bogus" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_round_for_a_method_without_one_exits_2_in_one_line(tmp_path, capsys):
+    code, err = run(["generate", "--method", "sd", "--param", "tree=static", "--loop", "round",
+                     "--out", str(tmp_path / "x.png")], capsys)
+    assert code == 2
+    assert "no device round" in one_line(err) and "'host'" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_round_on_a_bundle_exits_2_before_it_loads(demo_bundle, tmp_path, capsys):
+    code, err = run(["generate", str(demo_bundle), "--loop", "round", "--out", str(tmp_path / "x.png")], capsys)
+    assert code == 2
+    assert "--loop round" in one_line(err) and "BUNDLE" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_loop_on_another_family_exits_2(tmp_path, capsys):
+    code, err = run(["generate", "--demo", "mar", "--loop", "host", "--out", str(tmp_path / "x.png")], capsys)
+    assert code == 2
+    assert "--loop does not apply" in one_line(err)
