@@ -25,9 +25,10 @@ from specrt.runtime.sampling import SamplingParams, needs_restriction, restrict
 class DeviceModel:
     """One model (a specrt.export GPT) with its own KV buffer for a generate call's images.
 
-    `columns` is the buffer's width: the condition's columns plus every image token a round may
-    write (the image's tokens and one window past its end). `run_layer` is how a transformer block
-    runs (the runner's compiled one, or eagerly)."""
+    The buffer's columns: the condition's, then every image token a round may write (the image's
+    tokens and one window past its end), then `window` scratch columns where a tree window's slots
+    are written (siblings share a token index) until commit_path copies the accepted ones down.
+    `run_layer` is how a transformer block runs (the runner's compiled one, or eagerly)."""
 
     def __init__(self, torch: Any, gpt: Any, mix: np.ndarray, sampling: SamplingParams, tokens: int, window: int,
                  run_layer: Any = None):
@@ -38,7 +39,8 @@ class DeviceModel:
         self.images, rows = mix.shape
         self.row_image = torch.arange(rows, device=self.device) % self.images
         self.prefix = int(gpt.config.cond_len)
-        self.width = self.prefix + tokens + window + 1
+        self.scratch = self.prefix + tokens + window + 1  # the first scratch column
+        self.width = self.scratch + window
         cfg = gpt.config
         self.kv = torch.zeros((cfg.n_layer, 2, rows, cfg.n_kv_head, self.width, cfg.head_dim),
                               dtype=self.dtype, device=self.device)
@@ -68,12 +70,41 @@ class DeviceModel:
         return self._step(ids[self.row_image], columns)
 
     def _step(self, row_ids: Any, columns: Any) -> Any:
-        from specrt.export.kv_cache import ColumnCache
-
         column = self.column_index[None, None, :]
         seen = (column >= self.prefix) & (column <= columns[:, :, None])  # the image's tokens up to the slot's own
-        mask = self.prefix_mask[:, None, :] | seen  # [rows, W, S]
-        logits, _, _ = self.gpt.step(row_ids, columns, mask, ColumnCache(self.kv, columns), self.run_layer)
+        return self._run(row_ids, columns, columns, self.prefix_mask[:, None, :] | seen)
+
+    def tree_window(self, ids: Any, depths: Any, ancestry: Any, start: Any) -> Any:
+        """A tree window: image i's W tokens ids [images, W] at depths [images, W] below its token
+        start[i] (depth 0: that token itself), slot j seeing slot k where ancestry [images, W, W] says
+        so (itself included), and every committed token before start[i]. Keys/values go to the
+        scratch columns, slot j to scratch + j; the sampling rows [images, W, V] that follow each slot."""
+        window = ids.shape[1]
+        rows_start = start[self.row_image]
+        positions = self.prefix + rows_start[:, None] + depths[self.row_image]
+        columns = (self.scratch + self.torch.arange(window, device=self.device))[None, :].expand(len(rows_start), window)
+        column = self.column_index[None, :]
+        committed = self.prefix_mask | ((column >= self.prefix) & (column < self.prefix + rows_start[:, None]))
+        scratch = self.torch.zeros((len(rows_start), window, self.width), dtype=self.torch.bool, device=self.device)
+        scratch[:, :, self.scratch:] = ancestry[self.row_image]
+        return self._run(ids[self.row_image], positions, columns, committed[:, None, :] | scratch)
+
+    def commit_path(self, slots: Any, start: Any) -> None:
+        """Copy the keys/values of tree-window slots [images, P] (the accepted path, depth by depth)
+        from their scratch columns to their tokens' columns start[i] + 0..P − 1. Slots past an image's
+        accepted path copy into columns past its committed length, which later rounds overwrite."""
+        rows_slots, rows_start = slots[self.row_image], start[self.row_image]
+        layers, two, rows, heads, _, dim = self.kv.shape
+        count = slots.shape[1]
+        shape = (layers, two, rows, heads, count, dim)
+        source = (self.scratch + rows_slots)[None, None, :, None, :, None].expand(shape)
+        target = (self.prefix + rows_start[:, None] + self.torch.arange(count, device=self.device))
+        self.kv.scatter_(4, target[None, None, :, None, :, None].expand(shape), self.kv.gather(4, source))
+
+    def _run(self, row_ids: Any, positions: Any, columns: Any, mask: Any) -> Any:
+        from specrt.export.kv_cache import ColumnCache
+
+        logits, _, _ = self.gpt.step(row_ids, positions, mask, ColumnCache(self.kv, columns), self.run_layer)
         return self.distribution(logits)
 
     def distribution(self, logits: Any) -> Any:

@@ -10,7 +10,8 @@ runs eagerly; torch.compile(fullgraph=True) traces it whole (tests/runtime/test_
 is how a CPU shows it has no graph break. The host reads one flag a round: are all images done.
 
 Families with a round: ar; sd, cool-sd and lantern drafting chains with an independent draft
-model; sjd, and sjd-pac without proactive drafting. Everything else (trees, EAGLE heads, a
+model; sjd and sjd-pac (proactive drafting's spine trees included, runtime/rounds/proactive.py;
+tree="full" not). Everything else (drafted trees, EAGLE heads, a
 unified model's grammar, onnxruntime / TensorRT) runs the host loop, the reference these rounds
 reproduce in distribution. Random numbers differ from the host loop's streams, so tokens for a
 seed differ between the two loops; within the round an image is the same alone or in any batch.
@@ -38,6 +39,8 @@ def plan_round(method: Any, target: Any, draft: Any, sampling: SamplingParams, m
     from specrt.runtime.methods.speculative import DraftThenVerify
     from specrt.runtime.rounds.chains import ArRound, ChainRound
     from specrt.runtime.rounds.jacobi import JacobiRound
+    from specrt.runtime.rounds.proactive import ProactiveRound
+    from specrt.runtime.rounds.state import PARTS
 
     if grammar is not None or not runs_rounds(target):
         return None
@@ -47,6 +50,10 @@ def plan_round(method: Any, target: Any, draft: Any, sampling: SamplingParams, m
     if isinstance(method, JacobiDecoding) and not method.proactive_drafting:
         return JacobiRound(device_model_of(target, mix, sampling, window), method.window, target.spec.vocab_size,
                            method.adaptive_continuation)
+    if isinstance(method, JacobiDecoding) and method.tree == "spine" and \
+            method.branching * method.tree_depth <= method.window and method.branching <= PARTS:
+        return ProactiveRound(device_model_of(target, mix, sampling, window), method.window, target.spec.vocab_size,
+                              method.branching, method.tree_depth, method.adaptive_continuation)
     if isinstance(method, DraftThenVerify) and method.tree == "chain" and not method.theorem2 and runs_rounds(draft):
         return ChainRound(device_model_of(target, mix, sampling, window), device_model_of(draft, mix, sampling, window),
                           method.rule(None), method.draft_len)
@@ -81,8 +88,8 @@ def decode_rounds(round_: Any, rows: Conditions, seeds: Sequence[int], total: in
                 step(state)
             runs += 1
             done = bool(state.finished.all())
-        tokens = state.tokens[:, :total].cpu().numpy()
-        produced, image_rounds = state.produced.cpu().numpy(), int(state.rounds.sum())
+        tokens = state.tokens[:, :total].cpu().numpy().copy()  # on a CPU a view of the buffers the next call reuses
+        produced, image_rounds = state.produced.cpu().numpy().copy(), int(state.rounds.sum())
     images = len(seeds)
     for count, rounds in enumerate(produced.tolist()):
         if rounds:

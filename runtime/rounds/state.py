@@ -21,9 +21,10 @@ import torch
 
 from specrt.runtime.counter_random import counter_uniforms
 
-# what a uniform is for, at one token index of one round
-DRAFT, TEST, NEXT, FRESH, RETEST, RESAMPLE = range(6)
-KINDS = 8  # room for new kinds without changing existing numbers
+# what a uniform is for, at one token index of one round; `part` numbers the draws of one kind there
+# (a sibling's test, a candidate drawn without replacement)
+DRAFT, TEST, NEXT, FRESH, RETEST, RESAMPLE, CANDIDATE = range(7)
+KINDS, PARTS = 8, 64  # room for new kinds, and more parts than any branching
 
 
 @dataclass
@@ -72,10 +73,11 @@ class RoundState:
         self.finished.fill_(self.total <= 1)
         self.produced.zero_()
 
-    def uniforms(self, index: Any, kind: int) -> Any:
-        """float64 uniforms for token indices index [I, K] (or [I]) of this round, for one kind of draw."""
+    def uniforms(self, index: Any, kind: int, part: int = 0) -> Any:
+        """float64 uniforms for token indices index [I, K] (or [I]) of this round, for one kind of draw
+        (and one part of it, below PARTS)."""
         extra = (None,) * (index.dim() - 1)
-        slot = kind + KINDS * self.rounds[(slice(None), *extra)]
+        slot = kind + KINDS * (part + PARTS * self.rounds[(slice(None), *extra)])
         return counter_uniforms(self.seed_low[(slice(None), *extra)], self.seed_high[(slice(None), *extra)], index, slot)
 
     def pending(self) -> Any:

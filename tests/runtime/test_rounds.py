@@ -36,7 +36,8 @@ GUIDED = SamplingParams(cfg_scale=2.0, temperature=0.9)
 
 FAMILIES = [("ar", {}), ("sd", {"draft_len": 3}), ("cool-sd", {"draft_len": 3, "relaxation_budget": 2.0}),
             ("lantern", {"draft_len": 2, "tvd_budget": 0.2}), ("sjd", {"window": 3}),
-            ("sjd-pac", {"window": 3, "proactive_drafting": False})]
+            ("sjd-pac", {"window": 3, "proactive_drafting": False}),
+            ("sjd-pac", {"window": 8, "branching": 3, "tree_depth": 2})]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -92,7 +93,11 @@ LOSSLESS = [("ar", {}, GUIDED), ("sd", {"draft_len": 3}, GUIDED), ("sd", {"draft
             ("cool-sd", {"relaxation_budget": 1.0, "schedule": "uniform", "draft_len": 3}, GUIDED),
             ("lantern", {"tvd_budget": 0.0, "draft_len": 2}, PLAIN),
             ("sjd", {"window": 3}, PLAIN), ("sjd", {"window": 2}, GUIDED),
-            ("sjd-pac", {"window": 3, "proactive_drafting": False}, GUIDED)]
+            ("sjd-pac", {"window": 3, "proactive_drafting": False}, GUIDED),
+            # proactive drafting: spine trees of 2 and 3 siblings (3 of a vocabulary of 3: every
+            # candidate, rows running out of mass), with and without adaptive continuation
+            ("sjd-pac", {"window": 4, "branching": 2, "tree_depth": 2}, PLAIN),
+            ("sjd-pac", {"window": 6, "branching": 3, "tree_depth": 1, "adaptive_continuation": False}, GUIDED)]
 
 
 @pytest.mark.parametrize("method,params,sampling", LOSSLESS,
@@ -135,6 +140,24 @@ def test_a_jacobi_round_that_forgets_its_proposal_rows_is_flagged(monkeypatch):
     pipe = pipeline(PLAIN)
     statistic, critical = chi2_of(pipe, "sjd", PLAIN, window=3)
     assert statistic > critical, f"forgotten proposal passed: chi2 {statistic:.1f} < {critical:.1f}"
+
+
+def test_a_proactive_round_whose_siblings_are_not_drawn_from_their_row_is_flagged(monkeypatch):
+    """Sibling candidates drawn uniformly but verified as draws without replacement from their row."""
+    from specrt.runtime.rounds.proactive import ProactiveRound
+
+    proactive = ProactiveRound._proactive
+
+    def uniform_siblings(self, state, candidates, counts, proposal, index, drafting):
+        proactive(self, state, candidates, counts, proposal, index, drafting)
+        shifted = (candidates[:, : self.depth, :1] + torch.arange(self.branching)) % self.vocab
+        candidates[:, : self.depth, 1:] = torch.where(counts[:, : self.depth, None] > 1, shifted[:, :, 1:],
+                                                      candidates[:, : self.depth, 1:])
+
+    monkeypatch.setattr(ProactiveRound, "_proactive", uniform_siblings)
+    pipe = pipeline(PLAIN)
+    statistic, critical = chi2_of(pipe, "sjd-pac", PLAIN, window=4, branching=2, tree_depth=2)
+    assert statistic > critical, f"siblings off their row passed: chi2 {statistic:.1f} < {critical:.1f}"
 
 
 @pytest.mark.parametrize("method,params", FAMILIES, ids=[m for m, _ in FAMILIES])

@@ -1,0 +1,230 @@
+"""SJD-PAC's round with proactive drafting: spine trees of K siblings on the device.
+
+After a rejection SJD-PAC drafts the next D depths as K candidates each, drawn without replacement
+from their rows, the first of them carrying the chain (runtime/methods/jacobi.py, tree="spine"):
+a window of K·D sibling slots and L − K·D chain slots. Otherwise the window is a chain of L. So an
+image's window has one of two layouts, both fixed: the round holds both as constant tables (the
+window slot of each depth's candidates, each slot's depth, candidate number and ancestry) and picks
+one per image with a flag, so no shape depends on an outcome.
+
+One round: the target scores the tree window (keys/values in scratch columns: siblings share a
+token index); depths 1..D are verified sibling by sibling (SJD-PAC App. A.3: candidate k tested
+against the residual p^(k) with q^(k), q without the earlier candidates, each depth a loop of K
+fixed steps over the batch), the chain below the spine with verify_chain_block; the accepted path's
+keys/values are copied to their tokens' columns (DeviceModel.commit_path); the next window comes
+from this pass's rows along the spine (SJD's draws, adaptive continuation's re-tests), and after a
+rejection its first D depths get K − 1 more candidates each.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from specrt.runtime.conditions import Conditions
+from specrt.runtime.rounds.chains import start_state
+from specrt.runtime.rounds.state import CANDIDATE, DRAFT, FRESH, NEXT, RESAMPLE, RETEST, TEST, RoundState
+from specrt.runtime.sampling import inverse_cdf
+from specrt.runtime.verification import VANILLA, acceptance, normalise, residual_mass, retest_block, verify_chain_block
+
+
+def spine_layouts(width: int, branching: int, depth: int) -> dict[str, list]:
+    """The chain layout [0] and the spine-tree layout [1] of a window of `width` drafts: per layout
+    the window slot (pending = 0) of candidate k at each depth 0..width ("slot_of"; absent
+    candidates and depths point at a slot of their own depth, never read), each slot's depth,
+    candidate number and ancestry (slot j sees slot i), and the number of depths ("levels")."""
+    def layout(tree: bool) -> tuple[list, list, list, list, int]:
+        tree_slots = branching * depth if tree else 0
+        levels = width - tree_slots + (depth if tree else 0)
+        slot_of, depths, ks, parents = [[0] * branching], [0], [0], [-1]
+        for d in range(1, width + 1):
+            if tree and d <= depth:
+                first = 1 + (d - 1) * branching
+                slot_of.append([first + k for k in range(branching)])
+                for k in range(branching):
+                    depths.append(d)
+                    ks.append(k)
+                    parents.append(slot_of[d - 1][0])
+            elif d <= levels:
+                slot = tree_slots + (d - depth if tree else d)
+                slot_of.append([slot] * branching)
+                depths.append(d)
+                ks.append(0)
+                parents.append(slot_of[d - 1][0])
+            else:
+                slot_of.append([slot_of[levels][0]] * branching)
+        ancestry = [[False] * (width + 1) for _ in range(width + 1)]
+        for j in range(width + 1):
+            i = j
+            while i >= 0:
+                ancestry[j][i] = True
+                i = parents[i]
+        return slot_of, depths, ks, ancestry, levels
+
+    chain, tree = layout(False), layout(True)
+    names = ("slot_of", "depths", "ks", "ancestry", "levels")
+    return {name: [chain[i], tree[i]] for i, name in enumerate(names)}
+
+
+class ProactiveRound:
+    """SJD-PAC (adaptive continuation optional, proactive drafting on, tree="spine") as a round."""
+
+    def __init__(self, target: Any, width: int, vocab: int, branching: int, depth: int, adaptive: bool):
+        if branching * depth > width:
+            raise ValueError(f"K·D = {branching * depth} sibling slots do not fit a window of {width}")
+        self.target, self.width, self.vocab = target, width, vocab
+        self.branching, self.depth, self.adaptive = branching, depth, adaptive
+        self.window = width + 1
+        self.passes = {"target": 1, "draft": 0}
+        device = target.device
+        tables = spine_layouts(width, branching, depth)
+        self.slot_of = torch.tensor(tables["slot_of"], dtype=torch.int64, device=device)  # [2, L + 1, K]
+        self.slot_depth = torch.tensor(tables["depths"], dtype=torch.int64, device=device)  # [2, L + 1]
+        self.slot_k = torch.tensor(tables["ks"], dtype=torch.int64, device=device)
+        self.ancestry = torch.tensor(tables["ancestry"], dtype=torch.bool, device=device)  # [2, L + 1, L + 1]
+        self.levels = torch.tensor(tables["levels"], dtype=torch.int64, device=device)  # [2]
+
+    def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
+        state = start_state(self, rows, seeds, total)
+        images, device = state.length.shape[0], state.length.device
+        first = self._random(state, state.length[:, None] + torch.arange(self.width, device=device))
+        if getattr(self, "candidates", None) is None:
+            self.candidates = torch.zeros((images, self.width, self.branching), dtype=torch.int64, device=device)
+            self.counts = torch.ones((images, self.width), dtype=torch.int64, device=device)
+            self.tree = torch.zeros(images, dtype=torch.bool, device=device)
+            self.proposal = torch.empty((images, self.width, self.vocab), dtype=self.target.row_dtype, device=device)
+        self.candidates.zero_()
+        self.candidates[:, :, 0] = first
+        self.counts.fill_(1)
+        self.tree.zero_()
+        self.proposal.fill_(1.0 / self.vocab)
+        return state
+
+    def _random(self, state: RoundState, index: Any) -> Any:
+        return (state.uniforms(index, FRESH) * self.vocab).to(torch.int64).clamp(max=self.vocab - 1)
+
+    def __call__(self, state: RoundState) -> None:
+        n, width, depth = state.length, self.width, self.depth
+        image = torch.arange(n.shape[0], device=n.device)[:, None]
+        mode = self.tree.to(torch.int64)
+        slot_of, spine = self.slot_of[mode], self.slot_of[mode][:, :, 0]  # [I, L + 1, K], [I, L + 1]
+        slot_depth = self.slot_depth[mode]
+        ids = self.candidates[image, (slot_depth - 1).clamp(min=0), self.slot_k[mode]]
+        ids[:, 0] = state.pending()
+        p_rows = self.target.tree_window(ids, slot_depth, self.ancestry[mode], n - 1)  # [I, L + 1, V]
+        levels = self.levels[mode]
+        limit = torch.minimum((state.total - n - 1).clamp(min=0), levels)
+        next_u = state.uniforms(n, NEXT)
+        stopped, accepted, rejected, final_slot, residual, path = self._siblings(state, p_rows, slot_of, spine, limit)
+        chain_limits = torch.where(stopped, 0, (limit - depth).clamp(min=0))
+        steps = torch.arange(depth + 1, width + 1, device=n.device)
+        a_chain, next_chain = verify_chain_block(
+            p_rows[image, spine[:, depth:width]], self.proposal[:, depth:width], ids[image, spine[:, depth + 1:]],
+            chain_limits, state.uniforms(n[:, None] - 1 + steps, TEST), next_u, VANILLA)
+        stopped_next = torch.where(rejected, inverse_cdf(residual, next_u),
+                                   inverse_cdf(p_rows[image[:, 0], final_slot], next_u))
+        next_token = torch.where(stopped, stopped_next, next_chain)
+        accepted = torch.where(stopped, accepted, depth + a_chain)
+        rejected = torch.where(stopped, rejected, a_chain < chain_limits)
+        self.target.commit_path(path, n - 1)
+        tokens = ids[image, path[:, 1:]]
+        candidates, counts, proposal = self._next_window(state, p_rows, spine, levels, accepted, rejected)
+        state.commit(accepted, tokens, next_token)
+        self.candidates.copy_(candidates)
+        self.counts.copy_(counts)
+        self.proposal.copy_(proposal)
+        self.tree.copy_(rejected & (counts[:, : self.depth] > 1).any(dim=1))
+
+    def _siblings(self, state: RoundState, p_rows: Any, slot_of: Any, spine: Any, limit: Any) -> tuple:
+        """Depths 1..D, sibling by sibling: (stopped, accepted, rejected, the slot whose row gives a
+        stopped image's bonus token, the residual a rejected image draws from, the accepted path's
+        slots [I, L + 1] (the spine where it continues))."""
+        n = state.length
+        images = n.shape[0]
+        rows = torch.arange(images, device=n.device)
+        stopped = torch.zeros(images, dtype=torch.bool, device=n.device)
+        rejected = torch.zeros_like(stopped)
+        accepted = torch.zeros_like(n)
+        node = torch.zeros_like(n)  # the last accepted slot
+        final_slot = torch.zeros_like(n)
+        residual = p_rows[:, 0].to(torch.float64)
+        path = spine.clone()
+        for d in range(1, self.depth + 1):
+            active = ~stopped & (d <= limit)
+            target = p_rows[rows, node].to(torch.float64)
+            q = self.proposal[:, d - 1].to(torch.float64)
+            removed = torch.zeros_like(q, dtype=torch.bool)
+            chosen = torch.full_like(n, -1)
+            for k in range(self.branching):
+                candidate = self.candidates[:, d - 1, k]
+                valid = active & (k < self.counts[:, d - 1]) & (chosen < 0)
+                rest = torch.where(removed, 0.0, q)
+                q_k = rest / rest.sum(dim=-1, keepdim=True).clamp(min=1e-300)  # q^(k); no mass: f = 1
+                coin = state.uniforms(n - 1 + d, TEST, part=k)
+                passed = coin <= acceptance(target[rows, candidate], q_k[rows, candidate])
+                chosen = torch.where(valid & passed, k, chosen)
+                failed = valid & ~passed
+                target = torch.where(failed[:, None], normalise(residual_mass(target, q_k), target), target)
+                removed = removed | (torch.nn.functional.one_hot(candidate, q.shape[-1]).bool() & valid[:, None])
+            took = active & (chosen >= 0)
+            slot = slot_of[rows, d, chosen.clamp(min=0)]
+            accepted = accepted + took.to(accepted.dtype)
+            path[:, d] = torch.where(took, slot, path[:, d])
+            leaf = took & (chosen > 0)  # a sibling off the spine has no children: its row gives the bonus
+            failed_all = active & (chosen < 0)
+            ended = ~stopped & ~active
+            final_slot = torch.where(leaf, slot, torch.where(ended, node, final_slot))
+            residual = torch.where(failed_all[:, None], target, residual)
+            rejected = rejected | failed_all
+            stopped = stopped | leaf | failed_all | ended
+            node = torch.where(took, slot, node)
+        return stopped, accepted, rejected, final_slot, residual, path
+
+    def _next_window(self, state: RoundState, p_rows: Any, spine: Any, levels: Any, accepted: Any,
+                     rejected: Any) -> tuple[Any, Any, Any]:
+        """The next round's candidates [I, L, K], their counts [I, L] and rows [I, L, V]: new depth
+        j + 1 from the row of the spine slot at old depth τ + 1 + j (its SJD draw, or the old draft
+        re-tested there), fresh random tokens past the last row; after a rejection, depths 1..D
+        with K − 1 more candidates drawn without replacement from their rows."""
+        n, width = state.length, self.width
+        image = torch.arange(n.shape[0], device=n.device)[:, None]
+        steps = torch.arange(width, device=n.device)
+        old_depth = accepted[:, None] + 1 + steps  # the row's depth for new depth j + 1
+        index = n[:, None] + old_depth  # the new token index
+        has_row = old_depth <= levels[:, None]
+        rows = p_rows[image, spine[image, old_depth.clamp(max=width)]]  # [I, L, V]
+        drafts = inverse_cdf(rows, state.uniforms(index, DRAFT))
+        if self.adaptive:
+            old = (old_depth + 1).clamp(max=width)  # the old draft at the new token's depth
+            had_draft = old_depth + 1 <= levels[:, None]
+            flat = (-1, rows.shape[-1])
+            retested = retest_block(rows.reshape(flat), self.proposal[image, old - 1].reshape(flat),
+                                    self.candidates[image, old - 1, 0].reshape(-1),
+                                    state.uniforms(index, RETEST).reshape(-1),
+                                    state.uniforms(index, RESAMPLE).reshape(-1)).reshape(drafts.shape)
+            drafts = torch.where(had_draft, retested, drafts)
+        first = torch.where(has_row, drafts, self._random(state, index))
+        proposal = torch.where(has_row[:, :, None], rows, torch.full_like(rows, 1.0 / self.vocab))
+        candidates = torch.zeros_like(self.candidates)
+        candidates[:, :, 0] = first
+        counts = torch.ones_like(self.counts)
+        if self.depth and self.branching > 1:
+            self._proactive(state, candidates, counts, proposal, index, has_row & rejected[:, None])
+        return candidates, counts, proposal
+
+    def _proactive(self, state: RoundState, candidates: Any, counts: Any, proposal: Any, index: Any,
+                   drafting: Any) -> None:
+        """Candidates 2..K of new depths 1..D (where `drafting`), each drawn from its row without the
+        earlier ones (draw_without_replacement's rule: a row whose mass runs out stops), in place."""
+        depth = self.depth
+        rows = proposal[:, :depth].to(torch.float64)  # [I, D, V]
+        vocab = rows.shape[-1]
+        removed = torch.nn.functional.one_hot(candidates[:, :depth, 0], vocab).bool()
+        going = drafting[:, :depth] & (rows.sum(dim=-1) > 1e-12)
+        for k in range(1, self.branching):
+            rest = torch.where(removed, 0.0, rows)
+            going = going & (rest.sum(dim=-1) > 1e-12)
+            token = inverse_cdf(rest, state.uniforms(index[:, :depth], CANDIDATE, part=k))
+            candidates[:, :depth, k] = torch.where(going, token, 0)
+            counts[:, :depth] += going.to(counts.dtype)
+            removed = removed | (torch.nn.functional.one_hot(token, vocab).bool() & going[:, :, None])
