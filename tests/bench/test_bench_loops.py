@@ -148,3 +148,20 @@ def test_breakdown_shows_syncs_per_round_and_speedups_within_each_loop():
     lines = format_breakdown(rows).splitlines()
     end = lines[0].index("syncs/round") + len("syncs/round")  # the column's right edge
     assert [line[:end].split()[-1] for line in lines[2:]] == ["1.00", "1.02", "2.00", "1.04"]
+
+
+def test_a_round_rows_prediction_comes_from_its_host_loop_twin():
+    """The round counts its whole time as the target's, so its own breakdown would predict exactly what
+    it measured; its prediction is the host loop's graph-time speed-up for the same setting (host work
+    free), and meas/pred says how much of that the round reaches."""
+    ar_host, sd_host = result("ar loop=host", "ar", "host", 100.0, 1.0), result("sd loop=host", "sd", "host", 80.0, 2.0)
+    sd_host.breakdown_s = {"target_forward": 0.030, "draft_forward": 0.010}  # graphs 40 ms of its 80: pred 2.5
+    rows = [ar_host, result("ar loop=round", "ar", "round", 50.0, 1.02), sd_host,
+            result("sd loop=round", "sd", "round", 25.0, 1.04)]
+    attach_speedups(rows)
+    assert rows[1].predicted_speedup_vs_ar == pytest.approx(1.0)  # ar against ar, from the host rows
+    assert rows[3].predicted_speedup_vs_ar == pytest.approx(2.5)
+    assert rows[3].measured_over_predicted == pytest.approx(2.0 / 2.5)
+    alone = [result("ar loop=round", "ar", "round", 50.0, 1.0), result("sd loop=round", "sd", "round", 25.0, 1.0)]
+    attach_speedups(alone)  # no host twins: its own breakdown, as before
+    assert alone[1].predicted_speedup_vs_ar == pytest.approx(2.0)
