@@ -68,10 +68,10 @@ def runs_rounds(runner: Any) -> bool:
 def decode_rounds(round_: Any, rows: Conditions, seeds: Sequence[int], total: int, stats: Stats,
                   graphs: bool = False) -> np.ndarray:
     """Image tokens [I, total] from rounds until every image has finished: the round's first run
-    eager, then (graphs) one CUDA graph of it replayed — kept on the round, so a later call with
-    the same round (Pipeline keeps them per method, batch and sampling) replays from its first. One read a round (the finished flags),
-    one at the end (tokens and counters); the round's time is counted as the target's forward,
-    since it is device work (model passes and verification together)."""
+    eager, then (graphs) one CUDA graph of it replayed — kept on the round, so a later call with the
+    same round (Pipeline keeps them per method, batch and sampling) replays from its first. One read
+    a round (the finished flags), one at the end (tokens and counters); the round's time is counted
+    as the target's forward, since it is device work (model passes and verification together)."""
     import torch
 
     start = time.perf_counter()
