@@ -14,7 +14,7 @@ from PIL import Image
 
 from specrt.bench.settings import DEFAULT_METHODS
 from specrt.cli import main
-from tiny_demo import GRID, write_tiny_demo
+from tiny_demo import GRID, run_cli
 
 TOKENS = GRID * GRID
 IMAGES = 3
@@ -23,19 +23,6 @@ RESULT_KEYS = {"method", "params", "mean_accepted_length", "target_forwards_per_
 BREAKDOWN = {"target_forward", "draft_forward", "verify_sample", "cache", "vq_decode"}
 
 
-def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-@pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
-    return write_tiny_demo(tmp_path_factory.mktemp("tiny_demo"))
 
 
 @pytest.fixture(scope="module")

@@ -10,24 +10,11 @@ from specrt.bench.report import MethodResult, attach_speedups, format_breakdown
 from specrt.bench.settings import build_settings, parse_loops
 from specrt.cli import main
 from specrt.errors import SpecrtError
-from tiny_demo import write_tiny_demo
+from tiny_demo import run_cli
 
 IMAGES = 2
 
 
-def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-@pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
-    return write_tiny_demo(tmp_path_factory.mktemp("tiny_demo"))
 
 
 @pytest.fixture(scope="module")

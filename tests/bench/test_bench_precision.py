@@ -8,17 +8,8 @@ import json
 
 import pytest
 
-from specrt.cli import main
+from tiny_demo import run_cli
 
-
-def run_cli(argv, capsys):
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_precision_run_reports_speed_weights_and_fidelity_against_fp32(demo_bundle, tmp_path, capsys):

@@ -7,6 +7,8 @@ and consistency are checked.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from pathlib import Path
 
 import torch
@@ -38,3 +40,16 @@ def write_tiny_demo(out: Path, seed: int = 0) -> Path:
                         DigitClassifier(eval_cfg).eval(), config_dicts(vq_cfg, target_cfg, draft_cfg, eval_cfg))
     models.config["sampling_defaults"] = dict(SAMPLING_DEFAULTS)
     return save_demo(models, out)
+
+
+def run_cli(argv: list[str], capsys: Any) -> tuple[int, str, str]:
+    """`specrt ARGV` in this process: (exit code, stdout, stderr)."""
+    from specrt.cli import main
+
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err

@@ -18,16 +18,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from _toy_exact import chi_square, reference_row  # noqa: E402
+from test_losslessness import BrokenSD  # noqa: E402  (SD resampling from P: the planted bug both loops must show)
 from specrt.errors import SpecrtError  # noqa: E402
 from specrt.export.llamagen_gpt import GPT, GPTConfig  # noqa: E402
 from specrt.export.llamagen_vq import VQConfig, VQModel  # noqa: E402
 from specrt.runtime.methods import make_method  # noqa: E402
-from specrt.runtime.methods.speculative import SpeculativeDecoding  # noqa: E402
 from specrt.runtime.pipeline import Pipeline  # noqa: E402
 from specrt.runtime.rounds import plan_round  # noqa: E402
 from specrt.runtime.rounds.jacobi import JacobiRound  # noqa: E402
 from specrt.runtime.sampling import SamplingParams, guidance_mix  # noqa: E402
-from specrt.runtime.verification import VanillaRule  # noqa: E402
 
 SAMPLES, PASS, CLASS_ID = 20_000, 256, 1
 VOCAB, GRID = 3, 2
@@ -107,18 +106,6 @@ def test_lossless_rounds_match_the_exact_target_distribution(method, params, sam
     pipe = pipeline(sampling)
     statistic, critical = chi2_of(pipe, method, sampling, **params)
     assert statistic < critical, f"{method} {params}: chi2 {statistic:.1f} >= {critical:.1f}"
-
-
-class ResampleFromTarget(VanillaRule):
-    """Broken on purpose: resample from P instead of the residual Norm([P − Q]_+)."""
-
-    def resample(self, p, q, token, position):
-        return p
-
-
-class BrokenSD(SpeculativeDecoding):
-    def rule(self, ctx):
-        return ResampleFromTarget()
 
 
 def test_a_round_with_a_broken_residual_is_flagged():
