@@ -1,11 +1,17 @@
-"""Plain AR end to end on a LlamaGen architecture with random weights: ms per image and per token.
+"""Decoding end to end on a LlamaGen architecture with random weights: ms per image and per token.
 
-Why: the figure a user compares with LlamaGen's own sample_c2i.py (its generate() under
-torch.compile) on the same GPU. Acceptance does not matter for AR, so random weights in
+Why: plain AR is the figure a user compares with LlamaGen's own sample_c2i.py (its generate()
+under torch.compile) on the same GPU. Acceptance does not matter for AR, so random weights in
 LlamaGen's layout time exactly what a checkpoint would; the VQ decoder is skipped
 (generate(decode=False)), as tokens are what the two scripts share.
 
     python -m specrt.bench.ar_timing --arch GPT-XL --image-size 256 --dtype bf16 --images 1,8 --device cuda
+
+`--methods` adds speculative methods (sd needs `--draft-arch`) and `--loop host,round` times each
+in both loops. Random weights accept whatever they accept, so a method's speed-up says little
+about a checkpoint's; what it does show at full size is the loop's cost: `pred.` is the speed-up
+its model passes alone would give (the host loop's graph time against ar's; a round row takes its
+host-loop twin's), and meas/pred how much of it the loop keeps.
 
 The first generate of each batch size is the warm-up (compiling and capturing each step's CUDA
 graph); it is reported on its own, then the median of `--repeats` timed runs.
@@ -27,12 +33,19 @@ from specrt.lazy import require
 
 @dataclass
 class ARTiming:
-    """One batch size's AR timing (seconds): the warm-up call and the median of the timed ones."""
+    """One (method, loop, batch size)'s timing (seconds): the warm-up call and the median of the
+    timed ones, with the last timed call's tokens per target pass and seconds inside model passes."""
 
     images: int
     tokens: int
     warmup_s: float
     median_s: float
+    method: str = "ar"
+    loop: str = "auto"
+    accepted_length: float = 1.0
+    graph_s: float = 0.0
+    speedup: float | None = None
+    predicted: float | None = None
 
     @property
     def ms_per_image(self) -> float:
@@ -40,42 +53,71 @@ class ARTiming:
 
     @property
     def ms_per_token(self) -> float:
-        """Wall time per decoding step (a step decodes one token of every image in the batch)."""
         return 1000 * self.median_s / self.tokens
 
 
 def time_ar(arch: str, image_size: int, dtype: str, batches: tuple[int, ...], device: str, repeats: int,
-            compile: bool | None, compile_mode: str = "default", cfg_scale: float = 4.0) -> list[ARTiming]:
-    """AR timings of `arch` (a GPT_ARCHS name) at each batch size (images, each a CFG pair)."""
+            compile: bool | None, compile_mode: str = "default", cfg_scale: float = 4.0,
+            methods: tuple[str, ...] = ("ar",), loops: tuple[str, ...] = ("auto",),
+            draft_arch: str | None = None) -> list[ARTiming]:
+    """Timings of `arch` (a GPT_ARCHS name) for each batch size (images, each a CFG pair), method
+    (default parameters) and loop, with speed-ups against ar in the same loop and batch."""
     torch = require("torch", "specrt.bench.ar_timing")
     from specrt.export.llamagen_gpt import GPT, gpt_config
     from specrt.export.llamagen_vq import VQConfig, VQModel
+    from specrt.runtime.methods import make_method
     from specrt.runtime.pipeline import Pipeline
 
     torch.manual_seed(0)
     config = gpt_config(arch, image_size=image_size)
     with torch.device(device):
         target = GPT(config).to(torch_dtype(dtype))
+        draft = GPT(gpt_config(draft_arch, image_size=image_size)).to(torch_dtype(dtype)) if draft_arch else None
         vq = VQModel(VQConfig(codebook_size=config.vocab_size))
-    pipe = Pipeline.from_torch(target, None, vq, device=device, max_window=1, compile=compile,
+    window = max(make_method(method).max_window for method in methods)
+    pipe = Pipeline.from_torch(target, draft, vq, device=device, max_window=window, compile=compile,
                                compile_mode=compile_mode, max_images=max(batches))
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     timings = []
     for images in batches:
         classes = [i % config.num_classes for i in range(images)]
+        for method in methods:
+            for loop in loops:
+                last = {}
 
-        def run() -> float:
-            sync()
-            start = time.perf_counter()
-            pipe.generate(classes, method="ar", seed=0, decode=False, cfg_scale=cfg_scale, temperature=1.0,
-                          top_k=0, top_p=1.0)
-            sync()
-            return time.perf_counter() - start
+                def run() -> float:
+                    pipe.loop = loop
+                    sync()
+                    start = time.perf_counter()
+                    last["stats"] = pipe.generate(classes, method=method, seed=0, decode=False, cfg_scale=cfg_scale,
+                                                  temperature=1.0, top_k=0, top_p=1.0).stats
+                    sync()
+                    return time.perf_counter() - start
 
-        warmup = run()
-        timings.append(ARTiming(images, config.num_image_tokens, warmup,
-                                statistics.median(run() for _ in range(repeats))))
+                warmup = run()
+                median = statistics.median(run() for _ in range(repeats))
+                stats = last["stats"]
+                graph = stats.seconds["target_forward"] + stats.seconds["draft_forward"]
+                timings.append(ARTiming(images, config.num_image_tokens, warmup, median, method, loop,
+                                        stats.mean_accepted_length, graph))
+    _attach_speedups(timings)
     return timings
+
+
+def _attach_speedups(timings: list[ARTiming]) -> None:
+    """Speed-up against ar in the same loop and batch, and the prediction from model-pass time: the
+    host loop's own (ar's graph seconds over the method's), a round row its host twin's (the round
+    counts its whole time as the target's)."""
+    def find(method: str, loop: str, images: int) -> ARTiming | None:
+        return next((t for t in timings if (t.method, t.loop, t.images) == (method, loop, images)), None)
+
+    for t in timings:
+        ar = find("ar", t.loop, t.images)
+        if ar is not None:
+            t.speedup = ar.median_s / t.median_s
+        graphs = (find(t.method, "host", t.images), find("ar", "host", t.images)) if t.loop == "round" else (t, ar)
+        if all(g is not None and g.graph_s > 0 for g in graphs):
+            t.predicted = graphs[1].graph_s / graphs[0].graph_s
 
 
 @click.command()
@@ -90,24 +132,36 @@ def time_ar(arch: str, image_size: int, dtype: str, batches: tuple[int, ...], de
               help="The step compiled by torch.compile (default: on for CUDA).")
 @click.option("--compile-mode", type=click.Choice(COMPILE_MODES), default="default",
               show_default=True)
+@click.option("--methods", "methods_text", default="ar", show_default=True,
+              help="Comma-separated methods, default parameters each (sd, cool-sd, lantern need --draft-arch).")
+@click.option("--loop", "loops_text", default="auto", show_default=True,
+              help="Decoding loop(s): auto, round, host, or a comma list (host,round) to time both.")
+@click.option("--draft-arch", type=click.Choice(list(GPT_ARCHS)), default=None,
+              help="A random draft model of this LlamaGen size (for sd, cool-sd, lantern).")
 def main(arch: str, image_size: int, dtype: str, images_text: str, device: str, repeats: int,
-         compile_step: bool | None, compile_mode: str) -> None:
-    """Time plain AR end to end (tokens only) on random weights in LlamaGen's layout."""
+         compile_step: bool | None, compile_mode: str, methods_text: str, loops_text: str,
+         draft_arch: str | None) -> None:
+    """Time decoding end to end (tokens only) on random weights in LlamaGen's layout: plain AR, or
+    the methods given, in the loops given."""
     from specrt.errors import SpecrtError
 
     try:
-        _timed_run(arch, image_size, dtype, images_text, device, repeats, compile_step, compile_mode)
+        _timed_run(arch, image_size, dtype, images_text, device, repeats, compile_step, compile_mode,
+                   methods_text, loops_text, draft_arch)
     except SpecrtError as exc:  # a user's mistake: one line and exit 2, as the specrt commands do
         click.echo(f"specrt.bench.ar_timing: error: {exc}", err=True)
         sys.exit(2)
 
 
 def _timed_run(arch: str, image_size: int, dtype: str, images_text: str, device: str, repeats: int,
-               compile_step: bool | None, compile_mode: str) -> None:
+               compile_step: bool | None, compile_mode: str, methods_text: str = "ar", loops_text: str = "auto",
+               draft_arch: str | None = None) -> None:
     from specrt.bench.cost_model import parse_windows
     from specrt.bench.device import device_name
+    from specrt.bench.settings import parse_loops
     from specrt.errors import SpecrtError
     from specrt.manifest import DEFAULT_MAX_IMAGES
+    from specrt.runtime.methods import make_method
     from specrt.validation import torch_device
 
     device = torch_device(device)
@@ -116,15 +170,33 @@ def _timed_run(arch: str, image_size: int, dtype: str, images_text: str, device:
         raise SpecrtError(f"--images {max(batches)}: at most {DEFAULT_MAX_IMAGES} images a call")
     if image_size % 16:
         raise SpecrtError(f"--image-size {image_size}: a multiple of 16 (LlamaGen's VQ-16 grid)")
-    timings = time_ar(arch, image_size, dtype, batches, device, repeats, compile_step, compile_mode)
+    methods = tuple(dict.fromkeys(m.strip() for m in methods_text.split(",") if m.strip()))
+    for method in methods:
+        if make_method(method).needs_draft and draft_arch is None:
+            raise SpecrtError(f"--methods {method}: it drafts with a draft model; give --draft-arch (e.g. GPT-B)")
+    loops = parse_loops(loops_text)
+    timings = time_ar(arch, image_size, dtype, batches, device, repeats, compile_step, compile_mode,
+                      methods=methods or ("ar",), loops=loops, draft_arch=draft_arch)
     where = device_name("torch-cuda" if device.startswith("cuda") else "torch")
     how = "eager" if compile_step is False or (compile_step is None and not device.startswith("cuda")) else \
         f"compiled ({compile_mode})"
     click.echo(f"specrt AR, {arch} c2i random weights, {image_size} px, {dtype}, CFG 4, temperature 1, top-k 0, "
-               f"tokens only; {how} step over a static KV cache; {where}; median of {repeats} after a warm-up call")
-    click.echo(f"{'batch':>5}  {'ms/image':>9}  {'ms/token':>9}  {'warm-up s':>9}")
+               f"tokens only; {how} step over a static KV cache; {where}; median of {repeats} after a warm-up call"
+               + (f"; draft {draft_arch}" if draft_arch else ""))
+    several = len(methods) > 1 or len(loops) > 1
+    extra = f"  {'method':<10}{'loop':<7}{'acc.len':>8}{'speed-up':>9}{'pred.':>7}{'meas/pred':>10}" if several else ""
+    click.echo(f"{'batch':>5}  {'ms/image':>9}  {'ms/token':>9}  {'warm-up s':>9}{extra}")
     for t in timings:
-        click.echo(f"{t.images:>5}  {t.ms_per_image:>9.1f}  {t.ms_per_token:>9.2f}  {t.warmup_s:>9.1f}")
+        line = f"{t.images:>5}  {t.ms_per_image:>9.1f}  {t.ms_per_token:>9.2f}  {t.warmup_s:>9.1f}"
+        if several:
+            ratio = t.speedup / t.predicted if t.speedup and t.predicted else None
+            line += (f"  {t.method:<10}{t.loop:<7}{t.accepted_length:>8.2f}{_num(t.speedup, 'x'):>9}"
+                     f"{_num(t.predicted, 'x'):>7}{_num(ratio):>10}")
+        click.echo(line)
+
+
+def _num(value: float | None, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:.2f}{suffix}"
 
 
 if __name__ == "__main__":

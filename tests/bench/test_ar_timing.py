@@ -33,3 +33,27 @@ def test_sizes_that_would_exhaust_the_machine_are_one_line(flags, message):
     assert done.returncode == 2
     assert done.stderr.startswith("specrt.bench.ar_timing: error: ") and message in done.stderr
     assert done.stderr.count("\n") == 1
+
+
+def test_methods_in_both_loops_get_speedups_and_predictions_against_ar_in_their_loop():
+    """`--methods ar,sjd --loop host,round`: a row per batch, method and loop; ar is 1.00x against itself
+    in each loop, a method's prediction is a ratio of model-pass time (a round row's from its host
+    twin), and meas/pred their quotient."""
+    done = _run("--arch", "GPT-B", "--image-size", "32", "--dtype", "fp32", "--images", "2", "--device", "cpu",
+                "--repeats", "1", "--no-compile", "--methods", "ar,sjd", "--loop", "host,round")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[1].split()[-6:] == ["method", "loop", "acc.len", "speed-up", "pred.", "meas/pred"]
+    rows = {(row[4], row[5]): row for row in (line.split() for line in lines[2:])}
+    assert set(rows) == {("ar", "host"), ("ar", "round"), ("sjd", "host"), ("sjd", "round")}
+    for loop in ("host", "round"):
+        assert rows["ar", loop][7:] == ["1.00x", "1.00x", "1.00"]
+    for loop in ("host", "round"):
+        speedup, predicted, ratio = (float(v.rstrip("x")) for v in rows["sjd", loop][7:])
+        assert speedup > 0 and predicted > 0 and ratio == pytest.approx(speedup / predicted, abs=0.011)
+    assert rows["sjd", "round"][8] == rows["sjd", "host"][8]  # the round's prediction is its host twin's
+
+
+def test_a_drafted_method_without_a_draft_is_one_line():
+    done = _run("--methods", "sd", "--device", "cpu")
+    assert done.returncode == 2 and "--draft-arch" in done.stderr and done.stderr.count("\n") == 1
