@@ -8,6 +8,7 @@
 #   bash bench/device-run.sh trees    # chains vs static vs dynamic trees, both drafts, batch 1 and 8
 #   bash bench/device-run.sh plans    # plan-tree for both drafts, then chains vs planned trees
 #   bash bench/device-run.sh round    # the device round vs the host loop, the same settings side by side, batch 1 and 8
+#   bash bench/device-run.sh round-xl # the same loops at GPT-XL size (random weights): meas/pred of ar, sd, sjd, sjd-pac
 #
 # Each stage writes its text, JSON and Markdown into a folder named for the device, the date and
 # the stage (h100-2026-11-27-round, say) under $OUT (the device tool's return folder) or, without
@@ -20,10 +21,10 @@
 # on a machine without a GPU, into a cpu-... folder). The step stage compiles
 # each (model, dtype, batch, window) once (inductor's cache: TORCHINDUCTOR_CACHE_DIR).
 set -euo pipefail
-stage="${1:?usage: bash bench/device-run.sh step|tests|demo|trees|plans|round}"
+stage="${1:?usage: bash bench/device-run.sh step|tests|demo|trees|plans|round|round-xl}"
 case "$stage" in
-    step|tests|demo|trees|plans|round) ;;
-    *) echo "bench/device-run.sh: unknown stage '$stage' (step, tests, demo, trees, plans or round)" >&2; exit 2 ;;
+    step|tests|demo|trees|plans|round|round-xl) ;;
+    *) echo "bench/device-run.sh: unknown stage '$stage' (step, tests, demo, trees, plans, round or round-xl)" >&2; exit 2 ;;
 esac
 device="${DEVICE:-cuda}"
 export PYTHONUNBUFFERED=1
@@ -100,5 +101,13 @@ case "$stage" in
         run round-gpu "${bench[@]}" --methods ar,sd,cool-sd,lantern,sjd,sjd-pac --sweep 'cool-sd:delta=4' \
             --sweep 'sjd-pac:proactive_drafting=true,false' --loop host,round --batch 1,8 --images "$n" \
             --json "$out/round-gpu.json" --markdown "$out/round-gpu.md"
+        ;;
+    round-xl)
+        # the loop at full size: GPT-XL 256 px bf16, random weights (acceptance is whatever it is), a random
+        # GPT-B draft, eager steps (each window size compiled would cost minutes here); meas/pred is what
+        # each loop keeps of its model passes' speed-up, at batch 1 and 8
+        run round-xl python3 -m specrt.bench.ar_timing --arch GPT-XL --image-size 256 --dtype bf16 --images 1,8 \
+            --device "$device" --repeats 1 --no-compile --methods ar,sd,sjd,sjd-pac --loop host,round \
+            --draft-arch GPT-B
         ;;
 esac

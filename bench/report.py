@@ -188,8 +188,9 @@ def format_breakdown(results: list[MethodResult]) -> str:
     `syncs/round` the transfers per round (target call) that waited for the device (device backends
     only; on the host loop a round's draws, verification reads and index copies, on the device round
     one read of its finished flags, plus two a call). Then the speed-up against ar on these means,
-    the cost model's from the same run's graph timings (`pred.`, host work free) and their ratio:
-    below 1 where the setting loses more of its time to the host than ar does (attach_speedups)."""
+    the cost model's from the same run's graph timings (`pred.`, host work free; a device-round row's
+    from its host-loop twin, _graph_breakdowns) and their ratio: below 1 where the setting loses more
+    of its time to the host than ar does (attach_speedups)."""
     headers = (["setting"] + [k for k in BREAKDOWN_KEYS]
                + ["other", "total", "host %", "read B/fwd", "syncs/round", "speed-up", "pred.", "meas/pred"])
     rows = []

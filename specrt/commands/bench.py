@@ -469,9 +469,9 @@ def _print_run(run) -> None:
         click.echo(format_prompt_following(run.results, (floor or {}).get("real_prompt_following")))
     click.echo("\ntime per image, ms (means; other = Python orchestration between model calls); speed-up = ar's "
                "total / total;\npred. = the cost model on this run's graph timings: ar's target_forward + draft_forward"
-               " + vq_decode / the setting's (host work free); meas/pred = (1 - host %) / (1 - ar's host %);\n"
-               "syncs/round = waits for the device per target call (the device round: its one read a round, "
-               "its time counted as target_forward)")
+               " + vq_decode / the setting's (host work free; a loop=round row: its loop=host twin's, as the round"
+               " counts its whole time as target_forward);\nmeas/pred = speed-up / pred.; "
+               "syncs/round = waits for the device per target call (the device round: its one read a round)")
     click.echo(format_breakdown(run.results))
     click.echo(f"\nrun time {settings['wall_time_s']:.0f} s")
 
