@@ -66,7 +66,7 @@ case "$stage" in
             --device "$device" --repeats 2
         ;;
     tests)
-        [ "$device" = cpu ] || python3 -m pytest -q -p no:cacheprovider tests/runtime/test_cuda_graphs.py \
+        [ "$device" = cpu ] || python3 -m pytest -q -p no:cacheprovider tests/runtime/test_cuda_graphs.py tests/runtime/test_rounds_cuda.py \
             tests/runtime/test_draft_chain.py tests/runtime/test_tree_call.py tests/runtime/test_growth_call.py tests/runtime/test_eagle_chain.py 2>&1 | tee "$out/pytest-cuda.txt"
         run smoke "${bench[@]}" --methods ar,sd --images "${IMAGES:-8}"
         ;;
