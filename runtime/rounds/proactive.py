@@ -165,7 +165,7 @@ class ProactiveRound:
                 chosen = torch.where(valid & passed, k, chosen)
                 failed = valid & ~passed
                 target = torch.where(failed[:, None], normalise(residual_mass(target, q_k), target), target)
-                removed = removed | (torch.nn.functional.one_hot(candidate, q.shape[-1]).bool() & valid[:, None])
+                removed = removed | marked(removed, candidate, valid)
             took = active & (chosen >= 0)
             slot = slot_of[rows, d, chosen.clamp(min=0)]
             accepted = accepted + took.to(accepted.dtype)
@@ -218,8 +218,8 @@ class ProactiveRound:
         earlier ones (draw_without_replacement's rule: a row whose mass runs out stops), in place."""
         depth = self.depth
         rows = proposal[:, :depth].to(torch.float64)  # [I, D, V]
-        vocab = rows.shape[-1]
-        removed = torch.nn.functional.one_hot(candidates[:, :depth, 0], vocab).bool()
+        firsts = candidates[:, :depth, 0]
+        removed = marked(torch.zeros_like(rows, dtype=torch.bool), firsts, torch.ones_like(firsts, dtype=torch.bool))
         going = drafting[:, :depth] & (rows.sum(dim=-1) > 1e-12)
         for k in range(1, self.branching):
             rest = torch.where(removed, 0.0, rows)
@@ -227,4 +227,9 @@ class ProactiveRound:
             token = inverse_cdf(rest, state.uniforms(index[:, :depth], CANDIDATE, part=k))
             candidates[:, :depth, k] = torch.where(going, token, 0)
             counts[:, :depth] += going.to(counts.dtype)
-            removed = removed | (torch.nn.functional.one_hot(token, vocab).bool() & going[:, :, None])
+            removed = removed | marked(removed, token, going)
+
+
+def marked(like: Any, tokens: Any, where: Any) -> Any:
+    """A boolean mask shaped like `like` [..., V], true at tokens [...] where `where` [...] is."""
+    return torch.zeros_like(like).scatter_(-1, tokens[..., None], where[..., None])
