@@ -74,20 +74,26 @@ class DeviceModel:
         seen = (column >= self.prefix) & (column <= columns[:, :, None])  # the image's tokens up to the slot's own
         return self._run(row_ids, columns, columns, self.prefix_mask[:, None, :] | seen)
 
-    def tree_window(self, ids: Any, depths: Any, ancestry: Any, start: Any) -> Any:
-        """A tree window: image i's W tokens ids [images, W] at depths [images, W] below its token
-        start[i] (depth 0: that token itself), slot j seeing slot k where ancestry [images, W, W] says
-        so (itself included), and every committed token before start[i]. Keys/values go to the
-        scratch columns, slot j to scratch + j; the sampling rows [images, W, V] that follow each slot."""
+    def tree_window(self, ids: Any, depths: Any, ancestry: Any, start: Any, slots: Any = None,
+                    committed: Any = None) -> Any:
+        """A tree window: image i's W tokens ids [images, W] at depths [images or 1, W] below its token
+        start[i] (depth 0: that token itself), each seeing the scratch columns its row of ancestry
+        [images or 1, W, A] marks (scratch offsets 0..A − 1: its ancestors and itself) and the committed
+        token columns before committed[i] (default start[i]). Keys/values go to the scratch columns,
+        slot j to scratch + slots[j] (default j); the sampling rows [images, W, V] that follow each slot."""
         window = ids.shape[1]
+        rows = self.row_image.shape[0]
+        by_row = lambda t: t[self.row_image] if t.shape[0] == self.images and self.images > 1 else t  # noqa: E731
         rows_start = start[self.row_image]
-        positions = self.prefix + rows_start[:, None] + depths[self.row_image]
-        columns = (self.scratch + self.torch.arange(window, device=self.device))[None, :].expand(len(rows_start), window)
+        rows_committed = rows_start if committed is None else committed[self.row_image]
+        positions = self.prefix + rows_start[:, None] + by_row(depths)
+        offsets = self.torch.arange(window, device=self.device) if slots is None else slots
+        columns = (self.scratch + offsets)[None, :].expand(rows, window)
         column = self.column_index[None, :]
-        committed = self.prefix_mask | ((column >= self.prefix) & (column < self.prefix + rows_start[:, None]))
-        scratch = self.torch.zeros((len(rows_start), window, self.width), dtype=self.torch.bool, device=self.device)
-        scratch[:, :, self.scratch:] = ancestry[self.row_image]
-        return self._run(ids[self.row_image], positions, columns, committed[:, None, :] | scratch)
+        seen = self.prefix_mask | ((column >= self.prefix) & (column < self.prefix + rows_committed[:, None]))
+        scratch = self.torch.zeros((rows, window, self.width), dtype=self.torch.bool, device=self.device)
+        scratch[:, :, self.scratch:self.scratch + ancestry.shape[-1]] = by_row(ancestry)
+        return self._run(ids[self.row_image], positions.expand(rows, window), columns, seen[:, None, :] | scratch)
 
     def commit_path(self, slots: Any, start: Any) -> None:
         """Copy the keys/values of tree-window slots [images, P] (the accepted path, depth by depth)

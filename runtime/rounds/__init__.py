@@ -9,10 +9,11 @@ captured as one CUDA graph after its first (eager) run and replayed; on CPU the 
 runs eagerly; torch.compile(fullgraph=True) traces it whole (tests/runtime/test_rounds.py), which
 is how a CPU shows it has no graph break. The host reads one flag a round: are all images done.
 
-Families with a round: ar; sd, cool-sd and lantern drafting chains with an independent draft
-model; sjd and sjd-pac (proactive drafting's spine trees included, runtime/rounds/proactive.py;
-tree="full" not). Everything else (drafted trees, EAGLE heads, a
-unified model's grammar, onnxruntime / TensorRT) runs the host loop, the reference these rounds
+Families with a round: ar; sd, cool-sd and lantern drafting chains or static trees
+(runtime/rounds/trees.py) with an independent draft model; sjd and sjd-pac (proactive drafting's
+spine trees included, runtime/rounds/proactive.py; tree="full" not). Everything else (dynamic
+trees, EAGLE heads, a unified model's grammar, onnxruntime / TensorRT) runs the host loop, the
+reference these rounds
 reproduce in distribution. Random numbers differ from the host loop's streams, so tokens for a
 seed differ between the two loops; within the round an image is the same alone or in any batch.
 """
@@ -41,6 +42,8 @@ def plan_round(method: Any, target: Any, draft: Any, sampling: SamplingParams, m
     from specrt.runtime.rounds.jacobi import JacobiRound
     from specrt.runtime.rounds.proactive import ProactiveRound
     from specrt.runtime.rounds.state import PARTS
+    from specrt.runtime.rounds.trees import StaticTreeRound
+    from specrt.runtime.tree import static_shape
 
     if grammar is not None or not runs_rounds(target):
         return None
@@ -54,9 +57,13 @@ def plan_round(method: Any, target: Any, draft: Any, sampling: SamplingParams, m
             method.branching * method.tree_depth <= method.window and method.branching <= PARTS:
         return ProactiveRound(device_model_of(target, mix, sampling, window), method.window, target.spec.vocab_size,
                               method.branching, method.tree_depth, method.adaptive_continuation)
-    if isinstance(method, DraftThenVerify) and method.tree == "chain" and not method.theorem2 and runs_rounds(draft):
-        return ChainRound(device_model_of(target, mix, sampling, window), device_model_of(draft, mix, sampling, window),
-                          method.rule(None), method.draft_len)
+    if not isinstance(method, DraftThenVerify) or method.theorem2 or not runs_rounds(draft):
+        return None
+    models = device_model_of(target, mix, sampling, window), device_model_of(draft, mix, sampling, window)
+    if method.tree == "chain":
+        return ChainRound(*models, method.rule(None), method.draft_len)
+    if method.tree == "static" and (shape := static_shape(method.static_tree)).size + 1 <= PARTS:
+        return StaticTreeRound(*models, method.rule(None), shape.children)
     return None
 
 

@@ -24,7 +24,7 @@ from specrt.runtime.counter_random import counter_uniforms
 # what a uniform is for, at one token index of one round; `part` numbers the draws of one kind there
 # (a sibling's test, a candidate drawn without replacement)
 DRAFT, TEST, NEXT, FRESH, RETEST, RESAMPLE, CANDIDATE = range(7)
-KINDS, PARTS = 8, 64  # room for new kinds, and more parts than any branching
+KINDS, PARTS = 8, 256  # room for new kinds, and more parts than any branching or tree has nodes
 
 
 @dataclass
@@ -73,9 +73,9 @@ class RoundState:
         self.finished.fill_(self.total <= 1)
         self.produced.zero_()
 
-    def uniforms(self, index: Any, kind: int, part: int = 0) -> Any:
+    def uniforms(self, index: Any, kind: int, part: Any = 0) -> Any:
         """float64 uniforms for token indices index [I, K] (or [I]) of this round, for one kind of draw
-        (and one part of it, below PARTS)."""
+        and one part of it (below PARTS: an int, or int64 tensor broadcasting with index)."""
         extra = (None,) * (index.dim() - 1)
         slot = kind + KINDS * (part + PARTS * self.rounds[(slice(None), *extra)])
         return counter_uniforms(self.seed_low[(slice(None), *extra)], self.seed_high[(slice(None), *extra)], index, slot)

@@ -36,7 +36,9 @@ GUIDED = SamplingParams(cfg_scale=2.0, temperature=0.9)
 FAMILIES = [("ar", {}), ("sd", {"draft_len": 3}), ("cool-sd", {"draft_len": 3, "relaxation_budget": 2.0}),
             ("lantern", {"draft_len": 2, "tvd_budget": 0.2}), ("sjd", {"window": 3}),
             ("sjd-pac", {"window": 3, "proactive_drafting": False}),
-            ("sjd-pac", {"window": 8, "branching": 3, "tree_depth": 2})]
+            ("sjd-pac", {"window": 8, "branching": 3, "tree_depth": 2}),
+            ("sd", {"tree": "static", "static_tree": "reverse_balanced_25"}),
+            ("lantern", {"tree": "static", "static_tree": "reverse_balanced_25", "tvd_budget": 0.2})]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -55,11 +57,11 @@ def tiny_models(vocab: int = VOCAB, grid: int = GRID, classes: int = 2, **config
     return target, draft, vq
 
 
-def pipeline(sampling: SamplingParams, loop: str = "round", **config) -> Pipeline:
+def pipeline(sampling: SamplingParams, loop: str = "round", max_window: int = 64, **config) -> Pipeline:
     target, draft, vq = tiny_models(**config)
     vocab = target.config.vocab_size
     neighbours = np.array([[(i + 1) % vocab, (i + vocab - 1) % vocab] for i in range(vocab)])
-    pipe = Pipeline.from_torch(target, draft, vq, neighbours=neighbours, max_window=16,
+    pipe = Pipeline.from_torch(target, draft, vq, neighbours=neighbours, max_window=max_window,
                                sampling_defaults=sampling, max_images=PASS)
     pipe.loop = loop
     return pipe
@@ -81,22 +83,27 @@ def exact_distribution(gpt: GPT, sampling: SamplingParams) -> dict[tuple[int, ..
     return out
 
 
-def chi2_of(pipe: Pipeline, method, sampling: SamplingParams, **params) -> tuple[float, float]:
-    tokens = pipe.generate([CLASS_ID] * SAMPLES, method=method, seed=11, decode=False, **params).tokens
+def chi2_of(pipe: Pipeline, method, sampling: SamplingParams, samples: int = SAMPLES, **params) -> tuple[float, float]:
+    tokens = pipe.generate([CLASS_ID] * samples, method=method, seed=11, decode=False, **params).tokens
     exact = exact_distribution(pipe.target.gpt, sampling)
     assert abs(sum(exact.values()) - 1) < 1e-9
     return chi_square(tokens, exact)
 
 
-LOSSLESS = [("ar", {}, GUIDED), ("sd", {"draft_len": 3}, GUIDED), ("sd", {"draft_len": 2}, PLAIN),
+LOSSLESS = [("ar", {}, GUIDED), ("sd", {"draft_len": 3}, GUIDED),
             ("cool-sd", {"relaxation_budget": 1.0, "schedule": "uniform", "draft_len": 3}, GUIDED),
             ("lantern", {"tvd_budget": 0.0, "draft_len": 2}, PLAIN),
-            ("sjd", {"window": 3}, PLAIN), ("sjd", {"window": 2}, GUIDED),
+            ("sjd", {"window": 3}, PLAIN),
             ("sjd-pac", {"window": 3, "proactive_drafting": False}, GUIDED),
             # proactive drafting: spine trees of 2 and 3 siblings (3 of a vocabulary of 3: every
             # candidate, rows running out of mass), with and without adaptive continuation
             ("sjd-pac", {"window": 4, "branching": 2, "tree_depth": 2}, PLAIN),
-            ("sjd-pac", {"window": 6, "branching": 3, "tree_depth": 1, "adaptive_continuation": False}, GUIDED)]
+            ("sjd-pac", {"window": 6, "branching": 3, "tree_depth": 1, "adaptive_continuation": False}, GUIDED),
+            # EAGLE's static tree (63 nodes, 5 deep; a vocabulary of 3 keeps at most 3 children a node,
+            # rows running out of mass drop the rest); 4,000 images (a round costs 5 draft passes and a
+            # 64-token target pass): the critical value is the quantile for the cells they fill
+            ("sd", {"tree": "static", "samples": 4_000}, PLAIN),
+            ("cool-sd", {"tree": "static", "relaxation_budget": 1.0, "schedule": "uniform", "samples": 4_000}, GUIDED)]
 
 
 @pytest.mark.parametrize("method,params,sampling", LOSSLESS,
@@ -108,9 +115,10 @@ def test_lossless_rounds_match_the_exact_target_distribution(method, params, sam
     assert statistic < critical, f"{method} {params}: chi2 {statistic:.1f} >= {critical:.1f}"
 
 
-def test_a_round_with_a_broken_residual_is_flagged():
+@pytest.mark.parametrize("tree,samples", [("chain", SAMPLES), ("static", 4_000)])
+def test_a_round_with_a_broken_residual_is_flagged(tree, samples):
     pipe = pipeline(PLAIN)
-    statistic, critical = chi2_of(pipe, BrokenSD(draft_len=3), PLAIN)
+    statistic, critical = chi2_of(pipe, BrokenSD(draft_len=3, tree=tree), PLAIN, samples)
     assert statistic > critical, f"broken residual passed: chi2 {statistic:.1f} < {critical:.1f}"
 
 
@@ -193,11 +201,12 @@ def test_a_round_waits_for_the_device_once_and_never_runs_the_host_step(method, 
     assert produced == result.tokens.size
 
 
-@pytest.mark.parametrize("method,params", FAMILIES, ids=[m for m, _ in FAMILIES])
+@pytest.mark.parametrize("method,params", FAMILIES[:-1], ids=[m for m, _ in FAMILIES[:-1]])
 def test_every_round_traces_whole_under_fullgraph_compile(method, params):
     """torch.compile(fullgraph=True) fails on any graph break (an .item(), a Python branch on a tensor,
     a tensor made from host data): a round it traces is a round a GPU can capture as one graph. The
-    compiled round (aot_eager: traced and functionalised, not code-generated) gives the eager tokens."""
+    compiled round (aot_eager: traced and functionalised, not code-generated) gives the eager tokens.
+    (LANTERN's static tree is sd's with another rule, which its chain form traces: left out for time.)"""
     target, draft, _ = tiny_models(vocab=16, grid=4, classes=10)
     sampling = GUIDED
     method_ = make_method(method, **params)

@@ -1,0 +1,188 @@
+"""The static-tree round: sd, cool-sd and lantern drafting a fixed tree shape with a draft model.
+
+The shape (runtime/tree.py StaticShape: EAGLE's mc_sim_7b_63, or a `specrt plan-tree` plan) is the
+same every round, so its tables are constants: each node's parent, depth, children by rank, and
+which nodes have children. One round, all on the device:
+1. the draft catches up on (token n − 2, pending), as the chain round's does, giving the root's row;
+2. depth by depth, every node's children are drawn without replacement from its row (a row whose
+   mass runs out draws fewer: the missing children and their subtrees are marked invalid), and
+   the draft runs one pass over the next depth's nodes that have children (a tree window in its
+   scratch columns), giving their rows;
+3. the target scores the whole tree in one pass (scratch columns, tree attention);
+4. the walk from the root, depth by depth: a node's children are tried in rank order with the
+   method's rule against the residual target and q^(k), the node's row without the earlier
+   children (runtime.verification.verify_candidates' rule, SJD-PAC App. A.3 for SD); an accepted
+   child becomes the node; all rejected draws the next token from the residual; a node without
+   children (or at the image's end) gives the bonus token from its row;
+5. both models' keys/values of the accepted path are copied from scratch to their tokens' columns.
+Shapes never depend on an outcome: every depth loops over the widest node's children.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from specrt.runtime.conditions import Conditions
+from specrt.runtime.rounds.chains import start_state
+from specrt.runtime.rounds.proactive import marked
+from specrt.runtime.rounds.state import CANDIDATE, NEXT, TEST, RoundState
+from specrt.runtime.sampling import inverse_cdf
+from specrt.runtime.verification import AcceptanceRule
+
+
+class TreeTables:
+    """A static shape's constant tables on `device` (node 0 is the root, the pending token)."""
+
+    def __init__(self, children: Sequence[Sequence[int]], device: Any):
+        count = len(children)
+        parents, depths = [-1] * count, [0] * count
+        for node, kids in enumerate(children):
+            for child in kids:
+                parents[child], depths[child] = node, depths[node] + 1
+        self.count, self.depth = count, max(depths)
+        self.widest = max(len(kids) for kids in children)
+        self.inner = [n for n in range(count) if children[n]]  # nodes with children, by index
+        self.inner_at = [[n for n in self.inner if depths[n] == d] for d in range(self.depth)]
+        self.children_at = [max((len(children[n]) for n in level), default=0) for level in self.inner_at]
+        table = [list(kids) + [-1] * (self.widest - len(kids)) for kids in children]
+        ancestry = [[False] * count for _ in range(count)]
+        for node in range(count):
+            at = node
+            while at >= 0:
+                ancestry[node][at] = True
+                at = parents[at]
+        row_of = {node: k for k, node in enumerate(self.inner)}
+        self.children = torch.tensor(table, dtype=torch.int64, device=device)  # [N + 1, widest], −1: none
+        self.parents = torch.tensor([max(p, 0) for p in parents], dtype=torch.int64, device=device)
+        self.depths = torch.tensor(depths, dtype=torch.int64, device=device)
+        self.ancestry = torch.tensor(ancestry, dtype=torch.bool, device=device)  # [N + 1, N + 1]
+        # the draft's: its root sits in its token columns (the catch-up), not in scratch offset 0
+        self.draft_ancestry = self.ancestry.clone()
+        self.draft_ancestry[:, 0] = False
+        self.row_of = torch.tensor([row_of.get(n, 0) for n in range(count)], dtype=torch.int64, device=device)
+        self.level_children = [torch.tensor([table[n] for n in level], dtype=torch.int64, device=device)
+                               for level in self.inner_at]  # per depth: [nodes there with children, widest]
+        self.level_nodes = [torch.tensor(level, dtype=torch.int64, device=device) for level in self.inner_at]
+
+
+class StaticTreeRound:
+    """One static-tree draft-then-verify round (see the module docstring)."""
+
+    def __init__(self, target: Any, draft: Any, rule: AcceptanceRule, children: Sequence[Sequence[int]]):
+        self.target, self.draft, self.rule = target, draft, rule
+        self.tables = TreeTables(children, target.device)
+        self.window = self.tables.count
+        self.passes = {"target": 1, "draft": self.tables.depth}
+
+    def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
+        state = start_state(self, rows, seeds, total)
+        self.draft.prefill(rows)
+        self.rule.prepare(state.length)
+        return state
+
+    def __call__(self, state: RoundState) -> None:
+        n, tables = state.length, self.tables
+        tokens, valid, q_rows = self._draft(state, n)
+        p_rows = self.target.tree_window(tokens, tables.depths[None], tables.ancestry[None], n - 1)
+        limit = (state.total - n - 1).clamp(min=0)
+        accepted, next_token, path = self._walk(state, n, tokens, valid, q_rows, p_rows, limit)
+        self.target.commit_path(path, n - 1)
+        self.draft.commit_path(path[:, 1:], n)
+        image = torch.arange(n.shape[0], device=n.device)[:, None]
+        state.commit(accepted, tokens[image, path[:, 1:]], next_token)
+
+    def _draft(self, state: RoundState, n: Any) -> tuple[Any, Any, Any]:
+        """Every node's token [I, N + 1] (the root: the pending token), whether it was drawn [I, N + 1],
+        and the rows of the nodes with children [I, inner, V] (what their children were drawn from)."""
+        tables, images = self.tables, n.shape[0]
+        image = torch.arange(images, device=n.device)[:, None]
+        before = (n - 2).clamp(min=0)
+        index = torch.stack([before, n - 1], dim=1)
+        rows = self.draft.window(state.tokens.gather(1, index), index)[:, 1:]  # the root's row [I, 1, V]
+        tokens = torch.zeros((images, tables.count), dtype=torch.int64, device=n.device)
+        tokens[:, 0] = state.pending()
+        valid = torch.zeros((images, tables.count), dtype=torch.bool, device=n.device)
+        valid[:, 0] = True
+        q_rows = []
+        for depth in range(tables.depth):
+            q_rows.append(rows)
+            kids = tables.level_children[depth]  # [M, widest]
+            self._draw_children(state, n, rows, kids, tokens, valid, depth + 1)
+            if depth + 1 < tables.depth and len(tables.inner_at[depth + 1]):
+                nodes = tables.level_nodes[depth + 1]
+                rows = self.draft.tree_window(tokens[:, nodes], tables.depths[nodes][None] - 1,
+                                              tables.draft_ancestry[nodes][None], n, slots=nodes)
+            elif depth + 1 < tables.depth:
+                break
+        return tokens, valid, torch.cat(q_rows, dim=1)
+
+    def _draw_children(self, state: RoundState, n: Any, rows: Any, kids: Any, tokens: Any, valid: Any,
+                       depth: int) -> None:
+        """The children kids [M, widest] of a depth's nodes drawn without replacement from their rows
+        rows [I, M, V], rank by rank (a row whose mass runs out stops), into tokens and valid."""
+        image = torch.arange(rows.shape[0], device=n.device)[:, None]
+        parents = self.tables.parents[kids[:, 0]]  # the depth's nodes
+        going = valid[:, parents]  # [I, M]: a node that was itself drawn
+        rows = rows.to(torch.float64)
+        removed = torch.zeros_like(rows, dtype=torch.bool)
+        index = (n - 1 + depth)[:, None].expand(-1, kids.shape[0])
+        for rank in range(kids.shape[1]):
+            child = kids[:, rank]
+            rest = torch.where(removed, 0.0, rows)
+            going = going & (child >= 0)[None] & (rest.sum(dim=-1) > 1e-12)
+            token = inverse_cdf(rest, state.uniforms(index, CANDIDATE, part=child.clamp(min=0)[None]))
+            at = child.clamp(min=0)[None].expand_as(going)
+            tokens[image, at] = torch.where(going, token, tokens[image, at])
+            valid[image, at] = going | valid[image, at]
+            removed = removed | marked(removed, token, going)
+
+    def _walk(self, state: RoundState, n: Any, tokens: Any, valid: Any, q_rows: Any, p_rows: Any,
+              limit: Any) -> tuple[Any, Any, Any]:
+        """Verify from the root: (accepted τ [I], next token [I], the accepted path's nodes [I, D + 1])."""
+        tables, rule = self.tables, self.rule
+        images = n.shape[0]
+        image = torch.arange(images, device=n.device)
+        node = torch.zeros_like(n)
+        stopped = torch.zeros(images, dtype=torch.bool, device=n.device)
+        rejected = torch.zeros_like(stopped)
+        accepted, final = torch.zeros_like(n), torch.zeros_like(n)
+        residual = p_rows[:, 0].to(torch.float64)
+        path = torch.zeros((images, tables.depth + 1), dtype=torch.int64, device=n.device)
+        for depth in range(1, tables.depth + 1):
+            kids = tables.children[node]  # [I, widest]
+            has_children = (kids[:, 0] >= 0) & valid[image, kids[:, 0].clamp(min=0)]
+            active = ~stopped & (depth <= limit)
+            target = p_rows[image, node].to(torch.float64)
+            q = q_rows[image, tables.row_of[node]].to(torch.float64)
+            removed = torch.zeros_like(q, dtype=torch.bool)
+            chosen = torch.full_like(n, -1)
+            position = torch.full_like(n, depth)
+            for rank in range(tables.children_at[depth - 1]):
+                child = kids[:, rank].clamp(min=0)
+                trying = active & has_children & (kids[:, rank] >= 0) & valid[image, child] & (chosen < 0)
+                token = tokens[image, child]
+                rest = torch.where(removed, 0.0, q)
+                q_k = rest / rest.sum(dim=-1, keepdim=True).clamp(min=1e-300)  # q^(k); no mass: f = 1
+                p_at = target[image[:, None], rule.columns(token)]
+                f = rule.accept_probabilities(p_at, q_k[image, token], position)
+                passed = state.uniforms(n - 1 + depth, TEST, part=child) <= f
+                chosen = torch.where(trying & passed, rank, chosen)
+                failed = trying & ~passed
+                target = torch.where(failed[:, None], rule.resample(target, q_k, token, position), target)
+                removed = removed | marked(removed, token, trying)
+            took = active & (chosen >= 0)
+            reached = kids[image, chosen.clamp(min=0)]
+            all_failed = active & has_children & ~took
+            at_end = (active & ~has_children) | (~stopped & ~active)  # a leaf, or the image's end: its bonus
+            final = torch.where(at_end, node, final)
+            residual = torch.where(all_failed[:, None], target, residual)
+            rejected = rejected | all_failed
+            stopped = stopped | all_failed | at_end
+            accepted = accepted + took.to(accepted.dtype)
+            path[:, depth] = torch.where(took, reached, path[:, depth])
+            node = torch.where(took, reached, node)
+        final = torch.where(stopped, final, node)  # accepted down to the deepest level: its row's bonus
+        next_u = state.uniforms(n, NEXT)
+        next_token = torch.where(rejected, inverse_cdf(residual, next_u), inverse_cdf(p_rows[image, final], next_u))
+        return accepted, next_token, path
