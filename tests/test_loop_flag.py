@@ -43,7 +43,7 @@ def test_an_unknown_loop_exits_2_in_one_line(tmp_path, capsys):
 
 
 def test_round_for_a_method_without_one_exits_2_in_one_line(tmp_path, capsys):
-    code, err = run(["generate", "--method", "sd", "--param", "tree=static", "--loop", "round",
+    code, err = run(["generate", "--method", "cool-sd", "--param", "theorem2=true", "--loop", "round",
                      "--out", str(tmp_path / "x.png")], capsys)
     assert code == 2
     assert "no device round" in one_line(err) and "'host'" in err

@@ -9,11 +9,11 @@ captured as one CUDA graph after its first (eager) run and replayed; on CPU the 
 runs eagerly; torch.compile(fullgraph=True) traces it whole (tests/runtime/test_rounds.py), which
 is how a CPU shows it has no graph break. The host reads one flag a round: are all images done.
 
-Families with a round: ar; sd, cool-sd and lantern drafting chains or static trees
-(runtime/rounds/trees.py) with an independent draft model; sjd and sjd-pac (proactive drafting's
-spine trees included, runtime/rounds/proactive.py; tree="full" not). Everything else (dynamic
-trees, EAGLE heads, a unified model's grammar, onnxruntime / TensorRT) runs the host loop, the
-reference these rounds
+Families with a round: ar; sd, cool-sd and lantern drafting chains, static trees
+(runtime/rounds/trees.py) or dynamic trees (runtime/rounds/dynamic.py) with an independent draft
+model; sjd and sjd-pac (proactive drafting's spine trees included, runtime/rounds/proactive.py;
+tree="full" not). Everything else (EAGLE heads, a unified model's grammar, the continuous family,
+onnxruntime / TensorRT) runs the host loop, the reference these rounds
 reproduce in distribution. Random numbers differ from the host loop's streams, so tokens for a
 seed differ between the two loops; within the round an image is the same alone or in any batch.
 """
@@ -39,6 +39,7 @@ def plan_round(method: Any, target: Any, draft: Any, sampling: SamplingParams, m
     from specrt.runtime.methods.jacobi import JacobiDecoding
     from specrt.runtime.methods.speculative import DraftThenVerify
     from specrt.runtime.rounds.chains import ArRound, ChainRound
+    from specrt.runtime.rounds.dynamic import DynamicTreeRound
     from specrt.runtime.rounds.jacobi import JacobiRound
     from specrt.runtime.rounds.proactive import ProactiveRound
     from specrt.runtime.rounds.state import PARTS
@@ -59,6 +60,11 @@ def plan_round(method: Any, target: Any, draft: Any, sampling: SamplingParams, m
                               method.branching, method.tree_depth, method.adaptive_continuation)
     if not isinstance(method, DraftThenVerify) or method.theorem2 or not runs_rounds(draft):
         return None
+    if method.tree == "dynamic":  # the draft's frontier nodes take depth · top_k scratch columns
+        draft_window = max(window, DynamicTreeRound.draft_scratch(method.depth, method.tree_top_k))
+        models = device_model_of(target, mix, sampling, window), device_model_of(draft, mix, sampling, draft_window)
+        return DynamicTreeRound(*models, method.rule(None), method.depth, method.tree_top_k, method.total_tokens) \
+            if window <= PARTS else None
     models = device_model_of(target, mix, sampling, window), device_model_of(draft, mix, sampling, window)
     if method.tree == "chain":
         return ChainRound(*models, method.rule(None), method.draft_len)

@@ -102,9 +102,9 @@ def test_loop_mistakes_exit_2_in_one_line_before_anything_loads(flags, message, 
 
 def test_a_setting_without_a_round_is_named(demo_dir, capsys):
     code, _, err = run_cli(["bench", "--backend", "torch", "--demo-weights", str(demo_dir), "--images", "1",
-                            "--methods", "ar", "--sweep", "sd:tree=static", "--loop", "host,round", "--no-progress"],
-                           capsys)
-    assert code == 2 and "setting sd(tree=static) loop=round:" in err and "no device round" in err
+                            "--methods", "ar", "--sweep", "sjd-pac:tree=full;window=8;K=2;D=2", "--loop", "host,round",
+                            "--no-progress"], capsys)
+    assert code == 2 and "loop=round:" in err and "no device round" in err
 
 
 def test_loops_parse_and_expand_settings():

@@ -38,7 +38,8 @@ FAMILIES = [("ar", {}), ("sd", {"draft_len": 3}), ("cool-sd", {"draft_len": 3, "
             ("sjd-pac", {"window": 3, "proactive_drafting": False}),
             ("sjd-pac", {"window": 8, "branching": 3, "tree_depth": 2}),
             ("sd", {"tree": "static", "static_tree": "reverse_balanced_25"}),
-            ("lantern", {"tree": "static", "static_tree": "reverse_balanced_25", "tvd_budget": 0.2})]
+            ("lantern", {"tree": "static", "static_tree": "reverse_balanced_25", "tvd_budget": 0.2}),
+            ("cool-sd", {"tree": "dynamic", "total_tokens": 10, "depth": 3, "tree_top_k": 3, "relaxation_budget": 2.0})]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -103,7 +104,9 @@ LOSSLESS = [("ar", {}, GUIDED), ("sd", {"draft_len": 3}, GUIDED),
             # rows running out of mass drop the rest); 4,000 images (a round costs 5 draft passes and a
             # 64-token target pass): the critical value is the quantile for the cells they fill
             ("sd", {"tree": "static", "samples": 4_000}, PLAIN),
-            ("cool-sd", {"tree": "static", "relaxation_budget": 1.0, "schedule": "uniform", "samples": 4_000}, GUIDED)]
+            ("cool-sd", {"tree": "static", "relaxation_budget": 1.0, "schedule": "uniform", "samples": 4_000}, GUIDED),
+            # an EAGLE-2 dynamic tree: top-k children verified as point masses
+            ("sd", {"tree": "dynamic", "total_tokens": 6, "depth": 3, "tree_top_k": 2, "samples": 4_000}, GUIDED)]
 
 
 @pytest.mark.parametrize("method,params,sampling", LOSSLESS,
@@ -115,10 +118,11 @@ def test_lossless_rounds_match_the_exact_target_distribution(method, params, sam
     assert statistic < critical, f"{method} {params}: chi2 {statistic:.1f} >= {critical:.1f}"
 
 
-@pytest.mark.parametrize("tree,samples", [("chain", SAMPLES), ("static", 4_000)])
+@pytest.mark.parametrize("tree,samples", [("chain", SAMPLES), ("static", 4_000), ("dynamic", 4_000)])
 def test_a_round_with_a_broken_residual_is_flagged(tree, samples):
     pipe = pipeline(PLAIN)
-    statistic, critical = chi2_of(pipe, BrokenSD(draft_len=3, tree=tree), PLAIN, samples)
+    shape = {"total_tokens": 6, "depth": 3, "tree_top_k": 2} if tree == "dynamic" else {}
+    statistic, critical = chi2_of(pipe, BrokenSD(draft_len=3, tree=tree, **shape), PLAIN, samples)
     assert statistic > critical, f"broken residual passed: chi2 {statistic:.1f} < {critical:.1f}"
 
 
@@ -201,7 +205,10 @@ def test_a_round_waits_for_the_device_once_and_never_runs_the_host_step(method, 
     assert produced == result.tokens.size
 
 
-@pytest.mark.parametrize("method,params", FAMILIES[:-1], ids=[m for m, _ in FAMILIES[:-1]])
+TRACED = [family for family in FAMILIES if family[0] != "lantern" or family[1].get("tree") != "static"]
+
+
+@pytest.mark.parametrize("method,params", TRACED, ids=[f"{m}-{p.get('tree', '')}" for m, p in TRACED])
 def test_every_round_traces_whole_under_fullgraph_compile(method, params):
     """torch.compile(fullgraph=True) fails on any graph break (an .item(), a Python branch on a tensor,
     a tensor made from host data): a round it traces is a round a GPU can capture as one graph. The
@@ -239,7 +246,7 @@ def test_the_loop_setting_is_checked_and_says_where_rounds_run():
         pipe.generate([1], method="ar", decode=False)
     pipe.loop = "round"
     with pytest.raises(SpecrtError, match="no device round"):
-        pipe.generate([1], method="sd", tree="dynamic", total_tokens=6, decode=False)
+        pipe.generate([1], method="sjd-pac", tree="full", window=8, branching=2, tree_depth=2, decode=False)
     pipe.loop = "auto"  # on a CPU: the host loop, the reference
     auto = pipe.generate([1, 0], method="sd", seed=3, decode=False)
     pipe.loop = "host"
