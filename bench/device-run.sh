@@ -96,10 +96,10 @@ case "$stage" in
         # every setting once on the host loop and once as the device round (rows 'loop=host' / 'loop=round';
         # speed-up and host % against ar in the same loop, syncs/round beside them; a round row's pred. is its
         # host twin's graph-time speed-up, so its meas/pred is how much of that the round reaches): the families
-        # the round has, sd's chain and static tree, cool-sd at relaxation_budget 4, sjd-pac as by default
+        # the round has, sd's chain, static and dynamic trees, cool-sd at relaxation_budget 4, sjd-pac as by default
         # (proactive drafting, spine trees) and without proactive drafting (chain windows only)
         run round-gpu "${bench[@]}" --methods ar,sd,cool-sd,lantern,sjd,sjd-pac --sweep 'cool-sd:delta=4' \
-            --sweep 'sd:tree=chain,static' \
+            --sweep 'sd:tree=chain,static,dynamic' \
             --sweep 'sjd-pac:proactive_drafting=true,false' --loop host,round --batch 1,8 --images "$n" \
             --json "$out/round-gpu.json" --markdown "$out/round-gpu.md"
         ;;
