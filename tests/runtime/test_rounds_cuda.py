@@ -16,8 +16,9 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible to torch)")]
 
 METHODS = [("ar", {}), ("sd", {}), ("cool-sd", {"relaxation_budget": 2.0}), ("lantern", {}), ("sjd", {}),
-           ("sjd-pac", {}), ("sjd-pac", {"proactive_drafting": False}), ("sd", {"tree": "static"})]
-IDS = ["ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac", "sjd-pac-chain", "sd-static"]
+           ("sjd-pac", {}), ("sjd-pac", {"proactive_drafting": False}), ("sd", {"tree": "static"}),
+           ("sd", {"tree": "dynamic"})]
+IDS = ["ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac", "sjd-pac-chain", "sd-static", "sd-dynamic"]
 
 
 def demo_pipeline(cuda_graphs: bool = True):
