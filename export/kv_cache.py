@@ -12,7 +12,7 @@ did from the concatenated output. The mask, positions and commit rules do not ch
 
 The device round (runtime/rounds) needs one more form: each image sits at its own length, and the
 round cannot ask the host where, so a step there writes each row's window keys/values straight to
-the columns of their positions (`ColumnCache`, a scatter by a device index; rejected rows are simply
+the columns of their positions (`ColumnCache`, an index_put_ by a device index; rejected rows are simply
 overwritten by a later round), and attends over the whole buffer under a mask made on the device.
 
 Every model with this trunk (LlamaGen's GPT, the unified-vocabulary LM, an EAGLE head) runs its
@@ -64,10 +64,13 @@ class ColumnWrite(NamedTuple):
     columns: torch.Tensor
 
     def written(self, rows: torch.Tensor, width: int) -> torch.Tensor:
-        """Scatter the window's rows [B, Hkv, W, D] to their columns in place; the columns attention reads."""
-        batch, heads, window, dim = rows.shape
-        index = self.columns[:, None, :, None].expand(batch, heads, window, dim)
-        self.cache.scatter_(2, index, rows)
+        """Put the window's rows [B, Hkv, W, D] at their columns in place; the columns attention reads.
+        An index_put_, not a scatter_: compiled, inductor writes an index_put_ into the cache where it
+        lies, where a scatter_ into a graph input became a copy of the whole cache every layer."""
+        batch, heads = rows.shape[:2]
+        row = torch.arange(batch, device=rows.device)[:, None, None]
+        head = torch.arange(heads, device=rows.device)[None, :, None]
+        self.cache.index_put_((row, head, self.columns[:, None, :]), rows)
         return self.cache[:, :, :width]
 
 

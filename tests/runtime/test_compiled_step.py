@@ -105,3 +105,27 @@ def test_compiled_pipeline_gives_the_eager_tokens(method):
 def test_unknown_compile_mode_is_refused():
     with pytest.raises(ValueError, match="compile mode"):
         CompiledStep("fastest")
+
+
+@pytest.mark.parametrize("cache", ["static", "column"])
+def test_compiled_cache_writes_allocate_no_cache_sized_buffer(cache):
+    """The compiled block writes the window's keys/values into the cache where it lies: inductor's code
+    allocates no buffer the size of a layer's cache. (A scatter_ into the cache, the device round's
+    first ColumnCache, became a copy of the whole cache every layer; its index_put_ does not.)"""
+    from torch._inductor.utils import run_and_get_code
+
+    from specrt.export.kv_cache import ColumnCache
+
+    model, (ids, positions, mask), kv, capacity = _model_and_step(layers=2)
+    step = CompiledStep("default")
+    if cache == "column":
+        columns = torch.tensor([[5], [7]])
+        layer_cache = ColumnCache(kv, columns)
+        mask = torch.arange(kv.shape[4])[None, None, :] <= columns[:, :, None]
+        positions = columns
+    else:
+        layer_cache = StaticCache(kv, capacity)
+    with torch.inference_mode():
+        _, code = run_and_get_code(lambda: model.step(ids, positions, mask, layer_cache, step.run_layer))
+    layer_shape = "(" + ", ".join(str(size) for size in kv.shape[2:]) + ")"
+    assert code and all(f"empty_strided_cpu({layer_shape}" not in text for text in code), layer_shape
