@@ -14,7 +14,6 @@ whole round runs on the device instead of this loop: see the pipeline's `loop`.
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Any, Optional
 
 import numpy as np
@@ -24,7 +23,7 @@ from specrt.runtime.conditions import Conditions
 from specrt.runtime.drafting import ModelDrafter, finish_round, make_drafter
 from specrt.runtime.methods.base import Batched, Decoding, Method
 from specrt.runtime.methods.tree_loop import generate_trees
-from specrt.runtime.runner import StepOutput, draws_left_on_device
+from specrt.runtime.runner import StepOutput
 from specrt.runtime.sampling import needs_restriction
 from specrt.runtime.tree import DEFAULT_GROWTH, DEFAULT_STATIC_TREE, TREES, StaticTreeParam, static_shape
 from specrt.runtime.verification import (

@@ -53,19 +53,36 @@ class ArRound:
         state.commit(torch.zeros_like(n), nothing, inverse_cdf(rows, state.uniforms(n, NEXT)))
 
 
-class ChainRound:
-    """One draft-then-verify round over an independent draft model (see the module docstring)."""
+class DraftedRound:
+    """What every round with an independent draft model shares: both models prefilled and the rule's
+    tables on the device at the start, and the draft's catch-up at the start of a round."""
 
-    def __init__(self, target: Any, draft: Any, rule: AcceptanceRule, draft_len: int):
-        self.target, self.draft, self.rule, self.draft_len = target, draft, rule, draft_len
-        self.window = draft_len + 1
-        self.passes = {"target": 1, "draft": draft_len}
+    target: Any
+    draft: Any
+    rule: AcceptanceRule
 
     def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
         state = start_state(self, rows, seeds, total)
         self.draft.prefill(rows)
         self.rule.prepare(state.length)
         return state
+
+    def catch_up(self, state: RoundState) -> Any:
+        """The draft over (token n − 2, pending) — after a round that accepted every draft its last
+        draft was never fed to it; image token 0 pending is fed twice, at the same column — and the
+        row that follows the pending token [I, V]: what the first draft is drawn from."""
+        n = state.length
+        index = torch.stack([(n - 2).clamp(min=0), n - 1], dim=1)
+        return self.draft.window(state.tokens.gather(1, index), index)[:, 1]
+
+
+class ChainRound(DraftedRound):
+    """One draft-then-verify round over an independent draft model (see the module docstring)."""
+
+    def __init__(self, target: Any, draft: Any, rule: AcceptanceRule, draft_len: int):
+        self.target, self.draft, self.rule, self.draft_len = target, draft, rule, draft_len
+        self.window = draft_len + 1
+        self.passes = {"target": 1, "draft": draft_len}
 
     def __call__(self, state: RoundState) -> None:
         n, longest = state.length, self.draft_len
@@ -80,12 +97,10 @@ class ChainRound:
         state.commit(accepted, drafts, next_token)
 
     def _draft(self, state: RoundState, n: Any, steps: Any) -> tuple[Any, Any]:
-        """L drafts [I, L] and the rows they were drawn from [I, L, V]: the catch-up pass over
-        (token n − 2, pending), then one pass per further draft."""
+        """L drafts [I, L] and the rows they were drawn from [I, L, V]: the catch-up pass, then one
+        pass per further draft."""
         uniforms = state.uniforms(n[:, None] + steps, DRAFT)
-        before = (n - 2).clamp(min=0)  # image token 0 pending: it is fed twice, at the same column
-        index = torch.stack([before, n - 1], dim=1)
-        rows = self.draft.window(state.tokens.gather(1, index), index)[:, 1]
+        rows = self.catch_up(state)
         drafts, q_rows = [], []
         for j in range(self.draft_len):
             if j:

@@ -13,19 +13,18 @@ parents; the walk is the static tree's (trees.py), with each child's q its point
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
-from specrt.runtime.conditions import Conditions
-from specrt.runtime.rounds.chains import start_state
+from specrt.runtime.rounds.chains import DraftedRound
 from specrt.runtime.rounds.proactive import marked
 from specrt.runtime.rounds.state import RoundState
 from specrt.runtime.rounds.trees import walk_tree
 from specrt.runtime.verification import AcceptanceRule
 
 
-class DynamicTreeRound:
+class DynamicTreeRound(DraftedRound):
     """One dynamic-tree draft-then-verify round (see the module docstring)."""
 
     def __init__(self, target: Any, draft: Any, rule: AcceptanceRule, depth: int, top_k: int, total_tokens: int):
@@ -40,12 +39,6 @@ class DynamicTreeRound:
     def draft_scratch(depth: int, top_k: int) -> int:
         """Scratch columns the draft's frontier nodes take (pass · top_k + slot)."""
         return depth * top_k
-
-    def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
-        state = start_state(self, rows, seeds, total)
-        self.draft.prefill(rows)
-        self.rule.prepare(state.length)
-        return state
 
     def __call__(self, state: RoundState) -> None:
         n = state.length
@@ -66,9 +59,7 @@ class DynamicTreeRound:
         """Every candidate's parent, token, score, draft scratch offset (−1: never expanded) and depth,
         [I, candidates] each: the root (its token the pending one), then each pass's children."""
         k, images = self.top_k, n.shape[0]
-        before = (n - 2).clamp(min=0)
-        index = torch.stack([before, n - 1], dim=1)
-        rows = self.draft.window(state.tokens.gather(1, index), index)[:, 1:]  # the root's row [I, 1, V]
+        rows = self.catch_up(state)[:, None]  # the root's row [I, 1, V]
         frontier = torch.zeros((images, 1), dtype=torch.int64, device=n.device)  # candidate ids
         frontier_ancestry = torch.zeros((images, 1, self.draft_scratch(self.depth, k)), dtype=torch.bool,
                                         device=n.device)

@@ -23,8 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
-from specrt.runtime.conditions import Conditions
-from specrt.runtime.rounds.chains import start_state
+from specrt.runtime.rounds.chains import DraftedRound
 from specrt.runtime.rounds.proactive import marked
 from specrt.runtime.rounds.state import CANDIDATE, NEXT, TEST, RoundState
 from specrt.runtime.sampling import inverse_cdf
@@ -66,7 +65,7 @@ class TreeTables:
         self.level_nodes = [torch.tensor(level, dtype=torch.int64, device=device) for level in self.inner_at]
 
 
-class StaticTreeRound:
+class StaticTreeRound(DraftedRound):
     """One static-tree draft-then-verify round (see the module docstring)."""
 
     def __init__(self, target: Any, draft: Any, rule: AcceptanceRule, children: Sequence[Sequence[int]]):
@@ -74,12 +73,6 @@ class StaticTreeRound:
         self.tables = TreeTables(children, target.device)
         self.window = self.tables.count
         self.passes = {"target": 1, "draft": self.tables.depth}
-
-    def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
-        state = start_state(self, rows, seeds, total)
-        self.draft.prefill(rows)
-        self.rule.prepare(state.length)
-        return state
 
     def __call__(self, state: RoundState) -> None:
         n, tables = state.length, self.tables
@@ -96,10 +89,7 @@ class StaticTreeRound:
         """Every node's token [I, N + 1] (the root: the pending token), whether it was drawn [I, N + 1],
         and the rows of the nodes with children [I, inner, V] (what their children were drawn from)."""
         tables, images = self.tables, n.shape[0]
-        image = torch.arange(images, device=n.device)[:, None]
-        before = (n - 2).clamp(min=0)
-        index = torch.stack([before, n - 1], dim=1)
-        rows = self.draft.window(state.tokens.gather(1, index), index)[:, 1:]  # the root's row [I, 1, V]
+        rows = self.catch_up(state)[:, None]  # the root's row [I, 1, V]
         tokens = torch.zeros((images, tables.count), dtype=torch.int64, device=n.device)
         tokens[:, 0] = state.pending()
         valid = torch.zeros((images, tables.count), dtype=torch.bool, device=n.device)
