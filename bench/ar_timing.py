@@ -11,7 +11,8 @@ LlamaGen's layout time exactly what a checkpoint would; the VQ decoder is skippe
 in both loops. Random weights accept whatever they accept, so a method's speed-up says little
 about a checkpoint's; what it does show at full size is the loop's cost: `pred.` is the speed-up
 its model passes alone would give (the host loop's graph time against ar's; a round row takes its
-host-loop twin's), and meas/pred how much of it the loop keeps.
+host-loop twin's), and meas/pred how much of it the loop keeps. A round row also counts the
+operations one round runs (`ops/round`: GPU kernels on CUDA, compute operations on a CPU).
 
 The first generate of each batch size is the warm-up (compiling and capturing each step's CUDA
 graph); it is reported on its own, then the median of `--repeats` timed runs.
@@ -22,6 +23,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import click
 
@@ -46,6 +48,7 @@ class ARTiming:
     graph_s: float = 0.0
     speedup: float | None = None
     predicted: float | None = None
+    round_ops: int | None = None  # a device round's operations: GPU kernels on CUDA, compute ops on a CPU
 
     @property
     def ms_per_image(self) -> float:
@@ -99,9 +102,23 @@ def time_ar(arch: str, image_size: int, dtype: str, batches: tuple[int, ...], de
                 stats = last["stats"]
                 graph = stats.seconds["target_forward"] + stats.seconds["draft_forward"]
                 timings.append(ARTiming(images, config.num_image_tokens, warmup, median, method, loop,
-                                        stats.mean_accepted_length, graph))
+                                        stats.mean_accepted_length, graph, round_ops=_round_ops(pipe, loop, device)))
     _attach_speedups(timings)
     return timings
+
+
+def _round_ops(pipe: Any, loop: str, device: str) -> int | None:
+    """Operations one device round runs (the last call's round, run once more over its finished
+    state: every row is padding then, the work the same): GPU kernels on CUDA, compute operations on
+    a CPU (bench.step_ops). None for the host loop."""
+    if loop != "round" or not pipe.kept_rounds:
+        return None
+    from specrt.bench.step_ops import step_ops
+
+    torch = require("torch", "specrt.bench.ar_timing")
+    round_ = pipe.kept_rounds[-1]
+    with torch.inference_mode():
+        return step_ops(lambda: round_(round_.state), device)
 
 
 def _attach_speedups(timings: list[ARTiming]) -> None:
@@ -184,14 +201,15 @@ def _timed_run(arch: str, image_size: int, dtype: str, images_text: str, device:
                f"tokens only; {how} step over a static KV cache; {where}; median of {repeats} after a warm-up call"
                + (f"; draft {draft_arch}" if draft_arch else ""))
     several = len(methods) > 1 or len(loops) > 1
-    extra = f"  {'method':<10}{'loop':<7}{'acc.len':>8}{'speed-up':>9}{'pred.':>7}{'meas/pred':>10}" if several else ""
+    extra = (f"  {'method':<10}{'loop':<7}{'acc.len':>8}{'speed-up':>9}{'pred.':>7}{'meas/pred':>10}"
+             f"{'ops/round':>10}") if several else ""
     click.echo(f"{'batch':>5}  {'ms/image':>9}  {'ms/token':>9}  {'warm-up s':>9}{extra}")
     for t in timings:
         line = f"{t.images:>5}  {t.ms_per_image:>9.1f}  {t.ms_per_token:>9.2f}  {t.warmup_s:>9.1f}"
         if several:
             ratio = t.speedup / t.predicted if t.speedup and t.predicted else None
             line += (f"  {t.method:<10}{t.loop:<7}{t.accepted_length:>8.2f}{_num(t.speedup, 'x'):>9}"
-                     f"{_num(t.predicted, 'x'):>7}{_num(ratio):>10}")
+                     f"{_num(t.predicted, 'x'):>7}{_num(ratio):>10}{t.round_ops if t.round_ops else '-':>10}")
         click.echo(line)
 
 

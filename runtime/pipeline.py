@@ -298,6 +298,12 @@ class Pipeline:
         stats.seconds["total"] = time.perf_counter() - start
         return GenerationResult(tokens, images, stats, sampling, stream if self.grammar is not None else None)
 
+    @property
+    def kept_rounds(self) -> list[Any]:
+        """The device rounds this pipeline keeps for later calls, the most recent last (each with the
+        `state` of its last call): what a profiler runs to count a round's kernels."""
+        return list(self._rounds.values())
+
     def _device_round(self, decoder: Method, sampling: SamplingParams, mix: np.ndarray) -> Any:
         """The device round (runtime/rounds) this call decodes with, or None for the host loop: by
         `loop` — "host" never, "auto" on a GPU PyTorch backend, "round" wherever the method has one."""

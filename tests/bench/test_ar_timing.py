@@ -43,15 +43,17 @@ def test_methods_in_both_loops_get_speedups_and_predictions_against_ar_in_their_
                 "--repeats", "1", "--no-compile", "--methods", "ar,sjd", "--loop", "host,round")
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.strip().splitlines()
-    assert lines[1].split()[-6:] == ["method", "loop", "acc.len", "speed-up", "pred.", "meas/pred"]
+    assert lines[1].split()[-7:] == ["method", "loop", "acc.len", "speed-up", "pred.", "meas/pred", "ops/round"]
     rows = {(row[4], row[5]): row for row in (line.split() for line in lines[2:])}
     assert set(rows) == {("ar", "host"), ("ar", "round"), ("sjd", "host"), ("sjd", "round")}
     for loop in ("host", "round"):
-        assert rows["ar", loop][7:] == ["1.00x", "1.00x", "1.00"]
+        assert rows["ar", loop][7:10] == ["1.00x", "1.00x", "1.00"]
     for loop in ("host", "round"):
-        speedup, predicted, ratio = (float(v.rstrip("x")) for v in rows["sjd", loop][7:])
+        speedup, predicted, ratio = (float(v.rstrip("x")) for v in rows["sjd", loop][7:10])
         assert speedup > 0 and predicted > 0 and ratio == pytest.approx(speedup / predicted, abs=0.011)
     assert rows["sjd", "round"][8] == rows["sjd", "host"][8]  # the round's prediction is its host twin's
+    # a round counts its operations (compute ops on a CPU); sjd's (a window pass and verification) more than ar's
+    assert rows["sjd", "host"][10] == "-" and int(rows["sjd", "round"][10]) > int(rows["ar", "round"][10]) > 0
 
 
 def test_a_drafted_method_without_a_draft_is_one_line():
