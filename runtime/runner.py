@@ -121,9 +121,9 @@ class ModelRunner(ABC):
     # set by a tree drafter around its passes: it reads every row it asked for on the host, so a
     # device backend hands the rows back with the draws in one transfer (host rows: no effect)
     rows_to_host = False
-    # cleared by a chain round around its target step: verification reads only the bonus tokens of
-    # the draws, where they are, so a device backend may leave them there (a view that reads itself
-    # to the host on first use: backends/torch_backend.DeviceDraws); host draws: no effect
+    # cleared around a step whose draws are redrawn after a restriction (top-k, top-p, greedy:
+    # methods/base.Decoding._restricted) and never read, so a device backend may leave them where
+    # they are (a view that reads itself to the host on first use: backends/torch_backend.DeviceDraws)
     draws_to_host = True
     # a runner the device round (runtime/rounds) can take the model of: the PyTorch backend's
     device_rounds = False

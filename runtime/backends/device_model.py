@@ -67,30 +67,25 @@ class DeviceModel:
         twice): their keys/values written to those columns, and the sampling rows [images, W, V]
         that follow each."""
         columns = self.prefix + index[self.row_image]  # [rows, W]: token index + the condition's columns
-        return self._step(ids[self.row_image], columns)
-
-    def _step(self, row_ids: Any, columns: Any) -> Any:
         column = self.column_index[None, None, :]
         seen = (column >= self.prefix) & (column <= columns[:, :, None])  # the image's tokens up to the slot's own
-        return self._run(row_ids, columns, columns, self.prefix_mask[:, None, :] | seen)
+        return self._run(ids[self.row_image], columns, columns, self.prefix_mask[:, None, :] | seen)
 
-    def tree_window(self, ids: Any, depths: Any, ancestry: Any, start: Any, slots: Any = None,
-                    committed: Any = None) -> Any:
+    def tree_window(self, ids: Any, depths: Any, ancestry: Any, start: Any, slots: Any = None) -> Any:
         """A tree window: image i's W tokens ids [images, W] at depths [images or 1, W] below its token
         start[i] (depth 0: that token itself), each seeing the scratch columns its row of ancestry
         [images or 1, W, A] marks (scratch offsets 0..A − 1: its ancestors and itself) and the committed
-        token columns before committed[i] (default start[i]). Keys/values go to the scratch columns,
-        slot j to scratch + slots[j] (default j); the sampling rows [images, W, V] that follow each slot."""
+        token columns before start[i]. Keys/values go to the scratch columns, slot j to
+        scratch + slots[j] (default j); the sampling rows [images, W, V] that follow each slot."""
         window = ids.shape[1]
         rows = self.row_image.shape[0]
         by_row = lambda t: t[self.row_image] if t.shape[0] == self.images and self.images > 1 else t  # noqa: E731
         rows_start = start[self.row_image]
-        rows_committed = rows_start if committed is None else committed[self.row_image]
         positions = self.prefix + rows_start[:, None] + by_row(depths)
         offsets = self.torch.arange(window, device=self.device) if slots is None else slots
         columns = (self.scratch + offsets)[None, :].expand(rows, window)
         column = self.column_index[None, :]
-        seen = self.prefix_mask | ((column >= self.prefix) & (column < self.prefix + rows_committed[:, None]))
+        seen = self.prefix_mask | ((column >= self.prefix) & (column < self.prefix + rows_start[:, None]))
         scratch = self.torch.zeros((rows, window, self.width), dtype=self.torch.bool, device=self.device)
         scratch[:, :, self.scratch:self.scratch + ancestry.shape[-1]] = by_row(ancestry)
         return self._run(ids[self.row_image], positions.expand(rows, window), columns, seen[:, None, :] | scratch)

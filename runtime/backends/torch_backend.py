@@ -147,19 +147,15 @@ class DeviceRows:
 
 
 class DeviceDraws:
-    """A step's draws [images, W] left on the device (ModelRunner.draws_to_host cleared, a chain
-    round's target step): in-place chain verification picks the bonus tokens there (`array`), so
-    the round's only read back is its outcomes; used as numpy (indexing, tolist, np.asarray) they
-    are read to the host once, on first use. A copy on the device: valid whatever the runner does next."""
+    """A step's draws [images, W] left on the device (ModelRunner.draws_to_host cleared: a step whose
+    draws a restriction redraws, so they are usually never read); used as numpy (indexing, tolist,
+    np.asarray) they are read to the host once, on first use. A copy on the device: valid whatever
+    the runner does next."""
 
     def __init__(self, tensor: Any, meter: Any = None):
         self.tensor = tensor
         self.meter = meter
         self._host: Optional[np.ndarray] = None
-
-    @property
-    def array(self) -> Any:
-        return self.tensor
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -405,7 +401,7 @@ class TorchRunner(ModelRunner):
             self.host_syncs += 1
             rows = flat[: probs.numel()].reshape(tuple(probs.shape))
             return StepOutput(rows, flat[probs.numel():].astype(np.int64).reshape(tuple(draws.shape)))
-        if self.keep_rows_on_device and not self.draws_to_host:  # a chain round: read where verified
+        if self.keep_rows_on_device and not self.draws_to_host:  # draws a restriction redraws: read if ever used
             return StepOutput(DeviceRows(probs, self), DeviceDraws(draws.clone(), self))
         host_draws = draws.cpu().numpy()  # on CUDA this copy waits for the step
         self.host_numbers += host_draws.size

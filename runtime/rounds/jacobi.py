@@ -34,7 +34,7 @@ class JacobiRound:
         state = start_state(self, rows, seeds, total)
         steps = torch.arange(self.width, device=state.length.device)
         # round 0's own fresh slots lie past index L + 1, so these indices' FRESH uniforms are not reused
-        drafts = self._random(state, state.length[:, None] + steps)
+        drafts = random_tokens(state, state.length[:, None] + steps, self.vocab)
         if getattr(self, "drafts", None) is None:
             self.drafts = drafts
             self.proposal = torch.empty((drafts.shape[0], self.width, self.vocab), dtype=self.target.row_dtype,
@@ -43,10 +43,6 @@ class JacobiRound:
             self.drafts.copy_(drafts)
         self.proposal.fill_(1.0 / self.vocab)
         return state
-
-    def _random(self, state: RoundState, index: Any) -> Any:
-        """Uniform random tokens for token indices index [I, K]."""
-        return (state.uniforms(index, FRESH) * self.vocab).to(torch.int64).clamp(max=self.vocab - 1)
 
     def __call__(self, state: RoundState) -> None:
         n, width = state.length, self.width
@@ -64,23 +60,38 @@ class JacobiRound:
 
     def _next_window(self, state: RoundState, p_rows: Any, n: Any, accepted: Any, steps: Any) -> tuple[Any, Any]:
         """The next round's drafts [I, L] and proposal [I, L, V] (see the module docstring)."""
-        width, images = self.width, n.shape[0]
+        width = self.width
+        image = torch.arange(n.shape[0], device=n.device)[:, None]
         old_slot = accepted[:, None] + 1 + steps  # [I, L]: the old slot each new slot sits at
-        token_index = n[:, None] + old_slot
-        has_row = old_slot <= width
-        row_slot = old_slot.clamp(max=width)
-        image = torch.arange(images, device=n.device)[:, None]
-        rows = p_rows[image, row_slot]  # [I, L, V]
-        drafts = inverse_cdf(rows, state.uniforms(token_index, DRAFT))
+        stale = None
         if self.adaptive:
-            had_draft = old_slot < width
             old = old_slot.clamp(max=width - 1)
-            flat = (-1, rows.shape[-1])
-            retested = retest_block(rows.reshape(flat), self.proposal[image, old].reshape(flat),
-                                    self.drafts[image, old].reshape(-1),
-                                    state.uniforms(token_index, RETEST).reshape(-1),
-                                    state.uniforms(token_index, RESAMPLE).reshape(-1)).reshape(images, width)
-            drafts = torch.where(had_draft, retested, drafts)
-        fresh = self._random(state, token_index)
-        uniform = torch.full_like(rows, 1.0 / self.vocab)
-        return torch.where(has_row, drafts, fresh), torch.where(has_row[:, :, None], rows, uniform)
+            stale = self.drafts[image, old], self.proposal[image, old], old_slot < width
+        return next_drafts(state, p_rows, old_slot.clamp(max=width), old_slot <= width, n[:, None] + old_slot,
+                           stale, self.vocab)
+
+
+def random_tokens(state: RoundState, index: Any, vocab: int) -> Any:
+    """Uniform random tokens for token indices index [I, K] (a fresh window slot's draft)."""
+    return (state.uniforms(index, FRESH) * vocab).to(torch.int64).clamp(max=vocab - 1)
+
+
+def next_drafts(state: RoundState, p_rows: Any, row_slots: Any, has_row: Any, index: Any, stale: Any,
+                vocab: int) -> tuple[Any, Any]:
+    """A Jacobi window's next drafts [I, L] and the rows they come from [I, L, V]: slot j, the token at
+    index [I, L], is drawn from this pass's row at window slot row_slots[:, j] where has_row (SJD's
+    fresh draft), or, with `stale` (adaptive continuation: the old drafts there, their rows and
+    where there was one), the old draft re-tested against that row (retest_block); past the last
+    row a uniform random token with a uniform q."""
+    image = torch.arange(index.shape[0], device=index.device)[:, None]
+    rows = p_rows[image, row_slots]
+    drafts = inverse_cdf(rows, state.uniforms(index, DRAFT))
+    if stale is not None:
+        old_tokens, old_rows, had_draft = stale
+        flat = (-1, rows.shape[-1])
+        retested = retest_block(rows.reshape(flat), old_rows.reshape(flat), old_tokens.reshape(-1),
+                                state.uniforms(index, RETEST).reshape(-1),
+                                state.uniforms(index, RESAMPLE).reshape(-1)).reshape(drafts.shape)
+        drafts = torch.where(had_draft, retested, drafts)
+    drafts = torch.where(has_row, drafts, random_tokens(state, index, vocab))
+    return drafts, torch.where(has_row[:, :, None], rows, torch.full_like(rows, 1.0 / vocab))

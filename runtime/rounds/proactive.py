@@ -23,9 +23,10 @@ import torch
 
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.rounds.chains import start_state
-from specrt.runtime.rounds.state import CANDIDATE, DRAFT, FRESH, NEXT, RESAMPLE, RETEST, TEST, RoundState
+from specrt.runtime.rounds.jacobi import next_drafts, random_tokens
+from specrt.runtime.rounds.state import CANDIDATE, NEXT, TEST, RoundState
 from specrt.runtime.sampling import inverse_cdf
-from specrt.runtime.verification import VANILLA, acceptance, normalise, residual_mass, retest_block, verify_chain_block
+from specrt.runtime.verification import VANILLA, acceptance, normalise, residual_mass, verify_chain_block
 
 
 def spine_layouts(width: int, branching: int, depth: int) -> dict[str, list]:
@@ -87,7 +88,7 @@ class ProactiveRound:
     def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
         state = start_state(self, rows, seeds, total)
         images, device = state.length.shape[0], state.length.device
-        first = self._random(state, state.length[:, None] + torch.arange(self.width, device=device))
+        first = random_tokens(state, state.length[:, None] + torch.arange(self.width, device=device), self.vocab)
         if getattr(self, "candidates", None) is None:
             self.candidates = torch.zeros((images, self.width, self.branching), dtype=torch.int64, device=device)
             self.counts = torch.ones((images, self.width), dtype=torch.int64, device=device)
@@ -99,9 +100,6 @@ class ProactiveRound:
         self.tree.zero_()
         self.proposal.fill_(1.0 / self.vocab)
         return state
-
-    def _random(self, state: RoundState, index: Any) -> Any:
-        return (state.uniforms(index, FRESH) * self.vocab).to(torch.int64).clamp(max=self.vocab - 1)
 
     def __call__(self, state: RoundState) -> None:
         n, width, depth = state.length, self.width, self.depth
@@ -188,23 +186,15 @@ class ProactiveRound:
         with K − 1 more candidates drawn without replacement from their rows."""
         n, width = state.length, self.width
         image = torch.arange(n.shape[0], device=n.device)[:, None]
-        steps = torch.arange(width, device=n.device)
-        old_depth = accepted[:, None] + 1 + steps  # the row's depth for new depth j + 1
+        old_depth = accepted[:, None] + 1 + torch.arange(width, device=n.device)  # the row's depth for new depth j + 1
         index = n[:, None] + old_depth  # the new token index
         has_row = old_depth <= levels[:, None]
-        rows = p_rows[image, spine[image, old_depth.clamp(max=width)]]  # [I, L, V]
-        drafts = inverse_cdf(rows, state.uniforms(index, DRAFT))
+        stale = None
         if self.adaptive:
-            old = (old_depth + 1).clamp(max=width)  # the old draft at the new token's depth
-            had_draft = old_depth + 1 <= levels[:, None]
-            flat = (-1, rows.shape[-1])
-            retested = retest_block(rows.reshape(flat), self.proposal[image, old - 1].reshape(flat),
-                                    self.candidates[image, old - 1, 0].reshape(-1),
-                                    state.uniforms(index, RETEST).reshape(-1),
-                                    state.uniforms(index, RESAMPLE).reshape(-1)).reshape(drafts.shape)
-            drafts = torch.where(had_draft, retested, drafts)
-        first = torch.where(has_row, drafts, self._random(state, index))
-        proposal = torch.where(has_row[:, :, None], rows, torch.full_like(rows, 1.0 / self.vocab))
+            old = (old_depth + 1).clamp(max=width) - 1  # the old draft at the new token's depth
+            stale = self.candidates[image, old, 0], self.proposal[image, old], old_depth + 1 <= levels[:, None]
+        first, proposal = next_drafts(state, p_rows, spine[image, old_depth.clamp(max=width)], has_row, index, stale,
+                                      self.vocab)
         candidates = torch.zeros_like(self.candidates)
         candidates[:, :, 0] = first
         counts = torch.ones_like(self.counts)

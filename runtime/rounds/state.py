@@ -99,7 +99,3 @@ class RoundState:
         self.length += made
         self.rounds += live.to(self.rounds.dtype)
         self.finished |= self.length >= self.total
-
-    def buffers(self) -> list[Any]:
-        """Every tensor of the state (a CUDA graph's replay reads and writes these same ones)."""
-        return [self.tokens, self.length, self.rounds, self.finished, self.produced, self.seed_low, self.seed_high]
