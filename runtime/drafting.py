@@ -44,7 +44,7 @@ from specrt.runtime.conditions import Conditions
 from specrt.runtime.runner import ModelRunner, StepOutput
 from specrt.runtime.tree import TokenTree, level_window
 from specrt.runtime.tree_call import grown_tree, tree_from_draws
-from specrt.runtime.verification import SAMPLED, TOP
+from specrt.runtime.verification.siblings import SAMPLED, TOP
 from specrt.runtime.window import Window, chains
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -27,7 +27,7 @@ from specrt.runtime.runner import GrownTrees, ModelRunner, StepOutput, window_si
 from specrt.runtime.sampling import needs_restriction
 from specrt.runtime.tree import level_window
 from specrt.runtime.tree_call import tree_from_draws
-from specrt.runtime.verification import SAMPLED, TOP
+from specrt.runtime.verification.siblings import SAMPLED, TOP
 from specrt.runtime.window import Window, Windows
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -33,7 +33,7 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.validation import Param
-from specrt.runtime.verification import SAMPLED, TOP, draws_without_replacement
+from specrt.runtime.verification.siblings import SAMPLED, TOP, draws_without_replacement
 from specrt.runtime.window import Window
 
 if TYPE_CHECKING:  # pragma: no cover

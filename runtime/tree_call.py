@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from specrt.runtime.tree import StaticShape, TokenTree
-from specrt.runtime.verification import SAMPLED, TOP
+from specrt.runtime.verification.siblings import SAMPLED, TOP
 
 
 class TreeLayout:

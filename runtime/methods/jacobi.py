@@ -44,10 +44,12 @@ import numpy as np
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.methods.base import Batched, Decoding, Method
-from specrt.runtime.verification import (
-    VANILLA, draw_without_replacement, host_rows, position_walk, positions_walk, read_in_waves, rows_ahead,
-    rows_by_position, siblings_walk, verify_chains, verify_position, verify_positions, verify_siblings,
-)
+from specrt.runtime.verification.chains import verify_chains
+from specrt.runtime.verification.positions import position_walk, positions_walk, verify_position, verify_positions
+from specrt.runtime.verification.rules import VANILLA
+from specrt.runtime.verification.siblings import draw_without_replacement, siblings_walk, verify_siblings
+from specrt.runtime.verification.transport import host_rows, rows_by_position
+from specrt.runtime.verification.waves import read_in_waves, rows_ahead
 from specrt.runtime.window import Window
 from specrt.validation import Bool, Choice, Int
 

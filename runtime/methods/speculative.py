@@ -26,10 +26,11 @@ from specrt.runtime.methods.tree_loop import generate_trees
 from specrt.runtime.runner import StepOutput
 from specrt.runtime.sampling import needs_restriction
 from specrt.runtime.tree import DEFAULT_GROWTH, DEFAULT_STATIC_TREE, TREES, StaticTreeParam, static_shape
-from specrt.runtime.verification import (
-    SCHEDULES, AcceptanceRule, ChainOutcomes, CoolRule, LanternRule, VanillaRule, by_position, relaxation_schedule,
-    rows_by_position, stack_rows, take, theorem2_along_path, verify_chains,
-)
+from specrt.runtime.verification.chains import ChainOutcomes, verify_chains
+from specrt.runtime.verification.formulas import SCHEDULES, relaxation_schedule
+from specrt.runtime.verification.rules import AcceptanceRule, CoolRule, LanternRule, VanillaRule
+from specrt.runtime.verification.theory import theorem2_along_path
+from specrt.runtime.verification.transport import by_position, rows_by_position, stack_rows, take
 from specrt.runtime.window import chains
 from specrt.validation import Bool, Choice, Float, Int
 

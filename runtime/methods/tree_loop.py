@@ -21,7 +21,7 @@ from specrt.runtime.methods.base import Batched, Decoding
 from specrt.runtime.sampling import needs_restriction
 from specrt.runtime.tree import DynamicGrowth, StaticGrowth, StaticShape, grow_trees, static_shape
 from specrt.runtime.tree_call import GrowthLayout, TreeLayout
-from specrt.runtime.verification import TreeOutcome, verify_trees
+from specrt.runtime.verification.trees import TreeOutcome, verify_trees
 
 if TYPE_CHECKING:  # pragma: no cover
     from specrt.runtime.methods.speculative import DraftThenVerify

@@ -18,7 +18,8 @@ import torch
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.rounds.state import DRAFT, NEXT, TEST, RoundState
 from specrt.runtime.sampling import inverse_cdf
-from specrt.runtime.verification import AcceptanceRule, verify_chain_block
+from specrt.runtime.verification.chains import verify_chain_block
+from specrt.runtime.verification.rules import AcceptanceRule
 
 
 def start_state(round_: Any, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:

@@ -21,7 +21,7 @@ from specrt.runtime.rounds.chains import DraftedRound
 from specrt.runtime.rounds.proactive import marked
 from specrt.runtime.rounds.state import RoundState
 from specrt.runtime.rounds.trees import walk_tree
-from specrt.runtime.verification import AcceptanceRule
+from specrt.runtime.verification.rules import AcceptanceRule
 
 
 class DynamicTreeRound(DraftedRound):

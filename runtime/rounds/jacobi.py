@@ -19,7 +19,9 @@ from specrt.runtime.conditions import Conditions
 from specrt.runtime.rounds.chains import start_state
 from specrt.runtime.rounds.state import DRAFT, FRESH, NEXT, RESAMPLE, RETEST, TEST, RoundState
 from specrt.runtime.sampling import inverse_cdf
-from specrt.runtime.verification import VANILLA, retest_block, verify_chain_block
+from specrt.runtime.verification.chains import verify_chain_block
+from specrt.runtime.verification.positions import retest_block
+from specrt.runtime.verification.rules import VANILLA
 
 
 class JacobiRound:

@@ -26,7 +26,9 @@ from specrt.runtime.rounds.chains import start_state
 from specrt.runtime.rounds.jacobi import next_drafts, random_tokens
 from specrt.runtime.rounds.state import CANDIDATE, NEXT, TEST, RoundState
 from specrt.runtime.sampling import inverse_cdf
-from specrt.runtime.verification import VANILLA, acceptance, normalise, residual_mass, verify_chain_block
+from specrt.runtime.verification.chains import verify_chain_block
+from specrt.runtime.verification.formulas import acceptance, normalise, residual_mass
+from specrt.runtime.verification.rules import VANILLA
 
 
 def spine_layouts(width: int, branching: int, depth: int) -> dict[str, list]:

@@ -27,7 +27,7 @@ from specrt.runtime.rounds.chains import DraftedRound
 from specrt.runtime.rounds.proactive import marked
 from specrt.runtime.rounds.state import CANDIDATE, NEXT, TEST, RoundState
 from specrt.runtime.sampling import inverse_cdf
-from specrt.runtime.verification import AcceptanceRule
+from specrt.runtime.verification.rules import AcceptanceRule
 
 
 class TreeTables:

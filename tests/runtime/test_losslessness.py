@@ -17,7 +17,7 @@ from specrt.runtime.methods.jacobi import JacobiDecoding
 from specrt.runtime.methods.speculative import SpeculativeDecoding
 from specrt.runtime.pipeline import Pipeline
 from specrt.runtime.sampling import SamplingParams
-from specrt.runtime.verification import VanillaRule
+from specrt.runtime.verification.rules import VanillaRule
 
 SAMPLES = 20_000
 CLASS_ID = 1

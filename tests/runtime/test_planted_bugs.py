@@ -17,15 +17,18 @@ import pytest
 from _toy_exact import chi_square, exact_distribution, next_token_row, one_torch_thread  # noqa: F401 (autouse fixture)
 from _tree_exact import exp_weights, tree_distribution
 from specrt.runtime.backends.toy import toy_models
-from specrt.runtime import verification
 from specrt.runtime.methods import jacobi
 from specrt.runtime.methods.jacobi import SJDPAC
 from specrt.runtime.methods.speculative import CoolSD
 from specrt.runtime.pipeline import Pipeline
 from specrt.runtime.sampling import SamplingParams, sample
 from specrt.runtime.tree import STATIC_TREES
-from specrt.runtime.verification import (
-    CoolRule, draw_without_replacement, normalise, residual, verify_positions, without_replacement,
+from specrt.runtime.verification import trees as tree_verification
+from specrt.runtime.verification.formulas import normalise, residual
+from specrt.runtime.verification.positions import verify_positions
+from specrt.runtime.verification.rules import CoolRule
+from specrt.runtime.verification.siblings import (
+    SAMPLED, candidate_proposals, draw_without_replacement, without_replacement,
 )
 
 SJD_SAMPLES, COOL_SAMPLES = 4_000, 10_000
@@ -216,24 +219,24 @@ def siblings_keep_the_target(p, proposals, rule, position, rng):
 def test_tree_verification_without_the_sibling_residual_is_flagged(monkeypatch):
     """The static tree of test_losslessness (EAGLE-1's mc_sim_7b_63), with p not updated between
     siblings: far outside the chi-square quantile at 2,000 images, where the real one passes."""
-    monkeypatch.setattr(verification, "verify_candidates", siblings_keep_the_target)
+    monkeypatch.setattr(tree_verification, "verify_candidates", siblings_keep_the_target)
     statistic, critical = chi2("sd", TREE_SAMPLES, TREE_TOY, tree="static")
     assert statistic > critical, f"broken sibling residual passed: chi2 {statistic:.1f} < {critical:.1f}"
 
 
-real_proposals = verification.candidate_proposals
+real_proposals = candidate_proposals
 
 
 def top_k_children_as_if_sampled(q, candidates, drawn, vocab=0):
     """Broken: a dynamic tree's top-k children are tested against q^(k), as if drawn from q; they
     are a deterministic function of q, drawn from point masses (EAGLE-2's qx = 1)."""
-    return real_proposals(q, candidates, verification.SAMPLED, vocab)
+    return real_proposals(q, candidates, SAMPLED, vocab)
 
 
 def test_dynamic_tree_children_tested_against_the_draft_row_are_flagged(monkeypatch):
     """test_losslessness's dynamic tree (unguided here), verified against q instead of point masses:
     chi2 ~640 against a critical ~51 at 500 images."""
-    monkeypatch.setattr(verification, "candidate_proposals", top_k_children_as_if_sampled)
+    monkeypatch.setattr(tree_verification, "candidate_proposals", top_k_children_as_if_sampled)
     statistic, critical = chi2("sd", 500, TREE_TOY, tree="dynamic", total_tokens=6, depth=3, tree_top_k=2)
     assert statistic > critical, f"top-k children against q passed: chi2 {statistic:.1f} < {critical:.1f}"
 
@@ -297,7 +300,7 @@ def test_sd_static_tree_is_exact_with_a_far_draft():
 def siblings_against_q(q, candidates, drawn, vocab=0):
     """Broken: every sibling of a static tree is tested against q itself, not q^(k) (q with its
     earlier siblings removed and renormalised), though it was drawn without replacement."""
-    if drawn != verification.SAMPLED:
+    if drawn != SAMPLED:
         yield from real_proposals(q, candidates, drawn, vocab)
         return
     for token in candidates:
@@ -306,7 +309,7 @@ def siblings_against_q(q, candidates, drawn, vocab=0):
 
 def test_static_tree_siblings_tested_against_q_are_flagged(monkeypatch):
     """sd with tree=static alone (no SJD-PAC), at TREE_SAMPLES: chi2 ~5,500 against a critical ~68."""
-    monkeypatch.setattr(verification, "candidate_proposals", siblings_against_q)
+    monkeypatch.setattr(tree_verification, "candidate_proposals", siblings_against_q)
     (statistic, critical), _ = tree_chi2("sd", "static")
     assert statistic > critical, f"siblings against q passed: chi2 {statistic:.1f} < {critical:.1f}"
 

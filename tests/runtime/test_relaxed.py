@@ -18,10 +18,10 @@ from specrt.runtime.backends.toy import ToyLM
 from specrt.runtime.methods import make_method
 from _toy_exact import next_token_row, one_torch_thread  # noqa: F401 (autouse fixture)
 from specrt.runtime.sampling import SamplingParams, sample
-from specrt.runtime.verification import (
-    CoolRule, VanillaRule, accepted_mass, exponential_schedule, linear_schedule, relaxation_schedule,
-    theorem2_along_path, tv_bound_term, verify_chains,
-)
+from specrt.runtime.verification.chains import verify_chains
+from specrt.runtime.verification.formulas import exponential_schedule, linear_schedule, relaxation_schedule
+from specrt.runtime.verification.rules import CoolRule, VanillaRule
+from specrt.runtime.verification.theory import accepted_mass, theorem2_along_path, tv_bound_term
 
 VOCAB, DRAFT_LEN, SAMPLES = 3, 2, 20_000
 SAMPLING = SamplingParams(cfg_scale=1.0)

@@ -276,7 +276,7 @@ def test_stack_rows_keeps_device_rows_on_the_device_and_reads_them_once():
     first (a uniform host row among them included), that is one transfer, not one per row."""
     torch = pytest.importorskip("torch")
     from specrt.runtime.backends.torch_backend import DeviceRows
-    from specrt.runtime.verification import stack_rows
+    from specrt.runtime.verification.transport import stack_rows
 
     class Meter:
         host_numbers = host_syncs = 0

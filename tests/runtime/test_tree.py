@@ -17,9 +17,9 @@ from specrt.runtime.methods import make_method
 from specrt.runtime.pipeline import Pipeline
 from specrt.runtime.runner import window_sizes
 from specrt.runtime.tree import STATIC_TREES, DynamicGrowth, StaticGrowth, StaticShape, TokenTree, grow_trees, static_shape
-from specrt.runtime.verification import (
-    SAMPLED, TOP, CoolRule, LanternRule, VanillaRule, draw_without_replacement, verify_tree,
-)
+from specrt.runtime.verification.rules import CoolRule, LanternRule, VanillaRule
+from specrt.runtime.verification.siblings import SAMPLED, TOP, draw_without_replacement
+from specrt.runtime.verification.trees import verify_tree
 
 
 class RowsDrafter:
@@ -268,7 +268,7 @@ def test_a_batch_of_trees_on_device_rows_is_verified_as_each_alone_in_a_few_read
     torch = pytest.importorskip("torch")
     from specrt.engines.trt_runner import DeviceProbs
     from specrt.runtime.backends.torch_backend import DeviceRows
-    from specrt.runtime.verification import verify_trees
+    from specrt.runtime.verification.trees import verify_trees
 
     vocab = 6
     neighbours = np.array([[t for t in np.argsort(np.abs(np.arange(vocab) - v)) if t != v] for v in range(vocab)])

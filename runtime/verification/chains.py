@@ -1,0 +1,135 @@
+"""Verifying drafted chains (SD, Cool-SD, LANTERN): a prefix of each image's drafts accepted and
+one token drawn after it, for a batch of images at once, on the host (verify_chains) or where the
+rows live (verify_chain_block, the device round's).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from specrt.runtime.arrays import namespace
+from specrt.runtime.sampling import inverse_cdf
+from specrt.runtime.verification.rules import AcceptanceRule
+from specrt.runtime.verification.transport import gather, gathers
+
+
+@dataclass
+class ChainOutcomes:
+    """Per image of a batch: the accepted length τ, and the token sampled after the accepted prefix
+    (resampled at the first rejection, or the bonus token). Python ints: the loop reads them as such."""
+
+    accepted_lengths: list[int]
+    next_tokens: list[int]
+
+
+def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], rule: AcceptanceRule,
+                  rngs: Sequence[np.random.Generator], draws: Any) -> ChainOutcomes:
+    """Cool-SD Alg. 1 lines 4-17 for every image of a batch: accept x̃_i while r_i ≤ f_i; at the first
+    rejection sample G_i; if all of an image's drafts are accepted its next token is the head's
+    draw from its P_{L+1} (the bonus token).
+
+    p_block [images, ≥ L+1, V] with draws [images, ≥ L+1], the target step's rows and the head's
+    draw from each: image b's row i predicts its draft i + 1, and draws[b, L_b] is its bonus token.
+    q_block [L, images, V]: row (i, b) is the draft distribution image b's draft i + 1 was drawn
+    from (one draft pass per position, over the batch; rows_by_position builds it from per-image
+    lists). Chains may differ in length, down to none (the bonus token, no uniforms drawn); rows
+    past an image's own chain are never used. Rows may be device-resident (`gather`).
+
+    As array operations over the batch padded to the longest chain L: P and Q at the drafted tokens
+    (and whatever else the rule's f reads, rule.columns) in one gather each, every f_i at once, the
+    first rejection per image as the count of leading passes; then the resampling rows of the
+    rejected images only, as one [R, V] block sampled by inverse CDF. The only whole rows read are
+    the two of each rejection.
+
+    Random streams: image b draws L_b + 1 uniforms from rngs[b] up front (L_b tests, then the draw
+    from G at a rejection), so what it consumes depends on its own chain alone and an image is the
+    same alone or in any batch. As exact as testing position by position with fresh uniforms: the
+    tests' uniforms are independent, and the resampling uniform is independent of them.
+
+    A batch of one image on host rows goes position by position instead (_verify_one_chain); device
+    rows (the PyTorch backend's DeviceRows) are verified here like host rows, the tested entries
+    gathered and a rejection's rows read back. The device round verifies where the rows live
+    instead, with verify_chain_block.
+    """
+    if len(drafts) == 1 and isinstance(p_block, np.ndarray) and isinstance(q_block, (np.ndarray, type(None))):
+        return _verify_one_chain(p_block, q_block, drafts[0], rule, rngs[0], draws)
+    count, sizes = len(drafts), [len(chain) for chain in drafts]
+    lengths, images = np.array(sizes, dtype=np.int64), np.arange(count)
+    longest = max(sizes, default=0)
+    if longest == 0:
+        return ChainOutcomes([0] * count, np.asarray(draws)[images, lengths].tolist())
+    tokens = np.array([[*chain, *[0] * (longest - len(chain))] for chain in drafts], dtype=np.int64)  # pads: 0
+    uniforms = np.zeros((count, longest + 1))
+    for size, rng, row in zip(sizes, rngs, uniforms):
+        if size:
+            rng.random(out=row[: size + 1])
+    next_tokens = np.asarray(draws)[images, lengths].astype(np.int64, copy=False)  # bonus tokens; rejections below
+    steps = np.arange(longest)
+    q_at, p_at = gathers((q_block, (steps, images[:, None], tokens)),  # [images, L]
+                         (p_block, (images[:, None, None], steps[:, None], rule.columns(tokens))))  # [images, L, c]
+    passed = np.zeros((count, longest + 1), dtype=bool)  # a failed test after the last: argmin finds one
+    np.less_equal(uniforms[:, :longest], rule.accept_probabilities(p_at, q_at, steps + 1), out=passed[:, :longest])
+    accepted = np.minimum(passed.argmin(axis=1), lengths)  # leading passes within the chain: τ
+    rejected = np.flatnonzero(accepted < lengths)
+    if rejected.size:
+        at = accepted[rejected]
+        p_rows, q_rows = gathers((p_block, (rejected, at)), (q_block, (at, rejected)))  # [R, V]: a rejection's two rows
+        resampled = rule.resample(p_rows, q_rows, tokens[rejected, at], at + 1)
+        next_tokens[rejected] = inverse_cdf(resampled, uniforms[rejected, lengths[rejected]])
+    return ChainOutcomes(accepted.tolist(), next_tokens.tolist())
+
+
+def verify_chain_block(p: Any, q: Any, drafted: Any, limits: Any, coins: Any, next_uniforms: Any,
+                       rule: AcceptanceRule) -> tuple[Any, Any]:
+    """verify_chains as the device round runs it: every image's chain at once, in the rows' own array
+    library, with no array shape that depends on an outcome (finding the rejected images would make
+    the host wait). (accepted τ [I], next token [I]).
+
+    p [I, L + 1, V]: row j predicts draft j + 1 (row L the bonus position); q [I, L, V] the rows the
+    drafts drafted [I, L] were drawn from; limits [I]: how many of an image's drafts may count (fewer
+    near the image's end, 0 for none); coins [I, L] the tests' uniforms, next_uniforms [I] the one
+    draw after the accepted prefix. Every image's pair of rows at its first failed test is resampled
+    from rule.resample and its bonus row drawn from, and the one that applies is kept: the same
+    tests and draws as verify_chains makes with the same uniforms (tests/runtime/test_verification.py)."""
+    xp = namespace(p)
+    count, longest = drafted.shape
+    images, steps = xp.arange(count, device=p.device), xp.arange(longest, device=p.device)
+    q_at = xp.astype(q[images[:, None], steps, drafted], xp.float64)  # [I, L]
+    p_at = xp.astype(p[images[:, None, None], steps[:, None], rule.columns(drafted)], xp.float64)  # [I, L, c]
+    passed = (coins <= rule.accept_probabilities(p_at, q_at, steps + 1)) & (steps < limits[:, None])
+    accepted = xp.sum(xp.astype(xp.cumulative_sum(xp.astype(~passed, xp.int64), axis=1) == 0, xp.int64), axis=1)
+    stop = xp.minimum(accepted, longest - 1)
+    resampled = inverse_cdf(rule.resample(p[images, stop], q[images, stop], drafted[images, stop], stop + 1),
+                            next_uniforms)
+    bonus = inverse_cdf(p[images, accepted], next_uniforms)
+    return accepted, xp.where(accepted < limits, resampled, bonus)
+
+
+def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain: Sequence[int], rule: AcceptanceRule,
+                      rng: np.random.Generator, draws: np.ndarray) -> ChainOutcomes:
+    """verify_chains for a batch of one image on host rows: the same uniforms, tests and
+    resampling, position by position in Python floats (rule.accept_probability, the tree
+    siblings' test; a rule without scalar_tests evaluates the chain's f in one block). Between
+    two graph runs the caches are cold and each distinct numpy call costs 5-15 us, several times
+    its warm cost; the batch path's twenty-odd calls were half of a batch-1 round's host work.
+    Identical outcomes: tests/runtime compare it with the batch path and the per-position
+    definition."""
+    size = len(chain)
+    if size == 0:
+        return ChainOutcomes([0], [int(draws[0, 0])])
+    uniforms = rng.random(size + 1).tolist()  # as the batch path: L tests, then the resampling draw
+    p_rows, q_rows = p_block[0], q_block[:, 0]
+    if not rule.scalar_tests:  # f of every position in one block evaluation (a rule without a scalar test)
+        steps, tokens = np.arange(size), np.array(chain)
+        f = rule.accept_probabilities(gather(p_rows, (steps[:, None], rule.columns(tokens))),
+                                      gather(q_rows, (steps, tokens)), steps + 1).tolist()
+    for i, token in enumerate(chain):
+        p, q = p_rows[i], q_rows[i]
+        if uniforms[i] > (rule.accept_probability(p, q, token, i + 1) if rule.scalar_tests else f[i]):
+            # G from the two rows as they are (float32 from a graph): every rule's resample computes
+            # in float64, as it does for the batch path's [R, V] block, so the bits are the same
+            resampled = rule.resample(p, q, token, i + 1)
+            return ChainOutcomes([i], [inverse_cdf(resampled, uniforms[size])])
+    return ChainOutcomes([size], [int(draws[0, size])])
