@@ -34,6 +34,7 @@ import numpy as np
 from specrt.errors import SpecrtError
 from specrt.validation import Param
 from specrt.runtime.verification.siblings import SAMPLED, TOP, draws_without_replacement
+from specrt.runtime.tree_plan_file import is_plan_reference, read_plan
 from specrt.runtime.window import Window
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -198,13 +199,11 @@ _PLANNED: dict[str, tuple[tuple[int, int], StaticShape]] = {}
 
 
 def static_shape(name: str) -> StaticShape:
-    """The shape `static_tree` names: a STATIC_TREES name, or a tree plan file (runtime.tree_plan,
+    """The shape `static_tree` names: a STATIC_TREES name, or a tree plan file (runtime.tree_plan_file,
     written by `specrt plan-tree`: the tree sized for a device). A plan is parsed once per version
     of its file (modification time and size), so a rewritten plan is still seen at once."""
     if name in STATIC_TREES:
         return StaticShape(STATIC_TREES[name])
-    from specrt.runtime.tree_plan import is_plan_reference, read_plan
-
     if not is_plan_reference(name):
         raise SpecrtError(f"unknown static tree {name!r}; choose one of {', '.join(STATIC_TREES)}, "
                           f"or give a tree plan file (specrt plan-tree)")
@@ -236,8 +235,6 @@ class StaticTreeParam(Param):
             value = os.fspath(value)
         if isinstance(value, str) and value in STATIC_TREES:
             return value
-        from specrt.runtime.tree_plan import is_plan_reference
-
         if not isinstance(value, str) or not is_plan_reference(value):
             shown = repr(value) if isinstance(value, str) else str(value)
             raise SpecrtError(f"{name} must be one of {', '.join(STATIC_TREES)} or a tree plan file "

@@ -28,7 +28,7 @@ import numpy as np
 from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.runtime.threads import checked as checked_threads
-from specrt.runtime.tree_plan import TREE_KINDS
+from specrt.runtime.tree_plan_file import TREE_KINDS
 
 METHODS = ("sd", "cool-sd", "lantern")  # the drafted methods with tree=static
 DRAFT_KINDS = ("independent", "eagle")
@@ -122,7 +122,9 @@ def command(bundle, method, tree_kind, params, draft_kind, backend, device, imag
                           f"{probe_width * probe_depth} drafts) exceeds this model's max_window − 1 = {window - 1}")
 
     from specrt.bench.device import device_name
-    from specrt.runtime.tree_plan import PRIOR_VISITS, chain_rate, make_plan, write_plan
+    from specrt.runtime.tree_acceptance import PRIOR_VISITS
+    from specrt.runtime.tree_plan import chain_rate, make_plan
+    from specrt.runtime.tree_plan_file import write_plan
 
     started = time.perf_counter()
     from specrt.runtime.methods import METHODS as ALL_METHODS
@@ -193,7 +195,7 @@ def probe(pipe: Any, method: str, params: dict[str, str], images: int, seed: int
           default_draft_len: int, progress: bool = False, kind: str = "static") -> Probe:
     """Decode through Pipeline.generate, one image a call (the batch-1 rounds a plan is for), classes
     cycling and image i seeded seed + i: `images` images with the probe tree, whose rounds are
-    counted by sibling rank (runtime.tree_plan.RankCounts); then a few with a one-node tree, a
+    counted by sibling rank (runtime.tree_acceptance.RankCounts); then a few with a one-node tree, a
     spine of `depth` nodes, the chain of default_draft_len (`images` of them for a dynamic plan: its
     chains are priced from these rounds, runtime.tree_plan.chain_rate) and ar, for host work. The trees are of
     `kind`: static (the fan, width x depth), or dynamic (width x depth nodes, `depth` passes, top-k
@@ -205,7 +207,9 @@ def probe(pipe: Any, method: str, params: dict[str, str], images: int, seed: int
     unobserved image first (warm-up)."""
     from specrt.runtime.methods.tree_loop import observing_trees
     from specrt.runtime.pipeline import SAMPLING_KEYS
-    from specrt.runtime.tree_plan import RankCounts, TreePlan, fan_paths, write_plan
+    from specrt.runtime.tree_acceptance import RankCounts
+    from specrt.runtime.tree_plan import fan_paths
+    from specrt.runtime.tree_plan_file import TreePlan, write_plan
 
     counts = RankCounts()
     classes = pipe.target.spec.num_classes
@@ -283,7 +287,7 @@ def _fit_host(points: list[tuple[float, float, float]]) -> tuple[float, float, f
 
 
 def measure_latency(pipe: Any, params: dict[str, str], max_nodes: int, repeats: int, progress: bool = False) -> Any:
-    """runtime.tree_plan.Latency of `pipe`'s runners for one image at its sampling settings, after a
+    """runtime.tree_latency.Latency of `pipe`'s runners for one image at its sampling settings, after a
     half-full cache: target steps of 1..max_nodes + 1 tokens, draft passes of 1..max_nodes + 1
     (within the draft's window), and the draft_chain calls the draft can make (2 tokens fed first,
     a round's usual catch-up). Fastest of `repeats` rounds, each call timed warm
@@ -292,7 +296,7 @@ def measure_latency(pipe: Any, params: dict[str, str], max_nodes: int, repeats: 
     from specrt.runtime.eagle import HeadRunner
     from specrt.runtime.pipeline import SAMPLING_KEYS
     from specrt.runtime.sampling import SamplingParams, guidance_mix, needs_restriction
-    from specrt.runtime.tree_plan import Latency, monotone
+    from specrt.runtime.tree_latency import Latency, monotone
 
     target, draft = pipe.target, pipe.draft
     explicit = {k: v for k, v in params.items() if k in SAMPLING_KEYS}

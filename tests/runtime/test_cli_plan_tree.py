@@ -9,7 +9,8 @@ import pytest
 
 from cli_helpers import one_line, run
 from specrt.runtime.tree import StaticShape
-from specrt.runtime.tree_plan import DynamicTree, read_plan
+from specrt.runtime.tree_latency import DynamicTree
+from specrt.runtime.tree_plan_file import read_plan
 
 pytest.importorskip("torch")
 

@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def tiny_pipeline():
-    from specrt.export.llamagen_gpt import GPT, GPTConfig
-    from specrt.export.llamagen_vq import VQConfig, VQModel
+    from specrt.models.llamagen_gpt import GPT, GPTConfig
+    from specrt.models.llamagen_vq import VQConfig, VQModel
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -92,7 +92,7 @@ def test_device_resident_tree_drafting_reads_each_pass_back_once(tiny_pipeline, 
     rows and draws back in one transfer (rows_to_host), so the draft runner of one image (whose
     KV runs move as block copies, no index sent) waits for the device exactly once per call; the
     tokens are those of host rows."""
-    from specrt.runtime.tree_plan import TreePlan, write_plan
+    from specrt.runtime.tree_plan_file import TreePlan, write_plan
 
     pipe, _ = tiny_pipeline
     shape = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]]  # fits max_window 16
@@ -118,7 +118,7 @@ def test_device_resident_trees_of_a_batch_are_verified_in_a_few_reads_a_round(ti
     runner waits for the device a bounded number of times a round whatever the batch size (before,
     each image read its own entries and rows: several waits per image and node). Same tokens."""
     pipe, _ = tiny_pipeline
-    from specrt.runtime.tree_plan import TreePlan, write_plan
+    from specrt.runtime.tree_plan_file import TreePlan, write_plan
 
     shape = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]]  # fits max_window 16
     params = {"tree": "static", "static_tree": str(write_plan(tmp_path / "plan.json", TreePlan(shape, [0.6, 0.2, 0.1])))} \
