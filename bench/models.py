@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from specrt.errors import SpecrtError
-from specrt.runtime.pipeline import BUNDLE_BACKENDS, Pipeline
+from specrt.runtime.backends.bundle_backends import BUNDLE_BACKENDS
+from specrt.runtime.pipeline import Pipeline
 from specrt.runtime.threads import set_torch_threads
 
 BACKENDS = (*BUNDLE_BACKENDS, "torch")
@@ -29,7 +30,7 @@ class BenchModels:
     pipeline: Pipeline
     backend: str
     bundle: str
-    judge: Optional[Any] = None  # bench.fidelity.FidelityJudge when an evaluator exists for these models
+    judge: Optional[Any] = None  # export.demo.fidelity.FidelityJudge when an evaluator exists for these models
     drafts: dict[str, Pipeline] = field(default_factory=dict)  # `--drafts`: draft kind -> the pipeline with it
     draft_sources: dict[str, str] = field(default_factory=dict)  # draft kind -> what it is, for the report
     prompts: Optional[list[str]] = None  # t2i: image i's prompt is prompts[i mod len]; None: class ids cycle

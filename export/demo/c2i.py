@@ -1,15 +1,18 @@
 """The c2i demo's hooks (export.demo.registry): class-conditional digits, the package's first demo.
 
 Thin: the models, their training and their judge live in this package's other modules
-(store, pipeline, evaluator, bench.fidelity); this file only says how each command reaches them.
+(store, pipeline, evaluator, fidelity); this file only says how each command reaches them.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Optional
 
-from specrt.export.demo import packaged_sampling_defaults, packaged_weights_dir  # noqa: F401  (hooks)
+from specrt.export.demo import packaged_sampling_defaults, packaged_weights_dir
 from specrt.export.demo.dataset import NUM_CLASSES
+
+__all__ = ["packaged_weights_dir", "packaged_sampling_defaults", "model_set", "torch_pipeline", "fidelity_judge",
+           "bench_conditions", "train", "format_quality"]
 
 
 def model_set(weights: Optional[Path] = None) -> Any:
@@ -29,8 +32,8 @@ def torch_pipeline(weights: Optional[Path] = None, **options: Any) -> Any:
 
 
 def fidelity_judge(weights: Optional[Path] = None) -> Any:
-    """Class accuracy and Fréchet distance against held-out real digits (bench.fidelity)."""
-    from specrt.bench.fidelity import FidelityJudge
+    """Class accuracy and Fréchet distance against held-out real digits (fidelity.FidelityJudge)."""
+    from specrt.export.demo.fidelity import FidelityJudge
 
     return FidelityJudge.from_demo(weights)
 

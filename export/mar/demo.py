@@ -28,11 +28,10 @@ from specrt import __version__  # noqa: E402
 from specrt.export.demo.configs import Schedule  # noqa: E402
 from specrt.export.demo.dataset import NUM_CLASSES, DigitsSplit, load_split  # noqa: E402
 from specrt.export.demo.store import _load_into, read_config, round_to_storage  # noqa: E402  (the c2i demo's fp16 store)
-from specrt.export.mar.autoencoder import AEConfig, KLAutoencoder  # noqa: E402
-from specrt.export.mar.hooks import packaged_weights_dir  # noqa: E402
-from specrt.export.mar.model import MAR, MARConfig  # noqa: E402
+from specrt.export.mar.packaged import CONFIG_FILE, packaged_weights_dir  # noqa: E402
+from specrt.models.mar.autoencoder import AEConfig, KLAutoencoder  # noqa: E402
+from specrt.models.mar.model import MAR, MARConfig  # noqa: E402
 
-CONFIG_FILE = "mar.json"
 FORMAT = "specrt-mar-demo"
 VERSION = 1
 WEIGHT_FILES = {"autoencoder": "autoencoder.safetensors", "target": "target.safetensors",

@@ -7,22 +7,17 @@ sampling defaults); everything heavy is imported on use.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
+from specrt.export.demo.dataset import NUM_CLASSES
+from specrt.export.mar.packaged import packaged_sampling_defaults, packaged_weights_dir
+
+__all__ = ["packaged_weights_dir", "packaged_sampling_defaults", "torch_pipeline", "export_bundle", "fidelity_judge",
+           "bench_conditions", "train", "format_quality"]
+
 FAMILY = "continuous"
-NUM_CLASSES = 10
 SUMMARY = "class-conditional digits from continuous tokens (KL autoencoder, MAR-style target and draft; ar, cspd)"
-
-
-def packaged_weights_dir() -> Path:
-    return Path(__file__).resolve().parent / "weights"
-
-
-def packaged_sampling_defaults() -> dict:
-    """cfg_scale / temperature / cfg_schedule from the packaged mar.json (no torch)."""
-    return json.loads((packaged_weights_dir() / "mar.json").read_text())["sampling_defaults"]
 
 
 def torch_pipeline(weights: Optional[Path] = None, threads: Optional[int] = 1, **_options: Any) -> Any:
@@ -63,7 +58,7 @@ def export_bundle(out_dir: Path, weights: Optional[Path] = None) -> Path:
 def fidelity_judge(weights: Optional[Path] = None) -> Any:
     """The c2i demo's judge (evaluator accuracy, Fréchet distance vs held-out real digits): it
     judges images, whichever model made them."""
-    from specrt.bench.fidelity import FidelityJudge
+    from specrt.export.demo.fidelity import FidelityJudge
 
     return FidelityJudge.from_demo(None)
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from specrt.errors import SpecrtError
+from specrt.export.unified.tokenizer import read_tokenizer
 from specrt.export.unified.writer import UnifiedModels
 
 GRID = re.compile(r"^\s*(\d+)\s*[xX*]\s*(\d+)\s*$")
@@ -27,20 +28,6 @@ def parse_grid(text: Optional[str]) -> Optional[tuple[int, int]]:
     if not match or min(int(match.group(1)), int(match.group(2))) < 1:
         raise SpecrtError(f"--grid must be ROWSxCOLS in VQ tokens, e.g. 48x48, got {text!r}")
     return int(match.group(1)), int(match.group(2))
-
-
-def read_tokenizer(directory: Path) -> tuple[Any, Optional[Path]]:
-    """(tokenizers.Tokenizer, its file) of a checkpoint directory, (None, None) without tokenizer.json."""
-    path = directory / "tokenizer.json"
-    if not path.is_file():
-        return None, None
-    from specrt.lazy import require
-
-    tokenizers = require("tokenizers", "unified-vocabulary prompts")
-    try:
-        return tokenizers.Tokenizer.from_file(str(path)), path
-    except Exception as exc:  # tokenizers raises its own exception type
-        raise SpecrtError(f"cannot read {path}: {(str(exc).splitlines() or [''])[0]}") from None
 
 
 def unified_models(target: Path, draft: Optional[Path] = None, vq: Optional[Path] = None,

@@ -381,7 +381,7 @@ def _precision_run(bundle, backend, demo_weights, threads, cache_dir, methods, s
     say = (lambda msg: click.echo(msg, err=True)) if progress else None
     set_torch_threads(threads)  # torch runs the evaluator
     if bundle is None:
-        from specrt.bench.fidelity import FidelityJudge
+        from specrt.export.demo.fidelity import FidelityJudge
 
         source, judge = demo_bundle(demo_weights, cache_dir, say), FidelityJudge.from_demo(demo_weights)
     else:

@@ -372,7 +372,8 @@ def _generate_unified_checkpoint(target: Path, draft: Optional[Path], vq: Option
                                  prompt_options: Optional[dict[str, Any]] = None, loop: str = "auto") -> None:
     """`specrt generate --target HF_DIR [--draft HF_DIR] --prompt ...`: the checkpoint's models, decoder and
     recipe (export.unified.sources, what `specrt export` would write) on PyTorch."""
-    from specrt.export.unified.sources import read_tokenizer, unified_models
+    from specrt.export.unified.sources import unified_models
+    from specrt.export.unified.tokenizer import read_tokenizer
     from specrt.runtime.families import family as plugin
     from specrt.runtime.families.unified.pipeline import UnifiedPipeline
     from specrt.runtime.families.unified.prompts import PromptEncoder

@@ -12,20 +12,13 @@ each attribute (evaluator.py). Everything heavy is imported on first use.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
-WEIGHTS = Path(__file__).resolve().parent / "weights"
+from specrt.export.demo.t2i.packaged import packaged_sampling_defaults, packaged_weights_dir
 
-
-def packaged_weights_dir() -> Path:
-    return WEIGHTS
-
-
-def packaged_sampling_defaults() -> dict:
-    """The packaged t2i demo's sampling defaults, read without torch (for --help)."""
-    return json.loads((WEIGHTS / "demo.json").read_text())["sampling_defaults"]
+__all__ = ["packaged_weights_dir", "packaged_sampling_defaults", "load", "model_set", "torch_pipeline",
+           "fidelity_judge", "bench_conditions", "train", "format_quality"]
 
 
 def load(weights: Optional[Path] = None) -> Any:
@@ -54,7 +47,7 @@ def torch_pipeline(weights: Optional[Path] = None, **options: Any) -> Any:
 
 def fidelity_judge(weights: Optional[Path] = None) -> Any:
     """Prompt following (digit, each attribute, all) and Fréchet distance to real digits."""
-    from specrt.bench.fidelity import PromptJudge
+    from specrt.export.demo.t2i.fidelity import PromptJudge
 
     return PromptJudge.from_t2i_demo(weights)
 

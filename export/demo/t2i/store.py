@@ -20,11 +20,11 @@ from specrt.export.demo.evaluator import EvaluatorConfig  # noqa: E402
 from specrt.export.demo.store import (  # noqa: E402
     CONFIG_FILE, DemoModels, _load_into, _save_tensors, gpt_config_from_dict, read_config, vq_config_from_dict,
 )
-from specrt.export.demo.t2i import packaged_weights_dir  # noqa: E402
+from specrt.export.demo.t2i.packaged import packaged_weights_dir  # noqa: E402
 from specrt.export.demo.t2i.captions import AttributeBins  # noqa: E402
 from specrt.export.demo.t2i.evaluator import PromptEvaluator  # noqa: E402
-from specrt.export.llamagen_gpt import GPT  # noqa: E402
-from specrt.export.llamagen_vq import VQModel  # noqa: E402
+from specrt.models.llamagen_gpt import GPT  # noqa: E402
+from specrt.models.llamagen_vq import VQModel  # noqa: E402
 
 FORMAT = "specrt-demo-t2i"
 VERSION = 1

@@ -36,7 +36,7 @@ def model_set(weights: Optional[Path] = None, dtype: str = "float32") -> Any:
     from specrt.export.demo.unified import store
     from specrt.export.unified import load_unified
     from specrt.export.unified.recipes import recipe_for
-    from specrt.export.unified.sources import read_tokenizer
+    from specrt.export.unified.tokenizer import read_tokenizer
     from specrt.export.unified.writer import UnifiedModels
 
     target_dir, draft_dir = store.target_dir(weights), store.draft_dir(weights)
@@ -60,6 +60,7 @@ def torch_pipeline(weights: Optional[Path] = None, max_window: Optional[int] = N
                    threads: Optional[int] = None, cuda_graphs: Optional[bool] = None, compile: Optional[bool] = None,
                    compile_mode: str = "default", **_: Any) -> Any:
     """UnifiedPipeline.from_torch over the demo's modules (what `specrt generate --demo chameleon` runs)."""
+    from specrt.export.unified.tokenizer import read_tokenizer
     from specrt.runtime.families.unified.pipeline import UnifiedPipeline
     from specrt.runtime.families.unified.prompts import PromptEncoder
     from specrt.runtime.methods import DEFAULT_MAX_WINDOW
@@ -68,8 +69,6 @@ def torch_pipeline(weights: Optional[Path] = None, max_window: Optional[int] = N
     if threads is not None:
         set_torch_threads(threads)
     models = model_set(weights)
-    from specrt.export.unified.sources import read_tokenizer
-
     tokenizer, _ = read_tokenizer(Path(models.sources["target"].split(":")[0]) if weights is not None
                                   else WEIGHTS / "target")
     prompts = PromptEncoder(models.prompt, models.target.config.cond_len, tokenizer)
@@ -82,7 +81,7 @@ def torch_pipeline(weights: Optional[Path] = None, max_window: Optional[int] = N
 def fidelity_judge(weights: Optional[Path] = None) -> Any:
     """Prompt following (digit, each attribute, all) and Fréchet distance to real digits: the t2i
     demo's judge (same images, same captions)."""
-    from specrt.bench.fidelity import PromptJudge
+    from specrt.export.demo.t2i.fidelity import PromptJudge
 
     return PromptJudge.from_t2i_demo(None)
 

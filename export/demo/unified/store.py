@@ -42,7 +42,7 @@ def draft_dir(root: Optional[Path] = None) -> Path:
 
 
 def t2i_weights_dir() -> Path:
-    from specrt.export.demo.t2i import packaged_weights_dir
+    from specrt.export.demo.t2i.packaged import packaged_weights_dir
 
     return packaged_weights_dir()
 
@@ -99,7 +99,7 @@ def load_tokenizer(directory: Optional[Path] = None) -> Any:
 def load_vq() -> Any:
     """The t2i demo's VQ (LlamaGen's VQModel, float32, eval mode): encode images, decode codes."""
     from specrt.export.demo.store import _load_into, vq_config_from_dict
-    from specrt.export.llamagen_vq import VQModel
+    from specrt.models.llamagen_vq import VQModel
 
     return _load_into(VQModel(vq_config_from_dict(t2i_config()["vq"])), vq_path())
 

@@ -1,20 +1,24 @@
-"""Fidelity of generated images: evaluator class accuracy and Fréchet distance to real images.
+"""Fidelity of generated digits: evaluator class accuracy and Fréchet distance to real digits.
 
-The evaluator, its feature space and the Fréchet distance are the demo's own single
-implementation (specrt.export.demo.evaluator); this module only decides which image sets
-are compared. The held-out real digits are split into two class-interleaved halves: half A
-is the reference every setting is measured against, and half B gives the noise floor, the
-distance a perfect generator would score at the same sample size (Fréchet distances are
-biased upwards by small samples, so only same-size comparisons are meaningful).
-Generated and real images both go through the same uint8 pixel mapping before the
-evaluator sees them, so quantisation cannot separate them.
+The c2i demo's judge, which `specrt bench` scores images with (the continuous demo's images
+too: it judges images, whichever model made them). The evaluator, its feature space and the
+Fréchet distance are this demo's own single implementation (export.demo.evaluator); this
+module only decides which image sets are compared. The held-out real digits are split into
+two class-interleaved halves: half A is the reference every setting is measured against, and
+half B gives the noise floor, the distance a perfect generator would score at the same sample
+size (Fréchet distances are biased upwards by small samples, so only same-size comparisons
+are meaningful). Generated and real images both go through the same uint8 pixel mapping
+before the evaluator sees them, so quantisation cannot separate them.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 
+from specrt.export.demo import demo_dataset, load_demo
+from specrt.export.demo.evaluator import embed, frechet_distance
 from specrt.runtime.pipeline import from_uint8, to_uint8
 
 BOOTSTRAP_ROUNDS = 30
@@ -25,9 +29,6 @@ class FidelityJudge:
 
     def __init__(self, evaluator: Any, reference_images: np.ndarray, spare_real_images: np.ndarray,
                  real_accuracy: float | None = None):
-        from specrt.export.demo.evaluator import embed, frechet_distance
-
-        self._embed, self._frechet = embed, frechet_distance
         self.evaluator = evaluator
         self.reference_features = embed(evaluator, from_uint8(to_uint8(reference_images)))[0]
         self.spare_features = embed(evaluator, from_uint8(to_uint8(spare_real_images)))[0]
@@ -36,8 +37,6 @@ class FidelityJudge:
     @classmethod
     def from_demo(cls, demo_weights: Any = None) -> "FidelityJudge":
         """The demo evaluator with the held-out real digits (halves A and B)."""
-        from specrt.export.demo import demo_dataset, load_demo
-
         split = demo_dataset()
         evaluator = load_demo(demo_weights).evaluator
         judge = cls(evaluator, *split.held_out_halves())
@@ -55,7 +54,7 @@ class FidelityJudge:
     def score(self, images: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
         """Class accuracy (evaluator agrees with the requested class) over all images, and the
         Fréchet distance to half A of the first images, as many as the noise floor can use."""
-        features, predicted = self._embed(self.evaluator, from_uint8(images))
+        features, predicted = embed(self.evaluator, from_uint8(images))
         fd_images = min(len(features), len(self.spare_features))  # the size the noise floor can match
         return {
             "class_accuracy": float(np.mean(predicted == np.asarray(labels))),
@@ -76,13 +75,11 @@ class FidelityJudge:
     def _distance(self, features: np.ndarray) -> float | None:
         """Fréchet distance to half A (None below 2 images: no covariance); scipy's singular-matrix
         warning is expected for small sets (the demo implementation regularises those)."""
-        import warnings
-
         if len(features) < 2:
             return None
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*singular.*")
-            return self._frechet(features, self.reference_features)
+            return frechet_distance(features, self.reference_features)
 
     def noise_floor(self, n: int) -> dict[str, Any]:
         """Fréchet distance of n real held-out images (half B) to half A: the floor at this size."""
@@ -91,41 +88,3 @@ class FidelityJudge:
                 "frechet_distance_std": self._bootstrap_std(self.spare_features[:n]),
                 "images": n, "reference_images": self.reference_size,
                 "real_class_accuracy": self.real_accuracy}
-
-
-class PromptJudge(FidelityJudge):
-    """The t2i demo's judge: the same Fréchet distance, plus prompt following — the evaluator's
-    digit and attribute predictions against what each image's prompt asked for (per attribute
-    and all at once), read beside the same figures on real held-out digits."""
-
-    def __init__(self, evaluator: Any, reference_images: np.ndarray, spare_real_images: np.ndarray,
-                 real_following: dict[str, Any]):
-        super().__init__(evaluator, reference_images, spare_real_images, real_following.get("digit"))
-        self.real_following = real_following
-
-    @classmethod
-    def from_t2i_demo(cls, demo_weights: Any = None) -> "PromptJudge":
-        """The t2i demo's evaluator with the held-out real digits and their measured captions."""
-        from specrt.export.demo import demo_dataset
-        from specrt.export.demo.t2i import load
-        from specrt.export.demo.t2i.training import real_prompt_following
-
-        split, models = demo_dataset(), load(demo_weights)
-        held_attributes = models.bins.labels(split.held_out_images, split.held_out_labels)
-        real = real_prompt_following(models.evaluator, split, held_attributes,
-                                     from_uint8(to_uint8(split.held_out_images)))
-        return cls(models.evaluator, *split.held_out_halves(), real)
-
-    def score(self, images: np.ndarray, prompts: Any) -> dict[str, Any]:
-        """FidelityJudge's scores (class_accuracy = the digit the prompt names) and
-        `prompt_following`: {digit, each attribute, all} -> share of images right."""
-        from specrt.export.demo.t2i.captions import parse_prompt
-        from specrt.export.demo.t2i.evaluator import predict, prompt_following
-
-        requests = [parse_prompt(p) for p in prompts]
-        digits = np.array([-1 if r.digit is None else r.digit for r in requests])
-        following = prompt_following(predict(self.evaluator, from_uint8(images)), requests)
-        return {**super().score(images, digits), "prompt_following": following}
-
-    def noise_floor(self, n: int) -> dict[str, Any]:
-        return {**super().noise_floor(n), "real_prompt_following": self.real_following}
