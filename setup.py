@@ -1,9 +1,9 @@
 """Maps the top-level folders onto one installed package `specrt`.
 
-The design card puts export/, runtime/, engines/ and bench/ at the top of the repository,
-while users import them as specrt.export, specrt.runtime, ... . setuptools' package_dir
-does the mapping for normal and editable installs; this file only lists the packages so a
-new subpackage needs no edit anywhere.
+The design card puts export/, runtime/, engines/ and bench/ (and the models/ both export and the
+runtime build on) at the top of the repository, while users import them as specrt.export,
+specrt.runtime, ... . setuptools' package_dir does the mapping for normal and editable installs;
+this file only lists the packages so a new subpackage needs no edit anywhere.
 """
 import os
 
@@ -11,6 +11,7 @@ from setuptools import setup
 
 PACKAGE_FOLDERS = {
     "specrt": "specrt",
+    "specrt.models": "models",
     "specrt.export": "export",
     "specrt.runtime": "runtime",
     "specrt.engines": "engines",

@@ -28,7 +28,7 @@ from typing import Any
 import click
 
 from specrt.bench.cost_model import torch_dtype
-from specrt.export.llamagen_gpt import GPT_ARCHS
+from specrt.models.llamagen_gpt import GPT_ARCHS
 from specrt.runtime.backends.compiled_step import COMPILE_MODES
 from specrt.lazy import require
 
@@ -66,8 +66,8 @@ def time_ar(arch: str, image_size: int, dtype: str, batches: tuple[int, ...], de
     """Timings of `arch` (a GPT_ARCHS name) for each batch size (images, each a CFG pair), method
     (default parameters) and loop, with speed-ups against ar in the same loop and batch."""
     torch = require("torch", "specrt.bench.ar_timing")
-    from specrt.export.llamagen_gpt import GPT, gpt_config
-    from specrt.export.llamagen_vq import VQConfig, VQModel
+    from specrt.models.llamagen_gpt import GPT, gpt_config
+    from specrt.models.llamagen_vq import VQConfig, VQModel
     from specrt.runtime.methods import make_method
     from specrt.runtime.pipeline import Pipeline
 

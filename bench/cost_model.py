@@ -159,7 +159,7 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
     steps, launch-bound for every LlamaGen size at small batch)."""
     torch = require("torch", "specrt bench --profile-arch")
     from specrt.bench.step_ops import profile_generated_kernels, step_ops
-    from specrt.export.kv_cache import StaticCache
+    from specrt.models.kv_cache import StaticCache
     from specrt.runtime.head import apply_head
     from specrt.runtime.sampling import SamplingParams, guidance_mix
 
@@ -268,7 +268,7 @@ def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, 
         raise SpecrtError(f"unknown --profile-arch {arch!r}; choose from {', '.join(PROFILE_ARCHS)}")
     torch = require("torch", "specrt bench --profile-arch")
     from specrt.export.eagle.model import EagleConfig, EagleHead
-    from specrt.export.llamagen_gpt import GPT
+    from specrt.models.llamagen_gpt import GPT
 
     torch.manual_seed(0)
     config = profile_config(arch)
@@ -285,7 +285,7 @@ def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, 
 def profile_config(arch: str) -> Any:
     """The GPTConfig of a PROFILE_ARCHS name (its LlamaGen size at its image size); needs torch."""
     require("torch", "specrt bench --profile-arch")
-    from specrt.export.llamagen_gpt import gpt_config
+    from specrt.models.llamagen_gpt import gpt_config
 
     name, image_size = PROFILE_ARCHS[arch]
     return gpt_config(name, image_size=image_size)

@@ -63,7 +63,7 @@ def measure_onnx_steps(arch: str, windows: Sequence[int], repeats: int = 7, thre
     """time_onnx_steps for a LlamaGen architecture of PROFILE_ARCHS with random weights."""
     if arch not in PROFILE_ARCHS:
         raise SpecrtError(f"unknown --profile-arch {arch!r}; choose from {', '.join(PROFILE_ARCHS)}")
-    from specrt.export.llamagen_gpt import gpt_config
+    from specrt.models.llamagen_gpt import gpt_config
 
     name, image_size = PROFILE_ARCHS[arch]
     return time_onnx_steps(gpt_config(name, image_size=image_size), arch, windows, repeats, threads, precisions,
@@ -82,8 +82,8 @@ def time_onnx_steps(config, arch: str, windows: Sequence[int], repeats: int = 7,
     torch = require("torch", "specrt bench --profile-arch")
     onnx = require("onnx", "specrt bench --profile-arch")
     from specrt.engines.quantize import QuantizeOptions, quantize_model
-    from specrt.export.llamagen_gpt import GPT
     from specrt.export.onnx_export import GraphLimits, capacity_for, export_step
+    from specrt.models.llamagen_gpt import GPT
     from specrt.runtime.backends.ort_backend import session_options
 
     ort = require("onnxruntime", "specrt bench --profile-arch")

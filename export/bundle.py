@@ -22,10 +22,10 @@ from specrt.bundle_dir import move_into_place, partial_dir, refuse_existing
 from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.export import onnx_export
-from specrt.export.neighbours import codebook_neighbours, codebook_of, neighbour_count
 from specrt.export.onnx_export import GraphLimits, capacity_for, is_prompt_model
 from specrt.manifest import (DEFAULT_MAX_IMAGES, FORMAT, MANIFEST_NAME, VERSION, GraphSpec, Manifest, file_record,
                              read_manifest, rows_for_images)
+from specrt.models.neighbours import codebook_neighbours, codebook_of, neighbour_count
 from specrt.runtime import compatibility
 from specrt.runtime.defaults import as_dict, defaults_of
 from specrt.runtime.eagle import EAGLE_KIND

@@ -16,8 +16,8 @@ from typing import Optional, Union
 import torch
 
 from specrt.errors import SpecrtError
-from specrt.export.llamagen_gpt import GPT, GPT_ARCHS, T2I_COND_LEN, GPTConfig
-from specrt.export.llamagen_vq import VQ_ARCHS, VQConfig, VQDecoder, VQModel
+from specrt.models.llamagen_gpt import GPT, GPT_ARCHS, T2I_COND_LEN, GPTConfig
+from specrt.models.llamagen_vq import VQ_ARCHS, VQConfig, VQDecoder, VQModel
 from specrt.runtime.compatibility import (CAPTION_PROJECTION_KEY, CLASS_CONDITIONAL, CLASS_EMBEDDING_KEY,
                                           conditioning_from_keys)
 

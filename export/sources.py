@@ -108,8 +108,8 @@ def checkpoint_models(target: Path, draft: Path | None, vq: Path, target_choice:
 def random_models(arch: str, draft_arch: str, vq_arch: str, image_size: int, seed: int = 0) -> ModelSet:
     """Random weights in real LlamaGen layouts: graphs with the real dims and cost, no checkpoint."""
     from specrt.export.checkpoints import image_grid
-    from specrt.export.llamagen_gpt import GPT, gpt_config
-    from specrt.export.llamagen_vq import VQ_ARCHS, VQDecoder
+    from specrt.models.llamagen_gpt import GPT, gpt_config
+    from specrt.models.llamagen_vq import VQ_ARCHS, VQDecoder
 
     if vq_arch not in VQ_ARCHS:
         raise SpecrtError(f"unknown VQ arch {vq_arch!r}; known: {', '.join(VQ_ARCHS)}")

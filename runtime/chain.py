@@ -40,7 +40,7 @@ class KVSegments:
     """A cache in segments along the sequence axis (each [L, 2, B, Hkv, C_s, D]), read per layer as a
     model reads its past_kv (`past_kv[i, 0]`: layer i's keys), giving a tuple of the segments' that
     the models' attention joins with the window's own rows in one concatenation
-    (export.llamagen_gpt.attend): the cache and the rows drafted so far are never copied together first."""
+    (models.llamagen_gpt.attend): the cache and the rows drafted so far are never copied together first."""
 
     def __init__(self, *parts: torch.Tensor):
         self.parts = parts

@@ -141,7 +141,7 @@ class Pipeline:
                    threads: Optional[int] = None, text_encoder: Any = None,
                    max_images: int = DEFAULT_MAX_IMAGES, compile: Optional[bool] = None,
                    compile_mode: str = "default") -> "Pipeline":
-        """PyTorch GPT modules (specrt.export.llamagen_gpt.GPT) and a VQModel or VQDecoder;
+        """PyTorch GPT modules (specrt.models.llamagen_gpt.GPT) and a VQModel or VQDecoder;
         draft may be None, a GPT (an independent draft) or an EAGLE head (specrt.export.eagle,
         e.g. from load_eagle_head or train-draft), which drafts from the target's hidden states. The three must fit together (runtime.compatibility): one line if not.
 

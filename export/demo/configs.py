@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 
 from specrt.export.demo.dataset import IMAGE_SIZE, NUM_CLASSES
 from specrt.export.demo.evaluator import EvaluatorConfig
-from specrt.export.llamagen_gpt import GPTConfig
-from specrt.export.llamagen_vq import VQConfig
+from specrt.models.llamagen_gpt import GPTConfig
+from specrt.models.llamagen_vq import VQConfig
 
 CODEBOOK_SIZE = 512
 GRID_SIZE = 8

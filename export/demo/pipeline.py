@@ -17,8 +17,8 @@ from specrt import __version__  # noqa: E402
 from specrt.export.demo import configs, training  # noqa: E402
 from specrt.export.demo.dataset import HELD_OUT_FRACTION, SPLIT_SEED, DigitsSplit, load_split  # noqa: E402
 from specrt.export.demo.store import DemoModels, config_dicts, round_to_storage, save_demo  # noqa: E402
-from specrt.export.llamagen_gpt import GPTConfig, num_parameters  # noqa: E402
-from specrt.export.llamagen_vq import VQConfig  # noqa: E402
+from specrt.models.llamagen_gpt import GPTConfig, num_parameters  # noqa: E402
+from specrt.models.llamagen_vq import VQConfig  # noqa: E402
 
 DEFAULT_THREADS = 2  # the workplace CPU; on a shared, busy machine 1 avoids OpenMP threads waiting on each other
 

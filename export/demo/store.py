@@ -19,8 +19,8 @@ torch = require("torch", "the demo models")
 safetensors_torch = require("safetensors.torch", "the demo models")
 
 from specrt.export.demo.evaluator import DigitClassifier, EvaluatorConfig  # noqa: E402
-from specrt.export.llamagen_gpt import GPT, GPTConfig  # noqa: E402
-from specrt.export.llamagen_vq import VQConfig, VQModel  # noqa: E402
+from specrt.models.llamagen_gpt import GPT, GPTConfig  # noqa: E402
+from specrt.models.llamagen_vq import VQConfig, VQModel  # noqa: E402
 
 CONFIG_FILE = "demo.json"
 FORMAT = "specrt-demo"

@@ -19,8 +19,8 @@ F = torch.nn.functional
 from specrt.export.demo.configs import Schedule  # noqa: E402
 from specrt.export.demo.dataset import DigitsSplit, random_shifts, shift  # noqa: E402
 from specrt.export.demo.evaluator import DigitClassifier, EvaluatorConfig, accuracy  # noqa: E402
-from specrt.export.llamagen_gpt import GPT, GPTConfig  # noqa: E402
-from specrt.export.llamagen_vq import VQConfig, VQModel  # noqa: E402
+from specrt.models.llamagen_gpt import GPT, GPTConfig  # noqa: E402
+from specrt.models.llamagen_vq import VQConfig, VQModel  # noqa: E402
 
 LossFn = Callable[[int, np.random.Generator], "tuple[torch.Tensor, dict[str, float]]"]
 

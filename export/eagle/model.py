@@ -25,9 +25,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from specrt.export.kv_cache import attend, run_layers
-from specrt.export.llamagen_gpt import GPT, RMSNorm
-from specrt.export.rope import apply_rope, rope_2d_tables
+from specrt.models.kv_cache import attend, run_layers
+from specrt.models.llamagen_gpt import GPT, RMSNorm
+from specrt.models.rope import apply_rope, rope_2d_tables
 
 
 @dataclass

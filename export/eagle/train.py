@@ -31,8 +31,8 @@ from specrt.export.demo.configs import Schedule
 from specrt.export.demo.training import descend, learning_rate, log_metrics
 from specrt.export.eagle.checkpoint import save_eagle_head
 from specrt.export.eagle.model import EagleConfig, EagleHead
-from specrt.export.llamagen_gpt import GPT
 from specrt.lazy import require
+from specrt.models.llamagen_gpt import GPT
 
 STATE_FILE = "train_state.pt"
 

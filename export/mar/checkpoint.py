@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from specrt.errors import SpecrtError
-from specrt.export.mar.model import MAR, MARConfig, SimpleMLPAdaLN
+from specrt.models.mar.model import MAR, MARConfig, SimpleMLPAdaLN
 
 MAR_TRAIN_STEPS = 1000
 MAR_FREQ_DIM = 256

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from specrt.export.mar.autoencoder import TokenDecoder
-from specrt.export.mar.model import MAR
+from specrt.models.mar.autoencoder import TokenDecoder
+from specrt.models.mar.model import MAR
 
 FAMILY = "continuous"
 FORMAT_VERSION = 2  # 2: per-row positions and an attention mask (batches of images); 1: one image

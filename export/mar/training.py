@@ -18,8 +18,8 @@ F = torch.nn.functional
 from specrt.export.demo.configs import Schedule  # noqa: E402
 from specrt.export.demo.dataset import DigitsSplit, shift  # noqa: E402
 from specrt.export.demo.training import _batch, optimise  # noqa: E402
-from specrt.export.mar.autoencoder import AEConfig, KLAutoencoder, to_tokens  # noqa: E402
-from specrt.export.mar.model import MAR, MARConfig  # noqa: E402
+from specrt.models.mar.autoencoder import AEConfig, KLAutoencoder, to_tokens  # noqa: E402
+from specrt.models.mar.model import MAR, MARConfig  # noqa: E402
 from specrt.runtime.families.continuous.formulas import ddpm_schedule  # noqa: E402
 
 

@@ -9,7 +9,7 @@ indices* (codes 0..image_vocab-1, then the row end), so the graphs and the runti
 discrete model with a small vocabulary, exactly as docs/contracts.md "Unified-vocabulary
 models" says.
 
-Like export/llamagen_gpt.py, prefill and step are pure functions of tensors (caller-owned KV
+Like models/llamagen_gpt.py, prefill and step are pure functions of tensors (caller-owned KV
 cache, explicit positions and boolean masks, no data-dependent Python control flow) so they
 trace with torch.onnx.export(dynamo=True). The image grammar is applied inside the logits:
 a forced position is a point mass (FORCED_LOGIT elsewhere), a sampled one never gives a
@@ -23,9 +23,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from specrt.export.kv_cache import Cache, LayerCall, attend, run_layers
-from specrt.export.llamagen_gpt import RMSNorm
 from specrt.export.unified.config import CHAMELEON_QK_NORM_EPS, UnifiedConfig
+from specrt.models.kv_cache import Cache, LayerCall, attend, run_layers
+from specrt.models.llamagen_gpt import RMSNorm
 from specrt.runtime.grammar import FORCED_LOGIT
 
 

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from specrt.errors import SpecrtError
 from specrt.export.unified.config import read_json
 from specrt.export.unified.weights import checkpoint_files
-from specrt.export.llamagen_vq import AttnBlock, ResnetBlock, Upsample, VQConfig, swish
+from specrt.models.llamagen_vq import AttnBlock, ResnetBlock, Upsample, VQConfig, swish
 from specrt.lazy import require
 
 ARCHITECTURES = ("janus", "emu3", "chameleon")

@@ -53,7 +53,7 @@ class CompiledStep:
         if mode not in COMPILE_MODES:
             raise ValueError(f"compile mode {mode!r}: choose from {', '.join(COMPILE_MODES)}")
         torch = require("torch", "the compiled decode step")
-        from specrt.export.kv_cache import call_layer
+        from specrt.models.kv_cache import call_layer
 
         _raise_recompile_limit(torch)
         if mode != "default":  # tune each generated kernel's launch configuration too (gpt-fast's setting)

@@ -5,7 +5,7 @@ lengths kept in host arrays, and commits by copying accepted rows — every step
 the host. The round (runtime/rounds) keeps each image's length on the device, so here a step is
 a function of device tensors alone: image i's W tokens sit at token indices first[i] .. first[i] + W − 1,
 their keys/values are scattered straight to those columns of one static buffer
-(export.kv_cache.ColumnCache), and the mask and positions are derived from `first` on the device.
+(models.kv_cache.ColumnCache), and the mask and positions are derived from `first` on the device.
 A rejected token's columns are overwritten by a later round; nothing is ever copied down.
 
 Rows of the buffer are the CFG rows of the images (row k·images + i is image i's twin k, as the
@@ -23,7 +23,7 @@ from specrt.runtime.sampling import SamplingParams, needs_restriction, restrict
 
 
 class DeviceModel:
-    """One model (a specrt.export GPT) with its own KV buffer for a generate call's images.
+    """One model (a specrt.models GPT) with its own KV buffer for a generate call's images.
 
     The buffer's columns: the condition's, then every image token a round may write (the image's
     tokens and one window past its end), then `window` scratch columns where a tree window's slots
@@ -103,7 +103,7 @@ class DeviceModel:
         self.kv.scatter_(4, target[None, None, :, None, :, None].expand(shape), self.kv.gather(4, source))
 
     def _run(self, row_ids: Any, positions: Any, columns: Any, mask: Any) -> Any:
-        from specrt.export.kv_cache import ColumnCache
+        from specrt.models.kv_cache import ColumnCache
 
         logits, _, _ = self.gpt.step(row_ids, positions, mask, ColumnCache(self.kv, columns), self.run_layer)
         return self.distribution(logits)

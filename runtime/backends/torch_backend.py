@@ -1,4 +1,4 @@
-"""The PyTorch backend: runs specrt.export's GPT.prefill / GPT.step, the sampling head, and VQModel.decode_codes.
+"""The PyTorch backend: runs specrt.models' GPT.prefill / GPT.step, the sampling head, and VQModel.decode_codes.
 
 torch is imported here only (lazily, through specrt.lazy), so the runtime imports without it.
 The KV buffer and the step inputs live on the model's device, allocated once per generate
@@ -21,8 +21,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from specrt.export.neighbours import DEFAULT_K, codebook_neighbours, codebook_of, neighbour_count
 from specrt.lazy import require
+from specrt.models.neighbours import DEFAULT_K, codebook_neighbours, codebook_of, neighbour_count
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.eagle import HeadRunner
 from specrt.runtime.runner import GrownTrees, ModelRunner, ModelSpec, StepOutput, VQDecoder, compact_kv, uniform_run
@@ -227,7 +227,7 @@ def prefill_inputs(torch: Any, rows: Conditions, device: Any, dtype: Any) -> tup
 
 
 def model_spec(gpt: Any) -> ModelSpec:
-    """The runtime's view of a specrt.export GPT (GPTConfig field names)."""
+    """The runtime's view of a specrt.models GPT (GPTConfig field names)."""
     cfg = gpt.config
     if hasattr(cfg, "grammar"):  # a unified-vocabulary model (specrt.export.unified.UnifiedLM)
         return ModelSpec(vocab_size=cfg.vocab_size, grid_size=cfg.grammar.rows, cond_len=cfg.cond_len,
@@ -248,7 +248,7 @@ class TorchRunner(ModelRunner):
     torch.compile (compiled_step.CompiledStep, `compile_mode` one of its COMPILE_MODES).
 
     The KV buffer holds `max_window` scratch columns after the capacity: a step writes its
-    window's keys/values there in place (export.kv_cache.StaticCache) and attends over the
+    window's keys/values there in place (models.kv_cache.StaticCache) and attends over the
     buffer as it lies, so no layer copies its cache; `present` is a view of those columns until
     the next step, and commits copy the accepted ones down as before.
     """
@@ -547,7 +547,7 @@ class TorchRunner(ModelRunner):
 
     def _static_kv(self) -> Any:
         """The KV buffer as a step writes it: scratch columns from the capacity on."""
-        from specrt.export.kv_cache import StaticCache
+        from specrt.models.kv_cache import StaticCache
 
         return StaticCache(self._kv, self.capacity)
 
@@ -682,7 +682,7 @@ class TorchVQ(VQDecoder):
     @staticmethod
     def neighbours_of(vq: Any, k: int = DEFAULT_K) -> Optional[np.ndarray]:
         """LANTERN's neighbour table from the codebook as used at lookup (None if it has none);
-        k is clamped to the codebook as export clamps it (specrt.export.neighbours.neighbour_count)."""
+        k is clamped to the codebook as export clamps it (specrt.models.neighbours.neighbour_count)."""
         with _torch().no_grad():
             codebook = codebook_of(vq)
         return None if codebook is None else codebook_neighbours(codebook, neighbour_count(k, codebook.shape[0])[0])

@@ -248,7 +248,7 @@ def _export_continuous(ctx: click.Context, out: Path, force: bool, random_weight
     """The continuous family: the mar demo (or its --demo-weights) with its tokenizer decoder, or a
     random-weight target/draft pair (export.mar); and its --verify."""
     from specrt.export.mar.export import export_bundle, verify_bundle
-    from specrt.export.mar.model import RANDOM_DRAFT, RANDOM_TARGET, random_mar
+    from specrt.models.mar.model import RANDOM_DRAFT, RANDOM_TARGET, random_mar
 
     if any(given):
         raise SpecrtError("the continuous family exports the mar demo (--demo-weights DIR for retrained weights) or "

@@ -90,7 +90,7 @@ def test_run_prediction_adds_the_vq_decode_to_both_sides():
 def test_bytes_per_step_counts_weights_but_embeddings_and_the_whole_kv_buffer():
     torch = pytest.importorskip("torch")
     from specrt.bench.cost_model import bytes_per_step, memory_bandwidth
-    from specrt.export.llamagen_gpt import GPT, GPTConfig
+    from specrt.models.llamagen_gpt import GPT, GPTConfig
 
     model = GPT(GPTConfig(dim=32, n_layer=2, n_head=2, vocab_size=64, num_classes=3, grid_size=2))
     kv = torch.zeros(2, 2, 2, 2, 9, 16)
@@ -114,7 +114,7 @@ def test_onnx_step_profile_times_fp32_and_int4_of_the_exported_graph():
     """The --profile-arch onnxruntime curves on a small GPT: both precisions timed at every W,
     int4 reading far fewer weight bytes (embedding tables, read by Gather, not counted)."""
     from specrt.bench.onnx_profile import onnx_table, time_onnx_steps
-    from specrt.export.llamagen_gpt import GPTConfig
+    from specrt.models.llamagen_gpt import GPTConfig
 
     config = GPTConfig(dim=64, n_layer=2, n_head=2, vocab_size=256, num_classes=4, grid_size=4, multiple_of=32)
     curves = time_onnx_steps(config, "tiny", windows=(1, 3), repeats=1, threads=1)

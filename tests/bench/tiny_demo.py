@@ -16,8 +16,8 @@ import torch
 from specrt.export.demo.configs import SAMPLING_DEFAULTS
 from specrt.export.demo.evaluator import DigitClassifier, EvaluatorConfig
 from specrt.export.demo.store import DemoModels, config_dicts, save_demo
-from specrt.export.llamagen_gpt import GPT, GPTConfig
-from specrt.export.llamagen_vq import VQConfig, VQModel
+from specrt.models.llamagen_gpt import GPT, GPTConfig
+from specrt.models.llamagen_vq import VQConfig, VQModel
 
 CLASSES, GRID, VOCAB = 10, 8, 64  # 8x8 tokens x4 downsampling = the evaluator's 32x32 images
 

@@ -12,8 +12,8 @@ from specrt.engines.profiles import derive_profile, onnx_input_dims, validate_ag
 
 @pytest.fixture(scope="module")
 def exported_step(tmp_path_factory):
-    from specrt.export.llamagen_gpt import GPT, GPTConfig
     from specrt.export.onnx_export import GraphLimits, export_step
+    from specrt.models.llamagen_gpt import GPT, GPTConfig
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

@@ -13,11 +13,11 @@ from specrt.cli import main
 from specrt.errors import SpecrtError
 from specrt.export import onnx_export
 from specrt.export.bundle import ExportOptions, check_compatible, write_bundle
-from specrt.export.llamagen_gpt import GPT
-from specrt.export.llamagen_vq import VQModel
-from specrt.export.neighbours import codebook_neighbours
 from specrt.export.verify import verify_bundle
 from specrt.manifest import VERSION, read_manifest
+from specrt.models.llamagen_gpt import GPT
+from specrt.models.llamagen_vq import VQModel
+from specrt.models.neighbours import codebook_neighbours
 from tiny_export import NEIGHBOURS_K, VOCAB, tiny_bundle, tiny_draft_config, tiny_models, tiny_vq_config
 
 

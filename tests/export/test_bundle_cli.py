@@ -5,9 +5,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specrt.export.llamagen_gpt import GPT, GPTConfig
-from specrt.export.llamagen_vq import VQModel
 from specrt.manifest import read_manifest
+from specrt.models.llamagen_gpt import GPT, GPTConfig
+from specrt.models.llamagen_vq import VQModel
 from tiny_export import cli_exit_code as _exit_code, CLASSES, VOCAB, tiny_vq_config
 
 HEADS = ["--n-head", "2", "--draft-n-head", "1"]  # custom sizes: the head counts are not in the weights

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from specrt.errors import SpecrtError
-from specrt.export.llamagen_vq import VQConfig, VQModel
+from specrt.models.llamagen_vq import VQConfig, VQModel
 from specrt.runtime.pipeline import Pipeline, to_uint8
 
 from llamagen_reference import ReferenceLlamaGen, llamagen_gpt_shapes, random_state_dict, reference_vq_decode
@@ -217,6 +217,6 @@ def test_from_torch_refuses_what_it_cannot_run_in_one_line(files):
 
 def test_cli_names_every_llamagen_size():
     from specrt.commands._checkpoint_flags import GPT_ARCH_NAMES
-    from specrt.export.llamagen_gpt import GPT_ARCHS
+    from specrt.models.llamagen_gpt import GPT_ARCHS
 
     assert GPT_ARCH_NAMES == ", ".join(GPT_ARCHS)

@@ -8,8 +8,8 @@ from safetensors.torch import save_file
 from specrt.errors import SpecrtError
 from specrt.export.checkpoints import (MAX_MESSAGE, image_size_from_name, infer_gpt_config, load_gpt, load_state_dict,
                                        load_vq)
-from specrt.export.llamagen_gpt import GPTConfig
-from specrt.export.llamagen_vq import VQConfig, VQModel
+from specrt.models.llamagen_gpt import GPTConfig
+from specrt.models.llamagen_vq import VQConfig, VQModel
 
 from llamagen_reference import llamagen_gpt_shapes, random_state_dict
 

@@ -12,7 +12,7 @@ from specrt.export.demo.dataset import load_split  # noqa: E402
 from specrt.export.demo.evaluator import frechet_distance  # noqa: E402
 from specrt.export.demo.pipeline import subset_split, train_demo  # noqa: E402
 from specrt.export.demo.store import WEIGHT_FILES, load_demo  # noqa: E402
-from specrt.export.llamagen_gpt import GPTConfig  # noqa: E402
+from specrt.models.llamagen_gpt import GPTConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from specrt.export.llamagen_gpt import GPT, GPTConfig
-from specrt.export.llamagen_vq import VQModel
 from specrt.manifest import read_manifest
+from specrt.models.llamagen_gpt import GPT, GPTConfig
+from specrt.models.llamagen_vq import VQModel
 from specrt.runtime.pipeline import Pipeline
 from tiny_export import cli_exit_code, tiny_vq_config
 

@@ -9,8 +9,8 @@ import pytest
 from cli_helpers import one_line, run
 from specrt.errors import SpecrtError
 from specrt.export.bundle import ExportOptions, ModelSet, write_bundle
-from specrt.export.llamagen_gpt import GPT
-from specrt.export.llamagen_vq import VQModel
+from specrt.models.llamagen_gpt import GPT
+from specrt.models.llamagen_vq import VQModel
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 from tiny_export import GRID, tiny_draft_config, tiny_target_config, tiny_vq_config
 

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from specrt.errors import SpecrtError  # noqa: E402
 from specrt.export.mar.checkpoint import load_mar_checkpoint, load_mar_head  # noqa: E402
-from specrt.export.mar.model import MAR, MARConfig, random_mar  # noqa: E402
+from specrt.models.mar.model import MAR, MARConfig, random_mar  # noqa: E402
 
 CFG = MARConfig(token_dim=3, seq_len=4, dim=16, n_layer=2, n_head=2, num_classes=5, head_width=8, head_depth=2,
                 diffusion_steps=1000, schedule="cosine", input_norm=True, head_freq_dim=256)

@@ -68,9 +68,9 @@ def test_training_code_path_on_a_tiny_subset(tmp_path):
 
     from specrt.export.demo.dataset import load_split
     from specrt.export.demo.pipeline import subset_split
-    from specrt.export.mar.autoencoder import AEConfig
     from specrt.export.mar.demo import train_mar_demo
-    from specrt.export.mar.model import MARConfig
+    from specrt.models.mar.autoencoder import AEConfig
+    from specrt.models.mar.model import MARConfig
 
     ae = AEConfig(latent_channels=2, ch=8, ch_mult=(1, 2, 2), z_channels=8, num_res_blocks=1, norm_groups=4)
     mar = MARConfig(token_dim=2, seq_len=64, dim=16, n_layer=1, n_head=2, head_width=16, head_depth=1, diffusion_steps=4)

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
 from specrt.export.mar.export import export_bundle, verify_bundle  # noqa: E402
-from specrt.export.mar.model import MARConfig, random_mar  # noqa: E402
+from specrt.models.mar.model import MARConfig, random_mar  # noqa: E402
 from specrt.runtime.families.continuous.bundle import open_runner  # noqa: E402
 from specrt.runtime.families import bundle_family  # noqa: E402
 from specrt.runtime.families.continuous.methods import make_continuous_method  # noqa: E402

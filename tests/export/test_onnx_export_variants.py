@@ -11,8 +11,8 @@ import torch
 
 from specrt.export import onnx_export
 from specrt.export.lint import ERROR, WARNING, lint_graph
-from specrt.export.llamagen_gpt import GPT, gpt_config
 from specrt.export.verify import causal_case, tree_case
+from specrt.models.llamagen_gpt import GPT, gpt_config
 from specrt.runtime.head import SamplingHead
 from tiny_export import tiny_models
 

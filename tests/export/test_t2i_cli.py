@@ -53,8 +53,8 @@ def test_export_cli_with_a_text_encoder_takes_prompts_like_the_torch_route(tmp_p
     with the same T5 directory (sd: target and draft both on the line)."""
     import torch
 
-    from specrt.export.llamagen_vq import VQConfig, VQModel
     from specrt.export.sources import GPTChoice, checkpoint_models
+    from specrt.models.llamagen_vq import VQConfig, VQModel
     from specrt.runtime.text import T5TextEncoder
     from tiny_export import GRID, VOCAB
     from tiny_t2i import t2i_checkpoints, t5_directory

@@ -14,7 +14,7 @@ from tiny_export import cli_exit_code, tiny_target_config  # noqa: E402
 
 from specrt.export.eagle import train  # noqa: E402
 from specrt.export.eagle.checkpoint import load_eagle_head  # noqa: E402
-from specrt.export.llamagen_gpt import GPT  # noqa: E402
+from specrt.models.llamagen_gpt import GPT  # noqa: E402
 
 RECIPE = train.Recipe(steps=4, batch_size=2, checkpoint_every=2, warmup=1, seed=3)
 

@@ -16,9 +16,9 @@ import torch
 import torch.nn as nn
 
 from specrt.errors import SpecrtError
-from specrt.export.llamagen_vq import VQConfig, VQModel
 from specrt.export.onnx_export import GraphLimits, export_vq_decode
 from specrt.export.unified import vq as uvq
+from specrt.models.llamagen_vq import VQConfig, VQModel
 
 transformers = pytest.importorskip("transformers")
 torch.set_num_threads(1)

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from specrt.export.bundle import ExportOptions, ModelSet, write_bundle
-from specrt.export.llamagen_gpt import GPT, GPTConfig
-from specrt.export.llamagen_vq import VQConfig, VQModel
 from specrt.manifest import Manifest
+from specrt.models.llamagen_gpt import GPT, GPTConfig
+from specrt.models.llamagen_vq import VQConfig, VQModel
 
 VOCAB, CLASSES, GRID = 96, 5, 4
 MAX_WINDOW = 20  # > 17, so W = 1, 5, 17 all run within the profile

@@ -19,9 +19,9 @@ import torch
 from llamagen_reference import ReferenceLlamaGen, llamagen_gpt_shapes, random_state_dict
 from specrt.export.bundle import ExportOptions, ModelSet
 from specrt.export.checkpoints import load_gpt
-from specrt.export.llamagen_gpt import GPTConfig
-from specrt.export.llamagen_vq import VQModel
 from specrt.manifest import Manifest
+from specrt.models.llamagen_gpt import GPTConfig
+from specrt.models.llamagen_vq import VQModel
 from tiny_export import GRID, VOCAB, temporary_bundle, tiny_vq_config
 
 COND_LEN, CAPTION_DIM = 6, 12

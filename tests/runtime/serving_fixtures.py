@@ -48,7 +48,7 @@ def tiny_continuous_bundle(out: Path) -> Path:
     """A random-weight continuous bundle at `out` (4 tokens of 3 channels, 3 classes), target and
     draft, no decoder: a server gives its tokens only (the families, serving and C API tests)."""
     from specrt.export.mar.export import export_bundle
-    from specrt.export.mar.model import MARConfig, random_mar
+    from specrt.models.mar.model import MARConfig, random_mar
 
     shared = dict(token_dim=3, seq_len=4, n_head=2, diffusion_steps=4, num_classes=3)
     target = random_mar(MARConfig(dim=32, n_layer=2, **shared), seed=0)

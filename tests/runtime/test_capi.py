@@ -89,7 +89,7 @@ def decoderless_bundle(tmp_path_factory) -> Path:
     """A continuous bundle exported without a decoder: it generates float tokens only."""
     pytest.importorskip("torch")
     from specrt.export.mar.export import export_bundle
-    from specrt.export.mar.model import MARConfig, random_mar
+    from specrt.models.mar.model import MARConfig, random_mar
 
     shared = dict(token_dim=3, seq_len=4, n_head=2, diffusion_steps=4, num_classes=3)
     target = random_mar(MARConfig(dim=32, n_layer=2, **shared), seed=0)

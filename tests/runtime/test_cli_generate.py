@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    from specrt.export.llamagen_gpt import GPT, GPTConfig
-    from specrt.export.llamagen_vq import VQConfig, VQModel
+    from specrt.models.llamagen_gpt import GPT, GPTConfig
+    from specrt.models.llamagen_vq import VQConfig, VQModel
 
     torch.manual_seed(0)
     root = tmp_path_factory.mktemp("ckpt")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from specrt.bench.step_ops import profile_generated_kernels, step_ops
-from specrt.export.kv_cache import StaticCache
-from specrt.export.llamagen_gpt import GPT, GPTConfig
+from specrt.models.kv_cache import StaticCache
+from specrt.models.llamagen_gpt import GPT, GPTConfig
 from specrt.runtime.backends.compiled_step import CompiledStep
 
 # at most this many compute operations a layer in a compiled decode step (an eager one runs ~50)
@@ -114,7 +114,7 @@ def test_compiled_cache_writes_allocate_no_cache_sized_buffer(cache):
     first ColumnCache, became a copy of the whole cache every layer; its index_put_ does not.)"""
     from torch._inductor.utils import run_and_get_code
 
-    from specrt.export.kv_cache import ColumnCache
+    from specrt.models.kv_cache import ColumnCache
 
     model, (ids, positions, mask), kv, capacity = _model_and_step(layers=2)
     step = CompiledStep("default")

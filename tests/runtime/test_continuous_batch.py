@@ -28,7 +28,7 @@ ATOL = 1e-5
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
     from specrt.export.mar.export import export_bundle
-    from specrt.export.mar.model import MARConfig, random_mar
+    from specrt.models.mar.model import MARConfig, random_mar
 
     shared = dict(token_dim=2, seq_len=8, n_head=2, diffusion_steps=3, schedule="linear", beta_start=0.1, beta_end=0.5)
     target = random_mar(MARConfig(dim=32, n_layer=2, head_width=32, **shared), seed=0, scale=0.1)
@@ -122,7 +122,7 @@ def test_a_format_1_step_graph_is_refused_in_one_line(bundle, tmp_path):
 
     import torch
 
-    from specrt.export.mar.model import MAR, MARConfig
+    from specrt.models.mar.model import MAR, MARConfig
 
     old = tmp_path / "old"
     shutil.copytree(bundle, old)

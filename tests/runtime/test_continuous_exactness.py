@@ -34,7 +34,7 @@ CSPD = {"draft_len": 2, "prefill_ratio": 0.0}
 
 def tiny_bundle(directory, scale: float, **shared):
     from specrt.export.mar.export import export_bundle
-    from specrt.export.mar.model import MARConfig, random_mar
+    from specrt.models.mar.model import MARConfig, random_mar
 
     shared = dict(n_head=2, schedule="linear", **shared)
     target = random_mar(MARConfig(dim=32, n_layer=2, head_width=32, **shared), seed=0, scale=scale)

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def pipelines(tmp_path_factory):
     from specrt.export.bundle import ExportOptions, ModelSet, write_bundle
-    from specrt.export.llamagen_gpt import GPT, GPTConfig
-    from specrt.export.llamagen_vq import VQConfig, VQModel
+    from specrt.models.llamagen_gpt import GPT, GPTConfig
+    from specrt.models.llamagen_vq import VQConfig, VQModel
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -41,8 +41,8 @@ def bundles(tmp_path_factory) -> dict[str, Path]:
 def make_bundles(root: Path) -> dict[str, Path]:
     """fp32, int4-draft and int4-target bundles of one tiny model family under `root`."""
     from specrt.export.bundle import ExportOptions, ModelSet, write_bundle
-    from specrt.export.llamagen_gpt import GPT, GPTConfig
-    from specrt.export.llamagen_vq import VQConfig, VQModel
+    from specrt.models.llamagen_gpt import GPT, GPTConfig
+    from specrt.models.llamagen_vq import VQConfig, VQModel
 
     torch.manual_seed(0)
     gpt = dict(vocab_size=VOCAB, num_classes=CLASSES, grid_size=GRID, multiple_of=16)

@@ -20,8 +20,8 @@ torch = pytest.importorskip("torch")
 from _toy_exact import chi_square, reference_row  # noqa: E402
 from test_losslessness import BrokenSD  # noqa: E402  (SD resampling from P: the planted bug both loops must show)
 from specrt.errors import SpecrtError  # noqa: E402
-from specrt.export.llamagen_gpt import GPT, GPTConfig  # noqa: E402
-from specrt.export.llamagen_vq import VQConfig, VQModel  # noqa: E402
+from specrt.models.llamagen_gpt import GPT, GPTConfig  # noqa: E402
+from specrt.models.llamagen_vq import VQConfig, VQModel  # noqa: E402
 from specrt.runtime.methods import make_method  # noqa: E402
 from specrt.runtime.pipeline import Pipeline  # noqa: E402
 from specrt.runtime.rounds import plan_round  # noqa: E402

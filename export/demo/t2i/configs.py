@@ -12,7 +12,7 @@ from specrt.export.demo import configs as c2i
 from specrt.export.demo.configs import Schedule
 from specrt.export.demo.evaluator import EvaluatorConfig
 from specrt.export.demo.t2i.text_model import TextEncoderConfig
-from specrt.export.llamagen_gpt import GPTConfig
+from specrt.models.llamagen_gpt import GPTConfig
 
 COND_LEN = 12  # the longest caption ("the digit seven, thick, slanted and wide") is 10 tokens with </s>
 TEXT_ENCODER = TextEncoderConfig()

@@ -28,7 +28,7 @@ from specrt.export.demo.t2i.captions import ATTRIBUTES, TEMPLATES, AttributeBins
 from specrt.export.demo.t2i.store import TEXT_ENCODER_DIR, T2IDemoModels, save_t2i_demo  # noqa: E402
 from specrt.export.demo.t2i.text_model import build_encoder, build_tokenizer, save_text_encoder  # noqa: E402
 from specrt.export.demo.training import StageTimer, tokenize, tokenize_shifted  # noqa: E402
-from specrt.export.llamagen_gpt import num_parameters  # noqa: E402
+from specrt.models.llamagen_gpt import num_parameters  # noqa: E402
 
 
 def train_t2i_demo(out_dir: str | Path | None, seed: int = 0, steps_scale: float = 1.0, progress: bool = True,

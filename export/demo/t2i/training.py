@@ -22,7 +22,7 @@ from specrt.export.demo.evaluator import EvaluatorConfig  # noqa: E402
 from specrt.export.demo.t2i.captions import ATTRIBUTE_NAMES, Request, caption, training_caption  # noqa: E402
 from specrt.export.demo.t2i.evaluator import PromptEvaluator, predict, prompt_following  # noqa: E402
 from specrt.export.demo.training import _batch, optimise  # noqa: E402
-from specrt.export.llamagen_gpt import GPT, GPTConfig  # noqa: E402
+from specrt.models.llamagen_gpt import GPT, GPTConfig  # noqa: E402
 from specrt.runtime.conditions import left_align  # noqa: E402
 
 

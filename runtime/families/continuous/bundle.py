@@ -63,8 +63,8 @@ def open_runner(bundle_dir: str | Path, role: str, backend: str = "onnxruntime")
         from specrt.runtime.families.continuous.ort_runner import OrtContinuousRunner
 
         return OrtContinuousRunner(spec, bundle_dir / entry["step"], bundle_dir / entry["head"])
-    from specrt.export.mar.model import MAR, MARConfig
     from specrt.lazy import require
+    from specrt.models.mar.model import MAR, MARConfig
     from specrt.runtime.families.continuous.torch_runner import TorchContinuousRunner
 
     require("torch", "the torch backend")
@@ -100,8 +100,8 @@ def open_decoder(bundle_dir: str | Path, backend: str = "onnxruntime", threads: 
             options.inter_op_num_threads = 1
         session = ort.InferenceSession(str(bundle_dir / entry["graph"]), options, providers=["CPUExecutionProvider"])
         return lambda tokens: session.run(None, {"tokens": np.ascontiguousarray(tokens, np.float32)})[0]
-    from specrt.export.mar.autoencoder import AEConfig, TokenDecoder
     from specrt.lazy import require
+    from specrt.models.mar.autoencoder import AEConfig, TokenDecoder
 
     torch = require("torch", "the torch backend")
     from safetensors.torch import load_file

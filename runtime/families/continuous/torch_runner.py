@@ -14,7 +14,7 @@ from specrt.runtime.families.continuous.runner import ContinuousRunner, Continuo
 
 
 def spec_of(cfg: Any) -> ContinuousSpec:
-    """The runtime spec of an export.mar.model.MARConfig."""
+    """The runtime spec of an models.mar.model.MARConfig."""
     return ContinuousSpec(token_dim=cfg.token_dim, seq_len=cfg.seq_len, num_classes=cfg.num_classes,
                           n_layer=cfg.n_layer, n_head=cfg.n_head, head_dim=cfg.head_dim, hidden=cfg.dim,
                           diffusion_steps=cfg.diffusion_steps, schedule=cfg.schedule,
@@ -22,7 +22,7 @@ def spec_of(cfg: Any) -> ContinuousSpec:
 
 
 class TorchContinuousRunner(ContinuousRunner):
-    """A ContinuousRunner over an export.mar.model.MAR module (CPU, float32)."""
+    """A ContinuousRunner over an models.mar.model.MAR module (CPU, float32)."""
 
     def __init__(self, model: Any):
         super().__init__(spec_of(model.cfg))

@@ -14,8 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from specrt.export.kv_cache import Cache, LayerCall, LayerPast, attend, run_layers
-from specrt.export.rope import apply_rope, rope_2d_tables
+from specrt.models.kv_cache import Cache, LayerCall, LayerPast, attend, run_layers
+from specrt.models.rope import apply_rope, rope_2d_tables
 
 # name -> (dim, n_layer, n_head), as LlamaGen's GPT_models.
 GPT_ARCHS: dict[str, tuple[int, int, int]] = {

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from specrt.export.checkpoints import load_gpt
-from specrt.export.kv_cache import StaticCache
-from specrt.export.llamagen_gpt import GPT, GPTConfig, gpt_config
-from specrt.export.rope import rope_2d_tables
+from specrt.models.kv_cache import StaticCache
+from specrt.models.llamagen_gpt import GPT, GPTConfig, gpt_config
+from specrt.models.rope import rope_2d_tables
 
 from llamagen_reference import ReferenceLlamaGen, llamagen_gpt_shapes, random_state_dict, rope_2d_complex
 

@@ -2,7 +2,7 @@
 
 Same layout as MAR's own tokenizer (LTH14/mar models/vae.py, LDM's AutoencoderKL): `encoder`
 -> `quant_conv` (2C channels: mean and log-variance) -> a Gaussian posterior; `post_quant_conv`
--> `decoder`. The convolutional encoder/decoder are LlamaGen's (export/llamagen_vq.py), which
+-> `decoder`. The convolutional encoder/decoder are LlamaGen's (models/llamagen_vq.py), which
 are the same taming/LDM blocks, so one implementation serves both tokenizers.
 
 Tokens are the posterior's latents in raster order, multiplied by `scale_factor` (MAR's
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from specrt.export.llamagen_vq import Decoder, Encoder, VQConfig
+from specrt.models.llamagen_vq import Decoder, Encoder, VQConfig
 
 
 @dataclass

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specrt.export.checkpoints import infer_vq_config, load_vq
-from specrt.export.llamagen_vq import VQ_ARCHS, VQConfig, VQModel
+from specrt.models.llamagen_vq import VQ_ARCHS, VQConfig, VQModel
 
 from llamagen_reference import reference_vq_decode
 
