@@ -275,7 +275,7 @@ def test_stack_rows_keeps_device_rows_on_the_device_and_reads_them_once():
     """SJD-PAC's adaptive continuation reads one entry of each stale row: stacked on the device
     first (a uniform host row among them included), that is one transfer, not one per row."""
     torch = pytest.importorskip("torch")
-    from specrt.runtime.backends.torch_backend import DeviceRows
+    from specrt.runtime.backends.device_outputs import DeviceRows
     from specrt.runtime.verification.transport import stack_rows
 
     class Meter:

@@ -267,7 +267,7 @@ def test_a_batch_of_trees_on_device_rows_is_verified_as_each_alone_in_a_few_read
     (DeviceProbs, replayed on host memory), which gather nothing on the device, give the same."""
     torch = pytest.importorskip("torch")
     from specrt.engines.trt_runner import DeviceProbs
-    from specrt.runtime.backends.torch_backend import DeviceRows
+    from specrt.runtime.backends.device_outputs import DeviceRows
     from specrt.runtime.verification.trees import verify_trees
 
     vocab = 6
