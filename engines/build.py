@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specrt.errors import SpecrtError
-from specrt.manifest import UNBUILT_KINDS
+from specrt.manifest import UNBUILT_KINDS, Manifest, as_manifest
 from specrt.lazy import available
 
 from .bundle import GraphEntry, graph_entries
@@ -190,12 +190,14 @@ def tensorrt_engine_builder(workspace_bytes: int) -> EngineBuilder:
     return build
 
 
-def plan_jobs(bundle: str | Path, precision: str, trt_version: str, device: DeviceInfo,
+def plan_jobs(bundle: str | Path | Manifest, precision: str, trt_version: str, device: DeviceInfo,
               max_window: int | None = None, graphs: list[str] | None = None) -> list[BuildJob]:
-    """Validate every graph and prepare its job before anything is built (conversion included)."""
+    """Validate every graph and prepare its job before anything is built (conversion included);
+    `bundle`: its checked manifest, or its directory."""
     validate_precision(precision)
+    manifest = as_manifest(bundle)
     jobs = []
-    for entry in graph_entries(bundle, graphs):
+    for entry in graph_entries(manifest.root, graphs, manifest):
         if graphs is None and entry.spec["kind"] in SKIPPED_KINDS:
             continue  # the TensorRT runner does not run it: no engine unless asked for by name
         if entry.spec["kind"] in UNBUILT_KINDS:
@@ -205,7 +207,7 @@ def plan_jobs(bundle: str | Path, precision: str, trt_version: str, device: Devi
         validate_against_onnx(profile, entry.spec, onnx_input_dims(entry.onnx_path))
         onnx_path, converter = entry.onnx_path, ""
         if needs_conversion(precision, trt_version):
-            onnx_path = write_converted(entry.onnx_path, entry.onnx_sha256, precision, Path(bundle) / CONVERTED_DIR)
+            onnx_path = write_converted(entry.onnx_path, entry.onnx_sha256, precision, manifest.root / CONVERTED_DIR)
             converter = CONVERTER_VERSION
         key = EngineKey(graph=entry.name, trt_version=trt_version, device=device, precision=precision,
                         profile=profile.to_json(), onnx_sha256=entry.onnx_sha256, converter=converter)

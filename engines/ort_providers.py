@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from specrt.errors import SpecrtError
+from specrt.manifest import Manifest, as_manifest
 
 from .bundle import graph_entries
 from .precision import validate_precision
@@ -26,17 +27,19 @@ _NEEDS = {"ort-cpu": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider"
 Provider = str | tuple[str, dict[str, str]]
 
 
-def tensorrt_options(bundle: str | Path, graph: str, precision: str = "fp32", device_id: int = 0,
+def tensorrt_options(bundle: str | Path | Manifest, graph: str, precision: str = "fp32", device_id: int = 0,
                      workspace_bytes: int = 4 << 30, max_window: int | None = None) -> dict[str, str]:
-    """TensorRT execution provider options for one graph: profiles from the manifest, caches in the bundle.
+    """TensorRT execution provider options for one graph: profiles from the manifest, caches in the bundle
+    (`bundle`: its checked manifest, or its directory).
 
     fp16/bf16 here are the provider's builder flags, which exist on TensorRT 10 only; on
     TensorRT 11 give onnxruntime a graph converted by specrt.engines.precision instead.
     """
     validate_precision(precision)
-    [entry] = graph_entries(bundle, [graph])
+    manifest = as_manifest(bundle)
+    [entry] = graph_entries(manifest.root, [graph], manifest)
     profile = derive_profile(graph, entry.spec, max_window)
-    cache_dir = str(Path(bundle).absolute() / ORT_TRT_CACHE_DIR)
+    cache_dir = str(manifest.root.absolute() / ORT_TRT_CACHE_DIR)
     options = {
         "device_id": str(device_id),
         "trt_max_workspace_size": str(workspace_bytes),
@@ -55,7 +58,7 @@ def tensorrt_options(bundle: str | Path, graph: str, precision: str = "fp32", de
     return options
 
 
-def providers_for(backend: str, bundle: str | Path, graph: str, precision: str = "fp32", device_id: int = 0,
+def providers_for(backend: str, bundle: str | Path | Manifest, graph: str, precision: str = "fp32", device_id: int = 0,
                   max_window: int | None = None, available: list[str] | None = None) -> list[Provider]:
     """Provider list for `InferenceSession(providers=...)`, best first, with the fallbacks onnxruntime needs.
 

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from specrt.errors import SpecrtError
+from specrt.manifest import Manifest, as_manifest
 from specrt.runtime.backends.ort_backend import model_spec
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder
@@ -442,40 +443,41 @@ class TrtVQDecoder(VQDecoder):
         return np.concatenate(images)
 
 
-def find_engines(bundle: str | Path, graphs: list[str], precision: str = "fp32",
+def find_engines(bundle: str | Path | Manifest, graphs: list[str], precision: str = "fp32",
                  max_window: int | None = None) -> dict[str, Path]:
     """Engines of `graphs` built by `specrt build` for this GPU + TensorRT, keys checked; SpecrtError if any is missing or stale."""
     from .build import plan_jobs
     from .cache import EngineCache, detect_device
 
     trt = require_tensorrt()
+    manifest = as_manifest(bundle)
     device = detect_device()
-    cache = EngineCache(bundle, device, trt.__version__)
+    cache = EngineCache(manifest.root, device, trt.__version__)
     found = {}
-    for job in plan_jobs(bundle, precision, trt.__version__, device, max_window, graphs):
+    for job in plan_jobs(manifest, precision, trt.__version__, device, max_window, graphs):
         path = cache.lookup(job.key)
         if path is None:
             raise SpecrtError(f"no up-to-date {precision} engine for {job.entry.name} on {device.name} with TensorRT "
-                              f"{trt.__version__}: run `specrt build {bundle} --precision {precision}`")
+                              f"{trt.__version__}: run `specrt build {manifest.root} --precision {precision}`")
         found[job.entry.name] = path
     return found
 
 
-def runner_from_bundle(bundle: str | Path, role: str, precision: str = "fp32", max_window: int | None = None) -> TrtRunner:
-    """A TrtRunner for `role` ('target' or 'draft') from a bundle whose engines are built."""
-    from specrt.manifest import read_manifest
-
-    manifest = read_manifest(bundle, check_hashes=False)
+def runner_from_bundle(bundle: str | Path | Manifest, role: str, precision: str = "fp32",
+                       max_window: int | None = None) -> TrtRunner:
+    """A TrtRunner for `role` ('target' or 'draft') from a bundle whose engines are built (its
+    checked manifest, or its directory)."""
+    manifest = as_manifest(bundle)
     model = manifest.models[role]
     window = max_window or int(manifest.limits.get("max_window", 64))
-    engines = find_engines(bundle, [f"{role}_prefill", f"{role}_step"], precision, max_window)
+    engines = find_engines(manifest, [f"{role}_prefill", f"{role}_step"], precision, max_window)
     chain = None
     if f"{role}_chain" in manifest.graphs:  # a draft chain, where its engine was built (else: step by step)
-        chain = _built_engine(bundle, f"{role}_chain", precision, max_window)
+        chain = _built_engine(manifest, f"{role}_chain", precision, max_window)
     tree, layout = None, None
     if f"{role}_tree" in manifest.graphs:  # a static tree in one call, where its engine was built (else: level by level)
         layout = TreeLayout(StaticShape(manifest.graphs[f"{role}_tree"].tree))
-        tree = _built_engine(bundle, f"{role}_tree", precision, max_window)  # used where it fits (TrtRunner)
+        tree = _built_engine(manifest, f"{role}_tree", precision, max_window)  # used where it fits (TrtRunner)
     spec = model_spec(model)
     kv = KVLayout(model["n_layer"], model["n_kv_head"], model["head_dim"])
     return TrtRunner(spec, kv, engines[f"{role}_prefill"], engines[f"{role}_step"], window, chain, tree, layout)
@@ -487,7 +489,7 @@ def tree_fits(layout: TreeLayout, max_window: int) -> bool:
     return len(layout.fed) < max_window and layout.nodes - 1 <= max_window
 
 
-def _built_engine(bundle: str | Path, graph: str, precision: str, max_window: int | None) -> Path | None:
+def _built_engine(bundle: Manifest, graph: str, precision: str, max_window: int | None) -> Path | None:
     """The engine of an optional graph where `specrt build` made one, else None (the runner then
     does that graph's work step by step)."""
     try:
@@ -496,26 +498,25 @@ def _built_engine(bundle: str | Path, graph: str, precision: str, max_window: in
         return None
 
 
-def pipeline_parts_from_bundle(bundle: str | Path, precision: str = "fp32") -> dict[str, Any]:
-    """Keyword arguments of runtime Pipeline(...) over the bundle's TensorRT engines (`--backend trt`).
+def pipeline_parts_from_bundle(bundle: str | Path | Manifest, precision: str = "fp32") -> dict[str, Any]:
+    """Keyword arguments of runtime Pipeline(...) over the bundle's TensorRT engines (`--backend trt`;
+    `bundle`: its checked manifest, or its directory).
 
     The graphs' companions (neighbour table, sampling defaults, limits) come from the same
     bundle as on onnxruntime, so only the runners and the VQ decoder differ between backends.
     """
-    from specrt.manifest import read_manifest
-    from specrt.runtime.backends.ort_backend import bundle_companions
+    from specrt.runtime.backends.ort_backend import bundle_companions, is_eagle
 
     require_tensorrt()  # fail at once, with the install hint, before touching any engine
-    manifest = read_manifest(bundle, check_hashes=False)
+    manifest = as_manifest(bundle)
     companions = bundle_companions(manifest)  # first: it cross-checks the manifest
     vq = manifest.models["vq"]
     max_batch = int(manifest.limits.get("max_batch", 8))
-    vq_engine = find_engines(bundle, ["vq_decode"], precision)["vq_decode"]
-    from specrt.runtime.backends.ort_backend import is_eagle
+    vq_engine = find_engines(manifest, ["vq_decode"], precision)["vq_decode"]
     if is_eagle(manifest):  # its step binds a feature input and output the TrtRunner does not have yet
         raise SpecrtError("the TensorRT backend does not run EAGLE draft heads yet: use --backend ort or ort-cuda "
                           "for this bundle (its engines build; only the runner lacks the head's feature I/O)")
-    draft = runner_from_bundle(bundle, "draft", precision) if "draft_step" in manifest.graphs else None
-    return {"target": runner_from_bundle(bundle, "target", precision), "draft": draft,
+    draft = runner_from_bundle(manifest, "draft", precision) if "draft_step" in manifest.graphs else None
+    return {"target": runner_from_bundle(manifest, "target", precision), "draft": draft,
             "vq": TrtVQDecoder(vq_engine, int(vq["grid_size"]), max_batch, int(vq["downsample"])),
             **companions}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -74,7 +73,7 @@ def open_handle(bundle_dir: str, backend: str | None) -> Handle:
     if threads is not None:
         threads = validation.threads("SPECRT_THREADS", threads)
     plugin, manifest = read_bundle(bundle_dir)
-    pipeline = plugin.open(Path(bundle_dir), backend=backend or "ort", threads=threads)
+    pipeline = plugin.open(manifest, backend=backend or "ort", threads=threads)
     return Handle(pipeline, plugin, plugin.image_size(pipeline, manifest))
 
 

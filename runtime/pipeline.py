@@ -9,11 +9,9 @@
 """
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -24,6 +22,7 @@ from specrt.manifest import DEFAULT_MAX_IMAGES
 from specrt.runtime.compatibility import check_compatible
 from specrt.runtime.defaults import as_dict, defaults_of
 from specrt.runtime.conditions import Conditions
+from specrt.runtime.families import modules_family, open_bundle
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Decoding, Method, checked_max_window, make_method
 from specrt.runtime.methods.speculative import Lantern
 from specrt.runtime.rounds import LOOPS
@@ -33,7 +32,6 @@ from specrt.runtime.stats import Stats
 from specrt.runtime.threads import set_torch_threads
 
 SAMPLING_KEYS = ("cfg_scale", "temperature", "top_k", "top_p")
-BUNDLE_BACKENDS = ("ort", "ort-cpu", "ort-cuda", "ort-trt", "trt")
 
 
 @dataclass
@@ -87,52 +85,20 @@ class Pipeline:
     # ---- constructors ------------------------------------------------------------------------
 
     @classmethod
-    def from_bundle(cls, path: str | Path, backend: str = "ort", providers: Optional[Sequence[Any]] = None,
+    def from_bundle(cls, bundle: Any, backend: str = "ort", providers: Optional[Sequence[Any]] = None,
                     threads: Optional[int] = None, precision: Optional[str] = None) -> Any:
-        """Any bundle: its manifest is read once and checked, and the family it names
-        (runtime/families: LlamaGen-layout VQ models, continuous MAR-style models) opens it on
-        `backend`. A LlamaGen bundle gives this class (open_discrete_bundle); another family
-        gives its own pipeline, with the same generate(class_ids, method=..., seed=...) call."""
-        from specrt.runtime.families import read_bundle
+        """Any bundle: its folder, or its manifest read before (runtime/families.read_bundle). The
+        manifest is read once and checked, and the family it names (runtime/families: LlamaGen-layout
+        VQ models, unified-vocabulary LLMs, continuous MAR-style models) opens it on `backend`: one
+        of runtime/backends/bundle_backends.BUNDLE_BACKENDS for a discrete family. A LlamaGen bundle
+        gives this class; another family gives its own pipeline, with the same
+        generate(class_ids, method=..., seed=...) call.
 
-        family, _ = read_bundle(path)
-        options = {"providers": providers, "precision": precision}
-        return family.open(Path(path), backend=backend, threads=threads, **options)
-
-    @classmethod
-    def open_discrete_bundle(cls, path: str | Path, backend: str = "ort", providers: Optional[Sequence[Any]] = None,
-                             threads: Optional[int] = None, precision: Optional[str] = None) -> "Pipeline":
-        """A LlamaGen-family bundle directory (manifest.json + ONNX graphs) on one of BUNDLE_BACKENDS.
-
-        'ort' is onnxruntime with its default providers (CPU here); 'ort-cpu', 'ort-cuda' and
-        'ort-trt' pick onnxruntime's execution provider with the bundle's profiles and caches
-        (specrt.engines.ort_providers); 'trt' runs the engines `specrt build` made.
         `threads`: intra-op threads per onnxruntime session (specrt.runtime.threads; None:
-        onnxruntime's default, one per core); `precision` picks the engines ('trt') or
-        TensorRT EP precision ('ort-trt').
-        """
-        return cls(**cls.bundle_parts(path, backend, providers, threads, precision))
-
-    @staticmethod
-    def bundle_parts(path: str | Path, backend: str = "ort", providers: Optional[Sequence[Any]] = None,
-                     threads: Optional[int] = None, precision: Optional[str] = None,
-                     backends: Sequence[str] = BUNDLE_BACKENDS) -> dict[str, Any]:
-        """Keyword arguments of Pipeline(...) for a bundle on `backend` (one of `backends`): the
-        runners, decoder and companions every discrete family's pipeline opens alike."""
-        precision = precision or "fp32"
-        if threads is not None:
-            threads = validation.count("threads", threads)
-        if backend not in backends:
-            hint = " (torch runs checkpoints or the demo, not bundles)" if backend == "torch" else ""
-            raise SpecrtError(f"unknown bundle backend {backend!r}{hint}; choose one of {', '.join(backends)}")
-        if backend == "trt":
-            from specrt.engines.trt_runner import pipeline_parts_from_bundle as trt_parts
-            return trt_parts(path, precision)
-        if backend != "ort" and providers is None:
-            from specrt.engines.ort_providers import providers_for
-            providers = functools.partial(providers_for, backend, str(path), precision=precision)
-        from specrt.runtime.backends.ort_backend import pipeline_parts_from_bundle
-        return pipeline_parts_from_bundle(path, providers, threads)
+        onnxruntime's default, one per core); `precision` picks the engines ('trt') or TensorRT EP
+        precision ('ort-trt'); `providers` replaces the backend's onnxruntime providers."""
+        options = {"providers": providers, "precision": precision}
+        return open_bundle(bundle, backend=backend, threads=threads, **options)
 
     @classmethod
     def from_torch(cls, target_gpt: Any, draft_gpt: Any, vq: Any, neighbours: Optional[np.ndarray] = None,
@@ -157,19 +123,17 @@ class Pipeline:
         is process-wide; None leaves it as it is, by default one per core).
         `text_encoder` (t2i) turns prompts into caption embeddings (runtime.text).
         `max_images`: images decoded together in one pass (a bundle's `export --max-batch`).
-        A unified-vocabulary model (specrt.export.unified.UnifiedLM) gives its family's
-        UnifiedPipeline (prompts as token ids unless a recipe is attached: UnifiedPipeline.from_torch).
+        Modules another family runs (runtime/families.modules_family: a unified-vocabulary model,
+        specrt.export.unified.UnifiedLM) give that family's pipeline (UnifiedPipeline: prompts as
+        token ids unless a recipe is attached, UnifiedPipeline.from_torch).
         """
-        if getattr(getattr(target_gpt, "config", None), "grammar", None) is not None:
-            # a unified-vocabulary model (specrt.export.unified.UnifiedLM): that family's pipeline
-            from specrt.runtime.families.unified.pipeline import UnifiedPipeline
-
+        family = modules_family(target_gpt)
+        if family is not None:
             if threads is not None:
                 set_torch_threads(validation.count("threads", threads))
-            return UnifiedPipeline.from_torch(target_gpt, draft_gpt, vq, neighbours=neighbours, max_window=max_window,
-                                              device=device, sampling_defaults=sampling_defaults,
-                                              cuda_graphs=cuda_graphs, max_images=max_images, compile=compile,
-                                              compile_mode=compile_mode)
+            return family.from_torch(target_gpt, draft_gpt, vq, neighbours=neighbours, max_window=max_window,
+                                     device=device, sampling_defaults=sampling_defaults, cuda_graphs=cuda_graphs,
+                                     max_images=max_images, compile=compile, compile_mode=compile_mode)
         from specrt.runtime.eagle import EAGLE_KIND
         from specrt.runtime.backends.torch_backend import TorchHeadRunner, TorchRunner, TorchVQ
         max_window = checked_max_window(validation.count("max_window", max_window),

@@ -359,6 +359,19 @@ def read_manifest(path: str | Path, check_hashes: bool = True, partial_ok: bool 
     with a manifest in it; only the writer itself reads its work back (partial_ok=True).
     """
     raw, manifest_path = read_manifest_json(path, partial_ok)
-    manifest = parse_manifest(raw, manifest_path.parent)
+    return checked_manifest(raw, manifest_path.parent, check_hashes)
+
+
+def checked_manifest(raw: Any, root: Path, check_hashes: bool = True) -> Manifest:
+    """A manifest's parsed JSON validated (parse_manifest) and its files verified (verify_files):
+    read_manifest without reading the file, for a caller that has read it already (the family
+    registry reads manifest.json once to learn which family parses it)."""
+    manifest = parse_manifest(raw, root)
     verify_files(manifest, check_hashes=check_hashes)
     return manifest
+
+
+def as_manifest(bundle: str | Path | Manifest) -> Manifest:
+    """The manifest a caller hands down, as it is, or a bundle directory's read by read_manifest:
+    entry points take either, so a bundle opened once is never read (and hashed) again."""
+    return bundle if isinstance(bundle, Manifest) else read_manifest(bundle)

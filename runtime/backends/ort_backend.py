@@ -21,7 +21,7 @@ import numpy as np
 from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.lazy import require
-from specrt.manifest import GraphSpec, Manifest, read_manifest
+from specrt.manifest import GraphSpec, Manifest, as_manifest
 from specrt.runtime.bundle_check import check_manifest, check_session, load_neighbours
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.eagle import EAGLE_KIND, HeadRunner
@@ -376,10 +376,11 @@ def bundle_companions(manifest: Manifest) -> dict[str, Any]:
             "max_images": limits["max_images"], "text_encoder": text_encoder_from_manifest(manifest)}
 
 
-def pipeline_parts_from_bundle(path: str | Path, providers: Providers = None,
+def pipeline_parts_from_bundle(bundle: str | Path | Manifest, providers: Providers = None,
                                threads: Optional[int] = None) -> dict[str, Any]:
-    """Keyword arguments of Pipeline(...) for a bundle directory (`threads`: see session_options)."""
-    manifest = read_manifest(path)
+    """Keyword arguments of Pipeline(...) for a bundle, its checked manifest or its directory
+    (`threads`: see session_options)."""
+    manifest = as_manifest(bundle)
     companions = bundle_companions(manifest)  # first: it cross-checks the manifest
     draft = None
     if "draft_step" in manifest.graphs:

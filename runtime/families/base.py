@@ -1,7 +1,8 @@
 """The interface every model family implements (runtime/families/__init__.py registers them).
 
-A family is what a bundle's manifest names: how its graphs are opened into a pipeline on a
-backend, which methods it offers, what a generate call is conditioned on and gives back (VQ
+A family is what a bundle's manifest names: how its manifest is checked (`parse`, once per
+bundle: every other method takes what it returns), how its graphs are opened into a pipeline on
+a backend, which methods it offers, what a generate call is conditioned on and gives back (VQ
 codes or continuous latents), and how `specrt inspect` describes it. The pipelines share one
 calling convention — `generate(class_ids, method=..., seed=..., decode=..., **sampling_and_params)`
 returning a result with `tokens`, `images` (None when not decoded) and `stats` — so serving, the
@@ -32,12 +33,28 @@ class Family(ABC):
     negative_prompts: ClassVar[bool] = False
 
     @abstractmethod
-    def open(self, path: Path, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:
-        """The family's pipeline over the bundle at `path` (its manifest checked first, one line if not)."""
+    def parse(self, raw: dict[str, Any], root: Path) -> Any:
+        """The bundle's manifest (its parsed JSON `raw`, the bundle folder `root`) checked as this
+        family reads it, one line if it is not: what open, describe and the questions below take.
+        It carries `raw` and `root` (runtime/families.read_bundle finds the family again from it)."""
 
     @abstractmethod
-    def describe(self, path: Path) -> str:
+    def open(self, manifest: Any, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:
+        """The family's pipeline over the bundle whose checked manifest (parse) is `manifest`."""
+
+    @abstractmethod
+    def describe(self, manifest: Any) -> str:
         """The manifest as a human reads it, after the family's own checks of the bundle (inspect)."""
+
+    def takes_modules(self, target: Any) -> bool:
+        """True when PyTorch modules with this target are this family's to run through its own
+        pipeline (from_torch), not the LlamaGen layout's Pipeline.from_torch."""
+        return False
+
+    def from_torch(self, target: Any, draft: Any, vq: Any, **options: Any) -> Any:
+        """The family's pipeline over PyTorch modules it takes (takes_modules); `options` as
+        Pipeline.from_torch's."""
+        raise NotImplementedError(f"family {self.name!r} has no pipeline over PyTorch modules")
 
     def conditions(self, pipeline: Any) -> str:
         """What generate is conditioned on: "class ids" or "prompts" (serving and the C API ask)."""
@@ -52,15 +69,9 @@ class Family(ABC):
         least tokens and method-specific counters)."""
         return result.stats.summary()
 
-    def demo_pipeline(self, name: str, threads: Optional[int] = None) -> Any:
-        """The family's embedded demo `name` as a pipeline (`specrt generate --demo NAME`)."""
-        from specrt.errors import SpecrtError
-
-        raise SpecrtError(f"the {self.name} family has no embedded demo {name!r}")
-
-    def image_size(self, pipeline: Any, manifest: dict[str, Any]) -> Optional[tuple[int, int]]:
+    def image_size(self, pipeline: Any, manifest: Any) -> Optional[tuple[int, int]]:
         """(height, width) in pixels of one decoded image, None when the pipeline has no decoder
-        (tokens only). `manifest` is the bundle's raw manifest (read_bundle); the C API asks this
+        (tokens only). `manifest` is the bundle's checked manifest (parse); the C API asks this
         once, when it opens a bundle, so a caller can size its pixel buffer."""
         return tuple(pipeline.image_size) if self.has_decoder(pipeline) else None
 
@@ -82,8 +93,8 @@ class Family(ABC):
         channels ((grid*grid,) VQ codes; (seq_len, C) latents). Triton declares (-1, *channels)."""
         raise NotImplementedError(f"family {self.name!r} does not say its served token shape")
 
-    def manifest_token_shape(self, manifest: dict[str, Any]) -> tuple[int, ...]:
-        """token_shape from the bundle's raw manifest alone (triton-repo writes config.pbtxt
+    def manifest_token_shape(self, manifest: Any) -> tuple[int, ...]:
+        """token_shape from the bundle's checked manifest alone (triton-repo writes config.pbtxt
         without opening a graph); SpecrtError in one line when the manifest does not say it."""
         raise NotImplementedError(f"family {self.name!r} does not say its served token shape")
 

@@ -37,8 +37,8 @@ class TritonPythonModel:
             # every backend (onnxruntime's providers, TensorRT) then uses "its" device 0
             os.environ["CUDA_VISIBLE_DEVICES"] = str(args.get("model_instance_device_id", 0))
         threads = int(parameters["threads"]) if parameters.get("threads") else None
-        family, _ = read_bundle(bundle)
-        pipeline = family.open(bundle, backend=parameters.get("backend") or "ort", threads=threads)
+        family, manifest = read_bundle(bundle)
+        pipeline = family.open(manifest, backend=parameters.get("backend") or "ort", threads=threads)
         self.handler = RequestHandler(pipeline, family)
 
     def execute(self, requests: list) -> list:

@@ -104,7 +104,7 @@ def write_repository(bundle: Path, out: Path, config: RepoConfig = RepoConfig(),
 
     bundle, out = Path(bundle), Path(out)
     family, manifest = read_bundle(bundle)
-    family.describe(bundle)  # the family's own checks (those of `specrt inspect`), or one line saying what is wrong
+    family.describe(manifest)  # the family's own checks (those of `specrt inspect`), or one line saying what is wrong
     config = for_family(config, family)
     tensors = outputs(family.token_dtype, family.manifest_token_shape(manifest))
     if not config.model_name or not config.model_name.replace("-", "_").replace(".", "_").isidentifier():

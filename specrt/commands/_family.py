@@ -50,7 +50,9 @@ def open_pipeline(family: Family, bundle: Optional[Path], demo: Optional[str], b
     if backend not in (None, "torch"):
         raise SpecrtError(f"--backend {backend} needs a BUNDLE: export the demo with `specrt export --demo {demo} "
                           "--out DIR`")
-    return family.demo_pipeline(demo, threads)
+    from specrt.export.demo.registry import get_demo
+
+    return get_demo(demo).hook("torch_pipeline")(None, threads=1 if threads is None else threads)
 
 
 def prompt_options_of(negative_prompt: Optional[str], no_prompt_suffix: bool) -> dict[str, Any]:

@@ -28,7 +28,8 @@ from specrt.errors import SpecrtError
 from specrt.export.demo.registry import DEFAULT_DEMO, demo_names, help_text as demo_help
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 from specrt.runtime.threads import HELP as THREADS_HELP, checked as checked_threads, resolve as resolve_threads
-from specrt.runtime.pipeline import BUNDLE_BACKENDS, SAMPLING_KEYS
+from specrt.runtime.backends.bundle_backends import BUNDLE_BACKENDS
+from specrt.runtime.pipeline import SAMPLING_KEYS
 from specrt.runtime.rounds import LOOPS
 
 METHOD_NAMES = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")

@@ -24,14 +24,12 @@ import click
 def command(ctx: click.Context, bundle: Path, lint: bool, max_opset: int, require_trt: bool) -> None:
     """Print a bundle's manifest and lint its graphs for TensorRT (exit 1 on lint errors; an
     onnxruntime-only bundle, e.g. int4 MatMulNBits, is a note unless --require-trt)."""
-    from specrt.manifest import read_manifest
     from specrt.runtime.families import read_bundle
 
-    family, _ = read_bundle(bundle)  # the manifest read once: what is wrong with it is one line
-    click.echo(family.describe(bundle))  # the family's own checks first (runtime/families)
+    family, manifest = read_bundle(bundle)  # the manifest read once: what is wrong with it is one line
+    click.echo(family.describe(manifest))  # the family's own checks first (runtime/families)
     if family.name != "llamagen" or not lint:  # the TensorRT lint knows the LlamaGen graphs' contract only
         return
-    manifest = read_manifest(bundle, check_hashes=False)  # describe verified the files a moment ago
     from specrt.export.lint import ERROR, NOTE, WARNING, lint_bundle
     from specrt.export.trt_ops import TRT_VERSION
 

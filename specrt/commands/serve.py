@@ -14,7 +14,7 @@ import click
 
 from specrt import validation
 from specrt.commands.generate import DEMO_HELP, DEMO_NAMES
-from specrt.runtime.pipeline import BUNDLE_BACKENDS
+from specrt.runtime.backends.bundle_backends import BUNDLE_BACKENDS
 from specrt.runtime.serving.protocol import INPUTS, OUTPUTS
 from specrt.runtime.threads import checked as checked_threads, checked_or_zero
 

@@ -8,7 +8,8 @@ import pytest
 
 from specrt.errors import SpecrtError
 from specrt.lazy import available
-from specrt.runtime.pipeline import BUNDLE_BACKENDS, Pipeline
+from specrt.runtime.backends.bundle_backends import BUNDLE_BACKENDS
+from specrt.runtime.pipeline import Pipeline
 
 pytest.importorskip("onnxruntime")
 import onnxruntime  # noqa: E402

@@ -5,6 +5,7 @@ The C library itself is tested end to end in test_capi.py."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -58,8 +59,8 @@ def test_the_decoders_image_size_comes_from_the_manifest(decoderless_bundle, tmp
     assert plugin.image_size(pipe, manifest) is None
     pipe.decoder = lambda tokens: tokens  # as if the bundle had one
     with pytest.raises(SpecrtError, match="decoder needs a positive integer 'image_size'"):
-        plugin.image_size(pipe, {**manifest, "decoder": {"graph": "decoder.onnx"}})
-    assert plugin.image_size(pipe, {**manifest, "decoder": {"image_size": 32}}) == (32, 32)
+        plugin.image_size(pipe, replace(manifest, raw={**manifest.raw, "decoder": {"graph": "decoder.onnx"}}))
+    assert plugin.image_size(pipe, replace(manifest, raw={**manifest.raw, "decoder": {"image_size": 32}})) == (32, 32)
 
 
 def test_a_missing_bundle_is_not_found(tmp_path):

@@ -119,9 +119,9 @@ def test_janus_negative_prompt_replaces_the_padded_prompt():
 @pytest.fixture(scope="module")
 def chameleon():
     pytest.importorskip("torch")
-    from specrt.runtime.families import family
+    from specrt.export.demo.registry import get_demo
 
-    return family("unified").demo_pipeline("chameleon", 1)
+    return get_demo("chameleon").hook("torch_pipeline")(None, threads=1)
 
 
 def test_negative_prompt_changes_the_demo_s_image_tokens(chameleon):

@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 from specrt.errors import SpecrtError
 from specrt.runtime.families.base import Family
+from specrt.runtime.families.continuous.bundle import ContinuousManifest, model_spec
 
 
 class ContinuousFamily(Family):
@@ -29,14 +30,10 @@ class ContinuousFamily(Family):
                 "residual_proposals": stats.residual_proposals, "seconds": sum(result.seconds),
                 "sampling": result.sampling}
 
-    def demo_pipeline(self, name: str, threads: int | None = None) -> Any:
-        if name != "mar":
-            return super().demo_pipeline(name, threads)
-        from specrt.export.mar.hooks import torch_pipeline
+    def parse(self, raw: dict[str, Any], root: Path) -> ContinuousManifest:
+        return ContinuousManifest.checked(raw, root)
 
-        return torch_pipeline(None, threads=1 if threads is None else threads)
-
-    def open(self, path: Path, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:
+    def open(self, manifest: ContinuousManifest, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:
         from specrt.runtime.families.continuous.pipeline import ContinuousPipeline
         from specrt.runtime.threads import set_torch_threads
 
@@ -47,21 +44,21 @@ class ContinuousFamily(Family):
             raise SpecrtError(f"a continuous bundle takes no {', '.join(unknown)}")
         if backend == "torch":
             set_torch_threads(1 if threads is None else threads)
-        return ContinuousPipeline.from_bundle(path, "torch" if backend == "torch" else "onnxruntime")
+        return ContinuousPipeline.from_bundle(manifest, "torch" if backend == "torch" else "onnxruntime")
 
-    def describe(self, path: Path) -> str:
+    def describe(self, manifest: ContinuousManifest) -> str:
         from specrt.runtime.families.continuous.describe import describe_bundle
 
-        return describe_bundle(path)
+        return describe_bundle(manifest)
 
     def has_decoder(self, pipeline: Any) -> bool:
         return pipeline.decoder is not None
 
-    def image_size(self, pipeline: Any, manifest: dict[str, Any]) -> Optional[tuple[int, int]]:
+    def image_size(self, pipeline: Any, manifest: ContinuousManifest) -> Optional[tuple[int, int]]:
         """The decoder's square images, as the manifest's decoder entry gives their side."""
         if not self.has_decoder(pipeline):
             return None
-        side = (manifest.get("decoder") or {}).get("image_size")
+        side = (manifest.raw.get("decoder") or {}).get("image_size")
         if isinstance(side, bool) or not isinstance(side, int) or side <= 0:
             raise SpecrtError(f"the manifest's decoder needs a positive integer 'image_size', not {side!r:.40}")
         return side, side
@@ -78,10 +75,8 @@ class ContinuousFamily(Family):
     def token_shape(self, pipeline: Any) -> tuple[int, ...]:
         return pipeline.target.spec.seq_len, pipeline.target.spec.token_dim
 
-    def manifest_token_shape(self, manifest: dict[str, Any]) -> tuple[int, ...]:
-        from specrt.runtime.families.continuous.bundle import model_spec
-
-        target = (manifest.get("models") or {}).get("target")
+    def manifest_token_shape(self, manifest: ContinuousManifest) -> tuple[int, ...]:
+        target = manifest.models.get("target")
         if not isinstance(target, dict) or not isinstance(target.get("config"), dict):
             raise SpecrtError("the manifest's models need a target with a 'config' object")
         spec = model_spec(target["config"])

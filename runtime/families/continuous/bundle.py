@@ -1,36 +1,62 @@
 """Open a continuous bundle (manifest family "continuous") on onnxruntime or PyTorch.
 
 The manifest alone says where everything is: each role's config, graphs and weights
-(export/mar/export.py writes it). Mistakes in it are SpecrtErrors with one line.
+(export/mar/export.py writes it). It is read once per bundle into a ContinuousManifest, which
+the runners and the decoder are opened from; mistakes in it are SpecrtErrors with one line.
 """
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from specrt.errors import SpecrtError
+from specrt.manifest import read_manifest_json
 from specrt.runtime.families.continuous.runner import ContinuousRunner, ContinuousSpec
 
 FAMILY = "continuous"
 BACKENDS = ("onnxruntime", "torch")
 
 
-def read_continuous_manifest(bundle_dir: str | Path, check_family: bool = True) -> dict[str, Any]:
-    path = Path(bundle_dir) / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SpecrtError(f"{bundle_dir} is not a bundle: no manifest.json") from None
-    except json.JSONDecodeError as err:
-        raise SpecrtError(f"{path} is not valid JSON: {err}") from None
-    if not isinstance(manifest, dict):
-        raise SpecrtError(f"{path} must hold a JSON object")
-    if check_family and manifest.get("family") != FAMILY:
-        raise SpecrtError(f"{bundle_dir} holds family {manifest.get('family', 'llamagen')!r}, not {FAMILY!r}")
-    return manifest
+@dataclass(frozen=True)
+class ContinuousManifest:
+    """A continuous bundle's manifest.json, checked: its parsed JSON and the folder it describes."""
+
+    root: Path
+    raw: dict[str, Any]
+
+    @classmethod
+    def checked(cls, raw: Any, root: Path) -> "ContinuousManifest":
+        """The manifest's parsed JSON checked to be a continuous bundle's: an object of this family
+        whose `models` hold a target."""
+        where = root / "manifest.json"
+        if not isinstance(raw, dict):
+            raise SpecrtError(f"{where} must hold a JSON object")
+        if raw.get("family") != FAMILY:
+            raise SpecrtError(f"{root} holds family {raw.get('family', 'llamagen')!r}, not {FAMILY!r}")
+        models = raw.get("models")
+        if not isinstance(models, dict) or not isinstance(models.get("target"), dict):
+            raise SpecrtError(f"{where}: 'models' must hold at least a target")
+        return cls(Path(root), raw)
+
+    @property
+    def models(self) -> dict[str, Any]:
+        return self.raw["models"]
+
+
+def continuous_manifest(bundle: str | Path | ContinuousManifest) -> ContinuousManifest:
+    """The checked manifest given, as it is, or the one of the bundle folder `bundle` (read once)."""
+    if isinstance(bundle, ContinuousManifest):
+        return bundle
+    raw, path = read_manifest_json(bundle)
+    return ContinuousManifest.checked(raw, path.parent)
+
+
+def read_continuous_manifest(bundle_dir: str | Path) -> dict[str, Any]:
+    """The parsed JSON of a continuous bundle's manifest, checked (continuous_manifest)."""
+    return continuous_manifest(bundle_dir).raw
 
 
 def model_spec(config: dict[str, Any]) -> ContinuousSpec:
@@ -47,12 +73,15 @@ def model_spec(config: dict[str, Any]) -> ContinuousSpec:
         raise SpecrtError(f"continuous model config is incomplete or malformed: {err!r}") from None
 
 
-def open_runner(bundle_dir: str | Path, role: str, backend: str = "onnxruntime") -> Optional[ContinuousRunner]:
-    """The runner of `role` ("target" or "draft") in a continuous bundle; None if it has none."""
+def open_runner(bundle: str | Path | ContinuousManifest, role: str,
+                backend: str = "onnxruntime") -> Optional[ContinuousRunner]:
+    """The runner of `role` ("target" or "draft") in a continuous bundle (its checked manifest, or
+    its folder); None if it has none."""
     if backend not in BACKENDS:
         raise SpecrtError(f"unknown backend {backend!r} for a continuous bundle; choose one of {', '.join(BACKENDS)}")
-    bundle_dir = Path(bundle_dir)
-    entry = read_continuous_manifest(bundle_dir)["models"].get(role)
+    manifest = continuous_manifest(bundle)
+    bundle_dir = manifest.root
+    entry = manifest.models.get(role)
     if entry is None:
         return None
     spec = model_spec(entry["config"])
@@ -78,13 +107,16 @@ def open_runner(bundle_dir: str | Path, role: str, backend: str = "onnxruntime")
 DecoderFn = Callable[[np.ndarray], np.ndarray]
 
 
-def open_decoder(bundle_dir: str | Path, backend: str = "onnxruntime", threads: Optional[int] = 1) -> Optional[DecoderFn]:
-    """The bundle's tokenizer decoder as tokens [N, seq_len, C] -> images [N,3,H,W] float in about
-    [-1, 1]; None when the bundle has none (it then makes tokens only)."""
+def open_decoder(bundle: str | Path | ContinuousManifest, backend: str = "onnxruntime",
+                 threads: Optional[int] = 1) -> Optional[DecoderFn]:
+    """The bundle's tokenizer decoder (`bundle`: its checked manifest, or its folder) as tokens
+    [N, seq_len, C] -> images [N,3,H,W] float in about [-1, 1]; None when the bundle has none (it
+    then makes tokens only)."""
     if backend not in BACKENDS:
         raise SpecrtError(f"unknown backend {backend!r} for a continuous bundle; choose one of {', '.join(BACKENDS)}")
-    bundle_dir = Path(bundle_dir)
-    entry = read_continuous_manifest(bundle_dir).get("decoder")
+    manifest = continuous_manifest(bundle)
+    bundle_dir = manifest.root
+    entry = manifest.raw.get("decoder")
     if entry is None:
         return None
     for key in ("graph", "weights"):

@@ -11,16 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from specrt.errors import SpecrtError
+from specrt.runtime.families.continuous.bundle import ContinuousManifest, model_spec
 
 
-def describe_bundle(path: Path) -> str:
-    from specrt.runtime.families.continuous.bundle import model_spec, read_continuous_manifest
-
-    path = Path(path)
-    raw = read_continuous_manifest(path)
-    models = raw.get("models")
-    if not isinstance(models, dict) or "target" not in models:
-        raise SpecrtError(f"{path / 'manifest.json'}: 'models' must hold at least a target")
+def describe_bundle(manifest: ContinuousManifest) -> str:
+    """The checked manifest as `specrt inspect` prints it, after the checks above (one line if one fails)."""
+    path, raw, models = manifest.root, manifest.raw, manifest.models
     lines = [f"bundle {path}  (continuous v{raw.get('format_version', '?')}, opset {raw.get('opset', '?')}, "
              f"source {raw.get('source', '?')})", "models:"]
     specs = {}

@@ -25,6 +25,8 @@ import numpy as np
 from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.manifest import DEFAULT_MAX_IMAGES
+from specrt.runtime.families.continuous.bundle import (ContinuousManifest, continuous_manifest, open_decoder,
+                                                      open_runner)
 from specrt.runtime.families.continuous.runner import ContinuousRunner
 from specrt.runtime.families.continuous.methods import ContinuousDecoding, ContinuousStats, make_continuous_method
 
@@ -64,15 +66,14 @@ class ContinuousPipeline:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_bundle(cls, bundle_dir: str | Path, backend: str = "onnxruntime",
+    def from_bundle(cls, bundle: str | Path | ContinuousManifest, backend: str = "onnxruntime",
                     max_images: Optional[int] = None) -> "ContinuousPipeline":
-        """Everything from the bundle's manifest: models, decoder, sampling defaults."""
-        from specrt.runtime.families.continuous.bundle import open_decoder, open_runner, read_continuous_manifest
-
-        manifest = read_continuous_manifest(bundle_dir)
-        return cls(open_runner(bundle_dir, "target", backend), open_runner(bundle_dir, "draft", backend),
-                   open_decoder(bundle_dir, backend), manifest.get("sampling_defaults", {}),
-                   str(manifest.get("source", bundle_dir)), max_images)
+        """Everything from the bundle's manifest (`bundle`: its checked manifest, or its folder,
+        read once): models, decoder, sampling defaults."""
+        manifest = continuous_manifest(bundle)
+        return cls(open_runner(manifest, "target", backend), open_runner(manifest, "draft", backend),
+                   open_decoder(manifest, backend), manifest.raw.get("sampling_defaults", {}),
+                   str(manifest.raw.get("source", manifest.root)), max_images)
 
     @property
     def num_classes(self) -> int:

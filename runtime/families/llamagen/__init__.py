@@ -1,36 +1,41 @@
 """The LlamaGen family: VQ-token generators in LlamaGen's layout (class- and text-conditional,
 the embedded demos), with every discrete method (ar, sd, cool-sd, lantern, sjd, sjd-pac).
 
-Its pipeline is runtime/pipeline.py's Pipeline; its manifest reader is specrt.manifest."""
+Its pipeline is runtime/pipeline.py's Pipeline; its manifest reader is specrt.manifest (the strict
+one: structure, profiles, every file's size and sha256)."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Optional
 
 from specrt.errors import SpecrtError
+from specrt.manifest import Manifest, checked_manifest
+from specrt.runtime.backends.bundle_backends import BUNDLE_BACKENDS, bundle_parts
 from specrt.runtime.families.base import Family
+from specrt.runtime.pipeline import SAMPLING_KEYS, Pipeline
 
 
 class LlamaGenFamily(Family):
     name = "llamagen"
     methods = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
     token_dtype = "int64"
-    backends = ("ort", "ort-cpu", "ort-cuda", "ort-trt", "trt")
+    backends = BUNDLE_BACKENDS
     pipeline_class = "specrt.runtime.pipeline:Pipeline"
     description = "LlamaGen-layout (VQ-token)"
     sampling_keys = ("cfg_scale", "temperature", "top_k", "top_p")
 
-    def open(self, path: Path, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:
-        from specrt.runtime.pipeline import Pipeline
+    def parse(self, raw: dict[str, Any], root: Path) -> Manifest:
+        return checked_manifest(raw, root)
 
-        return Pipeline.open_discrete_bundle(path, backend=backend, threads=threads, **options)
+    def open(self, manifest: Manifest, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:
+        """A LlamaGen-family bundle on one of BUNDLE_BACKENDS (runtime/backends/bundle_backends.py);
+        `options`: providers, precision."""
+        return Pipeline(**bundle_parts(manifest, backend, threads=threads, backends=self.backends, **options))
 
-    def describe(self, path: Path) -> str:
-        from specrt.manifest import read_manifest
+    def describe(self, manifest: Manifest) -> str:
         from specrt.runtime.bundle_check import check_manifest
         from specrt.runtime.families.llamagen.describe import format_manifest
 
-        manifest = read_manifest(path)
         check_manifest(manifest)  # the numbers agree with each other (runtime/bundle_check.py), or one line
         return format_manifest(manifest)
 
@@ -40,8 +45,8 @@ class LlamaGenFamily(Family):
     def token_shape(self, pipeline: Any) -> tuple[int, ...]:
         return (pipeline.target.spec.grid_size ** 2,)
 
-    def manifest_token_shape(self, manifest: dict[str, Any]) -> tuple[int, ...]:
-        grid = ((manifest.get("models") or {}).get("target") or {}).get("grid_size")
+    def manifest_token_shape(self, manifest: Manifest) -> tuple[int, ...]:
+        grid = (manifest.models.get("target") or {}).get("grid_size")
         if isinstance(grid, bool) or not isinstance(grid, int) or grid <= 0:
             raise SpecrtError(f"the manifest's target needs a positive integer 'grid_size', not {grid!r:.40}")
         return (grid * grid,)
@@ -49,7 +54,6 @@ class LlamaGenFamily(Family):
     def check_request(self, pipeline: Any, method: str, params: dict[str, Any], class_id: Optional[int] = None,
                       prompt: Optional[str] = None) -> None:
         from specrt.runtime.methods import make_method
-        from specrt.runtime.pipeline import SAMPLING_KEYS
         from specrt.runtime.sampling import SamplingParams
 
         if class_id is not None:

@@ -7,11 +7,14 @@ each model's own recipe, tokenizers only) and an image grammar (runtime/grammar.
 carry the grammar in their logits, so the methods run unchanged."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Optional
 
 from specrt.errors import SpecrtError
+from specrt.manifest import Manifest
 from specrt.runtime.families.llamagen import LlamaGenFamily
+from specrt.runtime.families.unified.bundle import describe_unified, grammar_of
+from specrt.runtime.families.unified.pipeline import BACKENDS, UnifiedPipeline
+from specrt.runtime.pipeline import SAMPLING_KEYS
 
 
 class UnifiedFamily(LlamaGenFamily):
@@ -20,33 +23,25 @@ class UnifiedFamily(LlamaGenFamily):
     name = "unified"
     methods = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
     token_dtype = "int64"
-    backends = ("ort", "ort-cpu", "ort-cuda", "ort-trt")  # TensorRT engines ('trt') are not wired for these bundles
+    backends = BACKENDS
     pipeline_class = "specrt.runtime.families.unified.pipeline:UnifiedPipeline"
     description = "unified-vocabulary (Janus / Emu3 / Lumina-mGPT)"
     sampling_keys = ("cfg_scale", "temperature", "top_k", "top_p")
     takes_prompts = True
     negative_prompts = True
 
-    def open(self, path: Path, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:
-        from specrt.runtime.families.unified.pipeline import UnifiedPipeline
+    def open(self, manifest: Manifest, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:
+        return UnifiedPipeline.open_bundle(manifest, backend=backend, threads=threads, **options)
 
-        return UnifiedPipeline.open_bundle(path, backend=backend, threads=threads, **options)
+    def describe(self, manifest: Manifest) -> str:
+        return super().describe(manifest) + "\n" + describe_unified(manifest)
 
-    def describe(self, path: Path) -> str:
-        from specrt.manifest import read_manifest
-        from specrt.runtime.bundle_check import check_manifest
-        from specrt.runtime.families.llamagen.describe import format_manifest
-        from specrt.runtime.families.unified.bundle import describe_unified
+    def takes_modules(self, target: Any) -> bool:
+        """A unified-vocabulary model (specrt's UnifiedLM): its config carries the image grammar."""
+        return getattr(getattr(target, "config", None), "grammar", None) is not None
 
-        manifest = read_manifest(path)
-        check_manifest(manifest)
-        return format_manifest(manifest) + "\n" + describe_unified(manifest)
-
-    def demo_pipeline(self, name: str, threads: Optional[int] = None) -> Any:
-        """The chameleon demo on PyTorch (`specrt generate --demo chameleon --prompt ...`)."""
-        from specrt.export.demo.registry import get_demo
-
-        return get_demo(name).hook("torch_pipeline")(None, threads=threads)
+    def from_torch(self, target: Any, draft: Any, vq: Any, **options: Any) -> Any:
+        return UnifiedPipeline.from_torch(target, draft, vq, **options)
 
     def conditions(self, pipeline: Any) -> str:
         return "prompts"
@@ -60,10 +55,8 @@ class UnifiedFamily(LlamaGenFamily):
     def token_shape(self, pipeline: Any) -> tuple[int, ...]:
         return (pipeline.grammar.rows * pipeline.grammar.cols,)
 
-    def manifest_token_shape(self, manifest: dict[str, Any]) -> tuple[int, ...]:
-        from specrt.runtime.families.unified.bundle import grammar_of
-
-        target = (manifest.get("models") or {}).get("target")
+    def manifest_token_shape(self, manifest: Manifest) -> tuple[int, ...]:
+        target = manifest.models.get("target")
         if not isinstance(target, dict):
             raise SpecrtError("the manifest has no models.target object")
         grammar = grammar_of(target)
@@ -72,7 +65,6 @@ class UnifiedFamily(LlamaGenFamily):
     def check_request(self, pipeline: Any, method: str, params: dict[str, Any], class_id: Optional[int] = None,
                       prompt: Optional[str] = None) -> None:
         from specrt.runtime.methods import make_method
-        from specrt.runtime.pipeline import SAMPLING_KEYS
         from specrt.runtime.sampling import SamplingParams
 
         if class_id is not None:

@@ -20,11 +20,16 @@ import numpy as np
 
 from specrt import validation
 from specrt.errors import SpecrtError
+from specrt.manifest import Manifest, as_manifest
+from specrt.runtime.backends.bundle_backends import bundle_parts
 from specrt.runtime.conditions import Conditions
+from specrt.runtime.families.unified.bundle import grammar_of, prompt_recipe_of
 from specrt.runtime.families.unified.prompts import PromptEncoder
 from specrt.runtime.grammar import ImageGrammar, head_neighbours
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Method, checked_max_window
 from specrt.runtime.pipeline import GenerationResult, Pipeline, image_seeds
+
+BACKENDS = ("ort", "ort-cpu", "ort-cuda", "ort-trt")  # TensorRT engines ('trt') are not wired for these bundles
 
 
 class UnifiedPipeline(Pipeline):
@@ -43,18 +48,15 @@ class UnifiedPipeline(Pipeline):
     # ---- constructors ------------------------------------------------------------------------
 
     @classmethod
-    def open_bundle(cls, path: str | Path, backend: str = "ort", providers: Optional[Sequence[Any]] = None,
-                    threads: Optional[int] = None, precision: Optional[str] = None) -> "UnifiedPipeline":
-        """A unified bundle on onnxruntime ('ort', or 'ort-cpu' / 'ort-cuda' / 'ort-trt' with the bundle's
-        provider options); its manifest is checked first (runtime/bundle_check.py), one line if not."""
-        from specrt.manifest import read_manifest
-        from specrt.runtime.families.unified.bundle import grammar_of, prompt_recipe_of
-
-        from specrt.runtime.families.unified import FAMILY
-
-        parts = Pipeline.bundle_parts(path, backend, providers, threads, precision, backends=FAMILY.backends)
+    def open_bundle(cls, bundle: str | Path | Manifest, backend: str = "ort",
+                    providers: Optional[Sequence[Any]] = None, threads: Optional[int] = None,
+                    precision: Optional[str] = None) -> "UnifiedPipeline":
+        """A unified bundle (its checked manifest, or its directory) on onnxruntime ('ort', or
+        'ort-cpu' / 'ort-cuda' / 'ort-trt' with the bundle's provider options); its manifest is
+        checked first (runtime/bundle_check.py), one line if not."""
+        manifest = as_manifest(bundle)
+        parts = bundle_parts(manifest, backend, providers, threads, precision, backends=BACKENDS)
         parts.pop("text_encoder", None)
-        manifest = read_manifest(path, check_hashes=False)  # its files were just verified (bundle_parts)
         grammar = grammar_of(manifest.models["target"])
         target = manifest.models["target"]
         encoder = PromptEncoder.from_files(prompt_recipe_of(manifest.raw), int(target["cond_len"]), manifest.root,
