@@ -48,6 +48,7 @@ class DeviceModel:
         self.row_dtype = torch.float64 if needs_restriction(sampling) else torch.float32  # what distribution gives
         # the condition's columns every image token sees (a padded caption's stay hidden): set by prefill
         self.prefix_mask = (self.column_index < self.prefix)[None, :].repeat(rows, 1)
+        self.hidden: Any = None  # the last pass's final-norm hidden states [rows, W, H]: what an EAGLE head reads
 
     def prefill(self, rows: Conditions) -> Any:
         """The condition rows through the model, their keys/values into the buffer's first columns:
@@ -55,7 +56,7 @@ class DeviceModel:
         from specrt.runtime.backends.torch_backend import prefill_inputs
 
         inputs = prefill_inputs(self.torch, rows, self.device, self.dtype)
-        logits, _, present = self.gpt.prefill(*inputs)
+        logits, self.hidden, present = self.gpt.prefill(*inputs)
         self.kv[:, :, :, :, : present.shape[4]] = present.to(self.dtype)
         if rows.caption_mask is not None:  # padded caption columns stay hidden from every image token
             self.prefix_mask[:, : self.prefix] = self.torch.from_numpy(rows.caption_mask).to(self.device)
@@ -105,7 +106,7 @@ class DeviceModel:
     def _run(self, row_ids: Any, positions: Any, columns: Any, mask: Any) -> Any:
         from specrt.models.kv_cache import ColumnCache
 
-        logits, _, _ = self.gpt.step(row_ids, positions, mask, ColumnCache(self.kv, columns), self.run_layer)
+        logits, self.hidden, _ = self.gpt.step(row_ids, positions, mask, ColumnCache(self.kv, columns), self.run_layer)
         return self.distribution(logits)
 
     def distribution(self, logits: Any) -> Any:

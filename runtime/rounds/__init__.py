@@ -11,9 +11,9 @@ is how a CPU shows it has no graph break. The host reads one flag a round: are a
 
 Families with a round: ar; sd, cool-sd and lantern drafting chains, static trees
 (runtime/rounds/trees.py) or dynamic trees (runtime/rounds/dynamic.py) with an independent draft
-model; sjd and sjd-pac (proactive drafting's spine trees included, runtime/rounds/proactive.py;
-tree="full" not). Everything else (EAGLE heads, a unified model's grammar, the continuous family,
-onnxruntime / TensorRT) runs the host loop, the reference these rounds
+model or an EAGLE head (runtime/rounds/drafts.py); sjd and sjd-pac (proactive drafting's spine
+trees included, runtime/rounds/proactive.py; tree="full" not). Everything else (a unified model's
+grammar, the continuous family, onnxruntime / TensorRT) runs the host loop, the reference these rounds
 reproduce in distribution. Random numbers differ from the host loop's streams, so tokens for a
 seed differ between the two loops; within the round an image is the same alone or in any batch.
 """
@@ -39,6 +39,7 @@ def plan_round(method: Any, target: Any, draft: Any, sampling: SamplingParams, m
     from specrt.runtime.methods.jacobi import JacobiDecoding
     from specrt.runtime.methods.speculative import DraftThenVerify
     from specrt.runtime.rounds.chains import ArRound, ChainRound
+    from specrt.runtime.rounds.drafts import draft_of
     from specrt.runtime.rounds.dynamic import DynamicTreeRound
     from specrt.runtime.rounds.jacobi import JacobiRound
     from specrt.runtime.rounds.proactive import ProactiveRound
@@ -60,21 +61,23 @@ def plan_round(method: Any, target: Any, draft: Any, sampling: SamplingParams, m
                               method.branching, method.tree_depth, method.adaptive_continuation)
     if not isinstance(method, DraftThenVerify) or method.theorem2 or not runs_rounds(draft):
         return None
+    target_model = device_model_of(target, mix, sampling, window)
     if method.tree == "dynamic":  # the draft's frontier nodes take depth · top_k scratch columns
         draft_window = max(window, DynamicTreeRound.draft_scratch(method.depth, method.tree_top_k))
-        models = device_model_of(target, mix, sampling, window), device_model_of(draft, mix, sampling, draft_window)
+        models = target_model, draft_of(draft, target_model, mix, sampling, draft_window, method.depth + 1)
         return DynamicTreeRound(*models, method.rule(None), method.depth, method.tree_top_k, method.total_tokens) \
             if window <= PARTS else None
-    models = device_model_of(target, mix, sampling, window), device_model_of(draft, mix, sampling, window)
     if method.tree == "chain":
-        return ChainRound(*models, method.rule(None), method.draft_len)
+        return ChainRound(target_model, draft_of(draft, target_model, mix, sampling, window, window),
+                          method.rule(None), method.draft_len)
     if method.tree == "static" and (shape := static_shape(method.static_tree)).size + 1 <= PARTS:
-        return StaticTreeRound(*models, method.rule(None), shape.children)
+        return StaticTreeRound(target_model, draft_of(draft, target_model, mix, sampling, window, shape.depth + 1),
+                               method.rule(None), shape.children)
     return None
 
 
 def runs_rounds(runner: Any) -> bool:
-    """A PyTorch runner over a whole model (not an EAGLE head): what a DeviceModel wraps."""
+    """A PyTorch runner over a whole model or an EAGLE head: what a DeviceModel (DeviceHead) wraps."""
     return runner is not None and runner.device_rounds
 
 

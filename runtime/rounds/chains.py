@@ -1,8 +1,8 @@
-"""Rounds of plain AR and of drafted chains (SD, Cool-SD, LANTERN with an independent draft model).
+"""Rounds of plain AR and of drafted chains (SD, Cool-SD, LANTERN with a draft model or an EAGLE head).
 
-A chain round, all on the device, fixed shapes: the draft catches up on the two tokens it may not
-have cached (the pending token and the one before it: after a round that accepted every draft,
-the last draft was never fed to it) and drafts L tokens; the target scores [pending, drafts] in one
+A chain round, all on the device, fixed shapes: the draft catches up (runtime/rounds/drafts.py: a
+draft model on the two tokens it may not have cached, a head on the last round's committed pairs)
+and drafts L tokens; the target scores [pending, drafts] in one
 pass; runtime.verification.verify_chain_block accepts a prefix and draws the next token with the
 method's rule; the state commits it. Keys/values sit at their tokens' columns (the models'
 ColumnCache), so nothing is copied at a commit: a rejected draft's columns are overwritten later.
@@ -55,8 +55,8 @@ class ArRound:
 
 
 class DraftedRound:
-    """What every round with an independent draft model shares: both models prefilled and the rule's
-    tables on the device at the start, and the draft's catch-up at the start of a round."""
+    """What every drafted round shares: the target and the draft (runtime/rounds/drafts.py: a model
+    or an EAGLE head) started and the rule's tables on the device at the start."""
 
     target: Any
     draft: Any
@@ -64,21 +64,13 @@ class DraftedRound:
 
     def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
         state = start_state(self, rows, seeds, total)
-        self.draft.prefill(rows)
+        self.draft.start(rows)
         self.rule.prepare(state.length)
         return state
 
-    def catch_up(self, state: RoundState) -> Any:
-        """The draft over (token n − 2, pending) — after a round that accepted every draft its last
-        draft was never fed to it; image token 0 pending is fed twice, at the same column — and the
-        row that follows the pending token [I, V]: what the first draft is drawn from."""
-        n = state.length
-        index = torch.stack([(n - 2).clamp(min=0), n - 1], dim=1)
-        return self.draft.window(state.tokens.gather(1, index), index)[:, 1]
-
 
 class ChainRound(DraftedRound):
-    """One draft-then-verify round over an independent draft model (see the module docstring)."""
+    """One draft-then-verify round of chains (see the module docstring)."""
 
     def __init__(self, target: Any, draft: Any, rule: AcceptanceRule, draft_len: int):
         self.target, self.draft, self.rule, self.draft_len = target, draft, rule, draft_len
@@ -95,17 +87,18 @@ class ChainRound(DraftedRound):
         accepted, next_token = verify_chain_block(p_rows, q_rows, drafts, limits,
                                                   state.uniforms(n[:, None] + steps, TEST), state.uniforms(n, NEXT),
                                                   self.rule)
+        self.draft.verified(n)
         state.commit(accepted, drafts, next_token)
 
     def _draft(self, state: RoundState, n: Any, steps: Any) -> tuple[Any, Any]:
         """L drafts [I, L] and the rows they were drawn from [I, L, V]: the catch-up pass, then one
         pass per further draft."""
         uniforms = state.uniforms(n[:, None] + steps, DRAFT)
-        rows = self.catch_up(state)
+        rows = self.draft.catch_up(state)
         drafts, q_rows = [], []
         for j in range(self.draft_len):
             if j:
-                rows = self.draft.window(drafts[-1][:, None], (n - 1 + j)[:, None])[:, 0]
+                rows = self.draft.extend(drafts[-1], n - 1 + j)
             q_rows.append(rows)
             drafts.append(inverse_cdf(rows, uniforms[:, j]))
         return torch.stack(drafts, dim=1), torch.stack(q_rows, dim=1)

@@ -1,4 +1,4 @@
-"""The dynamic-tree round (EAGLE-2's growth) for sd, cool-sd and lantern with a draft model.
+"""The dynamic-tree round (EAGLE-2's growth) for sd, cool-sd and lantern (a draft model or an EAGLE head).
 
 runtime/tree.py DynamicGrowth on the host: each of `depth` draft passes expands the top_k frontier
 nodes (by cumulative draft log-probability) into their rows' top_k tokens with mass; the top_k
@@ -52,14 +52,14 @@ class DynamicTreeRound(DraftedRound):
         accepted, next_token, path = self._walk(state, n, tokens, node_parent, node_depth, p_rows, limit)
         self.target.commit_path(path, n - 1)
         draft_slots = offset.gather(1, nodes.gather(1, path[:, 1:])).clamp(min=0)  # unfed nodes: rewritten later
-        self.draft.commit_path(draft_slots, n)
+        self.draft.verified(n, path, draft_slots)
         state.commit(accepted, tokens[image, path[:, 1:]], next_token)
 
     def _grow(self, state: RoundState, n: Any) -> tuple[Any, Any, Any, Any, Any]:
         """Every candidate's parent, token, score, draft scratch offset (−1: never expanded) and depth,
         [I, candidates] each: the root (its token the pending one), then each pass's children."""
         k, images = self.top_k, n.shape[0]
-        rows = self.catch_up(state)[:, None]  # the root's row [I, 1, V]
+        rows = self.draft.catch_up(state)[:, None]  # the root's row [I, 1, V]
         frontier = torch.zeros((images, 1), dtype=torch.int64, device=n.device)  # candidate ids
         frontier_ancestry = torch.zeros((images, 1, self.draft_scratch(self.depth, k)), dtype=torch.bool,
                                         device=n.device)
@@ -90,7 +90,8 @@ class DynamicTreeRound(DraftedRound):
             first += child_score.shape[1]
             frontier_ancestry = ancestry
             fed = tokens[-1].gather(1, chosen)
-            rows = self.draft.tree_window(fed, torch.full_like(fed, p), ancestry, n, slots=slot)
+            # each one's parent: the root (scratch slot 0, for a head) or the frontier fed at p · k + slot
+            rows = self.draft.expand(fed, torch.full_like(fed, p), ancestry, n, slot, p * k + came_from)
         return (torch.cat(parents, dim=1), torch.cat(tokens, dim=1), torch.cat(scores, dim=1),
                 torch.cat(offsets, dim=1), torch.cat(depths, dim=1))
 

@@ -1,9 +1,9 @@
-"""The static-tree round: sd, cool-sd and lantern drafting a fixed tree shape with a draft model.
+"""The static-tree round: sd, cool-sd and lantern drafting a fixed tree shape (a draft model or an EAGLE head).
 
 The shape (runtime/tree.py StaticShape: EAGLE's mc_sim_7b_63, or a `specrt plan-tree` plan) is the
 same every round, so its tables are constants: each node's parent, depth, children by rank, and
 which nodes have children. One round, all on the device:
-1. the draft catches up on (token n − 2, pending), as the chain round's does, giving the root's row;
+1. the draft catches up, as the chain round's does (runtime/rounds/drafts.py), giving the root's row;
 2. depth by depth, every node's children are drawn without replacement from its row (a row whose
    mass runs out draws fewer: the missing children and their subtrees are marked invalid), and
    the draft runs one pass over the next depth's nodes that have children (a tree window in its
@@ -14,7 +14,8 @@ which nodes have children. One round, all on the device:
    children (runtime.verification.verify_candidates' rule, SJD-PAC App. A.3 for SD); an accepted
    child becomes the node; all rejected draws the next token from the residual; a node without
    children (or at the image's end) gives the bonus token from its row;
-5. both models' keys/values of the accepted path are copied from scratch to their tokens' columns.
+5. the target's keys/values of the accepted path are copied from scratch to their tokens' columns,
+   and a draft model's (a head keeps the target's features along the path instead).
 Shapes never depend on an outcome: every depth loops over the widest node's children.
 """
 from __future__ import annotations
@@ -81,7 +82,7 @@ class StaticTreeRound(DraftedRound):
         limit = (state.total - n - 1).clamp(min=0)
         accepted, next_token, path = self._walk(state, n, tokens, valid, q_rows, p_rows, limit)
         self.target.commit_path(path, n - 1)
-        self.draft.commit_path(path[:, 1:], n)
+        self.draft.verified(n, path, path[:, 1:])
         image = torch.arange(n.shape[0], device=n.device)[:, None]
         state.commit(accepted, tokens[image, path[:, 1:]], next_token)
 
@@ -89,7 +90,7 @@ class StaticTreeRound(DraftedRound):
         """Every node's token [I, N + 1] (the root: the pending token), whether it was drawn [I, N + 1],
         and the rows of the nodes with children [I, inner, V] (what their children were drawn from)."""
         tables, images = self.tables, n.shape[0]
-        rows = self.catch_up(state)[:, None]  # the root's row [I, 1, V]
+        rows = self.draft.catch_up(state)[:, None]  # the root's row [I, 1, V]
         tokens = torch.zeros((images, tables.count), dtype=torch.int64, device=n.device)
         tokens[:, 0] = state.pending()
         valid = torch.zeros((images, tables.count), dtype=torch.bool, device=n.device)
@@ -101,8 +102,8 @@ class StaticTreeRound(DraftedRound):
             self._draw_children(state, n, rows, kids, tokens, valid, depth + 1)
             if depth + 1 < tables.depth and len(tables.inner_at[depth + 1]):
                 nodes = tables.level_nodes[depth + 1]
-                rows = self.draft.tree_window(tokens[:, nodes], tables.depths[nodes][None] - 1,
-                                              tables.draft_ancestry[nodes][None], n, slots=nodes)
+                rows = self.draft.expand(tokens[:, nodes], tables.depths[nodes][None] - 1,
+                                         tables.draft_ancestry[nodes][None], n, nodes, tables.parents[nodes])
             elif depth + 1 < tables.depth:
                 break
         return tokens, valid, torch.cat(q_rows, dim=1)
