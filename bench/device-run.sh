@@ -8,6 +8,7 @@
 #   bash bench/device-run.sh trees    # chains vs static vs dynamic trees, both drafts, batch 1 and 8
 #   bash bench/device-run.sh plans    # plan-tree for both drafts, then chains vs planned trees
 #   bash bench/device-run.sh round    # the device round vs the host loop, the same settings side by side, batch 1 and 8
+#                                     # (the draft GPT, then the EAGLE head drafting)
 #   bash bench/device-run.sh round-xl # the same loops at GPT-XL size (random weights): meas/pred of ar, sd, sjd, sjd-pac
 #
 # Each stage writes its text, JSON and Markdown into a folder named for the device, the date and
@@ -102,6 +103,10 @@ case "$stage" in
             --sweep 'sd:tree=chain,static,dynamic' \
             --sweep 'sjd-pac:proactive_drafting=true,false' --loop host,round --batch 1,8 --images "$n" \
             --json "$out/round-gpu.json" --markdown "$out/round-gpu.md"
+        # the same side by side with the demo's EAGLE head drafting sd's chain, static and dynamic trees
+        run round-eagle-gpu "${bench[@]}" --methods ar --sweep 'sd:tree=chain,static,dynamic' --drafts eagle \
+            --loop host,round --batch 1,8 --images "$((n / 2))" --json "$out/round-eagle-gpu.json" \
+            --markdown "$out/round-eagle-gpu.md"
         ;;
     round-xl)
         # the loop at full size: GPT-XL 256 px bf16, random weights (acceptance is whatever it is), a random

@@ -2,7 +2,8 @@
 
 What a CPU cannot show: that capturing a round and replaying it gives the eager round's tokens, that
 greedy decoding (nothing random) gives the host loop's tokens there too, that an image is the same
-alone and in a batch under replay, and that a later call replays the kept graph. Needs a CUDA GPU:
+alone and in a batch under replay, and that a later call replays the kept graph — with the demo's
+draft GPT and with its EAGLE head (runtime/rounds/drafts.py HeadDraft) drafting. Needs a CUDA GPU:
 skipped, saying so, elsewhere (bench/device-run.sh tests runs it on the GPU machine).
 """
 from __future__ import annotations
@@ -15,25 +16,33 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible to torch)")]
 
-METHODS = [("ar", {}), ("sd", {}), ("cool-sd", {"relaxation_budget": 2.0}), ("lantern", {}), ("sjd", {}),
-           ("sjd-pac", {}), ("sjd-pac", {"proactive_drafting": False}), ("sd", {"tree": "static"}),
-           ("sd", {"tree": "dynamic"})]
-IDS = ["ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac", "sjd-pac-chain", "sd-static", "sd-dynamic"]
+METHODS = [("ar", {}, False), ("sd", {}, False), ("cool-sd", {"relaxation_budget": 2.0}, False),
+           ("lantern", {}, False), ("sjd", {}, False), ("sjd-pac", {}, False),
+           ("sjd-pac", {"proactive_drafting": False}, False), ("sd", {"tree": "static"}, False),
+           ("sd", {"tree": "dynamic"}, False),
+           # the demo's EAGLE head drafting (eagle: True)
+           ("sd", {}, True), ("cool-sd", {"relaxation_budget": 2.0}, True), ("sd", {"tree": "static"}, True),
+           ("sd", {"tree": "dynamic"}, True)]
+IDS = ["ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac", "sjd-pac-chain", "sd-static", "sd-dynamic",
+       "eagle-sd", "eagle-cool-sd", "eagle-sd-static", "eagle-sd-dynamic"]
 
 
-def demo_pipeline(cuda_graphs: bool = True):
+def demo_pipeline(eagle: bool, cuda_graphs: bool = True):
+    """The demo on the GPU, drafting with its draft GPT or (eagle) its packaged EAGLE head."""
     from specrt.export.demo import load_demo
+    from specrt.export.eagle.checkpoint import load_eagle_head, packaged_demo_head
     from specrt.runtime.pipeline import Pipeline
 
     demo = load_demo(None)
-    pipe = Pipeline.from_torch(demo.target, demo.draft, demo.vq, device="cuda", cuda_graphs=cuda_graphs)
+    draft = load_eagle_head(packaged_demo_head(), demo.target) if eagle else demo.draft
+    pipe = Pipeline.from_torch(demo.target, draft, demo.vq, device="cuda", cuda_graphs=cuda_graphs)
     pipe.sampling_defaults = dict(vars(demo.sampling_defaults))
     return pipe
 
 
-@pytest.mark.parametrize("method,params", METHODS, ids=IDS)
-def test_the_captured_round_gives_the_eager_rounds_tokens_and_is_kept(method, params):
-    eager, captured = demo_pipeline(cuda_graphs=False), demo_pipeline()
+@pytest.mark.parametrize("method,params,eagle", METHODS, ids=IDS)
+def test_the_captured_round_gives_the_eager_rounds_tokens_and_is_kept(method, params, eagle):
+    eager, captured = demo_pipeline(eagle, cuda_graphs=False), demo_pipeline(eagle)
     for seed in range(3):  # the first call captures, later ones replay the kept graph from their first round
         expected = eager.generate([seed + 1, seed + 4], method=method, seed=seed, decode=False, **params)
         got = captured.generate([seed + 1, seed + 4], method=method, seed=seed, decode=False, **params)
@@ -42,18 +51,18 @@ def test_the_captured_round_gives_the_eager_rounds_tokens_and_is_kept(method, pa
     assert any(getattr(r, "captured", None) is not None for r in captured._rounds.values())
 
 
-@pytest.mark.parametrize("method,params", METHODS, ids=IDS)
-def test_greedy_rounds_give_the_host_loops_tokens_on_the_gpu(method, params):
-    pipe = demo_pipeline()
+@pytest.mark.parametrize("method,params,eagle", METHODS, ids=IDS)
+def test_greedy_rounds_give_the_host_loops_tokens_on_the_gpu(method, params, eagle):
+    pipe = demo_pipeline(eagle)
     rounds = pipe.generate([2, 7, 7], method=method, seed=1, decode=False, temperature=0.0, **params)
     pipe.loop = "host"
     host = pipe.generate([2, 7, 7], method=method, seed=1, decode=False, temperature=0.0, **params)
     np.testing.assert_array_equal(rounds.tokens, host.tokens)
 
 
-@pytest.mark.parametrize("method,params", METHODS, ids=IDS)
-def test_an_image_is_the_same_alone_and_in_a_batch_under_replay(method, params):
-    pipe = demo_pipeline()
+@pytest.mark.parametrize("method,params,eagle", METHODS, ids=IDS)
+def test_an_image_is_the_same_alone_and_in_a_batch_under_replay(method, params, eagle):
+    pipe = demo_pipeline(eagle)
     batch = pipe.generate([0, 3, 5, 9], method=method, seed=20, decode=False, **params).tokens
     for i, label in enumerate([0, 3, 5, 9]):
         alone = pipe.generate([label], method=method, seed=20 + i, decode=False, **params).tokens
