@@ -20,16 +20,6 @@ import pytest
 ABOVE_THE_RUNTIME = ("specrt.export", "specrt.engines", "specrt.bench", "specrt.commands", "specrt.cli")
 INSIDE_THE_LAYERS_ABOVE = tuple(f"{layer}." for layer in ABOVE_THE_RUNTIME)
 
-# Runtime modules that still import a layer above the runtime inside a function: the pipeline
-# opens TensorRT and onnxruntime-provider bundles through engines/, and two families their demos
-# through export/. Each is an expected failure of the lazy-import check (strict: the test fails
-# once the module is clean, so its name must then leave this list).
-STILL_IMPORTING_UPWARD = [
-    "specrt.runtime.families.continuous",
-    "specrt.runtime.families.unified",
-    "specrt.runtime.pipeline",
-]
-
 # Runs in a subprocess: third-party libraries the runtime uses are imported once, then each
 # module (specrt.runtime first) is imported in a forked child of its own, which reports what it
 # loaded.
@@ -133,12 +123,8 @@ def test_each_runtime_module_imported_alone_loads_nothing_above_it(imported_alon
     assert not outcome["above"], f"importing {name} loads {outcome['above']}"
 
 
-IMPORTS_UPWARD_TODAY = pytest.mark.xfail(strict=True, reason="imports upward in a function today")
-
-
-@pytest.mark.parametrize("name, source", [
-    pytest.param(name, source, id=name, marks=[IMPORTS_UPWARD_TODAY] if name in STILL_IMPORTING_UPWARD else [])
-    for name, source in runtime_modules().items()])
+@pytest.mark.parametrize("name, source", [pytest.param(name, source, id=name)
+                                          for name, source in runtime_modules().items()])
 def test_no_runtime_module_imports_above_it_even_lazily(name, source):
     assert not upward_imports(source), f"{name} imports {upward_imports(source)}"
 
@@ -146,7 +132,6 @@ def test_no_runtime_module_imports_above_it_even_lazily(name, source):
 def test_the_walk_finds_the_runtime_modules():
     names = runtime_modules()
     assert {"specrt.runtime.pipeline", "specrt.runtime.backends.torch_backend"} <= set(names)
-    assert not set(STILL_IMPORTING_UPWARD) - set(names), "a listed module no longer exists"
 
 
 def test_the_checks_see_an_upward_import(tmp_path):
