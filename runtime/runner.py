@@ -67,7 +67,7 @@ class StepOutput:
     """What one prefill or step hands the host: the head's rows and one draw per row.
 
     probs: [images, W, V] float32, indexable like numpy (a host array, or a device-resident
-      view whose rows are fetched only when read, see backends/torch_backend.DeviceRows).
+      view whose rows are fetched only when read, see backends/device_outputs.DeviceRows).
     draws: int [images, W] on the host, drawn with the uniforms the step was given (a device view
       that reads itself on first use where the caller cleared the runner's `draws_to_host`).
     Valid until the runner's second next step: backends alternate two output buffers, so the
@@ -123,7 +123,7 @@ class ModelRunner(ABC):
     rows_to_host = False
     # cleared around a step whose draws are redrawn after a restriction (top-k, top-p, greedy:
     # methods/base.Decoding._restricted) and never read, so a device backend may leave them where
-    # they are (a view that reads itself to the host on first use: backends/torch_backend.DeviceDraws)
+    # they are (a view that reads itself to the host on first use: backends/device_outputs.DeviceDraws)
     draws_to_host = True
     # a runner the device round (runtime/rounds) can take the model of: the PyTorch backend's
     device_rounds = False
