@@ -19,7 +19,7 @@ candidates as children, the same K tokens under each, drawn once from that depth
 needs K + K² + … + K^D ≤ L. One iteration:
 
 1. the target scores [pending, all candidates] in one forward with a tree mask;
-2. the levels are verified from the top (runtime.verification.verify_siblings: exact rejection
+2. the levels are verified from the top (runtime.verification.siblings.verify_siblings: exact rejection
    sampling, sequential without replacement across siblings); the accepted prefix plus the token
    sampled at the first rejection (or a bonus token from P at a leaf) are committed;
 3. the next proposal is built from this iteration's own target rows along the accepted path
@@ -37,19 +37,19 @@ drafting, run whole on the device instead of this loop: see the pipeline's `loop
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generator, Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
-from specrt.runtime.methods.base import Batched, Decoding, Method
+from specrt.runtime.decoding import Decoding
+from specrt.runtime.methods.base import Batched, Method
 from specrt.runtime.verification.chains import verify_chains
-from specrt.runtime.verification.positions import position_walk, positions_walk, verify_position, verify_positions
+from specrt.runtime.verification.positions import verify_position, verify_positions
 from specrt.runtime.verification.rules import VANILLA
-from specrt.runtime.verification.siblings import draw_without_replacement, siblings_walk, verify_siblings
+from specrt.runtime.verification.siblings import draw_without_replacement, verify_siblings
 from specrt.runtime.verification.transport import host_rows, rows_by_position
-from specrt.runtime.verification.waves import read_in_waves, rows_ahead
 from specrt.runtime.window import Window
 from specrt.validation import Bool, Choice, Int
 
@@ -148,11 +148,11 @@ class JacobiDecoding(Method):
             out = ctx.run(target, windows)
             paths: list[Optional[list[int]]] = []
             with ctx.stats.timing("verification"):  # chain windows together, then every image's iteration
-                verdicts = self._verify_chain_windows(ctx, out, [levels[i] if trees[p] is None and windows[p] is not None
-                                                                 else None for p, i in enumerate(images)])
-                done = read_in_waves({p: self._iteration(ctx.image(p), out.probs[p], out.draws[p], levels[i], trees[p],
-                                                         verdicts.get(p))
-                                      for p, i in enumerate(images) if windows[p] is not None})
+                rows = host_rows(out.probs)  # device rows: the step's window read in one transfer
+                verdicts = self._verify_chain_windows(ctx, rows, out.draws, [
+                    levels[i] if trees[p] is None and windows[p] is not None else None for p, i in enumerate(images)])
+                done = {p: self._iteration(ctx.image(p), rows[p], out.draws[p], levels[i], trees[p], verdicts.get(p))
+                        for p, i in enumerate(images) if windows[p] is not None}
             for p, i in enumerate(images):
                 if p not in done:
                     paths.append(None)
@@ -164,110 +164,76 @@ class JacobiDecoding(Method):
             target.commit(paths)
         return np.asarray(tokens, dtype=np.int64)
 
-    # ---- one iteration's pieces ----------------------------------------------------------------
-    # Walks (verification.read_in_waves): on device rows they ask for what they read, so a batch's
-    # images read together; host rows go through the verification functions as they are.
+    # ---- one iteration's pieces (on host rows) ---------------------------------------------------
 
-    def _verify_chain_windows(self, ctx: Decoding, out: Any, chains: list[Optional[list[Level]]]) -> dict[int, tuple]:
+    def _verify_chain_windows(self, ctx: Decoding, p_block: np.ndarray, draws: Any,
+                              chains: list[Optional[list[Level]]]) -> dict[int, tuple]:
         """The chain windows of a step (chains[p]: image p's levels, None for a tree window or no
-        window), verified together as a batch of drafted chains (runtime.verification.verify_chains
+        window), verified together as a batch of drafted chains (runtime.verification.chains.verify_chains
         with SD's rule: a level's one candidate tested against its stale row q, the first rejection
         resampled from Norm([P − q]_+), the head's draw after a whole chain): array operations over
-        the batch, on the device where the rows live, each image with its own stream. Per image p:
-        _verify's verdict (accepted tokens, committed slots, next token, stopped by a rejection?)."""
+        the batch, each image with its own stream. Per image p: _verify's verdict (accepted tokens,
+        committed slots, next token, stopped by a rejection?)."""
         drafts = [[level.candidates[0] for level in levels] if levels is not None else [] for levels in chains]
         q_block = rows_by_position([[level.q for level in levels] if levels is not None else [] for levels in chains])
         if not any(levels is not None for levels in chains):
             return {}
-        outcomes = verify_chains(out.probs, q_block, drafts, VANILLA, ctx.rngs, out.draws)
+        outcomes = verify_chains(p_block, q_block, drafts, VANILLA, ctx.rngs, draws)
         verdicts = {}
         for p, (chain, accepted, token) in enumerate(zip(drafts, outcomes.accepted_lengths, outcomes.next_tokens)):
             if chains[p] is not None:
                 verdicts[p] = chain[:accepted], list(range(accepted + 1)), token, accepted < len(chain)
         return verdicts
 
-    def _iteration(self, ctx: Decoding, p_rows: Any, draws: np.ndarray, levels: list[Level], children: Children,
-                   verdict: Optional[tuple] = None) -> Generator[list, list, tuple[list[int], list[int], int, list[Level]]]:
+    def _iteration(self, ctx: Decoding, p_rows: np.ndarray, draws: Any, levels: list[Level], children: Children,
+                   verdict: Optional[tuple] = None) -> tuple[list[int], list[int], int, list[Level]]:
         """One image's verification (`verdict` where its chain window was verified with the batch's)
-        and next proposal: (accepted tokens, committed slots, next token, the next levels). A
-        subclass's own _next_levels is called as it is (per image)."""
+        and next proposal: (accepted tokens, committed slots, next token, the next levels)."""
         if verdict is None:
-            verdict = yield from self._verify(ctx, p_rows, draws, levels, children)
+            verdict = self._verify(ctx, p_rows, draws, levels, children)
         accepted, path, next_token, rejected = verdict
         route = row_route(path, children, len(levels))
-        if type(self)._next_levels is JacobiDecoding._next_levels:
-            new = yield from self._next_levels_walk(ctx, levels, p_rows, draws, route, len(accepted), rejected)
-        else:
-            new = self._next_levels(ctx, levels, p_rows, draws, route, len(accepted), rejected)
-        return accepted, path, next_token, new
+        return accepted, path, next_token, self._next_levels(ctx, levels, p_rows, draws, route, len(accepted), rejected)
 
-    def _verify(self, ctx: Decoding, p_rows: Any, draws: np.ndarray, levels: list[Level],
-                children: Children) -> Generator[list, list, tuple[list[int], list[int], int, bool]]:
-        """Walk the levels: (accepted tokens, committed slots, next token, stopped by a rejection?).
-        A walk (verification.read_in_waves): on device rows it asks for what it reads, so a batch's
-        images read together; host rows go through the verification functions as they are."""
+    def _verify(self, ctx: Decoding, p_rows: np.ndarray, draws: Any, levels: list[Level],
+                children: Children) -> tuple[list[int], list[int], int, bool]:
+        """Walk the levels: (accepted tokens, committed slots, next token, stopped by a rejection?)."""
         accepted, path = [], [0]
-        on_host = isinstance(p_rows, np.ndarray)
-        # a tree window on device rows: the entries every level's first tests read, asked for together
-        ahead, q_at = ({}, {}) if on_host or children is None else (yield from _entries_ahead(p_rows, levels, children))
         for depth, level in enumerate(levels):
             slots = level_slots(children, depth, path[-1])
             if slots is None:  # the accepted node is a leaf (not on an extended path): take a bonus token
                 break
             if len(level.candidates) == 1:  # a chain level: plain rejection sampling (= K of 1)
-                if on_host:
-                    kept, token = verify_position(p_rows[path[-1]], level.q, level.candidates[0], ctx.rng)
-                else:
-                    entries = (ahead[path[-1]][level.candidates[0]], q_at[depth]) if path[-1] in ahead else None
-                    kept, token = yield from position_walk(ahead.get(path[-1], p_rows[path[-1]]), level.q,
-                                                           level.candidates[0], ctx.rng, entries)
+                kept, token = verify_position(p_rows[path[-1]], level.q, level.candidates[0], ctx.rng)
                 index = 0 if kept else None
-            elif on_host:
-                index, token = verify_siblings(p_rows[path[-1]], level.q, level.candidates, ctx.rng)
             else:
-                index, token = yield from siblings_walk(ahead.get(path[-1], p_rows[path[-1]]), level.q,
-                                                        level.candidates, ctx.rng)
+                index, token = verify_siblings(p_rows[path[-1]], level.q, level.candidates, ctx.rng)
             if index is None:
                 return accepted, path, token, True
             accepted.append(token)
             path.append(slots[index])
         return accepted, path, int(draws[path[-1]]), False  # the head's draw from the last row
 
-    def _next_levels(self, ctx: Decoding, levels: list[Level], p_rows: Any, draws: np.ndarray,
+    def _next_levels(self, ctx: Decoding, levels: list[Level], p_rows: np.ndarray, draws: Any,
                      route: list[int], accepted: int, rejected: bool) -> list[Level]:
         """Drafts for the depths after the new pending token (old depth accepted + 1).
 
         New level j sits at old depth e = accepted + 1 + j; its stale row is that of the route's
         slot at depth e − 1 (row_route), whose draw the head already made (SJD's fresh draft).
-        These rows stay readable through the next step (the runner's outputs are double-buffered)."""
-        return read_in_waves({0: self._next_levels_walk(ctx, levels, p_rows, draws, route, accepted, rejected)})[0]
-
-    def _next_levels_walk(self, ctx: Decoding, levels: list[Level], p_rows: Any, draws: np.ndarray,
-                          route: list[int], accepted: int, rejected: bool) -> Generator[list, list, list[Level]]:
-        """_next_levels as a walk: adaptive continuation's entries and rows, and the rows proactive
-        drafting draws its siblings from, asked for where they are on the device."""
+        These rows stay readable through the next step (the runner's outputs are double-buffered;
+        rows read from a device are the loop's own)."""
         slots = route[accepted + 1:]
         tokens = draws[slots].tolist()
-        on_host = isinstance(p_rows, np.ndarray)
         if self.adaptive_continuation:  # keep each old draft if its new row accepts it, else resample
             old = [(j, levels[accepted + 1 + j]) for j in range(len(slots)) if accepted + 1 + j < len(levels)]
             if old:
                 at, q_rows = np.asarray([slots[j] for j, _ in old]), [level.q for _, level in old]
                 drafts = [level.candidates[0] for _, level in old]
-                if on_host:
-                    kept = verify_positions(p_rows[at], q_rows, drafts, ctx.rng)
-                else:
-                    kept = yield from positions_walk(p_rows, at, q_rows, drafts, ctx.rng)
+                kept = verify_positions(p_rows[at], q_rows, drafts, ctx.rng)
                 for (j, _), token in zip(old, kept):
                     tokens[j] = token
-        if on_host:
-            every = list(p_rows)  # host rows: views made in one C loop
-            rows = [every[slot] for slot in slots]
-        else:
-            rows = [p_rows[slot] for slot in slots]  # device views
-            if self.proactive_drafting and rejected:  # the rows proactive drafting reads, read together
-                tree = min(self.tree_depth, len(rows))
-                rows[:tree] = yield [(row, (slice(None),)) for row in rows[:tree]]
+        every = list(p_rows)  # views made in one C loop
+        rows = [every[slot] for slot in slots]
         return self._proactive([Level([t], row) for t, row in zip(tokens, rows)], ctx, rejected)
 
     def _proactive(self, new: list[Level], ctx: Decoding, rejected: bool) -> list[Level]:
@@ -278,7 +244,6 @@ class JacobiDecoding(Method):
         if self.proactive_drafting and rejected:
             tree = new[: self.tree_depth]
             for depth, level in enumerate(tree, start=1):
-                level.q = host_rows(level.q)[0]  # read back once (device rows): the siblings' tests read it too
                 level.candidates = draw_without_replacement(level.q, self.branching, ctx.rng,
                                                             first=level.candidates[0])
                 level.fanout = self.tree == "full" and depth < len(tree)
@@ -324,26 +289,6 @@ def fresh_proposal(vocab: int, grammar: Any = None) -> np.ndarray:
     row = np.zeros(vocab)
     row[:support] = 1.0 / support
     return row
-
-
-def _entries_ahead(p_rows: Any, levels: list[Level], children: list[dict[int, list[int]]]):
-    """A tree window on device rows, as a walk: in one request (the batch's wave), P at every
-    candidate under each parent slot it hangs from (rows_ahead: what a sibling group's or a
-    one-candidate level's first test reads) and Q at each one-candidate level's token; (P entries
-    per parent slot, Q entry per such depth). Read lazily, the levels after a proactive tree cost
-    two waits each, image by image."""
-    singles = [(depth, level) for depth, level in enumerate(levels) if len(level.candidates) == 1]
-    p_walk = rows_ahead(p_rows, {parent: level.candidates for level, kids in zip(levels, children) for parent in kids})
-    try:
-        p_request = next(p_walk)
-    except StopIteration as nothing:  # no candidate under any parent
-        return nothing.value, {}
-    answers = yield [*p_request, *[(level.q, (np.array(level.candidates),)) for _, level in singles]]
-    try:
-        p_walk.send(answers[: len(p_request)])
-    except StopIteration as read:
-        return read.value, {depth: float(q[0]) for (depth, _), q in zip(singles, answers[len(p_request):])}
-    raise AssertionError("rows_ahead asks once")
 
 
 def row_route(path: list[int], children: Children, depth: int) -> list[int]:

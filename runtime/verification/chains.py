@@ -12,7 +12,7 @@ import numpy as np
 from specrt.runtime.arrays import namespace
 from specrt.runtime.sampling import inverse_cdf
 from specrt.runtime.verification.rules import AcceptanceRule
-from specrt.runtime.verification.transport import gather, gathers
+from specrt.runtime.verification.transport import gather
 
 
 @dataclass
@@ -35,7 +35,7 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
     q_block [L, images, V]: row (i, b) is the draft distribution image b's draft i + 1 was drawn
     from (one draft pass per position, over the batch; rows_by_position builds it from per-image
     lists). Chains may differ in length, down to none (the bonus token, no uniforms drawn); rows
-    past an image's own chain are never used. Rows may be device-resident (`gather`).
+    past an image's own chain are never used. Rows may be device views: `gather` reads what is tested.
 
     As array operations over the batch padded to the longest chain L: P and Q at the drafted tokens
     (and whatever else the rule's f reads, rule.columns) in one gather each, every f_i at once, the
@@ -67,15 +67,15 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
             rng.random(out=row[: size + 1])
     next_tokens = np.asarray(draws)[images, lengths].astype(np.int64, copy=False)  # bonus tokens; rejections below
     steps = np.arange(longest)
-    q_at, p_at = gathers((q_block, (steps, images[:, None], tokens)),  # [images, L]
-                         (p_block, (images[:, None, None], steps[:, None], rule.columns(tokens))))  # [images, L, c]
+    q_at = gather(q_block, (steps, images[:, None], tokens))  # [images, L]
+    p_at = gather(p_block, (images[:, None, None], steps[:, None], rule.columns(tokens)))  # [images, L, c]
     passed = np.zeros((count, longest + 1), dtype=bool)  # a failed test after the last: argmin finds one
     np.less_equal(uniforms[:, :longest], rule.accept_probabilities(p_at, q_at, steps + 1), out=passed[:, :longest])
     accepted = np.minimum(passed.argmin(axis=1), lengths)  # leading passes within the chain: τ
     rejected = np.flatnonzero(accepted < lengths)
     if rejected.size:
         at = accepted[rejected]
-        p_rows, q_rows = gathers((p_block, (rejected, at)), (q_block, (at, rejected)))  # [R, V]: a rejection's two rows
+        p_rows, q_rows = gather(p_block, (rejected, at)), gather(q_block, (at, rejected))  # [R, V] each
         resampled = rule.resample(p_rows, q_rows, tokens[rejected, at], at + 1)
         next_tokens[rejected] = inverse_cdf(resampled, uniforms[rejected, lengths[rejected]])
     return ChainOutcomes(accepted.tolist(), next_tokens.tolist())

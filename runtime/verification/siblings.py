@@ -3,7 +3,7 @@ trees), the draft distribution each is verified against, and recursive rejection
 """
 from __future__ import annotations
 
-from typing import Any, Generator, Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -11,7 +11,8 @@ from specrt.runtime.sampling import draw_from_cdf, sample
 from specrt.runtime.verification.formulas import normalise
 from specrt.runtime.verification.rules import VANILLA, AcceptanceRule
 from specrt.runtime.verification.transport import stack_rows
-from specrt.runtime.verification.waves import _whole, read_in_waves
+
+SAMPLED, TOP = "sampled", "top"  # how a node's children were drafted (runtime.tree)
 
 
 def without_replacement(q: np.ndarray, taken: Sequence[int]) -> np.ndarray:
@@ -53,7 +54,7 @@ def draws_without_replacement(rows: Any, counts: Sequence[int], rng: np.random.G
         return [[int(first)] if count and np.asarray(row).sum() > 1e-12 else []
                 for row, count, first in zip(rows, counts, firsts)]
     # [R, V]; a float64 copy first: cumsum casting float32 rows as it goes is ~3x slower (numpy 1.26);
-    # entries are read from the copy (the same numbers): device rows are read back once, stacked
+    # entries are read from the copy (the same numbers): device rows are read back (stack_rows)
     if not isinstance(rows, np.ndarray) and not all(isinstance(row, np.ndarray) for row in rows):
         rows = stack_rows(rows)
     rows = np.asarray(rows, dtype=np.float64)  # a copy unless the caller's block is float64 already
@@ -114,15 +115,6 @@ def verify_siblings(p: np.ndarray, q: np.ndarray, candidates: Sequence[int],
     return verify_candidates(p, candidate_proposals(q, candidates, SAMPLED), VANILLA, 1, rng)
 
 
-def siblings_walk(p: Any, q: np.ndarray, candidates: Sequence[int],
-                  rng: np.random.Generator) -> Generator[list, list, tuple[Optional[int], int]]:
-    """verify_siblings as a walk (read_in_waves): a device row `p` is read whole at the first rejection."""
-    return (yield from _candidates(p, candidate_proposals(q, candidates, SAMPLED), VANILLA, 1, rng))
-
-
-SAMPLED, TOP = "sampled", "top"  # how a node's children were drafted (runtime.tree)
-
-
 def candidate_proposals(q: Any, candidates: Sequence[int], drawn: str,
                         vocab: int = 0) -> Iterator[tuple[int, np.ndarray]]:
     """(token, the draft distribution it was drawn from) for the children c_1..c_K of one node, made
@@ -169,19 +161,9 @@ def verify_candidates(p: np.ndarray, proposals: Iterable[tuple[int, np.ndarray]]
     likewise computes the relaxed p̃ on the residual at each sibling. Cool-SD's ω is that of the
     siblings' depth (draft position `position`, 1-based).
     """
-    return read_in_waves({0: _candidates(p, proposals, rule, position, rng)})[0]
-
-
-def _candidates(p: Any, proposals: Iterable[tuple[int, np.ndarray]], rule: AcceptanceRule, position: int,
-                rng: np.random.Generator) -> Generator[list, list, tuple[Optional[int], int]]:
-    """verify_candidates as a walk (read_in_waves): where `p` is not a host row (entries read ahead,
-    a device row) it is only indexed for the tests' entries, and the whole row, which the residual
-    needs, is asked for at the first rejection; a host row asks for nothing."""
     target = p
     for k, (token, q) in enumerate(proposals):
         if rng.random() <= rule.accept_probability(target, q, token, position):
             return k, int(token)
-        if not isinstance(target, np.ndarray):
-            target = (yield [_whole(target)])[0]
         target = rule.resample(target, q, token, position)
     return None, int(sample(np.asarray(target), rng))
