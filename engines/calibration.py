@@ -99,7 +99,7 @@ def record_feeds(manifest: Manifest, size: int, images: int, seed: int = 0, thre
     the bundle has a draft (target windows of 5, draft steps of 1), with the bundle's sampling
     defaults and the classes taken in turn; a draft chain graph's from its draft's step feeds."""
     from specrt.runtime.pipeline import Pipeline
-    from specrt.runtime.runner import VQDecoder
+    from specrt.runtime.vq_decoder import VQDecoder
 
     class NoImages(VQDecoder):  # calibration needs the tokens' feeds, not pictures
         def decode(self, codes: np.ndarray) -> np.ndarray:

@@ -34,9 +34,10 @@ from specrt.errors import SpecrtError
 from specrt.manifest import Manifest, as_manifest
 from specrt.runtime.backends.ort_backend import model_spec
 from specrt.runtime.conditions import Conditions
-from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder
+from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput
 from specrt.runtime.tree import StaticShape
 from specrt.runtime.tree_call import TreeLayout
+from specrt.runtime.vq_decoder import VQDecoder
 
 from .build import require_tensorrt
 

@@ -10,28 +10,25 @@ own features (EAGLE's recursion) and are rolled back after each verification, wh
 target's real features for the accepted tokens replace them.
 
 HeadRunner is the backend-independent part of a head's runner (onnxruntime and PyTorch
-subclass it with their backend); EagleDrafter is the runtime.drafting.Drafter the drafted
+subclass it with their backend); EagleDrafter is the runtime.drafter.Drafter the drafted
 methods call, for chains and trees. A chain round is one head call where the runner draws
 chains (runtime/chain.py HeadChain: a bundle's `draft_chain` graph, or the PyTorch module),
 else one call per draft; the same drafts either way.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from specrt.runtime.conditions import Conditions
-from specrt.runtime.drafting import Drafter, Verified, grown_trees, root_only_trees
+from specrt.runtime.drafter import Drafter, Verified
 from specrt.runtime.runner import GrownTrees, ModelRunner, StepOutput, window_sizes
 from specrt.runtime.sampling import needs_restriction
-from specrt.runtime.tree import level_window
-from specrt.runtime.tree_call import tree_from_draws
+from specrt.runtime.tree import TokenTree, level_window
+from specrt.runtime.tree_call import grown_trees, root_only_trees, tree_from_draws
 from specrt.runtime.verification.siblings import SAMPLED, TOP
 from specrt.runtime.window import Window, Windows
-
-if TYPE_CHECKING:  # pragma: no cover
-    from specrt.runtime.tree import TokenTree
 
 EAGLE_KIND = "eagle"  # manifest models.draft.kind
 
@@ -172,7 +169,7 @@ def _pairs_block(features: Sequence[np.ndarray]) -> np.ndarray:
 
 
 class EagleDrafter(Drafter):
-    """runtime.drafting's Drafter over an EAGLE head (chains and trees), for a batch of images.
+    """runtime.drafter's Drafter over an EAGLE head (chains and trees), for a batch of images.
 
     Per image, queued pairs are stable pairs not yet in the head's cache, the pending token's pair last.
     propose_chain: catch up on the queues (committed for good), then draft from the head's own
@@ -309,7 +306,7 @@ class EagleDrafter(Drafter):
     def can_grow_tree(self, layout: Any) -> bool:
         return self.fused and self.head.can_grow_tree(layout)
 
-    def draft_tree(self, ctx, layout: Any, max_depths: Sequence[int]) -> list[Optional["TokenTree"]]:
+    def draft_tree(self, ctx, layout: Any, max_depths: Sequence[int]) -> list[Optional[TokenTree]]:
         """Each image's static tree in one head call (runtime/chain.py HeadTree): its queued pairs
         as the window (the pending pair, the root, last), then every level, each node fed with its
         parent's head feature, with uniforms drawn as the level path's passes draw them
@@ -332,9 +329,9 @@ class EagleDrafter(Drafter):
                 trees[p] = tree_from_draws(layout, self._tokens[p][-1], draws[p], np.array(out.probs[p]), max_depths[p])[0]
         return trees
 
-    def grow_tree(self, ctx, layout: Any, max_depths: Sequence[int], total_tokens: int) -> list[Optional["TokenTree"]]:
+    def grow_tree(self, ctx, layout: Any, max_depths: Sequence[int], total_tokens: int) -> list[Optional[TokenTree]]:
         """Each image's dynamic tree in one head call (runtime/chain.py HeadGrowth), the queues as
-        in draft_tree; each stream advanced as the level path's passes would (drafting.grown_trees)."""
+        in draft_tree; each stream advanced as the level path's passes would (tree_call.grown_trees)."""
         trees = root_only_trees([queue[-1] for queue in self._tokens], max_depths, TOP)
         counts = self._tree_queues(ctx, max_depths, layout.fed)
         if not any(counts):
@@ -343,7 +340,7 @@ class EagleDrafter(Drafter):
         out = self.head.grow_pairs(windows, features, layout)
         queues = [self._tokens[p][:count] if count else None for p, count in enumerate(counts)]
         self._commit_before_roots(counts)
-        for p, grown in enumerate(grown_trees(ctx, layout, out, queues, max_depths, total_tokens)):
+        for p, grown in enumerate(grown_trees(ctx.rngs, layout, out, queues, max_depths, total_tokens)):
             if grown is not None:
                 trees[p] = grown[0]
         return trees
@@ -367,7 +364,7 @@ class EagleDrafter(Drafter):
             self._dequeue(before)
             self._stable = self.head.lengths.copy()
 
-    def expand(self, ctx, trees: Sequence[Optional["TokenTree"]], nodes: Sequence[Sequence[int]]) -> list[list[Any]]:
+    def expand(self, ctx, trees: Sequence[Optional[TokenTree]], nodes: Sequence[Sequence[int]]) -> list[list[Any]]:
         """Each image's `nodes` (and the closure above them not yet run) under the tree mask; the
         head's rows after them. The round's first pass also runs the queued pairs before the
         pending one (the last round's accepted tokens) in the same window, ahead of the root: they
@@ -382,7 +379,7 @@ class EagleDrafter(Drafter):
         finally:
             self.head.rows_to_host = False
 
-    def _expand(self, ctx, trees: Sequence[Optional["TokenTree"]], nodes: Sequence[Sequence[int]]) -> list[list[Any]]:
+    def _expand(self, ctx, trees: Sequence[Optional[TokenTree]], nodes: Sequence[Sequence[int]]) -> list[list[Any]]:
         later = [tree is not None and 0 in self._staged[p] for p, tree in enumerate(trees)]
         # the round's first pass: the queues before the pending pairs go in for good
         queued = [0] * len(trees) if any(later) else \

@@ -23,13 +23,15 @@ from specrt.runtime.compatibility import check_compatible
 from specrt.runtime.defaults import as_dict, defaults_of
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.families import modules_family, open_bundle
-from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Decoding, Method, checked_max_window, make_method
+from specrt.runtime.decoding import Decoding
+from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Method, checked_max_window, make_method
 from specrt.runtime.methods.speculative import Lantern
 from specrt.runtime.rounds import LOOPS
-from specrt.runtime.runner import ModelRunner, VQDecoder
+from specrt.runtime.runner import ModelRunner
 from specrt.runtime.sampling import SamplingParams, guidance_mix
 from specrt.runtime.stats import Stats
 from specrt.runtime.threads import set_torch_threads
+from specrt.runtime.vq_decoder import VQDecoder
 
 SAMPLING_KEYS = ("cfg_scale", "temperature", "top_k", "top_p")
 

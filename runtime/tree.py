@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -36,10 +36,6 @@ from specrt.validation import Param
 from specrt.runtime.verification.siblings import SAMPLED, TOP, draws_without_replacement
 from specrt.runtime.tree_plan_file import is_plan_reference, read_plan
 from specrt.runtime.window import Window
-
-if TYPE_CHECKING:  # pragma: no cover
-    from specrt.runtime.drafting import Drafter
-    from specrt.runtime.methods.base import Decoding
 
 TREES = ("chain", "static", "dynamic")
 
@@ -370,18 +366,3 @@ class DynamicGrowth:
 def _best_first(scores: Sequence[float]) -> list[int]:
     """Indices of `scores`, highest first, ties in index order (a stable sort, also reversed)."""
     return sorted(range(len(scores)), key=scores.__getitem__, reverse=True)
-
-
-def grow_trees(ctx: "Decoding", drafter: "Drafter", growths: Sequence[Optional[Any]]) -> list[Optional[TokenTree]]:
-    """Grow one tree per image of the batch (StaticGrowth or DynamicGrowth; None: no tree), every
-    image's next depth in one draft pass; each image's draws come from its own stream (the draft
-    head's draws in the pass, where the drafter keeps them, then the host's)."""
-    while True:
-        asks = [g.pending() if g is not None else [] for g in growths]
-        if not any(asks):
-            return [g.result() if g is not None else None for g in growths]
-        rows = drafter.expand(ctx, [g.tree if ask else None for g, ask in zip(growths, asks)], asks)
-        firsts = getattr(drafter, "expanded_draws", None) or [None] * len(growths)
-        for p, (growth, ask) in enumerate(zip(growths, asks)):
-            if ask:
-                growth.receive(rows[p], ctx.rngs[p], firsts[p])

@@ -21,10 +21,13 @@ The layout (`TreeLayout`) fixes what both sides agree on, from the shape alone:
   and their other children, node after node), so the two paths draw the same tokens from the
   same stream, up to float32 against float64 at a CDF boundary (a rare token) and rows that run
   out of mass (there the level path draws fewer uniforms). Both are exact in distribution.
+
+Both drafters (runtime.model_drafter, runtime.eagle) build their trees from a call's outputs here
+(root_only_trees, tree_from_draws, grown_trees); runtime.decoding draws the uniforms in this order.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -76,17 +79,10 @@ class TreeLayout:
         return order
 
 
-def tree_uniforms(layout: TreeLayout, rngs: Sequence[np.random.Generator], sizes: Sequence[int],
-                  max_depths: Sequence[int]) -> np.ndarray:
-    """[images, nodes − 1] uniforms of a one-call tree: image p takes its window's sizes[p] from
-    its stream (the last draws the root's first child), then one per node it draws, in
-    `uniform_order`; zeros where it draws nothing (no window, nodes past its max_depth)."""
-    uniforms = np.zeros((len(rngs), layout.nodes - 1))
-    for row, rng, size, depth in zip(uniforms, rngs, sizes, max_depths):
-        if size and depth > 0:
-            order = layout.uniform_order(depth)
-            row[np.array(order) - 1] = rng.random(size - 1 + len(order))[size - 1:]
-    return uniforms
+def root_only_trees(roots: Sequence[int], max_depths: Sequence[int], drawn: str) -> list[Optional[TokenTree]]:
+    """A one-call tree round's trees before the call: the root alone for an image with no drafts
+    left (max_depths[p] == 0), None for the rest (no tree, < 0, or the call's to fill)."""
+    return [TokenTree(root, drawn) if depth == 0 else None for root, depth in zip(roots, max_depths)]
 
 
 def tree_from_draws(layout: TreeLayout, root: int, draws: Sequence[int], rows: Any,
@@ -188,3 +184,22 @@ def grown_tree(layout: GrowthLayout, root: int, tokens: np.ndarray, scores: np.n
             node_at[c] = expanded.add(node_at[int(parents[c])], int(tokens[c]))
             staged.append(f)
     return tree, expanded, staged
+
+
+def grown_trees(rngs: Sequence[np.random.Generator], layout: GrowthLayout, out: Any,
+                windows: Sequence[Optional[Sequence[int]]], max_depths: Sequence[int],
+                total_tokens: int) -> list[Optional[tuple[TokenTree, TokenTree, list[int]]]]:
+    """grown_tree for each image of a grow_tree call (`out`: its GrownTrees; windows[p]: image p's
+    window tokens, its root last; None: no tree), each image's stream rngs[p] advanced past the
+    uniforms the level path's passes would have drawn: its window's, then one per frontier node
+    run (what they draw is unused: the tree is the rows' top-k)."""
+    grown: list[Optional[tuple[TokenTree, TokenTree, list[int]]]] = []
+    for p, window in enumerate(windows):
+        if window is None:
+            grown.append(None)
+            continue
+        tree, expanded, fed = grown_tree(layout, window[-1], out.tokens[p], out.scores[p], out.fronts[p],
+                                         min(layout.depth, max_depths[p]), total_tokens)
+        rngs[p].random(len(window) + len(fed))
+        grown.append((tree, expanded, fed))
+    return grown

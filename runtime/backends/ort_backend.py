@@ -25,7 +25,9 @@ from specrt.manifest import GraphSpec, Manifest, as_manifest
 from specrt.runtime.bundle_check import check_manifest, check_session, load_neighbours
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.eagle import EAGLE_KIND, HeadRunner
-from specrt.runtime.runner import GrownTrees, ModelRunner, ModelSpec, StepOutput, VQDecoder, compact_kv, uniform_run
+from specrt.runtime.kv_rows import compact_kv, uniform_run
+from specrt.runtime.runner import GrownTrees, ModelRunner, ModelSpec, StepOutput
+from specrt.runtime.vq_decoder import VQDecoder
 from specrt.runtime.tree import StaticShape
 from specrt.runtime.tree_call import GrowthLayout, TreeLayout
 

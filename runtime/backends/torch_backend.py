@@ -26,7 +26,9 @@ from specrt.models.neighbours import DEFAULT_K, codebook_neighbours, codebook_of
 from specrt.runtime.backends.device_outputs import DeviceDraws, DeviceRows
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.eagle import HeadRunner
-from specrt.runtime.runner import GrownTrees, ModelRunner, ModelSpec, StepOutput, VQDecoder, compact_kv, uniform_run
+from specrt.runtime.kv_rows import compact_kv, uniform_run
+from specrt.runtime.runner import GrownTrees, ModelRunner, ModelSpec, StepOutput
+from specrt.runtime.vq_decoder import VQDecoder
 
 
 def _torch():

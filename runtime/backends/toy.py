@@ -17,7 +17,8 @@ import numpy as np
 from specrt.lazy import require
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.grammar import ImageGrammar
-from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput, VQDecoder
+from specrt.runtime.runner import ModelRunner, ModelSpec, StepOutput
+from specrt.runtime.vq_decoder import VQDecoder
 
 
 def head_rows(logits: np.ndarray, mix: np.ndarray, uniforms: np.ndarray) -> StepOutput:

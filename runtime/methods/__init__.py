@@ -5,7 +5,7 @@ from typing import Any
 
 from specrt.errors import SpecrtError
 from specrt.runtime.methods.ar import Autoregressive
-from specrt.runtime.methods.base import Decoding, Method
+from specrt.runtime.methods.base import Method
 from specrt.runtime.methods.jacobi import SJDPAC, JacobiDecoding
 from specrt.runtime.methods.speculative import CoolSD, Lantern, SpeculativeDecoding
 
@@ -40,4 +40,4 @@ def make_method(name: str, **params: Any) -> Method:
     return METHODS[name](**params)
 
 
-__all__ = ["DEFAULT_MAX_WINDOW", "METHODS", "Decoding", "Method", "checked_max_window", "make_method"]
+__all__ = ["DEFAULT_MAX_WINDOW", "METHODS", "Method", "checked_max_window", "make_method"]

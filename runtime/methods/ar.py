@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from specrt.runtime.conditions import Conditions
-from specrt.runtime.methods.base import Decoding, Method
+from specrt.runtime.decoding import Decoding
+from specrt.runtime.methods.base import Method
 
 
 class Autoregressive(Method):

@@ -20,9 +20,11 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
-from specrt.runtime.drafting import ModelDrafter, finish_round, make_drafter
-from specrt.runtime.methods.base import Batched, Decoding, Method
+from specrt.runtime.decoding import Decoding
+from specrt.runtime.drafting import finish_round, make_drafter
+from specrt.runtime.methods.base import Batched, Method
 from specrt.runtime.methods.tree_loop import generate_trees
+from specrt.runtime.model_drafter import ModelDrafter
 from specrt.runtime.runner import StepOutput
 from specrt.runtime.sampling import needs_restriction
 from specrt.runtime.tree import DEFAULT_GROWTH, DEFAULT_STATIC_TREE, TREES, StaticTreeParam, static_shape
@@ -46,7 +48,7 @@ class DraftThenVerify(Method):
     chains as array operations (runtime.verification.verify_chains; each image with its own
     stream), and each image commits its own accepted prefix, driving an independent draft
     model's runner directly. Trees (runtime.methods.tree_loop), and chains from any other Drafter
-    (runtime.drafting: an EAGLE head), go through the Drafter protocol, batched the same way.
+    (runtime.drafter: an EAGLE head), go through the Drafter protocol, batched the same way.
     """
 
     needs_draft = True
@@ -147,7 +149,7 @@ class DraftThenVerify(Method):
         return drafts, stack_rows(q_steps)
 
     def _generate_chain_drafted(self, ctx: Decoding, conditions: Conditions) -> np.ndarray:
-        """Chain rounds through the Drafter protocol (runtime.drafting), for drafters the loop above
+        """Chain rounds through the Drafter protocol (runtime.drafter), for drafters the loop above
         does not drive, the whole batch at once; the same tokens as that loop for an independent draft."""
         target, rule, total = ctx.target, self.rule(ctx), ctx.num_image_tokens
         target.truncate(0)

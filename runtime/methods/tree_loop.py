@@ -11,23 +11,38 @@ windows), each with its own stream, so an image's tokens do not depend on its ba
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 import numpy as np
 
 from specrt.runtime.conditions import Conditions
+from specrt.runtime.decoding import Decoding
+from specrt.runtime.drafter import Drafter
 from specrt.runtime.drafting import finish_round, make_drafter
-from specrt.runtime.methods.base import Batched, Decoding
+from specrt.runtime.methods.base import Batched
 from specrt.runtime.sampling import needs_restriction
-from specrt.runtime.tree import DynamicGrowth, StaticGrowth, StaticShape, grow_trees, static_shape
+from specrt.runtime.tree import DynamicGrowth, StaticGrowth, StaticShape, TokenTree, static_shape
 from specrt.runtime.tree_call import GrowthLayout, TreeLayout
+from specrt.runtime.verification.rules import AcceptanceRule
 from specrt.runtime.verification.trees import TreeOutcome, verify_trees
 
-if TYPE_CHECKING:  # pragma: no cover
-    from specrt.runtime.methods.speculative import DraftThenVerify
-    from specrt.runtime.tree import TokenTree
 
-TreeObserver = Callable[[Sequence[Optional["TokenTree"]], Sequence[Optional[TreeOutcome]]], None]
+class TreeMethod(Protocol):
+    """What the tree loop reads of a draft-then-verify method (runtime.methods.speculative's
+    DraftThenVerify: its tree parameters and its acceptance rule); a protocol, so the loop the
+    method calls does not import the method."""
+
+    tree: str
+    static_tree: str
+    total_tokens: int
+    depth: int
+    tree_top_k: int
+    fused_drafting: bool
+
+    def rule(self, ctx: Decoding) -> AcceptanceRule: ...
+
+
+TreeObserver = Callable[[Sequence[Optional[TokenTree]], Sequence[Optional[TreeOutcome]]], None]
 _observers: list[TreeObserver] = []
 
 
@@ -43,7 +58,7 @@ def observing_trees(observer: TreeObserver) -> Iterator[None]:
         _observers.remove(observer)
 
 
-def generate_trees(method: "DraftThenVerify", ctx: Decoding, conditions: Conditions) -> np.ndarray:
+def generate_trees(method: TreeMethod, ctx: Decoding, conditions: Conditions) -> np.ndarray:
     """Tokens [N, grid²] of a batch of images, drafted as trees and verified with method.rule(ctx):
     every round grows all unfinished images' trees together (grow_trees: one draft pass per depth)
     and scores them in one target pass; each image verifies with its own stream."""
@@ -80,7 +95,7 @@ def generate_trees(method: "DraftThenVerify", ctx: Decoding, conditions: Conditi
     return np.asarray(tokens, dtype=np.int64)
 
 
-def one_call_layout(ctx: Decoding, drafter: Any, shape: Optional[StaticShape]) -> Optional[TreeLayout]:
+def one_call_layout(ctx: Decoding, drafter: Drafter, shape: Optional[StaticShape]) -> Optional[TreeLayout]:
     """The layout of `shape` where the draft drafts it in one call (runtime/tree_call.py: a draft
     whose runner can, an independent model's or an EAGLE head's, and sampling the head's softmax,
     which no host restriction reshapes between levels); None: grow the trees one pass per depth."""
@@ -90,7 +105,7 @@ def one_call_layout(ctx: Decoding, drafter: Any, shape: Optional[StaticShape]) -
     return layout if drafter.can_draft_tree(layout) else None
 
 
-def one_call_growth(ctx: Decoding, drafter: Any, method: "DraftThenVerify") -> Optional[GrowthLayout]:
+def one_call_growth(ctx: Decoding, drafter: Drafter, method: TreeMethod) -> Optional[GrowthLayout]:
     """The dynamic tree's layout where the draft grows it in one call (runtime/tree_call.py), on
     the same terms as a static tree's (one_call_layout); None: one pass per depth."""
     if needs_restriction(ctx.sampling):
@@ -99,8 +114,23 @@ def one_call_growth(ctx: Decoding, drafter: Any, method: "DraftThenVerify") -> O
     return growth if drafter.can_grow_tree(growth) else None
 
 
-def _verify_and_finish(ctx: Decoding, drafter: Any, rule: Any, tokens: list[list[int]], images: list[int],
-                       trees: Sequence[Optional["TokenTree"]]) -> None:
+def grow_trees(ctx: Decoding, drafter: Drafter, growths: Sequence[Optional[Any]]) -> list[Optional[TokenTree]]:
+    """Grow one tree per image of the batch (StaticGrowth or DynamicGrowth; None: no tree), every
+    image's next depth in one draft pass; each image's draws come from its own stream (the draft
+    head's draws in the pass, where the drafter keeps them, then the host's)."""
+    while True:
+        asks = [g.pending() if g is not None else [] for g in growths]
+        if not any(asks):
+            return [g.result() if g is not None else None for g in growths]
+        rows = drafter.expand(ctx, [g.tree if ask else None for g, ask in zip(growths, asks)], asks)
+        firsts = getattr(drafter, "expanded_draws", None) or [None] * len(growths)
+        for p, (growth, ask) in enumerate(zip(growths, asks)):
+            if ask:
+                growth.receive(rows[p], ctx.rngs[p], firsts[p])
+
+
+def _verify_and_finish(ctx: Decoding, drafter: Drafter, rule: AcceptanceRule, tokens: list[list[int]],
+                       images: list[int], trees: Sequence[Optional[TokenTree]]) -> None:
     """Score the round's trees in one target pass, verify each image's with its own stream, and
     commit what was accepted (finish_round)."""
     scored = ctx.run(ctx.target, [tree.window() if tree is not None else None for tree in trees])

@@ -74,10 +74,10 @@ def test_the_one_call_tree_samples_what_the_level_path_samples(pipe, level_path)
 
 def test_the_check_catches_rows_handed_over_for_the_wrong_nodes(pipe, level_path, monkeypatch):
     """Planted bug: each inner node's draft row is its predecessor's in the layout's order."""
-    from specrt.runtime import drafting
+    from specrt.runtime import model_drafter
 
-    real = drafting.tree_from_draws
-    monkeypatch.setattr(drafting, "tree_from_draws", lambda layout, root, draws, rows, max_depth: real(
+    real = model_drafter.tree_from_draws
+    monkeypatch.setattr(model_drafter, "tree_from_draws", lambda layout, root, draws, rows, max_depth: real(
         layout, root, draws, np.roll(np.asarray(rows), 1, axis=0), max_depth))
     statistic, critical = homogeneity(streams(pipe, fused=True, seed=2)[0], level_path[0])
     assert statistic > critical, f"wrong rows passed: chi2 {statistic:.1f} < {critical:.1f}"

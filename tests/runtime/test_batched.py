@@ -87,7 +87,7 @@ def test_chains_from_another_drafter_give_the_same_tokens(monkeypatch, method):
     """A Drafter the batched chain loop does not drive (an EAGLE head, here a ModelDrafter subclass)
     runs the batch through the Drafter protocol: for the same independent draft that is exactly
     the batched loop's result."""
-    from specrt.runtime.drafting import ModelDrafter
+    from specrt.runtime.model_drafter import ModelDrafter
     from specrt.runtime.methods import speculative
 
     pipe = toy_pipeline(2.0)

@@ -180,7 +180,7 @@ def test_compacting_kv_in_place_moves_every_layers_kept_rows(backend):
     """compact_kv on a buffer of three layers: each (layer, key|value) block's kept rows land at
     the front in order, as a gather into fresh memory would put them (numpy arrays and torch
     tensors alike). Fails when the blocks are written in any order other than ascending."""
-    from specrt.runtime.runner import compact_kv
+    from specrt.runtime.kv_rows import compact_kv
 
     values = np.random.default_rng(2).random((3, 2, 6, 2, 5, 4), dtype=np.float32)
     rows = np.array([0, 2, 3, 5])

@@ -222,7 +222,7 @@ def test_every_round_traces_whole_under_fullgraph_compile(method, params):
     pipe = Pipeline.from_torch(target, draft, tiny_models(vocab=16, grid=4, classes=10)[2], max_window=16)
     mix = guidance_mix(2, sampling)
     rows = pipe.conditions([3, 6])
-    from specrt.runtime.methods.base import Decoding
+    from specrt.runtime.decoding import Decoding
 
     rows = Decoding(pipe.target, None, sampling, [], None).condition_rows(rows)
     tokens = []

@@ -199,7 +199,7 @@ def test_device_resident_rows_give_the_same_tokens_and_cross_o_w_plus_v(tiny_pip
                                            ("sd", {"tree": "dynamic", "total_tokens": 10, "depth": 3, "tree_top_k": 3})])
 def test_device_rows_are_restricted_where_they_live(tiny_pipeline, method, params, sampling):
     """Top-k (LlamaGen's default), top-p and greedy decoding restrict device rows on the device and
-    draw there (runtime.methods.base._restricted): the tokens of host rows, and a chain's target rows
+    draw there (runtime.decoding.Decoding._restricted): the tokens of host rows, and a chain's target rows
     are read back far less than whole (a host restriction reads W·V numbers a step; Jacobi windows
     and trees are read whole once a step, for the host loop's verification)."""
     pipe, _ = tiny_pipeline
