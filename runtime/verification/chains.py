@@ -92,7 +92,7 @@ def verify_chain_block(p: Any, q: Any, drafted: Any, limits: Any, coins: Any, ne
     near the image's end, 0 for none); coins [I, L] the tests' uniforms, next_uniforms [I] the one
     draw after the accepted prefix. Every image's pair of rows at its first failed test is resampled
     from rule.resample and its bonus row drawn from, and the one that applies is kept: the same
-    tests and draws as verify_chains makes with the same uniforms (tests/runtime/test_verification.py)."""
+    tests and draws as verify_chains makes with the same uniforms (tests/runtime/test_verification_chains.py)."""
     xp = namespace(p)
     count, longest = drafted.shape
     images, steps = xp.arange(count, device=p.device), xp.arange(longest, device=p.device)

@@ -125,7 +125,7 @@ class CoolRule(AcceptanceRule):
         """G* (Eq. 10) in closed form: Q·f = min(Q, ω·P), so P − Q·f = max(P − Q, (1 − ω)·P), whose
         second term is ≥ 0 for ω ≤ 1 and ≤ 0 for ω ≥ 1 (G* is then vanilla SD's residual): three
         array operations where g_star(p, q, acceptance_row(...)) takes eight, a batch-1 rejection's
-        largest host cost. Equal to that form up to rounding (tests/runtime/test_verification.py)."""
+        largest host cost. Equal to that form up to rounding (tests/runtime/test_verification_rules.py)."""
         omega = self.omega(position)
         if not getattr(omega, "ndim", 0):  # one number: a batch-1 rejection
             mass = np.subtract(p, q, dtype=np.float64)
