@@ -21,7 +21,7 @@ from test_rounds import GUIDED, PASS, chi2_of, tiny_models  # noqa: E402
 from specrt.export.eagle.model import EagleConfig, EagleHead  # noqa: E402
 from specrt.runtime.eagle import EagleDrafter  # noqa: E402
 from specrt.runtime.methods import make_method  # noqa: E402
-from specrt.runtime.methods.base import Decoding  # noqa: E402
+from specrt.runtime.decoding import Decoding  # noqa: E402
 from specrt.runtime.pipeline import Pipeline  # noqa: E402
 from specrt.runtime.rounds import plan_round  # noqa: E402
 from specrt.runtime.rounds.chains import ChainRound  # noqa: E402
