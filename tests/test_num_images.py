@@ -18,10 +18,9 @@ def no_model_loads(monkeypatch):
     def loaded(*args, **kwargs):
         raise AssertionError("a model was loaded although the flags should have been refused")
 
-    from specrt.commands import _family, generate
+    from specrt.commands import generate
 
     monkeypatch.setattr(generate, "build_pipeline", loaded)
-    monkeypatch.setattr(_family, "open_pipeline", loaded)
 
 
 def _pixels(path) -> np.ndarray:

@@ -9,11 +9,12 @@ head count (for sizes LlamaGen does not name) and the image size must come from 
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import click
+
+from specrt.commands._flag_groups import flag_group
 
 GPT_ARCH_NAMES = "GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-XXXL, GPT-1B, GPT-3B, GPT-7B"
 
@@ -72,15 +73,4 @@ _OPTIONS = [
 ]
 
 
-def checkpoint_flags(command: Callable) -> Callable:
-    """Adds the flags above to a click command, handing it one `checkpoint: CheckpointFlags`."""
-    names = [field for field in CheckpointFlags.__dataclass_fields__]
-
-    @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        flags = CheckpointFlags(**{name: kwargs.pop(name) for name in names})
-        return command(*args, checkpoint=flags, **kwargs)
-
-    for option in reversed(_OPTIONS):
-        wrapper = option(wrapper)
-    return wrapper
+checkpoint_flags = flag_group("checkpoint", CheckpointFlags, _OPTIONS)  # hands a command `checkpoint: CheckpointFlags`

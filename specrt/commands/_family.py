@@ -1,77 +1,31 @@
-"""`specrt generate` for a model family other than LlamaGen's, through the Family interface alone
-(runtime/families: its pipeline, methods, sampling keys, decoder and stats summary).
+"""`specrt generate`'s flags against a model family other than LlamaGen's, through the Family
+interface alone (runtime/families: its methods, sampling keys, conditions, prompt options).
 
-A BUNDLE of such a family runs on the backend given (onnxruntime by default) from its manifest
-alone; an embedded demo of it (`--demo mar`) through the family's `demo_pipeline`. Flags mean what
-they mean for LlamaGen where they apply (--class, --seed, --out, --cfg-scale, --temperature,
---param, --stats, --save-tokens, --tokens-only); the ones that do not (sampling keys the family
-lacks, prompts, checkpoints) are refused in one line. Family-specific sampling keys go through
---param (the continuous family's cfg_schedule: --param cfg_schedule=linear).
+Flags mean what they mean for LlamaGen where they apply (--class, --seed, --out, --cfg-scale,
+--temperature, --param, --stats, --save-tokens, --tokens-only); the ones that do not (sampling keys
+the family lacks, prompts, checkpoints, the torch backend's options) are refused in one line before
+the model loads. Family-specific sampling keys go through --param (the continuous family's
+cfg_schedule: --param cfg_schedule=linear). A Hugging Face checkpoint directory (the unified
+family on PyTorch) runs alone: check_hf_checkpoint.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-import click
-
+from specrt import validation
+from specrt.commands._checkpoint_flags import CheckpointFlags
+from specrt.commands._generate_flags import Drawing, ModelFlags, RunFlags, SamplingFlags
 from specrt.errors import SpecrtError
 from specrt.runtime.families.base import Family
 
 
-MAX_IMAGES_PER_CALL = 1024  # images one generate call makes: --num-images times the classes or prompts
-
-
-def repeated(values: list[Any], times: int, what: str) -> list[Any]:
-    """Each of `values` (classes, prompts, caption rows) `times` times in a row, for --num-images.
-
-    Why a ceiling: one call decodes every image before it writes any (in passes of the bundle's
-    max_images), so a typo like --num-images 100000 would run for hours and then fill a folder;
-    more than MAX_IMAGES_PER_CALL is one line, and a larger set is several calls with --seed."""
-    from specrt import validation
-
-    times = validation.count("--num-images", times, high=MAX_IMAGES_PER_CALL)
-    total = len(values) * times
-    if total > MAX_IMAGES_PER_CALL:
-        raise SpecrtError(f"--num-images {times} of {len(values)} {what}{'es' if what == 'class' else 's'} is "
-                          f"{total} images; one call makes at most {MAX_IMAGES_PER_CALL} (split it over calls with "
-                          "--seed)")
-    return [value for value in values for _ in range(times)]
-
-
-def open_pipeline(family: Family, bundle: Optional[Path], demo: Optional[str], backend: Optional[str],
-                  threads: Optional[int] = None) -> Any:
-    """The family's pipeline over BUNDLE on `backend`, else its embedded demo `demo`."""
-    if bundle is not None:
-        from specrt.runtime.families import open_bundle
-
-        return open_bundle(bundle, backend or "ort", threads)
-    if backend not in (None, "torch"):
-        raise SpecrtError(f"--backend {backend} needs a BUNDLE: export the demo with `specrt export --demo {demo} "
-                          "--out DIR`")
-    from specrt.export.demo.registry import get_demo
-
-    return get_demo(demo).hook("torch_pipeline")(None, threads=1 if threads is None else threads)
-
-
-def prompt_options_of(negative_prompt: Optional[str], no_prompt_suffix: bool) -> dict[str, Any]:
-    """The pipeline keywords of --negative-prompt / --no-prompt-suffix, only those given, so a
-    call without them runs exactly as before (the recipe's own unconditional row and suffix)."""
-    options: dict[str, Any] = {}
-    if negative_prompt is not None:
-        options["negative_prompt"] = negative_prompt
-    if no_prompt_suffix:
-        options["prompt_suffix"] = False
-    return options
-
-
-def refused_prompt_options(family: Family, negative_prompt: Optional[str], no_prompt_suffix: bool) -> dict[str, bool]:
+def refused_prompt_options(family: Family, drawing: Drawing) -> dict[str, bool]:
     """The refused-flag entries of --negative-prompt / --no-prompt-suffix for `family` (refuse's
     {flag: given?}): they shape a CFG row that is a prompt, which only some families have."""
     applies = family.negative_prompts
-    return {"--negative-prompt": negative_prompt is not None and not applies,
-            "--no-prompt-suffix": no_prompt_suffix and not applies}
+    return {"--negative-prompt": drawing.negative_prompt is not None and not applies,
+            "--no-prompt-suffix": drawing.no_prompt_suffix and not applies}
 
 
 def refuse(family: Family, method: str, refused: dict[str, Any]) -> None:
@@ -84,26 +38,51 @@ def refuse(family: Family, method: str, refused: dict[str, Any]) -> None:
         raise SpecrtError(f"method {method!r}: a {family.description} model runs {', '.join(family.methods)}")
 
 
-def generate(family: Family, pipe: Any, method: str, class_ids: tuple[int, ...], seed: int, out: Path,
-             prompts: tuple[str, ...], sampling: dict[str, Any], params: dict[str, str], stats_path: Optional[Path],
-             tokens_only: bool, tokens_path: Optional[Path], num_images: int = 1, sheet: Optional[Path] = None,
-             prompt_options: Optional[dict[str, Any]] = None) -> None:
-    """Generate with the family's pipeline and write images / tokens / stats / the contact sheet as
-    `specrt generate` does; `num_images` images of each class or prompt (image i: seed + i).
-    `prompt_options`: prompt_options_of's keywords (--negative-prompt, --no-prompt-suffix), given
-    only to a family that takes them (refused before this for the others)."""
-    from specrt.commands._outputs import summary_line, write_results
+def check_flags(family: Family, bundle: Optional[Path], method: str, seed: int, drawing: Drawing, models: ModelFlags,
+                checkpoint: CheckpointFlags, sampling: SamplingFlags, run: RunFlags,
+                given: Callable[[str], bool]) -> None:
+    """Every flag against a BUNDLE or demo of `family` (not LlamaGen's), before the model loads:
+    one line naming the first that does not apply. `given(name)`: whether the flag of parameter
+    `name` was typed (its default otherwise)."""
+    if models.demo is not None and (bundle or models.checkpoints):
+        raise SpecrtError("--demo picks an embedded demo: give it without a BUNDLE or checkpoints")
+    refused = {"--top-k": sampling.top_k is not None and "top_k" not in family.sampling_keys,
+               "--top-p": sampling.top_p is not None and "top_p" not in family.sampling_keys,
+               "--prompt": drawing.prompts and not family.takes_prompts,
+               "--class": drawing.class_ids and family.takes_prompts,
+               "--captions": drawing.captions_path, "--text-encoder": models.text_encoder,
+               "--target/--draft/--vq": models.checkpoints,
+               "--device": run.device is not None and run.device.strip().lower() != "cpu",  # it runs on the CPU
+               "--max-window": given("max_window"), "--compile/--no-compile": given("compile_step"),
+               "--loop": given("loop"),
+               **refused_prompt_options(family, drawing),
+               **{name: True for name in checkpoint.given()}}
+    validation.seed(seed, "--seed")
+    refuse(family, method, refused)
+    if family.takes_prompts and not drawing.prompts:
+        raise SpecrtError(f"a {family.description} model draws what a prompt says: give --prompt \"...\" (repeatable)")
+    if bundle is None and run.backend not in (None, "torch"):
+        raise SpecrtError(f"--backend {run.backend} needs a BUNDLE: export the demo with `specrt export --demo "
+                          f"{models.demo} --out DIR`")
 
-    kwargs = {**{k: v for k, v in sampling.items() if v is not None}, **params}  # validated where they are used
-    kwargs.update(prompt_options or {})
-    if family.takes_prompts:
-        kwargs["prompts"] = repeated(list(prompts), num_images, "prompt")
-    else:
-        kwargs["class_ids"] = repeated(list(class_ids or (0,)), num_images, "class")
-    result = pipe.generate(method=method, seed=seed, decode=not tokens_only, **kwargs)
-    images = None if tokens_only else result.images
-    paths, others = write_results(images, result.tokens, out, tokens_only, tokens_path, sheet, num_images)
-    summary = {"method": method, **family.summary(result)}
-    if stats_path:
-        stats_path.write_text(json.dumps(summary, indent=2) + "\n")
-    click.echo(summary_line(paths, method, summary, getattr(result, "sampling", None) or {}, images, others))
+
+def check_hf_checkpoint(family: Family, bundle: Optional[Path], method: str, seed: int, drawing: Drawing,
+                        models: ModelFlags, checkpoint: CheckpointFlags, run: RunFlags) -> None:
+    """`specrt generate --target HF_DIR [--draft HF_DIR] --prompt ...` (the unified `family` on
+    PyTorch): every flag checked before the checkpoint loads."""
+    if bundle or models.demo or drawing.captions_path or models.text_encoder or checkpoint.given():
+        raise SpecrtError("a Hugging Face checkpoint directory runs alone: drop the BUNDLE, --demo, --captions, "
+                          "--text-encoder and the LlamaGen size flags")
+    if models.draft is not None and not models.draft.is_dir():
+        raise SpecrtError(f"--draft {models.draft} must be a Hugging Face directory like --target")
+    validation.seed(seed, "--seed")
+    refuse(family, method, {"--class": drawing.class_ids})
+    if run.loop == "round":  # before the model loads (Pipeline.generate would say so too, after)
+        raise SpecrtError(f"--loop round: a {family.description} model decodes under an image grammar, which has no "
+                          "device round; use --loop host or auto")
+    if not drawing.prompts:
+        raise SpecrtError(f"a {family.description} model draws what a prompt says: give --prompt \"...\" (repeatable)")
+    validation.torch_device(run.device)
+    if run.backend not in (None, "torch"):
+        raise SpecrtError(f"--backend {run.backend}: a Hugging Face checkpoint directory runs on PyTorch; export it "
+                          "(`specrt export --target DIR`) to run it on onnxruntime")

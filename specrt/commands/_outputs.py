@@ -7,11 +7,72 @@ like a result (a rename within one folder is atomic on POSIX filesystems).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
+import click
 import numpy as np
+
+from specrt.commands._flag_groups import flag_group
+from specrt.runtime.families.base import Family
+
+
+@dataclass(frozen=True)
+class OutputFlags:
+    """What generate writes: --out, --sheet, --stats, --save-tokens, --tokens-only."""
+
+    out: Path = Path("img.png")
+    sheet: Optional[Path] = None
+    stats_path: Optional[Path] = None
+    tokens_path: Optional[Path] = None
+    tokens_only: bool = False
+
+    def checked(self) -> "OutputFlags":
+        """The flags with every file generate will write checked before a model loads (specrt.paths:
+        its folder exists and takes new files; no folder is created), --out as the image file it
+        names (image_output) and the sheet's name free (check_sheet)."""
+        from specrt.paths import output_file
+
+        out = self.out if self.tokens_only else image_output(self.out)
+        if not self.tokens_only:
+            output_file("--out", out)
+        elif self.tokens_path is None:
+            output_file("--out", out.with_suffix(".npy"))
+        output_file("--stats", self.stats_path)
+        output_file("--save-tokens", self.tokens_path)
+        return dataclasses.replace(self, out=out, sheet=check_sheet(self.sheet, out, self.tokens_only))
+
+    def report(self, family: Family, result: Any, method: str, per_condition: int = 1) -> str:
+        """Write one generate call's files (write_results) and its --stats JSON (the family's
+        summary); returns the closing line (summary_line)."""
+        images = None if self.tokens_only else result.images
+        paths, others = write_results(images, result.tokens, self.out, self.tokens_only, self.tokens_path, self.sheet,
+                                      per_condition)
+        summary = {"method": method, **family.summary(result)}
+        if self.stats_path:
+            self.stats_path.write_text(json.dumps(summary, indent=2) + "\n")
+        return summary_line(paths, method, summary, getattr(result, "sampling", None) or {}, images, others)
+
+
+output_flags = flag_group("outputs", OutputFlags, [
+    click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("img.png"), show_default=True,
+                 help="Image to write, in the type its suffix names (.png, .jpg, .webp, ...; none: .png is added); "
+                      "numbered when several images are asked for."),
+    click.option("--sheet", type=click.Path(dir_okay=False, path_type=Path),
+                 help="Also write one contact sheet here: every image of the call on a grid (a row per class or "
+                      "prompt with --num-images)."),
+    click.option("--stats", "stats_path", type=click.Path(dir_okay=False, path_type=Path),
+                 help="Also write the stats as JSON here."),
+    click.option("--save-tokens", "tokens_path", type=click.Path(dir_okay=False, path_type=Path),
+                 help="Also write the image tokens here as .npy (int64 [N, grid, grid], N = number of --class)."),
+    click.option("--tokens-only", is_flag=True,
+                 help="Skip the VQ decode and the PNG: write only the tokens (to --save-tokens, default: --out as "
+                      ".npy)."),
+])
 
 
 @contextlib.contextmanager

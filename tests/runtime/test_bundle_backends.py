@@ -47,3 +47,11 @@ def test_generate_backend_trt_is_one_line_and_exit_2(demo_bundle, tmp_path):
     assert done.stderr.strip() == "specrt: error: TensorRT is not installed: pip install 'specrt[trt]' " \
                                   "(on Jetson it comes with JetPack)"
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_backend_whose_plugin_cannot_be_loaded_is_one_line(demo_bundle, monkeypatch):
+    from specrt.runtime.backends import bundle_backends
+
+    monkeypatch.setitem(bundle_backends.PROVIDERS, "ort-cpu", "specrt.no_such_layer:providers_for")
+    with pytest.raises(SpecrtError, match="the ort-cpu backend's execution providers cannot be loaded"):
+        Pipeline.from_bundle(demo_bundle, backend="ort-cpu")

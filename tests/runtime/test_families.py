@@ -86,3 +86,59 @@ def test_inspect_describes_a_continuous_bundle_and_checks_it(continuous_bundle, 
     (renamed / "manifest.json").write_text(json.dumps(manifest))
     code, _, err = specrt(capsys, "inspect", renamed)
     assert code == 2 and "lacks token_ids" in err
+
+
+def _count_manifest_work(monkeypatch) -> dict[str, list]:
+    """Every read of a manifest.json file and every pass of the files' size and sha256 checks,
+    counted wherever they happen (the readers all end in Path.read_text and verify_files)."""
+    from pathlib import Path
+
+    from specrt import manifest as manifest_module
+
+    counted = {"reads": [], "verified": []}
+    read_text, verify_files = Path.read_text, manifest_module.verify_files
+
+    def read(self, *args, **kwargs):
+        if self.name == manifest_module.MANIFEST_NAME:
+            counted["reads"].append(self)
+        return read_text(self, *args, **kwargs)
+
+    def verify(manifest, check_hashes=True):
+        counted["verified"].append(check_hashes)
+        return verify_files(manifest, check_hashes)
+
+    monkeypatch.setattr(Path, "read_text", read)
+    monkeypatch.setattr(manifest_module, "verify_files", verify)
+    return counted
+
+
+def test_one_generate_call_reads_the_manifest_once(demo_bundle, continuous_bundle, tmp_path, capsys, monkeypatch):
+    counted = _count_manifest_work(monkeypatch)
+    code, _, err = specrt(capsys, "generate", demo_bundle, "--method", "sd", "--class", "3", "--out", tmp_path / "a.png")
+    assert code == 0, err
+    assert len(counted["reads"]) == 1 and counted["verified"] == [True]  # sizes and sha256, once
+    counted["reads"].clear()
+    code, _, err = specrt(capsys, "generate", continuous_bundle, "--method", "cspd", "--tokens-only",
+                          "--out", tmp_path / "b.npy")
+    assert code == 0, err
+    assert len(counted["reads"]) == 1
+
+
+def test_the_python_api_takes_the_manifest_read_once(demo_bundle, monkeypatch):
+    counted = _count_manifest_work(monkeypatch)
+    family, manifest = read_bundle(demo_bundle)
+    assert family.name == "llamagen" and len(counted["reads"]) == 1 and counted["verified"] == [True]
+    tokens = Pipeline.from_bundle(manifest).generate([3], method="sd", seed=0).tokens
+    assert len(counted["reads"]) == 1 and len(counted["verified"]) == 1  # handed down, not read again
+    np.testing.assert_array_equal(tokens, Pipeline.from_bundle(demo_bundle).generate([3], method="sd", seed=0).tokens)
+    assert len(counted["reads"]) == 2  # a path: read (once) by the call that gets it
+
+
+def test_modules_of_a_unified_model_are_that_familys():
+    from types import SimpleNamespace
+
+    from specrt.runtime.families import modules_family
+
+    unified = SimpleNamespace(config=SimpleNamespace(grammar=object()))
+    assert modules_family(unified) is family("unified")
+    assert modules_family(SimpleNamespace(config=SimpleNamespace())) is None  # LlamaGen's: Pipeline.from_torch's own
