@@ -429,7 +429,7 @@ class TorchHeadRunner(HeadRunner, TorchRunner):
     layer runs once a step, so a compiled block would save a few kernels and cost a compile)."""
 
     chain_kind = "HeadChain"
-    device_rounds = False  # a head drafts from its target's features: no round takes it yet
+    device_rounds = True  # runtime/rounds/drafts.py HeadDraft: chains, static and dynamic trees
 
     def __init__(self, head: Any, target_spec: ModelSpec, max_window: int = 64, device: Optional[str] = None):
         TorchRunner.__init__(self, head, max_window, device, cuda_graphs=False, compile=False)
