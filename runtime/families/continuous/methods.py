@@ -19,8 +19,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+import specrt.runtime.families.continuous.formulas as continuous
 from specrt.errors import SpecrtError
-from specrt.runtime.families.continuous import formulas as continuous
 from specrt.runtime.families.continuous.runner import ContinuousRunner, ContinuousWindows
 from specrt.runtime.methods.base import Batched, Method
 from specrt.validation import Float, Int, number

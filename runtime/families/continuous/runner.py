@@ -23,8 +23,8 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
+import specrt.runtime.families.continuous.formulas as continuous
 from specrt.errors import SpecrtError
-from specrt.runtime.families.continuous import formulas as continuous
 from specrt.runtime.families.continuous.formulas import Schedule
 
 # What step takes: one [W,C] window for every image, [N,W,C] (one per image, all W wide), or a
