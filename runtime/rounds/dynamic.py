@@ -1,15 +1,16 @@
 """The dynamic-tree round (EAGLE-2's growth) for sd, cool-sd and lantern (a draft model or an EAGLE head).
 
 runtime/tree.py DynamicGrowth on the host: each of `depth` draft passes expands the top_k frontier
-nodes (by cumulative draft log-probability) into their rows' top_k tokens with mass; the top_k
-best new candidates are the next frontier; the total_tokens best candidates of all make the tree
-(a child never scores above its parent, ties go to the earlier, so every kept node's parent is
-kept), each child a point mass verified as EAGLE-2 does. Here every pass has the same shapes: the
-root's pass gives top_k candidates, each later one top_k² (frontier slots whose parent had no
-mass carry −inf scores, never kept). The draft writes its frontier nodes to scratch offset
-pass · top_k + slot (its root is in its token columns, from the catch-up). The tree, its
-ancestry and each node's children by rank are made on the device from the kept candidates'
-parents; the walk is the static tree's (trees.py), with each child's q its point mass.
+nodes (by cumulative draft log-probability) into their rows' top_k tokens with mass (greedy
+decoding: the rows before the argmax, drafts.py `tree_rows`); the top_k best new candidates are the
+next frontier; the total_tokens best candidates of all within the image's reach make the tree (a
+child never scores above its parent, ties go to the earlier, so every kept node's parent is kept),
+each child a point mass verified as EAGLE-2 does. Here every pass has the same shapes: the root's
+pass gives top_k candidates, each later one top_k² (frontier slots whose parent had no mass carry
+−inf scores, as do candidates past the image's end: never in the tree). The draft writes its
+frontier nodes to scratch offset pass · top_k + slot (its root is in its token columns, from the
+catch-up). The tree, its ancestry and each node's children by rank are made on the device from
+the kept candidates' parents; the walk is the static tree's (trees.py), each child's q its point mass.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch
 from specrt.runtime.rounds.chains import DraftedRound
 from specrt.runtime.rounds.proactive import marked
 from specrt.runtime.rounds.state import RoundState
-from specrt.runtime.rounds.trees import walk_tree
+from specrt.runtime.rounds.trees import point_mass, walk_tree
 from specrt.runtime.verification.rules import AcceptanceRule
 
 
@@ -43,12 +44,12 @@ class DynamicTreeRound(DraftedRound):
     def __call__(self, state: RoundState) -> None:
         n = state.length
         image = torch.arange(n.shape[0], device=n.device)[:, None]
+        limit = (state.total - n - 1).clamp(min=0)
         parent, token, score, offset, depth = self._grow(state, n)
-        nodes, node_parent, node_depth = self._keep(parent, score, depth)
+        nodes, node_parent, node_depth = self._keep(parent, score, depth, limit)
         tokens = token.gather(1, nodes)
         ancestry = self._ancestry(node_parent)
         p_rows = self.target.tree_window(tokens, node_depth, ancestry, n - 1)
-        limit = (state.total - n - 1).clamp(min=0)
         accepted, next_token, path = self._walk(state, n, tokens, node_parent, node_depth, p_rows, limit)
         self.target.commit_path(path, n - 1)
         draft_slots = offset.gather(1, nodes.gather(1, path[:, 1:])).clamp(min=0)  # unfed nodes: rewritten later
@@ -59,7 +60,7 @@ class DynamicTreeRound(DraftedRound):
         """Every candidate's parent, token, score, draft scratch offset (−1: never expanded) and depth,
         [I, candidates] each: the root (its token the pending one), then each pass's children."""
         k, images = self.top_k, n.shape[0]
-        rows = self.draft.catch_up(state)[:, None]  # the root's row [I, 1, V]
+        rows = self.draft.tree_rows(self.draft.catch_up(state))[:, None]  # the root's row [I, 1, V]
         frontier = torch.zeros((images, 1), dtype=torch.int64, device=n.device)  # candidate ids
         frontier_ancestry = torch.zeros((images, 1, self.draft_scratch(self.depth, k)), dtype=torch.bool,
                                         device=n.device)
@@ -91,20 +92,25 @@ class DynamicTreeRound(DraftedRound):
             frontier_ancestry = ancestry
             fed = tokens[-1].gather(1, chosen)
             # each one's parent: the root (scratch slot 0, for a head) or the frontier fed at p · k + slot
-            rows = self.draft.expand(fed, torch.full_like(fed, p), ancestry, n, slot, p * k + came_from)
+            rows = self.draft.tree_rows(self.draft.expand(fed, torch.full_like(fed, p), ancestry, n, slot,
+                                                          p * k + came_from))
         return (torch.cat(parents, dim=1), torch.cat(tokens, dim=1), torch.cat(scores, dim=1),
                 torch.cat(offsets, dim=1), torch.cat(depths, dim=1))
 
-    def _keep(self, parent: Any, score: Any, depth: Any) -> tuple[Any, Any, Any]:
+    def _keep(self, parent: Any, score: Any, depth: Any, limit: Any) -> tuple[Any, Any, Any]:
         """The tree: the root and the `kept` best candidates in candidate order (parents first), as
-        candidate ids [I, W], each node's parent node (−1: the root's, or a parent not kept, never
-        reached) and depth."""
+        candidate ids [I, W], each node's parent node (−1: the root's, or a node not in the tree, never
+        reached) and depth. Only candidates with mass within the image's reach (depth <= limit [I])
+        make the tree, as the host grows min(depth, drafts left) passes and keeps those with mass:
+        the slots the rest take are never reached."""
         images = parent.shape[0]
+        score = torch.where(depth <= limit[:, None], score, float("-inf"))
         best = score[:, 1:].topk(self.kept, dim=-1).indices + 1
         nodes = torch.cat([torch.zeros_like(best[:, :1]), best.sort(dim=-1).values], dim=1)  # [I, W]
         node_of = torch.full_like(parent, -1).scatter_(1, nodes, torch.arange(nodes.shape[1], device=parent.device)
                                                        [None].expand(images, -1))
         node_parent = node_of.gather(1, parent.gather(1, nodes).clamp(min=0))
+        node_parent = torch.where(score.gather(1, nodes) > float("-inf"), node_parent, -1)
         node_parent[:, 0] = -1
         return nodes, node_parent, depth.gather(1, nodes)
 
@@ -134,8 +140,4 @@ class DynamicTreeRound(DraftedRound):
         children = children.scatter(1, flat, torch.where(reachable, nodes, -1))[:, :-1].reshape(images, width, k)
         valid = reachable.clone()
         valid[:, 0] = True
-
-        def proposal(node: Any, token: Any, removed: Any) -> Any:
-            return torch.zeros_like(removed, dtype=torch.float64).scatter_(1, token[:, None], 1.0)
-
-        return walk_tree(state, self.rule, tokens, children, valid, p_rows, limit, [k] * self.depth, proposal)
+        return walk_tree(state, self.rule, tokens, children, valid, p_rows, limit, [k] * self.depth, point_mass)

@@ -17,6 +17,12 @@ which nodes have children. One round, all on the device:
 5. the target's keys/values of the accepted path are copied from scratch to their tokens' columns,
    and a draft model's (a head keeps the target's features along the path instead).
 Shapes never depend on an outcome: every depth loops over the widest node's children.
+
+Greedy decoding (temperature 0): every row is one-hot, so draws without replacement would give
+each node one child. As the host loop's StaticGrowth does (EAGLE at temperature 0), a node's
+children are then the top-k of its draft row before the argmax (runtime/rounds/drafts.py
+`tree_rows`), best first, those with mass; each is verified as a point mass, which accepts it
+exactly when it is the target's argmax.
 """
 from __future__ import annotations
 
@@ -73,6 +79,7 @@ class StaticTreeRound(DraftedRound):
         self.target, self.draft, self.rule = target, draft, rule
         self.tables = TreeTables(children, target.device)
         self.window = self.tables.count
+        self.greedy = draft.greedy
         self.passes = {"target": 1, "draft": self.tables.depth}
 
     def __call__(self, state: RoundState) -> None:
@@ -90,7 +97,7 @@ class StaticTreeRound(DraftedRound):
         """Every node's token [I, N + 1] (the root: the pending token), whether it was drawn [I, N + 1],
         and the rows of the nodes with children [I, inner, V] (what their children were drawn from)."""
         tables, images = self.tables, n.shape[0]
-        rows = self.draft.catch_up(state)[:, None]  # the root's row [I, 1, V]
+        rows = self.draft.tree_rows(self.draft.catch_up(state))[:, None]  # the root's row [I, 1, V]
         tokens = torch.zeros((images, tables.count), dtype=torch.int64, device=n.device)
         tokens[:, 0] = state.pending()
         valid = torch.zeros((images, tables.count), dtype=torch.bool, device=n.device)
@@ -99,11 +106,15 @@ class StaticTreeRound(DraftedRound):
         for depth in range(tables.depth):
             q_rows.append(rows)
             kids = tables.level_children[depth]  # [M, widest]
-            self._draw_children(state, n, rows, kids, tokens, valid, depth + 1)
+            if self.greedy:
+                self._top_children(rows, kids, tokens, valid)
+            else:
+                self._draw_children(state, n, rows, kids, tokens, valid, depth + 1)
             if depth + 1 < tables.depth and len(tables.inner_at[depth + 1]):
                 nodes = tables.level_nodes[depth + 1]
-                rows = self.draft.expand(tokens[:, nodes], tables.depths[nodes][None] - 1,
-                                         tables.draft_ancestry[nodes][None], n, nodes, tables.parents[nodes])
+                rows = self.draft.tree_rows(self.draft.expand(tokens[:, nodes], tables.depths[nodes][None] - 1,
+                                                              tables.draft_ancestry[nodes][None], n, nodes,
+                                                              tables.parents[nodes]))
             elif depth + 1 < tables.depth:
                 break
         return tokens, valid, torch.cat(q_rows, dim=1)
@@ -128,18 +139,39 @@ class StaticTreeRound(DraftedRound):
             valid[image, at] = going | valid[image, at]
             removed = removed | marked(removed, token, going)
 
+    def _top_children(self, rows: Any, kids: Any, tokens: Any, valid: Any) -> None:
+        """Greedy decoding: the children kids [M, widest] of a depth's nodes are the top tokens of
+        their rows rows [I, M, V] (before the argmax), best first, as many as have mass."""
+        image = torch.arange(rows.shape[0], device=rows.device)[:, None]
+        going = valid[:, self.tables.parents[kids[:, 0]]]  # [I, M]: a node that was itself drafted
+        mass, best = rows.to(torch.float64).topk(min(kids.shape[1], rows.shape[-1]), dim=-1)  # [I, M, k]
+        for rank in range(mass.shape[-1]):
+            child = kids[:, rank]
+            going = going & (child >= 0)[None] & (mass[:, :, rank] > 0)
+            at = child.clamp(min=0)[None].expand_as(going)
+            tokens[image, at] = torch.where(going, best[:, :, rank], tokens[image, at])
+            valid[image, at] = going | valid[image, at]
+
     def _walk(self, state: RoundState, n: Any, tokens: Any, valid: Any, q_rows: Any, p_rows: Any,
               limit: Any) -> tuple[Any, Any, Any]:
-        """Verify from the root (walk_tree), each child's q its node's row without the earlier children."""
+        """Verify from the root (walk_tree), each child's q its node's row without the earlier children
+        (greedy decoding: its point mass, the children being the rows' top-k)."""
         tables = self.tables
         image = torch.arange(n.shape[0], device=n.device)
 
-        def proposal(node: Any, token: Any, removed: Any) -> Any:
+        def without_earlier(node: Any, token: Any, removed: Any) -> Any:
             rest = torch.where(removed, 0.0, q_rows[image, tables.row_of[node]].to(torch.float64))
             return rest / rest.sum(dim=-1, keepdim=True).clamp(min=1e-300)  # q^(k); no mass: f = 1
 
         children = tables.children[None].expand(n.shape[0], -1, -1)
-        return walk_tree(state, self.rule, tokens, children, valid, p_rows, limit, tables.children_at, proposal)
+        return walk_tree(state, self.rule, tokens, children, valid, p_rows, limit, tables.children_at,
+                         point_mass if self.greedy else without_earlier)
+
+
+def point_mass(node: Any, token: Any, removed: Any) -> Any:
+    """walk_tree's proposal for children that are their rows' top-k, not draws (EAGLE-2's, greedy
+    decoding's): the point mass on each child's token [I] (runtime.verification.siblings TOP)."""
+    return torch.zeros_like(removed, dtype=torch.float64).scatter_(1, token[:, None], 1.0)
 
 
 def walk_tree(state: RoundState, rule: AcceptanceRule, tokens: Any, children: Any, valid: Any, p_rows: Any,

@@ -4,9 +4,9 @@ loop's drafts, the same image in any batch, capturable.
 A head's drafts do not change what a lossless round samples — only how often it accepts — so the
 checks of its features are on the drafts themselves. Greedy decoding draws nothing at random: a
 chain round must draft, round by round, what the host loop's EagleDrafter drafts (catch-up pairs,
-positions, masks and the head's own features all the host's), and a greedy tree's drafted path is
-the argmax chain (a static tree's rank-0 path; a dynamic tree of top-k 1), so a tree round must
-draft the chain round's drafts. The chi-square against the tiny target's enumerated distribution
+positions, masks and the head's own features all the host's), and a greedy dynamic tree of top-k 1
+is the argmax chain, so it must draft the chain round's drafts (greedy trees of more children are
+the host loop's: tests/runtime/test_rounds_greedy_trees.py). The chi-square against the tiny target's enumerated distribution
 (tests/runtime/test_rounds.py) checks the head's round is lossless, and flags a round whose q is
 not the row its drafts came from.
 """
@@ -26,7 +26,6 @@ from specrt.runtime.pipeline import Pipeline  # noqa: E402
 from specrt.runtime.rounds import plan_round  # noqa: E402
 from specrt.runtime.rounds.chains import ChainRound  # noqa: E402
 from specrt.runtime.rounds.dynamic import DynamicTreeRound  # noqa: E402
-from specrt.runtime.rounds.trees import StaticTreeRound  # noqa: E402
 from specrt.runtime.sampling import SamplingParams, guidance_mix  # noqa: E402
 
 GREEDY = SamplingParams(cfg_scale=2.0, temperature=0.0)
@@ -35,7 +34,7 @@ STATIC = {"tree": "static", "static_tree": "reverse_balanced_25"}
 DYNAMIC = {"tree": "dynamic", "total_tokens": 10, "depth": 3, "tree_top_k": 3}
 SHAPES = [CHAIN, STATIC, DYNAMIC]
 SHAPE_IDS = ["chain", "static", "dynamic"]
-DEPTH = 5  # reverse_balanced_25's depth (its rank-0 path goes all the way down)
+DEPTH = 5  # the top-k 1 tree's depth: the chain's length
 SAMPLES = 4_000  # images of the 81-sequence target: the critical value is the quantile for the cells they fill
 
 
@@ -66,17 +65,7 @@ def drafts_by_round(monkeypatch, round_class, name: str, drafts_of) -> list:
     return seen
 
 
-def rank0_path(tables) -> list[int]:
-    """A static tree's nodes down its first children from the root (the greedy tree's drawn path)."""
-    path, node = [], 0
-    while int(tables.children[node, 0]) >= 0:
-        node = int(tables.children[node, 0])
-        path.append(node)
-    return path
-
-
 RECORDERS = {"chain": (ChainRound, "_draft", lambda self, out: out[0]),
-             "static": (StaticTreeRound, "_draft", lambda self, out: out[0][:, rank0_path(self.tables)]),
              "dynamic": (DynamicTreeRound, "_grow", lambda self, out: out[1][:, 1:])}
 
 
@@ -125,17 +114,15 @@ def test_a_greedy_head_chain_round_drafts_what_the_host_loop_drafts(monkeypatch,
     assert by_rounds.stats.accepted_lengths == by_host.stats.accepted_lengths
 
 
-@pytest.mark.parametrize("tree,params", [("static", STATIC),
-                                         ("dynamic", {"tree": "dynamic", "total_tokens": DEPTH, "depth": DEPTH,
-                                                      "tree_top_k": 1})], ids=["static", "dynamic-top1"])
-def test_a_greedy_head_tree_drafts_the_chain_rounds_drafts(monkeypatch, tree, params):
-    """The greedy tree's drawn path is the argmax chain its depth long: a tree round feeds each node its
-    parent's head feature and keeps the target's along the accepted path, as the chain round does."""
+def test_a_greedy_head_tree_of_top_k_1_drafts_the_chain_rounds_drafts(monkeypatch):
+    """A greedy dynamic tree of top-k 1 is the argmax chain its depth long: a tree round feeds each node
+    its parent's head feature and keeps the target's along the accepted path, as the chain round does."""
     pipe = head_pipeline(GREEDY, vocab=16, grid=4, classes=10)
     chains = drafts_by_round(monkeypatch, *RECORDERS["chain"])
-    trees = drafts_by_round(monkeypatch, *RECORDERS[tree])
+    trees = drafts_by_round(monkeypatch, *RECORDERS["dynamic"])
     chain = pipe.generate([3, 6, 1], method="sd", seed=4, decode=False, draft_len=DEPTH)
-    grown = pipe.generate([3, 6, 1], method="sd", seed=4, decode=False, **params)
+    grown = pipe.generate([3, 6, 1], method="sd", seed=4, decode=False, tree="dynamic", total_tokens=DEPTH,
+                          depth=DEPTH, tree_top_k=1)
     np.testing.assert_array_equal(grown.tokens, chain.tokens)
     assert len(trees) == len(chains) > 0
     for r, ((tree_drafts, live), (chain_drafts, _)) in enumerate(zip(trees, chains)):
