@@ -180,15 +180,17 @@ def open_models(bundle: Optional[Path] = None, backend: str = "ort", demo_weight
                               "--demo-weights (or benchmark each bundle on its own)")
         for kind in drafts:
             models.drafts[kind] = models.pipeline if kind == "independent" else \
-                _eagle_demo_pipeline(backend, threads, cache_dir, progress, device, compile, compile_mode)
+                _eagle_demo_pipeline(backend, threads, cache_dir, progress, device, cuda_graphs, compile, compile_mode)
             models.draft_sources[kind] = "demo draft GPT" if kind == "independent" else "demo EAGLE head (eagle.safetensors)"
     return models
 
 
 def _eagle_demo_pipeline(backend: str, threads: Optional[int], cache_dir: Optional[Path],
-                         progress: Optional[Progress], device: str, compile: Optional[bool] = None,
-                         compile_mode: str = "default") -> Pipeline:
-    """The demo target with its packaged EAGLE head as the draft, on the run's backend."""
+                         progress: Optional[Progress], device: str, cuda_graphs: Optional[bool] = None,
+                         compile: Optional[bool] = None, compile_mode: str = "default") -> Pipeline:
+    """The demo target with its packaged EAGLE head as the draft, on the run's backend. On torch it
+    takes the run's CUDA-graph setting, as the demo's own pipeline does, so its device round runs
+    captured on a GPU (the head's own steps stay eager: TorchHeadRunner)."""
     if backend != "torch":
         return Pipeline.from_bundle(demo_bundle(None, cache_dir, progress, eagle=True), backend=backend, threads=threads)
     from specrt.export.demo import load_demo
@@ -196,7 +198,7 @@ def _eagle_demo_pipeline(backend: str, threads: Optional[int], cache_dir: Option
 
     demo = load_demo()
     return Pipeline.from_torch(demo.target, load_eagle_head(packaged_demo_head(), demo.target), demo.vq,
-                               device=device, threads=threads, cuda_graphs=False, compile=compile,
+                               device=device, threads=threads, cuda_graphs=cuda_graphs, compile=compile,
                                compile_mode=compile_mode)
 
 
