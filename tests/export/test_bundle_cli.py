@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 from specrt.manifest import read_manifest
 from specrt.models.llamagen_gpt import GPT, GPTConfig
 from specrt.models.llamagen_vq import VQModel
-from tiny_export import cli_exit_code as _exit_code, CLASSES, VOCAB, tiny_vq_config
+from tiny_export import cli_exit_code as _exit_code, CLASSES, NO_METHOD_GRAPHS, VOCAB, tiny_vq_config
 
 HEADS = ["--n-head", "2", "--draft-n-head", "1"]  # custom sizes: the head counts are not in the weights
 
@@ -77,7 +77,7 @@ def test_force_replaces_the_bundle_and_no_hidden_reaches_the_exporter(checkpoint
     (out / "old.txt").write_text("previous")
     code = _exit_code(["export", "--out", str(out), "--force", "--no-hidden", "--image-size", "8", *HEADS, "--neighbours", "4",
                        "--target", str(checkpoints["target"]), "--draft", str(checkpoints["draft"]),
-                       "--vq", str(checkpoints["vq"])])
+                       "--vq", str(checkpoints["vq"]), *NO_METHOD_GRAPHS])
     assert code == 0
     assert not (out / "old.txt").exists() and (out / "manifest.json").is_file()
     assert ("target_step", False) in seen_hidden and ("target_prefill", False) in seen_hidden

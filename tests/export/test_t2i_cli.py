@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from specrt.runtime.pipeline import Pipeline
-from tiny_export import cli_exit_code
+from tiny_export import NO_METHOD_GRAPHS, cli_exit_code
 from tiny_t2i import t2i_bundle, t5_style_captions
 
 pytest.importorskip("transformers")
@@ -66,7 +66,8 @@ def test_export_cli_with_a_text_encoder_takes_prompts_like_the_torch_route(tmp_p
     ckpt, t5, out = t2i_checkpoints(), t5_directory(), tmp_path / "bundle"
     flags = ["--n-head", "4", "--draft-n-head", "2", "--image-size", str(2 * GRID)]
     assert cli_exit_code(["export", "--out", str(out), "--target", str(ckpt["target"]), "--draft", str(ckpt["draft"]),
-                          "--vq", str(vq), "--text-encoder", str(t5), "--max-batch", "2", *flags]) == 0
+                          "--vq", str(vq), "--text-encoder", str(t5), "--max-batch", "2", *flags,
+                          *NO_METHOD_GRAPHS]) == 0
     tokens = tmp_path / "tokens.npy"
     prompts = ["a thick slanted seven", "the nine"]
     argv = ["generate", str(out), "--method", "sd", "--seed", "4", "--save-tokens", str(tokens), "--tokens-only"]

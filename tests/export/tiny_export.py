@@ -22,6 +22,9 @@ from specrt.models.llamagen_vq import VQConfig, VQModel
 VOCAB, CLASSES, GRID = 96, 5, 4
 MAX_WINDOW = 20  # > 17, so W = 1, 5, 17 all run within the profile
 NEIGHBOURS_K = 6
+# `specrt export` flags that leave out the one-call draft graphs (chain, static tree, dynamic growth):
+# a test about another part of the bundle skips the three slowest exports
+NO_METHOD_GRAPHS = ["--draft-chain", "0", "--draft-tree", "none", "--draft-growth", "none"]
 
 
 def tiny_target_config(**overrides) -> GPTConfig:
