@@ -26,7 +26,8 @@ from tiny_export import GRID, VOCAB, temporary_bundle, tiny_vq_config
 
 COND_LEN, CAPTION_DIM = 6, 12
 SIZES = {"target": dict(dim=32, n_layer=2, n_head=4, n_kv_head=2), "draft": dict(dim=16, n_layer=1, n_head=2, n_kv_head=2)}
-OPTIONS = ExportOptions(max_window=20, max_batch=6, neighbours_k=6)
+# no one-call tree graphs (the slowest exports): the t2i tests run chains, where the captions matter
+OPTIONS = ExportOptions(max_window=20, max_batch=6, neighbours_k=6, draft_tree="", draft_growth="")
 
 
 def llamagen_state(role: str, seed: int) -> dict[str, torch.Tensor]:
