@@ -5,8 +5,8 @@
 Builds an Emu3-layout checkpoint with transformers' own classes (TinyLlama's dims: hidden 2048,
 22 layers, 32 heads / 4 KV heads, SwiGLU 5632; a 40960-token vocabulary holding 8192 visual
 tokens; random weights, saved with save_pretrained in bfloat16), then runs
-`specrt export --target CKPT --dtype DTYPE` in a child process that reports its own peak RSS
-(getrusage ru_maxrss, the kernel's high-water mark, so nothing between samples is missed).
+`specrt export --target CKPT --dtype DTYPE` in a child process whose peak RSS the kernel keeps
+(getrusage of the children, ru_maxrss: the high-water mark, so nothing between samples is missed).
 Prints weights bytes (the language model's parameters in the export dtype), peak RSS, their
 ratio, the export's wall time and the bundle's size on disk; docs/large-models.md has the
 figures of one run. Needs ~2.3 GB of disk for the checkpoint plus the bundle (~4.6 GB at
@@ -95,16 +95,6 @@ def _numel(shape) -> int:
     return n
 
 
-def _child(args: list[str]) -> None:
-    """Run `specrt export ARGS` in this process, then print its peak RSS (bytes) as the last line."""
-    from specrt.cli import cli
-
-    try:
-        cli.main(args=args, standalone_mode=False)
-    finally:
-        print(f"PEAK_RSS_BYTES {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}", flush=True)
-
-
 def _machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -137,16 +127,17 @@ def main() -> None:
     itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}[ns.dtype]
     weights = params * itemsize
     shutil.rmtree(bundle, ignore_errors=True)
-    cmd = [sys.executable, __file__, "--child", "export", "--target", str(ckpt), "--out", str(bundle),
+    cmd = [sys.executable, "-m", "specrt.cli", "export", "--target", str(ckpt), "--out", str(bundle),
            "--dtype", ns.dtype, "--grid", GRID, "--max-prompt-tokens", "64", "--threads", str(ns.threads)]
     print(f"exporting ({ns.dtype}) in a child process ...", flush=True)
     started = time.monotonic()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seconds = time.monotonic() - started
     print(proc.stdout, end="")
-    peak = [int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("PEAK_RSS_BYTES")]
-    if proc.returncode != 0 or not peak:
+    if proc.returncode != 0:
         raise SystemExit(f"export failed (exit {proc.returncode})")
+    # the high-water mark of the children waited for: the export is this process's only child
+    peak = [resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024]
     disk = sum(f.stat().st_size for f in bundle.rglob("*") if f.is_file())
     figures = {"machine": _machine(), "parameters": params, "dtype": ns.dtype, "weights_bytes": weights,
                "peak_rss_bytes": peak[-1], "ratio": round(peak[-1] / weights, 3), "export_seconds": round(seconds, 1),
@@ -166,7 +157,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        _child(sys.argv[2:])
-    else:
-        main()
+    main()
