@@ -3,7 +3,7 @@
 The host verifies numpy rows; the PyTorch backend's device round (runtime/rounds) verifies on
 torch tensors where they live, with the same formulas. `namespace` gives the array namespace of an
 array — numpy's or torch's own functions under the Python array API's names: the formulas in
-runtime/verification.py and runtime/sampling.py call `xp.where`, `xp.cumulative_sum`, ... on it,
+runtime/verification/ and runtime/sampling.py call `xp.where`, `xp.cumulative_sum`, ... on it,
 and numpy-only shortcuts stay confined to the one-row fast paths. Both namespaces are thin tables
 of the libraries' own functions: a wrapper that asks torch for a result type (array-api-compat's
 does, for a Python number) breaks a torch.compile graph, and the round must compile whole.

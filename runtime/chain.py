@@ -133,7 +133,7 @@ class DraftTree(DraftChain):
 
     A node's first child is the head's draw from its row (with its uniform, as every step
     draws); child k > 1 is drawn without replacement: the row with children 1..k − 1 zeroed,
-    its inverse CDF at u·(mass left) (runtime.verification.draws_without_replacement's formula,
+    its inverse CDF at u·(mass left) (runtime.verification.siblings.draws_without_replacement's formula,
     in float32 here). Which children a row had the mass for is the host's to check (it has the
     rows: runtime.tree_call.tree_from_draws), which keeps that bookkeeping out of the graph.
 

@@ -6,7 +6,7 @@ node order is window slot order and `window()` is what the target verifies in on
 (runtime.window: positions = committed length + depth, the tree mask = each node's ancestry).
 
 How a node's children were drafted decides which draft distribution each child is verified
-against (runtime.verification.candidate_proposals):
+against (runtime.verification.siblings.candidate_proposals):
 - `SAMPLED` (static trees, EAGLE-1 / LANTERN++): a node's children are drawn without replacement
   from the draft's row after the node, child k from q^(k) (q with children 1..k−1 removed,
   renormalised), as EAGLE-1's and LANTERN's code draw them (`torch.multinomial(..., replacement=False)`).

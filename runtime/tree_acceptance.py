@@ -48,7 +48,7 @@ class RankCounts:
 
     def add(self, children: Sequence[Sequence[int]], path: Sequence[int]) -> None:
         """One verified round: `children[n]` are node n's children in verification order and `path`
-        the nodes the walk accepted, root first (runtime.verification.TreeOutcome.path), so path[i]
+        the nodes the walk accepted, root first (runtime.verification.trees.TreeOutcome.path), so path[i]
         is at depth i and its children at depth i + 1. Every node of the path that has children was
         visited; the next node of the path is the child accepted there, and a visited node last on
         the path rejected all its children."""

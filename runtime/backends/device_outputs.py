@@ -63,29 +63,6 @@ class DeviceRows:
             return self._fetched(part)
         return DeviceRows(part, self.meter)
 
-    @classmethod
-    def gather_all(cls, pairs: Sequence[tuple[Any, tuple]]) -> list[np.ndarray]:
-        """runtime.verification.gathers for device blocks: block[index] of each (block, index) pair
-        on the host as float64, in two synchronisations whatever the count: every pair's integer
-        index arrays go to the device in one copy (_send_indices), and the gathered numbers come
-        back in one (flattened and concatenated there, split here). A round's P and Q entries, or
-        a rejection's two rows, cost two transfers instead of five. Host blocks are indexed on
-        the host."""
-        out: list[Any] = [None if isinstance(block, DeviceRows) else np.asarray(block[index], dtype=np.float64)
-                          for block, index in pairs]
-        device = [(at, block, index) for at, (block, index) in enumerate(pairs) if isinstance(block, DeviceRows)]
-        if not device:
-            return out
-        first = device[0][1]
-        sent = _send_indices([index for _, _, index in device], first.tensor.device, first.meter)
-        taken = [block.tensor[index] for (_, block, _), index in zip(device, sent)]
-        flat = first._fetched(_torch().cat([t.reshape(-1).to(_common_dtype(taken)) for t in taken]))
-        offset = 0
-        for (at, _, _), part in zip(device, taken):
-            out[at] = flat[offset:offset + part.numel()].reshape(tuple(part.shape))
-            offset += part.numel()
-        return out
-
     @property
     def array(self) -> Any:
         """The tensor itself: runtime.verification runs a batch's chain tests and draws on it in place."""
@@ -119,23 +96,6 @@ class DeviceRows:
     def copy(self) -> "DeviceRows":
         return DeviceRows(self.tensor.clone(), self.meter)
 
-    @classmethod
-    def stack_rows(cls, rows: Sequence[Any]) -> "DeviceRows":
-        """Rows [V] (device views, or host arrays such as a uniform proposal) stacked on the device
-        (runtime.verification.stack_rows): one block, read back in one transfer."""
-        first = next(r for r in rows if isinstance(r, DeviceRows))
-        torch = _torch()
-        on_host = [at for at, r in enumerate(rows) if not isinstance(r, DeviceRows)]
-        dtype = _common_dtype([r.tensor for r in rows if isinstance(r, DeviceRows)])
-        parts = [r.tensor.to(dtype) if isinstance(r, DeviceRows) else None for r in rows]
-        if on_host:  # all host rows in one copy (SJD's uniform proposals), staged where the runner can
-            host = np.stack([np.asarray(rows[at], dtype=np.float32) for at in on_host])
-            sent = first.send(host, "rows").view(host.shape)
-            for n, at in enumerate(on_host):
-                parts[at] = sent[n].to(dtype)
-        return cls(torch.stack(parts), first.meter)
-
-
 class DeviceDraws:
     """A step's draws [images, W] left on the device (ModelRunner.draws_to_host cleared: a step whose
     draws a restriction redraws, so they are usually never read); used as numpy (indexing, tolist,
@@ -168,13 +128,6 @@ class DeviceDraws:
 
     def tolist(self) -> list:
         return self._read().tolist()
-
-
-def _common_dtype(tensors: Sequence[Any]) -> Any:
-    """float64 where any of the tensors is (restricted rows keep their numbers), else float32 (a
-    head's rows: 4 bytes a number cross)."""
-    torch = _torch()
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def _send_indices(indices: Sequence[tuple], device: Any, meter: Any) -> list[tuple]:

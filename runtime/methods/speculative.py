@@ -45,7 +45,7 @@ class DraftThenVerify(Method):
     Chains (tree=chain): the whole batch runs each round together: up to L draft steps (an
     image whose own draft is shorter, near its end, sits the extra steps out with an empty
     window), one target step over every image's [pending, drafts], then one verification of all
-    chains as array operations (runtime.verification.verify_chains; each image with its own
+    chains as array operations (runtime.verification.chains.verify_chains; each image with its own
     stream), and each image commits its own accepted prefix, driving an independent draft
     model's runner directly. Trees (runtime.methods.tree_loop), and chains from any other Drafter
     (runtime.drafter: an EAGLE head), go through the Drafter protocol, batched the same way.

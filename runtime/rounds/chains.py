@@ -3,7 +3,7 @@
 A chain round, all on the device, fixed shapes: the draft catches up (runtime/rounds/drafts.py: a
 draft model on the two tokens it may not have cached, a head on the last round's committed pairs)
 and drafts L tokens; the target scores [pending, drafts] in one
-pass; runtime.verification.verify_chain_block accepts a prefix and draws the next token with the
+pass; runtime.verification.chains.verify_chain_block accepts a prefix and draws the next token with the
 method's rule; the state commits it. Keys/values sit at their tokens' columns (the models'
 ColumnCache), so nothing is copied at a commit: a rejected draft's columns are overwritten later.
 Near an image's end it may accept only the drafts that fit (`limits`), which leaves every draw the

@@ -11,7 +11,7 @@ which nodes have children. One round, all on the device:
 3. the target scores the whole tree in one pass (scratch columns, tree attention);
 4. the walk from the root, depth by depth: a node's children are tried in rank order with the
    method's rule against the residual target and q^(k), the node's row without the earlier
-   children (runtime.verification.verify_candidates' rule, SJD-PAC App. A.3 for SD); an accepted
+   children (runtime.verification.siblings.verify_candidates' rule, SJD-PAC App. A.3 for SD); an accepted
    child becomes the node; all rejected draws the next token from the residual; a node without
    children (or at the image's end) gives the bonus token from its row;
 5. the target's keys/values of the accepted path are copied from scratch to their tokens' columns,
@@ -184,7 +184,7 @@ def walk_tree(state: RoundState, rule: AcceptanceRule, tokens: Any, children: An
     image, widest[d − 1] the most children a node at depth d − 1 has, proposal(node, token, removed)
     the q [I, V] a child was drawn from given the earlier children tried (`removed`). Depth by depth,
     a node's children are tried in rank order with the rule against the residual target
-    (runtime.verification.verify_candidates); an accepted child is the next node; all rejected draws
+    (runtime.verification.siblings.verify_candidates); an accepted child is the next node; all rejected draws
     the next token from the residual; a leaf, or the image's end, gives the bonus from its row."""
     n = state.length
     images = n.shape[0]
