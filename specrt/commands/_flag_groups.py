@@ -14,7 +14,8 @@ import functools
 from typing import Any, Callable, Sequence
 
 
-def flag_group(name: str, group: type, options: Sequence[Callable[[Callable], Callable]]) -> Callable[[Callable], Callable]:
+def flag_group(name: str, group: type,
+               options: Sequence[Callable[[Callable], Callable]]) -> Callable[[Callable], Callable]:
     """A decorator adding `options` (click.option decorators whose parameter names are the fields
     of the dataclass `group`) to a click command, which then takes one keyword `name`: a `group`
     built from their values."""

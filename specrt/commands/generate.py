@@ -160,65 +160,61 @@ def check_flags(route: Route, bundle: Optional[Path], method: str, seed: int, pa
                      run.loop)
 
 
-def build_pipeline(bundle: Any, backend: Optional[str], target: Optional[Path], draft: Optional[Path],
-                   vq: Optional[Path], checkpoint: CheckpointFlags, max_window: int, device: Optional[str],
-                   threads: Optional[int] = None, text_encoder: Optional[Path] = None,
-                   demo: Optional[str] = None, compile_step: Optional[bool] = None) -> Any:
+def build_pipeline(bundle: Any, models: ModelFlags, checkpoint: CheckpointFlags = CheckpointFlags(),
+                   run: RunFlags = RunFlags()) -> Any:
     """The pipeline the flags describe, one Python call per route: a BUNDLE (its folder, or its
-    manifest read before: runtime.families.open_bundle) of any family on `backend`; LlamaGen
-    checkpoints or a Hugging Face checkpoint directory on PyTorch; else the embedded demo `demo`.
-    `threads`: intra-op threads on whichever library runs it (None: specrt.runtime.threads'
+    manifest read before: runtime.families.open_bundle) of any family on `run.backend`; LlamaGen
+    checkpoints or a Hugging Face checkpoint directory on PyTorch; else the embedded demo.
+    `run.threads`: intra-op threads on whichever library runs it (None: specrt.runtime.threads'
     default, one per CPU, on onnxruntime and for checkpoints; a model on the torch backend keeps
     its own default: 1 for the embedded demos and continuous bundles, whose graphs are too small to
-    share). `compile_step`: the torch backend's step compiled (None: on CUDA only)."""
-    if demo is not None and (bundle is not None or target or draft or vq):
+    share). `run.compile_step`: the torch backend's step compiled (None: on CUDA only)."""
+    target, vq, backend, threads = models.target, models.vq, run.backend, run.threads
+    if models.demo is not None and (bundle is not None or models.checkpoints):
         raise SpecrtError("--demo picks an embedded demo; drop it to run a BUNDLE or checkpoints")
-    if text_encoder and not (target or vq):
+    if models.text_encoder and not (target or vq):
         raise SpecrtError("--text-encoder goes with t2i checkpoints (--target/--vq); a bundle carries its own")
     if bundle is not None:
-        if target or draft or vq:
+        if models.checkpoints:
             raise SpecrtError("give either a BUNDLE or --target/--vq checkpoints, not both")
         return open_bundle(bundle, backend or "ort", threads if backend == "torch" else resolve_threads(threads))
     if backend not in (None, "torch"):
         raise SpecrtError(f"--backend {backend} needs a BUNDLE directory (export one with `specrt export`)")
     if target is not None and target.is_dir():
-        return _hf_checkpoint_pipeline(target, draft, vq, max_window, device, threads, compile_step)
-    if target or vq or draft:
+        return _hf_checkpoint_pipeline(models, run)
+    if models.checkpoints:
         if not (target and vq):
             raise SpecrtError("checkpoints need both --target and --vq (--draft only for sd, cool-sd and lantern)")
-        return _checkpoint_pipeline(target, draft, vq, checkpoint, max_window, device, threads, text_encoder,
-                                    compile_step)
+        return _checkpoint_pipeline(models, checkpoint, run)
     from specrt.export.demo.registry import get_demo
 
     # the demos are tiny: intra-op threads only add synchronisation, and on a busy machine
     # spinning OpenMP threads make them 100x slower
-    return get_demo(demo).hook("torch_pipeline")(None, max_window=max_window, device=device,
-                                                 threads=1 if threads is None else threads, compile=compile_step)
+    return get_demo(models.demo).hook("torch_pipeline")(None, max_window=run.max_window, device=run.device,
+                                                        threads=1 if threads is None else threads,
+                                                        compile=run.compile_step)
 
 
-def _checkpoint_pipeline(target: Path, draft: Optional[Path], vq: Path, checkpoint: CheckpointFlags, max_window: int,
-                         device: Optional[str], threads: Optional[int], text_encoder: Optional[Path],
-                         compile_step: Optional[bool]) -> Any:
+def _checkpoint_pipeline(models: ModelFlags, checkpoint: CheckpointFlags, run: RunFlags) -> Any:
     """Pipeline.from_torch over LlamaGen checkpoints, read by the loader `specrt export` uses: same
     models, same grid, same sampling defaults as the bundle exported from them."""
     from specrt.export.sources import checkpoint_models
     from specrt.runtime.pipeline import Pipeline
 
     target_choice, draft_choice = checkpoint.choices()
-    models = checkpoint_models(target, draft, vq, target_choice, draft_choice, checkpoint.vq_arch,
+    loaded = checkpoint_models(models.target, models.draft, models.vq, target_choice, draft_choice, checkpoint.vq_arch,
                                checkpoint.image_size, where="specrt generate")
     encoder = None
-    if text_encoder:
+    if models.text_encoder:
         from specrt.runtime.text import T5TextEncoder
 
-        encoder = T5TextEncoder(text_encoder, max_length=models.target.config.cond_len, device=device)
-    return Pipeline.from_torch(models.target, models.draft, models.vq, max_window=max_window, device=device,
-                               sampling_defaults=models.sampling_defaults, threads=resolve_threads(threads),
-                               text_encoder=encoder, compile=compile_step)
+        encoder = T5TextEncoder(models.text_encoder, max_length=loaded.target.config.cond_len, device=run.device)
+    return Pipeline.from_torch(loaded.target, loaded.draft, loaded.vq, max_window=run.max_window, device=run.device,
+                               sampling_defaults=loaded.sampling_defaults, threads=resolve_threads(run.threads),
+                               text_encoder=encoder, compile=run.compile_step)
 
 
-def _hf_checkpoint_pipeline(target: Path, draft: Optional[Path], vq: Optional[Path], max_window: int,
-                            device: Optional[str], threads: Optional[int], compile_step: Optional[bool]) -> Any:
+def _hf_checkpoint_pipeline(models: ModelFlags, run: RunFlags) -> Any:
     """UnifiedPipeline.from_torch over a Hugging Face checkpoint directory: its models, decoder and
     recipe (export.unified.sources, what `specrt export` would write) on PyTorch."""
     from specrt.export.unified.sources import unified_models
@@ -227,13 +223,13 @@ def _hf_checkpoint_pipeline(target: Path, draft: Optional[Path], vq: Optional[Pa
     from specrt.runtime.families.unified.prompts import PromptEncoder
     from specrt.runtime.threads import set_torch_threads
 
-    set_torch_threads(None if threads is None else validation.threads("--threads", threads))
-    models = unified_models(target, draft, vq, progress=click.echo)
-    tokenizer, _ = read_tokenizer(target)
-    return UnifiedPipeline.from_torch(models.target, models.draft, models.vq,
-                                      prompts=PromptEncoder(models.prompt, models.target.config.cond_len, tokenizer),
-                                      max_window=max_window, device=device, sampling_defaults=models.sampling_defaults,
-                                      compile=compile_step)
+    set_torch_threads(None if run.threads is None else validation.threads("--threads", run.threads))
+    loaded = unified_models(models.target, models.draft, models.vq, progress=click.echo)
+    tokenizer, _ = read_tokenizer(models.target)
+    return UnifiedPipeline.from_torch(loaded.target, loaded.draft, loaded.vq,
+                                      prompts=PromptEncoder(loaded.prompt, loaded.target.config.cond_len, tokenizer),
+                                      max_window=run.max_window, device=run.device,
+                                      sampling_defaults=loaded.sampling_defaults, compile=run.compile_step)
 
 
 def condition_args(conditions: str, drawing: Drawing) -> dict[str, Any]:
@@ -316,8 +312,7 @@ def command(bundle: Optional[Path], method: str, seed: int, params: tuple[str, .
     drawing.check()
     route = choose_route(bundle, models)
     check_flags(route, bundle, method, seed, method_params, drawing, models, checkpoint, sampling, run)
-    pipe = build_pipeline(route.manifest or bundle, run.backend, models.target, models.draft, models.vq, checkpoint,
-                          run.max_window, run.device, run.threads, models.text_encoder, models.demo, run.compile_step)
+    pipe = build_pipeline(route.manifest or bundle, models, checkpoint, run)
     if run.loop != "auto":  # a method with no round under --loop round: Pipeline.generate's one-line error
         pipe.loop = run.loop
     if route.kind == HF_CHECKPOINTS and pipe.vq is None and not outputs.tokens_only:

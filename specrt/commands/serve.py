@@ -59,7 +59,7 @@ def serve_command(bundle, demo, backend, device, threads, host, http_port, grpc_
     """
     from specrt.commands.generate import build_pipeline, check_applicable
     from specrt.commands._checkpoint_flags import CheckpointFlags
-    from specrt.runtime.methods import DEFAULT_MAX_WINDOW
+    from specrt.commands._generate_flags import ModelFlags, RunFlags
     from specrt.runtime.serving.pytriton_server import ServeConfig, check_ports_free, serve
 
     import tempfile
@@ -77,8 +77,8 @@ def serve_command(bundle, demo, backend, device, threads, host, http_port, grpc_
                          log_file=log_file)
     check_applicable(bundle, demo, None, None, None, CheckpointFlags(), device, backend)  # --device: a torch that has it
     check_ports_free(config)  # before a model loads: a taken port costs a second
-    pipeline = build_pipeline(bundle, backend, None, None, None, CheckpointFlags(), DEFAULT_MAX_WINDOW, device, threads,
-                              demo=demo)
+    pipeline = build_pipeline(bundle, ModelFlags(demo=demo),
+                              run=RunFlags(backend=backend, device=device, threads=threads))
     click.echo(f"specrt serve: starting Triton (its log: {log_file or 'the terminal'}) ...", err=True)
 
     def ready() -> None:

@@ -52,10 +52,11 @@ def cli_tokens(argv: list[str], out) -> np.ndarray:
 def torch_route(checkpoints) -> Pipeline:
     """What `specrt generate --target gpt.pt --vq vq.pt` builds."""
     from specrt.commands._checkpoint_flags import CheckpointFlags
+    from specrt.commands._generate_flags import ModelFlags
     from specrt.commands.generate import build_pipeline
 
-    return build_pipeline(None, None, checkpoints / "gpt.pt", None, checkpoints / "vq.pt",
-                          CheckpointFlags(n_head=1, image_size=8), 64, None)
+    return build_pipeline(None, ModelFlags(target=checkpoints / "gpt.pt", vq=checkpoints / "vq.pt"),
+                          CheckpointFlags(n_head=1, image_size=8))
 
 
 @pytest.mark.slow
@@ -121,10 +122,11 @@ def test_decode_false_skips_the_vq_and_threads_mean_intra_op_threads(checkpoints
     previous = torch.get_num_threads()
     try:
         from specrt.commands._checkpoint_flags import CheckpointFlags
+        from specrt.commands._generate_flags import ModelFlags, RunFlags
         from specrt.commands.generate import build_pipeline
 
-        build_pipeline(None, None, checkpoints / "gpt.pt", None, checkpoints / "vq.pt",
-                       CheckpointFlags(n_head=1, image_size=8), 64, None, threads=1)
+        build_pipeline(None, ModelFlags(target=checkpoints / "gpt.pt", vq=checkpoints / "vq.pt"),
+                       CheckpointFlags(n_head=1, image_size=8), RunFlags(threads=1))
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(previous)
