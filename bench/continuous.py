@@ -180,7 +180,7 @@ def run_command(bundle: Any, demo: Optional[str], methods: Optional[str], sweeps
     from specrt.bench.device import device_name
     from specrt.errors import SpecrtError
     from specrt.export.mar.hooks import fidelity_judge
-    from specrt.runtime.families import open_bundle
+    from specrt.runtime.family_registry import open_bundle
     from specrt.runtime.threads import set_torch_threads
 
     if demo is not None and bundle is not None:

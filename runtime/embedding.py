@@ -17,7 +17,7 @@ from typing import Any, Optional
 import numpy as np
 
 from specrt.errors import MissingDependency, SpecrtError
-from specrt.runtime.families.base import Family
+from specrt.runtime.family import Family
 
 # Mirrors `specrt_status` in specrt.h.
 OK, INVALID_ARGUMENT, NOT_FOUND, BUFFER_TOO_SMALL, RUNTIME, INTERNAL = range(6)
@@ -40,7 +40,7 @@ DTYPES = {"int64": 1, "float32": 2}
 @dataclass
 class Handle:
     """What one specrt_pipeline holds: the pipeline of the bundle's family and what the C calls
-    ask of it before generating (all through the Family interface, runtime/families/base.py)."""
+    ask of it before generating (all through the Family interface, runtime/family.py)."""
 
     pipeline: Any
     family: Family
@@ -67,7 +67,7 @@ def open_handle(bundle_dir: str, backend: str | None) -> Handle:
     if not os.path.isfile(os.path.join(bundle_dir, "manifest.json")):
         raise BundleNotFound(f"no specrt bundle at {bundle_dir!r} (manifest.json not found)")
     from specrt import validation
-    from specrt.runtime.families import read_bundle
+    from specrt.runtime.family_registry import read_bundle
 
     threads = os.environ.get("SPECRT_THREADS") or None
     if threads is not None:
@@ -139,7 +139,7 @@ def _texts(handle: Handle, prompts: list[bytes]) -> list[str]:
 
 def _generate(handle: Handle, class_ids: Optional[list[int]], prompts: Optional[list[str]], method: str,
               params_json: str | None, seed: int, decode: bool) -> tuple[Any, float]:
-    """The family's pipeline's generate (the one calling convention of runtime/families/base.py)
+    """The family's pipeline's generate (the one calling convention of runtime/family.py)
     and the call's wall time."""
     params = _params(handle, params_json)
     conditions = {"prompts": prompts} if prompts is not None else {}

@@ -22,7 +22,7 @@ from specrt.manifest import DEFAULT_MAX_IMAGES
 from specrt.runtime.compatibility import check_compatible
 from specrt.runtime.defaults import as_dict, defaults_of
 from specrt.runtime.conditions import Conditions
-from specrt.runtime.families import modules_family, open_bundle
+from specrt.runtime.family_registry import modules_family, open_bundle
 from specrt.runtime.decoding import Decoding
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Method, checked_max_window, make_method
 from specrt.runtime.methods.speculative import Lantern
@@ -89,7 +89,7 @@ class Pipeline:
     @classmethod
     def from_bundle(cls, bundle: Any, backend: str = "ort", providers: Optional[Sequence[Any]] = None,
                     threads: Optional[int] = None, precision: Optional[str] = None) -> Any:
-        """Any bundle: its folder, or its manifest read before (runtime/families.read_bundle). The
+        """Any bundle: its folder, or its manifest read before (runtime/family_registry.read_bundle). The
         manifest is read once and checked, and the family it names (runtime/families: LlamaGen-layout
         VQ models, unified-vocabulary LLMs, continuous MAR-style models) opens it on `backend`: one
         of runtime/backends/bundle_backends.BUNDLE_BACKENDS for a discrete family. A LlamaGen bundle

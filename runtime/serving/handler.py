@@ -22,8 +22,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from specrt.errors import SpecrtError
-from specrt.runtime.families import pipeline_family
-from specrt.runtime.families.base import Family
+from specrt.runtime.family_registry import pipeline_family
+from specrt.runtime.family import Family
 from specrt.runtime.serving.protocol import (ImageRequest, ImageResult, TensorSpec, decode_request, encode_response,
                                              outputs, png_bytes)
 

@@ -28,7 +28,7 @@ class TritonPythonModel:
     """One instance: the bundle's pipeline on the instance's GPU (or the CPU)."""
 
     def initialize(self, args: dict[str, Any]) -> None:
-        from specrt.runtime.families import read_bundle
+        from specrt.runtime.family_registry import read_bundle
 
         parameters = _parameters(json.loads(args["model_config"]))
         bundle = Path(args["model_repository"]) / str(args["model_version"]) / parameters.get("bundle", "bundle")

@@ -21,7 +21,7 @@ from typing import Optional
 
 from specrt.bundle_dir import move_into_place, partial_dir, refuse_existing
 from specrt.errors import SpecrtError
-from specrt.runtime.families.base import Family
+from specrt.runtime.family import Family
 from specrt.runtime.serving.protocol import INPUTS, OUTPUTS, TensorSpec
 
 INSTANCE_KINDS = ("gpu", "cpu")
@@ -99,7 +99,7 @@ def config_pbtxt(config: RepoConfig, outputs: tuple[TensorSpec, ...] = OUTPUTS) 
 
 def write_repository(bundle: Path, out: Path, config: RepoConfig = RepoConfig(), force: bool = False) -> Path:
     """Write the repository for `bundle` (any family's) at `out`; returns the model folder."""
-    from specrt.runtime.families import read_bundle
+    from specrt.runtime.family_registry import read_bundle
     from specrt.runtime.serving.protocol import outputs
 
     bundle, out = Path(bundle), Path(out)

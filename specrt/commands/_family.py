@@ -17,7 +17,7 @@ from specrt import validation
 from specrt.commands._checkpoint_flags import CheckpointFlags
 from specrt.commands._generate_flags import Drawing, ModelFlags, RunFlags, SamplingFlags
 from specrt.errors import SpecrtError
-from specrt.runtime.families.base import Family
+from specrt.runtime.family import Family
 
 
 def refused_prompt_options(family: Family, drawing: Drawing) -> dict[str, bool]:

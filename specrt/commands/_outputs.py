@@ -18,7 +18,7 @@ import click
 import numpy as np
 
 from specrt.commands._flag_groups import flag_group
-from specrt.runtime.families.base import Family
+from specrt.runtime.family import Family
 
 
 @dataclass(frozen=True)

@@ -280,7 +280,7 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
     validation.seed(seed, "--seed")  # image i uses seed + i: checked before anything loads
     from specrt.paths import cache_folder, output_file
-    from specrt.runtime.families import family_for
+    from specrt.runtime.family_registry import family_for
 
     for flag, path in (("--json", json_path), ("--plot", plot_path), ("--markdown", markdown_path)):
         output_file(flag, path)  # before minutes of measuring: the folder exists and takes files

@@ -34,8 +34,8 @@ from specrt.commands._help import COMMON, sectioned
 from specrt.commands._outputs import OutputFlags, output_flags
 from specrt.errors import SpecrtError
 from specrt.export.demo.registry import DEFAULT_DEMO, demo_names, help_text as demo_help
-from specrt.runtime.families import ManifestFile, family, family_for, open_bundle, read_manifest_file
-from specrt.runtime.families.base import Family
+from specrt.runtime.family_registry import ManifestFile, family, family_for, open_bundle, read_manifest_file
+from specrt.runtime.family import Family
 from specrt.runtime.pipeline import SAMPLING_KEYS
 from specrt.runtime.threads import resolve as resolve_threads
 

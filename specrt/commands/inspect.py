@@ -24,7 +24,7 @@ import click
 def command(ctx: click.Context, bundle: Path, lint: bool, max_opset: int, require_trt: bool) -> None:
     """Print a bundle's manifest and lint its graphs for TensorRT (exit 1 on lint errors; an
     onnxruntime-only bundle, e.g. int4 MatMulNBits, is a note unless --require-trt)."""
-    from specrt.runtime.families import read_bundle
+    from specrt.runtime.family_registry import read_bundle
 
     family, manifest = read_bundle(bundle)  # the manifest read once: what is wrong with it is one line
     click.echo(family.describe(manifest))  # the family's own checks first (runtime/families)

@@ -15,7 +15,7 @@ pytest.importorskip("onnxruntime")
 from specrt.export.mar.export import export_bundle, verify_bundle  # noqa: E402
 from specrt.models.mar.model import MARConfig, random_mar  # noqa: E402
 from specrt.runtime.families.continuous.bundle import open_runner  # noqa: E402
-from specrt.runtime.families import bundle_family  # noqa: E402
+from specrt.runtime.family_registry import bundle_family  # noqa: E402
 from specrt.runtime.families.continuous.methods import make_continuous_method  # noqa: E402
 
 SHARED = dict(token_dim=3, seq_len=4, n_head=2, diffusion_steps=4)

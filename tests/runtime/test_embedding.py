@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
 from serving_fixtures import tiny_continuous_bundle  # noqa: E402
-from specrt.runtime.families import read_bundle  # noqa: E402
+from specrt.runtime.family_registry import read_bundle  # noqa: E402
 from specrt.runtime.pipeline import Pipeline  # noqa: E402
 
 @pytest.fixture(scope="module")

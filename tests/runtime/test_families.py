@@ -9,7 +9,7 @@ import pytest
 
 from specrt.cli import main
 from specrt.errors import SpecrtError
-from specrt.runtime.families import FAMILIES, family, read_bundle
+from specrt.runtime.family_registry import FAMILIES, family, read_bundle
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
@@ -137,7 +137,7 @@ def test_the_python_api_takes_the_manifest_read_once(demo_bundle, monkeypatch):
 def test_modules_of_a_unified_model_are_that_familys():
     from types import SimpleNamespace
 
-    from specrt.runtime.families import modules_family
+    from specrt.runtime.family_registry import modules_family
 
     unified = SimpleNamespace(config=SimpleNamespace(grammar=object()))
     assert modules_family(unified) is family("unified")

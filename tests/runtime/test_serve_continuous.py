@@ -18,7 +18,7 @@ pytest.importorskip("onnxruntime")
 from serving_fixtures import continuous_demo_bundle, served, tiny_continuous_bundle  # noqa: E402
 
 from specrt.errors import SpecrtError  # noqa: E402
-from specrt.runtime.families import open_bundle  # noqa: E402
+from specrt.runtime.family_registry import open_bundle  # noqa: E402
 from specrt.runtime.serving.handler import RequestHandler  # noqa: E402
 
 

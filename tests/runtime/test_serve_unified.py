@@ -14,7 +14,7 @@ pytest.importorskip("onnxruntime")
 from serving_fixtures import served  # noqa: E402
 
 from specrt.errors import SpecrtError  # noqa: E402
-from specrt.runtime.families import open_bundle  # noqa: E402
+from specrt.runtime.family_registry import open_bundle  # noqa: E402
 
 
 def test_specrt_serve_serves_prompts_of_a_unified_bundle(tmp_path):

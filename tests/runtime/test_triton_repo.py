@@ -245,7 +245,7 @@ def test_a_continuous_repository_declares_float_tokens_on_cpu_instances(continuo
 
 
 def test_continuous_model_py_runs_execute_without_triton(continuous_repo, monkeypatch):
-    from specrt.runtime.families import open_bundle
+    from specrt.runtime.family_registry import open_bundle
 
     model_dir = continuous_repo / "specrt"
     model = loaded_model(model_dir, monkeypatch)
@@ -269,7 +269,7 @@ def test_stock_tritonserver_serves_a_continuous_demo_repository(tmp_path):
     from serving_fixtures import continuous_demo_bundle
 
     from specrt.errors import SpecrtError
-    from specrt.runtime.families import open_bundle
+    from specrt.runtime.family_registry import open_bundle
     from specrt.runtime.serving.client import Client
 
     bundle = continuous_demo_bundle(tmp_path / "mar")

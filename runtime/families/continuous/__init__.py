@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from specrt.errors import SpecrtError
-from specrt.runtime.families.base import Family
+from specrt.runtime.family import Family
 from specrt.runtime.families.continuous.bundle import ContinuousManifest, model_spec
 
 

@@ -5,7 +5,7 @@
     result.images   # uint8 [N, H, W, 3] (None without a tokenizer decoder), result.tokens [N, seq_len, C]
 
 The continuous family's own pipeline beside runtime/pipeline.py's (discrete tokens, sampling heads
-inside the graphs), with the same generate call (runtime/families/base.py): its runners, methods
+inside the graphs), with the same generate call (runtime/family.py): its runners, methods
 and formulas are this folder's (runner.py, methods.py, formulas.py). Sampling defaults come from the bundle's manifest (the demo's
 from its mar.json); each keyword given overrides that key. The images of a call are decoded
 together in one pass (in passes of `max_images` when there are more); image i draws all its

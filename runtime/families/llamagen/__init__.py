@@ -11,7 +11,7 @@ from typing import Any, Optional
 from specrt.errors import SpecrtError
 from specrt.manifest import Manifest, checked_manifest
 from specrt.runtime.backends.bundle_backends import BUNDLE_BACKENDS, bundle_parts
-from specrt.runtime.families.base import Family
+from specrt.runtime.family import Family
 from specrt.runtime.pipeline import SAMPLING_KEYS, Pipeline
 
 

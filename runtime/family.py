@@ -1,4 +1,4 @@
-"""The interface every model family implements (runtime/families/__init__.py registers them).
+"""The interface every model family implements (runtime/family_registry.py registers them).
 
 A family is what a bundle's manifest names: how its manifest is checked (`parse`, once per
 bundle: every other method takes what it returns), how its graphs are opened into a pipeline on
@@ -36,7 +36,7 @@ class Family(ABC):
     def parse(self, raw: dict[str, Any], root: Path) -> Any:
         """The bundle's manifest (its parsed JSON `raw`, the bundle folder `root`) checked as this
         family reads it, one line if it is not: what open, describe and the questions below take.
-        It carries `raw` and `root` (runtime/families.read_bundle finds the family again from it)."""
+        It carries `raw` and `root` (runtime/family_registry.read_bundle finds the family again from it)."""
 
     @abstractmethod
     def open(self, manifest: Any, backend: str = "ort", threads: int | None = None, **options: Any) -> Any:
@@ -85,7 +85,7 @@ class Family(ABC):
 
     # ---- what serving asks (runtime/serving: `specrt serve`, `specrt triton-repo`) ----------------
 
-    pipeline_class: ClassVar[str]        # "module:Class" of open()'s pipeline: families.pipeline_family finds
+    pipeline_class: ClassVar[str]        # "module:Class" of open()'s pipeline: family_registry.pipeline_family finds
     #                                      the family of a pipeline built elsewhere (an embedded demo) by it
 
     def token_shape(self, pipeline: Any) -> tuple[int, ...]:
