@@ -179,9 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--demo-weights", default=None, help="demo weights folder the bundle was exported from")
     args = parser.parse_args(argv)
     try:
-        from specrt.export.sources import demo_models
+        from specrt.export.demo.c2i import model_set
 
-        write_case(args.bundle, args.graph, demo_models(args.demo_weights), args.out)
+        write_case(args.bundle, args.graph, model_set(args.demo_weights), args.out)
         print(polygraphy_command(args.bundle, args.graph, args.out))
     except SpecrtError as exc:
         print(f"specrt: error: {exc}", file=sys.stderr)

@@ -1,5 +1,6 @@
-"""Where `specrt export` gets its three models: the embedded demo, LlamaGen checkpoints, or
-random weights in a real architecture (for building and timing engines without weights).
+"""Where `specrt export` gets its three models: LlamaGen checkpoints, or random weights in a real
+architecture (for building and timing engines without weights); the embedded demos' models come
+from their own hooks (export/demo/registry.py).
 
 Each source yields a ModelSet; checkpoint mismatches come back from specrt.export.checkpoints
 as one-line SpecrtErrors.
@@ -14,22 +15,6 @@ import torch
 from specrt.errors import SpecrtError
 from specrt.export.bundle import ModelSet
 from specrt.runtime.compatibility import check_compatible
-
-
-def demo_models(path: str | Path | None = None) -> ModelSet:
-    """The trained demo family shipped with the package (or from a `specrt demo train` folder)."""
-    from specrt.export.demo import load_demo
-
-    try:
-        demo = load_demo(path)
-    except SpecrtError as exc:
-        if path is not None:
-            raise
-        raise SpecrtError(f"the packaged demo weights cannot be loaded ({exc}); export checkpoints with "
-                          "--target/--draft/--vq, or real-size random weights with --random-weights") from exc
-    where = str(path) if path else "demo"
-    return ModelSet(target=demo.target, draft=demo.draft, vq=demo.vq,
-                    sources={"target": f"{where}:target", "draft": f"{where}:draft", "vq": f"{where}:vq"})
 
 
 def with_eagle_head(models: ModelSet, head: str | Path) -> ModelSet:

@@ -16,10 +16,22 @@ __all__ = ["packaged_weights_dir", "packaged_sampling_defaults", "model_set", "t
 
 
 def model_set(weights: Optional[Path] = None) -> Any:
-    """The trained c2i family as the exporter takes it (specrt.export.bundle.ModelSet)."""
-    from specrt.export.sources import demo_models
+    """The trained c2i family as the exporter takes it (specrt.export.bundle.ModelSet): the
+    package's weights, or a `specrt demo train` folder's."""
+    from specrt.errors import SpecrtError
+    from specrt.export.bundle import ModelSet
+    from specrt.export.demo import load_demo
 
-    return demo_models(weights)
+    try:
+        demo = load_demo(weights)
+    except SpecrtError as exc:
+        if weights is not None:
+            raise
+        raise SpecrtError(f"the packaged demo weights cannot be loaded ({exc}); export checkpoints with "
+                          "--target/--draft/--vq, or real-size random weights with --random-weights") from exc
+    where = str(weights) if weights else "demo"
+    return ModelSet(target=demo.target, draft=demo.draft, vq=demo.vq,
+                    sources={"target": f"{where}:target", "draft": f"{where}:draft", "vq": f"{where}:vq"})
 
 
 def torch_pipeline(weights: Optional[Path] = None, **options: Any) -> Any:

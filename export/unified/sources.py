@@ -77,10 +77,3 @@ def unified_models(target: Path, draft: Optional[Path] = None, vq: Optional[Path
                          sampling_defaults=dict(recipe.sampling_defaults), tokenizer_file=tokenizer_file,
                          sources={"target": str(target), "draft": str(draft or ""),
                                   "vq": str(vq_dir) if decoder is not None else ""})
-
-
-def demo_models(weights: Optional[Path] = None, dtype: str = "float32") -> UnifiedModels:
-    """The chameleon demo (export.demo.unified): its shipped checkpoints and the t2i demo's VQ."""
-    from specrt.export.demo.unified.hooks import model_set
-
-    return model_set(weights, dtype=dtype)

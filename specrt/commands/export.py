@@ -213,7 +213,8 @@ def _export_unified(ctx: click.Context, out: Path, force: bool, target: Path | N
     """A unified-vocabulary bundle (export/unified) from Hugging Face checkpoint directories, or the
     chameleon demo's."""
     from specrt.export.bundle import ExportOptions
-    from specrt.export.unified.sources import demo_models, parse_grid, unified_models
+    from specrt.export.demo.unified.hooks import model_set
+    from specrt.export.unified.sources import parse_grid, unified_models
     from specrt.export.unified.writer import write_unified_bundle
 
     if inapplicable:
@@ -224,7 +225,7 @@ def _export_unified(ctx: click.Context, out: Path, force: bool, target: Path | N
     if demo == "chameleon":
         if target is not None or draft is not None or vq is not None:
             raise SpecrtError("--demo chameleon exports the embedded demo; drop --target/--draft/--vq")
-        models = demo_models(demo_weights, dtype=weights_dtype)
+        models = model_set(demo_weights, dtype=weights_dtype)
     else:
         if max_prompt_tokens is not None:
             validation.count("--max-prompt-tokens", max_prompt_tokens)

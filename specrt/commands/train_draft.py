@@ -20,9 +20,10 @@ DATA_FILE = "train_data.npz"
 
 def _target(target: Path | None, vq: Path | None, checkpoint: CheckpointFlags):
     from specrt.export import sources
+    from specrt.export.demo.c2i import model_set
 
     if target is None and vq is None:
-        models = sources.demo_models()
+        models = model_set()
         return models, "demo:target"
     if target is None or vq is None:
         raise SpecrtError("train-draft on checkpoints needs --target and --vq (the VQ decodes nothing here, but "
