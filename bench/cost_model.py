@@ -267,7 +267,7 @@ def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, 
     if arch not in PROFILE_ARCHS:
         raise SpecrtError(f"unknown --profile-arch {arch!r}; choose from {', '.join(PROFILE_ARCHS)}")
     torch = require("torch", "specrt bench --profile-arch")
-    from specrt.export.eagle.model import EagleConfig, EagleHead
+    from specrt.models.eagle_head import EagleConfig, EagleHead
     from specrt.models.llamagen_gpt import GPT
 
     torch.manual_seed(0)

@@ -280,7 +280,7 @@ def _graph_jobs(models: ModelSet, options: ExportOptions, limits: GraphLimits) -
     if is_eagle(models.draft):
         if not options.target_hidden:
             raise SpecrtError("an EAGLE draft reads the target's hidden states: drop --no-hidden")
-        from specrt.export.eagle import export as head
+        from specrt.export import eagle_graphs as head
 
         steps = options.chain_steps  # the head's draft_chain, draft_tree and draft_growth, as an independent draft's
         draft = [(head.GRAPH, lambda d: head.export_head_step(models.draft, limits, d, opset)),

@@ -1,6 +1,7 @@
-"""EAGLE-style draft heads (one decoder layer over the target's hidden states).
+"""EAGLE-style draft heads (one decoder layer over the target's hidden states): checkpoints and
+training. The head module itself is specrt.models.eagle_head (the PyTorch backend runs it too),
+its bundle graphs export/eagle_graphs.py.
 
-model.py: the head in LANTERN's key layout (models/drafters/cnets_llamagen.py) with the
-graphs' pure-function entry point; checkpoint.py: loading and saving that layout;
+checkpoint.py: loading and saving LANTERN's layout (models/drafters/cnets_llamagen.py);
 train.py: `specrt train-draft` (the EAGLE/LANTERN recipe).
 """

@@ -19,7 +19,7 @@ import torch
 
 from specrt.errors import SpecrtError
 from specrt.export.checkpoints import _load_into, load_state_dict
-from specrt.export.eagle.model import EagleConfig, EagleHead
+from specrt.models.eagle_head import EagleConfig, EagleHead
 from specrt.models.llamagen_gpt import GPT
 
 CONFIG_FILE = "config.json"

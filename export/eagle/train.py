@@ -30,7 +30,7 @@ from specrt.errors import SpecrtError
 from specrt.export.demo.configs import Schedule
 from specrt.export.demo.training import descend, learning_rate, log_metrics
 from specrt.export.eagle.checkpoint import save_eagle_head
-from specrt.export.eagle.model import EagleConfig, EagleHead
+from specrt.models.eagle_head import EagleConfig, EagleHead
 from specrt.lazy import require
 from specrt.models.llamagen_gpt import GPT
 

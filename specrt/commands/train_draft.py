@@ -120,7 +120,7 @@ def command(out, target, vq, data_kind, sample_count, tokens, labels, steps, bat
         checkpoint.refuse("describes LlamaGen checkpoints (--target/--vq); the demo target has a fixed architecture "
                           "and image size")
     torch = require("torch", "specrt train-draft")
-    from specrt.export.eagle.model import EagleConfig
+    from specrt.models.eagle_head import EagleConfig
     from specrt.export.eagle.train import Recipe, metrics_line, train_eagle_head
 
     recipe = Recipe(steps=validation.count("--steps", steps), batch_size=validation.count("--batch-size", batch_size),

@@ -16,7 +16,7 @@ from tiny_export import TINY_OPTIONS, tiny_models  # noqa: E402
 from specrt.errors import SpecrtError  # noqa: E402
 from specrt.export.bundle import ModelSet  # noqa: E402
 from specrt.export.eagle.checkpoint import load_eagle_head  # noqa: E402
-from specrt.export.eagle.model import EagleConfig, EagleHead  # noqa: E402
+from specrt.models.eagle_head import EagleConfig, EagleHead  # noqa: E402
 from specrt.runtime.pipeline import Pipeline  # noqa: E402
 
 
@@ -138,7 +138,7 @@ def eagle_bundle(tmp_path_factory):
     import shutil
 
     from specrt.export.bundle import build_manifest
-    from specrt.export.eagle.export import export_head_chain, export_head_step
+    from specrt.export.eagle_graphs import export_head_chain, export_head_step
     from specrt.export.onnx_export import GraphLimits, capacity_for
     from specrt.manifest import MANIFEST_NAME, read_manifest, rows_for_images
     from tiny_export import tiny_bundle

@@ -13,7 +13,7 @@ from _toy_exact import chi_square, one_torch_thread, reference_row  # noqa: F401
 
 torch = pytest.importorskip("torch")
 
-from specrt.export.eagle.model import EagleConfig, EagleHead  # noqa: E402
+from specrt.models.eagle_head import EagleConfig, EagleHead  # noqa: E402
 from specrt.models.llamagen_gpt import GPT, GPTConfig  # noqa: E402
 from specrt.models.llamagen_vq import VQConfig, VQModel  # noqa: E402
 from specrt.runtime.eagle import EagleDrafter  # noqa: E402

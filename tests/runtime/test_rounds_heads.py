@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from test_rounds import GUIDED, PASS, chi2_of, tiny_models  # noqa: E402
-from specrt.export.eagle.model import EagleConfig, EagleHead  # noqa: E402
+from specrt.models.eagle_head import EagleConfig, EagleHead  # noqa: E402
 from specrt.runtime.eagle import EagleDrafter  # noqa: E402
 from specrt.runtime.methods import make_method  # noqa: E402
 from specrt.runtime.decoding import Decoding  # noqa: E402

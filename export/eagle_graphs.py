@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from specrt.export.eagle.model import EagleHead
+from specrt.models.eagle_head import EagleHead
 from specrt.export.onnx_export import (BATCH, CACHE_LEN, DEFAULT_CHAIN_STEPS, DEFAULT_OPSET, TOTAL_LEN, WINDOW,
                                        GraphLimits, _example_inputs, _export, chain_spec, growth_spec, head_inputs,
                                        head_outputs, tree_spec)
