@@ -18,7 +18,7 @@ from specrt.models.llamagen_vq import VQConfig, VQModel
 from specrt.runtime.pipeline import Pipeline, to_uint8
 
 from llamagen_reference import ReferenceLlamaGen, llamagen_gpt_shapes, random_state_dict, reference_vq_decode
-from tiny_export import cli_exit_code
+from tiny_export import NO_METHOD_GRAPHS, cli_exit_code
 
 VOCAB, CLASSES, GRID, DOWNSAMPLE = 64, 5, 4, 8
 IMAGE = GRID * DOWNSAMPLE
@@ -188,7 +188,7 @@ def test_export_reads_the_same_way_and_clamps_neighbours_like_the_torch_path(fil
     out = tmp_path / "bundle"
     argv = ["export", "--out", str(out), "--target", str(paths["gpt"]), "--draft", str(paths["draft"]),
             "--vq", str(paths["vq"]), "--n-kv-head", "2", "--draft-n-head", "2",
-            "--image-size", str(IMAGE), "--neighbours", "100"]
+            "--image-size", str(IMAGE), "--neighbours", "100", *NO_METHOD_GRAPHS]
     assert cli_exit_code(argv) == 0
     assert f"note: 100 neighbours asked, a {VOCAB}-entry codebook has {VOCAB - 1} other codewords" in capsys.readouterr().out
     manifest = read_manifest(out, check_hashes=False)
