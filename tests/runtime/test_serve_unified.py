@@ -29,7 +29,9 @@ def test_specrt_serve_serves_prompts_of_a_unified_bundle(tmp_path):
     from specrt.runtime.serving.client import Client
 
     bundle = tmp_path / "chameleon"
-    write_unified_bundle(get_demo("chameleon").hook("model_set")(None), bundle, ExportOptions(max_window=12, max_batch=2))
+    # sjd is served: no one-call draft graphs (the slowest exports)
+    options = ExportOptions(max_window=12, max_batch=2, draft_chain=0, draft_tree="", draft_growth="")
+    write_unified_bundle(get_demo("chameleon").hook("model_set")(None), bundle, options)
     with served(bundle, tmp_path) as (_, grpc):
         reference = open_bundle(bundle)
         expected = reference.generate(prompts=["a thin two"], method="sjd", seed=1, window=6)
