@@ -12,10 +12,14 @@ is how a CPU shows it has no graph break. The host reads one flag a round: are a
 Families with a round: ar; sd, cool-sd and lantern drafting chains, static trees
 (runtime/rounds/trees.py) or dynamic trees (runtime/rounds/dynamic.py) with an independent draft
 model or an EAGLE head (runtime/rounds/drafts.py); sjd and sjd-pac (proactive drafting's spine
-trees included, runtime/rounds/proactive.py; tree="full" not). Everything else (a unified model's
-grammar, the continuous family, onnxruntime / TensorRT) runs the host loop, the reference these rounds
-reproduce in distribution. Random numbers differ from the host loop's streams, so tokens for a
-seed differ between the two loops; within the round an image is the same alone or in any batch.
+trees included, runtime/rounds/proactive.py; tree="full" not). Each of them also under a unified
+model's image grammar (Janus, Emu3, Lumina-mGPT: runtime/grammar.py), as in the host loop: the grammar
+lives in the models' logits, which the round's target and draft passes compute at the stream positions
+they derive from the state's lengths, and SJD's fresh window slots follow it through a device table
+of the forced tokens (runtime/rounds/jacobi.py FreshDrafts). Everything else (the continuous family,
+onnxruntime / TensorRT) runs the host loop, the reference these rounds reproduce in distribution.
+Random numbers differ from the host loop's streams, so tokens for a seed differ between the two
+loops; within the round an image is the same alone or in any batch.
 """
 from __future__ import annotations
 
@@ -34,7 +38,8 @@ LOOPS = ("auto", "round", "host")  # auto: the round on a CUDA PyTorch backend w
 def plan_round(method: Any, target: Any, draft: Any, sampling: SamplingParams, mix: np.ndarray,
                grammar: Any) -> Optional[Any]:
     """The round that decodes `method` on these runners, or None where the host loop must (see the
-    module docstring for which). Needs torch: call it only for PyTorch runners."""
+    module docstring for which); `grammar`: a unified model's image grammar, or None. Needs torch:
+    call it only for PyTorch runners."""
     from specrt.runtime.backends.device_model import device_model_of
     from specrt.runtime.methods.jacobi import JacobiDecoding
     from specrt.runtime.methods.speculative import DraftThenVerify
@@ -47,18 +52,18 @@ def plan_round(method: Any, target: Any, draft: Any, sampling: SamplingParams, m
     from specrt.runtime.rounds.trees import StaticTreeRound
     from specrt.runtime.tree import static_shape
 
-    if grammar is not None or not runs_rounds(target):
+    if not runs_rounds(target):
         return None
     window = method.max_window
     if method.name == "ar":
         return ArRound(device_model_of(target, mix, sampling, window))
     if isinstance(method, JacobiDecoding) and not method.proactive_drafting:
         return JacobiRound(device_model_of(target, mix, sampling, window), method.window, target.spec.vocab_size,
-                           method.adaptive_continuation)
+                           method.adaptive_continuation, grammar)
     if isinstance(method, JacobiDecoding) and method.tree == "spine" and \
             method.branching * method.tree_depth <= method.window and method.branching <= PARTS:
         return ProactiveRound(device_model_of(target, mix, sampling, window), method.window, target.spec.vocab_size,
-                              method.branching, method.tree_depth, method.adaptive_continuation)
+                              method.branching, method.tree_depth, method.adaptive_continuation, grammar)
     if not isinstance(method, DraftThenVerify) or method.theorem2 or not runs_rounds(draft):
         return None
     target_model = device_model_of(target, mix, sampling, window)

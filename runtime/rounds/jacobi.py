@@ -6,16 +6,20 @@ in one pass; the window is verified as a drafted chain with SD's rule (verify_ch
 next window comes from this pass's own rows along the accepted prefix — new slot m sits at old
 slot k = τ + 1 + m, whose row (row k predicts it) gives a fresh draw (SJD) or re-tests the old
 draft there (adaptive continuation: kept, or drawn from the residual); slots past the last row
-start from uniform random tokens with a uniform q. runtime/methods/jacobi.py is the host loop this
-reproduces in distribution.
+start from uniform random tokens with a uniform q — under a unified model's image grammar, a slot
+the grammar forces starts at its forced token and a sampled one at a random code (FreshDrafts).
+runtime/methods/jacobi.py is the host loop this reproduces in distribution.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
+import numpy as np
 import torch
 
 from specrt.runtime.conditions import Conditions
+from specrt.runtime.grammar import ImageGrammar
+from specrt.runtime.methods.jacobi import fresh_proposal
 from specrt.runtime.rounds.chains import start_state
 from specrt.runtime.rounds.state import DRAFT, FRESH, NEXT, RESAMPLE, RETEST, TEST, RoundState
 from specrt.runtime.sampling import inverse_cdf
@@ -25,10 +29,13 @@ from specrt.runtime.verification.rules import VANILLA
 
 
 class JacobiRound:
-    """One Jacobi iteration over a window of `width` drafts; `adaptive` re-tests stale drafts."""
+    """One Jacobi iteration over a window of `width` drafts; `adaptive` re-tests stale drafts; `grammar`:
+    a unified model's image grammar, which the fresh slots follow (the target's rows carry it already)."""
 
-    def __init__(self, target: Any, width: int, vocab: int, adaptive: bool = False):
+    def __init__(self, target: Any, width: int, vocab: int, adaptive: bool = False,
+                 grammar: Optional[ImageGrammar] = None):
         self.target, self.width, self.vocab, self.adaptive = target, width, vocab, adaptive
+        self.fresh = FreshDrafts(target, vocab, grammar)
         self.window = width + 1
         self.passes = {"target": 1, "draft": 0}
 
@@ -36,14 +43,15 @@ class JacobiRound:
         state = start_state(self, rows, seeds, total)
         steps = torch.arange(self.width, device=state.length.device)
         # round 0's own fresh slots lie past index L + 1, so these indices' FRESH uniforms are not reused
-        drafts = random_tokens(state, state.length[:, None] + steps, self.vocab)
+        index = state.length[:, None] + steps
+        drafts = self.fresh.tokens(state, index)
         if getattr(self, "drafts", None) is None:
             self.drafts = drafts
             self.proposal = torch.empty((drafts.shape[0], self.width, self.vocab), dtype=self.target.row_dtype,
                                         device=drafts.device)
         else:  # a later call: the captured round reads these buffers
             self.drafts.copy_(drafts)
-        self.proposal.fill_(1.0 / self.vocab)
+        self.proposal.copy_(self.fresh.rows(index))
         return state
 
     def __call__(self, state: RoundState) -> None:
@@ -70,21 +78,57 @@ class JacobiRound:
             old = old_slot.clamp(max=width - 1)
             stale = self.drafts[image, old], self.proposal[image, old], old_slot < width
         return next_drafts(state, p_rows, old_slot.clamp(max=width), old_slot <= width, n[:, None] + old_slot,
-                           stale, self.vocab)
+                           stale, self.fresh)
 
 
-def random_tokens(state: RoundState, index: Any, vocab: int) -> Any:
-    """Uniform random tokens for token indices index [I, K] (a fresh window slot's draft)."""
-    return (state.uniforms(index, FRESH) * vocab).to(torch.int64).clamp(max=vocab - 1)
+class FreshDrafts:
+    """SJD's draft for a window slot no row predicts yet, on the device: a random token and the q it
+    was drawn from — uniform over the vocabulary, or under an image grammar (the host loop's
+    JacobiDecoding._random_level and fresh_proposal) the forced token as a point mass where the
+    grammar forces one and a code drawn uniformly from the codes alone elsewhere.
+
+    Why a table: a round knows a slot only by its token index (the stream position, derived on the
+    device from the state's lengths) and may not ask the host what the grammar says there, so the
+    grammar's forced tokens (ImageGrammar.forced) are one device tensor indexed by stream position,
+    made once with the round. Indices past the stream (slots no image ever commits) read its last
+    entry, −1: sampled."""
+
+    def __init__(self, target: Any, vocab: int, grammar: Optional[ImageGrammar] = None):
+        device = target.device
+        self.vocab = vocab
+        self.support = vocab if grammar is None else grammar.image_vocab
+        self.row = torch.from_numpy(fresh_proposal(vocab, grammar)).to(device, target.row_dtype)  # [V]
+        self.columns = torch.arange(vocab, device=device)
+        self.forced = None if grammar is None else torch.from_numpy(np.append(grammar.forced(), -1)).to(device)
+
+    def forced_at(self, index: Any) -> Any:
+        """The token the grammar forces at token indices index [...] (−1: sampled), int64 [...]."""
+        return self.forced[index.clamp(min=0, max=self.forced.shape[0] - 1)]
+
+    def tokens(self, state: RoundState, index: Any) -> Any:
+        """Fresh drafts for token indices index [I, K], drawn with each index's FRESH uniform."""
+        drawn = (state.uniforms(index, FRESH) * self.support).to(torch.int64).clamp(max=self.support - 1)
+        if self.forced is None:
+            return drawn
+        forced = self.forced_at(index)
+        return torch.where(forced >= 0, forced, drawn)
+
+    def rows(self, index: Any) -> Any:
+        """The q [I, K, V] the fresh drafts at token indices index [I, K] were drawn from."""
+        rows = self.row.expand(*index.shape, self.vocab)
+        if self.forced is None:
+            return rows
+        forced = self.forced_at(index)[..., None]
+        return torch.where(forced >= 0, (self.columns == forced).to(self.row.dtype), rows)
 
 
 def next_drafts(state: RoundState, p_rows: Any, row_slots: Any, has_row: Any, index: Any, stale: Any,
-                vocab: int) -> tuple[Any, Any]:
+                fresh: FreshDrafts) -> tuple[Any, Any]:
     """A Jacobi window's next drafts [I, L] and the rows they come from [I, L, V]: slot j, the token at
     index [I, L], is drawn from this pass's row at window slot row_slots[:, j] where has_row (SJD's
     fresh draft), or, with `stale` (adaptive continuation: the old drafts there, their rows and
     where there was one), the old draft re-tested against that row (retest_block); past the last
-    row a uniform random token with a uniform q."""
+    row a fresh draft (`fresh`: a random token, or the grammar's forced one) with its q."""
     image = torch.arange(index.shape[0], device=index.device)[:, None]
     rows = p_rows[image, row_slots]
     drafts = inverse_cdf(rows, state.uniforms(index, DRAFT))
@@ -95,5 +139,5 @@ def next_drafts(state: RoundState, p_rows: Any, row_slots: Any, has_row: Any, in
                                 state.uniforms(index, RETEST).reshape(-1),
                                 state.uniforms(index, RESAMPLE).reshape(-1)).reshape(drafts.shape)
         drafts = torch.where(had_draft, retested, drafts)
-    drafts = torch.where(has_row, drafts, random_tokens(state, index, vocab))
-    return drafts, torch.where(has_row[:, :, None], rows, torch.full_like(rows, 1.0 / vocab))
+    drafts = torch.where(has_row, drafts, fresh.tokens(state, index))
+    return drafts, torch.where(has_row[:, :, None], rows, fresh.rows(index).to(rows.dtype))

@@ -17,13 +17,14 @@ rejection its first D depths get K − 1 more candidates each.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
 from specrt.runtime.conditions import Conditions
+from specrt.runtime.grammar import ImageGrammar
 from specrt.runtime.rounds.chains import start_state
-from specrt.runtime.rounds.jacobi import next_drafts, random_tokens
+from specrt.runtime.rounds.jacobi import FreshDrafts, next_drafts
 from specrt.runtime.rounds.state import CANDIDATE, NEXT, TEST, RoundState
 from specrt.runtime.sampling import inverse_cdf
 from specrt.runtime.verification.chains import verify_chain_block
@@ -72,10 +73,12 @@ def spine_layouts(width: int, branching: int, depth: int) -> dict[str, list]:
 class ProactiveRound:
     """SJD-PAC (adaptive continuation optional, proactive drafting on, tree="spine") as a round."""
 
-    def __init__(self, target: Any, width: int, vocab: int, branching: int, depth: int, adaptive: bool):
+    def __init__(self, target: Any, width: int, vocab: int, branching: int, depth: int, adaptive: bool,
+                 grammar: Optional[ImageGrammar] = None):
         if branching * depth > width:
             raise ValueError(f"K·D = {branching * depth} sibling slots do not fit a window of {width}")
         self.target, self.width, self.vocab = target, width, vocab
+        self.fresh = FreshDrafts(target, vocab, grammar)  # fresh slots follow the image grammar
         self.branching, self.depth, self.adaptive = branching, depth, adaptive
         self.window = width + 1
         self.passes = {"target": 1, "draft": 0}
@@ -90,7 +93,8 @@ class ProactiveRound:
     def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
         state = start_state(self, rows, seeds, total)
         images, device = state.length.shape[0], state.length.device
-        first = random_tokens(state, state.length[:, None] + torch.arange(self.width, device=device), self.vocab)
+        index = state.length[:, None] + torch.arange(self.width, device=device)
+        first = self.fresh.tokens(state, index)
         if getattr(self, "candidates", None) is None:
             self.candidates = torch.zeros((images, self.width, self.branching), dtype=torch.int64, device=device)
             self.counts = torch.ones((images, self.width), dtype=torch.int64, device=device)
@@ -100,7 +104,7 @@ class ProactiveRound:
         self.candidates[:, :, 0] = first
         self.counts.fill_(1)
         self.tree.zero_()
-        self.proposal.fill_(1.0 / self.vocab)
+        self.proposal.copy_(self.fresh.rows(index))
         return state
 
     def __call__(self, state: RoundState) -> None:
@@ -196,7 +200,7 @@ class ProactiveRound:
             old = (old_depth + 1).clamp(max=width) - 1  # the old draft at the new token's depth
             stale = self.candidates[image, old, 0], self.proposal[image, old], old_depth + 1 <= levels[:, None]
         first, proposal = next_drafts(state, p_rows, spine[image, old_depth.clamp(max=width)], has_row, index, stale,
-                                      self.vocab)
+                                      self.fresh)
         candidates = torch.zeros_like(self.candidates)
         candidates[:, :, 0] = first
         counts = torch.ones_like(self.counts)
