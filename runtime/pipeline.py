@@ -293,8 +293,8 @@ class Pipeline:
                 self._rounds.pop(next(iter(self._rounds)))
         if round_ is None and loop == "round":
             raise SpecrtError(f"method {decoder.name!r} with these parameters has no device round (it has: ar; sd, "
-                              "cool-sd, lantern drafting chains or trees with a draft model; sjd; sjd-pac with "
-                              "tree=spine; no image grammar): use loop 'host' or 'auto'")
+                              "cool-sd, lantern drafting chains or trees with a draft model or an EAGLE head; sjd; "
+                              "sjd-pac with tree=spine): use loop 'host' or 'auto'")
         return round_
 
     def grids(self, stream: np.ndarray) -> np.ndarray:
