@@ -27,6 +27,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from specrt.errors import SpecrtError
 from specrt.lazy import require
 from specrt.runtime.counter_random import _IMAGE, _MASK32, _MULTIPLIER, _POSITION, _SECOND, _SEED, _SLOT
 from specrt.runtime.rounds.state import KINDS, NEXT, PARTS, TEST
@@ -101,9 +102,10 @@ def _uniforms(g: _Graph, seed: str, image: str, position: str, slot: str) -> str
     return g.op("Div", g.op("Add", as_double, g.const(0.5, np.float64)), g.const(float(1 << 53), np.float64))
 
 
-def _round_slot(g: _Graph, rounds: str, kind: int) -> str:
-    """RoundState.uniforms' slot for part 0 of one kind of draw: kind + KINDS · PARTS · round."""
-    return g.op("Add", g.op("Mul", rounds, g.const(KINDS * PARTS, np.int64)), g.const(kind, np.int64))
+def _round_slot(g: _Graph, rounds: str, kinds: Any) -> str:
+    """RoundState.uniforms' slot for part 0 of a kind of draw: kind + KINDS · PARTS · round (kinds an
+    int or an array broadcasting with rounds)."""
+    return g.op("Add", g.op("Mul", rounds, g.const(KINDS * PARTS, np.int64)), g.const(kinds, np.int64))
 
 
 def _inverse_cdf(g: _Graph, rows: str, uniforms: str, vocab: int) -> str:
@@ -113,8 +115,10 @@ def _inverse_cdf(g: _Graph, rows: str, uniforms: str, vocab: int) -> str:
     cdf = g.op("Cast", g.op("CumSum", rows, g.const(-1, np.int64)), to=g.onnx.TensorProto.DOUBLE)
     total = g.op("Slice", cdf, g.const([-1], np.int64), g.const([vocab], np.int64), g.const([-1], np.int64))
     scaled = g.op("Mul", g.op("Unsqueeze", uniforms, g.const([1], np.int64)), total)
-    at_or_below = g.op("Cast", g.op("LessOrEqual", cdf, scaled), to=g.onnx.TensorProto.INT64)
-    count = g.op("ReduceSum", at_or_below, g.const([1], np.int64), keepdims=0)
+    # counted in float32 (exact below 2^24 entries): onnxruntime's int64 ReduceSum is ~15x slower on a CPU
+    at_or_below = g.op("Cast", g.op("LessOrEqual", cdf, scaled), to=g.onnx.TensorProto.FLOAT)
+    count = g.op("Cast", g.op("ReduceSum", at_or_below, g.const([1], np.int64), keepdims=0),
+                 to=g.onnx.TensorProto.INT64)
     return g.op("Min", count, g.const(vocab - 1, np.int64))
 
 
@@ -154,6 +158,8 @@ def chain_verification_model(draft_len: int, vocab: int, opset: int = OPSET) -> 
     [B] (the token index of the first draft: the image's committed length) and round [B], all
     int64. Outputs: accepted [B] and next_token [B], int64. The tests' uniforms are
     RoundState.uniforms(index + j, TEST), the next token's RoundState.uniforms(index, NEXT)."""
+    if vocab >= 1 << 24:
+        raise SpecrtError(f"the verification graph counts CDF entries in float32: a vocabulary of {vocab} is too large")
     onnx = require("onnx", "the verification graph")
     tensor, T = onnx.helper.make_tensor_value_info, onnx.TensorProto
     g = _Graph()
@@ -166,14 +172,19 @@ def chain_verification_model(draft_len: int, vocab: int, opset: int = OPSET) -> 
         return g.op("Unsqueeze", name, column)
 
     steps = g.const(np.arange(draft_len), np.int64)  # [L]
-    coins = _uniforms(g, per_image(seed_low), per_image(seed_high), g.op("Add", per_image(index), steps),
-                      per_image(_round_slot(g, rounds, TEST)))  # [B, L]
-    next_uniforms = _uniforms(g, seed_low, seed_high, index, _round_slot(g, rounds, NEXT))  # [B]
+    # every uniform of the round in one hash: the L tests' at index + j, then the next token's at index
+    offsets, kinds = np.append(np.arange(draft_len), 0), np.append(np.full(draft_len, TEST), NEXT)
+    uniforms = _uniforms(g, per_image(seed_low), per_image(seed_high),
+                         g.op("Add", per_image(index), g.const(offsets, np.int64)),
+                         _round_slot(g, per_image(rounds), kinds))  # [B, L + 1]
+    coins = g.op("Slice", uniforms, g.const([0], np.int64), g.const([draft_len], np.int64), column)
+    next_uniforms = g.op("Squeeze", g.op("Slice", uniforms, g.const([draft_len], np.int64),
+                                         g.const([draft_len + 1], np.int64), column), column)
 
     drafted = g.op("Unsqueeze", drafts, g.const([2], np.int64))  # [B, L, 1]
-    p_tested = g.op("Slice", p, g.const([0], np.int64), g.const([draft_len], np.int64), column)
+    # P's rows 0..L−1 at the drafts: GatherElements reads only the rows its indices [B, L, 1] cover
     at_drafts = [g.op("Cast", g.op("Squeeze", g.op("GatherElements", rows, drafted, axis=2), g.const([2], np.int64)),
-                      to=T.DOUBLE) for rows in (p_tested, q)]
+                      to=T.DOUBLE) for rows in (p, q)]
     p_at, q_at = at_drafts
     relaxed = g.op("Greater", q_at, p_at)  # runtime.verification.formulas.acceptance: min(1, P/Q)
     f = g.op("Where", relaxed, g.op("Div", p_at, g.op("Where", relaxed, q_at, g.const(1.0, np.float64))),
