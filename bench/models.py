@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -82,16 +83,23 @@ def demo_bundle(demo_weights: Optional[Path] = None, cache_dir: Optional[Path] =
     sjd-pac's window grew to L + 1 would refuse default sjd-pac)."""
     from specrt.export.bundle import ExportOptions, write_bundle
     from specrt.export.demo.registry import DEFAULT_DEMO, get_demo
-    from specrt.manifest import MANIFEST_NAME, VERSION
+    from specrt.manifest import MANIFEST_NAME, VERSION, read_manifest
 
     entry = get_demo(demo)
     weights = demo_weights_dir(demo_weights, entry.name)
     options = hashlib.sha256(f"{EXPORT_REVISION} {ExportOptions()!r}".encode()).hexdigest()[:8]
-    # the demo with its EAGLE head as the draft (export --eagle demo); another demo than c2i: its name
-    kind = ("-eagle" if eagle else "") + ("" if entry.name == DEFAULT_DEMO else f"-{entry.name}")
-    out = Path(cache_dir or cache_root() / "bench") / f"demo{kind}-v{VERSION}-{weights_digest(weights, eagle)}-{options}"
+
+    def cached(eagle: bool) -> Path:
+        # the demo with its EAGLE head as the draft (export --eagle demo); another demo than c2i: its name
+        kind = ("-eagle" if eagle else "") + ("" if entry.name == DEFAULT_DEMO else f"-{entry.name}")
+        return Path(cache_dir or cache_root() / "bench") / f"demo{kind}-v{VERSION}-{weights_digest(weights, eagle)}-{options}"
+
+    out = cached(eagle)
     if (out / MANIFEST_NAME).is_file():
         return out
+    # the plain demo of the same weights, when cached, lends the EAGLE bundle its target and VQ graphs
+    plain = cached(False) if eagle else None
+    reuse = read_manifest(plain, check_hashes=False) if plain is not None and (plain / MANIFEST_NAME).is_file() else None
     from specrt.export.sources import with_eagle_head
 
     say = progress or (lambda _msg: None)
@@ -103,7 +111,8 @@ def demo_bundle(demo_weights: Optional[Path] = None, cache_dir: Optional[Path] =
         models = with_eagle_head(models, "demo")
     from specrt.export.unified.writer import UnifiedModels, write_unified_bundle
 
-    writer = write_unified_bundle if isinstance(models, UnifiedModels) else write_bundle  # the demo's family's
+    # the demo's family's writer
+    writer = write_unified_bundle if isinstance(models, UnifiedModels) else partial(write_bundle, reuse=reuse)
     try:
         writer(models, out, ExportOptions(), progress=say)
     except SpecrtError:

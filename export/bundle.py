@@ -9,6 +9,7 @@ when it has a manifest.json whose hashes match).
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -346,13 +347,32 @@ def export_graphs(jobs: list[tuple[str, Callable[[Path], GraphSpec]]], work: Pat
     return graphs
 
 
+REUSABLE_ROLES = ("target", "vq")  # a draft differs between the bundles that share a target (model, head)
+
+
+def _copy_job(source: Manifest, name: str) -> Callable[[Path], GraphSpec]:
+    """A graph job that copies graph `name` (and its external data) from `source` into the work directory."""
+    spec = source.graph(name)
+
+    def copy(work: Path) -> GraphSpec:
+        for file in (spec.file, spec.external_data):
+            if file:
+                shutil.copyfile(source.root / file, work / file)
+        return spec
+    return copy
+
+
 def write_bundle(models: ModelSet, out: str | Path, options: ExportOptions | None = None, force: bool = False,
-                 progress: Progress | None = None) -> Manifest:
+                 progress: Progress | None = None, reuse: Manifest | None = None) -> Manifest:
     """Export every graph, the neighbour table and the manifest to `out`, atomically.
 
     Refuses an existing `out` unless force. Work happens in a hidden sibling directory that
     is removed on any failure; only a complete bundle is renamed to `out`. Returns the
     manifest as read back (hashes verified).
+
+    `reuse`: a bundle exported from the same target and VQ weights with the same options (the
+    caller vouches for it, as the demo cache does by its weights digest): its target and VQ graphs
+    are copied instead of exported again — an EAGLE bundle of the demo then exports only its head.
     """
     options = options or ExportOptions()
     out = Path(out).absolute()
@@ -365,6 +385,9 @@ def write_bundle(models: ModelSet, out: str | Path, options: ExportOptions | Non
                          max_images=options.max_batch)
     with partial_dir(out, note=progress) as work:
         jobs = _graph_jobs(models, options, limits)
+        if reuse is not None:
+            jobs = [(name, _copy_job(reuse, name) if name in reuse.graphs and reuse.graph(name).role in REUSABLE_ROLES
+                     else export) for name, export in jobs]
         total = len(jobs) + 2
         graphs = export_graphs(jobs, work, total, say)
         k = write_neighbour_table(work, models.vq, options.neighbours_k, total, say)

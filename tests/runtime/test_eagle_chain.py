@@ -30,12 +30,13 @@ METHODS = ["sd", "cool-sd", "lantern"]
 
 
 @pytest.fixture(scope="module")
-def eagle_bundle(tmp_path_factory):
-    """The demo with its packaged EAGLE head as the draft (`specrt export --eagle demo`), exported once."""
+def eagle_bundle(demo_bundle):
+    """The demo with its packaged EAGLE head as the draft (`specrt export --eagle demo`), exported once
+    beside the session's demo bundle, whose target and VQ graphs it copies (only the head's are exported)."""
     torch.set_num_threads(1)
-    from specrt.bench.models import demo_bundle
+    from specrt.bench.models import demo_bundle as cached_demo_bundle
 
-    return demo_bundle(cache_dir=tmp_path_factory.mktemp("eagle-demo"), eagle=True)
+    return cached_demo_bundle(cache_dir=demo_bundle.parent, eagle=True)
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,14 @@ def torch_pipe():
     pipe = Pipeline.from_torch(demo.target, load_eagle_head(packaged_demo_head(), demo.target), demo.vq, threads=1)
     pipe.sampling_defaults = dict(vars(demo.sampling_defaults))
     return pipe
+
+
+def test_the_eagle_demo_bundle_copies_the_cached_demos_target_and_vq(demo_bundle, eagle_bundle):
+    plain, eagle = read_manifest(demo_bundle), read_manifest(eagle_bundle)  # hashes checked on read
+    for name in ("target_prefill", "target_step", "vq_decode"):
+        file = eagle.graph(name).file
+        assert eagle.files[file] == plain.files[file] and eagle.graph(name) == plain.graph(name)
+    assert eagle.models["draft"]["kind"] == "eagle" and "draft_prefill" not in eagle.graphs
 
 
 def test_the_eagle_demo_bundle_carries_a_four_draft_head_chain(eagle_bundle, ort_pipe):
