@@ -35,3 +35,18 @@ def test_the_demo_draws_the_asked_digits():
     assert pipe.grammar.is_valid(result.stream).all()
     read = predict(load_evaluator(), from_uint8(result.images))["digit"]
     assert (read == np.arange(10)).mean() >= 0.7
+
+
+def test_a_trained_weights_folder_runs_on_pytorch_with_its_own_tokenizer(tmp_path):
+    """`--weights DIR` (what `specrt demo train` writes: target/, draft/, demo.json): the pipeline reads
+    the tokenizer from DIR/target like the models, and a copy of the shipped folder draws the shipped tokens."""
+    import shutil
+
+    from specrt.export.demo.registry import get_demo
+    from specrt.export.demo.unified.store import weights_dir
+
+    folder = tmp_path / "trained"
+    shutil.copytree(weights_dir(), folder, ignore=shutil.ignore_patterns("__init__.py", "__pycache__"))
+    pipelines = [get_demo("chameleon").hook("torch_pipeline")(weights, threads=1) for weights in (None, folder)]
+    shipped, copied = (pipe.generate(prompts=["a thin two"], method="ar", seed=3, decode=False) for pipe in pipelines)
+    np.testing.assert_array_equal(shipped.tokens, copied.tokens)

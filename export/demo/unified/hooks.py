@@ -60,6 +60,7 @@ def torch_pipeline(weights: Optional[Path] = None, max_window: Optional[int] = N
                    threads: Optional[int] = None, cuda_graphs: Optional[bool] = None, compile: Optional[bool] = None,
                    compile_mode: str = "default", **_: Any) -> Any:
     """UnifiedPipeline.from_torch over the demo's modules (what `specrt generate --demo chameleon` runs)."""
+    from specrt.export.demo.unified import store
     from specrt.export.unified.tokenizer import read_tokenizer
     from specrt.runtime.families.unified.pipeline import UnifiedPipeline
     from specrt.runtime.families.unified.prompts import PromptEncoder
@@ -69,8 +70,7 @@ def torch_pipeline(weights: Optional[Path] = None, max_window: Optional[int] = N
     if threads is not None:
         set_torch_threads(threads)
     models = model_set(weights)
-    tokenizer, _ = read_tokenizer(Path(models.sources["target"].split(":")[0]) if weights is not None
-                                  else WEIGHTS / "target")
+    tokenizer, _ = read_tokenizer(store.target_dir(weights))  # a trained folder's own target/, as model_set reads
     prompts = PromptEncoder(models.prompt, models.target.config.cond_len, tokenizer)
     return UnifiedPipeline.from_torch(models.target, models.draft, models.vq, prompts=prompts,
                                       max_window=max_window or DEFAULT_MAX_WINDOW, device=device,
