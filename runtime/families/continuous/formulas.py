@@ -22,21 +22,26 @@ sampled by acceptance-rejection with the target as proposal and the bound M = 1/
 draw fresh u and x_0 from the target, run the draft's chain on the same u, accept with
 α_s = max(0, p − q)/p                                                         (residual_acceptance)
 so Z = ∫ max(0, p − q) never has to be computed.
+
+Every formula takes numpy arrays (the host loop) or torch tensors (the device round,
+runtime/families/continuous/rounds.py) and computes in the arrays' own library
+(runtime/arrays.namespace): one implementation of each, wherever it runs.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from specrt.errors import SpecrtError
+from specrt.runtime.arrays import as_array, is_host, namespace
 
 SCHEDULES = ("cosine", "linear")
 CFG_SCHEDULES = ("constant", "linear")
-# head(x_t [R,C], t [R] int64 (0 = last step), z) -> predicted noise ε̂ [R,C]
-HeadFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+# head(x_t [R,C], t [R] int64 (0 = last step), z) -> predicted noise ε̂ [R,C] (numpy arrays or torch tensors)
+HeadFn = Callable[[Any, Any, Any], Any]
 
 
 @dataclass(frozen=True)
@@ -77,15 +82,26 @@ def ddpm_schedule(name: str, steps: int, beta_start: float = 1e-4, beta_end: flo
     return Schedule(betas=betas, alpha_bars=np.cumprod(1 - betas))
 
 
-def guided_eps(eps_cond: np.ndarray, eps_uncond: np.ndarray, cfg_scale: float | np.ndarray) -> np.ndarray:
+def guided_eps(eps_cond: Any, eps_uncond: Any, cfg_scale: float | Any) -> Any:
     """Classifier-free guidance on the head's output, as MAR: ε̂ = ε_u + s·(ε_c − ε_u), with one
     scale or one per row ([R], see cfg_scales). The guided ε̂ defines the chain both models
     sample and score, so exactness is unaffected."""
-    scale = np.asarray(cfg_scale, dtype=np.float32)
-    return eps_uncond + (scale[:, None] if scale.ndim else scale) * (eps_cond - eps_uncond)
+    scale = np.asarray(cfg_scale, dtype=np.float32) if is_host(cfg_scale) and is_host(eps_cond) else cfg_scale
+    return eps_uncond + (scale[:, None] if getattr(scale, "ndim", 0) else scale) * (eps_cond - eps_uncond)
 
 
-def cfg_scales(cfg_scale: float, cfg_schedule: str, positions: np.ndarray, seq_len: int) -> np.ndarray:
+def guided_head(head: HeadFn, x: Any, t: Any, z: Any, cfg_scale: float | Any) -> Any:
+    """ε̂ for chain rows x [R,C] under conditions z [pairs,R,D]: the head itself (one pair), or
+    the head on every row and its unconditional twin ([x; x] against [z_cond; z_uncond]) guided
+    at cfg_scale (one, or [R])."""
+    if len(z) == 1:
+        return head(x, t, z[0])
+    xp = namespace(x)
+    eps = head(xp.concat([x, x]), xp.concat([t, t]), xp.concat([z[0], z[1]]))
+    return guided_eps(eps[: len(x)], eps[len(x):], cfg_scale)
+
+
+def cfg_scales(cfg_scale: float, cfg_schedule: str, positions: Any, seq_len: int) -> Any:
     """The guidance scale of each token position [R] under MAR's `cfg_schedule`.
 
     "constant": s everywhere. "linear": MAR's (Muse's) ramp 1 + (s − 1)·(seq_len − mask_len)/seq_len,
@@ -95,19 +111,20 @@ def cfg_scales(cfg_scale: float, cfg_schedule: str, positions: np.ndarray, seq_l
     scale: s_n = 1 + (s − 1)·min(n + 1, seq_len − 1)/seq_len. Target and draft use the same
     scale at the same position, so the scale is part of the distribution both sample and score.
     """
-    positions = np.asarray(positions, dtype=np.int64)
+    positions = as_array(positions)
+    positions = positions.astype(np.int64) if is_host(positions) else positions
     if cfg_schedule not in CFG_SCHEDULES:
         raise SpecrtError(f"unknown cfg_schedule {cfg_schedule!r}; choose one of {', '.join(CFG_SCHEDULES)}")
     if cfg_schedule == "constant":
-        return np.full(len(positions), cfg_scale, dtype=np.float32)
-    generated = np.minimum(positions + 1, max(seq_len - 1, 0)) / seq_len
-    return (1.0 + (cfg_scale - 1.0) * generated).astype(np.float32)
+        return _float32(positions * 0 + cfg_scale)
+    generated = namespace(positions).minimum(positions + 1, max(seq_len - 1, 0)) / seq_len
+    return _float32(1.0 + (cfg_scale - 1.0) * generated)
 
 
-def denoise_mean(schedule: Schedule, x_t: np.ndarray, eps: np.ndarray, t: int) -> np.ndarray:
+def denoise_mean(schedule: Schedule, x_t: Any, eps: Any, t: int) -> Any:
     """μ(x_t, t) = (x_t − β_t/sqrt(1 − ᾱ_t)·ε̂) / sqrt(1 − β_t)  (DDPM's ε-parameterised mean)."""
-    beta, alpha_bar = schedule.betas[t], schedule.alpha_bars[t]
-    return ((x_t - beta / math.sqrt(1 - alpha_bar) * eps) / math.sqrt(1 - beta)).astype(np.float32)
+    beta, alpha_bar = float(schedule.betas[t]), float(schedule.alpha_bars[t])
+    return _float32((x_t - beta / math.sqrt(1 - alpha_bar) * eps) / math.sqrt(1 - beta))
 
 
 def draw_noise(rng: np.random.Generator, rows: int, channels: int, steps: int) -> np.ndarray:
@@ -115,8 +132,7 @@ def draw_noise(rng: np.random.Generator, rows: int, channels: int, steps: int) -
     return rng.standard_normal((steps + 1, rows, channels)).astype(np.float32)
 
 
-def chain(head: HeadFn, z: np.ndarray, noise: np.ndarray, schedule: Schedule,
-          temperature: float) -> tuple[np.ndarray, np.ndarray]:
+def chain(head: HeadFn, z: Any, noise: Any, schedule: Schedule, temperature: float) -> tuple[Any, Any]:
     """Run the denoising chain of every row of z (the head's condition: [R,D], or the runner's
     [B,R,D] with CFG rows) on `noise` [T+1,R,C].
 
@@ -126,26 +142,41 @@ def chain(head: HeadFn, z: np.ndarray, noise: np.ndarray, schedule: Schedule,
     steps = schedule.steps
     x = noise[steps]
     mean = x
+    xp = namespace(x)
+    zero = xp.zeros((len(x),), dtype=xp.int64, device=getattr(x, "device", None))
     for t in range(steps - 1, -1, -1):
-        eps = head(x, np.full(len(x), t, dtype=np.int64), z)
+        eps = head(x, zero + t, z)
         mean = denoise_mean(schedule, x, eps, t)
-        x = (mean + temperature * schedule.sigmas[t] * noise[t]).astype(np.float32)
+        x = _float32(mean + temperature * float(schedule.sigmas[t]) * noise[t])
     return x, mean
 
 
-def last_step_logpdf(x0: np.ndarray, mean: np.ndarray, schedule: Schedule, temperature: float) -> np.ndarray:
+def last_step_logpdf(x0: Any, mean: Any, schedule: Schedule, temperature: float) -> Any:
     """log N(x_0; μ_0, τ²σ_0² I) per row [R], in float64."""
-    std = temperature * schedule.sigmas[0]
-    diff = (np.asarray(x0, np.float64) - np.asarray(mean, np.float64)) / std
+    std = temperature * float(schedule.sigmas[0])
+    x0, mean = as_array(x0), as_array(mean)
+    xp = namespace(x0)
+    diff = (xp.astype(x0, xp.float64) - xp.astype(mean, xp.float64)) / std
     channels = diff.shape[-1]
     return -0.5 * (diff * diff).sum(-1) - channels * (math.log(std) + 0.5 * math.log(2 * math.pi))
 
 
-def accept_probability(log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
+def accept_probability(log_p: Any, log_q: Any) -> Any:
     """min(1, p/q) for a drafted token (draft density q, target density p, aligned noise)."""
-    return np.exp(np.minimum(0.0, np.asarray(log_p) - np.asarray(log_q)))
+    return _exp_of_negative(as_array(log_p) - as_array(log_q))
 
 
-def residual_acceptance(log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
+def residual_acceptance(log_p: Any, log_q: Any) -> Any:
     """α_s = max(0, p − q) / (M·p) with M = 1/Z, i.e. max(0, 1 − q/p) (002 Eq. 10)."""
-    return 1.0 - np.exp(np.minimum(0.0, np.asarray(log_q) - np.asarray(log_p)))
+    return 1.0 - _exp_of_negative(as_array(log_q) - as_array(log_p))
+
+
+def _exp_of_negative(log_ratio: Any) -> Any:
+    """exp(min(0, log_ratio)): a ratio capped at 1, in the array's own library."""
+    capped = namespace(log_ratio).minimum(log_ratio, 0.0)
+    return np.exp(capped) if is_host(capped) else capped.exp()
+
+
+def _float32(array: Any) -> Any:
+    """The array as float32 in its own library (numpy promotes a float64 scalar's product)."""
+    return np.asarray(array, dtype=np.float32) if is_host(array) else array.float()

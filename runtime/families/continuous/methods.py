@@ -42,6 +42,8 @@ class ContinuousStats:
     drafted: int = 0
     accepted: int = 0
     residual_proposals: int = 0     # target chains drawn by the acceptance-rejection loop
+    host_syncs: Optional[int] = None  # host reads of device results (counted by the device round's loop)
+    round_seconds: float = 0.0      # time inside device rounds (model passes and verification together)
 
     @property
     def acceptance_rate(self) -> float:

@@ -29,6 +29,7 @@ from specrt.runtime.families.continuous.bundle import (ContinuousManifest, conti
                                                       open_runner)
 from specrt.runtime.families.continuous.runner import ContinuousRunner
 from specrt.runtime.families.continuous.methods import ContinuousDecoding, ContinuousStats, make_continuous_method
+from specrt.runtime.families.continuous.round_loop import decode_rounds, kept_round, plan_round, round_key, wants_round
 
 SAMPLING_KEYS = ("cfg_scale", "temperature", "cfg_schedule")
 FALLBACK_SAMPLING = {"cfg_scale": 1.0, "temperature": 1.0, "cfg_schedule": "constant"}
@@ -64,6 +65,10 @@ class ContinuousPipeline:
         self.source = source
         self.max_images = validation.count("max_images", max_images) if max_images is not None else DEFAULT_MAX_IMAGES
         self._lock = threading.Lock()
+        # which loop decodes (runtime.rounds.LOOPS, round_loop.wants_round): "auto" the device round
+        # on an accelerator, "round" wherever the models are PyTorch modules, "host" the host loop
+        self.loop = "auto"
+        self._rounds: dict[tuple, Any] = {}  # rounds of recent calls, with their buffers and captured graphs
 
     @classmethod
     def from_bundle(cls, bundle: str | Path | ContinuousManifest, backend: str = "onnxruntime",
@@ -105,13 +110,26 @@ class ContinuousPipeline:
             raise SpecrtError(f"{self.source or 'this model'} has no tokenizer decoder: generate tokens only (decode=False)")
         with self._lock:
             stats, tokens, seconds = ContinuousStats(), [], []
+            rounds = wants_round(self.loop, self.target, method)
             for first in range(0, len(ids), self.max_images):
                 part = slice(first, first + self.max_images)
                 ctx = ContinuousDecoding(self.target, self.draft if strategy.needs_draft else None,
                                          [np.random.default_rng(s) for s in seeds[part]], stats=stats, **sampling)
                 start = time.perf_counter()
-                tokens.append(strategy.generate(ctx, ids[part]))
+                if rounds:
+                    tokens.append(self._decode_rounds(strategy, ids[part], seeds[part], sampling, stats))
+                else:
+                    tokens.append(strategy.generate(ctx, ids[part]))
                 seconds += [time.perf_counter() - start] * len(ids[part])
             tokens = np.concatenate(tokens)
             images = to_pixels(self.decoder(tokens)) if decode else None
         return ContinuousResult(tokens, images, stats, seconds, sampling)
+
+    def _decode_rounds(self, strategy: Any, ids: np.ndarray, seeds: list[int], sampling: dict[str, Any],
+                       stats: ContinuousStats) -> np.ndarray:
+        """One pass of device rounds (round_loop.py), the round kept for later calls of its shape."""
+        ContinuousDecoding(self.target, None, [], **sampling)  # the sampling keys checked as the host loop checks them
+        draft = self.draft if strategy.needs_draft else None
+        round_ = kept_round(self._rounds, round_key(strategy, len(ids), sampling),
+                            lambda: plan_round(strategy, self.target, draft, sampling, ids))
+        return decode_rounds(round_, ids, seeds, stats, graphs=self.target.cuda_graphs)

@@ -79,6 +79,9 @@ class ContinuousRunner(ABC):
 
     # Finished images leave the batch at once (Batched.drop): moving KV rows is cheap next to a step.
     retain_share = 0.0
+    # whether a device round (rounds.py) can run this model, and whether it sits on an accelerator
+    device_rounds = False
+    on_accelerator = False
 
     def __init__(self, spec: ContinuousSpec):
         self.spec = spec
@@ -236,11 +239,7 @@ class ContinuousRunner(ABC):
         """ε̂ for chain rows x [R,C] under conditions z [pairs,R,D]: the head itself, or guided under
         CFG (each row at its cfg_scales entry [R], default the batch's cfg_scale). The rows may
         belong to any images: the head treats every row on its own."""
-        if len(z) == 1:
-            return self.head(x, t, z[0])
-        eps = self.head(np.concatenate([x, x]), np.concatenate([t, t]), np.concatenate([z[0], z[1]]))
-        scale = self.cfg_scale if cfg_scales is None else cfg_scales
-        return continuous.guided_eps(eps[: len(x)], eps[len(x):], scale)
+        return continuous.guided_head(self.head, x, t, z, self.cfg_scale if cfg_scales is None else cfg_scales)
 
     def sample(self, z: np.ndarray, noise: np.ndarray, temperature: float,
                cfg_scales: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -22,29 +22,41 @@ def spec_of(cfg: Any) -> ContinuousSpec:
 
 
 class TorchContinuousRunner(ContinuousRunner):
-    """A ContinuousRunner over an models.mar.model.MAR module (CPU, float32)."""
+    """A ContinuousRunner over an models.mar.model.MAR module (float32), on the CPU or on `device`
+    (the module is moved there). Its module is what a device round (rounds.py) runs: the host
+    loop's steps here copy every input in and every output back; a round's stay on the device."""
 
-    def __init__(self, model: Any):
+    device_rounds = True
+
+    def __init__(self, model: Any, device: Any = None):
         super().__init__(spec_of(model.cfg))
         self.torch = require("torch", "the torch backend")
-        self.model = model.eval()
+        self.model = model.eval() if device is None else model.eval().to(device)
+        self.device = next(self.model.parameters()).device
+        self.on_accelerator = self.device.type != "cpu"
+        self.cuda_graphs = self.device.type == "cuda"  # a round there is captured once and replayed
 
     def _transformer(self, tokens, class_ids, positions, mask, past_k, past_v):
-        torch = self.torch
-        with torch.inference_mode():
-            z, k, v = self.model.transformer.step(torch.from_numpy(tokens), torch.from_numpy(class_ids),
-                                                  torch.from_numpy(positions), torch.from_numpy(past_k),
-                                                  torch.from_numpy(past_v), torch.from_numpy(mask))
-        return z.numpy(), k.numpy(), v.numpy()
+        with self.torch.inference_mode():
+            z, k, v = self.model.transformer.step(*(self._in(a) for a in (tokens, class_ids, positions, past_k, past_v,
+                                                                          mask)))
+        return self._out(z), self._out(k), self._out(v)
 
     def _head(self, x, t, z):
-        torch = self.torch
-        with torch.inference_mode():
-            return self.model.head(torch.from_numpy(x), torch.from_numpy(t), torch.from_numpy(z)).numpy()
+        with self.torch.inference_mode():
+            return self._out(self.model.head(self._in(x), self._in(t), self._in(z)))
+
+    def _in(self, array: Any) -> Any:
+        return self.torch.from_numpy(array).to(self.device)
+
+    @staticmethod
+    def _out(tensor: Any) -> Any:
+        return tensor.cpu().numpy()
 
 
-def torch_runners(target: Any, draft: Any | None = None) -> tuple[TorchContinuousRunner, TorchContinuousRunner | None]:
-    """Runners for a target and (optionally) a draft MAR module."""
-    return TorchContinuousRunner(target), (TorchContinuousRunner(draft) if draft is not None else None)
+def torch_runners(target: Any, draft: Any | None = None,
+                  device: Any = None) -> tuple[TorchContinuousRunner, TorchContinuousRunner | None]:
+    """Runners for a target and (optionally) a draft MAR module, on the CPU or on `device`."""
+    return TorchContinuousRunner(target, device), (TorchContinuousRunner(draft, device) if draft is not None else None)
 
 

@@ -1,0 +1,79 @@
+"""A continuous model (transformer + diffusion head) as the device round calls it: tensors in, tensors out.
+
+Why not the ContinuousRunner: the runner takes numpy windows, builds the mask on the host from
+lengths it keeps in host arrays, and commits by copying accepted rows, so every step starts and
+ends on the host. Here image i's window sits at the positions the round passes (device tensors),
+the mask is derived from them on the device, and the window's keys/values are written straight to
+their positions' columns of one static buffer per model, in place: columns before the window's
+first position hold the image's committed tokens, and whatever a round writes past them (drafts
+later rejected, an unfinished image's scratch, a finished image's padding) is overwritten before
+anything reads it. The module's own step runs over the whole buffer as its past under that mask.
+
+Rows are the model rows of the images: [images] or, under CFG, [images; their unconditional twins]
+(class id num_classes), as the runner orders them; a chain's head runs on both rows of every
+token and guides ε̂ (formulas.guided_head) before the chain uses it.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+import specrt.runtime.families.continuous.formulas as continuous
+
+
+class ContinuousDeviceModel:
+    """One MAR-style module (specrt.models.mar) with its own KV buffer for a batch of images.
+
+    `columns`: positions a window may write, 0 .. columns − 1 (the class token's, seq_len tokens'
+    and the widest window past an image's end). `cfg_scale` 1 runs one row an image."""
+
+    def __init__(self, torch: Any, mar: Any, class_ids: np.ndarray, cfg_scale: float, columns: int):
+        self.torch, self.mar = torch, mar
+        cfg = mar.cfg
+        parameter = next(mar.parameters())
+        self.device = parameter.device
+        self.schedule = continuous.ddpm_schedule(cfg.schedule, cfg.diffusion_steps, cfg.beta_start, cfg.beta_end)
+        self.images, self.seq_len = len(class_ids), cfg.seq_len
+        self.pairs = 1 if cfg_scale == 1.0 else 2
+        rows = np.concatenate([class_ids] + [np.full_like(class_ids, cfg.num_classes)] * (self.pairs - 1))
+        self.class_ids = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)).to(self.device)
+        self.row_image = torch.arange(len(rows), device=self.device) % self.images
+        shape = (cfg.n_layer, len(rows), cfg.n_head, columns, cfg.head_dim)
+        self.keys = torch.zeros(shape, dtype=parameter.dtype, device=self.device)
+        self.values = torch.zeros(shape, dtype=parameter.dtype, device=self.device)
+        self.column_index = torch.arange(columns, device=self.device)
+        self.scale = cfg_scale  # the call's guidance scale, where a row has no scale of its own
+
+    def restart(self, class_ids: np.ndarray) -> None:
+        """The same buffers for a new call of as many images (a captured round replays over them)."""
+        rows = np.concatenate([class_ids] + [np.full_like(class_ids, self.mar.cfg.num_classes)] * (self.pairs - 1))
+        self.class_ids.copy_(self.torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)))
+
+    def window(self, inputs: Any, positions: Any) -> Any:
+        """Image i's inputs [images, W, C] at positions [images, W] (ascending; a repeated position is
+        the same input fed twice; position 0 is the class token, its input ignored): the conditions z
+        [pairs, images, W, D] of the tokens that follow each slot, the slots' keys/values written to
+        their positions' columns. A slot sees the columns before the window's first position and the
+        window's slots at earlier positions, and itself."""
+        rows_positions = positions[self.row_image]
+        first = rows_positions[:, :1, None]
+        cached = (self.column_index[None, None, :] < first).expand(-1, positions.shape[1], -1)
+        slot = rows_positions[:, :, None]
+        earlier = rows_positions[:, None, :] < slot
+        own = self.torch.eye(positions.shape[1], dtype=self.torch.bool, device=self.device)[None]
+        mask = self.torch.cat([cached, earlier | own], dim=2)
+        z, present_k, present_v = self.mar.transformer.step(
+            inputs[self.row_image], self.class_ids, rows_positions.clamp(max=self.seq_len), self.keys, self.values, mask)
+        rows = self.torch.arange(len(self.class_ids), device=self.device)[:, None, None]
+        heads = self.torch.arange(self.keys.shape[2], device=self.device)[None, :, None]
+        self.keys[:, rows, heads, rows_positions[:, None, :]] = present_k  # [L, rows, H, W, hd] at their columns
+        self.values[:, rows, heads, rows_positions[:, None, :]] = present_v
+        return z.reshape(self.pairs, self.images, *z.shape[1:])
+
+    def sample(self, z: Any, noise: Any, temperature: float, cfg_scales: Optional[Any] = None) -> tuple[Any, Any]:
+        """Tokens from conditions z [pairs, R, D] on noise [T+1, R, C] (formulas.chain): (x_0, the last
+        step's mean), rows guided at cfg_scales [R] (None: the call's one scale)."""
+        scales = self.scale if cfg_scales is None else cfg_scales
+        head = lambda x, t, zz: continuous.guided_head(self.mar.head, x, t, zz, scales)  # noqa: E731
+        return continuous.chain(head, z, noise, self.schedule, temperature)

@@ -1,0 +1,112 @@
+"""Which loop decodes a continuous call, and the loop that runs the device rounds (rounds.py).
+
+The same choice as the discrete family's (runtime.rounds.LOOPS): "auto" runs the round where the
+target is a PyTorch module on an accelerator, "round" wherever both models are PyTorch modules
+(eagerly on a CPU), "host" the host loop (methods.py), which stays the reference the rounds
+reproduce in distribution. Random numbers differ between the loops (counters against per-image
+numpy streams), so a seed's tokens differ between them; within the rounds an image is the same
+alone or in any batch.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from specrt.errors import SpecrtError
+from specrt.runtime.rounds import LOOPS, CapturedRound
+from specrt.runtime.families.continuous.methods import ContinuousMethod, ContinuousStats
+
+MAX_ROUNDS_PER_TOKEN = 64  # an open residual draw may take a round without a token; far more means a bug
+
+
+def runs_rounds(runner: Any) -> bool:
+    """A PyTorch runner over a MAR module: what a device model wraps."""
+    return runner is not None and getattr(runner, "device_rounds", False)
+
+
+def wants_round(loop: str, target: Any, method: str) -> bool:
+    """Whether this call decodes with a device round: by `loop` (LOOPS), the target's backend and
+    the method (SpecrtError where `loop` is "round" and none can run)."""
+    if loop not in LOOPS:
+        raise SpecrtError(f"loop must be one of {', '.join(LOOPS)}, got {loop!r}")
+    if loop == "host" or (loop == "auto" and not (runs_rounds(target) and target.on_accelerator)):
+        return False
+    if not runs_rounds(target):
+        raise SpecrtError("loop 'round' runs on the PyTorch backend only (the demo, or a bundle with backend "
+                          "torch); onnxruntime runs the host loop")
+    return True
+
+
+def plan_round(method: ContinuousMethod, target: Any, draft: Any, sampling: dict[str, Any],
+               class_ids: np.ndarray) -> Any:
+    """The device round of `method` (ar or cspd) over these PyTorch runners, for a batch of as many
+    images as class_ids, with its own KV buffers."""
+    import torch
+
+    from specrt.runtime.families.continuous.device_model import ContinuousDeviceModel
+    from specrt.runtime.families.continuous.rounds import ContinuousArRound, ContinuousSampling, CSpDRound
+
+    settings = ContinuousSampling(**{k: sampling[k] for k in ("temperature", "cfg_scale", "cfg_schedule")})
+    window = 1 if method.name == "ar" else method.draft_len + 1
+    columns = target.spec.seq_len + window + 1
+    model = lambda runner: ContinuousDeviceModel(torch, runner.model, class_ids, settings.cfg_scale, columns)  # noqa: E731
+    if method.name == "ar":
+        return ContinuousArRound(model(target), settings)
+    if not runs_rounds(draft):
+        raise SpecrtError("cspd's round needs the draft on the PyTorch backend too")
+    return CSpDRound(model(target), model(draft), settings, method.draft_len, method.prefill_ratio)
+
+
+def decode_rounds(round_: Any, class_ids: np.ndarray, seeds: Sequence[int], stats: ContinuousStats,
+                  graphs: bool = False) -> np.ndarray:
+    """Tokens [I, seq_len, C] from rounds until every image has finished: the round's first run
+    eager, then (graphs) one CUDA graph of it replayed, kept on the round for later calls. One read
+    a round (the finished flags), two at the end (tokens, counters): stats.host_syncs."""
+    import torch
+
+    start = time.perf_counter()
+    with torch.inference_mode():
+        state = round_.start(class_ids, seeds)
+        step, runs = getattr(round_, "captured", None) or round_, 0
+        total = state.total
+        done = False
+        while not done:
+            if runs > MAX_ROUNDS_PER_TOKEN * total:
+                raise RuntimeError(f"the round ran {runs} times for {total} tokens: an image stopped advancing")
+            if graphs and runs == 1 and step is round_:  # this round is the capture's warm-up; replays follow
+                step = round_.captured = CapturedRound(torch, round_, state)
+            else:
+                step(state)
+            runs += 1
+            done = bool(state.finished.all())
+        tokens = state.tokens[:, :total].cpu().numpy().copy()  # on a CPU a view of buffers the next call reuses
+        counters = torch.stack([state.rounds, state.drafted, state.accepted, state.proposals]).sum(dim=1).tolist()
+    image_rounds, drafted, accepted, proposals = counters
+    stats.tokens += int(tokens.shape[0] * tokens.shape[1])
+    stats.target_passes += runs
+    stats.target_forwards += int(image_rounds)
+    stats.drafted += int(drafted)
+    stats.accepted += int(accepted)
+    stats.residual_proposals += int(proposals)
+    stats.host_syncs = (stats.host_syncs or 0) + runs + 2
+    stats.round_seconds += time.perf_counter() - start
+    return tokens
+
+
+def kept_round(rounds: dict, key: tuple, make: Any, keep: int = 4) -> Any:
+    """The round kept under `key` (its buffers and captured graph reused), or a new one from make();
+    the most recent `keep` are kept, the oldest dropped first."""
+    round_ = rounds.pop(key, None) or make()
+    rounds[key] = round_
+    while len(rounds) > keep:
+        rounds.pop(next(iter(rounds)))
+    return round_
+
+
+def round_key(method: ContinuousMethod, images: int, sampling: dict[str, Any]) -> tuple:
+    """What shapes a round: the method and its parameters, the batch, the sampling."""
+    params = tuple((name, repr(getattr(method, name))) for name in sorted(method.PARAMS))
+    return method.name, params, images, tuple(sorted(sampling.items()))
+
