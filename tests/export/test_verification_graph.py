@@ -1,6 +1,6 @@
 """The verification graphs compute what the runtime computes: the counter uniforms bit for bit,
 and SD chain verification (accepted counts and next tokens) equal to verify_chain_block fed the
-device round's own uniforms, on random rows."""
+device round's own uniforms, on random rows; and the bench that times the graph against the host runs."""
 import numpy as np
 import pytest
 
@@ -73,3 +73,13 @@ def test_graph_verification_equals_verify_chain_block(images, draft_len, vocab):
         np.testing.assert_array_equal(next_token, expected_next.numpy())
         seen_accepted.update(accepted.tolist())
     assert {0, draft_len} <= seen_accepted and len(seen_accepted) >= 3  # rejections early, late and none
+
+
+def test_the_bench_times_both_paths_and_counts_the_rows_each_round_reads_out():
+    from specrt.bench.verification_graph import measure, table
+
+    case = measure(vocab=64, draft_len=2, images=2, repeats=3)
+    assert case.host_us > 0 and case.graph_us > 0 and case.counter_us > 0 and case.verify_us > 0
+    assert 0 <= case.accepted_mean <= 2
+    assert case.rows_bytes == 2 * (2 * 2 + 1) * 64 * 4  # P [B, L+1, V] and Q [B, L, V], float32
+    assert len(table([case])) == 2
