@@ -11,15 +11,16 @@ tests/export/test_verification_graph.py holds them to the runtime's own function
 What the graphs compute, each the graph form of one runtime function:
 - `uniforms_model`: runtime.counter_random.counter_uniforms (mix32 with BitwiseXor, BitShift,
   Mul and BitwiseAnd over uint64; every value stays below 2^59, so uint64 and the runtime's
-  int64 agree bit for bit), and the slot layout of runtime.rounds.state.RoundState.uniforms;
+  int64 agree bit for bit);
 - `chain_verification_model`: runtime.verification.chains.verify_chain_block with the VANILLA
   rule (f = min(1, P/Q), residual Norm([P − Q]_+)) and runtime.sampling.inverse_cdf, with the
-  tests' uniforms (kind TEST) and the next token's (kind NEXT) drawn in the graph.
+  tests' uniforms (kind TEST) and the next token's (kind NEXT) drawn in the graph, keyed as
+  runtime.rounds.state.RoundState.uniforms keys them.
 
 ONNX's BitShift takes unsigned integers only, so the hash runs on uint64 (onnxruntime's CPU
-kernels have BitShift, BitwiseXor / BitwiseAnd and Mul for uint64). TensorRT 10's ONNX parser has
-none of the bitwise operators and computes no float64 (export/trt_ops.py), so these graphs are
-onnxruntime graphs.
+kernels have BitShift, BitwiseXor / BitwiseAnd and Mul for uint64; its CUDA kernels have none of
+the bitwise ones). TensorRT 10's ONNX parser has none of the bitwise operators and computes no
+float64 (export/trt_ops.py), so these are graphs for onnxruntime's CPU provider.
 """
 from __future__ import annotations
 
