@@ -3,7 +3,8 @@
 What a CPU cannot show: that capturing a round and replaying it gives the eager round's tokens, that
 greedy decoding (nothing random) gives the host loop's tokens there too, that an image is the same
 alone and in a batch under replay, and that a later call replays the kept graph — with the demo's
-draft GPT and with its EAGLE head (runtime/rounds/drafts.py HeadDraft) drafting. Needs a CUDA GPU:
+draft GPT and with its EAGLE head (runtime/rounds/drafts.py HeadDraft) drafting, and under the chameleon
+demo's image grammar. Needs a CUDA GPU:
 skipped, saying so, elsewhere (bench/device-run.sh tests runs it on the GPU machine).
 """
 from __future__ import annotations
@@ -67,3 +68,27 @@ def test_an_image_is_the_same_alone_and_in_a_batch_under_replay(method, params, 
     for i, label in enumerate([0, 3, 5, 9]):
         alone = pipe.generate([label], method=method, seed=20 + i, decode=False, **params).tokens
         np.testing.assert_array_equal(batch[i], alone[0], err_msg=f"{method} image {i}")
+
+
+GRAMMAR_METHODS = [("sd", {}), ("sjd", {}), ("sjd-pac", {})]
+
+
+@pytest.mark.parametrize("method,params", GRAMMAR_METHODS, ids=[m for m, _ in GRAMMAR_METHODS])
+def test_a_captured_round_under_a_grammar_gives_the_eager_rounds_and_the_greedy_host_loops_tokens(method, params):
+    """The chameleon demo's image grammar (a forced row end after every row) inside a captured round:
+    the eager round's streams, every one valid, and under greedy decoding the host loop's."""
+    from specrt.export.demo.registry import get_demo
+
+    hook = get_demo("chameleon").hook("torch_pipeline")
+    eager, captured = hook(None, device="cuda", cuda_graphs=False), hook(None, device="cuda")
+    prompts = ["a thin two", "a thick seven"]
+    for seed in range(2):
+        expected = eager.generate(prompts=prompts, method=method, seed=seed, decode=False, **params)
+        got = captured.generate(prompts=prompts, method=method, seed=seed, decode=False, **params)
+        np.testing.assert_array_equal(got.stream, expected.stream, err_msg=f"{method} seed {seed}")
+        assert captured.grammar.is_valid(got.stream).all()
+        assert got.stats.host_syncs == got.stats.target_calls + 1
+    rounds = captured.generate(prompts=prompts, method=method, seed=1, decode=False, temperature=0.0, **params)
+    captured.loop = "host"
+    host = captured.generate(prompts=prompts, method=method, seed=1, decode=False, temperature=0.0, **params)
+    np.testing.assert_array_equal(rounds.stream, host.stream)
