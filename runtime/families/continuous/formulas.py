@@ -51,9 +51,24 @@ class Schedule:
     betas: np.ndarray        # [T] float64
     alpha_bars: np.ndarray   # [T] float64, cumulative product of 1 − β
 
+    def __post_init__(self) -> None:
+        # (β_t, ᾱ_t) as Python floats: what the formulas read, so that a traced device round sees
+        # constants and never a numpy array (torch.compile would make it a guarded tensor)
+        object.__setattr__(self, "_steps", tuple((float(b), float(a)) for b, a in zip(self.betas, self.alpha_bars)))
+
     @property
     def steps(self) -> int:
-        return len(self.betas)
+        return len(self._steps)
+
+    def beta(self, t: int) -> float:
+        return self._steps[t][0]
+
+    def alpha_bar(self, t: int) -> float:
+        return self._steps[t][1]
+
+    def sigma(self, t: int) -> float:
+        """σ_t = sqrt(β_t) (DDPM's fixed 'large' variance)."""
+        return math.sqrt(self._steps[t][0])
 
     @property
     def sigmas(self) -> np.ndarray:
@@ -123,7 +138,7 @@ def cfg_scales(cfg_scale: float, cfg_schedule: str, positions: Any, seq_len: int
 
 def denoise_mean(schedule: Schedule, x_t: Any, eps: Any, t: int) -> Any:
     """μ(x_t, t) = (x_t − β_t/sqrt(1 − ᾱ_t)·ε̂) / sqrt(1 − β_t)  (DDPM's ε-parameterised mean)."""
-    beta, alpha_bar = float(schedule.betas[t]), float(schedule.alpha_bars[t])
+    beta, alpha_bar = schedule.beta(t), schedule.alpha_bar(t)
     return _float32((x_t - beta / math.sqrt(1 - alpha_bar) * eps) / math.sqrt(1 - beta))
 
 
@@ -147,13 +162,13 @@ def chain(head: HeadFn, z: Any, noise: Any, schedule: Schedule, temperature: flo
     for t in range(steps - 1, -1, -1):
         eps = head(x, zero + t, z)
         mean = denoise_mean(schedule, x, eps, t)
-        x = _float32(mean + temperature * float(schedule.sigmas[t]) * noise[t])
+        x = _float32(mean + temperature * schedule.sigma(t) * noise[t])
     return x, mean
 
 
 def last_step_logpdf(x0: Any, mean: Any, schedule: Schedule, temperature: float) -> Any:
     """log N(x_0; μ_0, τ²σ_0² I) per row [R], in float64."""
-    std = temperature * float(schedule.sigmas[0])
+    std = temperature * schedule.sigma(0)
     x0, mean = as_array(x0), as_array(mean)
     xp = namespace(x0)
     diff = (xp.astype(x0, xp.float64) - xp.astype(mean, xp.float64)) / std
