@@ -12,7 +12,7 @@ is how a CPU shows it has no graph break. The host reads one flag a round: are a
 Families with a round: ar; sd, cool-sd and lantern drafting chains, static trees
 (runtime/rounds/trees.py) or dynamic trees (runtime/rounds/dynamic.py) with an independent draft
 model or an EAGLE head (runtime/rounds/drafts.py); sjd and sjd-pac (proactive drafting's spine
-trees included, runtime/rounds/proactive.py; tree="full" not). Each of them also under a unified
+and full trees that fit the window, runtime/rounds/proactive.py). Each of them also under a unified
 model's image grammar (Janus, Emu3, Lumina-mGPT: runtime/grammar.py), as in the host loop: the grammar
 lives in the models' logits, which the round's target and draft passes compute at the stream positions
 they derive from the state's lengths, and SJD's fresh window slots follow it through a device table
@@ -47,7 +47,7 @@ def plan_round(method: Any, target: Any, draft: Any, sampling: SamplingParams, m
     from specrt.runtime.rounds.drafts import draft_of
     from specrt.runtime.rounds.dynamic import DynamicTreeRound
     from specrt.runtime.rounds.jacobi import JacobiRound
-    from specrt.runtime.rounds.proactive import ProactiveRound
+    from specrt.runtime.rounds.proactive import ProactiveRound, tree_nodes
     from specrt.runtime.rounds.state import PARTS
     from specrt.runtime.rounds.trees import StaticTreeRound
     from specrt.runtime.tree import static_shape
@@ -60,10 +60,11 @@ def plan_round(method: Any, target: Any, draft: Any, sampling: SamplingParams, m
     if isinstance(method, JacobiDecoding) and not method.proactive_drafting:
         return JacobiRound(device_model_of(target, mix, sampling, window), method.window, target.spec.vocab_size,
                            method.adaptive_continuation, grammar)
-    if isinstance(method, JacobiDecoding) and method.tree == "spine" and \
-            method.branching * method.tree_depth <= method.window and method.branching <= PARTS:
+    if isinstance(method, JacobiDecoding) and method.branching <= PARTS and method.tree_depth < method.window and \
+            tree_nodes(method.branching, method.tree_depth, method.tree == "full") <= method.window:
         return ProactiveRound(device_model_of(target, mix, sampling, window), method.window, target.spec.vocab_size,
-                              method.branching, method.tree_depth, method.adaptive_continuation, grammar)
+                              method.branching, method.tree_depth, method.adaptive_continuation, grammar,
+                              full=method.tree == "full")
     if not isinstance(method, DraftThenVerify) or method.theorem2 or not runs_rounds(draft):
         return None
     target_model = device_model_of(target, mix, sampling, window)

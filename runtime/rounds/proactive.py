@@ -1,18 +1,22 @@
-"""SJD-PAC's round with proactive drafting: spine trees of K siblings on the device.
+"""SJD-PAC's round with proactive drafting: spine or full trees of K candidates a depth, on the device.
 
 After a rejection SJD-PAC drafts the next D depths as K candidates each, drawn without replacement
-from their rows, the first of them carrying the chain (runtime/methods/jacobi.py, tree="spine"):
-a window of K·D sibling slots and L − K·D chain slots. Otherwise the window is a chain of L. So an
-image's window has one of two layouts, both fixed: the round holds both as constant tables (the
-window slot of each depth's candidates, each slot's depth, candidate number and ancestry) and picks
-one per image with a flag, so no shape depends on an outcome.
+from their rows, the first of them carrying the chain (runtime/methods/jacobi.py): on a spine
+(tree="spine") depth d's candidates are children of depth d − 1's first, K·D tree slots; in a full
+K-ary tree (tree="full") they are children of every node of depth d − 1, the same K tokens under
+each, K + K² + … + K^D slots. The chain fills the window's other slots below the first path.
+Otherwise the window is a chain of L. So an image's window has one of two layouts, both fixed: the
+round holds both as constant tables (window_layouts: each slot's children, depth, candidate number
+and ancestry, the first path, the rows' route) and picks one per image with a flag, so no shape
+depends on an outcome.
 
 One round: the target scores the tree window (keys/values in scratch columns: siblings share a
-token index); depths 1..D are verified sibling by sibling (SJD-PAC App. A.3: candidate k tested
-against the residual p^(k) with q^(k), q without the earlier candidates, each depth a loop of K
-fixed steps over the batch), the chain below the spine with verify_chain_block; the accepted path's
-keys/values are copied to their tokens' columns (DeviceModel.commit_path); the next window comes
-from this pass's rows along the spine (SJD's draws, adaptive continuation's re-tests), and after a
+token index); depths 1..D are verified from the pending token down, the accepted node's children
+sibling by sibling (SJD-PAC App. A.3: candidate k tested against the residual p^(k) with q^(k), q
+without the earlier candidates, each depth a loop of K fixed steps over the batch), the chain
+below the first path with verify_chain_block; the accepted path's keys/values are copied to their
+tokens' columns (DeviceModel.commit_path); the next window comes from this pass's rows along the
+accepted path and its first children (SJD's draws, adaptive continuation's re-tests), and after a
 rejection its first D depths get K − 1 more candidates each.
 """
 from __future__ import annotations
@@ -32,59 +36,77 @@ from specrt.runtime.verification.formulas import acceptance, normalise, residual
 from specrt.runtime.verification.rules import VANILLA
 
 
-def spine_layouts(width: int, branching: int, depth: int) -> dict[str, list]:
-    """The chain layout [0] and the spine-tree layout [1] of a window of `width` drafts: per layout
-    the window slot (pending = 0) of candidate k at each depth 0..width ("slot_of"; absent
-    candidates and depths point at a slot of their own depth, never read), each slot's depth,
-    candidate number and ancestry (slot j sees slot i), and the number of depths ("levels")."""
-    def layout(tree: bool) -> tuple[list, list, list, list, int]:
-        tree_slots = branching * depth if tree else 0
-        levels = width - tree_slots + (depth if tree else 0)
-        slot_of, depths, ks, parents = [[0] * branching], [0], [0], [-1]
-        for d in range(1, width + 1):
-            if tree and d <= depth:
-                first = 1 + (d - 1) * branching
-                slot_of.append([first + k for k in range(branching)])
-                for k in range(branching):
+def tree_nodes(branching: int, depth: int, full: bool) -> int:
+    """The drafted slots proactive drafting's tree takes: K·D siblings on a spine, K + K² + … + K^D
+    nodes in a full K-ary tree."""
+    return sum(branching ** d for d in range(1, depth + 1)) if full else branching * depth
+
+
+def window_layouts(width: int, branching: int, depth: int, full: bool = False) -> dict[str, list]:
+    """The chain layout [0] and the tree layout [1] (spine, or `full`) of a window of `width` drafts,
+    slots numbered as the host loop's build_window numbers them (pending = 0, then depth by depth):
+    per layout each slot's children by candidate number ("children", −1: none; a chain slot's one
+    child is candidate 0), depth, candidate number and ancestry (slot j sees slot i), the slot of the
+    first path at each depth 0..width ("spine"; past the last depth its last slot), the route the
+    next window's rows take from each slot ("route" [slot, depth]: its ancestors, then first
+    children, then the spine where a leaf ends them: the host loop's row_route), and the number of
+    depths ("levels")."""
+    def layout(tree: bool) -> tuple[list, ...]:
+        tree_depth = depth if tree else 0
+        levels = width - (tree_nodes(branching, depth, full) if tree else 0) + tree_depth
+        parents, depths, ks, children = [-1], [0], [0], [[-1] * branching]
+        expanding = [0]  # the slots the next depth hangs under, the first path's first
+        for d in range(1, levels + 1):
+            made = []
+            for parent in expanding:
+                for k in range(branching if d <= tree_depth else 1):
+                    children[parent][k] = len(parents)
+                    made.append(len(parents))
+                    parents.append(parent)
                     depths.append(d)
                     ks.append(k)
-                    parents.append(slot_of[d - 1][0])
-            elif d <= levels:
-                slot = tree_slots + (d - depth if tree else d)
-                slot_of.append([slot] * branching)
-                depths.append(d)
-                ks.append(0)
-                parents.append(slot_of[d - 1][0])
-            else:
-                slot_of.append([slot_of[levels][0]] * branching)
+                    children.append([-1] * branching)
+            expanding = made if full and d < tree_depth else made[:1]
+        spine = [0]
+        for d in range(1, width + 1):
+            spine.append(children[spine[-1]][0] if d <= levels else spine[-1])
         ancestry = [[False] * (width + 1) for _ in range(width + 1)]
-        for j in range(width + 1):
-            i = j
-            while i >= 0:
-                ancestry[j][i] = True
-                i = parents[i]
-        return slot_of, depths, ks, ancestry, levels
+        route = []
+        for slot in range(width + 1):
+            path, at = [], slot
+            while at >= 0:
+                ancestry[slot][at] = True
+                path.insert(0, at)
+                at = parents[at]
+            while len(path) <= width:
+                child = children[path[-1]][0]
+                path.append(child if child >= 0 else spine[len(path)])
+            route.append(path)
+        return children, depths, ks, ancestry, spine, route, levels
 
     chain, tree = layout(False), layout(True)
-    names = ("slot_of", "depths", "ks", "ancestry", "levels")
+    names = ("children", "depths", "ks", "ancestry", "spine", "route", "levels")
     return {name: [chain[i], tree[i]] for i, name in enumerate(names)}
 
 
 class ProactiveRound:
-    """SJD-PAC (adaptive continuation optional, proactive drafting on, tree="spine") as a round."""
+    """SJD-PAC (adaptive continuation optional, proactive drafting on, tree="spine" or `full`) as a round."""
 
     def __init__(self, target: Any, width: int, vocab: int, branching: int, depth: int, adaptive: bool,
-                 grammar: Optional[ImageGrammar] = None):
-        if branching * depth > width:
-            raise ValueError(f"K·D = {branching * depth} sibling slots do not fit a window of {width}")
+                 grammar: Optional[ImageGrammar] = None, full: bool = False):
+        if not depth < width or tree_nodes(branching, depth, full) > width:
+            raise ValueError(f"a {'full' if full else 'spine'} tree of K = {branching}, D = {depth} and a chain "
+                             f"below it do not fit a window of {width}")
         self.target, self.width, self.vocab = target, width, vocab
         self.fresh = FreshDrafts(target, vocab, grammar)  # fresh slots follow the image grammar
         self.branching, self.depth, self.adaptive = branching, depth, adaptive
         self.window = width + 1
         self.passes = {"target": 1, "draft": 0}
         device = target.device
-        tables = spine_layouts(width, branching, depth)
-        self.slot_of = torch.tensor(tables["slot_of"], dtype=torch.int64, device=device)  # [2, L + 1, K]
+        tables = window_layouts(width, branching, depth, full)
+        self.children = torch.tensor(tables["children"], dtype=torch.int64, device=device)  # [2, L + 1, K]
+        self.spine = torch.tensor(tables["spine"], dtype=torch.int64, device=device)  # [2, L + 1]
+        self.route = torch.tensor(tables["route"], dtype=torch.int64, device=device)  # [2, L + 1, L + 1]
         self.slot_depth = torch.tensor(tables["depths"], dtype=torch.int64, device=device)  # [2, L + 1]
         self.slot_k = torch.tensor(tables["ks"], dtype=torch.int64, device=device)
         self.ancestry = torch.tensor(tables["ancestry"], dtype=torch.bool, device=device)  # [2, L + 1, L + 1]
@@ -111,7 +133,7 @@ class ProactiveRound:
         n, width, depth = state.length, self.width, self.depth
         image = torch.arange(n.shape[0], device=n.device)[:, None]
         mode = self.tree.to(torch.int64)
-        slot_of, spine = self.slot_of[mode], self.slot_of[mode][:, :, 0]  # [I, L + 1, K], [I, L + 1]
+        children, spine = self.children[mode], self.spine[mode]  # [I, L + 1, K], [I, L + 1]
         slot_depth = self.slot_depth[mode]
         ids = self.candidates[image, (slot_depth - 1).clamp(min=0), self.slot_k[mode]]
         ids[:, 0] = state.pending()
@@ -119,7 +141,7 @@ class ProactiveRound:
         levels = self.levels[mode]
         limit = torch.minimum((state.total - n - 1).clamp(min=0), levels)
         next_u = state.uniforms(n, NEXT)
-        stopped, accepted, rejected, final_slot, residual, path = self._siblings(state, p_rows, slot_of, spine, limit)
+        stopped, accepted, rejected, final_slot, residual, path = self._siblings(state, p_rows, children, spine, limit)
         chain_limits = torch.where(stopped, 0, (limit - depth).clamp(min=0))
         steps = torch.arange(depth + 1, width + 1, device=n.device)
         a_chain, next_chain = verify_chain_block(
@@ -132,17 +154,20 @@ class ProactiveRound:
         rejected = torch.where(stopped, rejected, a_chain < chain_limits)
         self.target.commit_path(path, n - 1)
         tokens = ids[image, path[:, 1:]]
-        candidates, counts, proposal = self._next_window(state, p_rows, spine, levels, accepted, rejected)
+        route = self.route[mode][image[:, 0], path.gather(1, accepted[:, None])[:, 0]]  # from the path's end
+        candidates, counts, proposal = self._next_window(state, p_rows, route, levels, accepted, rejected)
         state.commit(accepted, tokens, next_token)
         self.candidates.copy_(candidates)
         self.counts.copy_(counts)
         self.proposal.copy_(proposal)
         self.tree.copy_(rejected & (counts[:, : self.depth] > 1).any(dim=1))
 
-    def _siblings(self, state: RoundState, p_rows: Any, slot_of: Any, spine: Any, limit: Any) -> tuple:
-        """Depths 1..D, sibling by sibling: (stopped, accepted, rejected, the slot whose row gives a
-        stopped image's bonus token, the residual a rejected image draws from, the accepted path's
-        slots [I, L + 1] (the spine where it continues))."""
+    def _siblings(self, state: RoundState, p_rows: Any, children: Any, spine: Any, limit: Any) -> tuple:
+        """Depths 1..D from the pending token, each the accepted node's children [I, L + 1, K] tried
+        sibling by sibling: (stopped, accepted, rejected, the slot whose row gives a stopped image's
+        bonus token, the residual a rejected image draws from, the accepted path's slots [I, L + 1]
+        (the spine where it continues)). Whichever parent a depth's K candidates hang under, they
+        and their q are the depth's own (drawn once from its row), so only the rows differ."""
         n = state.length
         images = n.shape[0]
         rows = torch.arange(images, device=n.device)
@@ -171,10 +196,10 @@ class ProactiveRound:
                 target = torch.where(failed[:, None], normalise(residual_mass(target, q_k), target), target)
                 removed = removed | marked(removed, candidate, valid)
             took = active & (chosen >= 0)
-            slot = slot_of[rows, d, chosen.clamp(min=0)]
+            slot = children[rows, node, chosen.clamp(min=0)]
             accepted = accepted + took.to(accepted.dtype)
             path[:, d] = torch.where(took, slot, path[:, d])
-            leaf = took & (chosen > 0)  # a sibling off the spine has no children: its row gives the bonus
+            leaf = took & (children[rows, slot.clamp(min=0), 0] < 0)  # no children (off the first path): a bonus
             failed_all = active & (chosen < 0)
             ended = ~stopped & ~active
             final_slot = torch.where(leaf, slot, torch.where(ended, node, final_slot))
@@ -184,12 +209,13 @@ class ProactiveRound:
             node = torch.where(took, slot, node)
         return stopped, accepted, rejected, final_slot, residual, path
 
-    def _next_window(self, state: RoundState, p_rows: Any, spine: Any, levels: Any, accepted: Any,
+    def _next_window(self, state: RoundState, p_rows: Any, route: Any, levels: Any, accepted: Any,
                      rejected: Any) -> tuple[Any, Any, Any]:
         """The next round's candidates [I, L, K], their counts [I, L] and rows [I, L, V]: new depth
-        j + 1 from the row of the spine slot at old depth τ + 1 + j (its SJD draw, or the old draft
-        re-tested there), fresh random tokens past the last row; after a rejection, depths 1..D
-        with K − 1 more candidates drawn without replacement from their rows."""
+        j + 1 from the row of the route's slot (route [I, L + 1], by depth) at old depth τ + 1 + j
+        (its SJD draw, or the old draft re-tested there), fresh random tokens past the last row;
+        after a rejection, depths 1..D with K − 1 more candidates drawn without replacement from
+        their rows."""
         n, width = state.length, self.width
         image = torch.arange(n.shape[0], device=n.device)[:, None]
         old_depth = accepted[:, None] + 1 + torch.arange(width, device=n.device)  # the row's depth for new depth j + 1
@@ -199,7 +225,7 @@ class ProactiveRound:
         if self.adaptive:
             old = (old_depth + 1).clamp(max=width) - 1  # the old draft at the new token's depth
             stale = self.candidates[image, old, 0], self.proposal[image, old], old_depth + 1 <= levels[:, None]
-        first, proposal = next_drafts(state, p_rows, spine[image, old_depth.clamp(max=width)], has_row, index, stale,
+        first, proposal = next_drafts(state, p_rows, route[image, old_depth.clamp(max=width)], has_row, index, stale,
                                       self.fresh)
         candidates = torch.zeros_like(self.candidates)
         candidates[:, :, 0] = first

@@ -37,6 +37,7 @@ FAMILIES = [("ar", {}), ("sd", {"draft_len": 3}), ("cool-sd", {"draft_len": 3, "
             ("lantern", {"draft_len": 2, "tvd_budget": 0.2}), ("sjd", {"window": 3}),
             ("sjd-pac", {"window": 3, "proactive_drafting": False}),
             ("sjd-pac", {"window": 8, "branching": 3, "tree_depth": 2}),
+            ("sjd-pac", {"window": 8, "branching": 2, "tree_depth": 2, "tree": "full"}),
             ("sd", {"tree": "static", "static_tree": "reverse_balanced_25"}),
             ("lantern", {"tree": "static", "static_tree": "reverse_balanced_25", "tvd_budget": 0.2}),
             ("cool-sd", {"tree": "dynamic", "total_tokens": 10, "depth": 3, "tree_top_k": 3, "relaxation_budget": 2.0})]
@@ -69,8 +70,9 @@ def pipeline(sampling: SamplingParams, loop: str = "round", max_window: int = 64
 
 
 def exact_distribution(gpt: GPT, sampling: SamplingParams) -> dict[tuple[int, ...], float]:
-    """P(x_1..x_4) for every sequence, by the chain rule over the GPT's teacher-forced rows."""
-    sequences = list(itertools.product(range(VOCAB), repeat=GRID * GRID))
+    """P(x_1..x_N) for every sequence of the GPT's vocabulary and grid, by the chain rule over its
+    teacher-forced rows."""
+    sequences = list(itertools.product(range(gpt.config.vocab_size), repeat=gpt.config.grid_size ** 2))
     tokens = torch.tensor(sequences)
     with torch.no_grad():
         cond = gpt(torch.full((len(sequences),), CLASS_ID), tokens).double().numpy()
@@ -245,8 +247,8 @@ def test_the_loop_setting_is_checked_and_says_where_rounds_run():
     with pytest.raises(SpecrtError, match="loop"):
         pipe.generate([1], method="ar", decode=False)
     pipe.loop = "round"
-    with pytest.raises(SpecrtError, match="no device round"):
-        pipe.generate([1], method="sjd-pac", tree="full", window=8, branching=2, tree_depth=2, decode=False)
+    with pytest.raises(SpecrtError, match="no device round"):  # a spine wider than the window: K·D = 4 > L = 3
+        pipe.generate([1], method="sjd-pac", window=3, branching=2, tree_depth=2, decode=False)
     pipe.loop = "auto"  # on a CPU: the host loop, the reference
     auto = pipe.generate([1, 0], method="sd", seed=3, decode=False)
     pipe.loop = "host"

@@ -19,12 +19,13 @@ pytestmark = [pytest.mark.gpu,
 
 METHODS = [("ar", {}, False), ("sd", {}, False), ("cool-sd", {"relaxation_budget": 2.0}, False),
            ("lantern", {}, False), ("sjd", {}, False), ("sjd-pac", {}, False),
-           ("sjd-pac", {"proactive_drafting": False}, False), ("sd", {"tree": "static"}, False),
+           ("sjd-pac", {"proactive_drafting": False}, False),
+           ("sjd-pac", {"tree": "full", "branching": 2, "tree_depth": 3}, False), ("sd", {"tree": "static"}, False),
            ("sd", {"tree": "dynamic"}, False),
            # the demo's EAGLE head drafting (eagle: True)
            ("sd", {}, True), ("cool-sd", {"relaxation_budget": 2.0}, True), ("sd", {"tree": "static"}, True),
            ("sd", {"tree": "dynamic"}, True)]
-IDS = ["ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac", "sjd-pac-chain", "sd-static", "sd-dynamic",
+IDS = ["ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac", "sjd-pac-chain", "sjd-pac-full", "sd-static", "sd-dynamic",
        "eagle-sd", "eagle-cool-sd", "eagle-sd-static", "eagle-sd-dynamic"]
 
 

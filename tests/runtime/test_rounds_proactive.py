@@ -1,0 +1,107 @@
+"""SJD-PAC's full trees in the device round (runtime/rounds/proactive.py, tree="full").
+
+The round's full-tree window is the host loop's (build_window, row_route) slot for slot. Its tokens
+follow the target's sequence distribution, enumerated from a tiny real GPT of vocabulary 2 on a 3x3
+grid (512 sequences): test_rounds.py's 2x2 grid never lets a tree's second depth be verified, since
+a tree window follows a rejected round, which leaves at most one more token to verify. The same check
+flags a tree mask whose off-first subtrees see the first path's node in place of their own parent.
+Greedy decoding gives the host loop's tokens (its one-hot rows give every depth one candidate, so
+both loops verify chains: this holds the round's chain path and model step to the runner's).
+Capture, batches and syncs: test_rounds.py's FAMILIES; on a GPU, test_rounds_cuda.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_rounds import chi2_of, pipeline  # noqa: E402
+from specrt.runtime.methods.jacobi import Level, build_window, row_route  # noqa: E402
+from specrt.runtime.rounds import proactive  # noqa: E402
+from specrt.runtime.sampling import SamplingParams  # noqa: E402
+
+# guided and hot, so that many of the 512 sequences fill their cells; K = 2, D = 2: 6 tree slots, 2 chain slots
+HOT = SamplingParams(cfg_scale=2.0, temperature=2.0)
+FULL = {"tree": "full", "window": 8, "branching": 2, "tree_depth": 2}
+SAMPLES = 4_000
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("width,branching,depth", [(8, 2, 2), (14, 2, 3), (13, 3, 2), (4, 4, 1)])
+def test_the_full_layout_is_the_host_loops_window(width, branching, depth):
+    """Slot numbers, depths, candidate numbers, children and ancestry of the round's full-tree layout
+    are those of the host loop's window for the same levels, and the rows the next window reads from
+    each slot follow the host loop's route."""
+    tables = proactive.window_layouts(width, branching, depth, full=True)
+    chain = width - proactive.tree_nodes(branching, depth, full=True)
+    levels = [Level(list(range(branching)), np.zeros(1), fanout=d < depth) for d in range(1, depth + 1)]
+    levels += [Level([0], np.zeros(1)) for _ in range(chain)]
+    window, children = build_window(0, levels)
+    assert len(window) == width + 1 and tables["levels"][1] == depth + chain
+    np.testing.assert_array_equal(tables["depths"][1], window.depths())
+    np.testing.assert_array_equal(tables["ancestry"][1], window.ancestry())
+    for level, kids in enumerate(children):
+        for parent, slots in kids.items():
+            assert tables["children"][1][parent][: len(slots)] == slots
+            assert [tables["ks"][1][slot] for slot in slots] == list(range(len(slots)))
+    leaves = {slot for slot in range(width + 1) if all(slot not in kids for kids in children)}
+    assert leaves == {slot for slot, row in enumerate(tables["children"][1]) if row[0] < 0}
+    for slot in range(width + 1):
+        assert tables["route"][1][slot][: len(levels) + 1] == row_route(window.path_to(slot), children, len(levels))
+
+
+def test_full_tree_rounds_match_the_exact_target_distribution():
+    statistic, critical = chi2_of(pipeline(HOT, vocab=2, grid=3), "sjd-pac", HOT, SAMPLES, **FULL)
+    assert statistic < critical, f"chi2 {statistic:.1f} >= {critical:.1f}"
+
+
+def test_a_full_tree_whose_other_subtrees_see_the_first_parent_is_flagged(monkeypatch):
+    """The tree mask's planted bug: below depth 1's other candidates, every node attends to depth 1's
+    first candidate in place of its own ancestor there, so its row (a bonus token's, a deeper test's)
+    follows the wrong prefix."""
+    layouts = proactive.window_layouts
+
+    def first_parent_seen(width, branching, depth, full=False):
+        tables = layouts(width, branching, depth, full)
+        children, ancestry, first = tables["children"][1], tables["ancestry"][1], tables["spine"][1][1]
+        for other in children[0][1:]:
+            below = [slot for slot in children[other] if slot >= 0]
+            while below:
+                slot = below.pop()
+                ancestry[slot][other], ancestry[slot][first] = False, True
+                below += [kid for kid in children[slot] if kid >= 0]
+        return tables
+
+    monkeypatch.setattr(proactive, "window_layouts", first_parent_seen)
+    statistic, critical = chi2_of(pipeline(HOT, vocab=2, grid=3), "sjd-pac", HOT, SAMPLES, **FULL)
+    assert statistic > critical, f"a mask off its parent passed: chi2 {statistic:.1f} < {critical:.1f}"
+
+
+def test_greedy_full_tree_rounds_give_the_host_loops_tokens():
+    greedy = SamplingParams(cfg_scale=2.0, temperature=0.0)
+    pipe = pipeline(greedy, vocab=16, grid=4, classes=10)
+    rounds = pipe.generate([3, 6, 1], method="sjd-pac", seed=4, decode=False, **FULL)
+    pipe.loop = "host"
+    host = pipe.generate([3, 6, 1], method="sjd-pac", seed=4, decode=False, **FULL)
+    np.testing.assert_array_equal(rounds.tokens, host.tokens)
+    assert len({tuple(row.ravel()) for row in host.tokens}) > 1
+
+
+def test_a_full_tree_that_does_not_fit_the_window_runs_the_host_loop():
+    """K + K² + … + K^D > L has no round (the method's own check refuses a full tree that large; a
+    round is planned for what fits, with its chain below)."""
+    from specrt.runtime.methods import make_method
+    from specrt.runtime.rounds import plan_round
+    from specrt.runtime.sampling import guidance_mix
+
+    pipe = pipeline(HOT, vocab=2, grid=3)
+    mix = guidance_mix(1, HOT)
+    assert isinstance(plan_round(make_method("sjd-pac", **FULL), pipe.target, None, HOT, mix, None),
+                      proactive.ProactiveRound)
+    wide = make_method("sjd-pac", tree="spine", window=3, branching=2, tree_depth=2)  # K·D = 4 > 3
+    assert plan_round(wide, pipe.target, None, HOT, mix, None) is None
