@@ -93,3 +93,29 @@ def test_a_captured_round_under_a_grammar_gives_the_eager_rounds_and_the_greedy_
     captured.loop = "host"
     host = captured.generate(prompts=prompts, method=method, seed=1, decode=False, temperature=0.0, **params)
     np.testing.assert_array_equal(rounds.stream, host.stream)
+
+
+def mar_demo_pipeline(cuda_graphs: bool = True):
+    """The continuous demo (MAR-style target and draft) on the GPU: its rounds run where loop is auto."""
+    from specrt.export.mar.demo import load_mar_demo
+    from specrt.runtime.families.continuous.pipeline import ContinuousPipeline
+    from specrt.runtime.families.continuous.torch_runner import torch_runners
+
+    demo = load_mar_demo(None)
+    target, draft = torch_runners(demo.target, demo.draft, device="cuda")
+    target.cuda_graphs = cuda_graphs
+    return ContinuousPipeline(target, draft, None, demo.sampling_defaults)
+
+
+@pytest.mark.parametrize("method,params", [("ar", {}), ("cspd", {"draft_len": 4})], ids=["ar", "cspd"])
+def test_a_captured_continuous_round_gives_the_eager_rounds_tokens_alone_or_in_a_batch(method, params):
+    eager, captured = mar_demo_pipeline(cuda_graphs=False), mar_demo_pipeline()
+    for seed in range(2):  # the first call captures, the second replays the kept graph from its first round
+        expected = eager.generate([1, 4, 7], method=method, seed=seed, decode=False, **params)
+        got = captured.generate([1, 4, 7], method=method, seed=seed, decode=False, **params)
+        np.testing.assert_allclose(got.tokens, expected.tokens, atol=1e-4, err_msg=f"{method} seed {seed}")
+        assert got.stats.host_syncs == got.stats.target_passes + 2
+    assert any(getattr(r, "captured", None) is not None for r in captured._rounds.values())
+    for i, label in enumerate([1, 4, 7]):
+        alone = captured.generate([label], method=method, seed=1 + i, decode=False, **params).tokens
+        np.testing.assert_allclose(alone[0], got.tokens[i], atol=1e-4, err_msg=f"{method} image {i}")

@@ -210,6 +210,6 @@ class CSpDRound(ContinuousRound):
         alpha = alpha.reshape(-1, k).where(~bonus[:, None], torch.ones_like(alpha.reshape(-1, k)))
         keep = state.uniforms(index[:, None], PROPOSAL_TEST, torch.arange(k, device=index.device)[None]) < alpha
         drew = keep.any(dim=1)
-        pick = keep.to(torch.int8).argmax(dim=1)
+        pick = keep.to(torch.int32).argmax(dim=1)
         token = x0.reshape(len(index), k, -1).gather(1, pick[:, None, None].expand(-1, 1, x0.shape[1]))[:, 0]
         return token, drew, (pick + 1).where(drew, torch.full_like(pick, k))
