@@ -16,8 +16,10 @@ and full trees that fit the window, runtime/rounds/proactive.py). Each of them a
 model's image grammar (Janus, Emu3, Lumina-mGPT: runtime/grammar.py), as in the host loop: the grammar
 lives in the models' logits, which the round's target and draft passes compute at the stream positions
 they derive from the state's lengths, and SJD's fresh window slots follow it through a device table
-of the forced tokens (runtime/rounds/jacobi.py FreshDrafts). Everything else (the continuous family,
-onnxruntime / TensorRT) runs the host loop, the reference these rounds reproduce in distribution.
+of the forced tokens (runtime/rounds/jacobi.py FreshDrafts). The continuous family's ar and cspd have
+rounds of their own (runtime/families/continuous/rounds.py), run by the same loop choice and
+CapturedRound. Everything else (onnxruntime / TensorRT) runs the host loop, the reference these
+rounds reproduce in distribution.
 Random numbers differ from the host loop's streams, so tokens for a seed differ between the two
 loops; within the round an image is the same alone or in any batch.
 """
