@@ -100,9 +100,9 @@ def test_loop_mistakes_exit_2_in_one_line_before_anything_loads(flags, message, 
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
 
-def test_a_setting_without_a_round_is_named(demo_dir, capsys):
+def test_a_setting_without_a_round_is_named(demo_dir, capsys):  # a spine wider than the window: K·D = 4 > L = 3
     code, _, err = run_cli(["bench", "--backend", "torch", "--demo-weights", str(demo_dir), "--images", "1",
-                            "--methods", "ar", "--sweep", "sjd-pac:tree=full;window=8;K=2;D=2", "--loop", "host,round",
+                            "--methods", "ar", "--sweep", "sjd-pac:window=3;K=2;D=2", "--loop", "host,round",
                             "--no-progress"], capsys)
     assert code == 2 and "loop=round:" in err and "no device round" in err
 
