@@ -294,7 +294,7 @@ class Pipeline:
         if round_ is None and loop == "round":
             raise SpecrtError(f"method {decoder.name!r} with these parameters has no device round (it has: ar; sd, "
                               "cool-sd, lantern drafting chains or trees with a draft model or an EAGLE head; sjd; "
-                              "sjd-pac with tree=spine): use loop 'host' or 'auto'")
+                              "sjd-pac with spine or full trees that fit the window): use loop 'host' or 'auto'")
         return round_
 
     def grids(self, stream: np.ndarray) -> np.ndarray:
