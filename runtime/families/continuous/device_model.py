@@ -36,8 +36,8 @@ class ContinuousDeviceModel:
         self.schedule = continuous.ddpm_schedule(cfg.schedule, cfg.diffusion_steps, cfg.beta_start, cfg.beta_end)
         self.images, self.seq_len = len(class_ids), cfg.seq_len
         self.pairs = 1 if cfg_scale == 1.0 else 2
-        rows = np.concatenate([class_ids] + [np.full_like(class_ids, cfg.num_classes)] * (self.pairs - 1))
-        self.class_ids = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)).to(self.device)
+        rows = self._rows(class_ids)
+        self.class_ids = rows.to(self.device)
         self.row_image = torch.arange(len(rows), device=self.device) % self.images
         shape = (cfg.n_layer, len(rows), cfg.n_head, columns, cfg.head_dim)
         self.keys = torch.zeros(shape, dtype=parameter.dtype, device=self.device)
@@ -47,8 +47,13 @@ class ContinuousDeviceModel:
 
     def restart(self, class_ids: np.ndarray) -> None:
         """The same buffers for a new call of as many images (a captured round replays over them)."""
-        rows = np.concatenate([class_ids] + [np.full_like(class_ids, self.mar.cfg.num_classes)] * (self.pairs - 1))
-        self.class_ids.copy_(self.torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)))
+        self.class_ids.copy_(self._rows(class_ids))
+
+    def _rows(self, class_ids: np.ndarray) -> Any:
+        """The model rows' class ids (host tensor): [classes] or [classes; unconditional]."""
+        ids = np.asarray(class_ids, dtype=np.int64)
+        rows = np.concatenate([ids] + [np.full_like(ids, self.mar.cfg.num_classes)] * (self.pairs - 1))
+        return self.torch.from_numpy(np.ascontiguousarray(rows))
 
     def window(self, inputs: Any, positions: Any) -> Any:
         """Image i's inputs [images, W, C] at positions [images, W] (ascending; a repeated position is

@@ -128,7 +128,6 @@ class ContinuousPipeline:
     def _decode_rounds(self, strategy: Any, ids: np.ndarray, seeds: list[int], sampling: dict[str, Any],
                        stats: ContinuousStats) -> np.ndarray:
         """One pass of device rounds (round_loop.py), the round kept for later calls of its shape."""
-        ContinuousDecoding(self.target, None, [], **sampling)  # the sampling keys checked as the host loop checks them
         draft = self.draft if strategy.needs_draft else None
         round_ = kept_round(self._rounds, round_key(strategy, len(ids), sampling),
                             lambda: plan_round(strategy, self.target, draft, sampling, ids))

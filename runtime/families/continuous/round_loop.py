@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.runtime.rounds import LOOPS, CapturedRound
 from specrt.runtime.families.continuous.methods import ContinuousMethod, ContinuousStats
@@ -29,8 +30,7 @@ def runs_rounds(runner: Any) -> bool:
 def wants_round(loop: str, target: Any, method: str) -> bool:
     """Whether this call decodes with a device round: by `loop` (LOOPS), the target's backend and
     the method (SpecrtError where `loop` is "round" and none can run)."""
-    if loop not in LOOPS:
-        raise SpecrtError(f"loop must be one of {', '.join(LOOPS)}, got {loop!r}")
+    loop = validation.choice("loop", loop, LOOPS)
     if loop == "host" or (loop == "auto" and not (runs_rounds(target) and target.on_accelerator)):
         return False
     if not runs_rounds(target):

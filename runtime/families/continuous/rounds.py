@@ -106,7 +106,7 @@ class ContinuousRound:
             self.state.restart(seeds)
         return self.state
 
-    def tokens(self, model: ContinuousDeviceModel, z: Any, normals: Any, positions: Any) -> tuple[Any, Any]:
+    def chains(self, model: ContinuousDeviceModel, z: Any, normals: Any, positions: Any) -> tuple[Any, Any]:
         """Chains of `model` from conditions z [pairs, R, D] on normals [I, J, groups, (T+1)·C] (R rows,
         in their order), each row at its token position positions [R]: (x_0, last-step mean)."""
         steps, channels = model.schedule.steps, model.mar.cfg.token_dim
@@ -130,7 +130,7 @@ class ContinuousArRound(ContinuousRound):
         n = state.length
         positions = n[:, None]
         z = self.target.window(state.inputs(positions), positions)[:, :, 0]
-        token, _ = self.tokens(self.target, z, state.normals(positions, TOKEN_NOISE, self.noise_size()), n)
+        token, _ = self.chains(self.target, z, state.normals(positions, TOKEN_NOISE, self.noise_size()), n)
         accepted = torch.zeros_like(n)
         state.commit(accepted, state.tokens[:, :0], token, accepted == 0)
 
@@ -162,7 +162,7 @@ class CSpDRound(ContinuousRound):
         # score every draft on the target's chain with the draft's own noise (alignment)
         pairs, images, _, width = z_p.shape
         rows = images * longest
-        _, mean_p = self.tokens(self.target, z_p[:, :, :longest].reshape(pairs, rows, width), draft_normals,
+        _, mean_p = self.chains(self.target, z_p[:, :, :longest].reshape(pairs, rows, width), draft_normals,
                                 positions[:, :longest].reshape(rows))
         schedule, temperature = self.target.schedule, self.sampling.temperature
         flat = drafted.reshape(rows, -1)
@@ -188,7 +188,7 @@ class CSpDRound(ContinuousRound):
         for j in range(self.draft_len):
             if j:
                 z = self.draft.window(drafts[-1][:, None], (n + j)[:, None])[:, :, 0]
-            token, mean = self.tokens(self.draft, z, normals[:, j:j + 1], n + j)
+            token, mean = self.chains(self.draft, z, normals[:, j:j + 1], n + j)
             drafts.append(token)
             means.append(mean)
             conditions.append(z)
@@ -202,8 +202,8 @@ class CSpDRound(ContinuousRound):
         k = self.proposals
         normals = state.normals(index[:, None], PROPOSAL_NOISE, self.noise_size(), groups=k)  # [I, 1, K, N]
         at = index.repeat_interleave(k)
-        x0, mean_p = self.tokens(self.target, z_p.repeat_interleave(k, dim=1), normals, at)
-        _, mean_q = self.tokens(self.draft, z_q.repeat_interleave(k, dim=1), normals, at)
+        x0, mean_p = self.chains(self.target, z_p.repeat_interleave(k, dim=1), normals, at)
+        _, mean_q = self.chains(self.draft, z_q.repeat_interleave(k, dim=1), normals, at)
         schedule, temperature = self.target.schedule, self.sampling.temperature
         alpha = self.residual_acceptance(continuous.last_step_logpdf(x0, mean_p, schedule, temperature),
                                          continuous.last_step_logpdf(x0, mean_q, schedule, temperature))
