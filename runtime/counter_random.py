@@ -16,8 +16,12 @@ product of a 32-bit value fits a signed 64-bit integer and no array library over
 hashes give 53 bits, a float64 in (0, 1) — never 0 or 1, so an inverse-CDF draw never falls on a
 boundary by construction.
 
-The device round (runtime/rounds) draws every number from here; the host loop (runtime/methods)
-still uses its per-image numpy streams, so for a seed the two loops give different images.
+Both loops draw every number from here, with the same coordinates for the same draw: the token
+index the draw decides, and a slot (`draw_slot`) made of the image's round (its count of target
+passes since its prefill), the kind of draw (DRAFT, TEST, NEXT, ...) and its part (a sibling's or a
+candidate's number). So the device round (runtime/rounds), the host loop (runtime/methods, on any
+backend: PyTorch, onnxruntime, TensorRT) and an image decoded alone or in any batch give the same
+tokens for a seed, up to float rounding at a CDF boundary or an acceptance test's edge.
 """
 from __future__ import annotations
 
@@ -29,6 +33,23 @@ _MASK32 = 0xFFFFFFFF
 _MULTIPLIER = 0x45D9F3B  # < 2^27: (2^32 − 1) · multiplier < 2^63
 # distinct odd offsets per coordinate, so (a, b) and (b, a) hash apart
 _SEED, _IMAGE, _POSITION, _SLOT, _SECOND = 0x3C6EF372, 0x1B873593, 0x5BD1E995, 0x68E31DA4, 0x2545F491
+
+
+# what a uniform is for, at one token index of one round; `part` numbers the draws of one kind there
+# (a sibling's test, a candidate drawn without replacement)
+DRAFT, TEST, NEXT, FRESH, RETEST, RESAMPLE, CANDIDATE = range(7)
+KINDS, PARTS = 8, 256  # room for new kinds, and more parts than any branching or tree has nodes
+
+
+def draw_slot(kind: int, part: Any, round_: Any) -> Any:
+    """The slot coordinate of a draw: its kind and part within the image's round `round_` (ints, or
+    int64 arrays / tensors that broadcast). Distinct (round, part, kind) give distinct slots."""
+    return kind + KINDS * (part + PARTS * round_)
+
+
+def seed_halves(seed: int) -> tuple[int, int]:
+    """A 64-bit seed as the (seed, image) coordinates of counter_uniforms: its low and high 32 bits."""
+    return int(seed) & _MASK32, int(seed) >> 32
 
 
 def mix32(x: Any) -> Any:
@@ -50,3 +71,14 @@ def counter_uniforms(seed: Any, image: Any, position: Any, slot: Any) -> Any:
     bits = (high >> 5) * (1 << 26) + (low >> 6)  # 27 + 26 = 53 bits, below 2^53: exact in float64
     xp = namespace(bits)
     return (xp.astype(bits, xp.float64) + 0.5) / float(1 << 53)
+
+
+def counter_uniform(seed: int, image: int, position: int, slot: int) -> float:
+    """counter_uniforms of Python ints, computed in Python: one number without an array's overhead
+    (a host loop's single tests), bit for bit the array functions' number."""
+    key = mix32((seed & _MASK32) ^ _SEED)
+    key = mix32(key ^ ((image & _MASK32) ^ _IMAGE))
+    key = mix32(key ^ ((position & _MASK32) ^ _POSITION))
+    high = mix32(key ^ ((slot & _MASK32) ^ _SLOT))
+    low = mix32(high ^ _SECOND)
+    return ((high >> 5) * (1 << 26) + (low >> 6) + 0.5) / float(1 << 53)

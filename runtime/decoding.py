@@ -1,63 +1,125 @@
-"""The decoding context of one generate call: the models, the sampling distribution, one random
-stream per image, and the counters.
+"""The decoding context of one generate call: the models, the sampling distribution, each image's
+counter coordinates, and the counters.
 
 Every model call a method or a drafter makes goes through it (prefill, run, run_chain, run_tree,
-run_pairs), so each image's uniforms come from its own stream in the order the step-by-step and
-level-by-level paths draw them, whatever call the runner offers, and the host restrictions of the
-rows (greedy, top-k, top-p) are applied in one place. It sits below the drafters (runtime.drafter)
-and the methods (runtime.methods), which both call it.
+run_pairs), with the uniforms its draws use, and the host restrictions of the rows (greedy, top-k,
+top-p) are applied in one place. Random numbers are counter uniforms (runtime.counter_random): each
+a pure function of the image's seed, the token index it decides and its slot (the image's round,
+the kind of draw, its part) — the coordinates the device round (runtime/rounds) gives the same
+draw — so nothing is drawn from a stream, and an image's tokens are the same alone, in any batch,
+on any backend and in either loop. It sits below the drafters (runtime.drafter) and the methods
+(runtime.methods), which both call it.
 What the images are conditioned on (class ids or captions, runtime.conditions) passes through
 untouched: methods only count it and hand it to Decoding.prefill.
 """
 from __future__ import annotations
 
+import copy
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from specrt.runtime.conditions import Conditions, as_conditions
+from specrt.runtime.counter_random import (CANDIDATE, DRAFT, NEXT, counter_uniform, counter_uniforms, draw_slot,
+                                          seed_halves)
 from specrt.runtime.runner import ModelRunner, StepOutput, draws_left_on_device, window_sizes
 from specrt.runtime.sampling import SamplingParams, inverse_cdf, needs_restriction, restrict
 from specrt.runtime.stats import Stats
 from specrt.runtime.tree_call import TreeLayout
-from specrt.runtime.window import Windows, lone_window
+from specrt.runtime.window import Windows
+
+
+@dataclass
+class ImageKey:
+    """One image's counter coordinates: its seed's halves, its round (target passes since its prefill:
+    0 in the first round, −1 before it) and its committed length at the round's start (n: the
+    pending token sits at index n − 1, so a round's draws are keyed by index n + offset)."""
+
+    low: int
+    high: int
+    round: int = -1
+    length: int = 1
+
+    def uniform(self, offset: int, kind: int, part: int = 0, earlier: bool = False) -> float:
+        """The uniform of one draw at token index length + offset (Decoding.uniforms, one number)."""
+        round_ = max(self.round - 1, 0) if earlier else self.round
+        return counter_uniform(self.low, self.high, self.length + offset, draw_slot(kind, part, round_))
 
 
 @dataclass
 class Decoding:
-    """The models, sampling distribution, random streams and counters of one generate call.
+    """The models, sampling distribution, counter coordinates and counters of one generate call.
 
-    `rngs` holds one random stream per image of the batch, in batch order: everything random
-    about image i (its uniforms for the sampling head, its verification coins, its random
-    drafts) comes from rngs[i] alone, so an image does not depend on what else is decoded
-    with it. `retain` keeps both in step when finished images leave the runners' batch.
+    `seeds` holds one seed per image of the batch, in batch order: everything random about image i
+    (its uniforms for the sampling head, its verification coins, its random drafts) is a counter
+    uniform of seeds[i] and the draw's own coordinates (`keys[i]`: its round and length), so an image
+    does not depend on what else is decoded with it. A method calls `start_round` before each round
+    with each image's committed length; `retain` keeps the keys in step when finished images leave
+    the runners' batch.
     """
 
     target: ModelRunner
     draft: Optional[ModelRunner]
     sampling: SamplingParams
-    rngs: list[np.random.Generator]
+    seeds: Sequence[int]
     stats: Stats
     # a unified model's image grammar (runtime/grammar.py): the models already force its tokens;
     # methods that make up drafts without a model (SJD's fresh window slots) draft forced tokens as
     # what they must be and sampled ones from the codes only
     grammar: Optional[Any] = None
+    keys: list[ImageKey] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.keys = [ImageKey(*seed_halves(seed)) for seed in self.seeds]
 
     @property
-    def rng(self) -> np.random.Generator:
-        """The random stream of a one-image context (`image(i)` makes one)."""
-        if len(self.rngs) != 1:
-            raise ValueError(f"a context of {len(self.rngs)} images has one stream per image: use rngs[i] or image(i)")
-        return self.rngs[0]
+    def key(self) -> ImageKey:
+        """The coordinates of a one-image context (`image(i)` makes one)."""
+        if len(self.keys) != 1:
+            raise ValueError(f"a context of {len(self.keys)} images has one key per image: use keys[i] or image(i)")
+        return self.keys[0]
 
     def image(self, i: int) -> "Decoding":
-        """The same context narrowed to image i's random stream (for per-image verification code);
-        a one-image context is its own (a copy per image and round costs more than the host work it serves)."""
-        if len(self.rngs) == 1 and i == 0:
+        """The same context narrowed to image i's coordinates (for per-image verification code); a
+        one-image context is its own (a copy per image and round costs more than the host work it serves)."""
+        if len(self.keys) == 1 and i == 0:
             return self
-        return replace(self, rngs=[self.rngs[i]])
+        narrowed = copy.copy(self)
+        narrowed.keys = [self.keys[i]]
+        return narrowed
+
+    def start_round(self, lengths: Sequence[Optional[int]]) -> None:
+        """A new round: image p (batch position) has lengths[p] committed tokens and takes part in it
+        (its round count advances), or None: it has finished and sits this round out."""
+        for key, length in zip(self.keys, lengths):
+            if length is not None:
+                key.round += 1
+                key.length = int(length)
+
+    def uniforms(self, offsets: Any, kind: int, part: Any = 0, earlier: bool = False) -> np.ndarray:
+        """float64 uniforms [I] or [I, K] of this round's draws of `kind` (and `part`, an int or ints
+        broadcasting with offsets) at token indices n + offsets (n each image's length at the round's
+        start): offsets an int (every image, [I]), [I], or [I, K] / [1, K] (every image alike).
+        `earlier`: keyed by the round before (0 before the first), as the round that made a Jacobi
+        window drew its fresh slots."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        if offsets.ndim == 0:
+            offsets = np.full(len(self.keys), offsets)
+        lows, highs, lengths, rounds = (np.array(values, dtype=np.int64) for values in
+                                        zip(*((k.low, k.high, k.length, k.round) for k in self.keys)))
+        if earlier:
+            rounds = np.maximum(rounds - 1, 0)
+        extra = (None,) * (offsets.ndim - 1)
+        slots = draw_slot(kind, np.asarray(part, dtype=np.int64), rounds[(slice(None), *extra)])
+        return counter_uniforms(lows[(slice(None), *extra)], highs[(slice(None), *extra)],
+                                lengths[(slice(None), *extra)] + offsets, slots)
+
+    def _first_uniforms(self) -> np.ndarray:
+        """[I, 1]: image token 0's draw (index 0, round 0, NEXT), as the device round draws it."""
+        lows, highs = (np.array(values, dtype=np.int64) for values in zip(*((k.low, k.high) for k in self.keys)))
+        return counter_uniforms(lows, highs, 0, draw_slot(NEXT, 0, 0))[:, None]
 
     def condition_rows(self, conditions: Conditions) -> Conditions:
         """Model batch for these images: [cond; uncond] when CFG is on (null class, or the
@@ -67,95 +129,77 @@ class Decoding:
 
     def prefill(self, runner: ModelRunner, conditions: Conditions) -> StepOutput:
         """The condition rows of these images through `runner`: image token 0's rows and draws."""
-        uniforms = self._uniforms([1] * runner.images)
+        uniforms = self._first_uniforms()
         with self._redrawn(runner):
             return self._restricted(runner.prefill(self.condition_rows(conditions), uniforms), uniforms)
 
-    def run(self, runner: ModelRunner, windows: Windows) -> StepOutput:
+    def run(self, runner: ModelRunner, windows: Windows, uniforms: np.ndarray) -> StepOutput:
         """One step of `runner` over each image's window (one Window for all, or one per image,
         None for none): the sampling distribution of every slot (P and Q alike) and one draw per
-        slot, made on the device with uniforms from each image's own stream."""
-        if isinstance(windows, np.ndarray) and len(windows) == len(self.rngs):  # chains of one width
-            if len(self.rngs) == 1:
-                uniforms = self.rngs[0].random(windows.shape)
-            else:
-                uniforms = np.empty(windows.shape)
-                for row, rng in zip(uniforms, self.rngs):
-                    rng.random(out=row)
-        elif len(self.rngs) == 1 and (lone := lone_window(windows)) is not None:
-            uniforms = self.rngs[0].random((1, len(lone)))  # one image's window (a tree level): one draw
-        else:
-            uniforms = self._uniforms(window_sizes(windows, runner.images))
+        slot, made on the device with `uniforms`: [I] (one per image, every slot of its window) or
+        [I, ≥ W] (per slot; W the longest window), from `uniforms` (what the caller's draws are for)."""
+        uniforms = self._per_slot(uniforms, int(max(window_sizes(windows, runner.images).max(initial=0), 1)))
         with self._redrawn(runner):
             return self._restricted(runner.step(windows, uniforms), uniforms)
 
+    @staticmethod
+    def _per_slot(uniforms: np.ndarray, width: int) -> np.ndarray:
+        """uniforms [I] or [I, ≥ width] as the runners take them: [I, width]."""
+        uniforms = np.asarray(uniforms, dtype=np.float64)
+        if uniforms.ndim == 1:
+            return np.repeat(uniforms[:, None], width, axis=1)
+        return np.ascontiguousarray(uniforms[:, :width])
+
+    def unused(self, runner: ModelRunner, windows: Windows) -> np.ndarray:
+        """Uniforms for a step whose draws nobody reads (a catch-up, a tree level whose children the
+        host draws): zeros, [I, W]."""
+        return np.zeros((runner.images, int(max(window_sizes(windows, runner.images).max(initial=0), 1))))
+
     def run_chain(self, runner: ModelRunner, windows: Windows, lengths: Sequence[int], steps: int) -> StepOutput:
         """`runner.chain`: each image's window, then up to `steps` drafts drawn inside one call;
-        image i keeps its first lengths[i] (drafts past them are never read), with uniforms from
-        its own stream as the step-by-step loop draws them (_chain_uniforms)."""
-        return runner.chain(windows, steps, self._chain_uniforms(windows, runner.images, lengths, steps))
+        image i keeps its first lengths[i] (drafts past them are never read); draft j drawn with
+        the round's DRAFT uniform at index n + j, as one-token steps would draw it."""
+        return runner.chain(windows, steps, self.chain_uniforms(steps))
+
+    def chain_uniforms(self, steps: int) -> np.ndarray:
+        """[I, steps]: draft j of each image's chain drawn with the round's DRAFT uniform at index n + j."""
+        return self.uniforms(np.arange(steps)[None], DRAFT)
 
     def run_tree(self, runner: ModelRunner, windows: Windows, layout: TreeLayout, max_depths: Sequence[int],
                  features: Optional[Sequence[Optional[np.ndarray]]] = None) -> StepOutput:
         """`runner.draft_tree`: each image's window, then the static tree `layout` drafted below its
-        last slot in one call, with uniforms from each image's own stream in the order the
-        level-by-level drafter draws them (_tree_uniforms; max_depths[i]: the drafts left in
-        image i). With `features`, an EAGLE head's tree_pairs over them."""
-        sizes = window_sizes(windows, runner.images).tolist()
-        uniforms = self._tree_uniforms(layout, sizes, max_depths)
+        last slot in one call, node m drawn with the round's CANDIDATE uniform of part m at its token
+        index (tree_uniforms; max_depths[i]: the drafts left in image i, deeper nodes never read).
+        With `features`, an EAGLE head's tree_pairs over them."""
+        uniforms = self.tree_uniforms(layout)
         if features is not None:
             return runner.tree_pairs(windows, features, layout, uniforms)
         return runner.draft_tree(windows, layout, uniforms)
+
+    def tree_uniforms(self, layout: TreeLayout) -> np.ndarray:
+        """[I, nodes − 1]: node m of a static shape (its id the shape's) drawn with the round's
+        CANDIDATE uniform of part m at index n − 1 + depth(m), as the device round draws it."""
+        nodes = np.arange(1, layout.nodes)[None]
+        return self.uniforms(np.asarray(layout.depths[1:], dtype=np.int64)[None] - 1, CANDIDATE, nodes)
 
     def run_chain_pairs(self, head: Any, windows: Windows, features: Sequence[Optional[np.ndarray]],
                         lengths: Sequence[int], steps: int) -> StepOutput:
         """`run_chain` for an EAGLE head (runtime.eagle.HeadRunner.chain_pairs), with the features
         before each image's window tokens, as `run_pairs` is `run`'s."""
-        return head.chain_pairs(windows, features, steps, self._chain_uniforms(windows, head.images, lengths, steps))
-
-    def _chain_uniforms(self, windows: Windows, images: int, lengths: Sequence[int], steps: int) -> np.ndarray:
-        """[images, steps] uniforms of a chain call: image i draws its window's from its own stream,
-        as `run` would (the last one draws its first draft), then one per later draft it keeps
-        (lengths[i] in all): its drafts are the ones `run` on the window and lengths[i] − 1
-        one-token runs would draw, and its stream ends where theirs would."""
-        sizes = [windows.shape[1]] * images if isinstance(windows, np.ndarray) else window_sizes(windows, images).tolist()
-        uniforms = np.zeros((images, steps))
-        for row, rng, size, count in zip(uniforms, self.rngs, sizes, lengths):
-            if size and count > 0:  # the window's size uniforms (the last kept), then count − 1: one draw
-                row[:count] = rng.random(size + count - 1)[size - 1:]
-        return uniforms
-
-    def _tree_uniforms(self, layout: TreeLayout, sizes: Sequence[int], max_depths: Sequence[int]) -> np.ndarray:
-        """[images, nodes − 1] uniforms of a one-call tree: image i takes its window's sizes[i] from
-        its stream (the last draws the root's first child), then one per node it draws, in the
-        layout's `uniform_order`; zeros where it draws nothing (no window, nodes past its max_depth)."""
-        uniforms = np.zeros((len(self.rngs), layout.nodes - 1))
-        for row, rng, size, depth in zip(uniforms, self.rngs, sizes, max_depths):
-            if size and depth > 0:
-                order = layout.uniform_order(depth)
-                row[np.array(order) - 1] = rng.random(size - 1 + len(order))[size - 1:]
-        return uniforms
-
-    def _uniforms(self, sizes: Sequence[int]) -> np.ndarray:
-        """[images, longest] uniforms: image i's first sizes[i] from its stream, zeros past them."""
-        sizes = sizes.tolist() if isinstance(sizes, np.ndarray) else [int(size) for size in sizes]
-        out = np.zeros((len(sizes), max(max(sizes, default=1), 1)))
-        for row, (rng, size) in enumerate(zip(self.rngs, sizes)):
-            if size:
-                rng.random(out=out[row, :size])
-        return out
+        return head.chain_pairs(windows, features, steps, self.chain_uniforms(steps))
 
     def retain(self, images: Sequence[int]) -> None:
-        """Keep only these images (positions in the batch) in the runners and the streams."""
+        """Keep only these images (positions in the batch) in the runners and the keys."""
         for runner in (self.target, self.draft):
             if runner is not None:
                 runner.retain(images)
-        self.rngs = [self.rngs[i] for i in images]
+        self.keys = [self.keys[i] for i in images]
 
-    def run_pairs(self, head: Any, windows: Windows, features: Sequence[Optional[np.ndarray]]) -> StepOutput:
+    def run_pairs(self, head: Any, windows: Windows, features: Sequence[Optional[np.ndarray]],
+                  uniforms: np.ndarray) -> StepOutput:
         """One step of an EAGLE head (runtime.eagle.HeadRunner): `run`, with the features before
         each image's tokens (features[p] [pairs, W_p, H]; None where image p has no window)."""
-        uniforms = self._uniforms(window_sizes(windows, head.images))
+        uniforms = self._per_slot(uniforms, int(max(window_sizes(windows, head.images).max(initial=0), 1)))
         with self._redrawn(head):
             return self._restricted(head.step_pairs(windows, features, uniforms), uniforms)
 

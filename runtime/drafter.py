@@ -15,8 +15,9 @@ are indexed by batch position; None marks an image with nothing to do this round
         drafter.retain(kept positions) when finished images leave the batch
 
 Every call runs the whole batch through the draft at once (ragged windows), and each image keeps
-its own state, random stream and committed sequence: an image's tokens are the same alone or in
-any batch.
+its own state and committed sequence and draws counter uniforms of its own coordinates (a chain's
+draft j with the round's DRAFT uniform at index n + j: runtime.decoding): an image's tokens are
+the same alone or in any batch. The loop calls ctx.start_round before the drafter's calls of a round.
 
 The committed sequence is the image tokens decided so far; its last one is *pending*: sampled,
 but not yet run through the target (its KV and hidden row come with the next verification pass,
@@ -88,10 +89,6 @@ class Drafter(ABC):
         """lengths[p] drafts after image p's committed sequence, drawn one after another from the
         draft's rows, all images in one pass per draft position; (tokens, the row each was drawn from:
         per image a list of rows, or one [L, V] host block)."""
-
-    # per image, the draft head's own draw from each row the last `expand` returned (None: not
-    # kept): drawn with a stream uniform in the same pass, it is a free first child of its node
-    expanded_draws: Optional[list[Optional[list[int]]]] = None
 
     @abstractmethod
     def expand(self, ctx: Decoding, trees: Sequence[Optional[TokenTree]],

@@ -22,6 +22,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from specrt.runtime.conditions import Conditions
+from specrt.runtime.counter_random import DRAFT
 from specrt.runtime.drafter import Drafter, Verified
 from specrt.runtime.runner import GrownTrees, ModelRunner, StepOutput, window_sizes
 from specrt.runtime.sampling import needs_restriction
@@ -235,9 +236,12 @@ class EagleDrafter(Drafter):
         for p, n in enumerate(counts):
             del self._tokens[p][:n], self._features[p][:n]
 
-    def _run_queues(self, ctx, counts: Sequence[int]) -> StepOutput:
-        """Run and commit the first counts[p] queued pairs of each image (stable from now on)."""
-        out = ctx.run_pairs(self.head, *self._queued(counts))
+    def _run_queues(self, ctx, counts: Sequence[int], uniforms: Optional[np.ndarray] = None) -> StepOutput:
+        """Run and commit the first counts[p] queued pairs of each image (stable from now on), drawing
+        with `uniforms` [I] (None: draws nobody reads)."""
+        windows, features = self._queued(counts)
+        out = ctx.run_pairs(self.head, windows, features,
+                            ctx.unused(self.head, windows) if uniforms is None else uniforms)
         self.head.commit([range(n) if n > 0 else None for n in counts])
         self._dequeue(counts)
         self._stable = self.head.lengths.copy()
@@ -252,7 +256,7 @@ class EagleDrafter(Drafter):
         steps = self._chain_steps(ctx, counts, lengths)
         if steps:
             return self._propose_in_one_call(ctx, counts, lengths, steps)
-        out, sizes = self._run_queues(ctx, counts), counts
+        out, sizes = self._run_queues(ctx, counts, ctx.uniforms(0, DRAFT)), counts  # draft 1 at index n
         while True:
             for p, size in enumerate(sizes):
                 if size:
@@ -265,7 +269,8 @@ class EagleDrafter(Drafter):
             features = [self._image_rows(self.head.features_out, p)[:, size - 1:size].copy() if go else None
                         for p, (size, go) in enumerate(zip(sizes, going))]
             out = ctx.run_pairs(self.head, [Window.chain([drafts[p][-1]]) if go else None
-                                            for p, go in enumerate(going)], features)
+                                            for p, go in enumerate(going)], features,
+                                ctx.uniforms(np.array([len(chain) for chain in drafts]), DRAFT))
             self.head.commit([[0] if go else None for go in going])
             sizes = [1 if go else 0 for go in going]
 
@@ -283,8 +288,7 @@ class EagleDrafter(Drafter):
     def _propose_in_one_call(self, ctx, counts: Sequence[int], lengths: Sequence[int],
                              steps: int) -> tuple[list[list[int]], list[list[Any]]]:
         """propose_chain as one chain call of `steps` drafts. The uniforms come from ctx.run_chain_pairs,
-        which draws each image's as the step-by-step loop would (its queue's, then one per later
-        draft it keeps); the queues are committed for good and the drafts fed (each image's first
+        draft j's the one the step-by-step loop draws it with; the queues are committed for good and the drafts fed (each image's first
         lengths[p] − 1: runner.commit_chain) as this round's rows, which
         rollback drops: the state the loop leaves. The rows are views of the head's output,
         valid until its second next call (the loop copies them: its next steps reuse the buffer);
@@ -309,7 +313,7 @@ class EagleDrafter(Drafter):
     def draft_tree(self, ctx, layout: Any, max_depths: Sequence[int]) -> list[Optional[TokenTree]]:
         """Each image's static tree in one head call (runtime/chain.py HeadTree): its queued pairs
         as the window (the pending pair, the root, last), then every level, each node fed with its
-        parent's head feature, with uniforms drawn as the level path's passes draw them
+        parent's head feature, node m drawn with the uniform the level path draws it with
         (Decoding.run_tree). The queue before the pending pair is committed for good, as the
         level path's first pass commits it; the tree's rows are not kept (rollback would drop them)."""
         trees = root_only_trees([queue[-1] for queue in self._tokens], max_depths, SAMPLED)
@@ -331,7 +335,7 @@ class EagleDrafter(Drafter):
 
     def grow_tree(self, ctx, layout: Any, max_depths: Sequence[int], total_tokens: int) -> list[Optional[TokenTree]]:
         """Each image's dynamic tree in one head call (runtime/chain.py HeadGrowth), the queues as
-        in draft_tree; each stream advanced as the level path's passes would (tree_call.grown_trees)."""
+        in draft_tree (tree_call.grown_trees)."""
         trees = root_only_trees([queue[-1] for queue in self._tokens], max_depths, TOP)
         counts = self._tree_queues(ctx, max_depths, layout.fed)
         if not any(counts):
@@ -340,7 +344,7 @@ class EagleDrafter(Drafter):
         out = self.head.grow_pairs(windows, features, layout)
         queues = [self._tokens[p][:count] if count else None for p, count in enumerate(counts)]
         self._commit_before_roots(counts)
-        for p, grown in enumerate(grown_trees(ctx.rngs, layout, out, queues, max_depths, total_tokens)):
+        for p, grown in enumerate(grown_trees(layout, out, queues, max_depths, total_tokens)):
             if grown is not None:
                 trees[p] = grown[0]
         return trees
@@ -348,7 +352,7 @@ class EagleDrafter(Drafter):
     def _tree_queues(self, ctx, max_depths: Sequence[int], fed: int) -> list[int]:
         """Per image, the queued pairs a one-call tree runs as its window (0: no tree). Where they
         and the `fed` nodes would overflow the window, the pairs before the pending one are run
-        and committed first (a call of their own, drawing the uniforms the one window would)."""
+        and committed first (a call of their own, its draws unread)."""
         counts = [len(self._tokens[p]) if depth > 0 else 0 for p, depth in enumerate(max_depths)]
         first = [n - 1 if n > 1 and n + fed > self.head.max_window else 0 for n in counts]
         if any(first):
@@ -404,7 +408,7 @@ class EagleDrafter(Drafter):
                 windows.append(level_window(tree, run, self._staged[p]))  # the root is the pending pair's token
                 features.append(_pairs_block(nodes_features))
             runs.append(run)
-        out = ctx.run_pairs(self.head, windows, features)
+        out = ctx.run_pairs(self.head, windows, features, ctx.unused(self.head, windows))  # the host draws the children
         if any(queued):
             self.head.commit([range(n) if n else None for n in queued])
             self._dequeue(queued)
@@ -412,7 +416,6 @@ class EagleDrafter(Drafter):
         self.head.stage([range(n, n + len(run)) if trees[p] is not None else None
                          for p, (n, run) in enumerate(zip(queued, runs))])
         rows: list[list[Any]] = [[] for _ in trees]
-        self.expanded_draws = [None for _ in trees]
         block = out.tree_rows()
         for p, run in enumerate(runs):
             if trees[p] is None:
@@ -423,5 +426,4 @@ class EagleDrafter(Drafter):
                 self._staged[p][n] = len(self._staged[p])
             slot = {n: before + w for w, n in enumerate(run)}
             rows[p] = np.asarray(block[p, np.array([slot[n] for n in nodes[p]], dtype=np.int64)])  # [n, V], one gather (a copy)
-            self.expanded_draws[p] = [int(out.draws[p, slot[n]]) for n in nodes[p]]
         return rows

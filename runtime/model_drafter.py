@@ -8,6 +8,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from specrt.runtime.counter_random import DRAFT
 from specrt.runtime.decoding import Decoding
 from specrt.runtime.drafter import Drafter
 from specrt.runtime.runner import ModelRunner
@@ -100,7 +101,7 @@ class ModelDrafter(Drafter):
         for step in range(max(lengths, default=0)):
             sequences = [self.tokens[p] + drafts[p] if step < length else None for p, length in enumerate(lengths)]
             feeds = self._unfed(sequences)
-            out = ctx.run(self.runner, chains(feeds))
+            out = ctx.run(self.runner, chains(feeds), ctx.uniforms(step, DRAFT))  # draft step + 1 at index n + step
             self.runner.commit([range(len(f)) if f is not None else None for f in feeds])
             for p, feed in enumerate(feeds):
                 if feed is not None:
@@ -118,7 +119,6 @@ class ModelDrafter(Drafter):
 
     def _expand(self, ctx, trees, nodes):
         rows: list[list[Any]] = [[] for _ in trees]
-        self.expanded_draws = [None for _ in trees]
         staging = self.runner.stages_trees
         later = [tree is not None and staging and 0 in self._staged[p] for p, tree in enumerate(trees)]
         first = [tree is not None and not late for tree, late in zip(trees, later)]
@@ -133,13 +133,14 @@ class ModelDrafter(Drafter):
     def _catch_up(self, ctx: Decoding, feeds: list[Optional[list[int]]],
                   below: Sequence[int]) -> list[Optional[list[int]]]:
         """Where feeds[p] and the below[p] tree rows run after it would overflow the window, run
-        and commit the tokens before its root first (a pass of their own, drawing the uniforms
-        the one window would); the feeds left for the tree pass."""
+        and commit the tokens before its root first (a pass of their own, its draws unread); the
+        feeds left for the tree pass."""
         long = [f is not None and len(f) > 1 and len(f) + b > self.runner.max_window for f, b in zip(feeds, below)]
         if not any(long):
             return feeds
         catch = [f[:-1] if too else None for f, too in zip(feeds, long)]
-        ctx.run(self.runner, [Window.chain(c) if c is not None else None for c in catch])
+        windows = [Window.chain(c) if c is not None else None for c in catch]
+        ctx.run(self.runner, windows, ctx.unused(self.runner, windows))
         self.runner.commit([range(len(c)) if c is not None else None for c in catch])
         return [f[-1:] if too else f for f, too in zip(feeds, long)]
 
@@ -161,7 +162,7 @@ class ModelDrafter(Drafter):
             parents = [*range(-1, root), *(slot[tree.parents[n]] for n in below[p])]
             windows.append(Window.tree([*feeds[p], *(tree.tokens[n] for n in below[p])], parents))
             slots.append(slot)
-        out = ctx.run(self.runner, windows)
+        out = ctx.run(self.runner, windows, ctx.unused(self.runner, windows))  # the host draws the children
         if any(f is not None and len(f) > 1 for f in feeds):  # the tokens before the roots (none after an adopt)
             self.runner.commit([range(len(f) - 1) if f is not None else None for f in feeds])
         for p, tree in enumerate(trees):
@@ -169,7 +170,6 @@ class ModelDrafter(Drafter):
                 self.cached[p] = self.tokens[p][:-1]
                 # the asked nodes' rows [n, V] in one gather (one read back from a device)
                 rows[p] = np.asarray(out.tree_rows()[p, np.array([slots[p][n] for n in nodes[p]], dtype=np.int64)])
-                self.expanded_draws[p] = [int(out.draws[p, slots[p][n]]) for n in nodes[p]]
         if self.runner.stages_trees:
             self.runner.stage([[slots[p][n] for n in (0, *below[p])] if tree is not None else None
                                for p, tree in enumerate(trees)])
@@ -232,7 +232,7 @@ class ModelDrafter(Drafter):
         one call of the runner's grow_tree: the tree runtime.tree.DynamicGrowth would grow in
         min(depth, max_depths[p]) passes (< 0: no tree, 0: the root alone, no call for it). Catches
         up as the level path's first pass does; stages the root and the frontier nodes its passes
-        would have run, and advances each image's stream past the uniforms those passes draw."""
+        would have run."""
         runner = self.runner
         trees, feeds = self._one_call_windows(ctx, max_depths, layout.fed, TOP)
         if feeds is None:
@@ -242,7 +242,7 @@ class ModelDrafter(Drafter):
         if any(f is not None and len(f) > 1 for f in feeds):  # the tokens before the roots
             runner.commit([range(len(f) - 1) if f is not None else None for f in feeds])
         stage: list[Optional[list[int]]] = []
-        for p, grown in enumerate(grown_trees(ctx.rngs, layout, out, feeds, max_depths, total_tokens)):
+        for p, grown in enumerate(grown_trees(layout, out, feeds, max_depths, total_tokens)):
             if grown is None:
                 stage.append(None)
                 continue
@@ -269,7 +269,7 @@ class ModelDrafter(Drafter):
                 [n for n in tree.closure(asked) if n not in staged_at]  # (the usual level: every parent ran)
             windows.append(level_window(tree, new, staged_at))
             runs.append(new)
-        out = ctx.run(self.runner, windows)
+        out = ctx.run(self.runner, windows, ctx.unused(self.runner, windows))  # the host draws the children
         self.runner.stage([range(len(new)) if new is not None else None for new in runs])
         block = out.tree_rows()
         for p, new in enumerate(runs):
@@ -277,11 +277,9 @@ class ModelDrafter(Drafter):
                 continue
             if new == nodes[p]:  # the rows asked for are the window's: one copy (one read back from a device)
                 rows[p] = np.array(block[p, :len(new)])
-                self.expanded_draws[p] = out.draws[p, :len(new)].tolist()
             else:  # [n, V] in one gather
                 slot = {n: w for w, n in enumerate(new)}
                 rows[p] = np.asarray(block[p, np.array([slot[n] for n in nodes[p]], dtype=np.int64)])
-                self.expanded_draws[p] = [int(out.draws[p, slot[n]]) for n in nodes[p]]
             staged = self._staged[p]
             staged.update(zip(new, range(len(staged), len(staged) + len(new))))
 

@@ -210,10 +210,11 @@ class Pipeline:
         inject deliberately broken variants).
 
         All images are decoded together, in one pass (in passes of the bundle's `max_images`
-        when there are more). Image i draws its randomness from its own stream, seeded with
-        `seed + i` (or `seed[i]` when a seed per image is given), and from nothing else, so it
-        is the same image whether decoded alone or in any batch: generate([a, b], seed=s)'s
-        second image is generate([b], seed=s + 1)'s only one.
+        when there are more). Image i's random numbers are counter uniforms of its seed, `seed + i`
+        (or `seed[i]` when a seed per image is given), and of each draw's own coordinates
+        (runtime.counter_random), and of nothing else, so it is the same image whether decoded
+        alone or in any batch, by the host loop on any backend or by the device round:
+        generate([a, b], seed=s)'s second image is generate([b], seed=s + 1)'s only one.
         decode=False skips the VQ decoder (result.images is None): for users with their own
         decoder, or timing token generation alone; the tokens are the same either way.
         Thread-safe: concurrent calls on one Pipeline are serialised (see __init__)."""
@@ -315,8 +316,7 @@ class Pipeline:
             if round_ is None:  # the round's models keep their own buffers (runtime/backends/device_model.py)
                 runner.allocate(mix)
             runner.reset_counters()
-        ctx = Decoding(self.target, self.draft if decoder.needs_draft else None, sampling,
-                       [np.random.default_rng(seed) for seed in seeds], stats, self.grammar)
+        ctx = Decoding(self.target, self.draft if decoder.needs_draft else None, sampling, seeds, stats, self.grammar)
         if round_ is not None:
             from specrt.runtime.rounds import decode_rounds
 

@@ -80,7 +80,9 @@ STATIC_TREES: dict[str, list[list[int]]] = {
 
 class TokenTree:
     """Tokens, parents and depths of one round's proposal; `rows[n]` is the draft's row after node
-    n (the q its children were drawn from), `drawn` how children were drafted (SAMPLED or TOP)."""
+    n (the q its children were drawn from), `drawn` how children were drafted (SAMPLED or TOP);
+    `parts[n]`, where set, node n's number in the counter coordinates of its draws and test (a static
+    shape's node id, which a tree that lost nodes no longer equals; None: the node ids)."""
 
     def __init__(self, root: int, drawn: str):
         self.tokens: list[int] = [int(root)]
@@ -89,6 +91,7 @@ class TokenTree:
         self.children: list[list[int]] = [[]]  # in verification order
         self.rows: dict[int, Any] = {}
         self.drawn = drawn
+        self.parts: Optional[list[int]] = None
 
     @classmethod
     def from_parents(cls, tokens: Sequence[int], parents: Sequence[int], drawn: str) -> "TokenTree":
@@ -253,9 +256,12 @@ class StaticGrowth:
     (StepOutput.ranking), drafted as TOP: each child is verified as a point mass, which accepts
     it exactly when it is the target's argmax, so the output is greedy decoding's."""
 
-    def __init__(self, root: int, shape: StaticShape, max_depth: int, greedy: bool = False):
+    def __init__(self, root: int, shape: StaticShape, max_depth: int, greedy: bool = False,
+                 uniforms: Optional[Sequence[float]] = None):
         self.tree = TokenTree(root, TOP if greedy else SAMPLED)
+        self.tree.parts = [0]
         self.shape, self.max_depth, self.greedy = shape, max_depth, greedy
+        self.uniforms = uniforms  # [shape nodes − 1]: shape node m drawn with uniforms[m − 1] (not greedy)
         self._frontier = [(0, 0)]  # (tree node, shape node)
         self._expanding: list[tuple[int, int]] = []
 
@@ -264,19 +270,21 @@ class StaticGrowth:
         self._expanding = [(n, s) for n, s in self._frontier if self.shape.children[s] and self.tree.depths[n] < self.max_depth]
         return [n for n, _ in self._expanding]
 
-    def receive(self, rows: Sequence[Any], rng: np.random.Generator, firsts: Optional[Sequence[int]] = None) -> None:
-        """The draft's rows after the pending nodes; `firsts`: the draft head's own draw from each
-        (drawn with a stream uniform in the same pass), taken as each node's first child."""
+    def receive(self, rows: Sequence[Any]) -> None:
+        """The draft's rows after the pending nodes: their children drawn (each shape node with its
+        own uniform, `uniforms`), or under greedy decoding their top tokens."""
         ranks = [self.shape.children[at] for _, at in self._expanding]  # each node's children in the shape
         if self.greedy:
             best = [top_rows(np.asarray(row, dtype=np.float64)[None], len(kids))[0].tolist() for row, kids in zip(rows, ranks)]
             drawn = [[t for t in tokens if row[t] > 0] for row, tokens in zip(rows, best)]
-        else:  # the level's draws together, node after node: the uniforms of drawing them one by one
-            drawn = draws_without_replacement(rows, [len(kids) for kids in ranks], rng, firsts)
+        else:  # the level's draws together, node after node
+            uniforms = [[self.uniforms[kid - 1] for kid in kids] for kids in ranks]
+            drawn = draws_without_replacement(rows, [len(kids) for kids in ranks], uniforms)
         self._frontier = []
         for (node, _), row, children, kids in zip(self._expanding, rows, drawn, ranks):
             self.tree.rows[node] = row
             self._frontier += zip(self.tree.add_children(node, children), kids)
+            self.tree.parts += kids[:len(children)]
 
     def result(self) -> TokenTree:
         return self.tree
@@ -325,8 +333,8 @@ class DynamicGrowth:
     def pending(self) -> list[int]:
         return [self._node[c] for c in self._frontier] if self._passes > 0 else []
 
-    def receive(self, rows: Sequence[Any], rng: np.random.Generator, firsts: Optional[Sequence[int]] = None) -> None:
-        """The draft's rows after the frontier; children are each row's top-k (`firsts` unused)."""
+    def receive(self, rows: Sequence[Any]) -> None:
+        """The draft's rows after the frontier; children are each row's top-k."""
         self._passes -= 1
         frontier = self._frontier
         for c, row in zip(frontier, rows):

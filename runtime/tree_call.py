@@ -15,15 +15,14 @@ The layout (`TreeLayout`) fixes what both sides agree on, from the shape alone:
   window, their KV rows at present slots W, W + 1, ... (W the window width);
 - `draws[:, n − 1]`: node n's token (where its parent's row still had mass for it: the host
   checks, tree_from_draws);
-- `uniforms[:, n − 1]`: the uniform node n is drawn with. `uniform_order` lays an image's stream
-  out as the level-by-level drafter consumes it (the window's uniforms, the last one drawing
-  the root's first child; the root's other children; then per level its nodes' first children
-  and their other children, node after node), so the two paths draw the same tokens from the
-  same stream, up to float32 against float64 at a CDF boundary (a rare token) and rows that run
-  out of mass (there the level path draws fewer uniforms). Both are exact in distribution.
+- `uniforms[:, n − 1]`: the uniform node n is drawn with: the round's CANDIDATE counter uniform of
+  part n at node n's token index (runtime.decoding Decoding.tree_uniforms), the one the
+  level-by-level drafter (runtime.tree.StaticGrowth) and the device round (runtime/rounds/trees.py)
+  draw node n with, so the three draw the same tokens, up to float32 against float64 at a CDF
+  boundary (a rare token). Both are exact in distribution.
 
 Both drafters (runtime.model_drafter, runtime.eagle) build their trees from a call's outputs here
-(root_only_trees, tree_from_draws, grown_trees); runtime.decoding draws the uniforms in this order.
+(root_only_trees, tree_from_draws, grown_trees).
 """
 from __future__ import annotations
 
@@ -53,7 +52,6 @@ class TreeLayout:
                        for depth in range(1, max((self.depths[n] for n in self.inner), default=0) + 1)]
         self.key = tuple(tuple(kids) for kids in self.children)  # the shape, hashable
         self.depth = max(self.depths)
-        self._orders: dict[int, tuple[int, ...]] = {}
         # for the whole-tree check: each node's parent row, and per row its children but the last
         self._row_index = np.array(self.row_of[1:], dtype=np.int64)
         self._all_but_last = np.zeros((len(self.inner), count - 1))
@@ -63,20 +61,6 @@ class TreeLayout:
     @property
     def nodes(self) -> int:
         return len(self.children)
-
-    def uniform_order(self, max_depth: int) -> tuple[int, ...]:
-        """The nodes an image with `max_depth` drafts left draws, in the order the level-by-level
-        drafter takes their uniforms from its stream (after the window's first W − 1)."""
-        order = self._orders.get(max_depth)
-        if order is None:
-            nodes: list[int] = []
-            for depth, level in enumerate([[0], *self.levels]):
-                if depth >= max_depth:
-                    break
-                nodes += [self.children[n][0] for n in level]
-                nodes += [child for n in level for child in self.children[n][1:]]
-            order = self._orders[max_depth] = tuple(nodes)
-        return order
 
 
 def root_only_trees(roots: Sequence[int], max_depths: Sequence[int], drawn: str) -> list[Optional[TokenTree]]:
@@ -114,6 +98,7 @@ def tree_from_draws(layout: TreeLayout, root: int, draws: Sequence[int], rows: A
         else:
             left[parent] = 0.0  # a row that ran out stops: no later sibling either
     tree = TokenTree.from_parents(kept_tokens, kept_parents, SAMPLED)
+    tree.parts = sorted(index)  # the kept layout nodes, in node order: what their draws and tests are keyed by
     for k, node in enumerate(layout.inner):
         at = index.get(node)
         if at is not None and tree.children[at]:
@@ -165,8 +150,7 @@ def grown_tree(layout: GrowthLayout, root: int, tokens: np.ndarray, scores: np.n
 
     Also: the tree of the root and the frontier nodes run (the drafter's staged nodes: `extend`
     follows the accepted path through it) and their fed indices in that order (present slot W + f).
-    The level path's passes draw one uniform per node they run: the window's, then one per
-    frontier node, so an image's stream advances by its window and len(those) (the caller's)."""
+    """
     real = np.isfinite(scores)
     real[layout.starts[passes]:] = False  # passes past the image's end
     at = layout._first_of_fed + fronts  # fed node f is candidate at[f]
@@ -186,13 +170,10 @@ def grown_tree(layout: GrowthLayout, root: int, tokens: np.ndarray, scores: np.n
     return tree, expanded, staged
 
 
-def grown_trees(rngs: Sequence[np.random.Generator], layout: GrowthLayout, out: Any,
-                windows: Sequence[Optional[Sequence[int]]], max_depths: Sequence[int],
+def grown_trees(layout: GrowthLayout, out: Any, windows: Sequence[Optional[Sequence[int]]], max_depths: Sequence[int],
                 total_tokens: int) -> list[Optional[tuple[TokenTree, TokenTree, list[int]]]]:
     """grown_tree for each image of a grow_tree call (`out`: its GrownTrees; windows[p]: image p's
-    window tokens, its root last; None: no tree), each image's stream rngs[p] advanced past the
-    uniforms the level path's passes would have drawn: its window's, then one per frontier node
-    run (what they draw is unused: the tree is the rows' top-k)."""
+    window tokens, its root last; None: no tree). Nothing random: the tree is the rows' top-k."""
     grown: list[Optional[tuple[TokenTree, TokenTree, list[int]]]] = []
     for p, window in enumerate(windows):
         if window is None:
@@ -200,6 +181,5 @@ def grown_trees(rngs: Sequence[np.random.Generator], layout: GrowthLayout, out: 
             continue
         tree, expanded, fed = grown_tree(layout, window[-1], out.tokens[p], out.scores[p], out.fronts[p],
                                          min(layout.depth, max_depths[p]), total_tokens)
-        rngs[p].random(len(window) + len(fed))
         grown.append((tree, expanded, fed))
     return grown

@@ -24,8 +24,8 @@ def test_the_round_reads_the_host_once_a_round_and_the_host_loop_more(tmp_path, 
     # the round: one read a round (target_calls = rounds + 1 with the prefill) and two a call
     assert round_stats["host_syncs"] <= round_stats["target_calls"] + 1, round_stats
     assert host_stats["host_syncs"] > round_stats["host_syncs"] + 1, (host_stats, round_stats)
-    # the loops draw from different random streams: the flag changed what ran
-    assert round_tokens.shape == host_tokens.shape and not np.array_equal(round_tokens, host_tokens)
+    # the loops draw the same counter uniforms: the same tokens, whichever ran
+    np.testing.assert_array_equal(round_tokens, host_tokens)
 
 
 def test_auto_on_a_cpu_is_the_host_loop(tmp_path, capsys):

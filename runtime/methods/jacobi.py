@@ -31,8 +31,14 @@ needs K + K² + … + K^D ≤ L. One iteration:
    proactive drafting turns the first D levels into K-candidate levels; slots past the last
    row start from uniform random tokens (q uniform).
 
-On the PyTorch backend's device round (runtime/rounds) SJD, and SJD-PAC without proactive
-drafting, run whole on the device instead of this loop: see the pipeline's `loop`.
+Random numbers are counter uniforms keyed as the device round keys them (runtime.decoding): a
+slot's draft by the round's DRAFT uniform at its token index (the target's draws at every slot),
+a fresh slot's token by the FRESH uniform of the round that made the window, the tests by TEST
+(part k: sibling k), the token after the accepted prefix by NEXT, adaptive continuation's re-tests
+by RETEST and RESAMPLE, proactive drafting's candidate k by CANDIDATE part k.
+
+On the PyTorch backend's device round (runtime/rounds) SJD, and SJD-PAC (tree="spine"), run whole
+on the device instead of this loop: see the pipeline's `loop`.
 """
 from __future__ import annotations
 
@@ -43,12 +49,14 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
+from specrt.runtime.counter_random import CANDIDATE, DRAFT, FRESH, NEXT, RESAMPLE, RETEST, TEST
 from specrt.runtime.decoding import Decoding
 from specrt.runtime.methods.base import Batched, Method
 from specrt.runtime.verification.chains import verify_chains
 from specrt.runtime.verification.positions import verify_position, verify_positions
 from specrt.runtime.verification.rules import VANILLA
 from specrt.runtime.verification.siblings import draw_without_replacement, verify_siblings
+from specrt.runtime.sampling import inverse_cdf
 from specrt.runtime.verification.transport import host_rows, rows_by_position
 from specrt.runtime.window import Window
 from specrt.validation import Bool, Choice, Int
@@ -125,7 +133,7 @@ class JacobiDecoding(Method):
 
     def generate(self, ctx: Decoding, conditions: Conditions) -> np.ndarray:
         """Every unfinished image runs one Jacobi iteration per target step, its own proposal
-        and tree in its own window; each verifies, commits and drafts on with its own stream."""
+        and tree in its own window; each verifies, commits and drafts on with its own counter uniforms."""
         target, total = ctx.target, ctx.num_image_tokens
         uniform = fresh_proposal(target.spec.vocab_size, ctx.grammar)
         target.truncate(0)
@@ -135,6 +143,7 @@ class JacobiDecoding(Method):
         batch = Batched(len(tokens))
         while batch.drop(ctx, [len(t) == total for t in tokens]):
             images = list(batch.images)
+            ctx.start_round([len(tokens[i]) if len(tokens[i]) < total else None for i in images])
             windows, trees = [], []
             for p, i in enumerate(images):
                 if len(tokens[i]) == total:
@@ -145,7 +154,7 @@ class JacobiDecoding(Method):
                 window, children = build_window(tokens[i][-1], levels[i])
                 windows.append(window)
                 trees.append(children)
-            out = ctx.run(target, windows)
+            out = ctx.run(target, windows, slot_uniforms(ctx, windows))
             paths: list[Optional[list[int]]] = []
             with ctx.stats.timing("verification"):  # chain windows together, then every image's iteration
                 rows = host_rows(out.probs)  # device rows: the step's window read in one transfer
@@ -171,14 +180,21 @@ class JacobiDecoding(Method):
         """The chain windows of a step (chains[p]: image p's levels, None for a tree window or no
         window), verified together as a batch of drafted chains (runtime.verification.chains.verify_chains
         with SD's rule: a level's one candidate tested against its stale row q, the first rejection
-        resampled from Norm([P − q]_+), the head's draw after a whole chain): array operations over
-        the batch, each image with its own stream. Per image p: _verify's verdict (accepted tokens,
-        committed slots, next token, stopped by a rejection?)."""
+        resampled from Norm([P − q]_+), the bonus drawn from the row after a whole chain, both with the
+        round's NEXT uniform): array operations over the batch. Per image p: _verify's verdict
+        (accepted tokens, committed slots, next token, stopped by a rejection?)."""
         drafts = [[level.candidates[0] for level in levels] if levels is not None else [] for levels in chains]
         q_block = rows_by_position([[level.q for level in levels] if levels is not None else [] for levels in chains])
         if not any(levels is not None for levels in chains):
             return {}
-        outcomes = verify_chains(p_block, q_block, drafts, VANILLA, ctx.rngs, draws)
+        longest = max(len(chain) for chain in drafts)
+        next_uniforms = ctx.uniforms(0, NEXT)
+        lengths = np.array([len(chain) for chain in drafts], dtype=np.int64)
+        bonus = np.zeros((len(drafts), longest + 1), dtype=np.int64)  # the token after each whole chain
+        bonus[np.arange(len(drafts)), lengths] = inverse_cdf(np.asarray(p_block[np.arange(len(drafts)), lengths]),
+                                                             next_uniforms)
+        outcomes = verify_chains(p_block, q_block, drafts, VANILLA, ctx.uniforms(np.arange(longest)[None], TEST),
+                                 next_uniforms, bonus)
         verdicts = {}
         for p, (chain, accepted, token) in enumerate(zip(drafts, outcomes.accepted_lengths, outcomes.next_tokens)):
             if chains[p] is not None:
@@ -197,29 +213,35 @@ class JacobiDecoding(Method):
 
     def _verify(self, ctx: Decoding, p_rows: np.ndarray, draws: Any, levels: list[Level],
                 children: Children) -> tuple[list[int], list[int], int, bool]:
-        """Walk the levels: (accepted tokens, committed slots, next token, stopped by a rejection?)."""
-        accepted, path = [], [0]
+        """Walk the levels: (accepted tokens, committed slots, next token, stopped by a rejection?).
+        Depth d's candidate k is tested with the round's TEST uniform of part k at index n − 1 + d; the
+        token after the walk (a rejection's residual, or the bonus from the last row) with NEXT."""
+        key, accepted, path = ctx.key, [], [0]
+        next_uniform = key.uniform(0, NEXT)
         for depth, level in enumerate(levels):
             slots = level_slots(children, depth, path[-1])
             if slots is None:  # the accepted node is a leaf (not on an extended path): take a bonus token
                 break
             if len(level.candidates) == 1:  # a chain level: plain rejection sampling (= K of 1)
-                kept, token = verify_position(p_rows[path[-1]], level.q, level.candidates[0], ctx.rng)
+                kept, token = verify_position(p_rows[path[-1]], level.q, level.candidates[0], key.uniform(depth, TEST),
+                                              next_uniform)
                 index = 0 if kept else None
             else:
-                index, token = verify_siblings(p_rows[path[-1]], level.q, level.candidates, ctx.rng)
+                coins = [key.uniform(depth, TEST, k) for k in range(len(level.candidates))]
+                index, token = verify_siblings(p_rows[path[-1]], level.q, level.candidates, coins, next_uniform)
             if index is None:
                 return accepted, path, token, True
             accepted.append(token)
             path.append(slots[index])
-        return accepted, path, int(draws[path[-1]]), False  # the head's draw from the last row
+        return accepted, path, int(inverse_cdf(np.asarray(p_rows[path[-1]]), next_uniform)), False
 
     def _next_levels(self, ctx: Decoding, levels: list[Level], p_rows: np.ndarray, draws: Any,
                      route: list[int], accepted: int, rejected: bool) -> list[Level]:
         """Drafts for the depths after the new pending token (old depth accepted + 1).
 
-        New level j sits at old depth e = accepted + 1 + j; its stale row is that of the route's
-        slot at depth e − 1 (row_route), whose draw the head already made (SJD's fresh draft).
+        New level j sits at old depth e = accepted + 1 + j (token index n + e); its stale row is that
+        of the route's slot at depth e − 1 (row_route), whose draw the head already made with the
+        round's DRAFT uniform at that index (SJD's fresh draft).
         These rows stay readable through the next step (the runner's outputs are double-buffered;
         rows read from a device are the loop's own)."""
         slots = route[accepted + 1:]
@@ -229,22 +251,27 @@ class JacobiDecoding(Method):
             if old:
                 at, q_rows = np.asarray([slots[j] for j, _ in old]), [level.q for _, level in old]
                 drafts = [level.candidates[0] for _, level in old]
-                kept = verify_positions(p_rows[at], q_rows, drafts, ctx.rng)
+                offsets = np.array([[accepted + 1 + j for j, _ in old]])
+                kept = verify_positions(p_rows[at], q_rows, drafts, ctx.uniforms(offsets, RETEST)[0],
+                                        ctx.uniforms(offsets, RESAMPLE)[0])
                 for (j, _), token in zip(old, kept):
                     tokens[j] = token
         every = list(p_rows)  # views made in one C loop
         rows = [every[slot] for slot in slots]
-        return self._proactive([Level([t], row) for t, row in zip(tokens, rows)], ctx, rejected)
+        return self._proactive([Level([t], row) for t, row in zip(tokens, rows)], ctx, rejected, accepted + 1)
 
-    def _proactive(self, new: list[Level], ctx: Decoding, rejected: bool) -> list[Level]:
+    def _proactive(self, new: list[Level], ctx: Decoding, rejected: bool, offset: int) -> list[Level]:
         """Proactive drafting: after a rejection the first D levels get K candidates each, drawn
-        without replacement from the level's row; the level's own draft (SJD's draw or adaptive
-        continuation's token, both draws from that row) is candidate 1. A full tree fans out
-        every level but the last tree level, whose first candidate carries the chain."""
+        without replacement from the level's row (new level j at index n + offset + j; candidate k
+        with the round's CANDIDATE uniform of part k there); the level's own draft (SJD's draw or
+        adaptive continuation's token, both draws from that row) is candidate 1. A full tree fans
+        out every level but the last tree level, whose first candidate carries the chain."""
         if self.proactive_drafting and rejected:
             tree = new[: self.tree_depth]
+            key = ctx.key
             for depth, level in enumerate(tree, start=1):
-                level.candidates = draw_without_replacement(level.q, self.branching, ctx.rng,
+                uniforms = [key.uniform(offset + depth - 1, CANDIDATE, k) if k else 0.0 for k in range(self.branching)]
+                level.candidates = draw_without_replacement(level.q, self.branching, uniforms,
                                                             first=level.candidates[0])
                 level.fanout = self.tree == "full" and depth < len(tree)
         return new
@@ -253,33 +280,54 @@ class JacobiDecoding(Method):
               first: int = 0) -> list[Level]:
         """Cut the proposal to the window budget (L tree nodes) and the image end; pad the chain
         with uniform random tokens (level d drafts stream token first + d: under an image grammar a
-        forced token is drafted as itself, a point mass, and a sampled one from the codes alone)."""
+        forced token is drafted as itself, a point mass, and a sampled one from the codes alone).
+
+        A spine tree's first D levels take K slots each, whatever they hold (fewer candidates where
+        a row ran out of mass or a depth had no row): the device round's fixed window layout
+        (runtime/rounds/proactive.py), so both verify the same levels and draft the same tokens."""
         budget, width = self.window, 1  # width: the parents the next level hangs under
+        spine = self.proactive_drafting and self.tree == "spine" and self.branching * self.tree_depth <= self.window \
+            and any(len(level.candidates) > 1 for level in levels[: self.tree_depth])
         kept: list[Level] = []
         for level in levels[:max_depth]:
             if budget < width:
                 break
             if width * len(level.candidates) > budget:
                 level = Level(level.candidates[: budget // width], level.q)
+            budget -= self.branching if spine and len(kept) < self.tree_depth else width * len(level.candidates)
             kept.append(level)
-            budget -= width * len(level.candidates)
             width = width * len(level.candidates) if level.fanout else 1
         while budget > 0 and len(kept) < max_depth:
+            budget -= self.branching if spine and len(kept) < self.tree_depth else 1
             kept.append(self._random_level(ctx, uniform, first + len(kept)))
-            budget -= 1
         return kept
 
     @staticmethod
     def _random_level(ctx: Decoding, uniform: np.ndarray, index: int) -> Level:
-        """A fresh slot's draft for stream token `index`: a draw from `uniform` (fresh_proposal), or
-        the token the grammar (ctx.grammar) forces there, as a point mass."""
+        """A fresh slot's draft for stream token `index`: a draw from `uniform` (fresh_proposal) with
+        the FRESH uniform of the round that made the window (the round before; round 0 for the first
+        window), as the device round draws it, or the token the grammar (ctx.grammar) forces there,
+        as a point mass."""
         forced = -1 if ctx.grammar is None else int(ctx.grammar.forced()[index])
         if forced >= 0:
             point = np.zeros(len(uniform))
             point[forced] = 1.0
             return Level([forced], point)
         support = len(uniform) if ctx.grammar is None else ctx.grammar.image_vocab  # uniform over its first entries
-        return Level([int(ctx.rng.integers(support))], uniform)
+        key = ctx.key
+        fresh = key.uniform(index - key.length, FRESH, earlier=True)
+        return Level([min(int(fresh * support), support - 1)], uniform)
+
+
+def slot_uniforms(ctx: Decoding, windows: list[Optional[Window]]) -> np.ndarray:
+    """[I, W]: each window slot drawn with the round's DRAFT uniform at the token index it predicts
+    (n + its depth): the draw that drafts that index in the next window, as the device round's."""
+    width = max((len(window) for window in windows if window is not None), default=1)
+    depths = np.zeros((len(windows), width), dtype=np.int64)
+    for p, window in enumerate(windows):
+        if window is not None:
+            depths[p, :len(window)] = window.depths()
+    return ctx.uniforms(depths, DRAFT)
 
 
 def fresh_proposal(vocab: int, grammar: Any = None) -> np.ndarray:

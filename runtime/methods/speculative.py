@@ -20,6 +20,7 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
+from specrt.runtime.counter_random import DRAFT, NEXT, TEST
 from specrt.runtime.decoding import Decoding
 from specrt.runtime.drafting import finish_round, make_drafter
 from specrt.runtime.methods.base import Batched, Method
@@ -46,7 +47,7 @@ class DraftThenVerify(Method):
     image whose own draft is shorter, near its end, sits the extra steps out with an empty
     window), one target step over every image's [pending, drafts], then one verification of all
     chains as array operations (runtime.verification.chains.verify_chains; each image with its own
-    stream), and each image commits its own accepted prefix, driving an independent draft
+    counter uniforms), and each image commits its own accepted prefix, driving an independent draft
     model's runner directly. Trees (runtime.methods.tree_loop), and chains from any other Drafter
     (runtime.drafter: an EAGLE head), go through the Drafter protocol, batched the same way.
     """
@@ -99,6 +100,7 @@ class DraftThenVerify(Method):
         while batch.drop(ctx, [len(t) == total for t in tokens]):
             images = list(batch.images)
             draft_lens = [min(self.draft_len, total - len(tokens[i]) - 1) for i in images]  # 0 or less: finished
+            ctx.start_round([len(tokens[i]) if length >= 0 else None for i, length in zip(images, draft_lens)])
             drafts, q_block = self._draft(ctx, [tokens[i] for i in images], draft_lens)
             scored = self._score(ctx, chains([[tokens[i][-1], *drafts[p]] if draft_lens[p] >= 0 else None
                                               for p, i in enumerate(images)]))
@@ -139,7 +141,7 @@ class DraftThenVerify(Method):
             # each drafting image catches its draft up on every token it has not cached (pending + drafts)
             feeds = [(sequence + drafts[p])[draft.lengths[p] - cond_len:] if step < draft_lens[p] else None
                      for p, sequence in enumerate(sequences)]
-            out = ctx.run(draft, chains(feeds))
+            out = ctx.run(draft, chains(feeds), ctx.uniforms(step, DRAFT))  # draft step + 1 at index n + step
             draft.commit([range(len(f)) if f is not None else None for f in feeds])
             index = np.arange(len(sequences)), np.array([len(f) - 1 if f is not None else 0 for f in feeds])
             q_steps.append(take(out.probs, index))  # one gather, a copy: the buffer is reused two steps on
@@ -162,6 +164,7 @@ class DraftThenVerify(Method):
         while batch.drop(ctx, [len(t) == total for t in tokens], drafter):
             images = list(batch.images)
             draft_lens = [min(self.draft_len, total - len(tokens[i]) - 1) for i in images]  # < 0: finished
+            ctx.start_round([len(tokens[i]) if length >= 0 else None for i, length in zip(images, draft_lens)])
             drafts, q_rows = drafter.propose_chain(ctx, [max(n, 0) for n in draft_lens])
             scored = self._score(ctx, chains([[tokens[i][-1], *drafts[p]] if draft_lens[p] >= 0 else None
                                               for p, i in enumerate(images)]))
@@ -176,16 +179,20 @@ class DraftThenVerify(Method):
         return np.asarray(tokens, dtype=np.int64)
 
     def _score(self, ctx: Decoding, windows: Any) -> StepOutput:
-        """The target's step over a round's chains."""
-        return ctx.run(ctx.target, windows)
+        """The target's step over a round's chains, every slot drawn with the round's NEXT uniform
+        (the slot after an image's last draft gives its bonus token)."""
+        return ctx.run(ctx.target, windows, ctx.uniforms(0, NEXT))
 
     def _verify(self, ctx: Decoding, scored: StepOutput, q_block: Any, drafts: list[list[int]], rule: AcceptanceRule,
                 verified: list[bool]) -> ChainOutcomes:
         """Every image's chain (batch position p: drafts[p], drafted from q_block[:, p]) against its
-        target rows in one verify_chains, each image with its own stream; `verified` marks the
-        images that had a pass (the others pass no drafts and their outcome is ignored)."""
+        target rows in one verify_chains, draft i + 1 tested with the round's TEST uniform at index
+        n + i and a rejection resampled with its NEXT uniform; `verified` marks the images that had
+        a pass (the others pass no drafts and their outcome is ignored)."""
         with ctx.stats.timing("verification"):
-            outcomes = verify_chains(scored.probs, q_block, drafts, rule, ctx.rngs, scored.draws)
+            longest = max((len(chain) for chain in drafts), default=0)
+            outcomes = verify_chains(scored.probs, q_block, drafts, rule, ctx.uniforms(np.arange(longest)[None], TEST),
+                                     ctx.uniforms(0, NEXT), scored.draws)
             if self.theorem2:  # opt-in estimates, image by image
                 for p, chain in enumerate(drafts):
                     if verified[p]:

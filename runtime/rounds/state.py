@@ -10,7 +10,7 @@ and change nothing.
 Random numbers come from runtime.counter_random, keyed by (image seed, token index, draw kind,
 round): every uniform a round uses is fresh — no (round, index, kind) repeats within an image —
 and depends on nothing but the image's own seed and progress, so an image is the same alone or
-in any batch.
+in any batch. The host loop (runtime/decoding.py) keys its draws the same way (draw_slot).
 """
 from __future__ import annotations
 
@@ -19,12 +19,10 @@ from typing import Any, Sequence
 
 import torch
 
-from specrt.runtime.counter_random import counter_uniforms
+from specrt.runtime.counter_random import (CANDIDATE, DRAFT, FRESH, KINDS, NEXT, PARTS, RESAMPLE, RETEST, TEST,
+                                          counter_uniforms, draw_slot)
 
-# what a uniform is for, at one token index of one round; `part` numbers the draws of one kind there
-# (a sibling's test, a candidate drawn without replacement)
-DRAFT, TEST, NEXT, FRESH, RETEST, RESAMPLE, CANDIDATE = range(7)
-KINDS, PARTS = 8, 256  # room for new kinds, and more parts than any branching or tree has nodes
+__all__ = ["CANDIDATE", "DRAFT", "FRESH", "KINDS", "NEXT", "PARTS", "RESAMPLE", "RETEST", "TEST", "RoundState"]
 
 
 @dataclass
@@ -77,7 +75,7 @@ class RoundState:
         """float64 uniforms for token indices index [I, K] (or [I]) of this round, for one kind of draw
         and one part of it (below PARTS: an int, or int64 tensor broadcasting with index)."""
         extra = (None,) * (index.dim() - 1)
-        slot = kind + KINDS * (part + PARTS * self.rounds[(slice(None), *extra)])
+        slot = draw_slot(kind, part, self.rounds[(slice(None), *extra)])
         return counter_uniforms(self.seed_low[(slice(None), *extra)], self.seed_high[(slice(None), *extra)], index, slot)
 
     def pending(self) -> Any:

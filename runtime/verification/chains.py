@@ -25,7 +25,7 @@ class ChainOutcomes:
 
 
 def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], rule: AcceptanceRule,
-                  rngs: Sequence[np.random.Generator], draws: Any) -> ChainOutcomes:
+                  coins: np.ndarray, next_uniforms: np.ndarray, draws: Any) -> ChainOutcomes:
     """Cool-SD Alg. 1 lines 4-17 for every image of a batch: accept x̃_i while r_i ≤ f_i; at the first
     rejection sample G_i; if all of an image's drafts are accepted its next token is the head's
     draw from its P_{L+1} (the bonus token).
@@ -43,8 +43,9 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
     rejected images only, as one [R, V] block sampled by inverse CDF. The only whole rows read are
     the two of each rejection.
 
-    Random streams: image b draws L_b + 1 uniforms from rngs[b] up front (L_b tests, then the draw
-    from G at a rejection), so what it consumes depends on its own chain alone and an image is the
+    Uniforms: coins [images, ≥ L] (image b's test of draft i + 1 in coins[b, i]) and next_uniforms
+    [images] (the draw from G at a rejection), the caller's (the round's TEST and NEXT counter
+    uniforms: runtime.decoding), so what an image uses depends on its own chain alone and it is the
     same alone or in any batch. As exact as testing position by position with fresh uniforms: the
     tests' uniforms are independent, and the resampling uniform is independent of them.
 
@@ -54,30 +55,27 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
     instead, with verify_chain_block.
     """
     if len(drafts) == 1 and isinstance(p_block, np.ndarray) and isinstance(q_block, (np.ndarray, type(None))):
-        return _verify_one_chain(p_block, q_block, drafts[0], rule, rngs[0], draws)
+        return _verify_one_chain(p_block, q_block, drafts[0], rule, coins[0], float(next_uniforms[0]), draws)
     count, sizes = len(drafts), [len(chain) for chain in drafts]
     lengths, images = np.array(sizes, dtype=np.int64), np.arange(count)
     longest = max(sizes, default=0)
     if longest == 0:
         return ChainOutcomes([0] * count, np.asarray(draws)[images, lengths].tolist())
     tokens = np.array([[*chain, *[0] * (longest - len(chain))] for chain in drafts], dtype=np.int64)  # pads: 0
-    uniforms = np.zeros((count, longest + 1))
-    for size, rng, row in zip(sizes, rngs, uniforms):
-        if size:
-            rng.random(out=row[: size + 1])
+    coins = np.asarray(coins, dtype=np.float64)[:, :longest]
     next_tokens = np.asarray(draws)[images, lengths].astype(np.int64, copy=False)  # bonus tokens; rejections below
     steps = np.arange(longest)
     q_at = gather(q_block, (steps, images[:, None], tokens))  # [images, L]
     p_at = gather(p_block, (images[:, None, None], steps[:, None], rule.columns(tokens)))  # [images, L, c]
     passed = np.zeros((count, longest + 1), dtype=bool)  # a failed test after the last: argmin finds one
-    np.less_equal(uniforms[:, :longest], rule.accept_probabilities(p_at, q_at, steps + 1), out=passed[:, :longest])
+    np.less_equal(coins, rule.accept_probabilities(p_at, q_at, steps + 1), out=passed[:, :longest])
     accepted = np.minimum(passed.argmin(axis=1), lengths)  # leading passes within the chain: τ
     rejected = np.flatnonzero(accepted < lengths)
     if rejected.size:
         at = accepted[rejected]
         p_rows, q_rows = gather(p_block, (rejected, at)), gather(q_block, (at, rejected))  # [R, V] each
         resampled = rule.resample(p_rows, q_rows, tokens[rejected, at], at + 1)
-        next_tokens[rejected] = inverse_cdf(resampled, uniforms[rejected, lengths[rejected]])
+        next_tokens[rejected] = inverse_cdf(resampled, np.asarray(next_uniforms, dtype=np.float64)[rejected])
     return ChainOutcomes(accepted.tolist(), next_tokens.tolist())
 
 
@@ -108,7 +106,7 @@ def verify_chain_block(p: Any, q: Any, drafted: Any, limits: Any, coins: Any, ne
 
 
 def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain: Sequence[int], rule: AcceptanceRule,
-                      rng: np.random.Generator, draws: np.ndarray) -> ChainOutcomes:
+                      coins: Any, next_uniform: float, draws: np.ndarray) -> ChainOutcomes:
     """verify_chains for a batch of one image on host rows: the same uniforms, tests and
     resampling, position by position in Python floats (rule.accept_probability, the tree
     siblings' test; a rule without scalar_tests evaluates the chain's f in one block). Between
@@ -119,7 +117,7 @@ def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain:
     size = len(chain)
     if size == 0:
         return ChainOutcomes([0], [int(draws[0, 0])])
-    uniforms = rng.random(size + 1).tolist()  # as the batch path: L tests, then the resampling draw
+    uniforms = np.asarray(coins, dtype=np.float64)[:size].tolist()  # as the batch path: the L tests
     p_rows, q_rows = p_block[0], q_block[:, 0]
     if not rule.scalar_tests:  # f of every position in one block evaluation (a rule without a scalar test)
         steps, tokens = np.arange(size), np.array(chain)
@@ -131,5 +129,5 @@ def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain:
             # G from the two rows as they are (float32 from a graph): every rule's resample computes
             # in float64, as it does for the batch path's [R, V] block, so the bits are the same
             resampled = rule.resample(p, q, token, i + 1)
-            return ChainOutcomes([i], [inverse_cdf(resampled, uniforms[size])])
+            return ChainOutcomes([i], [inverse_cdf(resampled, next_uniform)])
     return ChainOutcomes([size], [int(draws[0, size])])

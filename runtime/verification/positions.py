@@ -9,19 +9,20 @@ from typing import Any, Sequence
 import numpy as np
 
 from specrt.runtime.arrays import namespace
-from specrt.runtime.sampling import sample
+from specrt.runtime.sampling import draw_from_cdf
 from specrt.runtime.verification.formulas import acceptance, draw_masses, residual, residual_mass
 
 
-def verify_position(p: np.ndarray, q: np.ndarray, token: int, rng: np.random.Generator) -> tuple[bool, int]:
-    """One lossless rejection-sampling test (SJD, SJD-PAC): keep x̃ with min(1, p/q), else Norm([p − q]_+)."""
-    if rng.random() <= acceptance(p[token], q[token]):
+def verify_position(p: np.ndarray, q: np.ndarray, token: int, coin: float, draw_uniform: float) -> tuple[bool, int]:
+    """One lossless rejection-sampling test (SJD, SJD-PAC): keep x̃ when coin ≤ min(1, p/q), else draw
+    from Norm([p − q]_+) with draw_uniform."""
+    if coin <= acceptance(p[token], q[token]):
         return True, int(token)
-    return False, int(sample(residual(p, q), rng))
+    return False, draw_from_cdf(np.cumsum(residual(p, q)), draw_uniform)
 
 
 def verify_positions(p_block: np.ndarray, q_rows: Sequence[np.ndarray], tokens: Sequence[int],
-                     rng: np.random.Generator) -> list[int]:
+                     coins: np.ndarray, draw_uniforms: np.ndarray) -> list[int]:
     """verify_position at several independent positions at once (SJD-PAC's adaptive continuation
     re-tests every stale draft against its new row): the kept or resampled token of each.
 
@@ -29,20 +30,20 @@ def verify_positions(p_block: np.ndarray, q_rows: Sequence[np.ndarray], tokens: 
     so this is the same test; only the tokens' entries are read until the rejected positions'
     residuals are formed and sampled as one [R, V] block instead of R small host calls.
 
-    Random stream: 2n uniforms up front, n tests then position i's resampling draw (used where it
-    is rejected), so what a call consumes does not depend on its outcomes (retest_block, the device
-    round's form, draws the same).
+    Uniforms: coins [n] the tests', draw_uniforms [n] each position's resampling draw (used where it
+    is rejected), the caller's counter uniforms (the round's RETEST and RESAMPLE), as retest_block,
+    the device round's form, takes them.
     """
     count = len(tokens)
-    uniforms = rng.random(2 * count)  # n tests, then each position's resampling draw
+    coins, draw_uniforms = np.asarray(coins, dtype=np.float64), np.asarray(draw_uniforms, dtype=np.float64)
     p_at = np.asarray(p_block[np.arange(count), np.asarray(tokens)], dtype=np.float64)
     q_at = np.array([row.item(t) for row, t in zip(q_rows, tokens)], dtype=np.float64)
     out = [int(t) for t in tokens]
-    rejected = np.flatnonzero(uniforms[:count] > acceptance(p_at, q_at))
+    rejected = np.flatnonzero(coins[:count] > acceptance(p_at, q_at))
     if rejected.size:  # np.array copies a list of rows in C, where np.stack reshapes each row in Python first
         p_rejected = np.asarray(p_block[rejected], dtype=np.float64)
         q_rejected = np.array([q_rows[i] for i in rejected])
-        drawn = draw_masses(residual_mass(p_rejected, q_rejected), p_rejected, uniforms[count + rejected])
+        drawn = draw_masses(residual_mass(p_rejected, q_rejected), p_rejected, draw_uniforms[rejected])
         for i, token in zip(rejected.tolist(), drawn.tolist()):
             out[i] = token
     return out

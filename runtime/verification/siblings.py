@@ -7,7 +7,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from specrt.runtime.sampling import draw_from_cdf, sample
+from specrt.runtime.sampling import draw_from_cdf
 from specrt.runtime.verification.formulas import normalise
 from specrt.runtime.verification.rules import VANILLA, AcceptanceRule
 from specrt.runtime.verification.transport import stack_rows
@@ -24,26 +24,27 @@ def without_replacement(q: np.ndarray, taken: Sequence[int]) -> np.ndarray:
     return normalise(rest, rest)
 
 
-def draw_without_replacement(q: np.ndarray, count: int, rng: np.random.Generator,
+def draw_without_replacement(q: np.ndarray, count: int, uniforms: Sequence[float],
                              first: Optional[int] = None) -> list[int]:
-    """`count` distinct candidates, candidate k drawn from q^(k); `first` fixes candidate 1 when the
-    caller already holds a draw from q (SJD-PAC keeps its adaptive-continuation token there, and
-    keeps it even from a row without mass). One row of draws_without_replacement."""
+    """`count` distinct candidates, candidate k drawn from q^(k) with uniforms[k]; `first` fixes
+    candidate 1 when the caller already holds a draw from q (SJD-PAC keeps its adaptive-continuation
+    token there, and keeps it even from a row without mass). One row of draws_without_replacement."""
     if first is None:
-        return draws_without_replacement([q], [count], rng)[0]
-    return draws_without_replacement([q], [count], rng, [first])[0] or [int(first)]
+        return draws_without_replacement([q], [count], [uniforms])[0]
+    return draws_without_replacement([q], [count], [uniforms], [first])[0] or [int(first)]
 
 
-def draws_without_replacement(rows: Any, counts: Sequence[int], rng: np.random.Generator,
+def draws_without_replacement(rows: Any, counts: Sequence[int], uniforms: Sequence[Sequence[float]],
                               firsts: Optional[Sequence[int]] = None) -> list[list[int]]:
-    """draw_without_replacement(rows[r], counts[r], rng) for each row in turn (a tree level's nodes):
+    """draw_without_replacement(rows[r], counts[r], uniforms[r]) for each row (a tree level's nodes):
     min(counts[r], support) distinct candidates of row r, candidate k the inverse CDF of q^(k), the
     row without candidates 1..k − 1 (Eq. 7), not renormalised: its uniform is scaled by the mass
     left instead; a row whose mass runs out (≤ 1e-12 left) stops, so a row's support caps its
-    candidates (no uniform is drawn for the rest). `firsts[r]`, where given, is candidate 1 of row
-    r, a draw from q the caller holds (the draft head's, made with its own uniform in the pass
-    that computed the row): no host uniform or search for it, and no CDF at all for a level
-    whose rows want one candidate each (a narrow planned tree's).
+    candidates. Candidate k of row r is drawn with uniforms[r][k] (the caller's counter uniforms:
+    each candidate's own coordinates, so a row that runs out leaves the others' draws as they are).
+    `firsts[r]`, where given, is candidate 1 of row r, a draw from q the caller holds: no search
+    for it (uniforms[r][0] is not read), and no CDF at all for a level whose rows want one
+    candidate each.
 
     Every row's CDF is made once, in one block operation; q^(k)'s CDF is never formed: it is the
     row's CDF less the masses of the candidates at or before each entry, so a draw is a binary
@@ -59,19 +60,19 @@ def draws_without_replacement(rows: Any, counts: Sequence[int], rng: np.random.G
         rows = stack_rows(rows)
     rows = np.asarray(rows, dtype=np.float64)  # a copy unless the caller's block is float64 already
     cdf = rows.cumsum(axis=1)
-    random = rng.random
     picked: list[list[int]] = []
     for r, (row, row_cdf, total, count) in enumerate(zip(rows, cdf, cdf[:, -1].tolist(), counts)):
         if total <= 1e-12 or not count:
             picked.append([])
             continue
+        row_uniforms = uniforms[r]
         # nothing drawn yet: the held draw, or the row's own inverse CDF
-        tokens = [int(firsts[r]) if firsts is not None else draw_from_cdf(row_cdf, random())]
+        tokens = [int(firsts[r]) if firsts is not None else draw_from_cdf(row_cdf, float(row_uniforms[0]))]
         if count > 1:
             drawn = [(tokens[0], float(row[tokens[0]]))]  # (candidate, its mass in q), in draw order
             left = total - drawn[0][1]
             while left > 1e-12 and len(tokens) < count:
-                token = _search_without(row, row_cdf, random() * left, drawn)
+                token = _search_without(row, row_cdf, float(row_uniforms[len(tokens)]) * left, drawn)
                 tokens.append(token)
                 drawn.append((token, float(row[token])))
                 left = total - sum(m for _, m in drawn)
@@ -104,15 +105,16 @@ def _search_without(row: np.ndarray, cdf: np.ndarray, target: float, drawn: Sequ
     return token
 
 
-def verify_siblings(p: np.ndarray, q: np.ndarray, candidates: Sequence[int],
-                    rng: np.random.Generator) -> tuple[Optional[int], int]:
+def verify_siblings(p: np.ndarray, q: np.ndarray, candidates: Sequence[int], coins: Sequence[float],
+                    next_uniform: float) -> tuple[Optional[int], int]:
     """Sequential rejection sampling over candidates c_1..c_K drawn without replacement from q.
 
     Candidate k is tested against the residual target p^(k) with the adjusted draft q^(k)
     (p^(1) = p, p^(k+1) = Norm([p^(k) − q^(k)]_+)); returns (index accepted or None, token).
     On total rejection the token is drawn from p^(K+1). Exact for any K (SJD-PAC Theorem 2).
+    coins[k] tests candidate k; next_uniform draws the token after a total rejection.
     """
-    return verify_candidates(p, candidate_proposals(q, candidates, SAMPLED), VANILLA, 1, rng)
+    return verify_candidates(p, candidate_proposals(q, candidates, SAMPLED), VANILLA, 1, coins, next_uniform)
 
 
 def candidate_proposals(q: Any, candidates: Sequence[int], drawn: str,
@@ -144,7 +146,7 @@ def point_mass(token: int, vocab: int) -> np.ndarray:
 
 
 def verify_candidates(p: np.ndarray, proposals: Iterable[tuple[int, np.ndarray]], rule: AcceptanceRule,
-                      position: int, rng: np.random.Generator) -> tuple[Optional[int], int]:
+                      position: int, coins: Sequence[float], next_uniform: float) -> tuple[Optional[int], int]:
     """Recursive rejection sampling over the sibling candidates of one tree node (SpecInfer; EAGLE's
     evaluate_posterior): candidate k, drawn from q_k, is kept with the rule's f(p^(k), q_k, c_k); on a
     rejection the target becomes the rule's resampling distribution G(p^(k), q_k, c_k) and the next
@@ -159,11 +161,12 @@ def verify_candidates(p: np.ndarray, proposals: Iterable[tuple[int, np.ndarray]]
     same way, to the current residual p^(k) at every sibling: neither the Cool-SD paper nor
     LANTERN's defines multi-candidate verification; LANTERN's code (evaluate_posterior, _v1)
     likewise computes the relaxed p̃ on the residual at each sibling. Cool-SD's ω is that of the
-    siblings' depth (draft position `position`, 1-based).
+    siblings' depth (draft position `position`, 1-based). coins[k] is candidate k's test uniform,
+    next_uniform the draw after the last rejection (the caller's counter uniforms).
     """
     target = p
     for k, (token, q) in enumerate(proposals):
-        if rng.random() <= rule.accept_probability(target, q, token, position):
+        if coins[k] <= rule.accept_probability(target, q, token, position):
             return k, int(token)
         target = rule.resample(target, q, token, position)
-    return None, int(sample(np.asarray(target), rng))
+    return None, draw_from_cdf(np.cumsum(np.asarray(target)), next_uniform)

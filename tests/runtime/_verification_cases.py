@@ -39,18 +39,19 @@ def random_batch(seed: int, lengths=LENGTHS):
     return p_block, q_rows, drafts, draws
 
 
-def streams(seed: int, count: int) -> list[np.random.Generator]:
-    return [np.random.default_rng([seed, b]) for b in range(count)]
+def uniforms(seed: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per image: its tests' uniforms [count, L] and its draw after the accepted prefix [count]."""
+    values = np.random.default_rng(seed).random((count, DRAFT_LEN + 1))
+    return values[:, :DRAFT_LEN], values[:, DRAFT_LEN]
 
 
-def one_image(p_rows, q_rows, drafts, rule, rng, draws) -> tuple[int, int]:
-    """The per-image definition, one position at a time: L + 1 uniforms from the image's stream; accept
-    x̃_i while r_i ≤ rule.accept_probability; at the first rejection draw from rule.resample's row with
-    the last uniform; else the bonus token (the head's draw from the row after the chain)."""
-    uniforms = rng.random(len(drafts) + 1) if drafts else np.zeros(1)
+def one_image(p_rows, q_rows, drafts, rule, coins, next_uniform, draws) -> tuple[int, int]:
+    """The per-image definition, one position at a time: accept x̃_i while coins[i] ≤
+    rule.accept_probability; at the first rejection draw from rule.resample's row with next_uniform;
+    else the bonus token (the head's draw from the row after the chain)."""
     for i, token in enumerate(drafts):
-        if uniforms[i] > rule.accept_probability(p_rows[i], q_rows[i], token, i + 1):
+        if coins[i] > rule.accept_probability(p_rows[i], q_rows[i], token, i + 1):
             row = rule.resample(np.asarray(p_rows[i], dtype=np.float64), np.asarray(q_rows[i], dtype=np.float64),
                                 token, i + 1)
-            return i, int(inverse_cdf(row, uniforms[len(drafts)]))
+            return i, int(inverse_cdf(row, next_uniform))
     return len(drafts), int(draws[len(drafts)])

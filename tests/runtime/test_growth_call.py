@@ -46,13 +46,12 @@ class TableDraft(torch.nn.Module):
 
 def _grow_level_by_level(draft: TableDraft, root: int, depth: int, top_k: int, total: int, max_depth: int):
     """DynamicGrowth fed the toy draft's rows pass by pass, as the level path's drafter feeds it;
-    also the nodes each pass ran (its window: the uniforms it draws)."""
+    also the nodes each pass ran."""
     growth, ran = DynamicGrowth(root, depth, top_k, total, max_depth), []
     while pending := growth.pending():
         ran.append(len(pending))
         tree = growth.tree
-        growth.receive(np.stack([draft.row(tree.tokens[n], ROOT_POSITION + tree.depths[n]) for n in pending]),
-                       np.random.default_rng(0))
+        growth.receive(np.stack([draft.row(tree.tokens[n], ROOT_POSITION + tree.depths[n]) for n in pending]))
     return growth, ran
 
 

@@ -23,7 +23,7 @@ def test_model_drafter_rows_are_the_drafts_own_and_a_rollback_keeps_the_committe
     plain = SamplingParams(cfg_scale=1.0)
     target, draft, _ = toy_models(vocab_size=5, grid_size=3, max_window=16)
     draft.allocate(guidance_mix(1, plain))
-    ctx = Decoding(target, draft, plain, [np.random.default_rng(0)], Stats())
+    ctx = Decoding(target, draft, plain, [0], Stats())
     drafter = ModelDrafter(draft)
     drafter.start(ctx, Conditions.of_classes([1]), [4], None)
     row = lambda context: next_token_row(draft.lm, 1, 2, tuple(context), plain)  # noqa: E731

@@ -21,7 +21,8 @@ from specrt.runtime.methods import jacobi
 from specrt.runtime.methods.jacobi import SJDPAC
 from specrt.runtime.methods.speculative import CoolSD
 from specrt.runtime.pipeline import Pipeline
-from specrt.runtime.sampling import SamplingParams, sample
+from specrt.runtime.counter_random import CANDIDATE
+from specrt.runtime.sampling import SamplingParams, draw_from_cdf
 from specrt.runtime.tree import STATIC_TREES
 from specrt.runtime.verification import trees as tree_verification
 from specrt.runtime.verification.formulas import normalise, residual
@@ -54,38 +55,44 @@ def chi2(method, samples: int, toy: dict, **params) -> tuple[float, float]:
 
 # ---- SJD-PAC -----------------------------------------------------------------------------------
 
-def siblings_without_q_adjustment(p, q, candidates, rng):
+def sample(row, uniform):
+    """A draw from `row` (unnormalised) with `uniform`."""
+    return draw_from_cdf(np.cumsum(np.asarray(row, dtype=np.float64)), uniform)
+
+
+def siblings_without_q_adjustment(p, q, candidates, coins, next_uniform):
     """Broken: every sibling is tested against q itself, not q^(k) (the drawn ones removed)."""
     target = p
     for k, token in enumerate(candidates):
-        if rng.random() * q[token] <= target[token]:
+        if coins[k] * q[token] <= target[token]:
             return k, int(token)
         target = residual(target, q)
-    return None, int(sample(target, rng))
+    return None, sample(target, next_uniform)
 
 
-def siblings_without_residual_update(p, q, candidates, rng):
+def siblings_without_residual_update(p, q, candidates, coins, next_uniform):
     """Broken: p^(k) stays p for every sibling instead of Norm([p^(k−1) − q^(k−1)]_+)."""
     for k, token in enumerate(candidates):
         draft = without_replacement(q, candidates[:k])
-        if rng.random() * draft[token] <= p[token]:
+        if coins[k] * draft[token] <= p[token]:
             return k, int(token)
-    return None, int(sample(residual(p, without_replacement(q, candidates)), rng))
+    return None, sample(residual(p, without_replacement(q, candidates)), next_uniform)
 
 
-def continuation_against_new_rows(p_block, q_rows, tokens, rng):
+def continuation_against_new_rows(p_block, q_rows, tokens, coins, draw_uniforms):
     """Broken: adaptive continuation tests each stale draft against the new row as its q."""
-    return verify_positions(p_block, [np.asarray(row) for row in np.asarray(p_block)], tokens, rng)
+    return verify_positions(p_block, [np.asarray(row) for row in np.asarray(p_block)], tokens, coins, draw_uniforms)
 
 
 class ContinuationTokenLast(SJDPAC):
     """Broken: the adaptive-continuation token joins the siblings last instead of first."""
 
-    def _proactive(self, new, ctx, rejected):
+    def _proactive(self, new, ctx, rejected, offset):
         if self.proactive_drafting and rejected:
-            for level in new[: self.tree_depth]:
+            for depth, level in enumerate(new[: self.tree_depth]):
                 kept = level.candidates[0]
-                fresh = [c for c in draw_without_replacement(level.q, self.branching, ctx.rng) if c != kept]
+                uniforms = [ctx.key.uniform(offset + depth, CANDIDATE, k) for k in range(self.branching)]
+                fresh = [c for c in draw_without_replacement(level.q, self.branching, uniforms) if c != kept]
                 level.candidates = fresh[: self.branching - 1] + [kept]
         return new
 
@@ -207,13 +214,13 @@ TREE_SAMPLES = 2_000
 TREE_TOY = {"vocab_size": 3, "seed": 3, "max_window": 26}  # test_losslessness's toy: sd trees pass there
 
 
-def siblings_keep_the_target(p, proposals, rule, position, rng):
+def siblings_keep_the_target(p, proposals, rule, position, coins, next_uniform):
     """Broken: every sibling is tested against p itself; p is never replaced by Norm([p − q_k]_+)
     between siblings (only the final draw, after all are rejected, comes from a residual)."""
     for k, (token, q) in enumerate(proposals):
-        if rng.random() <= rule.accept_probability(p, q, token, position):
+        if coins[k] <= rule.accept_probability(p, q, token, position):
             return k, int(token)
-    return None, int(sample(rule.resample(p, q, token, position), rng))
+    return None, sample(rule.resample(p, q, token, position), next_uniform)
 
 
 def test_tree_verification_without_the_sibling_residual_is_flagged(monkeypatch):

@@ -63,7 +63,8 @@ def sampled_round(rule, seed: int = 0) -> tuple[float, float, float]:
         p_rows = np.stack([row(TARGET, tuple(drafts[:i])) for i in range(DRAFT_LEN + 1)])
         draws = np.zeros((1, DRAFT_LEN + 1), dtype=np.int64)
         draws[0, DRAFT_LEN] = sample(p_rows[DRAFT_LEN], rng)  # the bonus token, the head's draw from P_{L+1}
-        out = verify_chains(p_rows[None], np.stack(q_rows)[:, None], [drafts], rule, [rng], draws)
+        out = verify_chains(p_rows[None], np.stack(q_rows)[:, None], [drafts], rule, rng.random((1, DRAFT_LEN)),
+                            rng.random(1), draws)
         seq = drafts[: out.accepted_lengths[0]] + [int(out.next_tokens[0])]
         produced += len(seq)
         while len(seq) < DRAFT_LEN + 1:  # Theorem 2's virtual extension from P
@@ -172,7 +173,7 @@ def test_path_estimates_average_to_theorem2():
 @pytest.mark.parametrize("method,params", [("cool-sd", {"relaxation_budget": 1.0, "schedule": "uniform"}),
                                            ("lantern", {"tvd_budget": 0.0}), ("lantern", {"ratio": 1.0, "resampling": "gstar"})])
 def test_relaxations_at_zero_budget_are_exactly_sd(method, params):
-    """δ = 1 (UniformRSD) and an empty LANTERN neighbourhood consume the random stream like SD
+    """δ = 1 (UniformRSD) and an empty LANTERN neighbourhood draw the same counter uniforms as SD
     and accept/resample identically, so the same seed gives the same tokens."""
     from specrt.runtime.backends.toy import toy_models
     from specrt.runtime.pipeline import Pipeline

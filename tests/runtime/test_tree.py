@@ -40,7 +40,7 @@ class RowsDrafter:
 
 
 class Ctx:
-    rngs = [np.random.default_rng(0)]
+    """grow_trees reads nothing of its context here: the drafter's rows and the growths' own uniforms."""
 
 
 def test_static_shapes_are_eagle_and_lantern_trees():
@@ -56,12 +56,15 @@ def test_static_shapes_are_eagle_and_lantern_trees():
 
 def test_static_tree_grows_its_shape_one_pass_per_depth_and_stops_at_the_image_end():
     drafter = RowsDrafter(vocab=50)
-    tree, = grow_trees(Ctx(), drafter, [StaticGrowth(7, static_shape("mc_sim_7b_63"), max_depth=9)])
+    shape = static_shape("mc_sim_7b_63")
+    tree, = grow_trees(Ctx(), drafter, [StaticGrowth(7, shape, max_depth=9,
+                                                     uniforms=np.random.default_rng(0).random(shape.size))])
     assert len(tree) == 26 and max(tree.depths) == 5 and len(drafter.calls) == 5
     assert [len(tree.children[n]) for n in drafter.calls[0]] == [4]
     for node, kids in enumerate(tree.children):  # siblings are distinct draws (without replacement)
         assert len({tree.tokens[k] for k in kids}) == len(kids)
-    short, = grow_trees(Ctx(), RowsDrafter(vocab=50), [StaticGrowth(7, static_shape("mc_sim_7b_63"), max_depth=2)])
+    short, = grow_trees(Ctx(), RowsDrafter(vocab=50), [StaticGrowth(7, shape, max_depth=2,
+                                                                    uniforms=np.random.default_rng(1).random(shape.size))])
     assert max(short.depths) == 2 and len(short) == 1 + 4 + 8
 
 
@@ -111,7 +114,7 @@ def test_verify_tree_follows_accepted_children_and_takes_the_bonus_at_a_leaf():
     leaf = tree.add(first, 2)
     p_rows = np.zeros((3, 3))
     p_rows[0, 1] = p_rows[1, 2] = p_rows[2, 0] = 1.0  # the target agrees with every draft
-    outcome = verify_tree(p_rows, tree, VanillaRule(), np.random.default_rng(0), bonus=[9, 9, 4])
+    outcome = verify_tree(p_rows, tree, VanillaRule(), [0.5] * 3, 0.5, bonus=[9, 9, 4])
     assert (outcome.path, outcome.accepted, outcome.next_token) == ([0, first, leaf], [1, 2], 4)
 
 
@@ -148,7 +151,7 @@ def random_tree(rng: np.random.Generator, vocab: int, drawn: str) -> tuple[Token
         for node in frontier:
             row = rng.dirichlet(np.ones(vocab) * 0.5)
             tree.rows[node] = row
-            picks = (draw_without_replacement(row, 3, rng) if drawn == SAMPLED
+            picks = (draw_without_replacement(row, 3, rng.random(3)) if drawn == SAMPLED
                      else [int(t) for t in np.argsort(-row)[:3]])
             nxt += [tree.add(node, t) for t in picks]
         frontier = nxt[:2]
@@ -164,9 +167,10 @@ def test_relaxed_rules_at_their_lossless_settings_verify_trees_as_sd_does(drawn)
     for trial in range(200):
         tree, p_rows = random_tree(np.random.default_rng(trial), vocab, drawn)
         bonus = np.arange(len(tree)) % vocab
-        want = verify_tree(p_rows, tree, VanillaRule(), np.random.default_rng(trial), bonus)
+        coins, next_uniform = np.random.default_rng(trial).random(len(tree)), 0.3 + trial / 500
+        want = verify_tree(p_rows, tree, VanillaRule(), coins, next_uniform, bonus)
         for rule in rules:
-            got = verify_tree(p_rows, tree, rule, np.random.default_rng(trial), bonus)
+            got = verify_tree(p_rows, tree, rule, coins, next_uniform, bonus)
             assert (got.path, got.accepted, got.next_token) == (want.path, want.accepted, want.next_token)
 
 
@@ -210,7 +214,7 @@ class Meter:
 @pytest.mark.parametrize("drawn", [SAMPLED, TOP])
 def test_a_batch_of_trees_on_device_rows_is_verified_as_each_alone_in_a_few_reads(drawn, on):
     """verify_trees over device rows (DeviceRows, on the CPU here) gives every image the outcome
-    verify_tree gives it alone on host rows, with its own stream (SD, Cool-SD and LANTERN; images
+    verify_tree gives it alone on host rows, with its own uniforms (SD, Cool-SD and LANTERN; images
     without a tree among them), the batch's rows read to the host in one transfer, not a few per
     image and node. The TensorRT runner's views (DeviceProbs, replayed on host memory) give the same."""
     torch = pytest.importorskip("torch")
@@ -231,16 +235,17 @@ def test_a_batch_of_trees_on_device_rows_is_verified_as_each_alone_in_a_few_read
                 block[image, :len(tree)] = rows
         bonus = rng.integers(0, vocab, size=(len(made), width))
         trees = [tree for tree, _ in made]
+        coins, nexts = rng.random((len(made), width)), rng.random(len(made))
         for rule in rules:
             meter, flat = Meter(), block.reshape(-1)
             rows = DeviceRows(torch.from_numpy(block), meter) if on == "torch" else \
                 DeviceProbs(lambda offset, count: flat[offset:offset + count].copy(), block.shape)
-            got = verify_trees(rows, trees, rule, [np.random.default_rng([trial, i]) for i in range(len(made))], bonus)
+            got = verify_trees(rows, trees, rule, coins, nexts, bonus)
             for image, tree in enumerate(trees):
                 if tree is None:
                     assert got[image] is None
                     continue
-                want = verify_tree(block[image], tree, rule, np.random.default_rng([trial, image]), bonus[image])
+                want = verify_tree(block[image], tree, rule, coins[image], nexts[image], bonus[image])
                 assert (got[image].path, got[image].accepted, got[image].next_token) == \
                     (want.path, want.accepted, want.next_token), (trial, rule, image)
             assert meter.host_syncs == (1 if on == "torch" else 0), (trial, rule, meter.host_syncs)  # DeviceProbs counts none

@@ -2,8 +2,8 @@
 
 sd, cool-sd and lantern with tree=static draft every depth of a round's tree in one draft call
 where the runner can (a bundle's draft_tree graph for its shape, or the PyTorch module for any).
-The uniforms are laid out as the level-by-level drafter draws them, so both paths draft the same
-trees from the same stream, and everything after drafting is unchanged: the one-call path must
+Node m is drawn with the counter uniform the level-by-level drafter draws it with, so both paths
+draft the same trees, and everything after drafting is unchanged: the one-call path must
 give the level path's tokens (which the exactness suites test) alone and in ragged batches, on
 both backends. Its own draws without replacement are checked against their exact law here.
 """
@@ -32,13 +32,10 @@ def test_the_demo_bundle_drafts_the_default_static_tree_in_one_call(demo_bundle,
     assert not ort_pipe.target.can_draft_tree(TreeLayout(static_shape("mc_sim_7b_63")))
 
 
-def test_layout_orders_nodes_as_the_level_by_level_drafter():
+def test_layout_numbers_nodes_as_the_shape():
     layout = TreeLayout(StaticShape(SMALL))
     assert layout.parents == [-1, 0, 0, 0, 1, 1, 2, 4] and layout.depths == [0, 1, 1, 1, 2, 2, 2, 3]
     assert layout.inner == [0, 1, 2, 4] and layout.fed == [1, 2, 4] and layout.levels == [[1, 2], [4]]
-    # the pass's first children, then the other children node by node, level after level
-    assert layout.uniform_order(1) == (1, 2, 3)
-    assert layout.uniform_order(3) == (1, 2, 3, 4, 6, 5, 7)
 
 
 def test_tree_from_draws_drops_children_their_row_had_no_mass_for():

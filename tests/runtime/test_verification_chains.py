@@ -3,14 +3,14 @@
 verify_chains verifies a whole batch of drafted chains as array operations; these tests hold it to
 the per-position definitions (each rule's accept_probability and resample, one row at a time), on
 random rows with chains of different lengths, and check that an image's outcome depends on its own
-rows and stream alone. Exactness through the public API is test_losslessness's and test_relaxed's.
+rows and uniforms alone. Exactness through the public API is test_losslessness's and test_relaxed's.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from _verification_cases import DRAFT_LEN, RULES, VOCAB, one_image, random_batch, streams
+from _verification_cases import DRAFT_LEN, RULES, VOCAB, one_image, random_batch, uniforms
 from specrt.runtime.sampling import inverse_cdf
 from specrt.runtime.verification.chains import verify_chains
 from specrt.runtime.verification.rules import VanillaRule
@@ -20,18 +20,19 @@ from specrt.runtime.verification.transport import rows_by_position
 @pytest.mark.parametrize("name", RULES)
 def test_verify_chains_is_the_per_image_definition_and_each_image_its_own(name):
     """Every image's accepted length and next token equal the per-position definition run on its own
-    rows with its own stream, over many random batches (rejections at every position included), and
+    rows with its own uniforms, over many random batches (rejections at every position included), and
     equal what the image gets verified alone."""
     rule = RULES[name]
     rejected_at = set()
     for seed in range(40):
         p_block, q_rows, drafts, draws = random_batch(seed)
-        out = verify_chains(p_block, rows_by_position(q_rows), drafts, rule, streams(seed, len(drafts)), draws)
-        for b, rng in enumerate(streams(seed, len(drafts))):
-            expected = one_image(p_block[b], q_rows[b], drafts[b], rule, rng, draws[b])
+        coins, nexts = uniforms(seed, len(drafts))
+        out = verify_chains(p_block, rows_by_position(q_rows), drafts, rule, coins, nexts, draws)
+        for b in range(len(drafts)):
+            expected = one_image(p_block[b], q_rows[b], drafts[b], rule, coins[b], nexts[b], draws[b])
             assert (int(out.accepted_lengths[b]), int(out.next_tokens[b])) == expected, (seed, b)
             alone = verify_chains(p_block[b:b + 1], rows_by_position(q_rows[b:b + 1]), drafts[b:b + 1], rule,
-                                  streams(seed, len(drafts))[b:b + 1], draws[b:b + 1])
+                                  coins[b:b + 1], nexts[b:b + 1], draws[b:b + 1])
             assert (int(alone.accepted_lengths[0]), int(alone.next_tokens[0])) == expected
             if expected[0] < len(drafts[b]):
                 rejected_at.add(expected[0])
@@ -53,7 +54,7 @@ def test_the_device_rounds_block_verification_is_the_per_image_definition(name):
     for seed in range(40):
         p_block, q_rows, drafts, _ = random_batch(seed)
         count = len(drafts)
-        uniforms = np.random.default_rng(seed).random((count, DRAFT_LEN + 1))
+        values = np.random.default_rng(seed).random((count, DRAFT_LEN + 1))
         q_block = np.full((count, DRAFT_LEN, VOCAB), 1.0 / VOCAB, dtype=np.float32)  # rows past a chain: unused
         drafted = np.zeros((count, DRAFT_LEN), dtype=np.int64)
         for b, (rows, chain) in enumerate(zip(q_rows, drafts)):
@@ -61,30 +62,18 @@ def test_the_device_rounds_block_verification_is_the_per_image_definition(name):
                 q_block[b, : len(chain)] = rows
                 drafted[b, : len(chain)] = chain
         limits = np.array([len(chain) for chain in drafts])
-        next_u = uniforms[np.arange(count), limits]
+        next_u = values[np.arange(count), limits]
         accepted, tokens = verify_chain_block(torch.from_numpy(p_block), torch.from_numpy(q_block),
                                               torch.from_numpy(drafted), torch.from_numpy(limits),
-                                              torch.from_numpy(uniforms[:, :DRAFT_LEN]), torch.from_numpy(next_u), rule)
+                                              torch.from_numpy(values[:, :DRAFT_LEN]), torch.from_numpy(next_u), rule)
         for b, chain in enumerate(drafts):
             bonus = inverse_cdf(p_block[b, len(chain)].astype(np.float64), next_u[b])
             draws = np.full(DRAFT_LEN + 1, bonus)
-            expected = one_image(p_block[b], q_rows[b], chain, rule, _Fixed(np.r_[uniforms[b, :len(chain)], next_u[b]]),
-                                 draws)
+            expected = one_image(p_block[b], q_rows[b], chain, rule, values[b, :len(chain)], next_u[b], draws)
             assert (int(accepted[b]), int(tokens[b])) == expected, (seed, b)
             if expected[0] < len(chain):
                 rejected_at.add(expected[0])
     assert rejected_at == set(range(DRAFT_LEN))
-
-
-class _Fixed:
-    """A stand-in random stream handing out given uniforms (one_image draws them all at once)."""
-
-    def __init__(self, values: np.ndarray):
-        self.values = values
-
-    def random(self, count: int) -> np.ndarray:
-        assert count == len(self.values)
-        return self.values
 
 
 def test_a_device_view_is_read_through_its_own_indexing_with_the_host_rows_outcome():
@@ -96,14 +85,14 @@ def test_a_device_view_is_read_through_its_own_indexing_with_the_host_rows_outco
     rule = RULES["cool-sd"]
     p_block, q_rows, drafts, draws = random_batch(4)
     q_block = rows_by_position(q_rows)
-    host = verify_chains(p_block, q_block, drafts, rule, streams(4, len(drafts)), draws)
+    host = verify_chains(p_block, q_block, drafts, rule, *uniforms(4, len(drafts)), draws)
     reads = []
 
     def read(offset, count):
         reads.append(count)
         return p_block.reshape(-1)[offset:offset + count].copy()
 
-    out = verify_chains(DeviceProbs(read, p_block.shape), q_block, drafts, rule, streams(4, len(drafts)), draws)
+    out = verify_chains(DeviceProbs(read, p_block.shape), q_block, drafts, rule, *uniforms(4, len(drafts)), draws)
     np.testing.assert_array_equal(out.accepted_lengths, host.accepted_lengths)
     np.testing.assert_array_equal(out.next_tokens, host.next_tokens)
     assert reads == [p_block.size] * 2  # this batch has rejections
@@ -155,9 +144,10 @@ def test_one_image_is_verified_with_the_rules_own_methods():
     differs = 0
     for seed in range(30):
         p_block, q_rows, drafts, draws = random_batch(seed, lengths=[DRAFT_LEN])
-        alone = verify_chains(p_block, rows_by_position(q_rows), drafts, rule, streams(seed, 1), draws)
-        expected = one_image(p_block[0], q_rows[0], drafts[0], rule, streams(seed, 1)[0], draws[0])
+        coins, nexts = uniforms(seed, 1)
+        alone = verify_chains(p_block, rows_by_position(q_rows), drafts, rule, coins, nexts, draws)
+        expected = one_image(p_block[0], q_rows[0], drafts[0], rule, coins[0], nexts[0], draws[0])
         assert (int(alone.accepted_lengths[0]), int(alone.next_tokens[0])) == expected
-        vanilla = verify_chains(p_block, rows_by_position(q_rows), drafts, VanillaRule(), streams(seed, 1), draws)
+        vanilla = verify_chains(p_block, rows_by_position(q_rows), drafts, VanillaRule(), coins, nexts, draws)
         differs += int(vanilla.next_tokens[0]) != expected[1]
     assert differs  # the broken resample changed some next tokens: the path used it

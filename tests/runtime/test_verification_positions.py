@@ -25,8 +25,8 @@ def test_the_device_rounds_re_test_of_stale_drafts_is_the_host_ones():
         if seed % 5 == 0:  # a stale row equal to its new one: an empty residual (its draft is kept)
             q_rows[0] = p_rows[0].copy()
         tokens = [int(rng.choice(VOCAB, p=q.astype(np.float64) / q.astype(np.float64).sum())) for q in q_rows]
-        host = verify_positions(p_rows, q_rows, tokens, np.random.default_rng(seed + 99))
         uniforms = np.random.default_rng(seed + 99).random(2 * count)
+        host = verify_positions(p_rows, q_rows, tokens, uniforms[:count], uniforms[count:])
         device = retest_block(torch.from_numpy(p_rows), torch.from_numpy(np.stack(q_rows)),
                               torch.tensor(tokens), torch.from_numpy(uniforms[:count]),
                               torch.from_numpy(uniforms[count:])).tolist()

@@ -9,18 +9,18 @@ from _verification_cases import VOCAB
 
 def test_draws_without_replacement_take_held_first_candidates_as_drawn_from_q():
     """With the draft head's draws held (firsts), a row's candidates are that draw, then the rest from
-    q without it (the row with the earlier ones zeroed, a fresh cumsum), from the same uniforms; the
-    SJD-PAC helper draw_without_replacement(q, count, rng, first) is one such row; a level of one
-    child per row draws no uniform and no CDF; a row without mass gives none."""
+    q without it (the row with the earlier ones zeroed, a fresh cumsum), candidate k with the row's
+    uniform k; the SJD-PAC helper draw_without_replacement(q, count, uniforms, first) is one such row;
+    a level of one child per row reads no uniform and makes no CDF; a row without mass gives none."""
     from specrt.runtime.sampling import draw_from_cdf
     from specrt.runtime.verification.siblings import draw_without_replacement, draws_without_replacement
 
-    def by_definition(row, count, first, rng):
+    def by_definition(row, count, first, uniforms):
         rest = row.astype(np.float64)
         tokens = [first] if count and row.any() else []
         rest[first] = 0.0
         while tokens and len(tokens) < min(count, int(np.count_nonzero(row))):
-            tokens.append(draw_from_cdf(np.cumsum(rest), rng.random()))
+            tokens.append(draw_from_cdf(np.cumsum(rest), uniforms[len(tokens)]))
             rest[tokens[-1]] = 0.0
         return tokens
 
@@ -29,17 +29,15 @@ def test_draws_without_replacement_take_held_first_candidates_as_drawn_from_q():
     rows[2] = 0.0
     firsts = [int(np.flatnonzero(row)[0]) if row.any() else 0 for row in rows]
     counts = [3, 1, 2, 4, 12]
-    got = draws_without_replacement(rows, counts, np.random.default_rng(2), firsts)
-    reference = np.random.default_rng(2)
-    want = [by_definition(row, count, first, reference) for row, count, first in zip(rows, counts, firsts)]
+    uniforms = np.random.default_rng(2).random((5, 12))
+    got = draws_without_replacement(rows, counts, uniforms, firsts)
+    want = [by_definition(row, count, first, u) for row, count, first, u in zip(rows, counts, firsts, uniforms)]
     assert got == want and got[2] == [] and [g[0] for g in got if g] == [f for f, r in zip(firsts, rows) if r.any()]
-    helper = np.random.default_rng(2)
-    assert [draw_without_replacement(row, count, helper, first=first) for row, count, first
-            in zip(rows, counts, firsts)] == [g or [f] for g, f in zip(got, firsts)]  # it keeps a held first
-    stream = np.random.default_rng(2)
-    assert draws_without_replacement(rows, [1, 1, 1, 0, 1], stream, firsts) == \
+    assert [draw_without_replacement(row, count, u, first=first) for row, count, first, u
+            in zip(rows, counts, firsts, uniforms)] == [g or [f] for g, f in zip(got, firsts)]  # it keeps a held first
+    unread = np.full((5, 12), np.nan)  # a NaN uniform read would break a search
+    assert draws_without_replacement(rows, [1, 1, 1, 0, 1], unread, firsts) == \
         [[firsts[0]], [firsts[1]], [], [], [firsts[4]]]
-    assert stream.random() == np.random.default_rng(2).random()  # no uniform drawn
 
 
 def test_a_search_without_drawn_candidates_is_the_fresh_cdf_search_and_never_returns_one():
@@ -68,8 +66,8 @@ def test_a_search_without_drawn_candidates_is_the_fresh_cdf_search_and_never_ret
 
 def test_draws_without_replacement_follow_q_k_row_by_row_and_stop_at_the_support():
     """A level's candidates, row after row: candidate k the inverse CDF of q^(k) (the row with
-    candidates 1..k − 1 zeroed, a fresh cumsum) with the next uniform of the stream; a row with
-    fewer tokens with mass than asked gives those and draws no uniform for the rest."""
+    candidates 1..k − 1 zeroed, a fresh cumsum) with the row's uniform k; a row with fewer tokens
+    with mass than asked gives those and no more."""
     from specrt.runtime.sampling import draw_from_cdf
     from specrt.runtime.verification.siblings import draws_without_replacement
 
@@ -79,20 +77,17 @@ def test_draws_without_replacement_follow_q_k_row_by_row_and_stop_at_the_support
     rows[4] = 0.0  # no mass at all
     counts = [3, 4, 1, 5, 2, 12]
 
-    def reference(rows, counts, rng):
+    def reference(rows, counts, uniforms):
         picked = []
-        for row, count in zip(rows, counts):
+        for row, count, row_uniforms in zip(rows, counts, uniforms):
             rest, tokens = row.astype(np.float64), []
-            for _ in range(min(count, int(np.count_nonzero(rest)))):
-                tokens.append(draw_from_cdf(np.cumsum(rest), rng.random()))
+            for k in range(min(count, int(np.count_nonzero(rest)))):
+                tokens.append(draw_from_cdf(np.cumsum(rest), row_uniforms[k]))
                 rest[tokens[-1]] = 0.0
             picked.append(tokens)
         return picked
 
-    got = draws_without_replacement(rows.astype(np.float32), counts, np.random.default_rng(9))
-    ref_rng = np.random.default_rng(9)
-    assert got == reference(rows.astype(np.float32), counts, ref_rng)
+    uniforms = np.random.default_rng(9).random((len(counts), max(counts)))
+    got = draws_without_replacement(rows.astype(np.float32), counts, uniforms)
+    assert got == reference(rows.astype(np.float32), counts, uniforms)
     assert len(got[1]) == 2 and got[4] == [] and len(set(got[5])) == len(got[5]) == np.count_nonzero(rows[5])
-    stream = np.random.default_rng(9)
-    stream.random(sum(map(len, got)))
-    assert stream.random() == ref_rng.random()  # the same number of uniforms drawn
