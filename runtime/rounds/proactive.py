@@ -121,11 +121,13 @@ class ProactiveRound:
             self.candidates = torch.zeros((images, self.width, self.branching), dtype=torch.int64, device=device)
             self.counts = torch.ones((images, self.width), dtype=torch.int64, device=device)
             self.tree = torch.zeros(images, dtype=torch.bool, device=device)
+            self.drafted = torch.zeros((images, self.depth), dtype=torch.bool, device=device)
             self.proposal = torch.empty((images, self.width, self.vocab), dtype=self.target.row_dtype, device=device)
         self.candidates.zero_()
         self.candidates[:, :, 0] = first
         self.counts.fill_(1)
         self.tree.zero_()
+        self.drafted.zero_()
         self.proposal.copy_(self.fresh.rows(index))
         return state
 
@@ -141,7 +143,12 @@ class ProactiveRound:
         levels = self.levels[mode]
         limit = torch.minimum((state.total - n - 1).clamp(min=0), levels)
         next_u = state.uniforms(n, NEXT)
-        stopped, accepted, rejected, final_slot, residual, path = self._siblings(state, p_rows, children, spine, limit)
+        flat = torch.zeros_like(self.tree)[:, None]
+        # [I, L + 1] by depth: tree depths without candidates of their own (no row was left for them), where the
+        # host loop's full tree stops fanning out: nodes off the first path above them are leaves
+        cut = torch.cat([flat, ~self.drafted, flat.expand(-1, width - depth)], dim=1)
+        stopped, accepted, rejected, final_slot, residual, path = self._siblings(state, p_rows, children, spine, cut,
+                                                                                 limit)
         chain_limits = torch.where(stopped, 0, (limit - depth).clamp(min=0))
         steps = torch.arange(depth + 1, width + 1, device=n.device)
         a_chain, next_chain = verify_chain_block(
@@ -155,19 +162,22 @@ class ProactiveRound:
         self.target.commit_path(path, n - 1)
         tokens = ids[image, path[:, 1:]]
         route = self.route[mode][image[:, 0], path.gather(1, accepted[:, None])[:, 0]]  # from the path's end
-        candidates, counts, proposal = self._next_window(state, p_rows, route, levels, accepted, rejected)
+        route = torch.where(cut, spine, route)  # off the first path only where the tree fanned out
+        candidates, counts, proposal, drafted = self._next_window(state, p_rows, route, levels, accepted, rejected)
         state.commit(accepted, tokens, next_token)
+        self.drafted.copy_(drafted)
         self.candidates.copy_(candidates)
         self.counts.copy_(counts)
         self.proposal.copy_(proposal)
         self.tree.copy_(rejected & (counts[:, : self.depth] > 1).any(dim=1))
 
-    def _siblings(self, state: RoundState, p_rows: Any, children: Any, spine: Any, limit: Any) -> tuple:
-        """Depths 1..D from the pending token, each the accepted node's children [I, L + 1, K] tried
-        sibling by sibling: (stopped, accepted, rejected, the slot whose row gives a stopped image's
-        bonus token, the residual a rejected image draws from, the accepted path's slots [I, L + 1]
-        (the spine where it continues)). Whichever parent a depth's K candidates hang under, they
-        and their q are the depth's own (drawn once from its row), so only the rows differ."""
+    def _siblings(self, state: RoundState, p_rows: Any, children: Any, spine: Any, cut: Any, limit: Any) -> tuple:
+        """Depths 1..D from the pending token, each the accepted node's children [I, L + 1, K] (none off
+        the first path above a `cut` depth) tried sibling by sibling: (stopped, accepted, rejected,
+        the slot whose row gives a stopped image's bonus token, the residual a rejected image draws
+        from, the accepted path's slots [I, L + 1] (the spine where it continues)). Whichever parent
+        a depth's K candidates hang under, they and their q are the depth's own (drawn once from its
+        row), so only the rows differ."""
         n = state.length
         images = n.shape[0]
         rows = torch.arange(images, device=n.device)
@@ -199,7 +209,8 @@ class ProactiveRound:
             slot = children[rows, node, chosen.clamp(min=0)]
             accepted = accepted + took.to(accepted.dtype)
             path[:, d] = torch.where(took, slot, path[:, d])
-            leaf = took & (children[rows, slot.clamp(min=0), 0] < 0)  # no children (off the first path): a bonus
+            # no children (off the first path, or above a cut depth off it): the row gives a bonus
+            leaf = took & ((children[rows, slot.clamp(min=0), 0] < 0) | ((slot != spine[:, d]) & cut[:, d + 1]))
             failed_all = active & (chosen < 0)
             ended = ~stopped & ~active
             final_slot = torch.where(leaf, slot, torch.where(ended, node, final_slot))
@@ -210,8 +221,9 @@ class ProactiveRound:
         return stopped, accepted, rejected, final_slot, residual, path
 
     def _next_window(self, state: RoundState, p_rows: Any, route: Any, levels: Any, accepted: Any,
-                     rejected: Any) -> tuple[Any, Any, Any]:
-        """The next round's candidates [I, L, K], their counts [I, L] and rows [I, L, V]: new depth
+                     rejected: Any) -> tuple[Any, Any, Any, Any]:
+        """The next round's candidates [I, L, K], their counts [I, L], rows [I, L, V] and which of its
+        depths 1..D drafted candidates [I, D] (proactive drafting's, after a rejection): new depth
         j + 1 from the row of the route's slot (route [I, L + 1], by depth) at old depth τ + 1 + j
         (its SJD draw, or the old draft re-tested there), fresh random tokens past the last row;
         after a rejection, depths 1..D with K − 1 more candidates drawn without replacement from
@@ -230,9 +242,10 @@ class ProactiveRound:
         candidates = torch.zeros_like(self.candidates)
         candidates[:, :, 0] = first
         counts = torch.ones_like(self.counts)
+        drafting = has_row & rejected[:, None]
         if self.depth and self.branching > 1:
-            self._proactive(state, candidates, counts, proposal, index, has_row & rejected[:, None])
-        return candidates, counts, proposal
+            self._proactive(state, candidates, counts, proposal, index, drafting)
+        return candidates, counts, proposal, drafting[:, : self.depth]
 
     def _proactive(self, state: RoundState, candidates: Any, counts: Any, proposal: Any, index: Any,
                    drafting: Any) -> None:

@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 from test_rounds import chi2_of, pipeline  # noqa: E402
 from specrt.runtime.methods.jacobi import Level, build_window, row_route  # noqa: E402
 from specrt.runtime.rounds import proactive  # noqa: E402
+from specrt.runtime.rounds.state import RoundState  # noqa: E402
 from specrt.runtime.sampling import SamplingParams  # noqa: E402
 
 # guided and hot, so that many of the 512 sequences fill their cells; K = 2, D = 2: 6 tree slots, 2 chain slots
@@ -53,6 +54,48 @@ def test_the_full_layout_is_the_host_loops_window(width, branching, depth):
     assert leaves == {slot for slot, row in enumerate(tables["children"][1]) if row[0] < 0}
     for slot in range(width + 1):
         assert tables["route"][1][slot][: len(levels) + 1] == row_route(window.path_to(slot), children, len(levels))
+
+
+class RowsBySlot:
+    """A target whose row at window slot j is one-hot at argmax[j]: every test the walk makes then
+    accepts or rejects for sure, and every draw is that token."""
+
+    device, row_dtype = torch.device("cpu"), torch.float64
+
+    def __init__(self, vocab: int, argmax: list[int]):
+        self.rows = torch.nn.functional.one_hot(torch.tensor(argmax), vocab).to(torch.float64)[None]
+
+    def tree_window(self, ids, depths, ancestry, start):
+        return self.rows.expand(ids.shape[0], -1, -1).clone()
+
+    def commit_path(self, slots, start):
+        pass
+
+
+@pytest.mark.parametrize("second_drafted,committed,next_draft", [(True, [1, 2, 0], 3), (False, [1, 2], 3)])
+def test_a_full_tree_walks_into_a_later_candidates_subtree_while_it_fans_out(second_drafted, committed, next_draft):
+    """K = 2, D = 2, L = 8: slot 0 pending; 1, 2 depth 1's candidates (tokens 0, 1); 3, 4 under slot 1 and
+    5, 6 under slot 2 (tokens 2, 3); 7, 8 the chain under slot 3. Token 0 fails, token 1 passes
+    (slot 2), token 2 passes under it (slot 5, a leaf: its row's token 0 is the bonus). Where depth 2
+    drafted no candidates of its own (the host loop's tree was one depth deep: only the first path
+    goes on), slot 2 is a leaf, its row's token 2 the bonus, and the next window's rows follow the
+    first path (slot 3's row, token 3; slot 5's would give 0)."""
+    width, vocab = 8, 4
+    target = RowsBySlot(vocab, [1, 3, 2, 3, 3, 0, 3, 3, 3])
+    round_ = proactive.ProactiveRound(target, width, vocab, 2, 2, adaptive=False, full=True)
+    state = RoundState.start(target.device, [7], total=20, window=width + 1)
+    round_.candidates = torch.zeros((1, width, 2), dtype=torch.int64)
+    round_.candidates[0, :2] = torch.tensor([[0, 1], [2, 3]])
+    round_.counts = torch.ones((1, width), dtype=torch.int64)
+    round_.counts[0, :2] = torch.tensor([2, 2 if second_drafted else 1])
+    round_.proposal = torch.full((1, width, vocab), 1.0 / vocab, dtype=torch.float64)
+    round_.proposal[0, 0] = torch.tensor([0.5, 0.5, 0.0, 0.0])
+    round_.proposal[0, 1] = torch.tensor([0.0, 0.0, 0.5, 0.5] if second_drafted else [0.0, 0.0, 1.0, 0.0])
+    round_.tree = torch.tensor([True])
+    round_.drafted = torch.tensor([[True, second_drafted]])
+    round_(state)
+    assert state.tokens[0, 1: int(state.length[0])].tolist() == committed
+    assert int(round_.candidates[0, 0, 0]) == next_draft
 
 
 def test_full_tree_rounds_match_the_exact_target_distribution():
