@@ -1,22 +1,20 @@
-"""The device round under a unified model's image grammar (runtime/grammar.py): the host loop's tokens
-where nothing is random, the grammar obeyed, the target's distribution, and no graph break.
+"""The device round under a unified model's image grammar (runtime/grammar.py): the host loop's tokens,
+the grammar obeyed, the target's distribution, and no graph break.
 
 The grammar lives in the models' logits, at the stream position each row predicts, so the round's
 passes carry it as long as the positions they derive from each image's length are the host's; SJD's
 fresh window slots follow it through a device table of the forced tokens (rounds/jacobi.py
-FreshDrafts), as the host loop's _random_level, which they must equal slot for slot. Greedy decoding
-is deterministic: on the chameleon demo (an 8x8 grid of 512 codes, each row followed by a forced row
-end) the round must give the host loop's tokens, and a drafted round as many tokens a round (the
-drafts are the draft's argmax); a Jacobi round whose fresh slots ignore the grammar gives the same
-tokens but takes more rounds. The chi-square runs a tiny random-weight unified model (3 codes, a
-2x2 grid, a row end after each row: 81 valid streams, enumerated from the model's teacher-forced
-rows, the grammar applied from its definition) and flags a round whose fresh q is read one stream
-position off the drafts it describes.
+FreshDrafts), as the host loop's _random_level. Both loops draw the same counter uniforms, so on the
+chameleon demo (an 8x8 grid of 512 codes, each row followed by a forced row end) the round must give
+the host loop's streams and tokens a round, sampled and greedy, for every family; a Jacobi round
+whose fresh slots ignore the grammar drafts forced slots as random codes and loses both. The
+chi-square runs a tiny random-weight unified model (3 codes, a 2x2 grid, a row end after each row:
+81 valid streams, enumerated from the model's teacher-forced rows, the grammar applied from its
+definition) and flags a round whose fresh q is read one stream position off the drafts it describes.
 """
 from __future__ import annotations
 
 import itertools
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -31,18 +29,19 @@ from specrt.runtime.families.unified.pipeline import UnifiedPipeline  # noqa: E4
 from specrt.runtime.families.unified.prompts import PromptEncoder  # noqa: E402
 from specrt.runtime.grammar import ImageGrammar  # noqa: E402
 from specrt.runtime.methods import make_method  # noqa: E402
-from specrt.runtime.methods.jacobi import JacobiDecoding, fresh_proposal  # noqa: E402
 from specrt.runtime.rounds import plan_round  # noqa: E402
 from specrt.runtime.rounds.jacobi import FreshDrafts  # noqa: E402
-from specrt.runtime.rounds.state import RoundState  # noqa: E402
 from specrt.runtime.sampling import SamplingParams, guidance_mix  # noqa: E402
 
 PROMPTS = ["a thin two", "a thick seven"]
-METHODS = [("ar", {}), ("sd", {"draft_len": 3}), ("lantern", {"draft_len": 3, "tvd_budget": 0.3}),
-           ("sd", {"tree": "static", "static_tree": "reverse_balanced_25"}),
-           ("sd", {"tree": "dynamic", "total_tokens": 10, "depth": 3, "tree_top_k": 3}),
-           ("sjd", {"window": 6}), ("sjd-pac", {"window": 8, "branching": 2, "tree_depth": 2})]
-METHOD_IDS = ["ar", "sd-chain", "lantern-chain", "sd-static", "sd-dynamic", "sjd", "sjd-pac"]
+CHAIN, STATIC = ("sd", {"draft_len": 3}), ("sd", {"tree": "static", "static_tree": "reverse_balanced_25"})
+SJD = ("sjd", {"window": 6})
+SAMPLED = [CHAIN, ("lantern", {"draft_len": 3, "tvd_budget": 0.3}), STATIC,
+           ("sd", {"tree": "dynamic", "total_tokens": 10, "depth": 3, "tree_top_k": 3}), SJD,
+           ("sjd-pac", {"window": 8, "branching": 2, "tree_depth": 2})]
+SAMPLED_IDS = ["sd-chain", "lantern-chain", "sd-static", "sd-dynamic", "sjd", "sjd-pac"]
+GREEDY = [("ar", {}), CHAIN, STATIC, SJD]
+GREEDY_IDS = ["ar", "sd-chain", "sd-static", "sjd"]
 
 CODES, GRID, COND_LEN, PASS = 3, 2, 3, 256
 PROMPT, NULL = [5, 6], [7]  # two real tokens of three (left-padded); the unconditional prompt is one token
@@ -58,60 +57,50 @@ def chameleon():
     return get_demo("chameleon").hook("torch_pipeline")(None, threads=1)
 
 
-def decode_both(pipe, method: str, params: dict) -> tuple:
+def decode_both(pipe, method: str, params: dict, **sampling) -> tuple:
     """The round's result (checked to be the round: the runners' own steps never run), then the host loop's."""
     pipe.loop = "round"
-    rounds = pipe.generate(prompts=PROMPTS, seed=3, decode=False, method=method, temperature=0.0, **params)
+    rounds = pipe.generate(prompts=PROMPTS, seed=3, decode=False, method=method, **sampling, **params)
     assert pipe.target.forwards == 0, "the round did not decode: the host loop's steps ran"
     pipe.loop = "host"
-    host = pipe.generate(prompts=PROMPTS, seed=3, decode=False, method=method, temperature=0.0, **params)
+    host = pipe.generate(prompts=PROMPTS, seed=3, decode=False, method=method, **sampling, **params)
     return rounds, host
 
 
-@pytest.mark.parametrize("method,params", METHODS, ids=METHOD_IDS)
-def test_a_greedy_round_under_a_grammar_gives_the_host_loops_tokens(chameleon, method, params):
-    rounds, host = decode_both(chameleon, method, params)
-    assert chameleon.grammar.is_valid(rounds.stream).all()
+def assert_the_same(pipe, rounds, host, method: str) -> None:
+    assert pipe.grammar.is_valid(rounds.stream).all()
     np.testing.assert_array_equal(rounds.stream, host.stream)
-    if not method.startswith("sjd"):  # Jacobi's drafts are argmaxes of stale rows: near-ties may fall either way
-        assert rounds.stats.accepted_lengths == host.stats.accepted_lengths
+    assert rounds.stats.accepted_lengths == host.stats.accepted_lengths
     assert len({tuple(row) for row in rounds.stream.tolist()}) == len(PROMPTS)
     if method != "ar":
         assert max(rounds.stats.accepted_lengths) > 1
 
 
-def test_fresh_slots_are_the_host_loops_under_a_grammar(chameleon):
-    """At every stream position, the round's fresh draft and its q against the host loop's
-    _random_level: the forced row end as a point mass, else a code with the codes' uniform q."""
-    grammar, vocab = chameleon.grammar, chameleon.grammar.vocab_size
-    fresh = FreshDrafts(SimpleNamespace(device=torch.device("cpu"), row_dtype=torch.float64), vocab, grammar)
-    state = RoundState.start(torch.device("cpu"), [1, 2], grammar.stream_len, 8)
-    index = torch.arange(grammar.stream_len).expand(2, -1)
-    tokens, rows = fresh.tokens(state, index).numpy(), fresh.rows(index).numpy()
-    host = SimpleNamespace(grammar=grammar, rng=np.random.default_rng(0))
-    uniform = fresh_proposal(vocab, grammar)
-    for k in range(grammar.stream_len):
-        level = JacobiDecoding._random_level(host, uniform, k)
-        np.testing.assert_array_equal(rows[:, k], np.broadcast_to(level.q, (2, vocab)), err_msg=f"q at {k}")
-        if level.q.max() == 1.0:  # forced
-            assert (tokens[:, k] == level.candidates[0]).all()
-        else:
-            assert ((tokens[:, k] >= 0) & (tokens[:, k] < grammar.image_vocab)).all()
-    drawn = tokens[:, grammar.forced() < 0].ravel()  # 128 draws of 512 codes: about 113 distinct
-    assert len(np.unique(drawn)) > len(drawn) // 2
+@pytest.mark.parametrize("method,params", SAMPLED, ids=SAMPLED_IDS)
+def test_a_round_under_a_grammar_gives_the_host_loops_tokens(chameleon, method, params):
+    """The demo's own sampling (CFG 3, temperature 1): the same uniforms, so the same streams."""
+    assert_the_same(chameleon, *decode_both(chameleon, method, params), method)
 
 
-def test_a_jacobi_round_whose_fresh_slots_ignore_the_grammar_takes_more_rounds(chameleon, monkeypatch):
-    """Fresh slots drawn over the whole head vocabulary (a forced row end drafted as a random code and
-    rejected): still the host's tokens (greedy is lossless), but more rounds than the round that
-    follows the grammar."""
-    rounds, _ = decode_both(chameleon, "sjd", {"window": 6})
+@pytest.mark.parametrize("method,params", GREEDY, ids=GREEDY_IDS)
+def test_a_greedy_round_under_a_grammar_gives_the_host_loops_tokens(chameleon, method, params):
+    assert_the_same(chameleon, *decode_both(chameleon, method, params, temperature=0.0), method)
+
+
+def test_a_jacobi_round_whose_fresh_slots_ignore_the_grammar_is_not_the_host_loop(chameleon, monkeypatch):
+    """Fresh slots drawn over the whole head vocabulary, q uniform over it (a forced row end drafted as a
+    random code and rejected): still lossless, but not the host loop's drafts — other streams when
+    sampled, and under greedy decoding (lossless and deterministic) the same streams in more rounds."""
+    greedy, _ = decode_both(chameleon, *SJD, temperature=0.0)
     fresh = FreshDrafts.__init__
     monkeypatch.setattr(FreshDrafts, "__init__", lambda self, target, vocab, grammar=None: fresh(self, target, vocab))
     monkeypatch.setattr(chameleon, "_rounds", {})  # plan anew; the correct rounds come back after
-    ignoring, host = decode_both(chameleon, "sjd", {"window": 6})
+    rounds, host = decode_both(chameleon, *SJD)
+    assert chameleon.grammar.is_valid(rounds.stream).all()
+    assert not np.array_equal(rounds.stream, host.stream)
+    ignoring, host = decode_both(chameleon, *SJD, temperature=0.0)
     np.testing.assert_array_equal(ignoring.stream, host.stream)
-    assert sum(ignoring.stats.accepted_lengths.values()) > sum(rounds.stats.accepted_lengths.values())
+    assert sum(ignoring.stats.accepted_lengths.values()) > sum(greedy.stats.accepted_lengths.values())
 
 
 # ---- a tiny unified model: exact distribution, planted bug, fullgraph trace -------------------------
