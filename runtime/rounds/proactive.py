@@ -143,10 +143,7 @@ class ProactiveRound:
         levels = self.levels[mode]
         limit = torch.minimum((state.total - n - 1).clamp(min=0), levels)
         next_u = state.uniforms(n, NEXT)
-        flat = torch.zeros_like(self.tree)[:, None]
-        # [I, L + 1] by depth: tree depths without candidates of their own (no row was left for them), where the
-        # host loop's full tree stops fanning out: nodes off the first path above them are leaves
-        cut = torch.cat([flat, ~self.drafted, flat.expand(-1, width - depth)], dim=1)
+        cut = self._unfanned()
         stopped, accepted, rejected, final_slot, residual, path = self._siblings(state, p_rows, children, spine, cut,
                                                                                  limit)
         chain_limits = torch.where(stopped, 0, (limit - depth).clamp(min=0))
@@ -170,6 +167,13 @@ class ProactiveRound:
         self.counts.copy_(counts)
         self.proposal.copy_(proposal)
         self.tree.copy_(rejected & (counts[:, : self.depth] > 1).any(dim=1))
+
+    def _unfanned(self) -> Any:
+        """[I, L + 1] by depth: this window's tree depths without candidates of their own (no row was
+        left for them after the rejection), where the host loop's full tree stops fanning out (its
+        tree has fewer than D depths then): a node off the first path above such a depth is a leaf."""
+        flat = torch.zeros_like(self.tree)[:, None]
+        return torch.cat([flat, ~self.drafted, flat.expand(-1, self.width - self.depth)], dim=1)
 
     def _siblings(self, state: RoundState, p_rows: Any, children: Any, spine: Any, cut: Any, limit: Any) -> tuple:
         """Depths 1..D from the pending token, each the accepted node's children [I, L + 1, K] (none off
