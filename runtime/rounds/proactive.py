@@ -149,7 +149,7 @@ class ProactiveRound:
         chain_limits = torch.where(stopped, 0, (limit - depth).clamp(min=0))
         steps = torch.arange(depth + 1, width + 1, device=n.device)
         a_chain, next_chain = verify_chain_block(
-            p_rows[image, spine[:, depth:width]], self.proposal[:, depth:width], ids[image, spine[:, depth + 1:]],
+            p_rows[image, spine[:, depth:]], self.proposal[:, depth:width], ids[image, spine[:, depth + 1:]],
             chain_limits, state.uniforms(n[:, None] - 1 + steps, TEST), next_u, VANILLA)
         stopped_next = torch.where(rejected, inverse_cdf(residual, next_u),
                                    inverse_cdf(p_rows[image[:, 0], final_slot], next_u))
