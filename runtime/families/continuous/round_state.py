@@ -11,7 +11,8 @@ index, draw kind, round, part): the token index and the kind make the position c
 (index + 2^16·kind), the part and the image's round the slot (part + 2^20·round), so no draw of
 an image repeats (rounds wrap after 4096, far past any image's rounds) and every number depends on
 the image's own seed and progress alone: an image is the same alone or in any batch. Gaussian
-noise is Box–Muller from two such uniforms.
+noise is Box–Muller from two such uniforms. (Not counter_random.draw_slot's layout, whose 256 parts
+a draw are fewer than one chain's noise takes: (T+1)·C numbers a token, K chains a residual.)
 """
 from __future__ import annotations
 

@@ -96,6 +96,7 @@ class ContinuousRound:
     state: Optional[ContinuousRoundState] = None
 
     def start(self, class_ids: np.ndarray, seeds: Sequence[int]) -> ContinuousRoundState:
+        """The state of a call's images (class ids, seeds), every image at its class token."""
         for model in (self.target, self.draft):
             if model is not None:
                 model.restart(np.asarray(class_ids, dtype=np.int64))
@@ -121,7 +122,6 @@ class ContinuousArRound(ContinuousRound):
     """The target alone as a round: position n through the target, token n from one chain."""
 
     window = 1
-    passes = {"target": 1, "draft": 0}
 
     def __init__(self, target: ContinuousDeviceModel, sampling: ContinuousSampling):
         self.target, self.sampling = target, sampling
@@ -148,7 +148,6 @@ class CSpDRound(ContinuousRound):
         self.draft_len, self.proposals = draft_len, proposals
         self.window = draft_len + 1
         self.prefilled = min(target.seq_len, math.ceil(prefill_ratio * target.seq_len))
-        self.passes = {"target": 1, "draft": draft_len}
 
     def __call__(self, state: ContinuousRoundState) -> None:
         n, longest = state.length, self.draft_len
