@@ -20,8 +20,9 @@ of the forced tokens (runtime/rounds/jacobi.py FreshDrafts). The continuous fami
 rounds of their own (runtime/families/continuous/rounds.py), run by the same loop choice and
 CapturedRound. Everything else (onnxruntime / TensorRT) runs the host loop, the reference these
 rounds reproduce in distribution.
-Random numbers differ from the host loop's streams, so tokens for a seed differ between the two
-loops; within the round an image is the same alone or in any batch.
+Both loops draw the same counter uniforms (runtime/counter_random.py: the round's RoundState.uniforms,
+the host's Decoding, one slot formula), so for a seed they give the same tokens, up to float rounding
+at a CDF boundary (tests/runtime/test_loops_agree.py); an image is the same alone or in any batch.
 """
 from __future__ import annotations
 
