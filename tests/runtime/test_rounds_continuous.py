@@ -126,6 +126,34 @@ def test_images_stop_at_seq_len_and_ride_along_unchanged_once_finished():
         torch.testing.assert_close(after, before, rtol=0, atol=0)
 
 
+def test_a_residual_draw_left_open_keeps_its_image_in_place_until_a_later_round_ends_it():
+    """An image whose K proposals all fail keeps its accepted drafts and its open draw (pending); its
+    next rounds accept no draft and move nothing until a proposal is taken: then exactly one token."""
+    pipe = pipeline(0.1, **BATCH)
+    classes = np.array([2, 4, 6, 8])
+    round_ = planned("cspd", pipe, {"cfg_scale": 2.0}, classes, draft_len=3, prefill_ratio=0.0)
+    with torch.inference_mode():
+        state = round_.start(classes, [1, 2, 3, 4])
+        round_.residual_acceptance = lambda log_p, log_q: torch.zeros_like(log_p)  # every proposal fails
+        round_(state)
+        open_ = state.pending.clone()
+        length, tokens, drafted = state.length.clone(), state.tokens[:, :8].clone(), state.drafted.clone()
+        assert open_.any() and (length[open_] < 3).all() and length[open_].sum() > 0, length
+        round_(state)
+        assert state.pending[open_].all() and (state.length[open_] == length[open_]).all()
+        assert (state.drafted[open_] == drafted[open_]).all()
+        decided = (torch.arange(8)[None, :] < length[:, None]) & open_[:, None]  # past the length: scratch
+        torch.testing.assert_close(state.tokens[:, :8][decided], tokens[decided], rtol=0, atol=0)
+        del round_.residual_acceptance
+        while state.pending[open_].any():
+            before = state.length.clone()
+            still = state.pending.clone()
+            round_(state)
+            ended = still & ~state.pending
+            assert (state.length[ended] == before[ended] + 1).all()
+            assert (state.length[still & state.pending] == before[still & state.pending]).all()
+
+
 def test_a_round_reads_the_host_once_and_never_runs_the_host_step(monkeypatch):
     """Every read of a tensor's value on the host is counted while the pipeline decodes (bool, item,
     tolist, cpu: what moves a device tensor's numbers to the host; numpy takes a host tensor): one a
