@@ -282,25 +282,36 @@ class JacobiDecoding(Method):
         with uniform random tokens (level d drafts stream token first + d: under an image grammar a
         forced token is drafted as itself, a point mass, and a sampled one from the codes alone).
 
-        A spine tree's first D levels take K slots each, whatever they hold (fewer candidates where
-        a row ran out of mass or a depth had no row): the device round's fixed window layout
-        (runtime/rounds/proactive.py), so both verify the same levels and draft the same tokens."""
+        A tree window's first D levels take the slots a whole tree would (K a level on a spine, K^d
+        at depth d of a full tree), whatever they hold (fewer candidates where a row ran out of mass
+        or a depth had no row): the device round's fixed window layout (runtime/rounds/proactive.py),
+        so both verify the same levels and draft the same tokens."""
         budget, width = self.window, 1  # width: the parents the next level hangs under
-        spine = self.proactive_drafting and self.tree == "spine" and self.branching * self.tree_depth <= self.window \
-            and any(len(level.candidates) > 1 for level in levels[: self.tree_depth])
+        reserved = self._reserved_slots(levels)
         kept: list[Level] = []
         for level in levels[:max_depth]:
             if budget < width:
                 break
             if width * len(level.candidates) > budget:
                 level = Level(level.candidates[: budget // width], level.q)
-            budget -= self.branching if spine and len(kept) < self.tree_depth else width * len(level.candidates)
+            budget -= reserved[len(kept)] if len(kept) < len(reserved) else width * len(level.candidates)
             kept.append(level)
             width = width * len(level.candidates) if level.fanout else 1
         while budget > 0 and len(kept) < max_depth:
-            budget -= self.branching if spine and len(kept) < self.tree_depth else 1
+            budget -= reserved[len(kept)] if len(kept) < len(reserved) else 1
             kept.append(self._random_level(ctx, uniform, first + len(kept)))
         return kept
+
+    def _reserved_slots(self, levels: list[Level]) -> list[int]:
+        """The window slots each of the first D levels takes in a tree window (one whose first D levels
+        hold more than one candidate somewhere) where the whole tree fits the window, as the device
+        round's layout has them; [] otherwise (every level takes what it holds)."""
+        full = self.tree == "full"
+        slots = [self.branching ** depth if full else self.branching for depth in range(1, self.tree_depth + 1)]
+        if not self.proactive_drafting or sum(slots) > self.window or \
+                all(len(level.candidates) == 1 for level in levels[: self.tree_depth]):
+            return []
+        return slots
 
     @staticmethod
     def _random_level(ctx: Decoding, uniform: np.ndarray, index: int) -> Level:
