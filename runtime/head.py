@@ -13,7 +13,7 @@ exports it; the PyTorch backend runs the very same module), and the host reads O
 `mix` folds classifier-free guidance (LlamaGen's u + (c − u)·s) and the temperature into one
 matrix (specrt.runtime.sampling.guidance_mix builds it), so the graph has no batch-dependent
 branches. Top-k, top-p and greedy decoding are applied by the host on the rows it reads
-(specrt.runtime.sampling.restrict); the draw is the same formula as sampling.sample.
+(specrt.runtime.sampling.restrict); the draw is the same formula as sampling.inverse_cdf.
 This module needs torch; the runtime imports it only from the PyTorch backend.
 """
 from __future__ import annotations

@@ -4,8 +4,9 @@ DESIGN.md: all methods take CFG, temperature, top-k and top-p as the target mode
 distribution, identically for P and Q. CFG, temperature and the softmax run on the device, in
 the sampling head at the end of every graph (specrt.runtime.head), fed the `guidance_mix` made
 here; greedy/top-k/top-p restrict the rows where they are (`restrict`: on the host, or where the
-PyTorch backend keeps them on a GPU) and the host draws from residual rows (`sample`). Host
-arrays are numpy; restricted rows are float64.
+PyTorch backend keeps them on a GPU) and the host draws from residual rows (`inverse_cdf`,
+`draw_from_cdf`, with the caller's counter uniforms). Host arrays are numpy; restricted rows are
+float64.
 """
 from __future__ import annotations
 
@@ -151,14 +152,3 @@ def draw_from_cdf(cdf: np.ndarray, uniform: float) -> int:
     of entries at or below u·total, capped at V − 1 (rounding can leave u·total past the last).
     u·total is compared in float64 whatever the CDF's dtype, as the block path compares it."""
     return min(int(cdf.searchsorted(np.float64(uniform * float(cdf[-1])), side="right")), len(cdf) - 1)
-
-
-def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """One host draw per row of probs [..., V] with fresh uniforms (residual rows, restricted rows).
-
-    The same inverse CDF as the head's draws; one uniform per draw keeps the random stream,
-    and therefore the image, identical across backends for the same seed.
-    """
-    if getattr(probs, "ndim", None) == 1:  # the per-token hot path of the speculative methods
-        return np.int64(draw_from_cdf(np.cumsum(probs), rng.random()))
-    return inverse_cdf(probs, rng.random(probs.shape[:-1]))

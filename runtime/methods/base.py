@@ -3,7 +3,7 @@ batch of images still being decoded.
 
 A method is a small strategy object: `generate(ctx, conditions)` returns image tokens
 [N, grid²] for the whole batch, decoded in one pass: every model call runs all unfinished
-images, each with its own window, committed length and random stream (ragged acceptance),
+images, each with its own window, committed length and counter uniforms (ragged acceptance),
 and the host verifies each image on its own. It calls the runners (target, draft) through the
 decoding context (runtime.decoding) and runtime.verification; it owns no buffers.
 """

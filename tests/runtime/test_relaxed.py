@@ -17,7 +17,7 @@ from specrt.errors import SpecrtError
 from specrt.runtime.backends.toy import ToyLM
 from specrt.runtime.methods import make_method
 from _toy_exact import next_token_row, one_torch_thread  # noqa: F401 (autouse fixture)
-from specrt.runtime.sampling import SamplingParams, sample
+from specrt.runtime.sampling import SamplingParams, inverse_cdf
 from specrt.runtime.verification.chains import verify_chains
 from specrt.runtime.verification.formulas import exponential_schedule, linear_schedule, relaxation_schedule
 from specrt.runtime.verification.rules import CoolRule, VanillaRule
@@ -27,6 +27,11 @@ VOCAB, DRAFT_LEN, SAMPLES = 3, 2, 20_000
 SAMPLING = SamplingParams(cfg_scale=1.0)
 TARGET = ToyLM(VOCAB, seed=5)
 DRAFT = ToyLM(VOCAB, seed=6, base=TARGET, noise=1.5)
+
+
+def sample(row: np.ndarray, rng: np.random.Generator) -> int:
+    """One draw from `row` with the stream's next uniform (the reference's own sampling)."""
+    return inverse_cdf(np.asarray(row, dtype=np.float64), rng.random())
 
 
 @functools.lru_cache(maxsize=None)
