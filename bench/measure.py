@@ -186,7 +186,7 @@ def theory_pass(pipe: Pipeline, settings: Sequence[Setting], images: int = THEOR
 
     The estimates consume no random numbers, so these are the same images as the timed run's
     host loop: the estimates are the host loop's (the device round has none), so every setting,
-    a round-loop one too, runs them there (a round's images differ: its random streams do).
+    a round-loop one too, runs them there (the round draws the same counter uniforms: the same images).
     """
     plan = image_plan(images, pipe.target.spec.num_classes, seed, prompts)
     feeds = ConditionFeeds(pipe, plan)
