@@ -172,15 +172,14 @@ def train_mar_demo(out_dir: str | Path | None, seed: int = 0, steps_scale: float
 def sample_tokens(models: MARDemo, class_ids: np.ndarray, method: str = "ar", seed: int = 0,
                   **params) -> tuple[np.ndarray, object]:
     """Continuous tokens [N, seq_len, C] from the runtime's own methods on the PyTorch backend,
-    decoded together (image i from its own stream, seeded with seed + i, as the pipeline does)."""
+    decoded together (image i with seed + i, as the pipeline does)."""
     from specrt.runtime.families.continuous.torch_runner import torch_runners
     from specrt.runtime.families.continuous.methods import ContinuousDecoding, make_continuous_method
 
     sampling = dict(models.sampling_defaults)
     sampling.update({k: params.pop(k) for k in list(params) if k in ("cfg_scale", "temperature")})
     target, draft = torch_runners(models.target, models.draft if method != "ar" else None)
-    rngs = [np.random.default_rng(seed + i) for i in range(len(class_ids))]
-    ctx = ContinuousDecoding(target, draft, rngs, **sampling)
+    ctx = ContinuousDecoding(target, draft, [seed + i for i in range(len(class_ids))], **sampling)
     tokens = make_continuous_method(method, **params).generate(ctx, np.asarray(class_ids))
     return tokens, ctx.stats
 

@@ -8,7 +8,7 @@ subtler bugs need). The target alone (ar) and cspd sample with fixed seeds; per-
 and a permutation MMD (tests/runtime/_continuous_exact.py) must not tell them apart, and must
 flag the planted bugs: a residual bound M far below 1/Z, a residual drawn from the target
 itself, and independent instead of aligned noise in the acceptance ratio. Every image has its
-own random stream; the samples are decoded as one batch (ragged acceptance, the product's
+own seed; the samples are decoded as one batch (ragged acceptance, the product's
 path) and, for the plain case, one image per call too; cspd is also checked at a noise
 temperature of 0.9 (MAR's temperature: it scales every denoising step's noise, τ·σ_t).
 """
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from _continuous_exact import same_distribution
-from specrt.runtime.families.continuous import formulas as continuous
+from specrt.runtime.families.continuous import draws, formulas as continuous
 from specrt.runtime.families.continuous.bundle import open_runner
 from specrt.runtime.families.continuous.methods import CSpD, ContinuousAR, ContinuousDecoding, ContinuousStats
 
@@ -61,16 +61,17 @@ def single_reference(single):
 
 def sample(bundle, method, seed: int, samples: int = SAMPLES, backend: str = "onnxruntime", per_call: int = 0,
            **sampling):
-    """`samples` images of CLASS_ID, image i from its own stream (SeedSequence(seed).spawn), decoded
-    `per_call` images a call (0: all in one batch); sampling: cfg_scale, cfg_schedule, temperature."""
+    """`samples` images of CLASS_ID, image i with seed (seed << 32) + i (one sample's seeds apart from
+    another's), decoded `per_call` images a call (0: all in one batch); sampling: cfg_scale,
+    cfg_schedule, temperature."""
     target, draft = open_runner(bundle, "target", backend), open_runner(bundle, "draft", backend)
-    streams = np.random.SeedSequence(seed).spawn(samples)
+    seeds = [(seed << 32) + i for i in range(samples)]
     per_call = per_call or samples
     stats, tokens = ContinuousStats(), []
     for first in range(0, samples, per_call):
-        rngs = [np.random.default_rng(stream) for stream in streams[first : first + per_call]]
-        ctx = ContinuousDecoding(target, draft, rngs, stats=stats, **sampling)
-        tokens.append(method.generate(ctx, np.full(len(rngs), CLASS_ID)))
+        part = seeds[first : first + per_call]
+        ctx = ContinuousDecoding(target, draft, part, stats=stats, **sampling)
+        tokens.append(method.generate(ctx, np.full(len(part), CLASS_ID)))
     return np.concatenate(tokens), stats
 
 
@@ -114,8 +115,8 @@ class ResidualFromTarget(CSpD):
 class IndependentNoise(CSpD):
     """Broken on purpose: the target scores the drafts on its own noise, not the draft's."""
 
-    def verification_noise(self, ctx, draft_noise, counts):
-        return ctx.noise(counts)
+    def verification_noise(self, ctx, draft_noise, rows):
+        return ctx.noise(rows, draws.PROPOSAL_TEST + 1)  # a kind no draw uses: independent numbers
 
 
 def test_independent_noise_is_caught(bundle, reference):
@@ -141,7 +142,7 @@ def test_pytorch_and_onnxruntime_emit_the_same_tokens(bundle):
 
 
 def test_prefilling_takes_the_first_tokens_from_the_target(bundle):
-    """prefill_ratio = 1 is the target alone (same random streams, same tokens as ar); 0.5 of
+    """prefill_ratio = 1 is the target alone (same seeds, same draws, same tokens as ar); 0.5 of
     2 tokens drafts only the second."""
     ar_tokens, _ = sample(bundle, ContinuousAR(), seed=4, samples=5)
     full, full_stats = sample(bundle, CSpD(draft_len=2, prefill_ratio=1.0), seed=4, samples=5)

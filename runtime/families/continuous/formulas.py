@@ -142,11 +142,6 @@ def denoise_mean(schedule: Schedule, x_t: Any, eps: Any, t: int) -> Any:
     return _float32((x_t - beta / math.sqrt(1 - alpha_bar) * eps) / math.sqrt(1 - beta))
 
 
-def draw_noise(rng: np.random.Generator, rows: int, channels: int, steps: int) -> np.ndarray:
-    """The noise of `rows` chains: [T+1, rows, C]; index T is x_T, index t < T is ε of step t."""
-    return rng.standard_normal((steps + 1, rows, channels)).astype(np.float32)
-
-
 def chain(head: HeadFn, z: Any, noise: Any, schedule: Schedule, temperature: float) -> tuple[Any, Any]:
     """Run the denoising chain of every row of z (the head's condition: [R,D], or the runner's
     [B,R,D] with CFG rows) on `noise` [T+1,R,C].

@@ -4,10 +4,11 @@ They mirror methods/base.py's shape (PARAMS checked by specrt.validation, `gener
 class_ids)`), but return continuous tokens [N, seq_len, C] and drive ContinuousRunners; the
 formulas are runtime/families/continuous/formulas.py's. Like the discrete methods they decode all images of a
 call together: every transformer step and every denoising chain runs the unfinished images
-at once, each image with its own window, committed length and random stream (ragged
-acceptance), and finished images leave the batch (methods.base.Batched). Everything random
-about image i (chain noise, acceptance coins, residual proposals) comes from ctx.rngs[i], drawn
-in the same order whatever else is decoded, so an image is the same alone or in any batch
+at once, each image with its own window and committed length (ragged acceptance), and
+finished images leave the batch (methods.base.Batched). Everything random about an image (chain
+noise, acceptance coins, residual proposals) is a counter uniform of its seed, its round and the
+draw's own coordinates (draws.py), keyed exactly as the device round (rounds.py) keys the same
+draw: for a seed both loops give the same tokens, and an image is the same alone or in any batch
 (up to float rounding of the batched graphs). One image is a batch of one.
 """
 from __future__ import annotations
@@ -21,6 +22,9 @@ import numpy as np
 
 import specrt.runtime.families.continuous.formulas as continuous
 from specrt.errors import SpecrtError
+from specrt.runtime.counter_random import seed_halves
+from specrt.runtime.families.continuous import draws
+from specrt.runtime.families.continuous.draws import DRAFT_NOISE, PROPOSAL_NOISE, PROPOSAL_TEST, RESIDUAL_PROPOSALS, TEST
 from specrt.runtime.families.continuous.runner import ContinuousRunner, ContinuousWindows
 from specrt.runtime.methods.base import Batched, Method
 from specrt.validation import Float, Int, number
@@ -55,26 +59,43 @@ class ContinuousStats:
         return self.tokens / self.target_forwards if self.target_forwards else 0.0
 
 
+@dataclass(frozen=True)
+class DrawRows:
+    """Which draws, one row per chain or coin: the image's batch position, the token index the draw
+    decides, the image's round and the draw's part (a block of noise, a coin's number) — what
+    draws.py keys a number by, besides the image's seed and the kind of draw."""
+
+    images: np.ndarray   # [R] batch positions
+    index: np.ndarray    # [R] token indices
+    rounds: np.ndarray   # [R] the images' rounds
+    part: Any = 0        # an int, or [R]
+
+
 @dataclass
 class ContinuousDecoding:
-    """The models, sampling distribution, random streams and counters of one generate call.
+    """The models, sampling distribution, random coordinates and counters of one generate call.
 
-    `rngs` holds one random stream per image of the batch, in batch order (one Generator: a
-    one-image call); `retain` keeps them in step with the runners when finished images leave.
+    `seeds` holds each image's seed, in batch order (one int: a one-image call); `rounds` each
+    image's round, which the methods advance as the device round does (draws.py); `retain` keeps
+    both in step with the runners when finished images leave.
     """
 
     target: ContinuousRunner
     draft: Optional[ContinuousRunner]
-    rngs: list[np.random.Generator]
+    seeds: list[int]
     temperature: float = 1.0
     cfg_scale: float = 1.0
     cfg_schedule: str = "constant"   # MAR's: "constant" or "linear" (continuous.cfg_scales)
     stats: ContinuousStats = field(default_factory=ContinuousStats)
+    rounds: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.rngs, np.random.Generator):
-            self.rngs = [self.rngs]
-        self.rngs = list(self.rngs)
+        if isinstance(self.seeds, (int, np.integer)):
+            self.seeds = [self.seeds]
+        self.seeds = [int(seed) for seed in self.seeds]
+        halves = np.array([seed_halves(seed) for seed in self.seeds], dtype=np.int64).reshape(-1, 2)
+        self._seed_low, self._seed_high = halves[:, 0], halves[:, 1]
+        self.rounds = np.zeros(len(self.seeds), dtype=np.int64)
         self.temperature = number("temperature", self.temperature, low=0, low_open=True)
         self.cfg_scale = number("cfg_scale", self.cfg_scale, low=0)
         if self.cfg_schedule not in continuous.CFG_SCHEDULES:
@@ -99,20 +120,23 @@ class ContinuousDecoding:
             return None
         return continuous.cfg_scales(self.cfg_scale, self.cfg_schedule, positions, self.target.spec.seq_len)
 
-    def noise(self, counts: Sequence[int]) -> np.ndarray:
-        """The noise of counts[p] chains of the image at batch position p, each from its own
-        stream: [T+1, Σ counts, C], image by image in batch order."""
-        spec = self.target.spec
-        parts = [continuous.draw_noise(rng, int(n), spec.token_dim, spec.diffusion_steps)
-                 for rng, n in zip(self.rngs, counts) if n]
-        if not parts:
-            return np.zeros((spec.diffusion_steps + 1, 0, spec.token_dim), dtype=np.float32)
-        return np.concatenate(parts, axis=1)
+    def rows(self, images: np.ndarray, index: np.ndarray, later_rounds: Any = 0, part: Any = 0) -> DrawRows:
+        """Draws of the images at batch positions `images` [R] deciding token indices `index` [R] in
+        their current round (plus `later_rounds`: a residual draw's proposals past the first K)."""
+        images = np.asarray(images, dtype=np.int64)
+        return DrawRows(images, np.asarray(index, dtype=np.int64), self.rounds[images] + later_rounds, part)
 
-    def uniforms(self, counts: Sequence[int]) -> np.ndarray:
-        """counts[p] uniforms of the image at batch position p from its own stream, concatenated."""
-        parts = [rng.random(int(n)) for rng, n in zip(self.rngs, counts) if n]
-        return np.concatenate(parts) if parts else np.zeros(0)
+    def noise(self, rows: DrawRows, kind: int) -> np.ndarray:
+        """The chains' noise [T+1, R, C] of draws `kind` at `rows` (draws.normals, draws.chain_noise)."""
+        spec = self.target.spec
+        normals = draws.normals(self._seed_low[rows.images], self._seed_high[rows.images], rows.rounds, rows.index,
+                                kind, (spec.diffusion_steps + 1) * spec.token_dim, rows.part)
+        return draws.chain_noise(normals, spec.diffusion_steps, spec.token_dim)
+
+    def uniforms(self, rows: DrawRows, kind: int) -> np.ndarray:
+        """The coins [R] float64 of draws `kind` at `rows`."""
+        return draws.uniforms(self._seed_low[rows.images], self._seed_high[rows.images], rows.rounds, rows.index,
+                              kind, rows.part)
 
     def step_target(self, windows: ContinuousWindows) -> np.ndarray:
         """One target step over these windows, counted (stats), as [pairs, N, W, D]."""
@@ -123,11 +147,13 @@ class ContinuousDecoding:
         return self.target.by_image(z)
 
     def retain(self, images: Sequence[int]) -> None:
-        """Keep only these images (positions in the batch) in the runners and the streams."""
+        """Keep only these images (positions in the batch) in the runners, seeds and rounds."""
         for runner in (self.target, self.draft):
             if runner is not None:
                 runner.retain(images)
-        self.rngs = [self.rngs[i] for i in images]
+        keep = np.asarray(images, dtype=np.int64)
+        self.seeds = [self.seeds[i] for i in keep]
+        self._seed_low, self._seed_high, self.rounds = self._seed_low[keep], self._seed_high[keep], self.rounds[keep]
 
 
 class ContinuousMethod(Method):
@@ -139,8 +165,8 @@ class ContinuousMethod(Method):
         if self.needs_draft and ctx.draft is None:
             raise SpecrtError(f"method {self.name!r} needs a draft model")
         ids = np.atleast_1d(np.asarray(class_ids, dtype=np.int64))
-        if len(ids) != len(ctx.rngs):
-            raise ValueError(f"{len(ids)} images but {len(ctx.rngs)} random streams: one stream per image")
+        if len(ids) != len(ctx.seeds):
+            raise ValueError(f"{len(ids)} images but {len(ctx.seeds)} seeds: one seed per image")
         if not len(ids):
             spec = ctx.target.spec
             return np.zeros((0, spec.seq_len, spec.token_dim), dtype=np.float32)
@@ -150,13 +176,13 @@ class ContinuousMethod(Method):
 
     @abstractmethod
     def decode(self, ctx: ContinuousDecoding, class_ids: np.ndarray) -> np.ndarray:
-        """Tokens [N, seq_len, C] of a batch (one random stream per image in ctx.rngs)."""
+        """Tokens [N, seq_len, C] of a batch (one seed per image in ctx.seeds)."""
 
 
-def target_tokens(ctx: ContinuousDecoding, z: np.ndarray, positions: np.ndarray, counts: Sequence[int]) -> np.ndarray:
-    """Tokens [R,C] at `positions` [R] from the target's conditions z [pairs,R,D], one fresh chain
-    each: row r belongs to the r-th image p with counts[p] = 1 (batch order)."""
-    x0, _ = ctx.target.sample(z, ctx.noise(counts), ctx.temperature, ctx.scales(positions))
+def target_tokens(ctx: ContinuousDecoding, z: np.ndarray, rows: DrawRows) -> np.ndarray:
+    """Tokens [R,C] from the target's conditions z [pairs,R,D], one chain each on the noise of its
+    first proposal at `rows` (draws.py: how the device round keys the target's own token)."""
+    x0, _ = ctx.target.sample(z, ctx.noise(rows, PROPOSAL_NOISE), ctx.temperature, ctx.scales(rows.index))
     return x0
 
 
@@ -170,11 +196,12 @@ class ContinuousAR(ContinuousMethod):
         tokens = np.zeros((images, spec.seq_len, spec.token_dim), dtype=np.float32)
         ctx.start(ctx.target, class_ids)
         previous = np.zeros((images, 1, spec.token_dim), dtype=np.float32)  # position 0's input is the class
-        everyone = np.ones(images, dtype=np.int64)
+        everyone = np.arange(images)
         for n in range(spec.seq_len):
             z = ctx.step_target(previous)
             ctx.target.commit(1)
-            tokens[:, n] = target_tokens(ctx, z[:, :, -1], np.full(images, n), everyone)
+            tokens[:, n] = target_tokens(ctx, z[:, :, -1], ctx.rows(everyone, np.full(images, n)))
+            ctx.rounds += 1
             previous = tokens[:, n : n + 1]
         return tokens
 
@@ -187,9 +214,9 @@ class CSpD(ContinuousMethod):
 
     A round runs the whole batch: up to draft_len draft steps (an image whose own draft is
     shorter, near its end, sits the extra steps out), one target step over every image's
-    [pending inputs, drafts], one scoring chain over every draft, each image's coins from its
-    own stream, and one acceptance-rejection loop for the images that rejected; each image
-    commits its own accepted prefix.
+    [pending inputs, drafts], one scoring chain over every draft, each image's coins keyed by its
+    seed and round (draws.py), and one acceptance-rejection loop for the images that rejected;
+    each image commits its own accepted prefix and its round advances as the device round's.
     """
 
     name = "cspd"
@@ -207,9 +234,9 @@ class CSpD(ContinuousMethod):
     accept_probability = staticmethod(continuous.accept_probability)
     residual_acceptance = staticmethod(continuous.residual_acceptance)
 
-    def verification_noise(self, ctx: ContinuousDecoding, draft_noise: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """The noise the target's chains use to score the drafts (counts[p] of image p): the
-        draft's own (alignment)."""
+    def verification_noise(self, ctx: ContinuousDecoding, draft_noise: np.ndarray, rows: DrawRows) -> np.ndarray:
+        """The noise the target's chains use to score the drafts at `rows`: the draft's own
+        (alignment)."""
         return draft_noise
 
     def decode(self, ctx: ContinuousDecoding, class_ids: np.ndarray) -> np.ndarray:
@@ -220,11 +247,12 @@ class CSpD(ContinuousMethod):
         ctx.start(target, class_ids)
         ctx.start(draft, class_ids)
         prefilled = min(seq_len, math.ceil(self.prefill_ratio * seq_len))
-        everyone = np.ones(images, dtype=np.int64)
+        everyone = np.arange(images)
         for n in range(prefilled):  # token pre-filling: the target alone, every image in step
             z = ctx.step_target(inputs[:, n : n + 1])
             target.commit(1)
-            inputs[:, n + 1] = target_tokens(ctx, z[:, :, 0], np.full(images, n), everyone)
+            inputs[:, n + 1] = target_tokens(ctx, z[:, :, 0], ctx.rows(everyone, np.full(images, n)))
+            ctx.rounds += 1
         decided = np.full(images, prefilled, dtype=np.int64)  # tokens decided per image
         batch = Batched(images)
         while batch.drop(ctx, decided == seq_len):
@@ -240,7 +268,8 @@ class CSpD(ContinuousMethod):
         owner = np.repeat(np.arange(len(images)), counts)        # draft row -> batch position
         offsets = np.cumsum(counts) - counts                     # image p's draft rows start here
         depth = np.arange(len(owner)) - offsets[owner]           # draft row -> its index in the image's draft
-        noise = ctx.noise(counts)
+        draft_rows = ctx.rows(owner, n[owner] + depth)
+        noise = ctx.noise(draft_rows, DRAFT_NOISE)
         # Draft every image's tokens, keeping each one's condition z_q, last-step mean and token.
         z_draft = np.zeros((draft.pairs, len(owner), draft.spec.hidden), np.float32)
         mean_q = np.zeros((len(owner), inputs.shape[2]), np.float32)
@@ -262,59 +291,64 @@ class CSpD(ContinuousMethod):
         stats.drafted += int(counts.sum())
         # Score every draft on the target's chain with the same noise as the draft's.
         first = n - start                                        # image p's slot of position n
-        score_noise = self.verification_noise(ctx, noise, counts)
+        score_noise = self.verification_noise(ctx, noise, draft_rows)
         _, mean_p = target.sample(z_target[:, owner, first[owner] + depth], score_noise, ctx.temperature,
                                   ctx.scales(n[owner] + depth))
         log_p = continuous.last_step_logpdf(drafted, mean_p, target.schedule, ctx.temperature)
         log_q = continuous.last_step_logpdf(drafted, mean_q, target.schedule, ctx.temperature)
-        passes = ctx.uniforms(counts) < self.accept_probability(log_p, log_q)
+        passes = ctx.uniforms(draft_rows, TEST) < self.accept_probability(log_p, log_q)
         # accepted length: the depth of each image's first rejection (its count when none)
         accepted = np.minimum.reduceat(np.where(passes, counts[owner], depth), offsets)
         stats.accepted += int(accepted.sum())
         rejected = np.flatnonzero(accepted < counts)
+        later_rounds = np.zeros(len(images), dtype=np.int64)
         if len(rejected):
             at = n[rejected] + accepted[rejected]
-            inputs[images[rejected], at + 1] = self.residual_tokens(
+            inputs[images[rejected], at + 1], used = self.residual_tokens(
                 ctx, z_target[:, rejected, first[rejected] + accepted[rejected]],
                 z_draft[:, offsets[rejected] + accepted[rejected]], at, rejected)
+            later_rounds[rejected] = (used - 1) // RESIDUAL_PROPOSALS  # the rounds the device round's draw spans
         bonus = np.flatnonzero((accepted == counts) & (n + counts < seq_len))
         if len(bonus):
             at = n[bonus] + counts[bonus]
-            one = np.zeros(len(images), dtype=np.int64)
-            one[bonus] = 1
             z_bonus = z_target[:, bonus, first[bonus] + counts[bonus]]
-            inputs[images[bonus], at + 1] = target_tokens(ctx, z_bonus, at, one)
+            inputs[images[bonus], at + 1] = target_tokens(ctx, z_bonus, ctx.rows(bonus, at))
+        ctx.rounds += 1 + later_rounds
         target.commit(n + accepted + 1 - start)
         draft.truncate(n + accepted + 1)
         decided[images] = np.minimum(seq_len, n + accepted + 1)
 
     def residual_tokens(self, ctx: ContinuousDecoding, z_p: np.ndarray, z_q: np.ndarray, positions: np.ndarray,
-                        who: np.ndarray) -> np.ndarray:
+                        who: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Tokens [U,C] from Norm([p − q]_+), one for each rejecting image (batch positions `who`,
         increasing; z_p, z_q [pairs,U,D]: the two models' conditions of its rejected position),
-        by acceptance-rejection with the target as proposal: propose x ~ p on fresh noise u, run
-        the draft's chain on the same u, accept with α_s = max(0, 1 − q/p). Every image still
-        waiting draws `residual_batch` proposals a round, all images' chains run together; an
-        image's first accepted proposal wins."""
-        rows = self.residual_batch
+        and the proposals each used [U], by acceptance-rejection with the target as proposal:
+        propose x ~ p on fresh noise u, run the draft's chain on the same u, accept with
+        α_s = max(0, 1 − q/p). Every image still waiting draws `residual_batch` proposals a batch,
+        all images' chains run together; an image's first accepted proposal wins. Proposal m is
+        keyed by (round + m // K, group m mod K), K = RESIDUAL_PROPOSALS (draws.py): the device
+        round's K a round, so both loops take the same one whatever residual_batch is."""
+        rows, k = self.residual_batch, RESIDUAL_PROPOSALS
         out = np.zeros((len(who), ctx.target.spec.token_dim), dtype=np.float32)
-        waiting = np.arange(len(who))
-        counts = np.zeros(len(ctx.rngs), dtype=np.int64)
+        used = np.zeros(len(who), dtype=np.int64)
+        waiting, tried = np.arange(len(who)), 0
         while len(waiting):
-            counts[:] = 0
-            counts[who[waiting]] = rows
-            noise = ctx.noise(counts)
-            scales = ctx.scales(np.repeat(positions[waiting], rows))
+            proposal = np.tile(tried + np.arange(rows), len(waiting))  # each waiting image's next `rows`
+            draw = ctx.rows(np.repeat(who[waiting], rows), np.repeat(positions[waiting], rows),
+                            later_rounds=proposal // k, part=proposal % k)
+            noise, scales = ctx.noise(draw, PROPOSAL_NOISE), ctx.scales(draw.index)
             x0, mean_p = ctx.target.sample(np.repeat(z_p[:, waiting], rows, 1), noise, ctx.temperature, scales)
             _, mean_q = ctx.draft.sample(np.repeat(z_q[:, waiting], rows, 1), noise, ctx.temperature, scales)
             log_p = continuous.last_step_logpdf(x0, mean_p, ctx.target.schedule, ctx.temperature)
             log_q = continuous.last_step_logpdf(x0, mean_q, ctx.target.schedule, ctx.temperature)
-            keep = (ctx.uniforms(counts) < self.residual_acceptance(log_p, log_q)).reshape(len(waiting), rows)
+            keep = ctx.uniforms(draw, PROPOSAL_TEST) < self.residual_acceptance(log_p, log_q)
+            keep = keep.reshape(len(waiting), rows)
             hit, pick = keep.any(1), keep.argmax(1)
             ctx.stats.residual_proposals += int(np.where(hit, pick + 1, rows).sum())
             out[waiting[hit]] = x0.reshape(len(waiting), rows, -1)[hit, pick[hit]]
-            waiting = waiting[~hit]
-        return out
+            used[waiting[hit]] = tried + pick[hit] + 1
+            waiting, tried = waiting[~hit], tried + rows
+        return out, used
 
 
 CONTINUOUS_METHODS: dict[str, type[ContinuousMethod]] = {cls.name: cls for cls in (ContinuousAR, CSpD)}

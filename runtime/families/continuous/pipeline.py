@@ -9,8 +9,8 @@ inside the graphs), with the same generate call (runtime/family.py): its runners
 and formulas are this folder's (runner.py, methods.py, formulas.py). Sampling defaults come from the bundle's manifest (the demo's
 from its mar.json); each keyword given overrides that key. The images of a call are decoded
 together in one pass (in passes of `max_images` when there are more); image i draws all its
-randomness from its own stream seeded with seed + i (or seed[i]), so it is the same image alone
-or in any batch, as in the discrete Pipeline.
+randomness from counters keyed by its seed, seed + i (or seed[i]), so it is the same image alone
+or in any batch, as in the discrete Pipeline, and the same whichever loop decodes it (`loop`).
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ class ContinuousPipeline:
         (cfg_scale, temperature, cfg_schedule) or the method's parameters.
 
         All images are decoded together, in one pass (passes of `max_images` when there are
-        more). Image i draws its randomness from its own stream, seeded with `seed + i` (or
+        more). Image i draws its randomness from counters keyed by its seed, `seed + i` (or
         `seed[i]` when a seed per image is given), so generate([a, b], seed=s)'s second image is
         generate([b], seed=s + 1)'s only one."""
         from specrt.runtime.pipeline import image_seeds
@@ -114,7 +114,7 @@ class ContinuousPipeline:
             for first in range(0, len(ids), self.max_images):
                 part = slice(first, first + self.max_images)
                 ctx = ContinuousDecoding(self.target, self.draft if strategy.needs_draft else None,
-                                         [np.random.default_rng(s) for s in seeds[part]], stats=stats, **sampling)
+                                         seeds[part], stats=stats, **sampling)
                 start = time.perf_counter()
                 if rounds:
                     tokens.append(self._decode_rounds(strategy, ids[part], seeds[part], sampling, stats))

@@ -2,10 +2,10 @@
 
 The same choice as the discrete family's (runtime.rounds.LOOPS): "auto" runs the round where the
 target is a PyTorch module on an accelerator, "round" wherever both models are PyTorch modules
-(eagerly on a CPU), "host" the host loop (methods.py), which stays the reference the rounds
-reproduce in distribution. Random numbers differ between the loops (counters against per-image
-numpy streams), so a seed's tokens differ between them; within the rounds an image is the same
-alone or in any batch.
+(eagerly on a CPU), "host" the host loop (methods.py). Both loops draw the same counter uniforms,
+keyed by the same coordinates (draws.py), so for a seed they give the same tokens, up to float
+rounding (a batched chain sums in another order; an acceptance test at its edge); an image is the
+same alone or in any batch.
 """
 from __future__ import annotations
 

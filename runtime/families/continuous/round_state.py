@@ -6,28 +6,20 @@ stages, so every image's tokens (continuous: C channels each), its decided lengt
 count, whether it has finished, whether its residual draw is still open, and its counters live on
 the device in buffers of fixed shape, updated in place. Finished images ride along as padding.
 
-Random numbers come from runtime.counter_random.counter_uniforms, keyed by (image seed, token
-index, draw kind, round, part): the token index and the kind make the position coordinate
-(index + 2^16·kind), the part and the image's round the slot (part + 2^20·round), so no draw of
-an image repeats (rounds wrap after 4096, far past any image's rounds) and every number depends on
-the image's own seed and progress alone: an image is the same alone or in any batch. Gaussian
-noise is Box–Muller from two such uniforms. (Not counter_random.draw_slot's layout, whose 256 parts
-a draw are fewer than one chain's noise takes: (T+1)·C numbers a token, K chains a residual.)
+Random numbers come from draws.py, keyed by (image seed, image round, token index, kind, part)
+exactly as the host loop keys the same draw, so for a seed both loops give the same tokens; every
+number depends on the image's own seed and progress alone: an image is the same alone or in any
+batch.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
-from specrt.runtime.counter_random import counter_uniforms
-
-# what a number is for, at one token index of one round
-DRAFT_NOISE, TEST, PROPOSAL_NOISE, PROPOSAL_TEST, TOKEN_NOISE = range(5)
-INDEX_SPAN = 1 << 16   # token indices below this: the kind sits above them in the position coordinate
-PART_SPAN = 1 << 20    # parts of one draw below this: the round sits above them in the slot coordinate
+from specrt.runtime.families.continuous import draws
+from specrt.runtime.families.continuous.draws import INDEX_SPAN
 
 
 @dataclass
@@ -81,21 +73,17 @@ class ContinuousRoundState:
 
     def uniforms(self, index: Any, kind: int, part: Any = 0) -> Any:
         """float64 uniforms for token indices index [I, ...] of this round, one kind of draw, one part
-        (an int, or an int64 tensor broadcasting with index, below PART_SPAN)."""
-        extra = (None,) * (index.dim() - 1)
-        image = (slice(None), *extra)
-        slot = part + PART_SPAN * (self.rounds[image] % (1 << 12))
-        return counter_uniforms(self.seed_low[image], self.seed_high[image], index + INDEX_SPAN * kind, slot)
+        (an int, or an int64 tensor broadcasting with index, below draws.PART_SPAN)."""
+        image = (slice(None), *(None,) * (index.dim() - 1))
+        return draws.uniforms(self.seed_low[image], self.seed_high[image], self.rounds[image], index, kind, part)
 
     def normals(self, index: Any, kind: int, count: int, groups: int = 1) -> Any:
-        """Standard normals [I, J, groups, count] float32 for token indices index [I, J]: Box–Muller,
-        each pair of normals from two uniforms (parts 2p and 2p + 1 of group g's block)."""
-        pairs = (count + 1) // 2
-        parts = torch.arange(groups * 2 * pairs, device=index.device).reshape(groups, pairs, 2)
-        u = self.uniforms(index[:, :, None, None, None], kind, parts[None, None])  # [I, J, groups, pairs, 2]
-        radius = (-2.0 * u[..., 0].log()).sqrt()
-        angle = 2.0 * math.pi * u[..., 1]
-        return torch.cat([radius * angle.cos(), radius * angle.sin()], dim=-1)[..., :count].float()
+        """Standard normals [I, J, groups, count] float32 for token indices index [I, J] of this round
+        (draws.normals: group g is the draw's g-th block of `count`)."""
+        group = torch.arange(groups, device=index.device)[None, None]
+        image = (slice(None), None, None)
+        return draws.normals(self.seed_low[image], self.seed_high[image], self.rounds[image], index[:, :, None],
+                             kind, count, group)
 
     def inputs(self, positions: Any) -> Any:
         """The transformer's inputs [I, W, C] at positions [I, W]: token p − 1 at position p (position

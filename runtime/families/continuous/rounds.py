@@ -28,7 +28,8 @@ drafts and leaves the draw open (`pending`): its next round accepts no draft and
 proposals from the same two conditions (the target's and the draft's at that position, recomputed
 from the same committed tokens), with fresh numbers. A loop split across rounds is the same loop,
 so the draw stays exact; that image's other work in such a round (drafts, target slots past its
-position) writes only columns later rounds overwrite.
+position) writes only columns later rounds overwrite. The host loop keys its proposal m of the same
+draw by (round + m // K, group m mod K) (draws.py), so both loops take the same proposal.
 
 K = RESIDUAL_PROPOSALS = 8, from the residual's acceptance measured on the MAR demo (host loop,
 cspd draft_len 4, its sampling defaults, 40 images, 1,701 residual draws, each draw's Z estimated
@@ -53,10 +54,9 @@ import torch
 
 import specrt.runtime.families.continuous.formulas as continuous
 from specrt.runtime.families.continuous.device_model import ContinuousDeviceModel
-from specrt.runtime.families.continuous.round_state import (DRAFT_NOISE, PROPOSAL_NOISE, PROPOSAL_TEST, TEST,
-                                                            TOKEN_NOISE, ContinuousRoundState)
-
-RESIDUAL_PROPOSALS = 8  # K: see the module docstring for the measurement behind it
+from specrt.runtime.families.continuous.draws import (DRAFT_NOISE, PROPOSAL_NOISE, PROPOSAL_TEST,
+                                                      RESIDUAL_PROPOSALS, TEST, chain_noise)
+from specrt.runtime.families.continuous.round_state import ContinuousRoundState
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,6 @@ class ContinuousSampling:
         if self.cfg_schedule == "constant" or self.cfg_scale == 1.0:
             return None
         return continuous.cfg_scales(self.cfg_scale, self.cfg_schedule, positions, seq_len)
-
-
-def chain_noise(normals: Any, steps: int, channels: int) -> Any:
-    """Normals [I, J, groups, (T+1)·C] as the chains' noise [T+1, I·J·groups, C] (row order i, j, g)."""
-    return normals.reshape(-1, steps + 1, channels).transpose(0, 1)
 
 
 def at_slot(z: Any, slot: Any) -> Any:
@@ -130,7 +125,8 @@ class ContinuousArRound(ContinuousRound):
         n = state.length
         positions = n[:, None]
         z = self.target.window(state.inputs(positions), positions)[:, :, 0]
-        token, _ = self.chains(self.target, z, state.normals(positions, TOKEN_NOISE, self.noise_size()), n)
+        # the target's token is its first proposal (draws.py), as a cspd round's pre-filled and bonus tokens
+        token, _ = self.chains(self.target, z, state.normals(positions, PROPOSAL_NOISE, self.noise_size()), n)
         accepted = torch.zeros_like(n)
         state.commit(accepted, state.tokens[:, :0], token, accepted == 0)
 
