@@ -15,8 +15,9 @@ round cannot ask the host where, so a step there writes each row's window keys/v
 the columns of their positions (`ColumnCache`, an index_put_ by a device index; rejected rows are simply
 overwritten by a later round), and attends over the whole buffer under a mask made on the device.
 
-Every model with this trunk (LlamaGen's GPT, the unified-vocabulary LM, an EAGLE head) runs its
-layers through `run_layers`, so one design serves all of them.
+Every model with this trunk (LlamaGen's GPT, the unified-vocabulary LM, an EAGLE head, the
+continuous family's MAR transformer) runs its layers through `run_layers`, so one design serves
+all of them.
 """
 from __future__ import annotations
 
@@ -88,11 +89,23 @@ class ColumnCache(NamedTuple):
         return None
 
 
+class SplitCache(NamedTuple):
+    """A whole model's past keys and values as two tensors [L, B, Hkv, C, D], the form the continuous
+    family's step graphs take and hand back (past_k / past_v, present_k / present_v): layer i's
+    are keys[i] and values[i], joined with the window's rows like a [L, 2, ...] tensor's."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys[index], self.values[index]
+
+
 # What attention reads as a layer's past: nothing, a tensor [B, Hkv, C, D], a tuple of such
 # segments (a draft chain's cache and the rows it drafted so far: runtime/chain.py KVSegments),
 # or a static cache written in place.
 LayerPast = Union[None, torch.Tensor, tuple, CacheWrite, ColumnWrite]
-Cache = Any  # None, a [L, 2, B, Hkv, C, D] tensor, KVSegments, a StaticCache or a ColumnCache
+Cache = Any  # None, a [L, 2, B, Hkv, C, D] tensor, a SplitCache, KVSegments, a StaticCache or a ColumnCache
 LayerCall = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
@@ -133,7 +146,7 @@ def layer_past(cache: Cache, index: int) -> tuple[LayerPast, LayerPast]:
     """Layer `index`'s keys and values in whatever form `cache` holds them."""
     if cache is None:
         return None, None
-    if isinstance(cache, (StaticCache, ColumnCache)):
+    if isinstance(cache, (StaticCache, ColumnCache, SplitCache)):
         return cache.layer(index)
     return cache[index, 0], cache[index, 1]
 

@@ -15,16 +15,19 @@ acceptance ratio of runtime/families/continuous/formulas.py needs).
 
 Parameter names follow MAR where a counterpart exists (`z_proj`, `class_emb`, `blocks.N`,
 `norm`, `diffloss.net.*`). Inference entry points are pure functions of tensors: the KV
-cache is owned by the caller, as for LlamaGen (docs/contracts.md).
+cache is owned by the caller, as for LlamaGen (docs/contracts.md), and the layers run through
+the one decode step every transformer here shares (models/kv_cache.py).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn as nn
+
+from specrt.models.kv_cache import Cache, LayerCall, LayerPast, SplitCache, attend, run_layers
 
 
 @dataclass
@@ -66,14 +69,14 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
         self.proj = nn.Linear(cfg.dim, cfg.dim)
 
-    def forward(self, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor, mask: torch.Tensor):
-        # x [B,W,D]; past_k/v [B,H,P,hd]; mask [B, W, P+W] bool (True = may attend)
+    def forward(self, x: torch.Tensor, past_k: LayerPast, past_v: LayerPast,
+                mask: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B,W,D]; past_k/v in any kv_cache form (a tensor [B,H,P,hd] joined with the window, or a
+        static cache written in place); mask [B,1,W,columns] (True = may attend, or additive).
+        Returns (output [B,W,D], the window's k, v [B,H,W,hd])."""
         b, w, _ = x.shape
         q, k, v = self.qkv(x).view(b, w, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
-        keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-        scores = (q @ keys.transpose(-1, -2)) / math.sqrt(self.head_dim)
-        scores = scores.masked_fill(~mask[:, None], float("-inf"))
-        out = (scores.softmax(-1) @ values).transpose(1, 2).reshape(b, w, -1)
+        out = attend(q, k, v, past_k, past_v, mask).transpose(1, 2).reshape(b, w, -1)
         return self.proj(out), k, v
 
 
@@ -88,14 +91,22 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.dim, eps=1e-6)
         self.mlp = nn.Sequential(nn.Linear(cfg.dim, hidden), nn.GELU(), nn.Linear(hidden, cfg.dim))
 
-    def forward(self, x, past_k, past_v, mask):
+    def forward(self, x, cos, sin, past_k, past_v, mask):
+        """kv_cache.run_layers' layer call; cos and sin are None: MAR has no rotary embedding, its
+        positions are added to the input (MARTransformer.inputs)."""
         h, k, v = self.attn(self.norm1(x), past_k, past_v, mask)
         x = x + h
         return x + self.mlp(self.norm2(x)), k, v
 
 
 class MARTransformer(nn.Module):
-    """Position 0 holds the class embedding; position j+1 holds token j; row j predicts token j."""
+    """Position 0 holds the class embedding; position j+1 holds token j; row j predicts token j.
+
+    Two entry points run the same layers (kv_cache.run_layers, kv_cache.attend): `step` takes the
+    cache as explicit tensors and hands the window's keys/values back (the exported graphs' form,
+    which joins cache and window in every layer); `decode_step` runs over a static cache
+    (kv_cache.StaticCache, ColumnCache) the window's keys/values are written into in place, so no
+    layer copies its cache (the PyTorch backend's step, the device round's)."""
 
     def __init__(self, cfg: MARConfig):
         super().__init__()
@@ -109,8 +120,36 @@ class MARTransformer(nn.Module):
         # MAR's learned unconditional embedding for classifier-free guidance: class id num_classes.
         self.fake_latent = nn.Parameter(torch.zeros(1, cfg.dim))
 
+    def inputs(self, tokens: torch.Tensor, class_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The first layer's input [B,W,D]: the class (or fake_latent) at position 0, z_proj(token)
+        elsewhere, plus the position embedding; positions [B,W] (or [W]: the same for every row)."""
+        b, w = tokens.shape[:2]
+        if positions.dim() == 1:
+            positions = positions[None].expand(b, w)
+        null = (class_ids == self.cfg.num_classes)[:, None]
+        labelled = self.class_emb(class_ids.clamp(max=self.cfg.num_classes - 1))
+        cond = torch.where(null, self.fake_latent, labelled)[:, None, :]
+        x = torch.where((positions == 0)[:, :, None], cond, self.z_proj(tokens))
+        x = x + self.pos_embed[0, positions]
+        return x if self.z_proj_ln is None else self.z_proj_ln(x)
+
+    def decode_step(self, tokens: torch.Tensor, class_ids: torch.Tensor, positions: torch.Tensor,
+                    attention_mask: torch.Tensor, cache: Cache,
+                    run_layer: Optional[LayerCall] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """A window over `cache`, any kv_cache form: z [B,W,D] and the window's keys/values
+        [L,2,B,H,W,hd] (over a StaticCache a view of its scratch columns; over a ColumnCache None:
+        they already sit at their columns).
+
+        attention_mask [B,W,columns] bool, columns as the cache form reads them (StaticCache: its
+        C cache columns then the window's W; ColumnCache: the buffer's S columns); `run_layer` runs
+        each block (a compiled function), default eagerly."""
+        x = self.inputs(tokens, class_ids, positions)
+        x, present = run_layers(self.blocks, x, None, None, attention_mask[:, None], cache, run_layer)
+        return self.norm(x), present
+
     def step(self, tokens: torch.Tensor, class_ids: torch.Tensor, positions: torch.Tensor,
-             past_k: torch.Tensor, past_v: torch.Tensor, attention_mask: torch.Tensor | None = None):
+             past_k: torch.Tensor, past_v: torch.Tensor,
+             attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One window after P cached columns, every row (image, or CFG twin) with its own positions.
 
         tokens [B,W,C] float (ignored where positions == 0), class_ids [B] int64 (num_classes:
@@ -121,25 +160,12 @@ class MARTransformer(nn.Module):
         training layout). Returns z [B,W,D] and the window's present_k/present_v [L,B,H,W,hd].
         """
         b, w, p = tokens.shape[0], tokens.shape[1], past_k.shape[3]
-        if positions.dim() == 1:
-            positions = positions[None].expand(b, w)
         if attention_mask is None:
             key_pos = torch.arange(p + w, device=tokens.device)
             causal = key_pos[None, :] <= (p + torch.arange(w, device=tokens.device))[:, None]
             attention_mask = causal[None].expand(b, w, p + w)
-        null = (class_ids == self.cfg.num_classes)[:, None]
-        labelled = self.class_emb(class_ids.clamp(max=self.cfg.num_classes - 1))
-        cond = torch.where(null, self.fake_latent, labelled)[:, None, :]
-        x = torch.where((positions == 0)[:, :, None], cond, self.z_proj(tokens))
-        x = x + self.pos_embed[0, positions]
-        if self.z_proj_ln is not None:
-            x = self.z_proj_ln(x)
-        present_k, present_v = [], []
-        for i, block in enumerate(self.blocks):
-            x, k, v = block(x, past_k[i], past_v[i], attention_mask)
-            present_k.append(k)
-            present_v.append(v)
-        return self.norm(x), torch.stack(present_k), torch.stack(present_v)
+        z, present = self.decode_step(tokens, class_ids, positions, attention_mask, SplitCache(past_k, past_v))
+        return z, present[:, 0], present[:, 1]
 
     def empty_cache(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (self.cfg.n_layer, batch, self.cfg.n_head, 0, self.cfg.head_dim)

@@ -3,11 +3,12 @@
 Why not the ContinuousRunner: the runner takes numpy windows, builds the mask on the host from
 lengths it keeps in host arrays, and commits by copying accepted rows, so every step starts and
 ends on the host. Here image i's window sits at the positions the round passes (device tensors),
-the mask is derived from them on the device, and the window's keys/values are written straight to
-their positions' columns of one static buffer per model, in place: columns before the window's
+the mask is derived from them on the device, and every layer writes the window's keys/values
+straight to their positions' columns of one static buffer per model, in place
+(models.kv_cache.ColumnCache, the discrete device round's form): columns before the window's
 first position hold the image's committed tokens, and whatever a round writes past them (drafts
 later rejected, an unfinished image's scratch, a finished image's padding) is overwritten before
-anything reads it. The module's own step runs over the whole buffer as its past under that mask.
+anything reads it. Attention reads the buffer as it lies, under that mask: no layer copies it.
 
 Rows are the model rows of the images: [images] or, under CFG, [images; their unconditional twins]
 (class id num_classes), as the runner orders them; a chain's head runs on both rows of every
@@ -26,10 +27,12 @@ class ContinuousDeviceModel:
     """One MAR-style module (specrt.models.mar) with its own KV buffer for a batch of images.
 
     `columns`: positions a window may write, 0 .. columns − 1 (the class token's, seq_len tokens'
-    and the widest window past an image's end). `cfg_scale` 1 runs one row an image."""
+    and the widest window past an image's end). `cfg_scale` 1 runs one row an image. `run_layer`
+    runs each block (a compiled one: runtime.backends.compiled_step), default eagerly."""
 
-    def __init__(self, torch: Any, mar: Any, class_ids: np.ndarray, cfg_scale: float, columns: int):
-        self.torch, self.mar = torch, mar
+    def __init__(self, torch: Any, mar: Any, class_ids: np.ndarray, cfg_scale: float, columns: int,
+                 run_layer: Optional[Any] = None):
+        self.torch, self.mar, self.run_layer = torch, mar, run_layer
         cfg = mar.cfg
         parameter = next(mar.parameters())
         self.device = parameter.device
@@ -39,9 +42,8 @@ class ContinuousDeviceModel:
         rows = self._rows(class_ids)
         self.class_ids = rows.to(self.device)
         self.row_image = torch.arange(len(rows), device=self.device) % self.images
-        shape = (cfg.n_layer, len(rows), cfg.n_head, columns, cfg.head_dim)
-        self.keys = torch.zeros(shape, dtype=parameter.dtype, device=self.device)
-        self.values = torch.zeros(shape, dtype=parameter.dtype, device=self.device)
+        shape = (cfg.n_layer, 2, len(rows), cfg.n_head, columns, cfg.head_dim)  # kv_cache's layout
+        self.kv = torch.zeros(shape, dtype=parameter.dtype, device=self.device)
         self.column_index = torch.arange(columns, device=self.device)
         self.scale = cfg_scale  # the call's guidance scale, where a row has no scale of its own
 
@@ -61,20 +63,22 @@ class ContinuousDeviceModel:
         [pairs, images, W, D] of the tokens that follow each slot, the slots' keys/values written to
         their positions' columns. A slot sees the columns before the window's first position and the
         window's slots at earlier positions, and itself."""
+        from specrt.models.kv_cache import ColumnCache
+
         rows_positions = positions[self.row_image]
-        first = rows_positions[:, :1, None]
-        cached = (self.column_index[None, None, :] < first).expand(-1, positions.shape[1], -1)
-        slot = rows_positions[:, :, None]
-        earlier = rows_positions[:, None, :] < slot
-        own = self.torch.eye(positions.shape[1], dtype=self.torch.bool, device=self.device)[None]
-        mask = self.torch.cat([cached, earlier | own], dim=2)
-        z, present_k, present_v = self.mar.transformer.step(
-            inputs[self.row_image], self.class_ids, rows_positions.clamp(max=self.seq_len), self.keys, self.values, mask)
-        rows = self.torch.arange(len(self.class_ids), device=self.device)[:, None, None]
-        heads = self.torch.arange(self.keys.shape[2], device=self.device)[None, :, None]
-        self.keys[:, rows, heads, rows_positions[:, None, :]] = present_k  # [L, rows, H, W, hd] at their columns
-        self.values[:, rows, heads, rows_positions[:, None, :]] = present_v
+        z, _ = self.mar.transformer.decode_step(
+            inputs[self.row_image], self.class_ids, rows_positions.clamp(max=self.seq_len),
+            self.window_mask(rows_positions), ColumnCache(self.kv, rows_positions), self.run_layer)
         return z.reshape(self.pairs, self.images, *z.shape[1:])
+
+    def window_mask(self, positions: Any) -> Any:
+        """bool [rows, W, columns] for windows at positions [rows, W]: slot w sees column c where c lies
+        before the window's first position, or holds a window slot at a position ≤ its own (an earlier
+        slot's or its own keys: a repeated position holds one input's)."""
+        column = self.column_index[None, None, :]
+        cached = column < positions[:, :1, None]
+        in_window = (column == positions[:, :, None]).any(dim=1, keepdim=True)  # [rows, 1, columns]
+        return cached | (in_window & (column <= positions[:, :, None]))
 
     def sample(self, z: Any, noise: Any, temperature: float, cfg_scales: Optional[Any] = None) -> tuple[Any, Any]:
         """Tokens from conditions z [pairs, R, D] on noise [T+1, R, C] (formulas.chain): (x_0, the last

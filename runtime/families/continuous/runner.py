@@ -12,7 +12,8 @@ sits at the image's next position and sees only the image's cache and itself, an
 committed), `commit(counts)` appends the first n_i present rows of image i's window, so a
 rejected draft costs nothing, `truncate` rolls images back and `retain` drops finished images.
 Under CFG the head runs on both rows of every chain and guides ε̂ (continuous.guided_eps)
-before the chain uses it. Backends implement two hooks.
+before the chain uses it. Backends implement two hooks; one that keeps the cache itself (the
+PyTorch backend's static buffer, written in place) also replaces the four cache hooks.
 """
 from __future__ import annotations
 
@@ -107,6 +108,35 @@ class ContinuousRunner(ABC):
     def _head(self, x: np.ndarray, t: np.ndarray, z: np.ndarray) -> np.ndarray:
         """x [R,C] f32, t [R] i64, z [R,D] f32 -> ε̂ [R,C] f32."""
 
+    # ---- the KV cache: host arrays passed to the step and handed back (the graphs' contract) ------
+
+    def _new_cache(self, rows: int) -> None:
+        """An empty cache [L, rows, H, capacity, hd] for a new batch (kept where the shape is the same)."""
+        shape = (self.spec.n_layer, rows, self.spec.n_head, self.capacity, self.spec.head_dim)
+        if self._k.shape != shape:
+            self._k = np.zeros(shape, dtype=np.float32)
+            self._v = np.zeros(shape, dtype=np.float32)
+
+    def _run_window(self, tokens: np.ndarray, positions: np.ndarray, mask: np.ndarray, past: int) -> np.ndarray:
+        """The transformer over the model rows' windows after `past` cache columns (mask [B,W,past+W]):
+        z [B,W,D]; the window's keys/values are kept for commit."""
+        past_k = np.ascontiguousarray(self._k[:, :, :, :past])
+        past_v = np.ascontiguousarray(self._v[:, :, :, :past])
+        z, present_k, present_v = self._transformer(tokens, self._class_ids, positions, mask, past_k, past_v)
+        self._present = (np.asarray(present_k), np.asarray(present_v))
+        return z
+
+    def _write_rows(self, rows: Union[slice, np.ndarray], columns: Union[slice, np.ndarray],
+                    slots: Union[slice, np.ndarray]) -> None:
+        """Copy the last window's slots to these cache columns of these model rows (slices: one block)."""
+        present_k, present_v = self._present
+        self._k[:, rows, :, columns] = present_k[:, rows, :, slots]
+        self._v[:, rows, :, columns] = present_v[:, rows, :, slots]
+
+    def _keep_rows(self, rows: np.ndarray) -> None:
+        """Keep only these model rows of the cache, in this order."""
+        self._k, self._v = np.ascontiguousarray(self._k[:, rows]), np.ascontiguousarray(self._v[:, rows])
+
     # ---- the interface the continuous methods use ----------------------------------------------
 
     @property
@@ -143,10 +173,7 @@ class ContinuousRunner(ABC):
         rows = ids if cfg_scale == 1.0 else np.concatenate([ids, np.full_like(ids, self.spec.num_classes)])
         self._class_ids = rows
         self.cfg_scale = cfg_scale
-        shape = (self.spec.n_layer, len(rows), self.spec.n_head, self.capacity, self.spec.head_dim)
-        if self._k.shape != shape:
-            self._k = np.zeros(shape, dtype=np.float32)
-            self._v = np.zeros(shape, dtype=np.float32)
+        self._new_cache(len(rows))
         self.lengths = np.zeros(len(ids), dtype=np.int64)
         self._sizes = np.zeros(len(ids), dtype=np.int64)
         self._present = None
@@ -177,14 +204,11 @@ class ContinuousRunner(ABC):
         pairs = self.pairs
         if pairs > 1:  # the CFG twins run the same window at the same positions
             tokens, positions, mask = (np.concatenate([a] * pairs) for a in (tokens, positions, mask))
-        past_k = np.ascontiguousarray(self._k[:, :, :, :past])
-        past_v = np.ascontiguousarray(self._v[:, :, :, :past])
         start = time.perf_counter()
-        z, present_k, present_v = self._transformer(tokens, self._class_ids, positions, mask, past_k, past_v)
+        z = self._run_window(tokens, positions, mask, past)
         self.forward_seconds += time.perf_counter() - start
         self.forwards += 1
         self.image_forwards += int(np.count_nonzero(sizes))
-        self._present = (np.asarray(present_k), np.asarray(present_v))
         self._sizes = sizes
         return np.asarray(z, dtype=np.float32)
 
@@ -200,18 +224,15 @@ class ContinuousRunner(ABC):
             return
         if np.any(counts < 0) or np.any(counts > self._sizes):
             raise ValueError(f"cannot commit {counts.tolist()} rows of windows of {self._sizes.tolist()}")
-        present_k, present_v = self._present
         if (counts == counts[0]).all() and (self.lengths == self.lengths[0]).all():  # lockstep: one block copy
             start, count = int(self.lengths[0]), int(counts[0])
-            self._k[:, :, :, start : start + count] = present_k[:, :, :, :count]
-            self._v[:, :, :, start : start + count] = present_v[:, :, :, :count]
+            self._write_rows(slice(None), slice(start, start + count), slice(0, count))
         else:
             image = np.repeat(np.arange(self.images), counts)
             slots = np.concatenate([np.arange(n) for n in counts])
             rows = np.concatenate([image + self.images * k for k in range(self.pairs)])
             columns, slots = np.tile(slots + self.lengths[image], self.pairs), np.tile(slots, self.pairs)
-            self._k[:, rows, :, columns] = present_k[:, rows, :, slots]
-            self._v[:, rows, :, columns] = present_v[:, rows, :, slots]
+            self._write_rows(rows, columns, slots)
         self.lengths += counts
 
     def retain(self, images: Sequence[int]) -> None:
@@ -221,7 +242,7 @@ class ContinuousRunner(ABC):
         if len(keep) == self.images and np.array_equal(keep, np.arange(self.images)):
             return
         rows = np.concatenate([keep + self.images * k for k in range(self.pairs)])
-        self._k, self._v = np.ascontiguousarray(self._k[:, rows]), np.ascontiguousarray(self._v[:, rows])
+        self._keep_rows(rows)
         self._class_ids = self._class_ids[rows]
         self.lengths, self._sizes = self.lengths[keep], self._sizes[keep]
         self._present = None

@@ -1,4 +1,4 @@
-"""The PyTorch backend of the continuous family: runs export/mar's modules in place of the graphs.
+"""The PyTorch backend of the continuous family: runs models.mar's modules in place of the graphs.
 
 Used by the tests as the reference for the onnxruntime graphs, and by anyone who wants the
 same bundle on torch (load_torch_runner rebuilds the modules from the bundle's weights).
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 
 from specrt.lazy import require
 from specrt.runtime.families.continuous.runner import ContinuousRunner, ContinuousSpec
@@ -24,17 +25,33 @@ def spec_of(cfg: Any) -> ContinuousSpec:
 class TorchContinuousRunner(ContinuousRunner):
     """A ContinuousRunner over an models.mar.model.MAR module (float32), on the CPU or on `device`
     (the module is moved there). Its module is what a device round (rounds.py) runs: the host
-    loop's steps here copy every input in and every output back; a round's stay on the device."""
+    loop's steps here copy the window's inputs in and z back; a round's stay on the device.
+
+    The cache stays on the module's device in one static buffer [L, 2, rows, H, capacity + W, hd]
+    (models.kv_cache.StaticCache): a step writes its window's keys/values into the scratch columns
+    after the capacity, in place, and attends over the buffer as it lies under the runner's mask
+    spread over those columns, so no layer copies its cache; commit copies the accepted rows
+    down. `_transformer`, the hook the exported graphs answer to, keeps the explicit form
+    (export.mar.verify_bundle compares the two backends through it). `compile` runs each block
+    compiled by torch.compile (runtime.backends.compiled_step), default off."""
 
     device_rounds = True
 
-    def __init__(self, model: Any, device: Any = None):
+    def __init__(self, model: Any, device: Any = None, compile: bool = False, compile_mode: str = "default"):
         super().__init__(spec_of(model.cfg))
         self.torch = require("torch", "the torch backend")
         self.model = model.eval() if device is None else model.eval().to(device)
         self.device = next(self.model.parameters()).device
         self.on_accelerator = self.device.type != "cpu"
         self.cuda_graphs = self.device.type == "cuda"  # a round there is captured once and replayed
+        self.compiled = None  # compiled_step.CompiledStep where the blocks are compiled
+        if compile:
+            from specrt.runtime.backends.compiled_step import CompiledStep
+
+            self.compiled = CompiledStep(compile_mode)
+        self.run_layer = self.compiled.run_layer if self.compiled else None
+        self._kv: Any = None
+        self._rows = 0
 
     def _transformer(self, tokens, class_ids, positions, mask, past_k, past_v):
         with self.torch.inference_mode():
@@ -45,6 +62,55 @@ class TorchContinuousRunner(ContinuousRunner):
     def _head(self, x, t, z):
         with self.torch.inference_mode():
             return self._out(self.model.head(self._in(x), self._in(t), self._in(z)))
+
+    # ---- the cache, kept on the device and written in place ---------------------------------
+
+    def _new_cache(self, rows: int) -> None:
+        self._rows = rows
+        if self._kv is None or self._kv.shape[2] != rows:
+            self._kv = self._buffer(rows, 1)
+
+    def _buffer(self, rows: int, scratch: int) -> Any:
+        """A zeroed buffer [L, 2, rows, H, capacity + scratch, hd] in the module's dtype."""
+        spec, parameter = self.spec, next(self.model.parameters())
+        shape = (spec.n_layer, 2, rows, spec.n_head, self.capacity + scratch, spec.head_dim)
+        return self.torch.zeros(shape, dtype=parameter.dtype, device=self.device)
+
+    def _static_cache(self, width: int) -> Any:
+        """The buffer as a step of `width` slots writes it, its scratch widened where it is narrower."""
+        from specrt.models.kv_cache import StaticCache
+
+        capacity = self.capacity
+        if self._kv.shape[4] < capacity + width:
+            grown = self._buffer(self._rows, width)
+            grown[:, :, :, :, :capacity] = self._kv[:, :, :, :, :capacity]
+            self._kv = grown
+        return StaticCache(self._kv, capacity)
+
+    def _run_window(self, tokens, positions, mask, past):
+        width, capacity = tokens.shape[1], self.capacity
+        spread = np.zeros((len(tokens), width, capacity + width), dtype=bool)  # columns as the buffer lies
+        spread[:, :, :past] = mask[:, :, :past]
+        spread[:, :, capacity:] = mask[:, :, past:]
+        with self.torch.inference_mode():
+            cache = self._static_cache(width)
+            z, self._present = self.model.transformer.decode_step(
+                self._in(tokens), self._in(self._class_ids), self._in(positions), self._in(spread), cache,
+                self.run_layer)
+        return self._out(z)
+
+    def _write_rows(self, rows, columns, slots):
+        index = [a if isinstance(a, slice) else self.torch.as_tensor(a, device=self.device) for a in (rows, columns, slots)]
+        rows, columns, slots = index
+        with self.torch.inference_mode():
+            self._kv[:, :, rows, :, columns] = self._present[:, :, rows, :, slots]
+
+    def _keep_rows(self, rows):
+        with self.torch.inference_mode():
+            self._kv = self._kv[:, :, self.torch.as_tensor(rows, device=self.device)]
+        self._rows = len(rows)
+
+    # ---- host arrays in, host arrays out ------------------------------------------------------
 
     def _in(self, array: Any) -> Any:
         return self.torch.from_numpy(array).to(self.device)
