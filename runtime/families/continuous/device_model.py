@@ -58,27 +58,19 @@ class ContinuousDeviceModel:
         return self.torch.from_numpy(np.ascontiguousarray(rows))
 
     def window(self, inputs: Any, positions: Any) -> Any:
-        """Image i's inputs [images, W, C] at positions [images, W] (ascending; a repeated position is
-        the same input fed twice; position 0 is the class token, its input ignored): the conditions z
-        [pairs, images, W, D] of the tokens that follow each slot, the slots' keys/values written to
-        their positions' columns. A slot sees the columns before the window's first position and the
-        window's slots at earlier positions, and itself."""
+        """Image i's inputs [images, W, C] at positions [images, W] (consecutive and ascending, but that
+        a position may repeat, the same input fed twice; position 0 is the class token, its input
+        ignored): the conditions z [pairs, images, W, D] of the tokens that follow each slot, the slots'
+        keys/values written to their positions' columns. A slot sees every column up to its own
+        position: the image's committed ones before the window, then the window's slots up to itself."""
         from specrt.models.kv_cache import ColumnCache
 
         rows_positions = positions[self.row_image]
+        mask = self.column_index[None, None, :] <= rows_positions[:, :, None]  # [rows, W, columns]
         z, _ = self.mar.transformer.decode_step(
-            inputs[self.row_image], self.class_ids, rows_positions.clamp(max=self.seq_len),
-            self.window_mask(rows_positions), ColumnCache(self.kv, rows_positions), self.run_layer)
+            inputs[self.row_image], self.class_ids, rows_positions.clamp(max=self.seq_len), mask,
+            ColumnCache(self.kv, rows_positions), self.run_layer)
         return z.reshape(self.pairs, self.images, *z.shape[1:])
-
-    def window_mask(self, positions: Any) -> Any:
-        """bool [rows, W, columns] for windows at positions [rows, W]: slot w sees column c where c lies
-        before the window's first position, or holds a window slot at a position ≤ its own (an earlier
-        slot's or its own keys: a repeated position holds one input's)."""
-        column = self.column_index[None, None, :]
-        cached = column < positions[:, :1, None]
-        in_window = (column == positions[:, :, None]).any(dim=1, keepdim=True)  # [rows, 1, columns]
-        return cached | (in_window & (column <= positions[:, :, None]))
 
     def sample(self, z: Any, noise: Any, temperature: float, cfg_scales: Optional[Any] = None) -> tuple[Any, Any]:
         """Tokens from conditions z [pairs, R, D] on noise [T+1, R, C] (formulas.chain): (x_0, the last
