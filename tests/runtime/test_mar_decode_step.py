@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from specrt.bench.step_ops import step_ops  # noqa: E402
-from specrt.models.kv_cache import ColumnCache, StaticCache  # noqa: E402
+from specrt.models.kv_cache import ColumnCache, StaticCache, call_layer  # noqa: E402
 from specrt.models.mar.model import MARConfig, random_mar  # noqa: E402
 from specrt.runtime.families.continuous.device_model import ContinuousDeviceModel  # noqa: E402
 from specrt.runtime.families.continuous.runner import ContinuousRunner  # noqa: E402
@@ -146,16 +146,27 @@ def test_static_step_gives_the_concatenating_steps_z(width):
 
 
 def test_decode_steps_compile_whole():
+    """Each block traced whole as the runners run it (their `run_layer`), and the device round's
+    window traced whole around them: what a captured round needs."""
+    traced_block = torch.compile(call_layer, backend="aot_eager", fullgraph=True)
     run, _, _ = _static_step(layers=2, width=2)
-    compiled = torch.compile(lambda layer, *args: layer(*args), backend="aot_eager", fullgraph=True)
-    torch.testing.assert_close(run(compiled)[0], run()[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(run(traced_block)[0], run()[0], atol=1e-5, rtol=1e-5)
+
     mar = _mar()
-    model = ContinuousDeviceModel(torch, mar, np.array([1, 4]), 3.0, mar.cfg.seq_len + 3)
+    eager, traced = TorchContinuousRunner(mar), TorchContinuousRunner(mar)
+    traced.run_layer = traced_block
+    window = np.random.default_rng(1).standard_normal((3, mar.cfg.token_dim)).astype(np.float32)
+    for runner in (eager, traced):
+        runner.start([1, 4], cfg_scale=3.0)
+    np.testing.assert_allclose(traced.step(window), eager.step(window), atol=1e-5, rtol=1e-5)
+
+    models = [ContinuousDeviceModel(torch, mar, np.array([1, 4]), 3.0, mar.cfg.seq_len + 3, run_layer)
+              for run_layer in (None, traced_block)]
     inputs, positions = torch.randn(2, 2, mar.cfg.token_dim), torch.tensor([[0, 1], [3, 4]])
     with torch.inference_mode():
-        eager = model.window(inputs, positions)
-        whole = torch.compile(model.window, backend="aot_eager", fullgraph=True)(inputs, positions)
-    torch.testing.assert_close(whole, eager, atol=1e-5, rtol=1e-5)
+        expected = models[0].window(inputs, positions)
+        whole = torch.compile(models[1].window, backend="aot_eager", fullgraph=True)(inputs, positions)
+    torch.testing.assert_close(whole, expected, atol=1e-5, rtol=1e-5)
 
 
 class _ConcatenatingRunner(TorchContinuousRunner):

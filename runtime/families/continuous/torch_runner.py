@@ -120,9 +120,12 @@ class TorchContinuousRunner(ContinuousRunner):
         return tensor.cpu().numpy()
 
 
-def torch_runners(target: Any, draft: Any | None = None,
-                  device: Any = None) -> tuple[TorchContinuousRunner, TorchContinuousRunner | None]:
-    """Runners for a target and (optionally) a draft MAR module, on the CPU or on `device`."""
-    return TorchContinuousRunner(target, device), (TorchContinuousRunner(draft, device) if draft is not None else None)
+def torch_runners(target: Any, draft: Any | None = None, device: Any = None,
+                  compile: bool = False) -> tuple[TorchContinuousRunner, TorchContinuousRunner | None]:
+    """Runners for a target and (optionally) a draft MAR module, on the CPU or on `device`, their
+    blocks compiled where `compile`."""
+    def runner(model: Any) -> TorchContinuousRunner:
+        return TorchContinuousRunner(model, device, compile)
+    return runner(target), (runner(draft) if draft is not None else None)
 
 
