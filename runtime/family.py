@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any, ClassVar, Optional
 
 
+TORCH_OPTIONS = ("device", "loop", "compile", "max_window")
+
+
 class Family(ABC):
     """One model family's plug-in."""
 
@@ -31,6 +34,11 @@ class Family(ABC):
     # its CFG row is a prompt too: generate takes negative_prompt / prompt_suffix (--negative-prompt,
     # --no-prompt-suffix); elsewhere the unconditional row is a learned embedding and they are refused
     negative_prompts: ClassVar[bool] = False
+    # what its PyTorch pipeline (an embedded demo's, checkpoints') takes from `specrt generate`, of
+    # TORCH_OPTIONS: the torch device (--device), the loop choice (--loop: the device round where a
+    # method has one), a compiled step (--compile/--no-compile) and the largest window (--max-window);
+    # the CLI refuses the flags of the others in one line, and all of them for a BUNDLE as LlamaGen's
+    torch_options: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def parse(self, raw: dict[str, Any], root: Path) -> Any:

@@ -80,7 +80,9 @@ def test_gpu_index_beyond_the_machine(monkeypatch):
     (["bench", "--demo", "mar", "--device", "cuda"], "applies to --backend torch"),
     (["serve", "--device", "cuda"], "CPU-only build"),
     (["serve", "--device", "foo"], "--device must be cpu"),
-    (["generate", "--demo", "mar", "--device", "cuda"], "--device does not apply to a continuous"),
+    (["generate", "--demo", "mar", "--device", "cuda"], "CPU-only build"),  # the family's torch pipeline takes it
+    (["generate", "--demo", "mar", "--device", "foo"], "--device must be cpu, cuda or cuda:N"),
+    (["generate", "--demo", "chameleon", "--prompt", "a seven", "--device", "cuda"], "CPU-only build"),
 ])
 def test_devices_this_torch_cannot_use_exit_2(argv, message, capsys, no_model_loads, cpu_only_torch):
     code, err = run(argv, capsys)

@@ -20,10 +20,14 @@ FAMILY = "continuous"
 SUMMARY = "class-conditional digits from continuous tokens (KL autoencoder, MAR-style target and draft; ar, cspd)"
 
 
-def torch_pipeline(weights: Optional[Path] = None, threads: Optional[int] = 1, **_options: Any) -> Any:
-    """A ContinuousPipeline over the demo's PyTorch modules (runners and decoder on torch), with
-    `threads` intra-op threads (1 by default: the modules are tiny, and on a busy CPU torch's
-    default threading made one cspd image 10× slower)."""
+def torch_pipeline(weights: Optional[Path] = None, threads: Optional[int] = 1, device: Optional[str] = None,
+                   **_options: Any) -> Any:
+    """A ContinuousPipeline over the demo's PyTorch modules (runners and decoder on torch), on the
+    CPU or on the torch `device` (cuda: where its pipeline's "auto" loop runs the device round, a
+    CUDA graph), with `threads` intra-op threads (1 by default: the modules are tiny, and on a busy
+    CPU torch's default threading made one cspd image 10× slower). The other options of the
+    demos' hook (compile, max_window) do not apply to it: runtime.families.continuous's
+    torch_options."""
     from specrt.export.mar.demo import load_mar_demo
     from specrt.lazy import require
     from specrt.runtime.families.continuous.torch_runner import torch_runners
@@ -34,11 +38,14 @@ def torch_pipeline(weights: Optional[Path] = None, threads: Optional[int] = 1, *
     set_torch_threads(threads)
     demo = load_mar_demo(weights)
     decoder_module = demo.autoencoder.decoder_only().eval()
+    if device is not None:
+        decoder_module = decoder_module.to(device)
+    on = next(decoder_module.parameters()).device
 
     def decode(tokens):
         with torch.inference_mode():
-            return decoder_module(torch.from_numpy(tokens)).numpy()
-    target, draft = torch_runners(demo.target, demo.draft)
+            return decoder_module(torch.from_numpy(tokens).to(on)).cpu().numpy()
+    target, draft = torch_runners(demo.target, demo.draft, device)
     return ContinuousPipeline(target, draft, decode, demo.sampling_defaults,
                               "the mar demo" if weights is None else f"mar demo weights {weights}")
 

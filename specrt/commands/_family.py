@@ -2,9 +2,11 @@
 interface alone (runtime/families: its methods, sampling keys, conditions, prompt options).
 
 Flags mean what they mean for LlamaGen where they apply (--class, --seed, --out, --cfg-scale,
---temperature, --param, --stats, --save-tokens, --tokens-only); the ones that do not (sampling keys
-the family lacks, prompts, checkpoints, the torch backend's options) are refused in one line before
-the model loads. Family-specific sampling keys go through --param (the continuous family's
+--temperature, --param, --stats, --save-tokens, --tokens-only, and the torch backend's options its
+PyTorch pipeline takes: Family.torch_options, e.g. --device and --loop for the continuous demo,
+checked as LlamaGen's are); the ones that do not (sampling keys the family lacks, prompts,
+checkpoints, the torch options it does not take, any of them with a BUNDLE) are refused in one line
+before the model loads. Family-specific sampling keys go through --param (the continuous family's
 cfg_schedule: --param cfg_schedule=linear). A Hugging Face checkpoint directory (the unified
 family on PyTorch) runs alone: check_hf_checkpoint.
 """
@@ -15,7 +17,8 @@ from typing import Any, Callable, Optional
 
 from specrt import validation
 from specrt.commands._checkpoint_flags import CheckpointFlags
-from specrt.commands._generate_flags import Drawing, ModelFlags, RunFlags, SamplingFlags
+from specrt.commands._generate_flags import (Drawing, ModelFlags, RunFlags, SamplingFlags,
+                                             refuse_torch_flags_on_a_bundle)
 from specrt.errors import SpecrtError
 from specrt.runtime.family import Family
 
@@ -46,15 +49,17 @@ def check_flags(family: Family, bundle: Optional[Path], method: str, seed: int, 
     `name` was typed (its default otherwise)."""
     if models.demo is not None and (bundle or models.checkpoints):
         raise SpecrtError("--demo picks an embedded demo: give it without a BUNDLE or checkpoints")
+    takes = family.torch_options
     refused = {"--top-k": sampling.top_k is not None and "top_k" not in family.sampling_keys,
                "--top-p": sampling.top_p is not None and "top_p" not in family.sampling_keys,
                "--prompt": drawing.prompts and not family.takes_prompts,
                "--class": drawing.class_ids and family.takes_prompts,
                "--captions": drawing.captions_path, "--text-encoder": models.text_encoder,
                "--target/--draft/--vq": models.checkpoints,
-               "--device": run.device is not None and run.device.strip().lower() != "cpu",  # it runs on the CPU
-               "--max-window": given("max_window"), "--compile/--no-compile": given("compile_step"),
-               "--loop": given("loop"),
+               "--device": run.device is not None and run.device.strip().lower() != "cpu" and "device" not in takes,
+               "--max-window": given("max_window") and "max_window" not in takes,
+               "--compile/--no-compile": given("compile_step") and "compile" not in takes,
+               "--loop": given("loop") and "loop" not in takes,
                **refused_prompt_options(family, drawing),
                **{name: True for name in checkpoint.given()}}
     validation.seed(seed, "--seed")
@@ -64,6 +69,9 @@ def check_flags(family: Family, bundle: Optional[Path], method: str, seed: int, 
     if bundle is None and run.backend not in (None, "torch"):
         raise SpecrtError(f"--backend {run.backend} needs a BUNDLE: export the demo with `specrt export --demo "
                           f"{models.demo} --out DIR`")
+    if bundle is not None:
+        refuse_torch_flags_on_a_bundle(run.device, run.backend, run.loop, given)
+    validation.torch_device(run.device)
 
 
 def check_hf_checkpoint(family: Family, bundle: Optional[Path], method: str, seed: int, drawing: Drawing,
@@ -77,9 +85,6 @@ def check_hf_checkpoint(family: Family, bundle: Optional[Path], method: str, see
         raise SpecrtError(f"--draft {models.draft} must be a Hugging Face directory like --target")
     validation.seed(seed, "--seed")
     refuse(family, method, {"--class": drawing.class_ids})
-    if run.loop == "round":  # before the model loads (Pipeline.generate would say so too, after)
-        raise SpecrtError(f"--loop round: a {family.description} model decodes under an image grammar, which has no "
-                          "device round; use --loop host or auto")
     if not drawing.prompts:
         raise SpecrtError(f"a {family.description} model draws what a prompt says: give --prompt \"...\" (repeatable)")
     validation.torch_device(run.device)

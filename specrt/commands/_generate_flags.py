@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import click
 
@@ -122,6 +122,25 @@ class RunFlags:
     max_window: int = DEFAULT_MAX_WINDOW
 
 
+def refuse_torch_flags_on_a_bundle(device: Optional[str], backend: Optional[str], loop: str,
+                                   given: Callable[[str], bool]) -> None:
+    """A BUNDLE runs its exported graphs where --backend says: the torch backend's flags (--device but
+    cpu on onnxruntime, --max-window, --compile/--no-compile, --loop round) are one line, whatever its
+    family. `given(name)`: whether the flag of parameter `name` was typed."""
+    if device is not None and not (device.strip().lower() == "cpu" and backend in (None, "ort", "ort-cpu")):
+        raise SpecrtError("--device picks the torch device of checkpoints or the demo; a BUNDLE runs where "
+                          "--backend says (ort, ort-cuda, ort-trt, trt)")
+    if given("max_window"):
+        raise SpecrtError("--max-window sizes the torch backend's windows; a BUNDLE's largest window was fixed "
+                          "at export (specrt export --max-window)")
+    if given("compile_step"):
+        raise SpecrtError("--compile/--no-compile choose how the torch backend runs its step; a BUNDLE runs its "
+                          "exported graphs")
+    if loop == "round":
+        raise SpecrtError("--loop round runs the device round on the torch backend (checkpoints or the demo); "
+                          "a BUNDLE decodes with the host loop")
+
+
 drawing_flags = flag_group("drawing", Drawing, [
     click.option("--class", "class_ids", type=int, multiple=True,
                  help="Class id of a c2i model (repeat for several images; default 0)."),
@@ -171,8 +190,8 @@ run_flags = flag_group("run", RunFlags, [
     click.option("--loop", type=click.Choice(LOOPS), default="auto", show_default=True,
                  help="torch backend: round = the device round (each round one function of device tensors, the host "
                       "reading once a round; ar, sd, cool-sd, lantern chains, sjd, sjd-pac without "
-                      "proactive_drafting), host = the host loop, auto = the round on a GPU where the method has one. "
-                      "A seed's tokens differ between the two."),
+                      "proactive_drafting; the continuous demo's ar and cspd), host = the host loop, auto = the round "
+                      "on a GPU where the method has one. A seed gives the same tokens in both."),
     click.option("--compile/--no-compile", "compile_step", default=None,
                  help="torch backend: run the step compiled by torch.compile (default: on CUDA only; the first steps "
                       "compile, cached on disk for the next run)."),

@@ -29,7 +29,7 @@ from specrt import validation
 from specrt.commands import _family
 from specrt.commands._checkpoint_flags import CHECKPOINT_FLAG_NAMES, CheckpointFlags, checkpoint_flags
 from specrt.commands._generate_flags import (Drawing, ModelFlags, RunFlags, SamplingFlags, drawing_flags, model_flags,
-                                             repeated, run_flags, sampling_flags)
+                                             refuse_torch_flags_on_a_bundle, repeated, run_flags, sampling_flags)
 from specrt.commands._help import COMMON, sectioned
 from specrt.commands._outputs import OutputFlags, output_flags
 from specrt.errors import SpecrtError
@@ -102,18 +102,7 @@ def check_applicable(bundle: Optional[Path], demo: Optional[str], target: Option
         checkpoint.refuse("describes the --draft checkpoint, and no --draft is given",
                           "draft_arch", "draft_n_head", "draft_n_kv_head")
     if bundle is not None:
-        if device is not None and not (device.strip().lower() == "cpu" and backend in (None, "ort", "ort-cpu")):
-            raise SpecrtError("--device picks the torch device of checkpoints or the demo; a BUNDLE runs where "
-                              "--backend says (ort, ort-cuda, ort-trt, trt)")
-        if _given("max_window"):
-            raise SpecrtError("--max-window sizes the torch backend's windows; a BUNDLE's largest window was fixed "
-                              "at export (specrt export --max-window)")
-        if _given("compile_step"):
-            raise SpecrtError("--compile/--no-compile choose how the torch backend runs its step; a BUNDLE runs its "
-                              "exported graphs")
-        if loop == "round":
-            raise SpecrtError("--loop round runs the device round on the torch backend (checkpoints or the demo); "
-                              "a BUNDLE decodes with the host loop")
+        refuse_torch_flags_on_a_bundle(device, backend, loop, _given)
     validation.torch_device(device)
 
 

@@ -20,6 +20,7 @@ class ContinuousFamily(Family):
     pipeline_class = "specrt.runtime.families.continuous.pipeline:ContinuousPipeline"
     description = "continuous (MAR-style)"
     sampling_keys = ("cfg_scale", "temperature", "cfg_schedule")
+    torch_options = ("device", "loop")  # torch_runners(..., device) and ContinuousPipeline.loop; no compiled step
     bench_runner = "specrt.bench.continuous:run_command"
 
     def summary(self, result: Any) -> dict[str, Any]:
@@ -28,6 +29,7 @@ class ContinuousFamily(Family):
                 "accepted": stats.accepted, "acceptance_rate": stats.acceptance_rate,
                 "tokens_per_target_pass": stats.tokens_per_target_pass,
                 "residual_proposals": stats.residual_proposals, "seconds": sum(result.seconds),
+                "host_syncs": stats.host_syncs,  # counted by the device round (one read a round); None: the host loop
                 "sampling": result.sampling}
 
     def parse(self, raw: dict[str, Any], root: Path) -> ContinuousManifest:

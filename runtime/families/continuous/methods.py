@@ -24,7 +24,8 @@ import specrt.runtime.families.continuous.formulas as continuous
 from specrt.errors import SpecrtError
 from specrt.runtime.counter_random import seed_halves
 from specrt.runtime.families.continuous import draws
-from specrt.runtime.families.continuous.draws import DRAFT_NOISE, PROPOSAL_NOISE, PROPOSAL_TEST, RESIDUAL_PROPOSALS, TEST
+from specrt.runtime.families.continuous.draws import (DRAFT_NOISE, PROPOSAL_NOISE, PROPOSAL_TEST,
+                                                      RESIDUAL_PROPOSALS, TEST)
 from specrt.runtime.families.continuous.runner import ContinuousRunner, ContinuousWindows
 from specrt.runtime.methods.base import Batched, Method
 from specrt.validation import Float, Int, number

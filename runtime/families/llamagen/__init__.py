@@ -11,7 +11,7 @@ from typing import Any, Optional
 from specrt.errors import SpecrtError
 from specrt.manifest import Manifest, checked_manifest
 from specrt.runtime.backends.bundle_backends import BUNDLE_BACKENDS, bundle_parts
-from specrt.runtime.family import Family
+from specrt.runtime.family import TORCH_OPTIONS, Family
 from specrt.runtime.pipeline import SAMPLING_KEYS, Pipeline
 
 
@@ -23,6 +23,7 @@ class LlamaGenFamily(Family):
     pipeline_class = "specrt.runtime.pipeline:Pipeline"
     description = "LlamaGen-layout (VQ-token)"
     sampling_keys = ("cfg_scale", "temperature", "top_k", "top_p")
+    torch_options = TORCH_OPTIONS  # Pipeline.from_torch takes each (Janus / Emu3 / Lumina-mGPT's too)
 
     def parse(self, raw: dict[str, Any], root: Path) -> Manifest:
         return checked_manifest(raw, root)
