@@ -79,7 +79,8 @@ def _column_step(layers: int, rows: int = 2):
 
     def run():
         with torch.inference_mode():
-            return mar.transformer.decode_step(tokens, torch.tensor([1, 2]), positions, mask, ColumnCache(kv, positions))
+            return mar.transformer.decode_step(tokens, torch.tensor([1, 2]), positions, mask,
+                                               ColumnCache(kv, positions))
     return run, columns
 
 

@@ -51,8 +51,10 @@ def plan_round(method: ContinuousMethod, target: Any, draft: Any, sampling: dict
     settings = ContinuousSampling(**{k: sampling[k] for k in ("temperature", "cfg_scale", "cfg_schedule")})
     window = 1 if method.name == "ar" else method.draft_len + 1
     columns = target.spec.seq_len + window + 1
-    model = lambda runner: ContinuousDeviceModel(torch, runner.model, class_ids, settings.cfg_scale, columns,  # noqa: E731
-                                                 runner.run_layer)  # the runner's compiled block, where it has one
+
+    def model(runner: Any) -> ContinuousDeviceModel:  # with the runner's compiled block, where it has one
+        return ContinuousDeviceModel(torch, runner.model, class_ids, settings.cfg_scale, columns, runner.run_layer)
+
     if method.name == "ar":
         return ContinuousArRound(model(target), settings)
     if not runs_rounds(draft):

@@ -100,8 +100,8 @@ class TorchContinuousRunner(ContinuousRunner):
         return self._out(z)
 
     def _write_rows(self, rows, columns, slots):
-        index = [a if isinstance(a, slice) else self.torch.as_tensor(a, device=self.device) for a in (rows, columns, slots)]
-        rows, columns, slots = index
+        rows, columns, slots = (a if isinstance(a, slice) else self.torch.as_tensor(a, device=self.device)
+                                for a in (rows, columns, slots))
         with self.torch.inference_mode():
             self._kv[:, :, rows, :, columns] = self._present[:, :, rows, :, slots]
 
