@@ -102,17 +102,7 @@ def decode_rounds(round_: Any, rows: Conditions, seeds: Sequence[int], total: in
     start = time.perf_counter()
     with torch.inference_mode():
         state = round_.start(rows, seeds, total)
-        step, runs = getattr(round_, "captured", None) or round_, 0  # captured by an earlier call: replayed
-        done = bool(state.finished.all())
-        while not done:
-            if runs > total:
-                raise RuntimeError(f"the round ran {runs} times for {total} tokens: an image stopped advancing")
-            if graphs and runs == 1 and step is round_:  # this round is the capture's warm-up; replays follow
-                step = round_.captured = CapturedRound(torch, round_, state)
-            else:
-                step(state)
-            runs += 1
-            done = bool(state.finished.all())
+        runs = run_until_finished(torch, round_, state, graphs, max_runs=total, done=bool(state.finished.all()))
         tokens = state.tokens[:, :total].cpu().numpy().copy()  # on a CPU a view of the buffers the next call reuses
         produced, image_rounds = state.produced.cpu().numpy().copy(), int(state.rounds.sum())
     images = len(seeds)
@@ -130,6 +120,25 @@ def decode_rounds(round_: Any, rows: Conditions, seeds: Sequence[int], total: in
     stats.host_numbers = (stats.host_numbers or 0) + runs * images + tokens.size + produced.size + 1
     stats.seconds["target_forward"] += time.perf_counter() - start
     return tokens
+
+
+def run_until_finished(torch: Any, round_: Any, state: Any, graphs: bool, max_runs: int, done: bool = False) -> int:
+    """Run `round_` over `state` until every image has finished (`done`: already at the start); the
+    number of runs. The first run is eager; with `graphs` the second captures the round (CapturedRound,
+    kept on the round, so a later call replays from its first run) and the rest replay it. One host
+    read a run: the finished flags. More than `max_runs` runs is a round that stopped advancing an
+    image: an error, not a hang."""
+    step, runs = getattr(round_, "captured", None) or round_, 0  # captured by an earlier call: replayed
+    while not done:
+        if runs > max_runs:
+            raise RuntimeError(f"the round ran {runs} times for {state.total} tokens: an image stopped advancing")
+        if graphs and runs == 1 and step is round_:  # this round is the capture's warm-up; replays follow
+            step = round_.captured = CapturedRound(torch, round_, state)
+        else:
+            step(state)
+        runs += 1
+        done = bool(state.finished.all())
+    return runs
 
 
 class CapturedRound:

@@ -16,7 +16,7 @@ import numpy as np
 
 from specrt import validation
 from specrt.errors import SpecrtError
-from specrt.runtime.rounds import LOOPS, CapturedRound
+from specrt.runtime.rounds import LOOPS, run_until_finished
 from specrt.runtime.families.continuous.methods import ContinuousMethod, ContinuousStats
 
 MAX_ROUNDS_PER_TOKEN = 64  # an open residual draw may take a round without a token; far more means a bug
@@ -72,18 +72,8 @@ def decode_rounds(round_: Any, class_ids: np.ndarray, seeds: Sequence[int], stat
     start = time.perf_counter()
     with torch.inference_mode():
         state = round_.start(class_ids, seeds)
-        step, runs = getattr(round_, "captured", None) or round_, 0
         total = state.total
-        done = False
-        while not done:
-            if runs > MAX_ROUNDS_PER_TOKEN * total:
-                raise RuntimeError(f"the round ran {runs} times for {total} tokens: an image stopped advancing")
-            if graphs and runs == 1 and step is round_:  # this round is the capture's warm-up; replays follow
-                step = round_.captured = CapturedRound(torch, round_, state)
-            else:
-                step(state)
-            runs += 1
-            done = bool(state.finished.all())
+        runs = run_until_finished(torch, round_, state, graphs, max_runs=MAX_ROUNDS_PER_TOKEN * total)
         tokens = state.tokens[:, :total].cpu().numpy().copy()  # on a CPU a view of buffers the next call reuses
         counters = torch.stack([state.rounds, state.drafted, state.accepted, state.proposals]).sum(dim=1).tolist()
     image_rounds, drafted, accepted, proposals = counters
