@@ -12,17 +12,10 @@ from specrt.bench.step_ops import profile_generated_kernels, step_ops
 from specrt.models.kv_cache import StaticCache
 from specrt.models.llamagen_gpt import GPT, GPTConfig
 from specrt.runtime.backends.compiled_step import CompiledStep
+from _toy_exact import one_torch_thread  # noqa: E402, F401 (autouse fixture)
 
 # at most this many compute operations a layer in a compiled decode step (an eager one runs ~50)
 COMPILED_OPS_PER_LAYER = 15
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _model_and_step(layers: int = 4):

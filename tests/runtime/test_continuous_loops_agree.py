@@ -18,18 +18,11 @@ from specrt.models.mar.model import MARConfig, random_mar  # noqa: E402
 from specrt.runtime.families.continuous import methods  # noqa: E402
 from specrt.runtime.families.continuous.pipeline import ContinuousPipeline  # noqa: E402
 from specrt.runtime.families.continuous.torch_runner import torch_runners  # noqa: E402
+from _toy_exact import one_torch_thread  # noqa: E402, F401 (autouse fixture)
 
 ATOL = 1e-4
 IMAGES = 200
 CSPD = {"draft_len": 2, "prefill_ratio": 0.0}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def both_loops(pipe, classes, method: str, seed: int, **params):

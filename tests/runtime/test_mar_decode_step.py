@@ -20,6 +20,7 @@ from specrt.models.mar.model import MARConfig, random_mar  # noqa: E402
 from specrt.runtime.families.continuous.device_model import ContinuousDeviceModel  # noqa: E402
 from specrt.runtime.families.continuous.runner import ContinuousRunner  # noqa: E402
 from specrt.runtime.families.continuous.torch_runner import TorchContinuousRunner  # noqa: E402
+from _toy_exact import one_torch_thread  # noqa: E402, F401 (autouse fixture)
 
 # compute operations a layer of an eager decode step may run. Over the static cache: two layer
 # norms, four linears, GELU, two residual adds, attention and the window's two writes (12); over the
@@ -28,14 +29,6 @@ from specrt.runtime.families.continuous.torch_runner import TorchContinuousRunne
 STATIC_OPS_PER_LAYER = 12
 COLUMN_OPS_PER_LAYER = 16
 CONFIG = dict(token_dim=3, seq_len=9, dim=32, n_head=4, num_classes=5, input_norm=True)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _mar(layers: int = 2):

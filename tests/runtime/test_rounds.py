@@ -27,6 +27,8 @@ from specrt.runtime.pipeline import Pipeline  # noqa: E402
 from specrt.runtime.rounds import plan_round  # noqa: E402
 from specrt.runtime.rounds.jacobi import JacobiRound  # noqa: E402
 from specrt.runtime.sampling import SamplingParams, guidance_mix  # noqa: E402
+from round_runs import run_to_end  # noqa: E402
+from _toy_exact import one_torch_thread  # noqa: E402, F401 (autouse fixture)
 
 SAMPLES, PASS, CLASS_ID = 20_000, 256, 1
 VOCAB, GRID = 3, 2
@@ -41,11 +43,6 @@ FAMILIES = [("ar", {}), ("sd", {"draft_len": 3}), ("cool-sd", {"draft_len": 3, "
             ("sd", {"tree": "static", "static_tree": "reverse_balanced_25"}),
             ("lantern", {"tree": "static", "static_tree": "reverse_balanced_25", "tvd_budget": 0.2}),
             ("cool-sd", {"tree": "dynamic", "total_tokens": 10, "depth": 3, "tree_top_k": 3, "relaxation_budget": 2.0})]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    torch.set_num_threads(1)
 
 
 def tiny_models(vocab: int = VOCAB, grid: int = GRID, classes: int = 2, **config):
@@ -232,12 +229,7 @@ def test_every_round_traces_whole_under_fullgraph_compile(method, params):
         round_ = plan_round(method_, pipe.target, pipe.draft, sampling, mix, None)
         with torch.inference_mode():
             state = round_.start(rows, [5, 6], pipe.target.spec.num_image_tokens)
-            step = torch.compile(round_.__call__, fullgraph=True, backend="aot_eager") if compiled else round_
-            for _ in range(pipe.target.spec.num_image_tokens):
-                if bool(state.finished.all()):
-                    break
-                step(state)
-            assert bool(state.finished.all())
+            run_to_end(round_, state, compiled, pipe.target.spec.num_image_tokens)
             tokens.append(state.tokens[:, :16].clone())
     torch.testing.assert_close(tokens[1], tokens[0], rtol=0, atol=0)
 

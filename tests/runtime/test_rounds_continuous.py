@@ -24,6 +24,8 @@ from specrt.runtime.families.continuous.methods import make_continuous_method  #
 from specrt.runtime.families.continuous.pipeline import ContinuousPipeline  # noqa: E402
 from specrt.runtime.families.continuous.round_loop import plan_round  # noqa: E402
 from specrt.runtime.families.continuous.torch_runner import torch_runners  # noqa: E402
+from round_runs import run_to_end  # noqa: E402
+from _toy_exact import one_torch_thread  # noqa: E402, F401 (autouse fixture)
 
 CLASS_ID = 3
 SINGLE_SAMPLES, CHAIN_SAMPLES = 6_000, 600
@@ -31,14 +33,6 @@ SINGLE = dict(token_dim=1, seq_len=1, diffusion_steps=2, beta_start=0.3, beta_en
 CHAIN = dict(token_dim=2, seq_len=2, diffusion_steps=3, beta_start=0.1, beta_end=0.5)
 BATCH = dict(token_dim=2, seq_len=8, diffusion_steps=3, beta_start=0.1, beta_end=0.5)
 LINEAR_CFG = {"cfg_scale": 3.0, "cfg_schedule": "linear"}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def pipeline(scale: float, loop: str = "round", sampling: dict | None = None, **shared) -> ContinuousPipeline:
@@ -186,9 +180,7 @@ def test_each_round_traces_whole_under_fullgraph_compile(method, params):
         round_ = planned(method, pipe, LINEAR_CFG, [3, 6], **params)
         with torch.inference_mode():
             state = round_.start(np.array([3, 6]), [5, 6])
-            step = torch.compile(round_.__call__, fullgraph=True, backend="aot_eager") if compiled else round_
-            while not bool(state.finished.all()):
-                step(state)
+            run_to_end(round_, state, compiled, max_runs=64 * state.total)
             tokens.append(state.tokens[:, :state.total].clone())
     torch.testing.assert_close(tokens[1], tokens[0], rtol=0, atol=0)
 

@@ -32,6 +32,7 @@ from specrt.runtime.methods import make_method  # noqa: E402
 from specrt.runtime.rounds import plan_round  # noqa: E402
 from specrt.runtime.rounds.jacobi import FreshDrafts  # noqa: E402
 from specrt.runtime.sampling import SamplingParams, guidance_mix  # noqa: E402
+from round_runs import run_to_end  # noqa: E402
 
 PROMPTS = ["a thin two", "a thick seven"]
 CHAIN, STATIC = ("sd", {"draft_len": 3}), ("sd", {"tree": "static", "static_tree": "reverse_balanced_25"})
@@ -208,12 +209,7 @@ def test_a_round_under_a_grammar_traces_whole_under_fullgraph_compile(tiny_pipe)
         round_ = plan_round(method_, tiny_pipe.target, tiny_pipe.draft, GUIDED, guidance_mix(2, GUIDED), TINY_GRAMMAR)
         with torch.inference_mode():
             state = round_.start(rows, [5, 6], total)
-            step = torch.compile(round_.__call__, fullgraph=True, backend="aot_eager") if compiled else round_
-            for _ in range(total):
-                if bool(state.finished.all()):
-                    break
-                step(state)
-            assert bool(state.finished.all())
+            run_to_end(round_, state, compiled, total)
             streams.append(state.tokens[:, :total].clone())
     torch.testing.assert_close(streams[1], streams[0], rtol=0, atol=0)
     assert TINY_GRAMMAR.is_valid(streams[0].numpy()).all()

@@ -27,6 +27,7 @@ from specrt.runtime.rounds import plan_round  # noqa: E402
 from specrt.runtime.rounds.chains import ChainRound  # noqa: E402
 from specrt.runtime.rounds.dynamic import DynamicTreeRound  # noqa: E402
 from specrt.runtime.sampling import SamplingParams, guidance_mix  # noqa: E402
+from round_runs import run_to_end  # noqa: E402
 
 GREEDY = SamplingParams(cfg_scale=2.0, temperature=0.0)
 CHAIN = {"draft_len": 3}
@@ -160,11 +161,6 @@ def test_head_rounds_trace_whole_under_fullgraph_compile(params):
         round_ = plan_round(method, pipe.target, pipe.draft, GUIDED, mix, None)
         with torch.inference_mode():
             state = round_.start(rows, [5, 6], total)
-            step = torch.compile(round_.__call__, fullgraph=True, backend="aot_eager") if compiled else round_
-            for _ in range(total):
-                if bool(state.finished.all()):
-                    break
-                step(state)
-            assert bool(state.finished.all())
+            run_to_end(round_, state, compiled, total)
             tokens.append(state.tokens[:, :total].clone())
     torch.testing.assert_close(tokens[1], tokens[0], rtol=0, atol=0)

@@ -21,16 +21,12 @@ from specrt.runtime.methods.jacobi import Level, build_window, row_route  # noqa
 from specrt.runtime.rounds import proactive  # noqa: E402
 from specrt.runtime.rounds.state import RoundState  # noqa: E402
 from specrt.runtime.sampling import SamplingParams  # noqa: E402
+from _toy_exact import one_torch_thread  # noqa: E402, F401 (autouse fixture)
 
 # guided and hot, so that many of the 512 sequences fill their cells; K = 2, D = 2: 6 tree slots, 2 chain slots
 HOT = SamplingParams(cfg_scale=2.0, temperature=2.0)
 FULL = {"tree": "full", "window": 8, "branching": 2, "tree_depth": 2}
 SAMPLES = 4_000
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    torch.set_num_threads(1)
 
 
 @pytest.mark.parametrize("width,branching,depth", [(8, 2, 2), (14, 2, 3), (13, 3, 2), (4, 4, 1)])
