@@ -174,11 +174,15 @@ def format_prompt_following(results: list[MethodResult], real: dict[str, Any] | 
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
+def share_outside(total: float, inside: float) -> float:
+    """Share of `total` seconds spent outside the `inside` seconds of model passes (0 for no time)."""
+    return max(total - inside, 0.0) / total if total else 0.0
+
+
 def host_share(result: MethodResult) -> float:
     """Share of the mean latency spent outside the model graphs (target, draft, VQ decode): the
     verification/sampling, cache maintenance and orchestration the runtime adds (Stats.overhead_share)."""
-    total = mean_latency(result.latency_s)
-    return max(total - graph_seconds(result.breakdown_s), 0.0) / total if total else 0.0
+    return share_outside(mean_latency(result.latency_s), graph_seconds(result.breakdown_s))
 
 
 def format_breakdown(results: list[MethodResult]) -> str:

@@ -290,17 +290,14 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     refuse_torch_bundle(bundle, backend)  # a flag mistake first, then what the manifest says
     loops = _loops(loop_text, backend, profile_arch, precision)
     family = family_for(bundle, demo)  # a damaged manifest is one line here, before anything runs
-    if family.bench_runner is not None and loops != ("auto",):
-        raise SpecrtError(f"--loop picks how a LlamaGen-style model decodes; a {family.description} model's bench "
-                          "runs its own loop")
+    batches = _batches(batch_text)
     if family.bench_runner is not None:  # a family with its own bench (runtime/families)
         module, _, function = family.bench_runner.partition(":")
         getattr(importlib.import_module(module), function)(
             bundle=bundle, demo=demo, methods=methods, sweeps=sweeps, backend=backend, device=device, images=images,
             seed=seed, threads=threads, json_path=json_path, markdown_path=markdown_path, demo_weights=demo_weights,
-            cache_dir=cache_dir, progress=progress)
+            cache_dir=cache_dir, progress=progress, loops=loops, batches=batches)
         return
-    batches = _batches(batch_text)
     if profile_arch:
         device = validation.torch_device(device)
         default = "fp32,int4" if device == "cpu" else "none"  # the onnxruntime curves run on the CPU
