@@ -92,7 +92,7 @@ def test_one_loop_labels_nothing_and_is_recorded(demo_dir, tmp_path, capsys):
     (["--loop", "host,round"], "--loop round runs on --backend torch"),  # the default backend, ort: no round
     (["--backend", "torch", "--loop", "host,round", "--profile-arch", "llamagen-c2i-B"], "--profile-arch times"),
     (["--loop", "host", "--precision", "fp32"], "--precision runs bundles"),
-    (["--demo", "mar", "--loop", "host"], "a continuous"),
+    (["--demo", "mar", "--loop", "host,round"], "--loop round runs on --backend torch"),  # the mar demo on ort
 ])
 def test_loop_mistakes_exit_2_in_one_line_before_anything_loads(flags, message, tmp_path, capsys):
     code, out, err = run_cli(["bench", *flags, "--cache-dir", str(tmp_path / "cache"), "--no-progress"], capsys)
