@@ -2,7 +2,7 @@
 
 Same plan as the discrete bench (bench/run.py): image i asks for class i mod 10 with seed + i
 under every setting, the settings run in a fresh random order per image (so load drifts hit
-them alike), speed-ups are median-latency ratios against ar from the same run, and images
+them alike) after one untimed warm-up call each, speed-ups are median-latency ratios against ar from the same run, and images
 are judged by the c2i demo's evaluator (class accuracy, Fréchet distance against held-out real
 digits, with the real-vs-real floor at the same size). Latency is the generation alone; the
 tokenizer decoder runs once per image for every setting alike and is left out.
@@ -120,9 +120,9 @@ def run_continuous(pipe: Any, settings: Sequence[ContinuousSetting], images: int
                    judge: Any = None, conditions: Optional[Sequence[int]] = None,
                    on_image: Optional[Callable[[ContinuousSetting], None]] = None,
                    batches: Sequence[int] = (1,)) -> dict[str, Any]:
-    """Measure every setting at every batch size on `images` images (interleaved) and judge them;
-    the JSON payload. A batch of b asks for images i..i+b-1 in one call, so an image is the same in
-    every row (its class and seed do not depend on the batch)."""
+    """Measure every setting at every batch size on `images` images (interleaved, after an untimed
+    warm-up call each) and judge them; the JSON payload. A batch of b asks for images i..i+b-1 in one
+    call, so an image is the same in every row (its class and seed do not depend on the batch)."""
     rows = {(s, b): ContinuousRow(s, b) for b in batches for s in settings}
     labels = np.asarray(conditions if conditions is not None else [i % pipe.num_classes for i in range(images)])
     order_rng = np.random.default_rng(seed)
@@ -130,6 +130,7 @@ def run_continuous(pipe: Any, settings: Sequence[ContinuousSetting], images: int
     own_loop = pipe.loop
     try:
         for batch in batches:
+            _warm_up(pipe, settings, batch, int(labels[0]), own_loop)
             for first in range(0, images, batch):
                 group = list(range(first, min(first + batch, images)))
                 for index in order_rng.permutation(len(settings)):
@@ -156,6 +157,21 @@ def run_continuous(pipe: Any, settings: Sequence[ContinuousSetting], images: int
                           "`batch` images",
             "speedup": "median latency of ar / median latency of the setting, same run, same loop and batch "
                        "(generation only, the tokenizer decode excluded; latency per image = call time / images)"}
+
+
+def _warm_up(pipe: Any, settings: Sequence[ContinuousSetting], batch: int, condition: int, own_loop: str) -> None:
+    """One untimed call per setting at this batch size before its timed ones (as the discrete bench):
+    first-touch allocations, and the device round's first run and CUDA-graph capture, which later
+    calls of its shape replay. A setting the loop cannot run is named in the one-line error."""
+    from specrt.bench.measure import WARMUP_SEED
+
+    for setting in settings:
+        pipe.loop = setting.loop or own_loop
+        try:
+            pipe.generate([condition] * batch, method=setting.method, seed=WARMUP_SEED, decode=False,
+                          **dict(setting.params))
+        except SpecrtError as exc:
+            raise SpecrtError(f"setting {setting.label}: {exc}") from None
 
 
 def _measure_call(pipe: Any, row: ContinuousRow, class_ids: np.ndarray, seeds: list[int], decode: bool) -> None:

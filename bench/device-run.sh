@@ -8,7 +8,7 @@
 #   bash bench/device-run.sh trees    # chains vs static vs dynamic trees, both drafts, batch 1 and 8
 #   bash bench/device-run.sh plans    # plan-tree for both drafts, then chains vs planned trees
 #   bash bench/device-run.sh round    # the device round vs the host loop, the same settings side by side, batch 1 and 8
-#                                     # (the draft GPT, then the EAGLE head drafting)
+#                                     # (the draft GPT, then the EAGLE head drafting, then the MAR demo's ar and cspd)
 #   bash bench/device-run.sh round-xl # the same loops at GPT-XL size (random weights): meas/pred of ar, sd, sjd, sjd-pac
 #
 # Each stage writes its text, JSON and Markdown into a folder named for the device, the date and
@@ -107,6 +107,11 @@ case "$stage" in
         run round-eagle-gpu "${bench[@]}" --methods ar --sweep 'sd:tree=chain,static,dynamic' --drafts eagle \
             --loop host,round --batch 1,8 --images "$((n / 2))" --json "$out/round-eagle-gpu.json" \
             --markdown "$out/round-eagle-gpu.md"
+        # the continuous family (the MAR demo: ar against cspd at draft_len 2, 4, 8) on both loops: host % and
+        # syncs/round beside each speed-up, the round's speed-up over the host loop read from the loop=... rows
+        m=$((n / 4)); [ "$m" -ge 1 ] || m=1
+        run round-mar-gpu "${bench[@]}" --demo mar --loop host,round --batch 1,8 --images "$m" \
+            --json "$out/round-mar-gpu.json" --markdown "$out/round-mar-gpu.md"
         ;;
     round-xl)
         # the loop at full size: GPT-XL 256 px bf16, random weights (acceptance is whatever it is), a random

@@ -78,6 +78,7 @@ def test_gpu_index_beyond_the_machine(monkeypatch):
     (["bench", "--profile-arch", "llamagen-c2i-B", "--device", "cuda"], "CPU-only build"),
     (["bench", "--precision", "fp32,int4", "--device", "cuda"], "applies to --backend torch"),
     (["bench", "--demo", "mar", "--device", "cuda"], "applies to --backend torch"),
+    (["bench", "--demo", "mar", "--backend", "torch", "--device", "cuda"], "CPU-only build"),  # the demo's modules
     (["serve", "--device", "cuda"], "CPU-only build"),
     (["serve", "--device", "foo"], "--device must be cpu"),
     (["generate", "--demo", "mar", "--device", "cuda"], "CPU-only build"),  # the family's torch pipeline takes it
