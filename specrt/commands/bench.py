@@ -255,7 +255,8 @@ def _batches(text: str) -> tuple[int, ...]:
 @click.option("--loop", "loop_text", default="auto", show_default=True, metavar="LIST",
               help="--backend torch: which loop decodes — round: the device round (each round one function of device "
                    "tensors, the host reading once a round; ar, sd, cool-sd, lantern chains, sjd, sjd-pac without "
-                   "proactive_drafting), host: the host loop, auto: the round on a GPU where the method has one. "
+                   "proactive_drafting; the mar demo's ar and cspd), host: the host loop, auto: the round on a GPU "
+                   "where the method has one. "
                    "A list runs every setting once per loop, side by side (e.g. host,round; rows 'loop=...', "
                    "speed-ups against ar in the same loop).")
 @click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
@@ -272,8 +273,9 @@ def _batches(text: str) -> tuple[int, ...]:
                    "step graph on onnxruntime at these precisions (fp32, int4; default fp32,int4; 'none' skips).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 @click.option("--demo", type=click.Choice(demo_names()), default=None,
-              help=DEMO_SHORT_HELP + " mar: ar against cspd (default sweep cspd:draft_len=2,4,8); t2i: prompt "
-                                     "following beside the Fréchet distance.")
+              help=DEMO_SHORT_HELP + " mar: ar against cspd (default sweep cspd:draft_len=2,4,8; --backend torch "
+                                     "takes --device and --loop); t2i: prompt following beside the Fréchet "
+                                     "distance.")
 def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, threads, keep_tokens, json_path, plot_path, markdown_path, prompts_path, demo_weights,
             cache_dir, profile_arch, results_path, windows, repeats, profile_images, profile_dtypes, device, loop_text,
             cuda_graphs, compile_step, compile_mode, precision, progress, demo) -> None:
