@@ -1,11 +1,12 @@
 """`specrt bench --demo mar` (or a continuous BUNDLE): ar against cspd settings in one run.
 
 Same plan as the discrete bench (bench/run.py): image i asks for class i mod 10 with seed + i
-under every setting, the settings run in a fresh random order per image (so load drifts hit
-them alike) after one untimed warm-up call each, speed-ups are median-latency ratios against ar from the same run, and images
-are judged by the c2i demo's evaluator (class accuracy, Fréchet distance against held-out real
-digits, with the real-vs-real floor at the same size). Latency is the generation alone; the
-tokenizer decoder runs once per image for every setting alike and is left out.
+under every setting, the settings run in a fresh random order per call (so load drifts hit
+them alike) after one untimed warm-up call each, speed-ups are median-latency ratios against ar
+from the same run, and images are judged by the c2i demo's evaluator (class accuracy, Fréchet
+distance against held-out real digits, with the real-vs-real floor at the same size). Latency is
+the generation alone; the tokenizer decoder runs once per image for every setting alike and is
+left out.
 Per setting: tokens per target pass (accepted drafts + the one the target adds), target passes
 per image, acceptance rate of drafted tokens, residual proposals per image, and where the time
 goes: the host share (the time outside the model passes: the host loop's runner calls, the device
@@ -22,9 +23,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from specrt import validation
 from specrt.bench.report import latency_summary, share_outside
 from specrt.bench.settings import _parse_value
-from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.runtime.families.continuous.methods import CONTINUOUS_METHODS, make_continuous_method
 
@@ -137,8 +138,9 @@ def run_continuous(pipe: Any, settings: Sequence[ContinuousSetting], images: int
                     setting = settings[index]
                     pipe.loop = setting.loop or own_loop
                     _measure_call(pipe, rows[setting, batch], labels[group], [seed + i for i in group], decode)
-                    for _ in group if on_image else ():
-                        on_image(setting)
+                    if on_image:
+                        for _ in group:
+                            on_image(setting)
     finally:
         pipe.loop = own_loop
     floor = None
@@ -199,7 +201,8 @@ def _measure_call(pipe: Any, row: ContinuousRow, class_ids: np.ndarray, seeds: l
 
 
 HEADERS = ["setting", "tokens / target pass", "target passes / image", "acceptance", "residual proposals / image",
-           "latency median (ms)", "speed-up vs ar", "host %", "syncs/round", "class accuracy", "Fréchet distance ± sd"]
+           "latency median (ms)", "speed-up vs ar", "host %", "syncs/round", "class accuracy",
+           "Fréchet distance ± sd"]
 
 
 def _rows(payload: dict[str, Any]) -> list[list[str]]:
@@ -256,12 +259,14 @@ def run_command(bundle: Any, demo: Optional[str], methods: Optional[str], sweeps
     from tqdm import tqdm
 
     from specrt.bench.device import device_name
+    from specrt.bench.models import refuse_torch_bundle
     from specrt.export.mar import hooks
     from specrt.runtime.family_registry import open_bundle
     from specrt.runtime.threads import set_torch_threads
 
     if demo is not None and bundle is not None:
         raise SpecrtError("--demo picks an embedded demo: give it without a BUNDLE")
+    refuse_torch_bundle(bundle, backend)  # the torch backend runs the demo's modules
     if backend not in ("ort", "torch"):
         raise SpecrtError(f"a continuous model is benchmarked on --backend ort or torch, not --backend {backend}")
     if backend == "ort" and threads != 1:
@@ -299,10 +304,9 @@ def run_command(bundle: Any, demo: Optional[str], methods: Optional[str], sweeps
     payload.update(device=where, backend=backend, threads=threads, bundle=source, loop=list(loops),
                    wall_time_s=round(time.perf_counter() - started, 1))
     runs_on = f"torch on {device}" if backend == "torch" else "ort"
+    within = ("; ar in the same loop" if len(loops) > 1 else "") + (", at the same batch" if len(batches) > 1 else "")
     click.echo(f"device: {where}  backend: {runs_on} ({threads} thread(s))  bundle: {source}; {images} images "
-               f"per setting, interleaved; speed-up = median latency of ar / setting (generation only"
-               + ("; ar in the same loop" if len(loops) > 1 else "") + (", at the same batch" if len(batches) > 1 else "")
-               + ")")
+               f"per setting, interleaved; speed-up = median latency of ar / setting (generation only{within})")
     click.echo(format_text(payload))
     click.echo("host % = time outside the model passes / generation time (the device round counts whole); "
                "syncs/round = host reads of device results per target pass (the device round's; - where not counted)")
