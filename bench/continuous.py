@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from specrt import validation
+from specrt.bench.measure import keep_every_round
 from specrt.bench.report import latency_summary, share_outside
 from specrt.bench.settings import _parse_value
 from specrt.errors import SpecrtError
@@ -129,6 +130,7 @@ def run_continuous(pipe: Any, settings: Sequence[ContinuousSetting], images: int
     order_rng = np.random.default_rng(seed)
     decode = pipe.decoder is not None  # a bundle without a tokenizer decoder is timed, not judged
     own_loop = pipe.loop
+    keep_every_round(pipe, len(settings))  # a batch's settings alternate; batches run one after the other
     try:
         for batch in batches:
             _warm_up(pipe, settings, batch, int(labels[0]), own_loop)

@@ -26,7 +26,7 @@ from specrt.runtime.family_registry import modules_family, open_bundle
 from specrt.runtime.decoding import Decoding
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Method, checked_max_window, make_method
 from specrt.runtime.methods.speculative import Lantern
-from specrt.runtime.rounds import LOOPS
+from specrt.runtime.rounds import KEPT_ROUNDS, LOOPS
 from specrt.runtime.runner import ModelRunner
 from specrt.runtime.sampling import SamplingParams, guidance_mix
 from specrt.runtime.stats import Stats
@@ -56,9 +56,6 @@ def from_uint8(pixels: np.ndarray) -> np.ndarray:
     return ((np.asarray(pixels, dtype=np.float32) - 128.0) / 127.5).transpose(0, 3, 1, 2)
 
 
-KEPT_ROUNDS = 4  # device rounds a pipeline keeps for later calls (method, batch and sampling alike)
-
-
 class Pipeline:
     """Target (+ optional draft) runners, a VQ decoder and the sampling defaults of a model family."""
 
@@ -81,8 +78,10 @@ class Pipeline:
         # which loop decodes (runtime/rounds.LOOPS): "auto" runs the device round on a GPU PyTorch
         # backend where the method has one, "round" wherever it has one, "host" the host loop
         self.loop = "auto"
-        # device rounds of recent calls, with their buffers and captured graphs, by what shapes them
+        # device rounds of recent calls, with their buffers and captured graphs, by what shapes them;
+        # the most recent keep_rounds stay (runtime/rounds kept_round: a bench of more settings raises it)
         self._rounds: dict[tuple, Any] = {}
+        self.keep_rounds = KEPT_ROUNDS
 
     # ---- constructors ------------------------------------------------------------------------
 
@@ -280,18 +279,13 @@ class Pipeline:
                 raise SpecrtError("loop 'round' runs on the PyTorch backend only (checkpoints or the demo, "
                                   "--backend torch); bundles on onnxruntime or TensorRT run the host loop")
             return None
-        from specrt.runtime.rounds import plan_round
+        from specrt.runtime.rounds import kept_round, plan_round
 
         key = (type(decoder), tuple((name, repr(getattr(decoder, name))) for name in sorted(decoder.PARAMS)),
                mix.shape, sampling)
-        round_ = self._rounds.pop(key, None)  # re-inserted below: the most recent last
-        if round_ is None:
-            round_ = plan_round(decoder, self.target, self.draft if decoder.needs_draft else None, sampling, mix,
-                                self.grammar)
-        if round_ is not None:
-            self._rounds[key] = round_
-            while len(self._rounds) > KEPT_ROUNDS:  # each holds KV buffers and a graph's memory pool
-                self._rounds.pop(next(iter(self._rounds)))
+        round_ = kept_round(self._rounds, key, lambda: plan_round(decoder, self.target, self.draft if decoder.needs_draft
+                                                                 else None, sampling, mix, self.grammar),
+                            self.keep_rounds)
         if round_ is None and loop == "round":
             raise SpecrtError(f"method {decoder.name!r} with these parameters has no device round (it has: ar; sd, "
                               "cool-sd, lantern drafting chains or trees with a draft model or an EAGLE head; sjd; "

@@ -27,7 +27,7 @@ at a CDF boundary (tests/runtime/test_loops_agree.py); an image is the same alon
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -83,6 +83,22 @@ def plan_round(method: Any, target: Any, draft: Any, sampling: SamplingParams, m
         return StaticTreeRound(target_model, draft_of(draft, target_model, mix, sampling, window, shape.depth + 1),
                                method.rule(None), shape.children)
     return None
+
+
+KEPT_ROUNDS = 4  # device rounds a pipeline keeps for later calls; a bench sweeping more raises its pipeline's
+
+
+def kept_round(rounds: dict, key: tuple, make: Callable[[], Any], keep: int) -> Any:
+    """The round kept under `key` (its buffers and captured graph reused), or a new one from make()
+    (None: no round, nothing kept). The most recent `keep` stay, the oldest dropped first: each holds
+    KV buffers and a CUDA graph's memory pool, and one dropped is planned and captured afresh when
+    its setting comes back — so a run that alternates more settings than `keep` must raise it."""
+    round_ = rounds.pop(key, None) or make()
+    if round_ is not None:
+        rounds[key] = round_  # the most recent last
+        while len(rounds) > keep:
+            rounds.pop(next(iter(rounds)))
+    return round_
 
 
 def runs_rounds(runner: Any) -> bool:

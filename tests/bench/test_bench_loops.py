@@ -152,3 +152,19 @@ def test_a_round_rows_prediction_comes_from_its_host_loop_twin():
     alone = [result("ar loop=round", "ar", "round", 50.0, 1.0), result("sd loop=round", "sd", "round", 25.0, 1.0)]
     attach_speedups(alone)  # no host twins: its own breakdown, as before
     assert alone[1].predicted_speedup_vs_ar == pytest.approx(2.0)
+
+
+def test_a_run_of_more_round_settings_than_a_pipeline_keeps_plans_each_round_once(demo_dir, capsys, monkeypatch):
+    """Six round settings alternate image by image, more than the rounds a pipeline keeps by default: the
+    bench lets it keep one per setting, so each is planned (and on a GPU captured) once, at its warm-up."""
+    from specrt.runtime import rounds
+
+    planned, plan = [], rounds.plan_round
+    monkeypatch.setattr(rounds, "plan_round", lambda method, *rest: planned.append(method.name) or plan(method, *rest))
+    methods = ["ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac"]
+    assert len(methods) > rounds.KEPT_ROUNDS
+    code, _, err = run_cli(["bench", "--backend", "torch", "--demo-weights", str(demo_dir), "--images", "3",
+                            "--methods", ",".join(methods), "--sweep", "sjd-pac:proactive_drafting=false",
+                            "--loop", "round", "--no-progress"], capsys)
+    assert code == 0, err
+    assert sorted(planned) == sorted(methods)

@@ -29,7 +29,8 @@ from specrt.runtime.families.continuous.bundle import (ContinuousManifest, conti
                                                       open_runner)
 from specrt.runtime.families.continuous.runner import ContinuousRunner
 from specrt.runtime.families.continuous.methods import ContinuousDecoding, ContinuousStats, make_continuous_method
-from specrt.runtime.families.continuous.round_loop import decode_rounds, kept_round, plan_round, round_key, wants_round
+from specrt.runtime.families.continuous.round_loop import decode_rounds, plan_round, round_key, wants_round
+from specrt.runtime.rounds import KEPT_ROUNDS, kept_round
 
 SAMPLING_KEYS = ("cfg_scale", "temperature", "cfg_schedule")
 FALLBACK_SAMPLING = {"cfg_scale": 1.0, "temperature": 1.0, "cfg_schedule": "constant"}
@@ -68,7 +69,9 @@ class ContinuousPipeline:
         # which loop decodes (runtime.rounds.LOOPS, round_loop.wants_round): "auto" the device round
         # on an accelerator, "round" wherever the models are PyTorch modules, "host" the host loop
         self.loop = "auto"
-        self._rounds: dict[tuple, Any] = {}  # rounds of recent calls, with their buffers and captured graphs
+        # rounds of recent calls, with their buffers and captured graphs; the most recent keep_rounds stay
+        self._rounds: dict[tuple, Any] = {}
+        self.keep_rounds = KEPT_ROUNDS
 
     @classmethod
     def from_bundle(cls, bundle: str | Path | ContinuousManifest, backend: str = "onnxruntime",
@@ -130,5 +133,5 @@ class ContinuousPipeline:
         """One pass of device rounds (round_loop.py), the round kept for later calls of its shape."""
         draft = self.draft if strategy.needs_draft else None
         round_ = kept_round(self._rounds, round_key(strategy, len(ids), sampling),
-                            lambda: plan_round(strategy, self.target, draft, sampling, ids))
+                            lambda: plan_round(strategy, self.target, draft, sampling, ids), self.keep_rounds)
         return decode_rounds(round_, ids, seeds, stats, graphs=self.target.cuda_graphs)

@@ -88,16 +88,6 @@ def decode_rounds(round_: Any, class_ids: np.ndarray, seeds: Sequence[int], stat
     return tokens
 
 
-def kept_round(rounds: dict, key: tuple, make: Any, keep: int = 4) -> Any:
-    """The round kept under `key` (its buffers and captured graph reused), or a new one from make();
-    the most recent `keep` are kept, the oldest dropped first."""
-    round_ = rounds.pop(key, None) or make()
-    rounds[key] = round_
-    while len(rounds) > keep:
-        rounds.pop(next(iter(rounds)))
-    return round_
-
-
 def round_key(method: ContinuousMethod, images: int, sampling: dict[str, Any]) -> tuple:
     """What shapes a round: the method and its parameters, the batch, the sampling."""
     params = tuple((name, repr(getattr(method, name))) for name in sorted(method.PARAMS))
