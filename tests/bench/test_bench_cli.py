@@ -159,7 +159,8 @@ def test_ort_backend_exports_the_demo_once_into_the_cache(demo_dir, demo_bundle,
 
     exports = []
 
-    def copied_export(models, out, options, progress=None):
+    def copied_export(models, out, options, progress=None, reuse=None):
+        assert reuse is None  # only an EAGLE bundle copies graphs from the cached demo's
         exports.append(options)
         shutil.copytree(demo_bundle, out)
 
