@@ -59,26 +59,35 @@ def mix32(x: Any) -> Any:
     return (x >> 16) ^ x
 
 
-def counter_uniforms(seed: Any, image: Any, position: Any, slot: Any) -> Any:
-    """float64 uniforms in (0, 1), one per broadcast element of the int64 coordinates (numpy arrays
-    or torch tensors, all in one library; Python ints broadcast): the same numbers in every
-    library, on every device. seed, image, position and slot are each taken modulo 2^32."""
-    key = mix32((seed & _MASK32) ^ _SEED)
-    key = mix32(key ^ ((image & _MASK32) ^ _IMAGE))
+def image_key(seed: Any, image: Any) -> Any:
+    """The hash of an image's (seed, image) coordinates: the first two steps of each of its uniforms,
+    which a host loop computes once per image rather than once per draw (arrays, tensors or ints)."""
+    return mix32(mix32((seed & _MASK32) ^ _SEED) ^ ((image & _MASK32) ^ _IMAGE))
+
+
+def _bits(key: Any, position: Any, slot: Any) -> Any:
+    """53 random bits of a draw from its image's key, token position and slot."""
     key = mix32(key ^ ((position & _MASK32) ^ _POSITION))
     high = mix32(key ^ ((slot & _MASK32) ^ _SLOT))
     low = mix32(high ^ _SECOND)
-    bits = (high >> 5) * (1 << 26) + (low >> 6)  # 27 + 26 = 53 bits, below 2^53: exact in float64
+    return (high >> 5) * (1 << 26) + (low >> 6)  # 27 + 26 = 53 bits, below 2^53: exact in float64
+
+
+def keyed_uniforms(key: Any, position: Any, slot: Any) -> Any:
+    """counter_uniforms from image_key(seed, image) (int64 arrays or tensors that broadcast)."""
+    bits = _bits(key, position, slot)
     xp = namespace(bits)
     return (xp.astype(bits, xp.float64) + 0.5) / float(1 << 53)
 
 
-def counter_uniform(seed: int, image: int, position: int, slot: int) -> float:
-    """counter_uniforms of Python ints, computed in Python: one number without an array's overhead
-    (a host loop's single tests), bit for bit the array functions' number."""
-    key = mix32((seed & _MASK32) ^ _SEED)
-    key = mix32(key ^ ((image & _MASK32) ^ _IMAGE))
-    key = mix32(key ^ ((position & _MASK32) ^ _POSITION))
-    high = mix32(key ^ ((slot & _MASK32) ^ _SLOT))
-    low = mix32(high ^ _SECOND)
-    return ((high >> 5) * (1 << 26) + (low >> 6) + 0.5) / float(1 << 53)
+def counter_uniforms(seed: Any, image: Any, position: Any, slot: Any) -> Any:
+    """float64 uniforms in (0, 1), one per broadcast element of the int64 coordinates (numpy arrays
+    or torch tensors, all in one library; Python ints broadcast): the same numbers in every
+    library, on every device. seed, image, position and slot are each taken modulo 2^32."""
+    return keyed_uniforms(image_key(seed, image), position, slot)
+
+
+def keyed_uniform(key: int, position: int, slot: int) -> float:
+    """One uniform of Python ints, computed in Python, bit for bit the array functions' number: a
+    handful of draws costs microseconds this way, where ~40 array operations cost tens of them."""
+    return (_bits(key, position, slot) + 0.5) / float(1 << 53)

@@ -22,13 +22,16 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from specrt.runtime.conditions import Conditions, as_conditions
-from specrt.runtime.counter_random import (CANDIDATE, DRAFT, NEXT, counter_uniform, counter_uniforms, draw_slot,
+from specrt.runtime.counter_random import (CANDIDATE, DRAFT, NEXT, draw_slot, image_key, keyed_uniform, keyed_uniforms,
                                           seed_halves)
 from specrt.runtime.runner import ModelRunner, StepOutput, draws_left_on_device, window_sizes
 from specrt.runtime.sampling import SamplingParams, inverse_cdf, needs_restriction, restrict
 from specrt.runtime.stats import Stats
 from specrt.runtime.tree_call import TreeLayout
 from specrt.runtime.window import Windows
+
+
+SMALL_DRAW = 32  # fewer draws than this a call are cheaper hashed one by one in Python than as numpy arrays
 
 
 @dataclass
@@ -41,11 +44,15 @@ class ImageKey:
     high: int
     round: int = -1
     length: int = 1
+    key: int = field(init=False)  # image_key of (low, high): hashed once, not at every draw
+
+    def __post_init__(self) -> None:
+        self.key = image_key(self.low, self.high)
 
     def uniform(self, offset: int, kind: int, part: int = 0, earlier: bool = False) -> float:
         """The uniform of one draw at token index length + offset (Decoding.uniforms, one number)."""
         round_ = max(self.round - 1, 0) if earlier else self.round
-        return counter_uniform(self.low, self.high, self.length + offset, draw_slot(kind, part, round_))
+        return keyed_uniform(self.key, self.length + offset, draw_slot(kind, part, round_))
 
 
 @dataclass
@@ -103,23 +110,46 @@ class Decoding:
         broadcasting with offsets) at token indices n + offsets (n each image's length at the round's
         start): offsets an int (every image, [I]), [I], or [I, K] / [1, K] (every image alike).
         `earlier`: keyed by the round before (0 before the first), as the round that made a Jacobi
-        window drew its fresh slots."""
-        offsets = np.asarray(offsets, dtype=np.int64)
+        window drew its fresh slots. A step's few draws are hashed one by one in Python (microseconds;
+        ~40 numpy operations on tiny arrays cost tens of them, every step), many as arrays."""
+        if isinstance(offsets, int) and isinstance(part, int):  # one draw an image: the usual step
+            return np.array([key.uniform(offsets, kind, part, earlier) for key in self.keys], dtype=np.float64)
+        offsets, parts = np.asarray(offsets, dtype=np.int64), np.asarray(part, dtype=np.int64)
         if offsets.ndim == 0:
             offsets = np.full(len(self.keys), offsets)
-        lows, highs, lengths, rounds = (np.array(values, dtype=np.int64) for values in
-                                        zip(*((k.low, k.high, k.length, k.round) for k in self.keys)))
+        if parts.ndim <= offsets.ndim <= 2 and offsets.size * len(self.keys) < SMALL_DRAW * offsets.shape[0]:
+            parts = parts.reshape((1,) * (offsets.ndim - parts.ndim) + parts.shape)  # numpy's broadcast, by hand
+            return self._few_uniforms(offsets.tolist(), parts.tolist(), kind, earlier)
+        trailing = (1,) * (max(offsets.ndim, parts.ndim) - 1)
+        shape = np.broadcast_shapes((len(self.keys), *trailing), offsets.shape, parts.shape)
+        keys, lengths, rounds = (np.array(values, dtype=np.int64) for values in
+                                 zip(*((k.key, k.length, k.round) for k in self.keys)))
         if earlier:
             rounds = np.maximum(rounds - 1, 0)
-        extra = (None,) * (offsets.ndim - 1)
-        slots = draw_slot(kind, np.asarray(part, dtype=np.int64), rounds[(slice(None), *extra)])
-        return counter_uniforms(lows[(slice(None), *extra)], highs[(slice(None), *extra)],
-                                lengths[(slice(None), *extra)] + offsets, slots)
+        extra = (None,) * (len(shape) - 1)
+        slots = draw_slot(kind, parts, rounds[(slice(None), *extra)])
+        return keyed_uniforms(keys[(slice(None), *extra)], lengths[(slice(None), *extra)] + offsets, slots)
+
+    def _few_uniforms(self, offsets: list, parts: list, kind: int, earlier: bool) -> np.ndarray:
+        """uniforms() of a step's few draws, hashed one by one: offsets and parts as nested lists [I] or
+        [I, K], each with a leading axis of the images or of 1 (every image alike), parts broadcasting
+        along the last axis too."""
+        def row(values: list, i: int) -> Any:
+            return values[i] if len(values) > 1 else values[0]
+
+        rows = []
+        for i, key in enumerate(self.keys):
+            offset, part = row(offsets, i), row(parts, i)
+            if not isinstance(offset, list):  # [I]: one draw an image
+                rows.append(key.uniform(offset, kind, part, earlier))
+                continue
+            part = part if len(part) == len(offset) else part * len(offset)
+            rows.append([key.uniform(o, kind, p, earlier) for o, p in zip(offset, part)])
+        return np.array(rows, dtype=np.float64)
 
     def _first_uniforms(self) -> np.ndarray:
         """[I, 1]: image token 0's draw (index 0, round 0, NEXT), as the device round draws it."""
-        lows, highs = (np.array(values, dtype=np.int64) for values in zip(*((k.low, k.high) for k in self.keys)))
-        return counter_uniforms(lows, highs, 0, draw_slot(NEXT, 0, 0))[:, None]
+        return np.array([[keyed_uniform(k.key, 0, draw_slot(NEXT, 0, 0))] for k in self.keys], dtype=np.float64)
 
     def condition_rows(self, conditions: Conditions) -> Conditions:
         """Model batch for these images: [cond; uncond] when CFG is on (null class, or the

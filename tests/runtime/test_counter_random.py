@@ -55,3 +55,37 @@ def test_an_image_draws_the_same_numbers_alone_or_in_a_batch():
     batch = counter_uniforms(np.int64(9) + np.arange(8)[:, None], np.arange(8)[:, None], positions[None], np.int64(2))
     alone = counter_uniforms(np.int64(9 + 5), np.int64(5), positions, np.int64(2))
     np.testing.assert_array_equal(batch[5], alone)
+
+
+@pytest.mark.parametrize("images,width", [(1, 1), (2, 3), (4, 40)], ids=["one", "few", "many"])
+def test_the_host_loops_draws_are_the_array_functions_bits(images, width):
+    """The host loop's draws (Decoding.uniforms: a step's few hashed one by one in Python, many as
+    numpy arrays, from each image's key hashed once) are counter_uniforms' numbers bit for bit."""
+    from specrt.runtime.counter_random import TEST, draw_slot, seed_halves
+    from specrt.runtime.decoding import Decoding
+    from specrt.runtime.sampling import SamplingParams
+
+    rng = np.random.default_rng(3)
+    seeds = [int(s) for s in rng.integers(0, 2**63, size=images)]
+    lengths = rng.integers(1, 500, size=images)
+    ctx = Decoding(None, None, SamplingParams(), seeds, None)
+    ctx.start_round(lengths.tolist())
+    ctx.start_round(lengths.tolist())  # round 1
+    halves = np.array([seed_halves(s) for s in seeds], dtype=np.int64)
+
+    def expected(offsets, parts):  # every coordinate broadcast by numpy, hashed as arrays
+        offsets, parts = np.asarray(offsets), np.asarray(parts)
+        extra = (None,) * (max(offsets.ndim, parts.ndim, 1) - 1)
+        column = (slice(None), *extra)
+        return counter_uniforms(halves[:, 0][column], halves[:, 1][column], lengths[column] + offsets,
+                                draw_slot(TEST, parts, 1))
+
+    per_image = rng.integers(0, 64, size=(images, width))
+    every_image = rng.integers(0, 64, size=(1, width))
+    for offsets, parts in ((per_image, 0), (per_image, rng.integers(0, 4, size=(1, width))),
+                           (every_image, rng.integers(0, 4, size=(images, width))), (every_image, 3),
+                           (per_image[:, 0], 2), (per_image[:, 0], rng.integers(0, 4, size=images)), (5, 1)):
+        drawn = ctx.uniforms(offsets, TEST, parts)
+        assert drawn.dtype == np.float64
+        np.testing.assert_array_equal(drawn, np.broadcast_to(expected(offsets, parts), drawn.shape))
+        assert drawn.shape == ((images,) if np.ndim(offsets) < 2 else (images, width))
