@@ -51,8 +51,8 @@ def planned_images(settings: Sequence[Setting], images: int, batches: Sequence[i
 
 
 def same_tokens_at_every_batch(records: Sequence[SettingRecords]) -> bool:
-    """Whether every setting produced the same tokens at each batch size (per-image random streams
-    make batching exact; the run checks it on every image it times)."""
+    """Whether every setting produced the same tokens at each batch size (each image's numbers
+    drawn from its own seed make batching exact; the run checks it on every image it times)."""
     first: dict[Setting, list] = {}
     for record in records:
         reference = first.setdefault(record.setting, record.token_maps)

@@ -3,8 +3,9 @@
 Triton's dynamic batcher hands the model every request that queued while it was busy. Rows
 that ask for the same method, parameters and decoding run in one Pipeline.generate call (one
 batched pass once the methods decode batches); rows that differ run in separate calls. Each
-row's image depends only on its own condition, method, parameters and seed — the Pipeline's
-per-image random streams — so batching never changes what a client gets. Mistakes in a row
+row's image depends only on its own condition, method, parameters and seed — every random
+number a counter uniform of the image's seed and the draw's coordinates — so batching never
+changes what a client gets. Mistakes in a row
 become that row's `error`; an unexpected exception in one call becomes the `error` of that
 call's rows and is logged, and the server keeps serving.
 
@@ -83,7 +84,7 @@ class RequestHandler:
 
     def run_group(self, rows: list[ImageRequest], start: float) -> list[ImageResult]:
         """One generate call for rows of one group, each image with its own seed (Pipeline.generate
-        gives every image its own random stream, so the batch does not change any image)."""
+        draws every image's numbers from its own seed, so the batch does not change any image)."""
         first = rows[0]
         condition: dict[str, Any] = ({"class_ids": [r.class_id for r in rows]} if first.class_id is not None
                                      else {"prompts": [r.prompt for r in rows]})

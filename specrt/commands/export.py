@@ -108,7 +108,7 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
 @click.option("--max-batch", type=int, default=DEFAULT_MAX_IMAGES, show_default=True,
               help="Most images one pass decodes together (with or without CFG); the graphs' batch profile is "
                    "derived: 2 rows per image for CFG's [cond; uncond] pair. A larger generate call runs in passes "
-                   "of this many images (the same images: each has its own random stream).")
+                   "of this many images (the same images: each draws from its own seed).")
 @click.option("--opset", type=int, default=18, show_default=True,
               help="ONNX opset: 18 (TensorRT 10.3, attention as MatMul/Softmax) or 23 (ONNX Attention, newer stacks).")
 @click.option("--eagle", "eagle", metavar="HEAD",
