@@ -279,10 +279,9 @@ class Pipeline:
                 raise SpecrtError("loop 'round' runs on the PyTorch backend only (checkpoints or the demo, "
                                   "--backend torch); bundles on onnxruntime or TensorRT run the host loop")
             return None
-        from specrt.runtime.rounds import kept_round, plan_round
+        from specrt.runtime.rounds import kept_round, method_key, plan_round
 
-        key = (type(decoder), tuple((name, repr(getattr(decoder, name))) for name in sorted(decoder.PARAMS)),
-               mix.shape, sampling)
+        key = (method_key(decoder), mix.shape, sampling)
         round_ = kept_round(self._rounds, key, lambda: plan_round(decoder, self.target, self.draft if decoder.needs_draft
                                                                  else None, sampling, mix, self.grammar),
                             self.keep_rounds)

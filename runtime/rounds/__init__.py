@@ -101,8 +101,14 @@ def kept_round(rounds: dict, key: tuple, make: Callable[[], Any], keep: int) -> 
     return round_
 
 
+def method_key(method: Any) -> tuple:
+    """A method and its parameters' values, as part of the key a kept round is found by."""
+    return type(method), tuple((name, repr(getattr(method, name))) for name in sorted(method.PARAMS))
+
+
 def runs_rounds(runner: Any) -> bool:
-    """A PyTorch runner over a whole model or an EAGLE head: what a DeviceModel (DeviceHead) wraps."""
+    """A PyTorch runner over a whole model or an EAGLE head (DeviceModel, DeviceHead wrap them), or over
+    a MAR module (the continuous family's device models)."""
     return runner is not None and runner.device_rounds
 
 

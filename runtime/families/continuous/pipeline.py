@@ -116,12 +116,12 @@ class ContinuousPipeline:
             rounds = wants_round(self.loop, self.target, method)
             for first in range(0, len(ids), self.max_images):
                 part = slice(first, first + self.max_images)
-                ctx = ContinuousDecoding(self.target, self.draft if strategy.needs_draft else None,
-                                         seeds[part], stats=stats, **sampling)
                 start = time.perf_counter()
                 if rounds:
                     tokens.append(self._decode_rounds(strategy, ids[part], seeds[part], sampling, stats))
                 else:
+                    ctx = ContinuousDecoding(self.target, self.draft if strategy.needs_draft else None,
+                                             seeds[part], stats=stats, **sampling)
                     tokens.append(strategy.generate(ctx, ids[part]))
                 seconds += [time.perf_counter() - start] * len(ids[part])
             tokens = np.concatenate(tokens)

@@ -16,15 +16,10 @@ import numpy as np
 
 from specrt import validation
 from specrt.errors import SpecrtError
-from specrt.runtime.rounds import LOOPS, run_until_finished
+from specrt.runtime.rounds import LOOPS, method_key, run_until_finished, runs_rounds
 from specrt.runtime.families.continuous.methods import ContinuousMethod, ContinuousStats
 
 MAX_ROUNDS_PER_TOKEN = 64  # an open residual draw may take a round without a token; far more means a bug
-
-
-def runs_rounds(runner: Any) -> bool:
-    """A PyTorch runner over a MAR module: what a device model wraps."""
-    return runner is not None and getattr(runner, "device_rounds", False)
 
 
 def wants_round(loop: str, target: Any, method: str) -> bool:
@@ -90,6 +85,5 @@ def decode_rounds(round_: Any, class_ids: np.ndarray, seeds: Sequence[int], stat
 
 def round_key(method: ContinuousMethod, images: int, sampling: dict[str, Any]) -> tuple:
     """What shapes a round: the method and its parameters, the batch, the sampling."""
-    params = tuple((name, repr(getattr(method, name))) for name in sorted(method.PARAMS))
-    return method.name, params, images, tuple(sorted(sampling.items()))
+    return method_key(method), images, tuple(sorted(sampling.items()))
 
