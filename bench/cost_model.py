@@ -17,6 +17,9 @@ batch runs until its slowest image is done, so a method pays s ≥ 1 steps per i
 s = target graph runs × b / per-image target forwards, read from a `specrt bench --batch b`
 run (1 at batch 1 and for AR). Images per second follow: b · τ / (tokens · s · (t(W) + …)).
 
+The formula itself (`speedup`, with StepLatency, window_cost and predicted_speedup) is
+runtime/cost_model.py's, imported here: `--method auto` prices its candidates with the same one.
+
 Every `specrt bench` run also applies the formula to its own graph timings (run_predicted_speedup:
 each setting's t(W), draft cost, τ and s as the run measured them), so the time-per-image table
 shows, per setting, the speed-up the graphs alone would give beside the measured one.
@@ -24,11 +27,13 @@ shows, per setting, the speed-up the graphs alone would give beside the measured
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from specrt.errors import SpecrtError
 from specrt.lazy import require
+# the formula and the step profile it reads live in the runtime (--method auto prices settings too)
+from specrt.runtime.cost_model import (StepLatency, predicted_images_per_s, predicted_speedup, speedup,  # noqa: F401
+                                       window_cost)
 
 PROFILE_ARCHS = {
     "llamagen-c2i-B": ("GPT-B", 256),
@@ -37,41 +42,6 @@ PROFILE_ARCHS = {
     "llamagen-c2i-XXL": ("GPT-XXL", 384),
 }
 DEFAULT_WINDOWS = (1, 2, 4, 8, 16, 32, 64)
-
-
-@dataclass
-class StepLatency:
-    """Latency of one target step per window size (seconds; fastest of the timed repeats).
-
-    `images` is the images per step (each a CFG pair of rows), `dtype` the weights' type;
-    `bytes_per_step` what one step must read at least (the target's weights, less the embedding
-    tables it only gathers from, plus the KV buffer the attention reads): with a measured memory
-    bandwidth it gives the step's memory-bound floor."""
-
-    arch: str
-    device: str
-    windows: list[int]
-    target_s: list[float]
-    draft_s: float
-    images: int = 1
-    dtype: str = "fp32"
-    bytes_per_step: int | None = None
-    tokens: int | None = None  # image tokens per image (the architecture's grid²)
-    ops_per_step: int | None = None  # of a W = 1 step: GPU kernels on CUDA, compute ops on a CPU (bench/step_ops.py)
-    layers: int | None = None  # the target's transformer blocks
-    compiled: bool = False  # steps run through torch.compile (runtime/backends/compiled_step.py)
-    compile_s: float = 0.0  # seconds the first calls spent compiling
-
-    @property
-    def ops_per_layer(self) -> float | None:
-        """ops_per_step over the blocks (the embedding, final norm and head spread over them)."""
-        return self.ops_per_step / self.layers if self.ops_per_step and self.layers else None
-
-    def target(self, window: int) -> float:
-        """t(W), linearly interpolated between measured windows (clamped to the range)."""
-        import numpy as np
-
-        return float(np.interp(window, self.windows, self.target_s))
 
 
 def _interleaved_best(fns: list[Callable[[], Any]], repeats: int, sync: Callable[[], None],
@@ -291,38 +261,6 @@ def profile_config(arch: str) -> Any:
     return gpt_config(name, image_size=image_size)
 
 
-def window_cost(method: str, params: dict[str, Any]) -> tuple[int, int]:
-    """(target window per forward, draft forwards per iteration) of a method's setting.
-
-    The window is the method's own Method.max_window (sd family: draft_len + 1, or a tree's drafts
-    + 1; sjd/sjd-pac: window L + the pending token); parameters a setting leaves out take the
-    runtime's defaults. Draft forwards: one per draft position, i.e. draft_len for a chain and one
-    pass per tree depth (each pass drafts a whole depth of the tree, costed as one W = 1 draft step).
-    """
-    from specrt.runtime.methods import METHODS, make_method
-
-    if method not in METHODS:
-        raise SpecrtError(f"no cost model for method {method!r}")
-    decoder = make_method(method, **params)
-    return decoder.max_window, int(decoder.positions) if decoder.needs_draft else 0
-
-
-def predicted_speedup(latency: StepLatency, method: str, params: dict[str, Any], accepted_length: float,
-                      straggle: float = 1.0) -> float:
-    """τ · t(1) / (s · (t(W) + n_draft · t_draft)): the speed-up the accepted length would give
-    at `latency`'s images per step, s the steps a batch runs per image round (straggle)."""
-    return accepted_length * latency.target(1) / (straggle * _per_iteration(latency, method, params))
-
-
-def predicted_images_per_s(latency: StepLatency, method: str, params: dict[str, Any], accepted_length: float,
-                           straggle: float = 1.0) -> float | None:
-    """b · τ / (tokens · s · (t(W) + n_draft · t_draft)): images per second at `latency`'s batch b."""
-    if not latency.tokens:
-        return None
-    per_iteration = _per_iteration(latency, method, params)
-    return latency.images * accepted_length / (latency.tokens * straggle * per_iteration)
-
-
 GRAPH_PARTS = ("target_forward", "draft_forward", "vq_decode")  # bench breakdown keys spent inside model graphs
 
 
@@ -347,11 +285,6 @@ def run_predicted_speedup(breakdown: dict[str, float], ar_breakdown: dict[str, f
     alone. None when either breakdown has no graph time."""
     setting, ar = graph_seconds(breakdown), graph_seconds(ar_breakdown)
     return ar / setting if setting > 0 and ar > 0 else None
-
-
-def _per_iteration(latency: StepLatency, method: str, params: dict[str, Any]) -> float:
-    window, drafts = window_cost(method, params)
-    return latency.target(window) + drafts * latency.draft_s
 
 
 def straggle(result: dict[str, Any]) -> float:
