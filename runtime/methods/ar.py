@@ -13,6 +13,8 @@ class Autoregressive(Method):
     """Plain sampling from P, token by token; every image of the batch advances together."""
 
     name = "ar"
+    lossless = True
+    auto_settings = ({},)  # the baseline every choice is measured against
 
     def generate(self, ctx: Decoding, conditions: Conditions) -> np.ndarray:
         target = ctx.target

@@ -9,6 +9,7 @@ decoding context (runtime.decoding) and runtime.verification; it owns no buffers
 """
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Sequence
 
@@ -27,6 +28,20 @@ class Method(ABC):
     name: ClassVar[str]
     needs_draft: ClassVar[bool] = False
     PARAMS: ClassVar[dict[str, Param]] = {}
+    # What `--method auto` may choose (runtime/choosing). `lossless`: every setting samples the
+    # target's own distribution, so auto tries it without --relaxed. `auto_settings`: the parameter
+    # settings auto measures (each a dict of PARAMS keys; () = auto never tries the method). Neither
+    # is inherited: a subclass that changes the acceptance test (a relaxed rule over an exact
+    # method's loop) would otherwise inherit its parent's claim, so each class says it itself.
+    lossless: ClassVar[bool] = False
+    auto_settings: ClassVar[tuple[dict[str, Any], ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "lossless" not in cls.__dict__:
+            cls.lossless = False
+        if "auto_settings" not in cls.__dict__:
+            cls.auto_settings = ()
 
     def __init__(self, **params: Any):
         unknown = sorted(set(params) - set(self.PARAMS))
@@ -49,6 +64,15 @@ class Method(ABC):
     @abstractmethod
     def generate(self, ctx: Decoding, conditions: Conditions) -> np.ndarray:
         """Image tokens [N, grid²] for these images' conditions."""
+
+
+def settings_grid(*fixed: dict[str, Any], **axes: Sequence[Any]) -> tuple[dict[str, Any], ...]:
+    """Every combination of `axes`' values as parameter dicts, after the `fixed` settings:
+    settings_grid({"tree": "static"}, draft_len=(1, 2)) -> ({"tree": "static"}, {"draft_len": 1},
+    {"draft_len": 2}). How methods write their auto_settings."""
+    keys = list(axes)
+    crossed = tuple(dict(zip(keys, values)) for values in itertools.product(*(axes[k] for k in keys))) if keys else ()
+    return tuple(dict(f) for f in fixed) + crossed
 
 
 class Batched:

@@ -51,7 +51,7 @@ from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.counter_random import CANDIDATE, DRAFT, FRESH, NEXT, RESAMPLE, RETEST, TEST
 from specrt.runtime.decoding import Decoding
-from specrt.runtime.methods.base import Batched, Method
+from specrt.runtime.methods.base import Batched, Method, settings_grid
 from specrt.runtime.verification.chains import verify_chains
 from specrt.runtime.verification.positions import verify_position, verify_positions
 from specrt.runtime.verification.rules import VANILLA
@@ -108,6 +108,8 @@ class JacobiDecoding(Method):
     """SJD with optional adaptive continuation and proactive drafting (SJD-PAC, `003` Alg. 1)."""
 
     name = "sjd"
+    lossless = True
+    auto_settings = settings_grid(window=(2, 4, 8, 16, 32))  # the best window follows t(W) on the device
     # window L: drafted tokens verified per step (the target sees L + 1 with the pending token);
     # branching K, tree_depth D, tree spine | full: proactive drafting's tree (module docstring)
     PARAMS = {"window": Int(16, low=1, symbol="L"), "adaptive_continuation": Bool(False),
@@ -371,5 +373,7 @@ class SJDPAC(JacobiDecoding):
     """SJD-PAC defaults, the paper's: both parts on, K = 4, D = 3, L = 64 verified tokens per step."""
 
     name = "sjd-pac"
+    lossless = True
+    auto_settings = settings_grid(window=(8, 16, 32, 64))
     PARAMS = {**JacobiDecoding.PARAMS, "window": Int(64, low=1, symbol="L"), "adaptive_continuation": Bool(True),
               "proactive_drafting": Bool(True)}

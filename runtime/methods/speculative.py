@@ -23,7 +23,7 @@ from specrt.runtime.conditions import Conditions
 from specrt.runtime.counter_random import DRAFT, NEXT, TEST
 from specrt.runtime.decoding import Decoding
 from specrt.runtime.drafting import finish_round, make_drafter
-from specrt.runtime.methods.base import Batched, Method
+from specrt.runtime.methods.base import Batched, Method, settings_grid
 from specrt.runtime.methods.tree_loop import generate_trees
 from specrt.runtime.model_drafter import ModelDrafter
 from specrt.runtime.runner import StepOutput
@@ -207,6 +207,9 @@ class SpeculativeDecoding(DraftThenVerify):
     """Vanilla SD: lossless."""
 
     name = "sd"
+    lossless = True
+    # chains of a few lengths (the best one follows t(W) and the draft's cost) and the two tree kinds
+    auto_settings = settings_grid({"tree": "static"}, {"tree": "dynamic"}, draft_len=(1, 2, 3, 4, 6, 8))
 
 
 class CoolSD(DraftThenVerify):
@@ -218,6 +221,7 @@ class CoolSD(DraftThenVerify):
     """
 
     name = "cool-sd"
+    auto_settings = settings_grid(draft_len=(2, 4, 6))  # relaxed (lossless is False): with --relaxed only
     # δ >= 1 (1 = lossless); ν > 0, at most MAX_DECAY so exp(−ν·i) stays representable
     PARAMS = {**DraftThenVerify.PARAMS, "relaxation_budget": Float(2.0, low=1.0, symbol="δ"),
               "schedule": Choice("exp", choices=SCHEDULES),
@@ -253,6 +257,7 @@ class Lantern(DraftThenVerify):
     """
 
     name = "lantern"
+    auto_settings = settings_grid(draft_len=(2, 4, 6))  # relaxed: with --relaxed only
     # tvd_budget δ in [0, 1] or ratio λ >= 1 (None: not given); neighbours_k 0 = the whole table
     PARAMS = {**DraftThenVerify.PARAMS,
               "tvd_budget": Float(None, optional=True, low=0.0, high=1.0, symbol="δ"),

@@ -27,7 +27,7 @@ from specrt.runtime.families.continuous import draws
 from specrt.runtime.families.continuous.draws import (DRAFT_NOISE, PROPOSAL_NOISE, PROPOSAL_TEST,
                                                       RESIDUAL_PROPOSALS, TEST)
 from specrt.runtime.families.continuous.runner import ContinuousRunner, ContinuousWindows
-from specrt.runtime.methods.base import Batched, Method
+from specrt.runtime.methods.base import Batched, Method, settings_grid
 from specrt.validation import Float, Int, number
 
 MAX_DRAFT = 256
@@ -191,6 +191,8 @@ class ContinuousAR(ContinuousMethod):
     """The target alone: one transformer step and one denoising chain per token, all images in step."""
 
     name = "ar"
+    lossless = True
+    auto_settings = ({},)
 
     def decode(self, ctx: ContinuousDecoding, class_ids: np.ndarray) -> np.ndarray:
         spec, images = ctx.target.spec, len(class_ids)
@@ -222,6 +224,8 @@ class CSpD(ContinuousMethod):
 
     name = "cspd"
     needs_draft = True
+    lossless = True  # the residual is rejection-sampled exactly (M = 1/Z): the target's distribution
+    auto_settings = settings_grid(draft_len=(2, 4, 8))
     PARAMS = {
         "draft_len": Int(4, low=1, high=MAX_DRAFT, symbol="γ"),
         "prefill_ratio": Float(0.05, low=0.0, high=1.0),
