@@ -9,13 +9,13 @@ runs the demo's PyTorch modules directly (no export) for comparison.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from specrt.errors import SpecrtError
+from specrt.paths import cache_root  # noqa: F401  (bench's callers import it from here)
 from specrt.runtime.backends.bundle_backends import BUNDLE_BACKENDS
 from specrt.runtime.pipeline import Pipeline
 from specrt.runtime.threads import set_torch_threads
@@ -35,14 +35,6 @@ class BenchModels:
     drafts: dict[str, Pipeline] = field(default_factory=dict)  # `--drafts`: draft kind -> the pipeline with it
     draft_sources: dict[str, str] = field(default_factory=dict)  # draft kind -> what it is, for the report
     prompts: Optional[list[str]] = None  # t2i: image i's prompt is prompts[i mod len]; None: class ids cycle
-
-
-def cache_root() -> Path:
-    """$SPECRT_CACHE_DIR, else $XDG_CACHE_HOME/specrt, else ~/.cache/specrt."""
-    if os.environ.get("SPECRT_CACHE_DIR"):
-        return Path(os.environ["SPECRT_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "specrt"
 
 
 def demo_weights_dir(demo_weights: Optional[Path], demo: Optional[str] = None) -> Path:

@@ -54,6 +54,13 @@ class Family(ABC):
     def describe(self, manifest: Any) -> str:
         """The manifest as a human reads it, after the family's own checks of the bundle (inspect)."""
 
+    def method_classes(self) -> dict[str, Any]:
+        """The strategy class of each of `methods`, by name: what `--method auto` reads to know
+        which settings to measure (runtime/choosing: each class's lossless and auto_settings)."""
+        from specrt.runtime.methods import METHODS
+
+        return {name: METHODS[name] for name in self.methods if name in METHODS}
+
     def takes_modules(self, target: Any) -> bool:
         """True when PyTorch modules with this target are this family's to run through its own
         pipeline (from_torch), not the LlamaGen layout's Pipeline.from_torch."""

@@ -73,6 +73,15 @@ def output_folder(flag: str, path: Optional[PathLike], write_into_existing: bool
     return path
 
 
+def cache_root() -> Path:
+    """Where specrt keeps what it can make again (exported demo bundles, engines, --method auto's
+    choices): $SPECRT_CACHE_DIR, else $XDG_CACHE_HOME/specrt, else ~/.cache/specrt."""
+    if os.environ.get("SPECRT_CACHE_DIR"):
+        return Path(os.environ["SPECRT_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "specrt"
+
+
 def cache_folder(flag: str, path: Optional[PathLike]) -> Optional[Path]:
     """A cache folder the user names: created when missing (with its parents: it is a cache, the
     one kind of output specrt makes folders for) and checked to take files; None passes through."""

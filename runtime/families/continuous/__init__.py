@@ -23,6 +23,11 @@ class ContinuousFamily(Family):
     torch_options = ("device", "loop")  # torch_runners(..., device) and ContinuousPipeline.loop; no compiled step
     bench_runner = "specrt.bench.continuous:run_command"
 
+    def method_classes(self) -> dict[str, Any]:
+        from specrt.runtime.families.continuous.methods import CONTINUOUS_METHODS
+
+        return {name: CONTINUOUS_METHODS[name] for name in self.methods if name in CONTINUOUS_METHODS}
+
     def summary(self, result: Any) -> dict[str, Any]:
         stats = result.stats
         return {"tokens": stats.tokens, "target_passes": stats.target_passes, "drafted": stats.drafted,
