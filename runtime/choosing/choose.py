@@ -14,7 +14,7 @@ winner is cached on disk (cache.py) keyed by what decides it, and later calls re
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
@@ -113,7 +113,7 @@ def choose_method(pipe: Any, *, batch: int = 1, relaxed: bool = False, sampling:
             if path.exists() and progress:
                 progress(f"auto: ignoring the damaged cached choice {path}; measuring again")
         elif memo in memory:
-            return memory[memo]
+            return replace(memory[memo], measured=False)
     if conditions is None:
         conditions = default_conditions(pipe, family)
     measured = probe(pipe, family, listed, batch, conditions, sampling, screen, confirm, progress)

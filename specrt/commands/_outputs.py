@@ -46,13 +46,14 @@ class OutputFlags:
         output_file("--save-tokens", self.tokens_path)
         return dataclasses.replace(self, out=out, sheet=check_sheet(self.sheet, out, self.tokens_only))
 
-    def report(self, family: Family, result: Any, method: str, per_condition: int = 1) -> str:
+    def report(self, family: Family, result: Any, method: str, per_condition: int = 1,
+               auto: Optional[dict[str, Any]] = None) -> str:
         """Write one generate call's files (write_results) and its --stats JSON (the family's
-        summary); returns the closing line (summary_line)."""
+        summary, and what --method auto chose: `auto`); returns the closing line (summary_line)."""
         images = None if self.tokens_only else result.images
         paths, others = write_results(images, result.tokens, self.out, self.tokens_only, self.tokens_path, self.sheet,
                                       per_condition)
-        summary = {"method": method, **family.summary(result)}
+        summary = {"method": method, **({"auto": auto} if auto else {}), **family.summary(result)}
         if self.stats_path:
             self.stats_path.write_text(json.dumps(summary, indent=2) + "\n")
         return summary_line(paths, method, summary, getattr(result, "sampling", None) or {}, images, others)
@@ -150,6 +151,9 @@ def summary_line(paths: Sequence[Path], method: str, summary: dict[str, Any], sa
         wrote img.png  (2 images 32x32, sd: 128 tokens, 60 target forwards, mean accepted length 2.13, 0.41 s;
         sampling cfg 2, temperature 1, top-k 0, top-p 1)
 
+    (--method auto: the method slot is `auto:CHOSEN`, e.g. auto:sjd(window=8), and the counters end
+    with the cost model's prediction, "predicted 1.49x ar".)
+
     Why one shape: each family's stats name their counters differently (a continuous model
     counts target passes and tokens per pass, a unified one has no host-byte count on every
     path), and a line that changes with the model cannot be compared or parsed. The family's
@@ -168,6 +172,8 @@ def summary_line(paths: Sequence[Path], method: str, summary: dict[str, Any], sa
         parts.append(f"mean accepted length {float(accepted):.2f}")
     if seconds is not None:
         parts.append(f"{float(seconds):.2f} s")
+    if isinstance(summary.get("auto"), dict):  # --method auto: the method slot names the choice (auto:sd(...))
+        parts.append(f"predicted {summary['auto']['predicted_speedup']:.2f}x ar")
     shown = f"{method}: {', '.join(parts)}"
     if images is not None and np.ndim(images) == 4:
         count, height, width = images.shape[:3]

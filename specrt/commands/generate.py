@@ -27,6 +27,7 @@ import click
 
 from specrt import validation
 from specrt.commands import _family
+from specrt.commands._auto import AutoRequest, choose as choose_auto, closing_note, model_identity
 from specrt.commands._checkpoint_flags import CHECKPOINT_FLAG_NAMES, CheckpointFlags, checkpoint_flags
 from specrt.commands._generate_flags import (Drawing, ModelFlags, RunFlags, SamplingFlags, drawing_flags, model_flags,
                                              refuse_torch_flags_on_a_bundle, repeated, run_flags, sampling_flags)
@@ -271,19 +272,26 @@ def sampling_epilog() -> str:
     ("Model and checkpoints", ["target", "draft", "vq", "text_encoder", "captions_path", *CHECKPOINT_FLAG_NAMES]),
     ("Sampling", ["cfg_scale", "temperature", "top_k", "top_p"]),
     ("Prompts of Janus, Emu3, Lumina-mGPT", ["negative_prompt", "no_prompt_suffix"]),
-    ("Method parameters", ["params"]),
+    ("Method parameters", ["params", "relaxed", "remeasure"]),
     ("Output", ["sheet", "stats_path", "tokens_path", "tokens_only"]),
     ("Performance", ["backend", "device", "threads", "loop", "compile_step", "max_window"]),
 ])
 @click.argument("bundle", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--method", "-m", type=click.Choice(METHOD_NAMES + ("cspd",)), default="ar", show_default=True,
-              help="Decoding method (cspd: continuous models only; there ar and cspd).")
+@click.option("--method", "-m", type=click.Choice(METHOD_NAMES + ("cspd", "auto")), default="ar", show_default=True,
+              help="Decoding method (cspd: continuous models only; there ar and cspd). auto: the fastest lossless "
+                   "setting measured on this device, backend and batch (--relaxed admits relaxed methods), "
+                   "measured on the first call and cached.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed: same seed, same image. The images of a call are decoded together; image i uses seed + i, so "
                    "it is the image that class (or prompt) alone gives with seed + i.")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
               help="Method parameter, repeatable, e.g. --param draft_len=4 --param relaxation_budget=2 (each method's "
                    "parameters: docs/concepts/methods.md).")
+@click.option("--relaxed", is_flag=True,
+              help="--method auto: relaxed methods (cool-sd, lantern, ...) may be chosen too; they do not sample the "
+                   "target's exact distribution.")
+@click.option("--remeasure", is_flag=True,
+              help="--method auto: measure again instead of reading the cached choice (and replace it).")
 @drawing_flags
 @model_flags
 @sampling_flags
@@ -292,7 +300,7 @@ def sampling_epilog() -> str:
 @checkpoint_flags
 def command(bundle: Optional[Path], method: str, seed: int, params: tuple[str, ...], drawing: Drawing,
             models: ModelFlags, sampling: SamplingFlags, outputs: OutputFlags, run: RunFlags,
-            checkpoint: CheckpointFlags) -> None:
+            checkpoint: CheckpointFlags, relaxed: bool = False, remeasure: bool = False) -> None:
     """Generate images for class ids or prompts with a decoding method (the embedded demo models
     by default; --demo t2i takes prompts, e.g. --demo t2i --prompt "a thick slanted seven").
     """
@@ -300,14 +308,23 @@ def command(bundle: Optional[Path], method: str, seed: int, params: tuple[str, .
     outputs = outputs.checked()
     drawing.check()
     route = choose_route(bundle, models)
-    check_flags(route, bundle, method, seed, method_params, drawing, models, checkpoint, sampling, run)
+    auto = AutoRequest.checked(method, relaxed, remeasure, method_params, route.family.sampling_keys)
+    check_flags(route, bundle, "ar" if auto else method, seed, method_params, drawing, models, checkpoint, sampling,
+                run)
     pipe = build_pipeline(route.manifest or bundle, models, checkpoint, run)
     if run.loop != "auto":  # a method with no round under --loop round: Pipeline.generate's one-line error
         pipe.loop = run.loop
     if route.kind == HF_CHECKPOINTS and pipe.vq is None and not outputs.tokens_only:
         raise SpecrtError("this checkpoint has no image decoder here: add --tokens-only, or --vq DIR with vqgan.ckpt "
                           "and vqgan.yaml")
-    result = pipe.generate(**condition_args(route.family.conditions(pipe), drawing), method=method, seed=seed,
-                           decode=not outputs.tokens_only, **sampling.given(), **method_params,
-                           **drawing.prompt_options())
-    click.echo(outputs.report(route.family, result, method, drawing.num_images))
+    conditions, note = condition_args(route.family.conditions(pipe), drawing), None
+    if auto:  # measured on the first call, read from the cache on later ones (specrt/commands/_auto.py)
+        choice = choose_auto(auto, pipe, model_identity(route.kind, route.manifest, models.demo,
+                                                        (models.target, models.draft, models.vq)),
+                             run, bundle, conditions, {**sampling.given(), **method_params},
+                             route.family.conditions(pipe) != "class ids", lambda line: click.echo(line, err=True))
+        method, method_params, note = choice.method, {**choice.params, **method_params}, closing_note(choice)
+    result = pipe.generate(**conditions, method=method, seed=seed, decode=not outputs.tokens_only, **sampling.given(),
+                           **method_params, **drawing.prompt_options())
+    click.echo(outputs.report(route.family, result, f"auto:{note['chose']}" if note else method, drawing.num_images,
+                              auto=note))
