@@ -60,8 +60,9 @@ def weights_digest(folder: Path, eagle: bool = False) -> str:
 
 # Bumped when the export writes other graphs under the same contract version and options, so a
 # cached demo bundle is exported afresh instead of running without them (2: draft chains, for
-# independent drafts and EAGLE heads; 3: chains read their cache in segments).
-EXPORT_REVISION = 3
+# independent drafts and EAGLE heads; 3: chains read their cache in segments; 4: the target's token
+# embeddings, GSD's).
+EXPORT_REVISION = 4
 
 
 def demo_bundle(demo_weights: Optional[Path] = None, cache_dir: Optional[Path] = None,

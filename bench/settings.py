@@ -38,6 +38,7 @@ PARAM_ALIASES: dict[str, dict[str, str]] = {
     "lantern": {**_DRAFTED, "delta": "tvd_budget", "lambda": "ratio", "k": "neighbours_k"},
     "sjd": dict(_JACOBI),
     "sjd-pac": dict(_JACOBI),
+    "gsd": {"L": "window", "G": "group", "delta": "gap", "d": "radius"},
 }
 
 

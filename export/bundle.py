@@ -1,5 +1,5 @@
-"""Write a bundle: the five ONNX graphs, the LANTERN neighbour table and manifest.json (t2i
-bundles may add a text encoder graph and its tokenizer).
+"""Write a bundle: the five ONNX graphs, the LANTERN neighbour table, the target's token embeddings
+(GSD's) and manifest.json (t2i bundles may add a text encoder graph and its tokenizer).
 
 The bundle is assembled in a hidden temporary directory next to the destination and
 renamed into place only when every file and the manifest are written, so an interrupted or
@@ -32,6 +32,7 @@ from specrt.runtime.defaults import as_dict, defaults_of
 from specrt.runtime.eagle import EAGLE_KIND
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW, checked_max_window
 from specrt.runtime.sampling import SamplingParams
+from specrt.runtime.token_embeddings import EMBEDDINGS_FILE, embedding_table_of
 from specrt.runtime.tree import DEFAULT_GROWTH, DEFAULT_STATIC_TREE, static_shape
 
 NEIGHBOURS_FILE = "neighbours.npy"
@@ -240,6 +241,8 @@ def build_manifest(models: ModelSet, options: ExportOptions, graphs: list[GraphS
     capacity = capacity_for(models.target.config, options.max_window)
     sources = models.sources
     files = [g.file for g in graphs] + [g.external_data for g in graphs if g.external_data] + [NEIGHBOURS_FILE]
+    embeddings = token_embeddings_entry(out_dir)
+    files += [EMBEDDINGS_FILE] if embeddings else []
     if text_encoder:
         files.append(text_encoder["tokenizer"])
     s = options.sampling or models.sampling_defaults
@@ -257,6 +260,7 @@ def build_manifest(models: ModelSet, options: ExportOptions, graphs: list[GraphS
         "graphs": {g.name: g.to_json() for g in graphs},
         "neighbours": {"file": NEIGHBOURS_FILE, "k": options.neighbours_k, "metric": "euclidean",
                        "codebook": "l2-normalised" if models.vq.config.codebook_l2_norm else "raw"},
+        **embeddings,
         **extra,
         "files": {name: file_record(out_dir / name) for name in files},
     }
@@ -331,6 +335,26 @@ def write_neighbour_table(work: Path, vq: nn.Module, requested: int, total: int,
     return k
 
 
+def write_token_embeddings(work: Path, target: nn.Module, total: int, say: Progress) -> None:
+    """GSD's table, the target's input embedding of every token of its sampling vocabulary
+    (runtime/token_embeddings.py), into work/token_embeddings.npy as float32 [V, D]."""
+    table = embedding_table_of(target)
+    if table is None:
+        raise SpecrtError(f"{type(target).__name__} exposes no token embeddings for GSD's clusters")
+    say(f"[{total - 1}/{total}] {EMBEDDINGS_FILE} ({table.shape[0]} x {table.shape[1]}) ...")
+    np.save(work / EMBEDDINGS_FILE, np.ascontiguousarray(table, dtype=np.float32))
+
+
+def token_embeddings_entry(out_dir: Path) -> dict[str, Any]:
+    """The manifest's `token_embeddings` entry for a table written to out_dir ({} where none is)."""
+    path = out_dir / EMBEDDINGS_FILE
+    if not path.is_file():
+        return {}
+    rows, dim = np.load(path, mmap_mode="r").shape
+    return {"token_embeddings": {"file": EMBEDDINGS_FILE, "rows": int(rows), "dim": int(dim), "dtype": "float32",
+                                 "of": "the target's input embedding of each token it samples"}}
+
+
 def export_graphs(jobs: list[tuple[str, Callable[[Path], GraphSpec]]], work: Path, total: int,
                   say: Progress) -> list[GraphSpec]:
     """Run each (graph name, export function) into `work`, with a progress line before and after
@@ -391,6 +415,7 @@ def write_bundle(models: ModelSet, out: str | Path, options: ExportOptions | Non
         total = len(jobs) + 2
         graphs = export_graphs(jobs, work, total, say)
         k = write_neighbour_table(work, models.vq, options.neighbours_k, total, say)
+        write_token_embeddings(work, models.target, total, say)
         say(f"[{total}/{total}] {MANIFEST_NAME}")
         manifest = build_manifest(models, replace(options, neighbours_k=k), graphs, work, _text_encoder_entry(models))
         (work / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")

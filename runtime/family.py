@@ -23,6 +23,8 @@ class Family(ABC):
 
     name: ClassVar[str]                  # the manifest's "family"
     methods: ClassVar[tuple[str, ...]]   # what generate(method=...) accepts
+    # methods of other families this one cannot run, with the one line that says why
+    refused_methods: ClassVar[dict[str, str]] = {}
     token_dtype: ClassVar[str]           # "int64" (VQ codes) or "float32" (continuous latents)
     backends: ClassVar[tuple[str, ...]]  # what open(backend=...) accepts
     description: ClassVar[str]           # how messages name the family's models ("a ... model")

@@ -25,12 +25,14 @@ from specrt.runtime.conditions import Conditions
 from specrt.runtime.family_registry import modules_family, open_bundle
 from specrt.runtime.decoding import Decoding
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Method, checked_max_window, make_method
+from specrt.runtime.methods.grouped import GroupedDecoding
 from specrt.runtime.methods.speculative import Lantern
 from specrt.runtime.rounds import KEPT_ROUNDS, LOOPS
 from specrt.runtime.runner import ModelRunner
 from specrt.runtime.sampling import SamplingParams, guidance_mix
 from specrt.runtime.stats import Stats
 from specrt.runtime.threads import set_torch_threads
+from specrt.runtime.token_embeddings import TokenEmbeddings, embedding_table_of
 from specrt.runtime.vq_decoder import VQDecoder
 
 SAMPLING_KEYS = ("cfg_scale", "temperature", "top_k", "top_p")
@@ -63,10 +65,13 @@ class Pipeline:
 
     def __init__(self, target: ModelRunner, vq: VQDecoder, draft: Optional[ModelRunner] = None,
                  neighbours: Optional[np.ndarray] = None, sampling_defaults: Optional[dict] = None,
-                 max_images: Optional[int] = None, text_encoder: Any = None):
+                 max_images: Optional[int] = None, text_encoder: Any = None,
+                 token_embeddings: Optional[np.ndarray] = None):
         self.target, self.draft, self.vq = target, draft, vq
         self.text_encoder = text_encoder  # t2i: a runtime.text.TextEncoder for `prompts`
         self.neighbours = neighbours
+        # GSD's clusters: the target's token embeddings [V, D] (None: a bundle exported before them)
+        self.token_embeddings = None if token_embeddings is None else TokenEmbeddings(np.asarray(token_embeddings))
         self.sampling_defaults = dict(sampling_defaults or {})
         # images decoded together in one pass (a bundle's `export --max-batch`); more run in several passes
         self.max_images = max_images or DEFAULT_MAX_IMAGES
@@ -155,7 +160,8 @@ class Pipeline:
             neighbours = TorchVQ.neighbours_of(vq)
         defaults = sampling_defaults or defaults_of(target_gpt)
         return cls(target, TorchVQ(vq, device), draft, neighbours=neighbours, sampling_defaults=as_dict(defaults),
-                   text_encoder=text_encoder, max_images=validation.count("max_images", max_images))
+                   text_encoder=text_encoder, max_images=validation.count("max_images", max_images),
+                   token_embeddings=embedding_table_of(target_gpt))
 
     @property
     def image_size(self) -> tuple[int, int]:
@@ -242,6 +248,8 @@ class Pipeline:
                               "ar, sjd and sjd-pac need no draft")
         if isinstance(decoder, Lantern):
             decoder.neighbours = self.neighbours
+        if isinstance(decoder, GroupedDecoding):
+            decoder.embeddings = self.token_embeddings
         if decoder.max_window > self.target.max_window:
             raise SpecrtError(f"method {method!r} feeds the target {decoder.max_window} tokens per step "
                               f"(sjd/sjd-pac: window + the pending token; draft methods: draft_len + 1, "

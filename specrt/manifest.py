@@ -279,6 +279,10 @@ def parse_manifest(raw: dict[str, Any], root: Path) -> Manifest:
     neighbours = raw.get("neighbours")
     if neighbours is not None and not (isinstance(neighbours, dict) and _relative_name(neighbours.get("file"))):
         raise SpecrtError(f"manifest: neighbours must be an object naming a file inside the bundle, got {neighbours!r:.60}")
+    embeddings = raw.get("token_embeddings")
+    if embeddings is not None and not (isinstance(embeddings, dict) and _relative_name(embeddings.get("file"))):
+        raise SpecrtError(f"manifest: token_embeddings must be an object naming a file inside the bundle, "
+                          f"got {embeddings!r:.60}")
     for rel, record in raw["files"].items():
         if not _relative_name(rel) or not isinstance(record, dict):
             raise SpecrtError(f"manifest: files entry {rel!r} must name a file inside the bundle and map it to "
@@ -305,6 +309,8 @@ def verify_files(manifest: Manifest, check_hashes: bool = True) -> None:
     named += [g.external_data for g in manifest.graphs.values() if g.external_data]
     if manifest.neighbours:
         named.append(manifest.neighbours["file"])
+    if isinstance(manifest.raw.get("token_embeddings"), dict):
+        named.append(manifest.raw["token_embeddings"]["file"])
     unlisted = sorted(set(named) - manifest.files.keys())
     if unlisted:
         raise SpecrtError(f"manifest: files {unlisted} are used but have no hash under 'files'")

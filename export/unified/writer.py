@@ -22,7 +22,9 @@ from specrt import __version__
 from specrt.bundle_dir import move_into_place, partial_dir, refuse_existing
 from specrt.errors import SpecrtError
 from specrt.export import onnx_export
-from specrt.export.bundle import NEIGHBOURS_FILE, ExportOptions, export_graphs, write_neighbour_table
+from specrt.export.bundle import (NEIGHBOURS_FILE, ExportOptions, export_graphs, token_embeddings_entry,
+                                  write_neighbour_table, write_token_embeddings)
+from specrt.runtime.token_embeddings import EMBEDDINGS_FILE
 from specrt.export.onnx_export import GraphLimits, capacity_for
 from specrt.manifest import FORMAT, MANIFEST_NAME, VERSION, GraphSpec, Manifest, file_record, read_manifest, rows_for_images
 from specrt.runtime.chain import DraftChain, DraftGrowth
@@ -159,6 +161,8 @@ def build_manifest(models: UnifiedModels, options: ExportOptions, graphs: list[G
     capacity = capacity_for(models.target.config, options.max_window)
     files = [g.file for g in graphs] + [g.external_data for g in graphs if g.external_data]
     files += [NEIGHBOURS_FILE] if models.vq is not None else []
+    embeddings = token_embeddings_entry(out_dir)
+    files += [EMBEDDINGS_FILE] if embeddings else []
     prompt = dict(models.prompt)
     if models.tokenizer_file is not None:
         prompt["tokenizer"] = TOKENIZER_FILE
@@ -177,6 +181,7 @@ def build_manifest(models: UnifiedModels, options: ExportOptions, graphs: list[G
         "graphs": {g.name: g.to_json() for g in graphs},
         **({"neighbours": {"file": NEIGHBOURS_FILE, "k": options.neighbours_k, "metric": "euclidean",
                            "codebook": "raw"}} if models.vq is not None else {}),
+        **embeddings,
         "prompt": prompt,
         "files": {name: file_record(out_dir / name) for name in files},
     }
@@ -203,6 +208,7 @@ def write_unified_bundle(models: UnifiedModels, out: str | Path, options: Export
         if models.vq is not None:  # LANTERN's table over the head vocabulary, measured on the decoder's codebook
             grammar = models.target.config.grammar
             k = write_neighbour_table(work, models.vq, k, total, say, lambda table: head_neighbours(table, grammar))
+        write_token_embeddings(work, models.target, total, say)  # GSD's: the head vocabulary's input embeddings
         if models.tokenizer_file is not None:
             shutil.copyfile(models.tokenizer_file, work / TOKENIZER_FILE)
         say(f"[{total}/{total}] {MANIFEST_NAME}")

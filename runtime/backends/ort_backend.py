@@ -23,6 +23,7 @@ from specrt.errors import SpecrtError
 from specrt.lazy import require
 from specrt.manifest import GraphSpec, Manifest, as_manifest
 from specrt.runtime.bundle_check import check_manifest, check_session, load_neighbours
+from specrt.runtime.token_embeddings import load_token_embeddings
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.eagle import EAGLE_KIND, HeadRunner
 from specrt.runtime.kv_rows import compact_kv, uniform_run
@@ -367,14 +368,17 @@ class OrtVQ(VQDecoder):
 
 
 def bundle_companions(manifest: Manifest) -> dict[str, Any]:
-    """What a Pipeline takes from a bundle besides its runners: LANTERN's neighbour table, the
+    """What a Pipeline takes from a bundle besides its runners: LANTERN's neighbour table, GSD's token
+    embeddings (None in a bundle exported before them), the
     models' sampling defaults, the images-per-call limit and a t2i bundle's text encoder
     (onnxruntime on the CPU: it runs once per prompt; the same for every backend)."""
     from specrt.runtime.text import text_encoder_from_manifest
 
     limits = check_manifest(manifest)  # every number of the manifest checked before anything runs
-    neighbours = load_neighbours(manifest, int(manifest.models["target"]["vocab_size"]))
-    return {"neighbours": neighbours, "sampling_defaults": dict(manifest.sampling_defaults),
+    vocab = int(manifest.models["target"]["vocab_size"])
+    neighbours = load_neighbours(manifest, vocab)
+    embeddings = load_token_embeddings(manifest.raw.get("token_embeddings"), manifest.root, vocab)  # GSD's
+    return {"neighbours": neighbours, "token_embeddings": embeddings, "sampling_defaults": dict(manifest.sampling_defaults),
             "max_images": limits["max_images"], "text_encoder": text_encoder_from_manifest(manifest)}
 
 

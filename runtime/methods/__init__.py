@@ -1,4 +1,4 @@
-"""Decoding methods by name: ar, sd, cool-sd, lantern, sjd, sjd-pac."""
+"""Decoding methods by name: ar, sd, cool-sd, lantern, sjd, sjd-pac, gsd."""
 from __future__ import annotations
 
 from typing import Any
@@ -6,11 +6,13 @@ from typing import Any
 from specrt.errors import SpecrtError
 from specrt.runtime.methods.ar import Autoregressive
 from specrt.runtime.methods.base import Method
+from specrt.runtime.methods.grouped import GroupedDecoding
 from specrt.runtime.methods.jacobi import SJDPAC, JacobiDecoding
 from specrt.runtime.methods.speculative import CoolSD, Lantern, SpeculativeDecoding
 
 METHODS: dict[str, type[Method]] = {
-    cls.name: cls for cls in (Autoregressive, SpeculativeDecoding, CoolSD, Lantern, JacobiDecoding, SJDPAC)
+    cls.name: cls for cls in (Autoregressive, SpeculativeDecoding, CoolSD, Lantern, JacobiDecoding, SJDPAC,
+                           GroupedDecoding)
 }
 
 # The largest target window any method feeds at its default parameters: SJD-PAC's L = 64 verified

@@ -54,7 +54,7 @@ from specrt.runtime.decoding import Decoding
 from specrt.runtime.methods.base import Batched, Method, settings_grid
 from specrt.runtime.verification.chains import verify_chains
 from specrt.runtime.verification.positions import verify_position, verify_positions
-from specrt.runtime.verification.rules import VANILLA
+from specrt.runtime.verification.rules import VANILLA, AcceptanceRule
 from specrt.runtime.verification.siblings import draw_without_replacement, verify_siblings
 from specrt.runtime.sampling import inverse_cdf
 from specrt.runtime.verification.transport import host_rows, rows_by_position
@@ -133,6 +133,10 @@ class JacobiDecoding(Method):
     def max_window(self) -> int:
         return self.window + 1  # the pending token + L drafts
 
+    def rule(self, ctx: Optional[Decoding]) -> AcceptanceRule:
+        """The test of a chain window's drafts: SD's (lossless); GSD's grouped test in its subclass."""
+        return VANILLA
+
     def generate(self, ctx: Decoding, conditions: Conditions) -> np.ndarray:
         """Every unfinished image runs one Jacobi iteration per target step, its own proposal
         and tree in its own window; each verifies, commits and drafts on with its own counter uniforms."""
@@ -195,7 +199,7 @@ class JacobiDecoding(Method):
         bonus = np.zeros((len(drafts), longest + 1), dtype=np.int64)  # the token after each whole chain
         bonus[np.arange(len(drafts)), lengths] = inverse_cdf(np.asarray(p_block[np.arange(len(drafts)), lengths]),
                                                              next_uniforms)
-        outcomes = verify_chains(p_block, q_block, drafts, VANILLA, ctx.uniforms(np.arange(longest)[None], TEST),
+        outcomes = verify_chains(p_block, q_block, drafts, self.rule(ctx), ctx.uniforms(np.arange(longest)[None], TEST),
                                  next_uniforms, bonus)
         verdicts = {}
         for p, (chain, accepted, token) in enumerate(zip(drafts, outcomes.accepted_lengths, outcomes.next_tokens)):

@@ -2,7 +2,8 @@
 
 Its state beyond RoundState: the window of L drafted tokens after the pending one and the rows they
 were drawn from (the proposal q), in fixed buffers. One round: the target scores [pending, window]
-in one pass; the window is verified as a drafted chain with SD's rule (verify_chain_block); the
+in one pass; the window is verified as a drafted chain with SD's rule, or GSD's grouped test
+(verify_chain_block); the
 next window comes from this pass's own rows along the accepted prefix — new slot m sits at old
 slot k = τ + 1 + m, whose row (row k predicts it) gives a fresh draw (SJD) or re-tests the old
 draft there (adaptive continuation: kept, or drawn from the residual); slots past the last row
@@ -25,22 +26,24 @@ from specrt.runtime.rounds.state import DRAFT, FRESH, NEXT, RESAMPLE, RETEST, TE
 from specrt.runtime.sampling import inverse_cdf
 from specrt.runtime.verification.chains import verify_chain_block
 from specrt.runtime.verification.positions import retest_block
-from specrt.runtime.verification.rules import VANILLA
+from specrt.runtime.verification.rules import VANILLA, AcceptanceRule
 
 
 class JacobiRound:
     """One Jacobi iteration over a window of `width` drafts; `adaptive` re-tests stale drafts; `grammar`:
-    a unified model's image grammar, which the fresh slots follow (the target's rows carry it already)."""
+    a unified model's image grammar, which the fresh slots follow (the target's rows carry it already);
+    `rule` tests the window's drafts (SD's; GSD's grouped test)."""
 
     def __init__(self, target: Any, width: int, vocab: int, adaptive: bool = False,
-                 grammar: Optional[ImageGrammar] = None):
-        self.target, self.width, self.vocab, self.adaptive = target, width, vocab, adaptive
+                 grammar: Optional[ImageGrammar] = None, rule: AcceptanceRule = VANILLA):
+        self.target, self.width, self.vocab, self.adaptive, self.rule = target, width, vocab, adaptive, rule
         self.fresh = FreshDrafts(target, vocab, grammar)
         self.window = width + 1
         self.passes = {"target": 1, "draft": 0}
 
     def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
         state = start_state(self, rows, seeds, total)
+        self.rule.prepare(state.length)  # its tables on the device before a round is traced
         steps = torch.arange(self.width, device=state.length.device)
         # round 0's own fresh slots lie past index L + 1, so these indices' FRESH uniforms are not reused
         index = state.length[:, None] + steps
@@ -62,7 +65,7 @@ class JacobiRound:
         limits = (state.total - n - 1).clamp(min=0, max=width)
         accepted, next_token = verify_chain_block(p_rows, self.proposal, self.drafts, limits,
                                                   state.uniforms(n[:, None] + steps, TEST), state.uniforms(n, NEXT),
-                                                  VANILLA)
+                                                  self.rule)
         drafts, proposal = self._next_window(state, p_rows, n, accepted, steps)
         state.commit(accepted, self.drafts, next_token)
         self.drafts.copy_(drafts)

@@ -65,10 +65,15 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
     coins = np.asarray(coins, dtype=np.float64)[:, :longest]
     next_tokens = np.asarray(draws)[images, lengths].astype(np.int64, copy=False)  # bonus tokens; rejections below
     steps = np.arange(longest)
-    q_at = gather(q_block, (steps, images[:, None], tokens))  # [images, L]
-    p_at = gather(p_block, (images[:, None, None], steps[:, None], rule.columns(tokens)))  # [images, L, c]
+    if rule.reads_rows:  # f reads whole rows (GSD): each image's L rows of P and of Q
+        f = rule.accept_rows(gather(p_block, (images[:, None], steps)), gather(q_block, (steps, images[:, None])),
+                             tokens, steps + 1)
+    else:
+        q_at = gather(q_block, (steps, images[:, None], tokens))  # [images, L]
+        p_at = gather(p_block, (images[:, None, None], steps[:, None], rule.columns(tokens)))  # [images, L, c]
+        f = rule.accept_probabilities(p_at, q_at, steps + 1)
     passed = np.zeros((count, longest + 1), dtype=bool)  # a failed test after the last: argmin finds one
-    np.less_equal(coins, rule.accept_probabilities(p_at, q_at, steps + 1), out=passed[:, :longest])
+    np.less_equal(coins, f, out=passed[:, :longest])
     accepted = np.minimum(passed.argmin(axis=1), lengths)  # leading passes within the chain: τ
     rejected = np.flatnonzero(accepted < lengths)
     if rejected.size:
@@ -94,9 +99,13 @@ def verify_chain_block(p: Any, q: Any, drafted: Any, limits: Any, coins: Any, ne
     xp = namespace(p)
     count, longest = drafted.shape
     images, steps = xp.arange(count, device=p.device), xp.arange(longest, device=p.device)
-    q_at = xp.astype(q[images[:, None], steps, drafted], xp.float64)  # [I, L]
-    p_at = xp.astype(p[images[:, None, None], steps[:, None], rule.columns(drafted)], xp.float64)  # [I, L, c]
-    passed = (coins <= rule.accept_probabilities(p_at, q_at, steps + 1)) & (steps < limits[:, None])
+    if rule.reads_rows:  # f reads whole rows (GSD)
+        f = rule.accept_rows(p[:, :longest], q, drafted, steps + 1)
+    else:
+        q_at = xp.astype(q[images[:, None], steps, drafted], xp.float64)  # [I, L]
+        p_at = xp.astype(p[images[:, None, None], steps[:, None], rule.columns(drafted)], xp.float64)  # [I, L, c]
+        f = rule.accept_probabilities(p_at, q_at, steps + 1)
+    passed = (coins <= f) & (steps < limits[:, None])
     accepted = xp.sum(xp.astype(xp.cumulative_sum(xp.astype(~passed, xp.int64), axis=1) == 0, xp.int64), axis=1)
     stop = xp.minimum(accepted, longest - 1)
     resampled = inverse_cdf(rule.resample(p[images, stop], q[images, stop], drafted[images, stop], stop + 1),
@@ -119,7 +128,10 @@ def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain:
         return ChainOutcomes([0], [int(draws[0, 0])])
     uniforms = np.asarray(coins, dtype=np.float64)[:size].tolist()  # as the batch path: the L tests
     p_rows, q_rows = p_block[0], q_block[:, 0]
-    if not rule.scalar_tests:  # f of every position in one block evaluation (a rule without a scalar test)
+    if rule.reads_rows:  # f reads whole rows (GSD): the chain's rows in one block evaluation
+        steps, tokens = np.arange(size), np.array(chain)
+        f = np.asarray(rule.accept_rows(gather(p_rows, (steps,)), gather(q_rows, (steps,)), tokens, steps + 1)).tolist()
+    elif not rule.scalar_tests:  # f of every position in one block evaluation (a rule without a scalar test)
         steps, tokens = np.arange(size), np.array(chain)
         f = rule.accept_probabilities(gather(p_rows, (steps[:, None], rule.columns(tokens))),
                                       gather(q_rows, (steps, tokens)), steps + 1).tolist()

@@ -32,9 +32,12 @@ class AcceptanceRule:
     (a batch of one image is tested with the first where `scalar_tests`, larger ones with the
     second). `scalar_tests`: accept_probability is a few Python float operations (SD's,
     Cool-SD's, LANTERN's k + 1 entries), cheaper position by position than one block evaluation.
+    `reads_rows`: f(x̃) reads whole rows (GSD's cluster follows the ranking of P, so no fixed
+    columns hold it): the verifiers call accept_rows(P rows, Q rows, x̃, i) instead of gathering columns.
     """
 
     scalar_tests = False
+    reads_rows = False
 
     def columns(self, tokens: Any) -> np.ndarray:
         return (np.asarray(tokens) if is_host(tokens) else tokens)[..., None]
@@ -43,6 +46,10 @@ class AcceptanceRule:
         raise NotImplementedError
 
     def acceptance_row(self, p: np.ndarray, q: np.ndarray, position: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def accept_rows(self, p: Any, q: Any, tokens: Any, positions: Any) -> Any:
+        """f_i(x̃) from whole rows p, q [..., V] and tokens [...] (a rule with `reads_rows`)."""
         raise NotImplementedError
 
     def accept_probability(self, p: np.ndarray, q: np.ndarray, token: int, position: int) -> float:

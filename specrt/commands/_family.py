@@ -38,6 +38,9 @@ def refuse(family: Family, method: str, refused: dict[str, Any]) -> None:
     if given:
         raise SpecrtError(f"{given[0]} does not apply to a {family.description} model")
     if method not in family.methods:
+        reason = family.refused_methods.get(method)
+        if reason:
+            raise SpecrtError(reason)
         raise SpecrtError(f"method {method!r}: a {family.description} model runs {', '.join(family.methods)}")
 
 

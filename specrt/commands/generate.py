@@ -40,7 +40,7 @@ from specrt.runtime.family import Family
 from specrt.runtime.pipeline import SAMPLING_KEYS
 from specrt.runtime.threads import resolve as resolve_threads
 
-METHOD_NAMES = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
+METHOD_NAMES = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac", "gsd")
 DEMO_NAMES, DEMO_HELP = demo_names(), demo_help()
 
 # what a generate call runs (Route.kind)

@@ -11,10 +11,15 @@ from specrt.errors import SpecrtError
 from specrt.runtime.family import Family
 from specrt.runtime.families.continuous.bundle import ContinuousManifest, model_spec
 
+# gsd groups discrete tokens whose embeddings lie close (runtime/verification/grouped.py): nothing to group here
+GSD_REFUSAL = ("method 'gsd' groups discrete tokens by their embeddings; a continuous model's tokens are latent "
+               "vectors, so it does not apply: a continuous model runs ar, cspd")
+
 
 class ContinuousFamily(Family):
     name = "continuous"
     methods = ("ar", "cspd")
+    refused_methods = {"gsd": GSD_REFUSAL}
     token_dtype = "float32"
     backends = ("ort", "ort-cpu", "torch")
     pipeline_class = "specrt.runtime.families.continuous.pipeline:ContinuousPipeline"

@@ -361,6 +361,10 @@ CONTINUOUS_METHODS: dict[str, type[ContinuousMethod]] = {cls.name: cls for cls i
 
 def make_continuous_method(name: str, **params: Any) -> ContinuousMethod:
     """The strategy object for `name` on a continuous bundle (SpecrtError on mistakes)."""
+    if name == "gsd":
+        from specrt.runtime.families.continuous import GSD_REFUSAL
+
+        raise SpecrtError(GSD_REFUSAL)
     if not isinstance(name, str) or name not in CONTINUOUS_METHODS:
         raise SpecrtError(f"unknown method {name!r} for a continuous model; choose one of {', '.join(CONTINUOUS_METHODS)}")
     return CONTINUOUS_METHODS[name](**params)

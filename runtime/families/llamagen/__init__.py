@@ -1,5 +1,5 @@
 """The LlamaGen family: VQ-token generators in LlamaGen's layout (class- and text-conditional,
-the embedded demos), with every discrete method (ar, sd, cool-sd, lantern, sjd, sjd-pac).
+the embedded demos), with every discrete method (ar, sd, cool-sd, lantern, sjd, sjd-pac, gsd).
 
 Its pipeline is runtime/pipeline.py's Pipeline; its manifest reader is specrt.manifest (the strict
 one: structure, profiles, every file's size and sha256)."""
@@ -17,7 +17,7 @@ from specrt.runtime.pipeline import SAMPLING_KEYS, Pipeline
 
 class LlamaGenFamily(Family):
     name = "llamagen"
-    methods = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
+    methods = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac", "gsd")
     token_dtype = "int64"
     backends = BUNDLE_BACKENDS
     pipeline_class = "specrt.runtime.pipeline:Pipeline"

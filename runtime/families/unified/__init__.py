@@ -21,7 +21,7 @@ class UnifiedFamily(LlamaGenFamily):
     """The discrete family's plug-in with token prompts, a grammar and onnxruntime backends."""
 
     name = "unified"
-    methods = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
+    methods = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac", "gsd")
     token_dtype = "int64"
     backends = BACKENDS
     pipeline_class = "specrt.runtime.families.unified.pipeline:UnifiedPipeline"

@@ -28,6 +28,7 @@ from specrt.runtime.families.unified.prompts import PromptEncoder
 from specrt.runtime.grammar import ImageGrammar, head_neighbours
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Method, checked_max_window
 from specrt.runtime.pipeline import GenerationResult, Pipeline, image_seeds
+from specrt.runtime.token_embeddings import embedding_table_of
 
 BACKENDS = ("ort", "ort-cpu", "ort-cuda", "ort-trt")  # TensorRT engines ('trt') are not wired for these bundles
 
@@ -37,9 +38,10 @@ class UnifiedPipeline(Pipeline):
 
     def __init__(self, target: Any, vq: Any, grammar: ImageGrammar, prompts: PromptEncoder,
                  draft: Any = None, neighbours: Optional[np.ndarray] = None,
-                 sampling_defaults: Optional[dict] = None, max_images: Optional[int] = None, **_: Any):
+                 sampling_defaults: Optional[dict] = None, max_images: Optional[int] = None,
+                 token_embeddings: Optional[np.ndarray] = None, **_: Any):
         super().__init__(target, vq, draft, neighbours=neighbours, sampling_defaults=sampling_defaults,
-                         max_images=max_images)
+                         max_images=max_images, token_embeddings=token_embeddings)
         self.grammar, self.prompts = grammar, prompts
         if target.spec.num_image_tokens != grammar.stream_len:
             raise SpecrtError(f"the target decodes {target.spec.num_image_tokens} tokens per image but the grammar's "
@@ -92,7 +94,8 @@ class UnifiedPipeline(Pipeline):
             prompts = PromptEncoder({"uncond": rule, "pad_id": getattr(config, "pad_id", None) or 0}, config.cond_len,
                                     vocab_size=getattr(config, "text_vocab_size", None))
         return cls(runner, TorchVQ(vq, device) if vq is not None else None, grammar, prompts, draft=draft_runner,
-                   neighbours=neighbours, sampling_defaults=sampling_defaults or {}, max_images=max_images)
+                   neighbours=neighbours, sampling_defaults=sampling_defaults or {}, max_images=max_images,
+                   token_embeddings=embedding_table_of(target))
 
     # ---- generation ----------------------------------------------------------------------------
 
