@@ -28,6 +28,7 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.runtime.decoding import Decoding
+from specrt.runtime.methods.base import settings_grid
 from specrt.runtime.methods.jacobi import JacobiDecoding, Level
 from specrt.runtime.token_embeddings import TokenEmbeddings, missing_embeddings_message
 from specrt.runtime.verification.grouped import GroupedRule
@@ -42,6 +43,7 @@ class GroupedDecoding(JacobiDecoding):
     """SJD's Jacobi windows tested with GSD's grouped acceptance (module docstring)."""
 
     name = "gsd"
+    auto_settings = settings_grid(window=(4, 8, 16))  # relaxed (lossless is not declared): --relaxed only
     PARAMS = {**{key: spec for key, spec in JacobiDecoding.PARAMS.items() if key not in TREE_PARAMS},
               "window": Int(16, low=1, symbol="L"),
               "group": Int(14, low=0, high=MAX_GROUP, symbol="G"),
