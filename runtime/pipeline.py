@@ -228,9 +228,13 @@ class Pipeline:
             conditions = self.conditions(class_ids, prompts, captions)
             return self._generate(conditions, method, image_seeds(seed, len(conditions)), decode, **params)
 
-    def _generate(self, conditions: Conditions, method: str | Method, seeds: list[int], decode: bool,
-                  **params: Any) -> GenerationResult:
+    def prepared(self, method: str | Method, params: dict[str, Any]) -> tuple[Method, SamplingParams]:
+        """The strategy object and sampling distribution a generate call with these `params`
+        (sampling keys and the method's parameters) decodes with, checked against these models
+        (one line if they do not fit). In-flight batching (runtime/scheduling) prepares a
+        batch's method once with it, as generate does per call."""
         spec = self.target.spec
+        params = dict(params)
         # explicit keys override the defaults one by one; None means "the default" on every path
         explicit = {k: v for k in SAMPLING_KEYS if k in params and (v := params.pop(k)) is not None}
         if "top_k" in explicit:  # a family default may exceed a small vocabulary (for_vocab); a user's value may not
@@ -255,6 +259,12 @@ class Pipeline:
                               f"(sjd/sjd-pac: window + the pending token; draft methods: draft_len + 1, "
                               f"or a tree's drafts + 1); "
                               f"this model allows at most {self.target.max_window}")
+        return decoder, sampling
+
+    def _generate(self, conditions: Conditions, method: str | Method, seeds: list[int], decode: bool,
+                  **params: Any) -> GenerationResult:
+        spec = self.target.spec
+        decoder, sampling = self.prepared(method, params)
 
         stats = Stats()
         start = time.perf_counter()

@@ -223,6 +223,7 @@ class ModelRunner(KVRows):
             self.mix[...] = mix  # same shape: the backends' bound mix buffer takes the new values
         self.lengths = np.zeros(images, dtype=np.int64)
         self.staged = np.zeros(images, dtype=np.int64)
+        self._caption_mask = None  # a prefill (or an admit) sets it for the rows it conditions
         self._zeros = np.zeros(images, dtype=np.int64)  # runs from slot 0 (commits of prefixes)
         self._zeros.setflags(write=False)
 
@@ -253,6 +254,48 @@ class ModelRunner(KVRows):
         self.image_forwards += self.images
         self.lengths[:] = self.spec.cond_len
         return out
+
+    def admit(self, position: int, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
+        """Start image `position` of the allocated batch over as a new image (in-flight batching,
+        runtime/scheduling): the prefill of its condition rows alone (one per CFG twin: [cond;
+        uncond]), their KV rows written at [0, cond_len) of its model rows, its committed length
+        cond_len. Every other image's rows, lengths and staged rows stay as they are, so images
+        decoding beside it are not disturbed. The head's output for its image token 0 [1, 1, V],
+        drawn with uniforms [1, 1]. Only where `admits` (a backend with _prefill_rows)."""
+        rows = as_conditions(rows)
+        pairs = self.batch // max(self.images, 1)
+        if not 0 <= position < self.images:
+            raise ValueError(f"batch position {position} is outside a batch of {self.images} images")
+        if len(rows) != pairs:
+            raise ValueError(f"admit expects {pairs} condition rows (one image's), got {len(rows)}")
+        if rows.kind != self.spec.model_type:
+            raise SpecrtError(f"this is a {self.spec.model_type} model: its conditions are not {rows.kind}")
+        model_rows = position + self.images * np.arange(pairs)
+        mix = np.ascontiguousarray(self.mix[position:position + 1, model_rows])
+        start = time.perf_counter()
+        out = self._prefill_rows(model_rows, rows, mix, np.asarray(uniforms, dtype=np.float32).reshape(1, 1))
+        self.forward_seconds += time.perf_counter() - start
+        self.forwards += 1
+        self.image_forwards += 1
+        self.lengths[position] = self.spec.cond_len
+        self.staged[position] = 0
+        if rows.caption_mask is not None:
+            if self._caption_mask is None:
+                self._caption_mask = np.ones((self.batch, self.spec.cond_len), dtype=bool)
+            self._caption_mask[model_rows] = rows.caption_mask
+        return out
+
+    @property
+    def admits(self) -> bool:
+        """True when `admit` works on this runner (its backend prefills a subset of the batch's rows)."""
+        return type(self)._prefill_rows is not ModelRunner._prefill_rows
+
+    def _prefill_rows(self, model_rows: np.ndarray, rows: Conditions, mix: np.ndarray,
+                      uniforms: np.ndarray) -> StepOutput:
+        """The prefill of `rows` alone (one image's CFG twins, guidance `mix` [1, len(rows)]),
+        their KV rows written at [0, cond_len) of model batch rows `model_rows`; the head's
+        output [1, 1, V]. Backends that can admit an image into a running batch implement it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot prefill one image of a running batch")
 
     def step(self, windows: Windows, uniforms: np.ndarray) -> StepOutput:
         """Run each image's window after its committed cache; the head's rows [I,W,V] (slot w's

@@ -191,12 +191,22 @@ class OrtRunner(ModelRunner):
                 self._draws[key[-1]][: self.images * drawn].reshape(self.images, drawn))
         return views
 
-    def prefill_feeds(self, rows: Conditions, uniforms: np.ndarray) -> dict[str, np.ndarray]:
-        """The prefill graph's inputs by name, each in the dtype the manifest gives it."""
+    def prefill_feeds(self, rows: Conditions, uniforms: np.ndarray, mix: Optional[np.ndarray] = None
+                      ) -> dict[str, np.ndarray]:
+        """The prefill graph's inputs by name, each in the dtype the manifest gives it (`mix`: the
+        guidance of these rows, the batch's by default)."""
         feeds = {name: value.astype(np.dtype(self.prefill_spec.input(name).dtype), copy=False)
                  for name, value in rows.feeds().items()}
-        feeds.update(mix=self.mix, uniforms=uniforms)
+        feeds.update(mix=self.mix if mix is None else mix, uniforms=uniforms)
         return feeds
+
+    def _prefill_rows(self, model_rows: np.ndarray, rows: Conditions, mix: np.ndarray,
+                      uniforms: np.ndarray) -> StepOutput:
+        """The prefill graph over one image's rows (its batch dimension is dynamic), its present
+        rows copied into those rows of the cache."""
+        present, probs, draws = self.prefill_session.run(list(STEP_OUTPUTS), self.prefill_feeds(rows, uniforms, mix))
+        self._kv[:, :, model_rows, :, : present.shape[4]] = present
+        return StepOutput(probs, draws)
 
     def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
         names = [*STEP_OUTPUTS, "hidden"] if self.keep_hidden else list(STEP_OUTPUTS)

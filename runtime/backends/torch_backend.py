@@ -236,6 +236,19 @@ class TorchRunner(ModelRunner):
             self._kv[:, :, :, :, : present.shape[4]] = present.to(self.dtype)
             return self._head(logits, uniforms)
 
+    def _prefill_rows(self, model_rows: np.ndarray, rows: Conditions, mix: np.ndarray,
+                      uniforms: np.ndarray) -> StepOutput:
+        """One image's prefill written into its rows of the cache in place (captured step graphs
+        read the same buffer, so nothing is re-captured)."""
+        torch = self.torch
+        with torch.inference_mode():
+            logits, _, present = self.gpt.prefill(*prefill_inputs(torch, rows, self.device, self.dtype))
+            index = torch.as_tensor(model_rows, device=self.device)
+            self._kv[:, :, index, :, : present.shape[4]] = present.to(self.dtype)
+            probs, draws = self._apply_head(logits, torch.as_tensor(mix, device=self.device),
+                                            torch.as_tensor(uniforms, device=self.device))
+            return self._handoff(probs, draws)
+
     def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray) -> StepOutput:
         torch = self.torch
         with torch.inference_mode():

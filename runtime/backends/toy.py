@@ -73,18 +73,22 @@ class ToyRunner(ModelRunner):
         return self._kv
 
     def _prefill(self, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
-        out = self._out[:self.batch, :1]
-        for b in range(self.batch):
+        return self._prefill_rows(np.arange(self.batch), rows, self.mix, uniforms)
+
+    def _prefill_rows(self, model_rows: np.ndarray, rows: Conditions, mix: np.ndarray,
+                      uniforms: np.ndarray) -> StepOutput:
+        out = np.zeros((len(rows), 1, self.spec.vocab_size))
+        for b, row in enumerate(model_rows.tolist()):
             if rows.is_prompt:  # token prompts: the ids are the toy's condition tokens
                 condition = tuple(int(t) for t in rows.prompt_ids[b])
             else:
                 condition = caption_tokens(rows, b) if rows.is_caption else (int(rows.class_ids[b]),)
-            self._kv[b, :len(condition)] = condition
+            self._kv[row, :len(condition)] = condition
             visible = rows.caption_mask[b] if rows.is_caption or rows.is_prompt else np.ones(1, dtype=bool)
             out[b, 0] = self.lm.logits(tuple(np.asarray(condition)[visible].tolist()))
         if self.grammar is not None:  # the prefill predicts stream token 0
             out = self.grammar.constrain(out, np.zeros(out.shape[:2], dtype=np.int64))
-        return head_rows(out, self.mix, uniforms)
+        return head_rows(out, mix, uniforms)
 
     def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray) -> StepOutput:
         batch, size = ids.shape

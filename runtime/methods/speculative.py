@@ -89,7 +89,7 @@ class DraftThenVerify(Method):
             return generate_trees(self, ctx, conditions)
         if type(make_drafter(ctx)) is not ModelDrafter:  # a drafter this loop does not drive (an EAGLE head)
             return self._generate_chain_drafted(ctx, conditions)
-        target, draft, cond_len, total = ctx.target, ctx.draft, ctx.target.spec.cond_len, ctx.num_image_tokens
+        target, draft, total = ctx.target, ctx.draft, ctx.num_image_tokens
         rule = self.rule(ctx)
         target.truncate(0)
         draft.truncate(0)
@@ -98,23 +98,30 @@ class DraftThenVerify(Method):
         ctx.stats.record_round(1, len(tokens))
         batch = Batched(len(tokens))
         while batch.drop(ctx, [len(t) == total for t in tokens]):
-            images = list(batch.images)
-            draft_lens = [min(self.draft_len, total - len(tokens[i]) - 1) for i in images]  # 0 or less: finished
-            ctx.start_round([len(tokens[i]) if length >= 0 else None for i, length in zip(images, draft_lens)])
-            drafts, q_block = self._draft(ctx, [tokens[i] for i in images], draft_lens)
-            scored = self._score(ctx, chains([[tokens[i][-1], *drafts[p]] if draft_lens[p] >= 0 else None
-                                              for p, i in enumerate(images)]))
-            verified = [length >= 0 for length in draft_lens]  # the others finished: no window, no drafts
-            outcomes = self._verify(ctx, scored, q_block, drafts, rule, verified)
-            commits: list[Optional[range]] = []
-            for p, (i, accepted, token) in enumerate(zip(images, outcomes.accepted_lengths, outcomes.next_tokens)):
-                commits.append(range(accepted + 1) if verified[p] else None)
-                if verified[p]:
-                    tokens[i] += drafts[p][:accepted] + [token]
-                    ctx.stats.record_round(accepted + 1)
-            target.commit(commits)
-            draft.truncate([cond_len + len(tokens[i]) - 1 for i in images])
+            self.chain_round(ctx, tokens, list(batch.images), rule)
         return np.asarray(tokens, dtype=np.int64)
+
+    def chain_round(self, ctx: Decoding, tokens: list[list[int]], images: list[int], rule: AcceptanceRule) -> None:
+        """One round of an independent draft's chains: image images[p] at batch position p drafts,
+        is scored and verified, and its accepted tokens and next one join tokens[images[p]]; an
+        image whose tokens are complete sits the round out with no window (generate's finished
+        images, and the free slots of in-flight batching, runtime/scheduling)."""
+        target, draft, cond_len, total = ctx.target, ctx.draft, ctx.target.spec.cond_len, ctx.num_image_tokens
+        draft_lens = [min(self.draft_len, total - len(tokens[i]) - 1) for i in images]  # 0 or less: finished
+        ctx.start_round([len(tokens[i]) if length >= 0 else None for i, length in zip(images, draft_lens)])
+        drafts, q_block = self._draft(ctx, [tokens[i] for i in images], draft_lens)
+        scored = self._score(ctx, chains([[tokens[i][-1], *drafts[p]] if draft_lens[p] >= 0 else None
+                                          for p, i in enumerate(images)]))
+        verified = [length >= 0 for length in draft_lens]  # the others finished: no window, no drafts
+        outcomes = self._verify(ctx, scored, q_block, drafts, rule, verified)
+        commits: list[Optional[range]] = []
+        for p, (i, accepted, token) in enumerate(zip(images, outcomes.accepted_lengths, outcomes.next_tokens)):
+            commits.append(range(accepted + 1) if verified[p] else None)
+            if verified[p]:
+                tokens[i] += drafts[p][:accepted] + [token]
+                ctx.stats.record_round(accepted + 1)
+        target.commit(commits)
+        draft.truncate([cond_len + len(tokens[i]) - 1 for i in images])
 
     def _draft(self, ctx: Decoding, sequences: list[list[int]], draft_lens: list[int]) -> tuple[list[list[int]], Any]:
         """Each image's drafts after its committed sequence (sequences[p], pending token last; up

@@ -61,7 +61,8 @@ class Scheduler:
                  inflight: bool = True):
         self.pipeline = pipeline
         self.family = pipeline_family(pipeline)
-        self.slots = validation.count("slots", slots, high=MAX_SLOTS)
+        # a bundle's graphs take at most its max_images images in one call (export --max-batch)
+        self.slots = validation.count("slots", slots, high=min(MAX_SLOTS, getattr(pipeline, "max_images", MAX_SLOTS)))
         self.max_queue = validation.count("max_queue", max_queue, high=MAX_QUEUE)
         self.max_group_wait = validation.number("max_group_wait", max_group_wait, low=0.0)
         self.inflight = validation.flag("inflight", inflight)
