@@ -33,7 +33,6 @@ THEORY_IMAGES = 24  # images per relaxed setting in the untimed Theorem-2 pass
 # runtime Stats.seconds keys -> the benchmark's breakdown keys (report.BREAKDOWN_KEYS)
 BREAKDOWN_FROM_STATS = {"target_forward": "target_forward", "draft_forward": "draft_forward",
                         "verification": "verify_sample", "cache": "cache", "vq_decode": "vq_decode"}
-LOSSLESS = ("ar", "sd", "sjd", "sjd-pac")
 
 
 @dataclass
@@ -222,7 +221,7 @@ def theory_pass(pipe: Pipeline, settings: Sequence[Setting], images: int = THEOR
 
 def _theory(record: Optional[SettingRecords], method: str) -> dict:
     """Cool-SD Theorem 2 (Eq. 7, Eq. 8-9) estimates averaged over rounds; 0 TV for lossless methods."""
-    if method in LOSSLESS:
+    if METHODS[method].lossless:
         return {"lossless": True, "tv_bound": 0.0}
     if record is None or not record.theorem2_lengths:
         return {"lossless": False}

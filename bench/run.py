@@ -99,7 +99,8 @@ def benchmark(models: BenchModels, settings: Sequence[Setting], images: int, see
         "threads": threads,
         "sampling": dict(models.pipeline.sampling_defaults),
         "settings": [{"method": s.method, "params": s.params, "label": s.label,
-                      **({"draft": s.draft} if s.draft else {}), **({"loop": s.loop} if s.loop else {})}
+                      **({"draft": s.draft} if s.draft else {}), **({"loop": s.loop} if s.loop else {}),
+                      **({"chosen_by": s.chosen_by} if s.chosen_by else {})}
                      for s in settings],
         "loop": ([*dict.fromkeys(s.loop for s in settings)] if any(s.loop for s in settings)
                  else getattr(models.pipeline, "loop", None)),  # several: each setting's in "settings"

@@ -22,6 +22,7 @@ from specrt.runtime.methods import METHODS, make_method
 from specrt.runtime.rounds import LOOPS
 
 DEFAULT_METHODS = ("ar", "sd", "cool-sd", "lantern", "sjd", "sjd-pac")
+AUTO = "auto"  # in --methods: one more row, the setting --method auto chooses here (runtime/choosing)
 DRAFT_KINDS = ("independent", "eagle")  # `--drafts`: the demo's independent draft GPT, its EAGLE head
 
 # The default run sweeps Cool-SD's relaxation budget δ so that its speed–fidelity trade-off
@@ -58,18 +59,20 @@ class Setting:
     params: dict[str, Any] = field(default_factory=dict)
     draft: str = ""  # a drafted method's draft when a run compares several (DRAFT_KINDS); "" = the pipeline's own
     loop: str = ""  # the decoding loop when a run compares several (runtime.rounds.LOOPS); "" = the pipeline's own
+    chosen_by: str = ""  # "auto": the row of the setting --method auto chose (runtime/choosing), beside the fixed ones
 
     @property
     def label(self) -> str:
-        """Human-readable name, e.g. `cool-sd(delta=2)`, `sd[eagle]`, `sd loop=round`."""
+        """Human-readable name, e.g. `cool-sd(delta=2)`, `sd[eagle]`, `sd loop=round`, `auto:sjd(L=8)`."""
         suffix = (f"[{self.draft}]" if self.draft else "") + (f" loop={self.loop}" if self.loop else "")
+        prefix = f"{self.chosen_by}:" if self.chosen_by else ""
         if not self.params:
-            return self.method + suffix
+            return prefix + self.method + suffix
         inner = ",".join(f"{_symbol(self.method, k)}={v}" for k, v in sorted(self.params.items()))
-        return f"{self.method}({inner}){suffix}"
+        return f"{prefix}{self.method}({inner}){suffix}"
 
     def __hash__(self) -> int:
-        return hash((self.method, json.dumps(self.params, sort_keys=True), self.draft, self.loop))
+        return hash((self.method, json.dumps(self.params, sort_keys=True), self.draft, self.loop, self.chosen_by))
 
 
 def _parse_value(text: str) -> Any:
@@ -162,6 +165,18 @@ def build_settings(methods: str | Sequence[str] = DEFAULT_METHODS, sweeps: Seque
     if len(loops) > 1:
         settings = [Setting(s.method, s.params, s.draft, loop) for s in settings for loop in loops]
     return settings
+
+
+def without_auto(methods: str | Sequence[str]) -> tuple[list[str], bool]:
+    """--methods' names without `auto`, and whether it was among them (its row is added once the
+    models are open and the choice is made: auto_setting)."""
+    names = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
+    return [m for m in names if m != AUTO], AUTO in names
+
+
+def auto_setting(choice) -> Setting:
+    """The bench row of a runtime.choosing.Choice: its method and parameters, labelled auto:..."""
+    return Setting(choice.method, dict(choice.params), chosen_by=AUTO)
 
 
 def needing_draft(settings: Sequence[Setting]) -> list[Setting]:

@@ -202,7 +202,9 @@ def _batches(text: str) -> tuple[int, ...]:
 ])
 @click.argument("bundle", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--methods", default=None, metavar="LIST",
-              help="Comma-separated methods (default: ar,sd,cool-sd,lantern,sjd,sjd-pac). ar is always measured.")
+              help="Comma-separated methods (default: ar,sd,cool-sd,lantern,sjd,sjd-pac,auto). ar is always measured; "
+                   "auto: one more row, the lossless setting `generate --method auto` chooses here (measured afresh "
+                   "before the timed run, at the first --batch).")
 @click.option("--sweep", "sweeps", multiple=True, metavar="METHOD:KEY=V1,V2",
               help="One setting per value, e.g. cool-sd:delta=1.5,2.5,4 (repeatable; KEY=..;KEY=.. crosses). "
                    "Default without --methods/--sweep: cool-sd:delta=1.5,2.5,4.")
@@ -320,14 +322,15 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
 
     from specrt.bench.models import open_models
     from specrt.bench.run import benchmark, planned_images
-    from specrt.bench.settings import DEFAULT_METHODS, DEFAULT_SWEEPS, build_settings, parse_drafts
+    from specrt.bench.settings import AUTO, DEFAULT_METHODS, DEFAULT_SWEEPS, build_settings, parse_drafts, without_auto
 
     started = time.perf_counter()
     chosen = methods is not None or bool(sweeps)
     if not chosen:
         sweeps = DEFAULT_SWEEPS
     drafts = parse_drafts(drafts)
-    settings = build_settings(methods or ",".join(DEFAULT_METHODS), sweeps, drafts, loops)  # validate before loading
+    names, with_auto = without_auto(methods or ",".join(DEFAULT_METHODS + (AUTO,)))
+    settings = build_settings(names, sweeps, drafts, loops)  # validate before loading
     say = (lambda msg: click.echo(msg, err=True)) if progress else None
     if device != "cpu" and backend != "torch":
         raise SpecrtError(f"--device {device} applies to --backend torch (and --profile-arch); "
@@ -337,6 +340,10 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     models = open_models(bundle, backend, demo_weights, threads, cache_dir, progress=say, device=device,
                          cuda_graphs=cuda_graphs and device.startswith("cuda"), drafts=drafts,
                          demo=demo, prompts=prompts, compile=compile_step, compile_mode=compile_mode)
+    if bundle is not None:  # a quantized bundle on a backend its graphs were not made for: one line
+        from specrt.commands._backend_advice import warn_bundle_backend
+
+        warn_bundle_backend(bundle, backend)
     settings = _draft_free_if_needed(settings, models, chosen)
     if len(loops) == 1:  # one loop: the pipelines' own (several: each setting sets its own, measure.pipeline_for)
         for pipe in {id(p): p for p in (models.pipeline, *models.drafts.values())}.values():
@@ -344,6 +351,11 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     if max(batches) > (models.pipeline.max_images or max(batches)):
         raise SpecrtError(f"--batch {max(batches)} exceeds this bundle's {models.pipeline.max_images} images per "
                           f"call (re-export with `specrt export --max-batch {max(batches)}`)")
+    auto = _auto_choice(models, batches[0], backend, device, threads, say) if with_auto else None
+    if auto is not None:
+        from specrt.bench.settings import auto_setting
+
+        settings = [*settings, auto_setting(auto)]
     bar = tqdm(total=planned_images(settings, images, batches), unit="img", disable=not progress, dynamic_ncols=True,
                leave=False, mininterval=0.5)
 
@@ -356,8 +368,29 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     finally:
         bar.close()
     run.payload["settings"]["wall_time_s"] = round(time.perf_counter() - started, 1)
+    if auto is not None:
+        run.payload["settings"]["auto"] = {"chose": auto.label, "predicted_speedup": auto.predicted_speedup,
+                                           "batch": batches[0], "guarantee": auto.guarantee,
+                                           "candidates": auto.candidates}
     _print_run(run)
     _write_outputs(run, json_path, markdown_path, plot_path)
+
+
+def _auto_choice(models, batch: int, backend: str, device: str, threads: int, say):
+    """What `generate --method auto` chooses for the bench's pipeline at `batch` (runtime/choosing),
+    measured afresh (the cache is written, not read: the row shows this run's choice), on the run's
+    prompts for a prompt model, every class otherwise."""
+    from specrt.bench.device import device_name
+    from specrt.runtime.choosing import choose_method
+
+    pipe = models.pipeline
+    where = device_name("torch-cuda" if device.startswith("cuda") else backend)
+    choice = choose_method(pipe, batch=batch, identity=models.bundle, device=where, remeasure=True,
+                           backend=f"{backend}, device {device}, threads {threads}, loop {getattr(pipe, 'loop', '')}",
+                           conditions={"prompts": list(models.prompts)} if models.prompts else None, progress=say)
+    if say:
+        say(f"auto chose {choice.label} (predicted {choice.predicted_speedup:.2f}x ar at batch {batch})")
+    return choice
 
 
 def _precision_run(bundle, backend, demo_weights, threads, cache_dir, methods, sweeps, images, seed, json_path,
