@@ -6,7 +6,8 @@
         # a continuous bundle: method="cspd", draft_len=4; image.tokens float32 [seq_len, C]
 
 A row the server could not serve raises SpecrtError with the server's one-line reason; so
-does a request the server cannot take at all (nothing listening yet, a model name it does not
+does a request the server refuses (HTTP 503 / gRPC UNAVAILABLE: its queue is full, it is
+shutting down) and a request the server cannot take at all (nothing listening yet, a model name it does not
 serve, a timeout), in one line naming the URL and the model instead of tritonclient's exception.
 Any Triton client in any language works the same way: docs/contracts.md, "Serving".
 """
@@ -23,6 +24,9 @@ from specrt.lazy import require
 from specrt.runtime.serving.protocol import INPUTS, NUMPY_DTYPES, OUTPUTS
 
 INPUT_TYPES = {spec.name: spec.dtype for spec in INPUTS}  # each input's Triton type, as the model declares it
+# what an in-flight server (and Triton's queue policy) answers when it will not take a request now
+REFUSALS = ("the queue is full", "Exceeds maximum queue size", "the server is shutting down",
+            "the server shut down before")
 
 
 @dataclass
@@ -83,6 +87,8 @@ class Client:
         """One line for a request Triton did not answer with a row: why, and what to check."""
         text = " ".join(str(exc).split()) or type(exc).__name__
         where = f"{self.protocol} {self.url}"
+        if any(reason in text for reason in REFUSALS):  # the server is up and said no: HTTP 503 / UNAVAILABLE
+            return f"{where}, model {self.model!r} refused the request: {text[:240]}"
         if "unknown model" in text.lower() or ("not found" in text.lower() and self.model in text):
             return (f"{where} serves no model {self.model!r} (or not yet: `specrt serve` prints 'ready' once it "
                     f"does); the name is specrt serve's --model-name, 'specrt' by default")

@@ -16,6 +16,14 @@ over HTTP (`wait_until_ready`), so `specrt serve` prints its "ready" line when a
 succeed. Triton's own log (~65 lines at start, CUDA/NVML complaints on a CPU machine among
 them) goes to `ServeConfig.log_file` instead of the terminal; GPU metrics are off where there
 is no NVIDIA driver.
+
+Two ways to batch (`specrt serve --batching`): `running` binds the RequestHandler through PyTriton
+behind Triton's dynamic batcher (requests that arrive during a call wait for it to end);
+`running_inflight` starts the same Triton on a temporary repository holding specrt's in-flight
+model (inflight_model.py: a Scheduler admits requests between rounds, a full queue answers HTTP
+503 / gRPC UNAVAILABLE, metrics on the metrics port). Leaving `running_inflight` drains the model
+first: no new request is admitted, running images get `exit_timeout_s` to finish, the rest are
+answered with an error, and only then is Triton stopped.
 """
 from __future__ import annotations
 
@@ -23,9 +31,11 @@ import os
 import re
 import socket
 import sys
+import tempfile
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -33,7 +43,8 @@ import numpy as np
 from specrt.errors import SpecrtError
 from specrt.lazy import require
 from specrt.runtime.serving.handler import RequestHandler
-from specrt.runtime.serving.protocol import INPUTS, NUMPY_DTYPES
+from specrt.runtime.serving.inflight_repo import InflightConfig, write_inflight_repository
+from specrt.runtime.serving.protocol import INPUTS, NUMPY_DTYPES, OUTPUTS, TensorSpec
 
 FEATURE = "specrt serve"
 INSTALL = "pip install 'specrt[serve]' in a venv made with the system python3.11 (docs/guides/serve-triton.md)"
@@ -50,6 +61,10 @@ class ServeConfig:
     model_name: str = "specrt"
     max_batch: int = 8
     queue_delay_us: int = 2000
+    # the dynamic batcher's queue policy: Triton refuses a request beyond max_queue waiting ones with
+    # UNAVAILABLE (HTTP 503) and one that waited request_timeout_s (0: no bound, no timeout)
+    max_queue: int = 0
+    request_timeout_s: float = 0.0
     # how long Triton waits at shutdown for in-flight requests, open connections and the model's
     # unloading (~3 s here); when it runs out Triton exits at once and leaves the model's stub
     # process behind, so keep it well above the unload time
@@ -154,50 +169,129 @@ def _one_line(exc: BaseException) -> str:
     return f"{lines[0].removesuffix('Traceback (most recent call last):').strip()} {causes[-1]}" if causes else lines[0]
 
 
+def _triton_config(triton_mod: Any, config: ServeConfig, repository: Optional[Path] = None) -> Any:
+    return triton_mod.TritonConfig(
+        http_address=config.host, http_port=config.http_port, grpc_address=config.host, grpc_port=config.grpc_port,
+        metrics_address=config.host, metrics_port=config.metrics_port, exit_timeout_secs=config.exit_timeout_s,
+        log_verbose=config.log_verbose, log_file=config.log_file, allow_gpu_metrics=has_nvidia_driver(),
+        model_repository=repository)
+
+
+@contextmanager
+def _started(triton_mod: Any, config: ServeConfig, repository: Optional[Path] = None,
+             bind: Optional[Any] = None) -> Iterator[Any]:
+    """Triton started (with `bind(triton)` run before it goes live) and the model passed its health check."""
+    with ExitStack() as stack:
+        try:  # starting the server, loading the model (in Triton's Python-backend stub), going live
+            triton = triton_mod.Triton(config=_triton_config(triton_mod, config, repository))
+            if config.log_file:
+                _no_echo(triton)
+            triton = stack.enter_context(triton)
+            if bind is not None:
+                bind(triton)
+            triton.run()
+        except Exception as exc:  # PyTriton's and Triton's own errors, as one line
+            raise SpecrtError(f"Triton did not start: {_one_line(exc)}{_model_failure(config)}{model_load_hint()}"
+                              f"{_log_hint(config)}") from exc
+        wait_until_ready(config)
+        yield triton
+
+
+def _model_failure(config: ServeConfig) -> str:
+    """Why the model did not load, as Triton's log says it (the in-flight model opens its pipeline there)."""
+    if not config.log_file or not os.path.isfile(config.log_file):
+        return ""
+    with open(config.log_file, errors="replace") as log:
+        reasons = [line for line in log if "SpecrtError" in line or "failed to load" in line]
+    return f" ({' '.join(reasons[-1].split())[-300:]})" if reasons else ""
+
+
 @contextmanager
 def running(pipeline: Any, config: ServeConfig = ServeConfig()) -> Iterator[Any]:
-    """Triton up with `pipeline` (any family's) bound as config.model_name; stopped (cleanly)
-    when the block ends."""
+    """Triton up with `pipeline` (any family's) bound as config.model_name behind Triton's dynamic
+    batcher; stopped (cleanly) when the block ends."""
     triton_mod, model_config = _pytriton()
     check_ports_free(config)
     handler = RequestHandler(pipeline)
     # images one generate pass decodes (a family's pipeline without that limit has none)
     max_batch = min(getattr(pipeline, "max_images", None) or config.max_batch, config.max_batch)
-    triton_config = triton_mod.TritonConfig(
-        http_address=config.host, http_port=config.http_port, grpc_address=config.host, grpc_port=config.grpc_port,
-        metrics_address=config.host, metrics_port=config.metrics_port, exit_timeout_secs=config.exit_timeout_s,
-        log_verbose=config.log_verbose, log_file=config.log_file, allow_gpu_metrics=has_nvidia_driver())
-    with ExitStack() as stack:
-        try:  # starting the server, loading the model (in Triton's Python-backend stub), going live
-            triton = triton_mod.Triton(config=triton_config)
-            if config.log_file:
-                _no_echo(triton)
-            triton = stack.enter_context(triton)
-            triton.bind(model_name=config.model_name, infer_func=handler,
-                        inputs=_tensors(model_config, INPUTS, optional=True),
-                        outputs=_tensors(model_config, handler.outputs, optional=False),
-                        config=model_config.ModelConfig(max_batch_size=max_batch, batcher=model_config.DynamicBatcher(
-                            max_queue_delay_microseconds=config.queue_delay_us)),
-                        strict=False)
-            triton.run()
-        except Exception as exc:  # PyTriton's and Triton's own errors, as one line
-            raise SpecrtError(f"Triton did not start: {_one_line(exc)}{model_load_hint()}{_log_hint(config)}") from exc
-        wait_until_ready(config)
+
+    def bind(triton: Any) -> None:
+        triton.bind(model_name=config.model_name, infer_func=handler,
+                    inputs=_tensors(model_config, INPUTS, optional=True),
+                    outputs=_tensors(model_config, handler.outputs, optional=False),
+                    config=model_config.ModelConfig(max_batch_size=max_batch, batcher=model_config.DynamicBatcher(
+                        max_queue_delay_microseconds=config.queue_delay_us,
+                        default_queue_policy=model_config.QueuePolicy(
+                            max_queue_size=config.max_queue, allow_timeout_override=True,
+                            default_timeout_microseconds=int(config.request_timeout_s * 1e6)))),
+                    strict=False)
+
+    with _started(triton_mod, config, bind=bind) as triton:
         yield triton
+
+
+DRAIN_MARGIN_S = 5.0  # beyond the exit timeout: answering what the drain ended and saying so
+
+
+@contextmanager
+def running_inflight(pipeline_spec: dict[str, Any], config: ServeConfig = ServeConfig(),
+                     inflight: InflightConfig = InflightConfig(),
+                     outputs: tuple[TensorSpec, ...] = OUTPUTS) -> Iterator[Any]:
+    """Triton up with specrt's in-flight model as config.model_name, its pipeline opened in Triton's
+    stub process from `pipeline_spec` (inflight_repo.open_pipeline); `outputs`: the model's tensors
+    (protocol.outputs of its family). Leaving the block drains the model (module docstring), then
+    stops Triton."""
+    triton_mod, _ = _pytriton()
+    check_ports_free(config)
+    with tempfile.TemporaryDirectory(prefix="specrt-inflight-") as folder:
+        repository = Path(folder) / "models"
+        repository.mkdir()
+        drain_file = write_inflight_repository(repository, config.model_name, inflight, pipeline_spec,
+                                               drain_s=config.exit_timeout_s, outputs=outputs)
+        with _started(triton_mod, config, repository) as triton:
+            try:
+                yield triton
+            finally:
+                drain(drain_file, config.exit_timeout_s + DRAIN_MARGIN_S)
+
+
+def drain(drain_file: Path, timeout_s: float) -> bool:
+    """Ask the in-flight model to drain and wait (up to `timeout_s`) until it says it has; False if it did not."""
+    drain_file.touch()
+    done = Path(f"{drain_file}.done")
+    end = time.monotonic() + timeout_s
+    while not done.exists():
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 WATCH_PERIOD_S = 0.5  # how often serve() checks that Triton and its model are still alive
 
 
 def serve(pipeline: Any, config: ServeConfig = ServeConfig(), on_ready: Optional[Any] = None) -> None:
-    """Serve until interrupted (Ctrl-C / SIGTERM); `on_ready()` runs once the model has passed its
-    health check, i.e. when a request would succeed."""
+    """Serve behind the dynamic batcher until interrupted (Ctrl-C / SIGTERM); `on_ready()` runs once
+    the model has passed its health check, i.e. when a request would succeed."""
     with running(pipeline, config) as triton:
-        if on_ready is not None:
-            on_ready()
-        # our own watch instead of triton.serve(): PyTriton's swallows the KeyboardInterrupt that
-        # Ctrl-C and SIGTERM (specrt.cli: Terminated) raise, and the process would exit 0 on a kill;
-        # here they unwind through this block (the server stops) and the CLI exits 130 / 143
-        while triton.is_alive():
-            time.sleep(WATCH_PERIOD_S)
-        raise SpecrtError(f"Triton stopped serving{_log_hint(config)}")
+        _watch(triton, config, on_ready)
+
+
+def serve_inflight(pipeline_spec: dict[str, Any], config: ServeConfig = ServeConfig(),
+                   inflight: InflightConfig = InflightConfig(), outputs: tuple[TensorSpec, ...] = OUTPUTS,
+                   on_ready: Optional[Any] = None) -> None:
+    """Serve with in-flight batching until interrupted; SIGTERM drains the model before Triton stops."""
+    with running_inflight(pipeline_spec, config, inflight, outputs) as triton:
+        _watch(triton, config, on_ready)
+
+
+def _watch(triton: Any, config: ServeConfig, on_ready: Optional[Any]) -> None:
+    if on_ready is not None:
+        on_ready()
+    # our own watch instead of triton.serve(): PyTriton's swallows the KeyboardInterrupt that
+    # Ctrl-C and SIGTERM (specrt.cli: Terminated) raise, and the process would exit 0 on a kill;
+    # here they unwind through the caller's block (the server stops) and the CLI exits 130 / 143
+    while triton.is_alive():
+        time.sleep(WATCH_PERIOD_S)
+    raise SpecrtError(f"Triton stopped serving{_log_hint(config)}")

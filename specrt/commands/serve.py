@@ -23,6 +23,14 @@ _TENSORS = "\n".join(["\b", "Inputs (one per row, all optional):",
                       "Outputs:", *(f"  {s.name:<12} {s.dtype:<6} {s.doc}" for s in OUTPUTS)])
 
 
+BATCHING = ("inflight", "dynamic")
+MAX_SLOTS = 256  # the scheduler's bound; a bundle's --max-batch bounds it further
+# waiting requests hold their inputs only (a class id or a prompt, a few hundred bytes), so the
+# bound is about how long the last one waits, not memory
+MAX_QUEUE = 4096
+MAX_REQUEST_TIMEOUT_S = 3600.0
+
+
 def _port(name: str, value: int) -> int:
     return validation.integer(name, value, low=1, high=65535)
 
@@ -46,21 +54,39 @@ def _port(name: str, value: int) -> int:
 @click.option("--triton-log", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="File for Triton's own log (default: specrt-triton-HTTPPORT.log in the temporary folder); "
                    "'-' leaves it on the terminal.")
+@click.option("--batching", type=click.Choice(BATCHING), default="inflight", show_default=True,
+              help="inflight: requests join the running batch between rounds (a scheduler with --slots); "
+                   "dynamic: Triton's dynamic batcher merges requests into whole generate calls.")
+@click.option("--slots", type=int, default=8, show_default=True,
+              help="inflight: images decoding together (at most the bundle's --max-batch).")
+@click.option("--max-queue", type=int, default=64, show_default=True,
+              help=f"Requests that may wait (1 to {MAX_QUEUE}); beyond it a request is refused at once: HTTP 503 / "
+                   "gRPC UNAVAILABLE, 'the queue is full'.")
+@click.option("--request-timeout", type=float, default=None,
+              help="Seconds a request may take (inflight: arrival to answer; dynamic: its wait in the queue); a "
+                   "request's own Triton timeout, when sooner, wins. Default: none.")
+@click.option("--exit-timeout", type=int, default=10, show_default=True,
+              help="On SIGTERM: seconds running images get to finish (inflight; the rest are answered with an error) "
+                   "and Triton gets to stop.")
 def serve_command(bundle, demo, backend, device, threads, host, http_port, grpc_port, metrics_port, model_name, max_batch,
-                  queue_delay_us, triton_log) -> None:
+                  queue_delay_us, triton_log, batching, slots, max_queue, request_timeout, exit_timeout) -> None:
     """Serve a bundle (or the embedded demo) through Triton Inference Server (PyTriton).
 
     Requests carry a class id (or a prompt), method, seed and parameters; responses carry PNG
     bytes, the tokens (INT64 VQ codes; FP32 [positions, channels] for a continuous bundle, whose
-    `image` is empty when it has no decoder) and stats. Triton's dynamic batcher merges requests that arrive
-    together; rows with the same method and parameters run in one generate call. A bad
-    request gets a one-line `error` back. The "ready" line comes once the model has passed a
-    health check, i.e. when a request would succeed. Stop with Ctrl-C or SIGTERM.
+    `image` is empty when it has no decoder) and stats. With --batching inflight (the default) a
+    scheduler decodes --slots images together and admits waiting requests between rounds; requests
+    of the same method and parameters share rounds. With --batching dynamic, Triton's dynamic
+    batcher merges requests that arrive together into one generate call. Beyond --max-queue waiting
+    requests a request is refused at once (HTTP 503 / gRPC UNAVAILABLE). A bad request gets a
+    one-line `error` back. Metrics (Prometheus text) are on the metrics port. The "ready" line comes
+    once the model has passed a health check, i.e. when a request would succeed. Stop with Ctrl-C
+    or SIGTERM (inflight: admission stops, running images finish within --exit-timeout).
     """
     from specrt.commands.generate import build_pipeline, check_applicable
     from specrt.commands._checkpoint_flags import CheckpointFlags
     from specrt.commands._generate_flags import ModelFlags, RunFlags
-    from specrt.runtime.serving.pytriton_server import ServeConfig, check_ports_free, serve
+    from specrt.runtime.serving.pytriton_server import ServeConfig, check_ports_free, serve, serve_inflight
 
     import tempfile
 
@@ -70,22 +96,62 @@ def serve_command(bundle, demo, backend, device, threads, host, http_port, grpc_
     if triton_log is None:
         triton_log = Path(tempfile.gettempdir()) / f"specrt-triton-{http_port}.log"
     log_file = None if str(triton_log) == "-" else str(output_file("--triton-log", triton_log))
+    timeout = None if request_timeout is None else validation.number("--request-timeout", request_timeout, low=0.0,
+                                                                     high=MAX_REQUEST_TIMEOUT_S, low_open=True)
     config = ServeConfig(host=host, http_port=http_port, grpc_port=_port("--grpc-port", grpc_port),
                          metrics_port=_port("--metrics-port", metrics_port), model_name=model_name,
                          max_batch=validation.count("--max-batch", max_batch),
                          queue_delay_us=validation.integer("--queue-delay-us", queue_delay_us, low=0),
+                         max_queue=validation.count("--max-queue", max_queue, high=MAX_QUEUE),
+                         request_timeout_s=timeout or 0.0,
+                         exit_timeout_s=validation.integer("--exit-timeout", exit_timeout, low=1, high=600),
                          log_file=log_file)
     check_applicable(bundle, demo, None, None, None, CheckpointFlags(), device, backend)  # --device: a torch that has it
     check_ports_free(config)  # before a model loads: a taken port costs a second
-    pipeline = build_pipeline(bundle, ModelFlags(demo=demo),
-                              run=RunFlags(backend=backend, device=device, threads=threads))
-    click.echo(f"specrt serve: starting Triton (its log: {log_file or 'the terminal'}) ...", err=True)
 
     def ready() -> None:
         click.echo(f"specrt serve: ready: model {model_name!r} on http://{host}:{config.http_port} and grpc "
-                   f"{host}:{config.grpc_port}", err=True)
+                   f"{host}:{config.grpc_port} ({batching} batching)", err=True)
 
+    if batching == "inflight":
+        from specrt.runtime.serving.inflight_repo import InflightConfig
+
+        inflight = InflightConfig(slots=validation.count("--slots", slots, high=MAX_SLOTS), max_queue=config.max_queue,
+                                  request_timeout_s=timeout, max_batch=config.max_batch)
+        spec = {"factory": f"{__name__}:served_pipeline", "bundle": None if bundle is None else str(Path(bundle).resolve()),
+                "demo": demo, "backend": backend, "device": device, "threads": threads}
+        click.echo(f"specrt serve: starting Triton (its log: {log_file or 'the terminal'}) ...", err=True)
+        serve_inflight(spec, config, inflight, declared_outputs(bundle, demo), on_ready=ready)
+        return
+    pipeline = build_pipeline(bundle, ModelFlags(demo=demo),
+                              run=RunFlags(backend=backend, device=device, threads=threads))
+    click.echo(f"specrt serve: starting Triton (its log: {log_file or 'the terminal'}) ...", err=True)
     serve(pipeline, config, on_ready=ready)
+
+
+def served_pipeline(spec: dict) -> object:
+    """The pipeline `specrt serve`'s flags name (spec: bundle, demo, backend, device, threads), opened
+    where the in-flight model runs (Triton's stub process) by the same route as in this one."""
+    from specrt.commands._generate_flags import ModelFlags, RunFlags
+    from specrt.commands.generate import build_pipeline
+
+    bundle = None if spec.get("bundle") is None else Path(spec["bundle"])
+    return build_pipeline(bundle, ModelFlags(demo=spec.get("demo")),
+                          run=RunFlags(backend=spec.get("backend"), device=spec.get("device"),
+                                       threads=spec.get("threads")))
+
+
+def declared_outputs(bundle, demo) -> tuple:
+    """The model's output tensors without opening a graph: a bundle's from its manifest; an embedded
+    demo's from its family (a continuous demo's latents declared [-1, -1])."""
+    from specrt.runtime.family_registry import family_for, read_bundle
+    from specrt.runtime.serving.protocol import outputs
+
+    if bundle is not None:
+        family, manifest = read_bundle(bundle)
+        return outputs(family.token_dtype, family.manifest_token_shape(manifest))
+    family = family_for(None, demo)
+    return outputs(family.token_dtype, (-1,) if family.token_dtype == "int64" else (-1, -1))
 
 
 @click.command(name="triton-repo")
