@@ -37,6 +37,8 @@ class SlotRounds:
         self.method, self.ctx, self.slots = method, ctx, slots
         self.total = ctx.num_image_tokens
         self.tokens: list[list[int]] = [self._free() for _ in range(slots)]
+        for runner in self.runners():  # a slot never filled sits at its condition's end, as a prefilled one
+            runner.lengths[:] = runner.spec.cond_len
 
     def _free(self) -> list[int]:
         return [-1] * self.total  # complete: a free slot has no window
