@@ -7,6 +7,11 @@ bandwidth; INT4 weights cut that 4x against fp16 (8x against our fp32 graphs). T
   CPU and CUDA. Round-to-nearest per block of `block_size` input rows, symmetric; no
   calibration. `accuracy_level` picks the kernel's compute type: 4 (int8 activations) was
   1.6x faster than fp32 for a GPT-B step on a 2-core EPYC, the default (fp32) no faster.
+- onnxruntime's dynamic int8 quantizer (`MatMulInteger`, which onnxruntime fuses into
+  `DynamicQuantizeMatMul` when it loads the graph): int8 weights stored per tensor,
+  activations quantized to uint8 on each call (no calibration), int8 products on the CPU's
+  VNNI units. ModelOpt's int8 QDQ graphs ran 6x slower than fp32 on onnxruntime CPU; these
+  run faster than fp32 there (docs/guides/quantize.md has the numbers).
 - NVIDIA Model Optimizer (`modelopt.onnx.quantization.quantize`): QDQ graphs for TensorRT
   (int8, fp8, int4 weight-only). Activation scales come from real feeds recorded on the
   bundle's own generations (engines/calibration.py). Installed by the `quant` extra, which
@@ -40,7 +45,12 @@ from specrt.manifest import HEAD_INPUTS, MANIFEST_NAME, Manifest, file_record, r
 
 MODES = ("int8", "fp8", "int4")
 TOOLS = ("onnxruntime", "modelopt")
-DEFAULT_TOOL = {"int4": "onnxruntime", "int8": "modelopt", "fp8": "modelopt"}
+ORT_MODES = ("int4", "int8")  # onnxruntime's quantizers: MatMulNBits int4, dynamic MatMulInteger int8
+# the bundle backends (runtime/backends/bundle_backends.py) each tool's graphs are made for: on
+# another backend they run, slower than the fp32 bundle they came from (backend_advice)
+MADE_FOR = {("onnxruntime", "int4"): ("ort", "ort-cpu", "ort-cuda"), ("onnxruntime", "int8"): ("ort", "ort-cpu"),
+            ("modelopt", "int4"): ("trt", "ort-trt"), ("modelopt", "int8"): ("trt", "ort-trt"),
+            ("modelopt", "fp8"): ("trt", "ort-trt")}
 ROLES = ("target", "draft")
 GRAPH_KINDS = ("prefill", "step")  # what a model needs (a self-draft is made of these)
 ROLE_KINDS = (*GRAPH_KINDS, "chain", "tree", "growth")  # what `--graphs target,draft` quantizes of a role: its draft chain and trees too
@@ -52,8 +62,7 @@ Progress = Callable[[str], None]
 class QuantizeOptions:
     """How graphs are quantized; each field is one `specrt quantize` flag.
 
-    tool None picks onnxruntime for int4 (runs fast on onnxruntime CPU/CUDA) and modelopt for
-    int8 / fp8 (QDQ for TensorRT). calibration_method None is the tool's default (modelopt:
+    tool None is default_tool(mode). calibration_method None is the tool's default (modelopt:
     max for int8 / fp8, rtn_dq for int4 — awq_lite wrote graphs onnxruntime CPU refused).
     """
 
@@ -69,11 +78,12 @@ class QuantizeOptions:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise SpecrtError(f"unknown quantization mode {self.mode!r}; choose one of {', '.join(MODES)}")
-        tool = self.tool or DEFAULT_TOOL[self.mode]
+        tool = self.tool or default_tool(self.mode)
         if tool not in TOOLS:
-            raise SpecrtError(f"unknown quantization tool {tool!r}; choose one of {', '.join(TOOLS)}")
-        if tool == "onnxruntime" and self.mode != "int4":
-            raise SpecrtError(f"onnxruntime's weight-only quantizer does int4 only; {self.mode} needs --tool modelopt")
+            raise SpecrtError(f"unknown quantization backend {tool!r}; choose one of {', '.join(TOOLS)}")
+        if tool == "onnxruntime" and self.mode not in ORT_MODES:
+            raise SpecrtError(f"onnxruntime's quantizers do {' and '.join(ORT_MODES)}; {self.mode} needs "
+                              "--backend modelopt")
         object.__setattr__(self, "tool", tool)
         block = validation.integer("--block-size", self.block_size, low=16, high=4096)
         if block & (block - 1):
@@ -86,8 +96,59 @@ class QuantizeOptions:
 
     @property
     def calibrates(self) -> bool:
-        """Whether this tool and mode read calibration feeds (onnxruntime's int4 is RTN: none)."""
+        """Whether this tool and mode read calibration feeds (onnxruntime's int4 is RTN and its
+        int8 scales activations on each call: none)."""
         return self.tool == "modelopt"
+
+
+def default_tool(mode: str) -> str:
+    """The quantizer whose graphs suit the runtime this machine has: onnxruntime for int4
+    (MatMulNBits runs on onnxruntime CPU and CUDA) and for int8 on a CPU-only machine (ModelOpt's
+    QDQ int8 ran 6x slower than fp32 on onnxruntime CPU); ModelOpt (QDQ for TensorRT) for fp8, and
+    for int8 where TensorRT or a GPU provider of onnxruntime is installed."""
+    if mode == "int4" or (mode == "int8" and not gpu_runtime_installed()):
+        return "onnxruntime"
+    return "modelopt"
+
+
+def gpu_runtime_installed() -> bool:
+    """TensorRT, or onnxruntime with its CUDA / TensorRT provider: a machine that runs bundles on a GPU."""
+    from specrt.lazy import available
+
+    if available("tensorrt"):
+        return True
+    if not available("onnxruntime"):
+        return False
+    import onnxruntime
+
+    return bool({"CUDAExecutionProvider", "TensorrtExecutionProvider"} & set(onnxruntime.get_available_providers()))
+
+
+def made_for(record: dict[str, Any]) -> tuple[str, ...]:
+    """The bundle backends a graph's quantization record says it is made for (records written
+    before `backends` was kept: from its tool and precision)."""
+    return tuple(record.get("backends") or MADE_FOR.get((record.get("tool"), record.get("precision")), ()))
+
+
+def backend_advice(raw: dict[str, Any], where: str | Path, backend: str) -> Optional[str]:
+    """One line when the quantized graphs of a bundle (its manifest JSON `raw`, at `where`) are
+    made for other backends than `backend`: they run there, slower than the fp32 bundle they came
+    from (ModelOpt's int8 QDQ on onnxruntime CPU: 6x), and what to use instead. None when they
+    suit it, when nothing is quantized, or for a backend no quantizer targets (torch)."""
+    records = [g["quantization"] for g in raw.get("graphs", {}).values() if g.get("quantization")]
+    known = {b for backends in MADE_FOR.values() for b in backends}
+    record = next((r for r in records if backend not in made_for(r)), None)
+    if record is None or backend not in known:
+        return None
+    precision, suited = record.get("precision"), made_for(record)
+    instead = f"run it with --backend {' or '.join(suited)}" if suited else "run it on the backend it was made for"
+    better = next((tool for tool in TOOLS if backend in MADE_FOR.get((tool, precision), ())), None)
+    if better:
+        instead += (f", or quantize its fp32 bundle for {backend}: specrt quantize FP32_BUNDLE --mode {precision} "
+                    f"--backend {better}")
+    return (f"warning: {where} holds {precision} graphs made by {record.get('tool', '?')} for "
+            f"{', '.join(suited) or 'another backend'}; on --backend {backend} they run slower than the fp32 bundle "
+            f"they came from: {instead}")
 
 
 # ---- one graph ------------------------------------------------------------------------------
@@ -176,6 +237,37 @@ def _matmul_nbits(model: Any, options: QuantizeOptions, exclude: list[str]) -> t
     return quantizer.model.model, record
 
 
+def _dynamic_int8(model: Any, options: QuantizeOptions, exclude: list[str], work: Path) -> tuple[Any, dict[str, Any]]:
+    """onnxruntime's dynamic int8: every linear layer's MatMul becomes MatMulInteger on int8
+    weights (per tensor, symmetric) and uint8 activations quantized on each call.
+
+    Only MatMuls with a stored weight: the attention products (Q·Kᵀ, P·V) stay float, as the
+    KV cache does. onnxruntime fuses each DynamicQuantizeLinear + MatMulInteger + scale into
+    DynamicQuantizeMatMul at load time, the kernel that uses VNNI."""
+    ort = require("onnxruntime", "specrt quantize --mode int8 --backend onnxruntime")
+    onnx = require("onnx", "specrt quantize")
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    constants = {t.name for t in model.graph.initializer}
+    skipped = set(exclude)
+    layers = [n.name for n in model.graph.node
+              if n.op_type == "MatMul" and _weight_layer(n, constants) and n.name not in skipped]
+    large = model.ByteSize() > EXTERNAL_DATA_BYTES
+    source, out = work / "source.onnx", work / "quantized.onnx"
+    onnx.save(model, str(source), save_as_external_data=large)
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))  # it logs each tensor it leaves float, and advice, on the root logger
+    try:
+        quantize_dynamic(str(source), str(out), op_types_to_quantize=["MatMul"], nodes_to_quantize=layers,
+                         per_channel=False, weight_type=QuantType.QInt8, use_external_data_format=large)
+    finally:
+        root.setLevel(level)
+    record = {"tool": "onnxruntime", "tool_version": ort.__version__,
+              "algorithm": "dynamic int8 MatMulInteger: int8 weights per tensor, uint8 activations per call"}
+    return onnx.load(str(out)), record
+
+
 class _FeedReader:
     """onnxruntime's CalibrationDataReader protocol over recorded feeds (ModelOpt reads it)."""
 
@@ -205,7 +297,7 @@ def require_modelopt(what: str) -> Any:
 
 def _modelopt(model: Any, options: QuantizeOptions, exclude: list[str], feeds: list[dict],
               work: Path) -> tuple[Any, dict[str, Any]]:
-    quantization = require_modelopt(f"--mode {options.mode} --tool modelopt")
+    quantization = require_modelopt(f"--mode {options.mode} --backend modelopt")
     import re
 
     import modelopt
@@ -240,19 +332,23 @@ def quantize_model(model: Any, options: QuantizeOptions, feeds: Sequence[dict] =
     """A quantized copy of an ONNX graph of the bundle and its manifest `quantization` record.
 
     The sampling head's nodes are excluded by name; `feeds` (input name -> array) calibrate
-    ModelOpt's activation scales and are ignored by onnxruntime's weight-only int4.
+    ModelOpt's activation scales and are ignored by onnxruntime's quantizers (int4 weight-only,
+    int8 with activations scaled on each call).
     """
     onnx = require("onnx", "specrt quantize")
     model = onnx.ModelProto.FromString(model.SerializeToString()) if model.ByteSize() < EXTERNAL_DATA_BYTES else model
     fold_weight_transposes(model)
     _name_nodes(model)
     exclude = head_node_names(model)
-    if options.tool == "onnxruntime":
+    if options.tool == "onnxruntime" and options.mode == "int4":
         quantized, record = _matmul_nbits(model, options, exclude)
     else:
         with tempfile.TemporaryDirectory(dir=scratch) as work:
-            quantized, record = _modelopt(model, options, exclude, list(feeds), Path(work))
-    return quantized, {"precision": options.mode, **record,
+            if options.tool == "onnxruntime":
+                quantized, record = _dynamic_int8(model, options, exclude, Path(work))
+            else:
+                quantized, record = _modelopt(model, options, exclude, list(feeds), Path(work))
+    return quantized, {"precision": options.mode, **record, "backends": list(MADE_FOR[options.tool, options.mode]),
                        "calibration_feeds": len(feeds) if options.calibrates else 0}
 
 

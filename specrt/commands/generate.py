@@ -312,6 +312,10 @@ def command(bundle: Optional[Path], method: str, seed: int, params: tuple[str, .
     check_flags(route, bundle, "ar" if auto else method, seed, method_params, drawing, models, checkpoint, sampling,
                 run)
     pipe = build_pipeline(route.manifest or bundle, models, checkpoint, run)
+    if route.manifest is not None:  # a quantized bundle on a backend its graphs were not made for: one line
+        from specrt.commands._backend_advice import warn_backend
+
+        warn_backend(route.manifest.raw, route.manifest.root, run.backend or "ort")
     if run.loop != "auto":  # a method with no round under --loop round: Pipeline.generate's one-line error
         pipe.loop = run.loop
     if route.kind == HF_CHECKPOINTS and pipe.vq is None and not outputs.tokens_only:

@@ -1,7 +1,7 @@
 """`specrt quantize BUNDLE --out QBUNDLE`: INT8 / FP8 / INT4 graphs, or a quantized self-draft.
 
-Flags map onto specrt.engines.quantize: --mode / --tool / --block-size / --accuracy-level /
---calibration-* onto QuantizeOptions, the rest onto quantize_bundle.
+Flags map onto specrt.engines.quantize: --mode / --backend (--tool) / --block-size /
+--accuracy-level / --calibration-* onto QuantizeOptions, the rest onto quantize_bundle.
 """
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ from specrt.runtime.threads import checked as checked_threads
               help="Instead of --mode: keep the target, make the draft a quantized copy of the target.")
 @click.option("--graphs", default="target,draft", show_default=True, metavar="LIST",
               help="With --mode: roles (target, draft) or graph names (target_step, ...) to quantize.")
-@click.option("--tool", type=click.Choice(["onnxruntime", "modelopt"]),
-              help="Default: onnxruntime for int4 (MatMulNBits, runs fast on onnxruntime), modelopt for int8 / fp8 "
-                   "(QDQ graphs for TensorRT; pip install 'specrt[quant]').")
+@click.option("--backend", "--tool", "tool", type=click.Choice(["onnxruntime", "modelopt"]),
+              help="The quantizer, and so the runtime its graphs run fast on: onnxruntime (int4 MatMulNBits; int8 "
+                   "dynamic MatMulInteger, for onnxruntime CPU) or modelopt (QDQ for TensorRT; pip install "
+                   "'specrt[quant]'). Default: onnxruntime for int4, and for int8 on a machine without TensorRT or "
+                   "a GPU onnxruntime; modelopt for fp8 and GPU machines' int8. --tool is its older name.")
 @click.option("--block-size", type=int, default=32, show_default=True, help="int4: weights per quantization block.")
 @click.option("--accuracy-level", type=int, default=4, show_default=True,
               help="onnxruntime int4: compute type of MatMulNBits (0 default/fp32, 4 int8: fastest on CPU).")
@@ -43,7 +45,7 @@ def command(bundle: Path, out: Path, mode: Optional[str], self_draft: Optional[s
             calibration_method: Optional[str], seed: int, threads: Optional[int], force: bool, progress: bool) -> None:
     """Write a quantized copy of a bundle (INT8 / FP8 / INT4 graphs, or a quantized self-draft)."""
     from specrt import validation
-    from specrt.engines.quantize import QuantizeOptions, quantize_bundle
+    from specrt.engines.quantize import MADE_FOR, QuantizeOptions, quantize_bundle
     from specrt.paths import output_folder
 
     output_folder("--out", out)  # its parent exists and takes files: before calibration
@@ -63,5 +65,6 @@ def command(bundle: Path, out: Path, mode: Optional[str], self_draft: Optional[s
     manifest = quantize_bundle(bundle, out, options, names, self_draft=self_draft is not None, force=force,
                                threads=threads, progress=say)
     done = [name for name, spec in manifest.graphs.items() if spec.quantization]
-    click.echo(f"wrote {manifest.root}: {', '.join(done)} {options.mode} ({options.tool}); "
+    made_for = ", ".join(MADE_FOR[options.tool, options.mode])
+    click.echo(f"wrote {manifest.root}: {', '.join(done)} {options.mode} ({options.tool}, runs fast on {made_for}); "
                f"check it with: specrt inspect {out}")

@@ -143,7 +143,8 @@ def test_inspect_shows_each_graphs_precision(self_draft_bundle, capsys):
 @pytest.mark.parametrize("argv,message", [
     (["--mode", "int3"], "unknown quantization mode 'int3'"),
     (["--mode", "int4", "--graphs", "target,decoder"], "no graph or role 'decoder'"),
-    (["--mode", "int8", "--tool", "onnxruntime"], "does int4 only"),
+    (["--mode", "fp8", "--backend", "onnxruntime"], "fp8 needs --backend modelopt"),
+    (["--mode", "int8", "--backend", "tensorrt"], "Invalid value for '--backend'"),
     (["--self-draft", "fp8"], "--self-draft must be int4 or int8"),
     (["--mode", "int4", "--self-draft", "int4"], "exactly one of"),
     (["--mode", "int4", "--block-size", "24"], "--block-size must be a power of two"),
@@ -176,7 +177,8 @@ def test_missing_modelopt_is_one_line(demo_bundle, tmp_path, capsys, monkeypatch
     import sys
 
     monkeypatch.setitem(sys.modules, "modelopt.onnx.quantization", None)  # import fails as if not installed
-    assert run_cli(["quantize", str(demo_bundle), "--mode", "int8", "--out", str(tmp_path / "q")]) == 2
+    assert run_cli(["quantize", str(demo_bundle), "--mode", "int8", "--backend", "modelopt",
+                    "--out", str(tmp_path / "q")]) == 2
     err = capsys.readouterr().err.strip()
     assert "pip install 'specrt[quant]'" in err and len(err.splitlines()) == 1
 
@@ -203,8 +205,8 @@ def test_a_failure_leaves_no_bundle_and_no_partial_directory(demo_bundle, tmp_pa
 @pytest.mark.parametrize("mode", ["int8", "fp8"])
 def test_modelopt_qdq_graphs_calibrated_on_recorded_feeds(demo_bundle, tmp_path, mode):
     out = tmp_path / mode
-    manifest = quantize_bundle(demo_bundle, out, QuantizeOptions(mode=mode, calibration_images=2, calibration_size=6),
-                               graphs=["target"])
+    manifest = quantize_bundle(demo_bundle, out, QuantizeOptions(mode=mode, tool="modelopt", calibration_images=2,
+                                                                  calibration_size=6), graphs=["target"])
     for name in ("target_prefill", "target_step"):
         record = manifest.graph(name).quantization
         assert record["tool"] == "modelopt" and record["precision"] == mode
@@ -218,21 +220,22 @@ def test_modelopt_qdq_graphs_calibrated_on_recorded_feeds(demo_bundle, tmp_path,
     assert result.images.shape[0] == 2
 
 
-@pytest.mark.parametrize("mode", [pytest.param("int8", marks=needs_modelopt), "int4"])
-def test_every_graph_of_both_roles_quantizes_and_runs(demo_bundle, tmp_path, mode):
+@pytest.mark.parametrize("mode,backend", [pytest.param("int8", "modelopt", marks=needs_modelopt),
+                                          ("int8", "onnxruntime"), ("int4", "onnxruntime")])
+def test_every_graph_of_both_roles_quantizes_and_runs(demo_bundle, tmp_path, mode, backend):
     """The CLI's default --graphs target,draft quantizes every linear layer of every graph of
     both roles: the draft chain, the static tree and the growth graph too, whose later passes
     run on the head's draws and whose weights are shared between passes (and the growth graph
     takes no `uniforms`, so its calibration feeds must not carry one); every tree runs on it."""
     out = tmp_path / mode
-    assert run_cli(["quantize", str(demo_bundle), "--mode", mode, "--out", str(out), "--no-progress",
-                    "--calibration-images", "2", "--calibration-size", "3"]) == 0
+    assert run_cli(["quantize", str(demo_bundle), "--mode", mode, "--backend", backend, "--out", str(out),
+                    "--no-progress", "--calibration-images", "2", "--calibration-size", "3"]) == 0
     manifest = read_manifest(out)
     roles = [name for name, spec in read_manifest(demo_bundle).graphs.items() if spec.role in ("target", "draft")]
     assert "draft_growth" in roles and "draft_tree" in roles and "draft_chain" in roles
     for name in roles:
         record = manifest.graph(name).quantization
-        assert record is not None and record["precision"] == mode, name
+        assert record is not None and record["precision"] == mode and record["tool"] == backend, name
         # every linear layer of every pass, not only the first pass of a fused chain or tree
         assert float_linear_layers(demo_bundle / f"{name}.onnx") > 0, name
         assert float_linear_layers(manifest.graph_path(name)) == 0, name
