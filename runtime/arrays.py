@@ -25,7 +25,7 @@ class _Numpy:
 
     float64, int64, int8, bool = np.float64, np.int64, np.int8, np.bool_
     where, maximum, minimum = staticmethod(np.where), np.maximum, np.minimum
-    argmin, argmax = staticmethod(np.argmin), staticmethod(np.argmax)
+    argmin, argmax, log = staticmethod(np.argmin), staticmethod(np.argmax), staticmethod(np.log)
     sum, max, reshape, stack = staticmethod(np.sum), staticmethod(np.max), staticmethod(np.reshape), staticmethod(np.stack)
 
     @staticmethod
@@ -76,6 +76,7 @@ class _Torch:
         self.torch = torch
         self.float64, self.int64, self.int8, self.bool = torch.float64, torch.int64, torch.int8, torch.bool
         self.where, self.reshape, self.argmin, self.argmax = torch.where, torch.reshape, torch.argmin, torch.argmax
+        self.log = torch.log
 
     def astype(self, array: Any, dtype: Any, copy: bool = False) -> Any:
         return array.to(dtype, copy=copy)

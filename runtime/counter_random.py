@@ -36,15 +36,24 @@ _SEED, _IMAGE, _POSITION, _SLOT, _SECOND = 0x3C6EF372, 0x1B873593, 0x5BD1E995, 0
 
 
 # what a uniform is for, at one token index of one round; `part` numbers the draws of one kind there
-# (a sibling's test, a candidate drawn without replacement)
-DRAFT, TEST, NEXT, FRESH, RETEST, RESAMPLE, CANDIDATE = range(7)
-KINDS, PARTS = 8, 256  # room for new kinds, and more parts than any branching or tree has nodes
+# (a sibling's test, a candidate drawn without replacement); NOISE: a token index's Gumbel noise,
+# one uniform per vocabulary entry and the same in every round (noise_slots)
+DRAFT, TEST, NEXT, FRESH, RETEST, RESAMPLE, CANDIDATE, NOISE = range(8)
+KINDS, PARTS = 8, 256  # every kind's slot is kind + KINDS·(...), and more parts than any branching or tree has nodes
 
 
 def draw_slot(kind: int, part: Any, round_: Any) -> Any:
     """The slot coordinate of a draw: its kind and part within the image's round `round_` (ints, or
     int64 arrays / tensors that broadcast). Distinct (round, part, kind) give distinct slots."""
     return kind + KINDS * (part + PARTS * round_)
+
+
+def noise_slots(tokens: Any) -> Any:
+    """The slot coordinates of a token index's noise, one per vocabulary entry in `tokens` (an int64
+    array or tensor of token ids): kind NOISE with the token id where other kinds put (part, round),
+    so the noise of a token index is the same in every round (coupled Jacobi drafts re-draw a position
+    with the same noise each iteration) and no other draw's slot equals one of these (the kind differs)."""
+    return NOISE + KINDS * tokens
 
 
 def seed_halves(seed: int) -> tuple[int, int]:

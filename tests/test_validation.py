@@ -128,6 +128,7 @@ BAD_VALUES = {
     "adaptive_continuation": [3, "sometimes"],
     "fused_drafting": [0, "yes please"],
     "proactive_drafting": [-1, "x"],
+    "coupling": ["copula", 1],
 }
 
 

@@ -24,18 +24,22 @@ needs K + K² + … + K^D ≤ L. One iteration:
    sampled at the first rejection (or a bonus token from P at a leaf) are committed;
 3. the next proposal is built from this iteration's own target rows along the accepted path
    continued through first children (the spine where the path ends in a leaf), rows that are
-   stale past the first rejection: SJD takes fresh drafts from them (q = that row; the
-   draws come with the step, made by the sampling head);
-   adaptive continuation instead rejection-samples the old draft token against them (the kept
-   or resampled token is a draw from the new row, so it is candidate 1 of a proactive level);
+   stale past the first rejection, coupled to the last drafts by `coupling`
+   (runtime.verification.coupling): independent (SJD) takes fresh drafts from them (q = that row;
+   the draws come with the step, made by the sampling head); maximal (SJD-PAC's adaptive
+   continuation) rejection-samples the old draft token against them (the kept or resampled token
+   is a draw from the new row, so it is candidate 1 of a proactive level); gumbel takes the
+   Gumbel-max draw argmax(log row + g) with the token index's fixed noise g;
    proactive drafting turns the first D levels into K-candidate levels; slots past the last
-   row start from uniform random tokens (q uniform).
+   row start from uniform random tokens (q uniform; under gumbel coupling the uniform row's
+   Gumbel-max draw).
 
 Random numbers are counter uniforms keyed as the device round keys them (runtime.decoding): a
 slot's draft by the round's DRAFT uniform at its token index (the target's draws at every slot),
 a fresh slot's token by the FRESH uniform of the round that made the window, the tests by TEST
 (part k: sibling k), the token after the accepted prefix by NEXT, adaptive continuation's re-tests
-by RETEST and RESAMPLE, proactive drafting's candidate k by CANDIDATE part k.
+by RETEST and RESAMPLE, proactive drafting's candidate k by CANDIDATE part k; Gumbel coupling's
+noise by NOISE, the same in every round.
 
 On the PyTorch backend's device round (runtime/rounds) SJD, and SJD-PAC (tree="spine"), run whole
 on the device instead of this loop: see the pipeline's `loop`.
@@ -57,6 +61,7 @@ from specrt.runtime.verification.positions import verify_position, verify_positi
 from specrt.runtime.verification.rules import VANILLA, AcceptanceRule
 from specrt.runtime.verification.siblings import draw_without_replacement, verify_siblings
 from specrt.runtime.sampling import inverse_cdf
+from specrt.runtime.verification.coupling import COUPLINGS, gumbel_drafts, position_noise
 from specrt.runtime.verification.transport import host_rows, rows_by_position
 from specrt.runtime.window import Window
 from specrt.validation import Bool, Choice, Int
@@ -111,14 +116,25 @@ class JacobiDecoding(Method):
     lossless = True
     auto_settings = settings_grid(window=(2, 4, 8, 16, 32))  # the best window follows t(W) on the device
     # window L: drafted tokens verified per step (the target sees L + 1 with the pending token);
-    # branching K, tree_depth D, tree spine | full: proactive drafting's tree (module docstring)
-    PARAMS = {"window": Int(16, low=1, symbol="L"), "adaptive_continuation": Bool(False),
-              "proactive_drafting": Bool(False),
+    # branching K, tree_depth D, tree spine | full: proactive drafting's tree (module docstring);
+    # coupling: how a position's next draft follows its last (runtime.verification.coupling);
+    # adaptive_continuation: SJD-PAC's name for coupling maximal (true) or independent (false)
+    PARAMS = {"window": Int(16, low=1, symbol="L"), "coupling": Choice("independent", choices=COUPLINGS),
+              "adaptive_continuation": Bool(None, optional=True), "proactive_drafting": Bool(False),
               "branching": Int(4, low=1, symbol="K"), "tree_depth": Int(3, low=0, symbol="D"),
               "tree": Choice("spine", choices=TREES)}
 
+    def __init__(self, **params: Any):
+        if params.get("adaptive_continuation") is not None and "coupling" in params:
+            raise SpecrtError(f"{self.name}: give coupling or adaptive_continuation (its older name: true is "
+                              "coupling=maximal, false coupling=independent), not both")
+        super().__init__(**params)
+
     def validate(self) -> None:
         super().validate()
+        if self.adaptive_continuation is not None:
+            self.coupling = "maximal" if self.adaptive_continuation else "independent"
+        self.adaptive_continuation = self.coupling == "maximal"
         if self.tree != "full" or not self.proactive_drafting:
             return
         nodes, level = 0, 1
@@ -251,8 +267,12 @@ class JacobiDecoding(Method):
         These rows stay readable through the next step (the runner's outputs are double-buffered;
         rows read from a device are the loop's own)."""
         slots = route[accepted + 1:]
-        tokens = draws[slots].tolist()
-        if self.adaptive_continuation:  # keep each old draft if its new row accepts it, else resample
+        if self.coupling == "gumbel":  # each row's Gumbel-max draw with its token index's noise
+            tokens = gumbel_drafts(p_rows[slots], position_noise(ctx.key.key, ctx.key.length + accepted + 1 +
+                                                                 np.arange(len(slots)), vocabulary(p_rows))).tolist()
+        else:
+            tokens = draws[slots].tolist()
+        if self.coupling == "maximal":  # keep each old draft if its new row accepts it, else resample
             old = [(j, levels[accepted + 1 + j]) for j in range(len(slots)) if accepted + 1 + j < len(levels)]
             if old:
                 at, q_rows = np.asarray([slots[j] for j, _ in old]), [level.q for _, level in old]
@@ -319,12 +339,11 @@ class JacobiDecoding(Method):
             return []
         return slots
 
-    @staticmethod
-    def _random_level(ctx: Decoding, uniform: np.ndarray, index: int) -> Level:
+    def _random_level(self, ctx: Decoding, uniform: np.ndarray, index: int) -> Level:
         """A fresh slot's draft for stream token `index`: a draw from `uniform` (fresh_proposal) with
         the FRESH uniform of the round that made the window (the round before; round 0 for the first
-        window), as the device round draws it, or the token the grammar (ctx.grammar) forces there,
-        as a point mass."""
+        window), as the device round draws it — under gumbel coupling its Gumbel-max draw with the
+        index's noise —, or the token the grammar (ctx.grammar) forces there, as a point mass."""
         forced = -1 if ctx.grammar is None else int(ctx.grammar.forced()[index])
         if forced >= 0:
             point = np.zeros(len(uniform))
@@ -332,6 +351,9 @@ class JacobiDecoding(Method):
             return Level([forced], point)
         support = len(uniform) if ctx.grammar is None else ctx.grammar.image_vocab  # uniform over its first entries
         key = ctx.key
+        if self.coupling == "gumbel":
+            return Level([int(gumbel_drafts(uniform, position_noise(key.key, np.asarray(index), vocabulary(uniform))))],
+                         uniform)
         fresh = key.uniform(index - key.length, FRESH, earlier=True)
         return Level([min(int(fresh * support), support - 1)], uniform)
 
@@ -345,6 +367,11 @@ def slot_uniforms(ctx: Decoding, windows: list[Optional[Window]]) -> np.ndarray:
         if window is not None:
             depths[p, :len(window)] = window.depths()
     return ctx.uniforms(depths, DRAFT)
+
+
+def vocabulary(rows: Any) -> np.ndarray:
+    """Every token id of rows [..., V], the tokens a position's noise covers."""
+    return np.arange(rows.shape[-1], dtype=np.int64)
 
 
 def fresh_proposal(vocab: int, grammar: Any = None) -> np.ndarray:
@@ -379,5 +406,6 @@ class SJDPAC(JacobiDecoding):
     name = "sjd-pac"
     lossless = True
     auto_settings = settings_grid(window=(8, 16, 32, 64))
-    PARAMS = {**JacobiDecoding.PARAMS, "window": Int(64, low=1, symbol="L"), "adaptive_continuation": Bool(True),
-              "proactive_drafting": Bool(True)}
+    # adaptive continuation is maximal coupling: on by default, as the paper's
+    PARAMS = {**JacobiDecoding.PARAMS, "window": Int(64, low=1, symbol="L"),
+              "coupling": Choice("maximal", choices=COUPLINGS), "proactive_drafting": Bool(True)}

@@ -62,11 +62,11 @@ def plan_round(method: Any, target: Any, draft: Any, sampling: SamplingParams, m
         return ArRound(device_model_of(target, mix, sampling, window))
     if isinstance(method, JacobiDecoding) and not method.proactive_drafting:
         return JacobiRound(device_model_of(target, mix, sampling, window), method.window, target.spec.vocab_size,
-                           method.adaptive_continuation, grammar, method.rule(None))
+                           method.coupling, grammar, method.rule(None))
     if isinstance(method, JacobiDecoding) and method.branching <= PARTS and method.tree_depth < method.window and \
             tree_nodes(method.branching, method.tree_depth, method.tree == "full") <= method.window:
         return ProactiveRound(device_model_of(target, mix, sampling, window), method.window, target.spec.vocab_size,
-                              method.branching, method.tree_depth, method.adaptive_continuation, grammar,
+                              method.branching, method.tree_depth, method.coupling, grammar,
                               full=method.tree == "full")
     if not isinstance(method, DraftThenVerify) or method.theorem2 or not runs_rounds(draft):
         return None

@@ -16,7 +16,8 @@ sibling by sibling (SJD-PAC App. A.3: candidate k tested against the residual p^
 without the earlier candidates, each depth a loop of K fixed steps over the batch), the chain
 below the first path with verify_chain_block; the accepted path's keys/values are copied to their
 tokens' columns (DeviceModel.commit_path); the next window comes from this pass's rows along the
-accepted path and its first children (SJD's draws, adaptive continuation's re-tests), and after a
+accepted path and its first children (SJD's draws, adaptive continuation's re-tests or Gumbel-max
+draws: the coupling), and after a
 rejection its first D depths get K − 1 more candidates each.
 """
 from __future__ import annotations
@@ -90,16 +91,18 @@ def window_layouts(width: int, branching: int, depth: int, full: bool = False) -
 
 
 class ProactiveRound:
-    """SJD-PAC (adaptive continuation optional, proactive drafting on, tree="spine" or `full`) as a round."""
+    """SJD-PAC (any coupling, maximal being adaptive continuation; proactive drafting on, tree="spine" or
+    `full`) as a round."""
 
-    def __init__(self, target: Any, width: int, vocab: int, branching: int, depth: int, adaptive: bool,
+    def __init__(self, target: Any, width: int, vocab: int, branching: int, depth: int, coupling: str,
                  grammar: Optional[ImageGrammar] = None, full: bool = False):
         if not depth < width or tree_nodes(branching, depth, full) > width:
             raise ValueError(f"a {'full' if full else 'spine'} tree of K = {branching}, D = {depth} and a chain "
                              f"below it do not fit a window of {width}")
         self.target, self.width, self.vocab = target, width, vocab
-        self.fresh = FreshDrafts(target, vocab, grammar)  # fresh slots follow the image grammar
-        self.branching, self.depth, self.adaptive = branching, depth, adaptive
+        # fresh slots follow the image grammar; under gumbel coupling every draft is a Gumbel-max draw
+        self.fresh = FreshDrafts(target, vocab, grammar, gumbel=coupling == "gumbel")
+        self.branching, self.depth, self.coupling = branching, depth, coupling
         self.window = width + 1
         self.passes = {"target": 1, "draft": 0}
         device = target.device
@@ -238,7 +241,7 @@ class ProactiveRound:
         index = n[:, None] + old_depth  # the new token index
         has_row = old_depth <= levels[:, None]
         stale = None
-        if self.adaptive:
+        if self.coupling == "maximal":
             old = (old_depth + 1).clamp(max=width) - 1  # the old draft at the new token's depth
             stale = self.candidates[image, old, 0], self.proposal[image, old], old_depth + 1 <= levels[:, None]
         first, proposal = next_drafts(state, p_rows, route[image, old_depth.clamp(max=width)], has_row, index, stale,

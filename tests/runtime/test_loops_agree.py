@@ -4,7 +4,8 @@ Every uniform of both loops is a counter uniform of (image seed, token index, ro
 (runtime.counter_random): the round's RoundState.uniforms and the host's Decoding key the same draw
 the same way. So on the demo the host loop (runtime/methods) and `loop="round"` (runtime/rounds)
 give the same tokens for every family with a round — AR, drafted chains (a draft model and an EAGLE
-head), static and dynamic trees, SJD, SJD-PAC with and without proactive drafting's spine and full trees —
+head), static and dynamic trees, SJD, SJD-PAC with and without proactive drafting's spine and full trees,
+SJD's drafts coupled maximally or by Gumbel noise —
 sampled and greedy, and the onnxruntime bundle's host loop gives the PyTorch host loop's tokens.
 Equality holds up to float rounding at a CDF boundary or a test's edge, which these seeds avoid.
 """
@@ -22,9 +23,11 @@ FAMILIES = [("ar", {}), ("sd", {"draft_len": 3, "top_k": 20, "temperature": 0.8}
             ("sd", {"tree": "static"}),
             ("cool-sd", {"tree": "dynamic", "total_tokens": 10, "depth": 3, "tree_top_k": 3}),
             ("sjd", {"window": 8}), ("sjd-pac", {"window": 16, "proactive_drafting": False}),
-            ("sjd-pac", {"window": 16}), ("sjd-pac", {"window": 16, "branching": 2, "tree_depth": 3, "tree": "full"})]
+            ("sjd-pac", {"window": 16}), ("sjd-pac", {"window": 16, "branching": 2, "tree_depth": 3, "tree": "full"}),
+            ("sjd", {"window": 8, "coupling": "maximal"}), ("sjd", {"window": 8, "coupling": "gumbel"}),
+            ("sjd-pac", {"window": 16, "coupling": "gumbel"})]
 IDS = ["ar", "sd-chain-top-k", "cool-sd-chain", "sd-static", "cool-sd-dynamic", "sjd", "sjd-pac-chain",
-       "sjd-pac-spine", "sjd-pac-full"]
+       "sjd-pac-spine", "sjd-pac-full", "sjd-maximal", "sjd-gumbel", "sjd-pac-gumbel"]
 # (sampling, classes, seed): the family's sampling for two images, greedy decoding for one (not AR's:
 # its one draw a token is the argmax of the same row in both loops)
 SETTINGS = [({}, [0, 5], 100), ({"temperature": 0.0}, [2], 7)]

@@ -94,7 +94,8 @@ def test_a_jacobi_round_whose_fresh_slots_ignore_the_grammar_is_not_the_host_loo
     sampled, and under greedy decoding (lossless and deterministic) the same streams in more rounds."""
     greedy, _ = decode_both(chameleon, *SJD, temperature=0.0)
     fresh = FreshDrafts.__init__
-    monkeypatch.setattr(FreshDrafts, "__init__", lambda self, target, vocab, grammar=None: fresh(self, target, vocab))
+    monkeypatch.setattr(FreshDrafts, "__init__", lambda self, target, vocab, grammar=None, **options:
+                        fresh(self, target, vocab, **options))
     monkeypatch.setattr(chameleon, "_rounds", {})  # plan anew; the correct rounds come back after
     rounds, host = decode_both(chameleon, *SJD)
     assert chameleon.grammar.is_valid(rounds.stream).all()

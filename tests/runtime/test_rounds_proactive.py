@@ -78,7 +78,7 @@ def test_a_full_tree_walks_into_a_later_candidates_subtree_while_it_fans_out(sec
     first path (slot 3's row, token 3; slot 5's would give 0)."""
     width, vocab = 8, 4
     target = RowsBySlot(vocab, [1, 3, 2, 3, 3, 0, 3, 3, 3])
-    round_ = proactive.ProactiveRound(target, width, vocab, 2, 2, adaptive=False, full=True)
+    round_ = proactive.ProactiveRound(target, width, vocab, 2, 2, coupling="independent", full=True)
     state = RoundState.start(target.device, [7], total=20, window=width + 1)
     round_.candidates = torch.zeros((1, width, 2), dtype=torch.int64)
     round_.candidates[0, :2] = torch.tensor([[0, 1], [2, 3]])
