@@ -26,8 +26,9 @@ AUTO = "auto"  # in --methods: one more row, the setting --method auto chooses h
 DRAFT_KINDS = ("independent", "eagle")  # `--drafts`: the demo's independent draft GPT, its EAGLE head
 
 # The default run sweeps Cool-SD's relaxation budget δ so that its speed–fidelity trade-off
-# (accepted length up with δ, Fréchet distance not better) is visible in one run.
-DEFAULT_SWEEPS = ("cool-sd:delta=1.5,2.5,4",)
+# (accepted length up with δ, Fréchet distance not better) is visible in one run, and SJD's draft
+# coupling (target forwards down with maximal or Gumbel coupling, the distribution unchanged).
+DEFAULT_SWEEPS = ("cool-sd:delta=1.5,2.5,4", "sjd:coupling=independent,maximal,gumbel")
 
 _DRAFTED = {"L": "draft_len"}
 _JACOBI = {"L": "window", "K": "branching", "D": "tree_depth"}

@@ -207,7 +207,8 @@ def _batches(text: str) -> tuple[int, ...]:
                    "before the timed run, at the first --batch).")
 @click.option("--sweep", "sweeps", multiple=True, metavar="METHOD:KEY=V1,V2",
               help="One setting per value, e.g. cool-sd:delta=1.5,2.5,4 (repeatable; KEY=..;KEY=.. crosses). "
-                   "Default without --methods/--sweep: cool-sd:delta=1.5,2.5,4.")
+                   "Default without --methods/--sweep: cool-sd:delta=1.5,2.5,4 and "
+                   "sjd:coupling=independent,maximal,gumbel.")
 @click.option("--drafts", "drafts", default=None, metavar="LIST",
               help="Run every drafted setting once per draft, side by side: independent (the demo's draft GPT), "
                    "eagle (the demo's EAGLE head on the same target), e.g. --drafts independent,eagle.")

@@ -31,6 +31,9 @@ def test_default_settings_have_ar_first_and_the_cool_sd_sweep():
     budgets = [s.params["relaxation_budget"] for s in settings if s.method == "cool-sd"]
     assert len(budgets) >= 3 and budgets == sorted(budgets) and budgets[0] > 1
     assert methods.index("cool-sd") < methods.index("lantern")  # the sweep is expanded in place
+    couplings = [s.params.get("coupling") for s in settings if s.method == "sjd"]
+    assert couplings == ["independent", "maximal", "gumbel"]  # SJD's draft couplings side by side
+    assert [s.label for s in settings if s.method == "sjd"][2] == "sjd(coupling=gumbel)"
 
 
 def test_ar_is_always_measured_and_swept_methods_are_added():
