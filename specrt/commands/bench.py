@@ -199,6 +199,8 @@ def _batches(text: str) -> tuple[int, ...]:
     ("Performance", ["backend", "threads", "device", "loop_text", "cuda_graphs", "compile_step", "compile_mode"]),
     ("Step profile (--profile-arch)", ["profile_arch", "results_path", "windows", "repeats", "profile_images",
                                        "profile_dtypes"]),
+    ("Serving under load (--serve)", ["serve", "serve_url", "loads", "rate_seconds", "overload_seconds",
+                                      "saturation_seconds", "slots", "max_queue"]),
 ])
 @click.argument("bundle", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--methods", default=None, metavar="LIST",
@@ -279,9 +281,27 @@ def _batches(text: str) -> tuple[int, ...]:
               help=DEMO_SHORT_HELP + " mar: ar against cspd (default sweep cspd:draft_len=2,4,8; --backend torch "
                                      "takes --device and --loop); t2i: prompt following beside the Fréchet "
                                      "distance.")
+@click.option("--serve", is_flag=True,
+              help="Measure `specrt serve` instead: both --batching modes (a server each, 127.0.0.1) under open-loop "
+                   "Poisson load at --loads of dynamic batching's saturated throughput; throughput and p50/p95/p99 "
+                   "latency per load, answers checked against the same request alone. --methods: the methods mixed "
+                   "(default sjd); --plot: latency against load.")
+@click.option("--serve-url", default=None, metavar="HOST:PORT",
+              help="--serve against this running server's gRPC port (127.0.0.1 only) instead of starting servers.")
+@click.option("--loads", default="0.25,0.5,0.75,1.0,1.5", show_default=True, metavar="LIST",
+              help="--serve: offered loads, as fractions of dynamic batching's saturated throughput.")
+@click.option("--rate-seconds", type=float, default=30.0, show_default=True, help="--serve: seconds of load per rate.")
+@click.option("--overload-seconds", type=float, default=120.0, show_default=True,
+              help="--serve: seconds of load for loads above 1.")
+@click.option("--saturation-seconds", type=float, default=20.0, show_default=True,
+              help="--serve: seconds of the closed loop (2 x --slots clients) measuring saturated throughput.")
+@click.option("--slots", type=int, default=8, show_default=True,
+              help="--serve: the in-flight server's --slots and the dynamic server's --max-batch.")
+@click.option("--max-queue", type=int, default=64, show_default=True, help="--serve: both servers' --max-queue.")
 def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, threads, keep_tokens, json_path, plot_path, markdown_path, prompts_path, demo_weights,
             cache_dir, profile_arch, results_path, windows, repeats, profile_images, profile_dtypes, device, loop_text,
-            cuda_graphs, compile_step, compile_mode, precision, progress, demo) -> None:
+            cuda_graphs, compile_step, compile_mode, precision, progress, demo, serve, serve_url, loads, rate_seconds,
+            overload_seconds, saturation_seconds, slots, max_queue) -> None:
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
     validation.seed(seed, "--seed")  # image i uses seed + i: checked before anything loads
     from specrt.paths import cache_folder, output_file
@@ -290,6 +310,13 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     for flag, path in (("--json", json_path), ("--plot", plot_path), ("--markdown", markdown_path)):
         output_file(flag, path)  # before minutes of measuring: the folder exists and takes files
     cache_dir = cache_folder("--cache-dir", cache_dir)
+    if serve or serve_url:
+        from specrt.commands import _serve_bench
+
+        _serve_bench.run(bundle, serve_url, loads, rate_seconds, overload_seconds, saturation_seconds, slots, max_queue,
+                         methods, seed, threads, json_path, plot_path, markdown_path,
+                         demo_weights, cache_dir)
+        return
     from specrt.bench.models import refuse_torch_bundle
 
     refuse_torch_bundle(bundle, backend)  # a flag mistake first, then what the manifest says

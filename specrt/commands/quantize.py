@@ -46,9 +46,11 @@ def command(bundle: Path, out: Path, mode: Optional[str], self_draft: Optional[s
     """Write a quantized copy of a bundle (INT8 / FP8 / INT4 graphs, or a quantized self-draft)."""
     from specrt import validation
     from specrt.engines.quantize import MADE_FOR, QuantizeOptions, quantize_bundle
+    from specrt.bundle_dir import refuse_existing
     from specrt.paths import output_folder
 
     output_folder("--out", out)  # its parent exists and takes files: before calibration
+    refuse_existing(out, force)  # and --force replaces only a bundle or an empty folder
     if (mode is None) == (self_draft is None):
         raise SpecrtError("give exactly one of --mode int8|fp8|int4 and --self-draft int4|int8")
     if self_draft is not None and self_draft not in ("int4", "int8"):
