@@ -1,0 +1,194 @@
+"""Load against a specrt Triton server: open-loop Poisson arrivals, closed-loop saturation, latency percentiles.
+
+Open loop means requests are sent at their arrival times whether or not earlier ones were answered
+(a Poisson process: exponential gaps from a seeded generator), so a server that falls behind sees
+its queue grow, as it would in production, and latency measures it; a closed loop (N clients each
+sending its next request when the last is answered) measures the most a server can do. Requests go
+over gRPC (tritonclient's asyncio client, one connection), each drawn from a fixed pool of
+(class, seed, method) so every answer can be compared with the same request answered alone.
+
+Every request ends as one Outcome: "ok" (an image; its tokens are compared later), "refused" (the
+server said UNAVAILABLE: a full queue or a server shutting down — HTTP 503 over HTTP) or "error"
+(anything else, the row's own `error` included). Nothing here starts a server (serve_bench.py does).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+REFUSED_STATUS = "StatusCode.UNAVAILABLE"
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """One request of the pool: what a client sends."""
+
+    class_id: int
+    seed: int
+    method: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def label(self) -> str:
+        extra = ",".join(f"{k}={v}" for k, v in self.params)
+        return f"class {self.class_id} seed {self.seed} {self.method}{f'({extra})' if extra else ''}"
+
+
+def request_pool(classes: int, size: int, methods: Sequence[tuple[str, dict]], seed: int) -> list[LoadRequest]:
+    """`size` requests cycling through the classes and methods, seeds seed, seed+1, ..."""
+    return [LoadRequest(class_id=i % classes, seed=seed + i, method=methods[i % len(methods)][0],
+                        params=tuple(sorted(methods[i % len(methods)][1].items())))
+            for i in range(size)]
+
+
+def poisson_arrivals(rate: float, duration_s: float, max_count: int, seed: int) -> np.ndarray:
+    """Arrival times (seconds from the start) of a Poisson process of `rate` per second: exponential
+    gaps drawn from numpy's generator seeded with `seed`, those before `duration_s`, at most `max_count`."""
+    if rate <= 0 or duration_s <= 0 or max_count <= 0:
+        return np.zeros(0)
+    expected = rate * duration_s
+    draws = int(expected + 10 * math.sqrt(expected) + 20)  # P(the draws end before duration_s) is negligible
+    times = np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, size=draws))
+    return times[times < duration_s][:max_count]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank percentile: the smallest value with at least q% of the values at or below it
+    (NaN for no values) — a value that was measured, never an interpolation."""
+    if not len(values):
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return float(ordered[rank - 1])
+
+
+@dataclass
+class Outcome:
+    """How one request ended: its pool index, when it was sent (seconds from the run's start), how
+    long it took, and "ok" with its tokens, "refused" or "error" with the message."""
+
+    pool_index: int
+    sent_s: float
+    latency_s: float
+    kind: str
+    tokens: Optional[np.ndarray] = None
+    message: str = ""
+
+
+class LoadClient:
+    """One asyncio gRPC connection to a specrt model; `send` returns an Outcome, never raises."""
+
+    def __init__(self, url: str, model: str = "specrt", timeout_s: float = 120.0):
+        import tritonclient.grpc.aio as grpc_aio
+
+        self._lib = grpc_aio
+        self.client = grpc_aio.InferenceServerClient(url)
+        self.model, self.timeout_s = model, timeout_s
+
+    def _inputs(self, request: LoadRequest) -> list:
+        values = {"class_id": (np.int64, request.class_id), "method": (np.object_, request.method.encode()),
+                  "seed": (np.uint64, request.seed), "params": (np.object_, json.dumps(dict(request.params)).encode())}
+        types = {np.int64: "INT64", np.uint64: "UINT64", np.object_: "BYTES"}
+        inputs = []
+        for name, (dtype, value) in values.items():
+            tensor = self._lib.InferInput(name, [1, 1], types[dtype])
+            tensor.set_data_from_numpy(np.array([[value]], dtype=dtype))
+            inputs.append(tensor)
+        return inputs
+
+    async def send(self, request: LoadRequest, pool_index: int, sent_s: float) -> Outcome:
+        outputs = [self._lib.InferRequestedOutput(name) for name in ("tokens", "error")]
+        start = time.perf_counter()
+        try:
+            result = await self.client.infer(self.model, self._inputs(request), outputs=outputs,
+                                              client_timeout=self.timeout_s)
+        except Exception as exc:  # tritonclient's InferenceServerException carries the gRPC status
+            latency = time.perf_counter() - start
+            status = str(getattr(exc, "status", lambda: "")())
+            kind = "refused" if status == REFUSED_STATUS else "error"
+            return Outcome(pool_index, sent_s, latency, kind, message=" ".join(str(exc).split())[:200])
+        latency = time.perf_counter() - start
+        error = bytes(result.as_numpy("error")[0, 0]).decode()
+        if error:
+            return Outcome(pool_index, sent_s, latency, "error", message=error[:200])
+        return Outcome(pool_index, sent_s, latency, "ok", tokens=np.array(result.as_numpy("tokens")[0]))
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+async def open_loop(client: LoadClient, pool: Sequence[LoadRequest], arrivals: np.ndarray,
+                    picks: np.ndarray) -> list[Outcome]:
+    """Send pool[picks[i]] at arrivals[i] seconds from now (not waiting for answers); every Outcome."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    tasks = []
+    for at, pick in zip(arrivals, picks):
+        delay = start + float(at) - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(client.send(pool[int(pick)], int(pick), loop.time() - start)))
+    return list(await asyncio.gather(*tasks))
+
+
+async def closed_loop(client: LoadClient, pool: Sequence[LoadRequest], concurrency: int, duration_s: float,
+                      seed: int) -> tuple[list[Outcome], float]:
+    """`concurrency` clients, each sending its next request as soon as the last is answered, for
+    `duration_s`; every Outcome and the seconds until the last answer."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    rng = np.random.default_rng(seed)
+    outcomes: list[Outcome] = []
+
+    async def worker() -> None:
+        while loop.time() - start < duration_s:
+            pick = int(rng.integers(len(pool)))
+            outcomes.append(await client.send(pool[pick], pick, loop.time() - start))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return outcomes, loop.time() - start
+
+
+@dataclass
+class RateSummary:
+    """One mode at one offered rate: counts, throughput and latency percentiles of the images."""
+
+    mode: str
+    fraction: float       # of the reference saturated throughput
+    offered_per_s: float
+    seconds: float        # from the first send to the last answer
+    sent: int
+    ok: int
+    refused: int
+    errors: int
+    throughput_per_s: float
+    p50_s: float
+    p95_s: float
+    p99_s: float
+    refused_max_s: float  # the slowest refusal (NaN when none)
+    same_tokens: int      # ok answers whose tokens equal the same request's answer alone
+    error_messages: list[str] = field(default_factory=list)
+    memory: Optional[dict] = None  # server RSS at the start and its most during the rate (bytes)
+
+
+def summarise(mode: str, fraction: float, offered: float, outcomes: Sequence[Outcome],
+              reference: dict[int, np.ndarray]) -> RateSummary:
+    """The RateSummary of one rate's outcomes; `reference`: pool index -> tokens answered alone."""
+    ok = [o for o in outcomes if o.kind == "ok"]
+    refused = [o for o in outcomes if o.kind == "refused"]
+    errors = [o for o in outcomes if o.kind == "error"]
+    seconds = max((o.sent_s + o.latency_s for o in outcomes), default=0.0)
+    latencies = [o.latency_s for o in ok]
+    same = sum(1 for o in ok if o.pool_index in reference and np.array_equal(o.tokens, reference[o.pool_index]))
+    return RateSummary(mode=mode, fraction=fraction, offered_per_s=offered, seconds=seconds, sent=len(outcomes),
+                       ok=len(ok), refused=len(refused), errors=len(errors),
+                       throughput_per_s=len(ok) / seconds if seconds > 0 else 0.0,
+                       p50_s=percentile(latencies, 50), p95_s=percentile(latencies, 95), p99_s=percentile(latencies, 99),
+                       refused_max_s=max((o.latency_s for o in refused), default=float("nan")), same_tokens=same,
+                       error_messages=sorted({o.message for o in errors})[:5])
