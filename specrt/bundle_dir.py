@@ -29,12 +29,59 @@ except ImportError:  # Windows: no advisory locks, no stale-directory cleanup
     fcntl = None
 
 from specrt.errors import SpecrtError
+from specrt.manifest import MANIFEST_NAME
 
 
-def refuse_existing(out: Path, force: bool) -> None:
-    """SpecrtError when `out` exists (a file, directory or dangling link) and force is off."""
-    if (out.exists() or out.is_symlink()) and not force:
-        raise SpecrtError(f"{out} already exists; pass --force to replace it")
+def is_bundle(path: Path) -> bool:
+    """Whether `path` is a folder specrt wrote as a bundle: its manifest is there."""
+    return (Path(path) / MANIFEST_NAME).is_file()
+
+
+def _is_empty_folder(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and next(path.iterdir(), None) is None
+
+
+def _never_replaced(out: Path) -> Optional[str]:
+    """What `out` is when it is a folder no writer may replace whatever it holds (the current
+    folder, a folder above it, the home folder, a filesystem root), else None. Compared after
+    resolving links and `..`, so no spelling of these folders gets through."""
+    target = Path(os.path.realpath(out))
+    here = Path(os.path.realpath(os.getcwd()))
+    if target == here:
+        return "the current folder"
+    if target in here.parents:
+        return "a folder above the current one"
+    if target == Path(os.path.realpath(Path.home())):
+        return "the home folder"
+    if target.parent == target or os.path.ismount(target):
+        return "a filesystem root"
+    return None
+
+
+def refuse_existing(out: Path, force: bool, is_ours: Callable[[Path], bool] = is_bundle,
+                    kind: str = "specrt bundle") -> None:
+    """SpecrtError unless a writer may put its output at `out`.
+
+    Why this strict: `--force` with an empty or mistyped --out (a script's unset variable) once
+    replaced the current folder with a bundle, deleting everything in it. So --force replaces only
+    what a writer made (is_ours: a bundle, its manifest present) or an empty folder, and never the
+    current folder, a folder above it, the home folder or a filesystem root; anything else that
+    exists is refused with or without --force, and the message does not suggest --force for it."""
+    protected = _never_replaced(out)
+    if protected is not None:
+        raise SpecrtError(f"{out} is {protected}, which specrt never replaces: name a new folder for its output, "
+                          "e.g. --out bundle")
+    if not (out.exists() or out.is_symlink()):
+        return
+    ours = not out.is_symlink() and out.is_dir() and is_ours(out)
+    if ours or _is_empty_folder(out):
+        if not force:
+            what = f"a {kind}" if ours else "an empty folder"
+            raise SpecrtError(f"{out} already exists; pass --force to replace it (it is {what})")
+        return
+    what = "a file" if out.is_file() else "a link" if out.is_symlink() else "a folder with other files in it"
+    raise SpecrtError(f"{out} already exists and is not a {kind} ({what}); specrt replaces only a {kind} or an "
+                      "empty folder: choose another --out")
 
 
 PARTIAL_PATTERN = re.compile(r"\.(?P<name>.+)\.partial-[0-9a-f]{8}")
@@ -107,9 +154,11 @@ def partial_dir(out: Path, note: Optional[Callable[[str], None]] = None) -> Iter
             os.close(lock)
 
 
-def move_into_place(work: Path, out: Path, force: bool) -> None:
-    """Rename work -> out; with force, the old `out` is moved aside first and deleted after."""
-    refuse_existing(out, force)  # it may have appeared while we worked
+def move_into_place(work: Path, out: Path, force: bool, is_ours: Callable[[Path], bool] = is_bundle,
+                    kind: str = "specrt bundle") -> None:
+    """Rename work -> out; with force, the old `out` (one refuse_existing allows) is moved aside
+    first and deleted after, so `out` is at every moment the old output or the new one, whole."""
+    refuse_existing(out, force, is_ours, kind)  # it may have appeared while we worked
     old = None
     if out.exists() or out.is_symlink():
         old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"

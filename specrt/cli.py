@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 import click
 
 from specrt import __version__
+from specrt.commands._path_flags import refuse_blank_paths
 from specrt.commands import bench, build, demo, export, generate, inspect, plan_tree, quantize, serve, train_draft
 from specrt.errors import SpecrtError, SpecrtWarning, Terminated
 
@@ -42,6 +43,7 @@ def cli() -> None:
 for command in (export.command, quantize.command, build.command, generate.command, bench.command, plan_tree.command,
                 inspect.command, serve.serve_command, serve.triton_repo_command, train_draft.command, demo.group):
     cli.add_command(command)
+refuse_blank_paths(cli)  # an empty path (an unset variable) never reads as the current folder
 
 
 def _terminate(signum, frame) -> None:

@@ -104,9 +104,10 @@ def export_bundle(target: MAR, draft: MAR | None, out_dir: str | Path, decoder: 
     runtime starts from and a note of where the weights came from."""
     from safetensors.torch import save_file
 
-    from specrt.bundle_dir import move_into_place, partial_dir
+    from specrt.bundle_dir import move_into_place, partial_dir, refuse_existing
 
     out_dir = Path(out_dir).absolute()
+    refuse_existing(out_dir, force=True)  # a bundle there is replaced; any other folder is refused before work
     with partial_dir(out_dir) as tmp:  # removed on failure; a killed run's is removed by the next write
         models = {}
         for role, model in (("target", target), ("draft", draft)):

@@ -21,6 +21,7 @@ from typing import Optional
 
 from specrt.bundle_dir import move_into_place, partial_dir, refuse_existing
 from specrt.errors import SpecrtError
+from specrt.manifest import MANIFEST_NAME
 from specrt.runtime.family import Family
 from specrt.runtime.serving.protocol import INPUTS, OUTPUTS, TensorSpec
 
@@ -97,6 +98,15 @@ def config_pbtxt(config: RepoConfig, outputs: tuple[TensorSpec, ...] = OUTPUTS) 
     return "\n".join(lines) + "\n"
 
 
+REPOSITORY = "Triton model repository specrt wrote"
+
+
+def is_repository(path: Path) -> bool:
+    """Whether `path` is a model repository write_repository made (a model folder holding a bundle):
+    what triton-repo --force may replace."""
+    return any((model / "1" / "bundle" / MANIFEST_NAME).is_file() for model in Path(path).iterdir() if model.is_dir())
+
+
 def write_repository(bundle: Path, out: Path, config: RepoConfig = RepoConfig(), force: bool = False) -> Path:
     """Write the repository for `bundle` (any family's) at `out`; returns the model folder."""
     from specrt.runtime.family_registry import read_bundle
@@ -109,12 +119,12 @@ def write_repository(bundle: Path, out: Path, config: RepoConfig = RepoConfig(),
     tensors = outputs(family.token_dtype, family.manifest_token_shape(manifest))
     if not config.model_name or not config.model_name.replace("-", "_").replace(".", "_").isidentifier():
         raise SpecrtError(f"model name {config.model_name!r}: use letters, digits, '-', '_' or '.'")
-    refuse_existing(out, force)
+    refuse_existing(out, force, is_repository, REPOSITORY)
     with partial_dir(out) as work:
         model = work / config.model_name
         (model / "1").mkdir(parents=True)
         (model / "config.pbtxt").write_text(config_pbtxt(config, tensors))
         (model / "1" / "model.py").write_text(MODEL_PY)
         shutil.copytree(bundle, model / "1" / "bundle", ignore=shutil.ignore_patterns(".*"))
-        move_into_place(work, out, force)
+        move_into_place(work, out, force, is_repository, REPOSITORY)
     return out / config.model_name

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from specrt import validation
+from specrt.bundle_dir import refuse_existing
 from specrt.commands._checkpoint_flags import CHECKPOINT_FLAG_NAMES, CheckpointFlags, checkpoint_flags
 from specrt.commands._help import COMMON, DEMO_SHORT_HELP, sectioned
 from specrt.errors import SpecrtError
@@ -160,8 +161,7 @@ def command(ctx: click.Context, out, force, target, draft, vq, grid, max_prompt_
                 raise SpecrtError(f"{flag} {value} is a directory without config.json: give a checkpoint file, or a "
                                   "Hugging Face checkpoint directory as --target")
     _refuse_inapplicable(checkpoint, target, draft, vq, random_weights, demo, demo == "mar" or family == "continuous")
-    if out.exists() and not force:  # refuse before loading multi-GB checkpoints
-        raise SpecrtError(f"{out} already exists; pass --force to replace it")
+    refuse_existing(out, force)  # before loading multi-GB checkpoints
     torch = require("torch", "specrt export")
     threads = resolve_threads(threads)
     torch.set_num_threads(threads)
@@ -256,8 +256,7 @@ def _export_continuous(ctx: click.Context, out: Path, force: bool, random_weight
                           "--random-weights; LTH14/mar checkpoints load in Python (specrt.export.mar.checkpoint)")
     if random_weights and demo_weights:
         raise SpecrtError("--random-weights makes its own weights; drop --demo-weights")
-    if out.exists() and not force:
-        raise SpecrtError(f"{out} already exists; pass --force to replace it")
+    refuse_existing(out, force)
     if random_weights:
         export_bundle(random_mar(RANDOM_TARGET, seed=0), random_mar(RANDOM_DRAFT, seed=1), out)
         click.echo(f"wrote continuous bundle {out} (target and draft step + head graphs)")

@@ -180,10 +180,12 @@ def triton_repo_command(bundle, out, model_name, backend, instance_kind, instanc
     REPO/<model>/1/bundle/      a copy of BUNDLE
     docs/guides/serve-triton.md has the docker command.
     """
+    from specrt.bundle_dir import refuse_existing
     from specrt.paths import output_folder
-    from specrt.runtime.serving.repository import RepoConfig, write_repository
+    from specrt.runtime.serving.repository import REPOSITORY, RepoConfig, is_repository, write_repository
 
     output_folder("--out", out)
+    refuse_existing(out, force, is_repository, REPOSITORY)  # before the bundle is read
     config = RepoConfig(model_name=model_name, backend=backend, instance_kind=instance_kind,
                         instances=validation.count("--instances", instances),
                         max_batch=validation.count("--max-batch", max_batch),

@@ -261,6 +261,7 @@ def test_failed_forced_export_keeps_the_old_bundle(tmp_path, monkeypatch):
     out = tmp_path / "bundle"
     out.mkdir()
     (out / "old.txt").write_text("previous export")
+    (out / "manifest.json").write_text("{}")  # a bundle: what --force may replace
 
     def fail(*args, **kwargs):
         raise RuntimeError("boom")
