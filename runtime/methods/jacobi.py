@@ -61,7 +61,7 @@ from specrt.runtime.verification.positions import verify_position, verify_positi
 from specrt.runtime.verification.rules import VANILLA, AcceptanceRule
 from specrt.runtime.verification.siblings import draw_without_replacement, verify_siblings
 from specrt.runtime.sampling import inverse_cdf
-from specrt.runtime.verification.coupling import COUPLINGS, gumbel_drafts, position_noise
+from specrt.runtime.verification.coupling import COUPLINGS, host_gumbel_drafts
 from specrt.runtime.verification.transport import host_rows, rows_by_position
 from specrt.runtime.window import Window
 from specrt.validation import Bool, Choice, Int
@@ -268,8 +268,8 @@ class JacobiDecoding(Method):
         rows read from a device are the loop's own)."""
         slots = route[accepted + 1:]
         if self.coupling == "gumbel":  # each row's Gumbel-max draw with its token index's noise
-            tokens = gumbel_drafts(p_rows[slots], position_noise(ctx.key.key, ctx.key.length + accepted + 1 +
-                                                                 np.arange(len(slots)), vocabulary(p_rows))).tolist()
+            tokens = host_gumbel_drafts(ctx.key.key, ctx.key.length + accepted + 1 + np.arange(len(slots)),
+                                        p_rows[slots]).tolist()
         else:
             tokens = draws[slots].tolist()
         if self.coupling == "maximal":  # keep each old draft if its new row accepts it, else resample
@@ -352,8 +352,7 @@ class JacobiDecoding(Method):
         support = len(uniform) if ctx.grammar is None else ctx.grammar.image_vocab  # uniform over its first entries
         key = ctx.key
         if self.coupling == "gumbel":
-            return Level([int(gumbel_drafts(uniform, position_noise(key.key, np.asarray(index), vocabulary(uniform))))],
-                         uniform)
+            return Level([int(host_gumbel_drafts(key.key, index, uniform))], uniform)
         fresh = key.uniform(index - key.length, FRESH, earlier=True)
         return Level([min(int(fresh * support), support - 1)], uniform)
 
@@ -367,11 +366,6 @@ def slot_uniforms(ctx: Decoding, windows: list[Optional[Window]]) -> np.ndarray:
         if window is not None:
             depths[p, :len(window)] = window.depths()
     return ctx.uniforms(depths, DRAFT)
-
-
-def vocabulary(rows: Any) -> np.ndarray:
-    """Every token id of rows [..., V], the tokens a position's noise covers."""
-    return np.arange(rows.shape[-1], dtype=np.int64)
 
 
 def fresh_proposal(vocab: int, grammar: Any = None) -> np.ndarray:

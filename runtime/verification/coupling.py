@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from specrt.runtime.arrays import namespace
 from specrt.runtime.counter_random import keyed_uniforms, noise_slots
 
@@ -45,3 +47,19 @@ def gumbel_drafts(rows: Any, noise: Any) -> Any:
     log q − log E = log(q / E), so argmax(q / E), zero-probability entries never drawn. int64 [...]."""
     xp = namespace(rows)
     return xp.argmax(xp.astype(rows, xp.float64) / noise, axis=-1)
+
+
+def host_gumbel_drafts(key: int, index: Any, rows: np.ndarray) -> np.ndarray:
+    """gumbel_drafts(rows, position_noise(key, index, every token)) for host rows [..., V] at token
+    indices index [...], with the noise hashed only where a row has mass: a top-k or top-p row (LlamaGen's
+    top-k 2,000 of 16,384) needs a few thousand of its V hashes. Entries without mass score 0 in both
+    forms and never win, and the others are the same operations on the same numbers: the same draws."""
+    rows = np.asarray(rows)
+    flat = rows.reshape(-1, rows.shape[-1])
+    at = np.broadcast_to(np.asarray(index, dtype=np.int64), rows.shape[:-1]).reshape(-1)
+    row, token = np.nonzero(flat)
+    if len(token) == flat.size:  # full support: the dense form, without the gathers
+        return gumbel_drafts(rows, position_noise(key, np.asarray(index, dtype=np.int64), np.arange(rows.shape[-1])))
+    score = np.zeros(flat.shape)
+    score[row, token] = flat[row, token].astype(np.float64) / -np.log(keyed_uniforms(key, at[row], noise_slots(token)))
+    return score.argmax(axis=-1).reshape(rows.shape[:-1])

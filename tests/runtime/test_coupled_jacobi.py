@@ -90,7 +90,10 @@ def noise_shared_by_positions(monkeypatch) -> None:
     def shared(key, index, tokens):
         return coupling.position_noise(key, index * 0, tokens)
 
-    monkeypatch.setattr(jacobi, "position_noise", shared)
+    def shared_on_the_host(key, index, rows):
+        return coupling.host_gumbel_drafts(key, np.asarray(index) * 0, rows)
+
+    monkeypatch.setattr(jacobi, "host_gumbel_drafts", shared_on_the_host)
     monkeypatch.setattr(jacobi_round, "position_noise", shared)
 
 
@@ -161,3 +164,19 @@ def test_an_unchanged_row_redrafts_the_same_token_under_gumbel_coupling():
                     coupling.gumbel_drafts(new, coupling.position_noise(image_key(4, 0), positions, np.arange(vocab))))
     # (1 − TV)/(1 + TV) ≥ 0.82 with TV ≤ 0.1; independent draws agree with Σ p·p' (~0.15 for these rows)
     assert same > 0.82 - 3 * np.sqrt(0.25 / len(positions)) and other < 0.3, (same, other)
+
+
+def test_the_host_hashes_noise_only_where_a_row_has_mass_and_draws_the_same():
+    """host_gumbel_drafts skips the hashes of zero-mass entries (top-k rows): the dense formula's draws."""
+    rng = np.random.default_rng(1)
+    vocab, positions = 300, np.arange(40, 52)
+    rows = rng.random((len(positions), vocab))
+    rows[rows < 0.9] = 0.0  # about 30 of 300 entries kept, as a top-k row
+    rows /= rows.sum(axis=-1, keepdims=True)
+    key = image_key(7, 0)
+    dense = coupling.gumbel_drafts(rows, coupling.position_noise(key, positions, np.arange(vocab)))
+    np.testing.assert_array_equal(coupling.host_gumbel_drafts(key, positions, rows), dense)
+    assert all(rows[i, token] > 0 for i, token in enumerate(dense))
+    full = rng.dirichlet(np.ones(vocab))  # one full row: the dense path
+    assert coupling.host_gumbel_drafts(key, 9, full) == coupling.gumbel_drafts(
+        full, coupling.position_noise(key, np.asarray(9), np.arange(vocab)))

@@ -24,7 +24,7 @@ FAMILIES = [("ar", {}), ("sd", {"draft_len": 3, "top_k": 20, "temperature": 0.8}
             ("cool-sd", {"tree": "dynamic", "total_tokens": 10, "depth": 3, "tree_top_k": 3}),
             ("sjd", {"window": 8}), ("sjd-pac", {"window": 16, "proactive_drafting": False}),
             ("sjd-pac", {"window": 16}), ("sjd-pac", {"window": 16, "branching": 2, "tree_depth": 3, "tree": "full"}),
-            ("sjd", {"window": 8, "coupling": "maximal"}), ("sjd", {"window": 8, "coupling": "gumbel"}),
+            ("sjd", {"window": 8, "coupling": "maximal"}), ("sjd", {"window": 8, "coupling": "gumbel", "top_k": 20}),
             ("sjd-pac", {"window": 16, "coupling": "gumbel"})]
 IDS = ["ar", "sd-chain-top-k", "cool-sd-chain", "sd-static", "cool-sd-dynamic", "sjd", "sjd-pac-chain",
        "sjd-pac-spine", "sjd-pac-full", "sjd-maximal", "sjd-gumbel", "sjd-pac-gumbel"]

@@ -39,8 +39,8 @@ CHAIN, STATIC = ("sd", {"draft_len": 3}), ("sd", {"tree": "static", "static_tree
 SJD = ("sjd", {"window": 6})
 SAMPLED = [CHAIN, ("lantern", {"draft_len": 3, "tvd_budget": 0.3}), STATIC,
            ("sd", {"tree": "dynamic", "total_tokens": 10, "depth": 3, "tree_top_k": 3}), SJD,
-           ("sjd-pac", {"window": 8, "branching": 2, "tree_depth": 2})]
-SAMPLED_IDS = ["sd-chain", "lantern-chain", "sd-static", "sd-dynamic", "sjd", "sjd-pac"]
+           ("sjd-pac", {"window": 8, "branching": 2, "tree_depth": 2}), ("sjd", {"window": 6, "coupling": "gumbel"})]
+SAMPLED_IDS = ["sd-chain", "lantern-chain", "sd-static", "sd-dynamic", "sjd", "sjd-pac", "sjd-gumbel"]
 GREEDY = [("ar", {}), CHAIN, STATIC, SJD]
 GREEDY_IDS = ["ar", "sd-chain", "sd-static", "sjd"]
 
