@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from specrt.atomic_file import atomic_path
 from specrt.errors import SpecrtError
 from specrt.lazy import require
 # the formula and the step profile it reads live in the runtime (--method auto prices settings too)
@@ -380,8 +381,6 @@ def write_profile_plot(path: str, latency: StepLatency, predictions: list[dict[s
     """Left: t(W)/t(1) (and the demo target's, when given, and `more` curves: other batch sizes
     and dtypes) between the flat and linear extremes; right: predicted vs measured speed-up per
     setting on `latency`."""
-    import os
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -424,6 +423,8 @@ def write_profile_plot(path: str, latency: StepLatency, predictions: list[dict[s
     right.grid(alpha=0.3, axis="x")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110, format="png")
-    plt.close(fig)
+    try:
+        with atomic_path(path) as partial:
+            fig.savefig(partial, dpi=110, format="png")
+    finally:
+        plt.close(fig)

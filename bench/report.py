@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from specrt.atomic_file import atomic_path, write_text
 from specrt.bench.cost_model import graph_seconds, run_predicted_speedup
 
 BREAKDOWN_KEYS = ("target_forward", "draft_forward", "verify_sample", "cache", "vq_decode")
@@ -213,21 +212,6 @@ def format_breakdown(results: list[MethodResult]) -> str:
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
-def _atomic_write(path: str, data: bytes) -> None:
-    """Write through a temporary file in the same folder, then rename: never a half file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def to_json_object(results: list[MethodResult], *, device: str, backend: str, bundle: str,
                    settings: dict[str, Any]) -> dict[str, Any]:
     """The benchmark's JSON object (see module docstring)."""
@@ -243,7 +227,7 @@ def to_json_object(results: list[MethodResult], *, device: str, backend: str, bu
 
 def write_json(path: str, payload: dict[str, Any]) -> None:
     """Write the benchmark JSON atomically."""
-    _atomic_write(path, (json.dumps(payload, indent=2, sort_keys=False) + "\n").encode())
+    write_text(path, json.dumps(payload, indent=2, sort_keys=False) + "\n")
 
 
 def _point_label(result: MethodResult) -> str:
@@ -312,17 +296,11 @@ def write_plot(path: str, results: list[MethodResult], title: str, fd_floor: flo
     axes[0][-1].legend(fontsize=8, loc="best")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110, format="png")
-        os.replace(tmp, path)
+        with atomic_path(path) as partial:
+            fig.savefig(partial, dpi=110, format="png")
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def format_markdown(payload: dict[str, Any]) -> str:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from specrt.atomic_file import write_text
 from specrt.errors import SpecrtError
 from specrt.runtime.tree_acceptance import RankCounts, check_acceptance
 from specrt.runtime.tree_latency import DynamicTree, Latency
@@ -65,16 +65,7 @@ def write_plan(path: str | os.PathLike, plan: TreePlan) -> Path:
     """Write `plan` as JSON at `path` through a temporary file in the same folder and a rename,
     so a reader (a bench run using the plan) never sees half a file."""
     path = Path(path)
-    text = json.dumps(plan.to_json(), indent=1) + "\n"
-    fd, partial = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(partial, path)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
-    return path
+    return write_text(path, json.dumps(plan.to_json(), indent=1) + "\n")
 
 
 def read_plan(path: str | os.PathLike, kind: Optional[str] = "static") -> TreePlan:

@@ -44,11 +44,29 @@ def _folder_accepts_files(flag: str, path: Path, folder: Path) -> None:
         pass
 
 
+def named(flag: str, path: PathLike) -> Path:
+    """`path` as a Path, refusing an empty or blank one: pathlib reads "" as ".", the current
+    folder, which no user means (a script's unset variable); the CLI refuses it as it parses
+    (specrt.commands._path_flags), this is the same rule for the Python API."""
+    if not str(os.fspath(path)).strip():
+        raise SpecrtError(f"{flag} {str(os.fspath(path))!r} names no file or folder (an unset variable?); give a path")
+    return Path(path)
+
+
+def file_name(flag: str, path: PathLike) -> Path:
+    """`path` as a path that names a file: not blank and not ending in a folder (`.`, `..`, `x/`)."""
+    raw = str(os.fspath(path))
+    path = named(flag, path)
+    if path.name in ("", ".", "..") or raw.endswith(os.sep):
+        raise SpecrtError(f"{flag} {raw} names a folder; name a file to write")
+    return path
+
+
 def output_file(flag: str, path: Optional[PathLike]) -> Optional[Path]:
     """`path` as a file specrt may write (create or replace), or SpecrtError; None passes through."""
     if path is None:
         return None
-    path = Path(path)
+    path = file_name(flag, path)
     if path.is_dir():
         raise SpecrtError(f"{flag} {path} is a folder; name a file to write")
     _folder_accepts_files(flag, path, path.parent)
@@ -63,7 +81,7 @@ def output_folder(flag: str, path: Optional[PathLike], write_into_existing: bool
     may be replaced (--force) is the caller's rule."""
     if path is None:
         return None
-    path = Path(path)
+    path = named(flag, path)
     if path.exists() and not path.is_dir():
         raise SpecrtError(f"{flag} {path} is a file; name a folder to write")
     if write_into_existing and path.is_dir():
@@ -87,7 +105,7 @@ def cache_folder(flag: str, path: Optional[PathLike]) -> Optional[Path]:
     one kind of output specrt makes folders for) and checked to take files; None passes through."""
     if path is None:
         return None
-    path = Path(path)
+    path = named(flag, path)
     if path.exists() and not path.is_dir():
         raise SpecrtError(f"{flag} {path} is a file; name a folder")
     try:

@@ -215,3 +215,16 @@ def test_out_writes_the_type_its_suffix_names(tmp_path, capsys):
         with Image.open(tmp_path / written) as image:
             assert image.format == kind
     assert sorted(p.name for p in tmp_path.iterdir()) == ["noext.png", "x.jpg"]
+
+
+@pytest.mark.parametrize("plot", ["p.txt", "p.json", "p.jpg"])
+def test_bench_plot_that_is_no_png_exits_2(plot, tmp_path, capsys, no_model_loads):
+    code, err = run(["bench", "--plot", str(tmp_path / plot)], capsys)
+    assert code == 2 and "is not an image type specrt writes; use one of .png" in one_line(err)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [["generate", "--method", "sd"], ["plan-tree"]])
+def test_a_repeated_param_key_exits_2(argv, capsys, no_model_loads):
+    code, err = run([*argv, "--param", "draft_len=2", "--param", "draft-len=5"], capsys)
+    assert code == 2 and "--param draft_len given twice (draft_len=2 and draft_len=5)" in one_line(err)

@@ -6,17 +6,16 @@ like a result (a rename within one folder is atomic on POSIX filesystems).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import click
 import numpy as np
 
+from specrt.atomic_file import atomic_path, write_text
 from specrt.commands._flag_groups import flag_group
 from specrt.runtime.family import Family
 
@@ -35,16 +34,18 @@ class OutputFlags:
         """The flags with every file generate will write checked before a model loads (specrt.paths:
         its folder exists and takes new files; no folder is created), --out as the image file it
         names (image_output) and the sheet's name free (check_sheet)."""
-        from specrt.paths import output_file
+        from specrt.paths import file_name, output_file
 
-        out = self.out if self.tokens_only else image_output(self.out)
+        out = file_name("--out", self.out) if self.tokens_only else image_output(self.out)
+        tokens_path = self.tokens_path
         if not self.tokens_only:
             output_file("--out", out)
-        elif self.tokens_path is None:
-            output_file("--out", out.with_suffix(".npy"))
+        elif tokens_path is None:
+            tokens_path = output_file("--out", tokens_output(out))
         output_file("--stats", self.stats_path)
         output_file("--save-tokens", self.tokens_path)
-        return dataclasses.replace(self, out=out, sheet=check_sheet(self.sheet, out, self.tokens_only))
+        return dataclasses.replace(self, out=out, tokens_path=tokens_path,
+                                   sheet=check_sheet(self.sheet, out, self.tokens_only))
 
     def report(self, family: Family, result: Any, method: str, per_condition: int = 1,
                auto: Optional[dict[str, Any]] = None) -> str:
@@ -55,7 +56,7 @@ class OutputFlags:
                                       per_condition)
         summary = {"method": method, **({"auto": auto} if auto else {}), **family.summary(result)}
         if self.stats_path:
-            self.stats_path.write_text(json.dumps(summary, indent=2) + "\n")
+            write_text(self.stats_path, json.dumps(summary, indent=2) + "\n")
         return summary_line(paths, method, summary, getattr(result, "sampling", None) or {}, images, others)
 
 
@@ -76,15 +77,12 @@ output_flags = flag_group("outputs", OutputFlags, [
 ])
 
 
-@contextlib.contextmanager
-def written_atomically(path: Path) -> Iterator[Path]:
-    """A temporary path beside `path` to write; renamed to `path` on success, removed on failure."""
-    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    try:
-        yield partial
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+written_atomically = atomic_path  # a temporary path beside `path`; renamed to `path` on success (specrt.atomic_file)
+
+
+def tokens_output(out: Path) -> Path:
+    """--tokens-only's file without --save-tokens: --out with .npy for its suffix (x.png, x. and x: x.npy)."""
+    return out.with_name(out.name.rstrip(".") or out.name).with_suffix(".npy")
 
 
 def save_tokens(tokens: np.ndarray, path: Path) -> Path:
@@ -112,18 +110,24 @@ def image_formats() -> dict[str, str]:
     return {suffix: name for suffix, name in IMAGE_FORMATS.items() if name in Image.SAVE}
 
 
-def image_output(out: Path, name: str = "--out") -> Path:
+def image_output(out: Path, name: str = "--out", formats: Optional[dict[str, str]] = None) -> Path:
     """The image path generate writes for `out`: the file type its suffix names, checked.
 
     Why: a name ending in .jpg holding PNG bytes breaks every tool that trusts the suffix, so the
-    suffix picks the format. A name without a suffix gets .png (the wrote ... line shows it); a
-    suffix that is no image type we write is one line, before a model loads."""
-    if not out.suffix:
-        return out.with_name(out.name + DEFAULT_IMAGE_SUFFIX)
-    formats = image_formats()
-    if out.suffix.lower() not in formats:
-        from specrt.errors import SpecrtError
+    suffix picks the format. A name without a suffix gets .png (the wrote ... line shows it; `x.`,
+    a dot with no type after it, is `x.png`, not `x..png`); a suffix that is no image type we write
+    (`formats`, default image_formats()) is one line, before a model loads."""
+    from specrt.errors import SpecrtError
+    from specrt.paths import file_name
 
+    out = file_name(name, out)
+    if not out.suffix:
+        stem = out.name.rstrip(".")
+        if not stem:
+            raise SpecrtError(f"{name} {out}: name a file, e.g. img.png")
+        return out.with_name(stem + DEFAULT_IMAGE_SUFFIX)
+    formats = image_formats() if formats is None else formats
+    if out.suffix.lower() not in formats:
         raise SpecrtError(f"{name} {out}: {out.suffix!r} is not an image type specrt writes; "
                           f"use one of {', '.join(formats)}")
     return out
@@ -243,7 +247,7 @@ def write_results(images: Optional[np.ndarray], tokens: np.ndarray, out: Path, t
     paths = [] if tokens_only else save_images(images, out, len(tokens))
     others = []
     if tokens_only or tokens_path:
-        others.append(save_tokens(tokens, tokens_path or out.with_suffix(".npy")))
+        others.append(save_tokens(tokens, tokens_path or tokens_output(out)))
     if sheet is not None and images is not None:
         others.append(save_sheet(images, sheet, sheet_columns(len(images), per_condition)))
     return paths, others

@@ -24,6 +24,7 @@ from specrt.errors import SpecrtError
 from specrt.runtime.backends.compiled_step import COMPILE_MODES
 from specrt.runtime.threads import checked as checked_threads
 
+PLOT_FORMATS = {".png": "PNG"}  # what --plot writes (matplotlib's PNG)
 DEFAULT_IMAGES = 180  # 18 per class; the FD noise floor can use 179 real images (half B)
 
 
@@ -232,7 +233,8 @@ def _batches(text: str) -> tuple[int, ...]:
                    "= class i mod classes, seed + i), to compare settings or backends offline.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the results as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write a PNG of the speed–fidelity trade-off (with --profile-arch: step latency against W).")
+              help="Write a PNG (a .png name; without a suffix .png is added) of the speed–fidelity trade-off "
+                   "(with --profile-arch: step latency against W).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the table as Markdown (for a README).")
 @click.option("--prompts", "prompts_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -307,6 +309,10 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     from specrt.paths import cache_folder, output_file
     from specrt.runtime.family_registry import family_for
 
+    if plot_path is not None:  # a PNG, named as generate names its images (no suffix: .png is added)
+        from specrt.commands._outputs import image_output
+
+        plot_path = image_output(plot_path, "--plot", PLOT_FORMATS)
     for flag, path in (("--json", json_path), ("--plot", plot_path), ("--markdown", markdown_path)):
         output_file(flag, path)  # before minutes of measuring: the folder exists and takes files
     cache_dir = cache_folder("--cache-dir", cache_dir)
@@ -537,6 +543,7 @@ def _print_run(run) -> None:
 
 
 def _write_outputs(run, json_path: Optional[Path], markdown_path: Optional[Path], plot_path: Optional[Path]) -> None:
+    from specrt.atomic_file import write_text
     from specrt.bench.report import format_markdown, write_json, write_plot
 
     info = run.payload
@@ -544,7 +551,7 @@ def _write_outputs(run, json_path: Optional[Path], markdown_path: Optional[Path]
         write_json(str(json_path), info)
         click.echo(f"wrote {json_path}")
     if markdown_path:
-        markdown_path.write_text(format_markdown(info), encoding="utf-8")
+        write_text(markdown_path, format_markdown(info))
         click.echo(f"wrote {markdown_path}")
     if plot_path:
         title = (f"{info['bundle'].split(' (')[0]} on {info['backend']}, {info['device']}, "

@@ -52,9 +52,12 @@ def parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise SpecrtError(f"--param needs key=value, got {pair!r}")
-        out[key.strip().replace("-", "_")] = value.strip()
+        name = key.strip().replace("-", "_")
+        if name in out:  # which one the user meant is theirs to say, not the last one's to win
+            raise SpecrtError(f"--param {name} given twice ({name}={out[name]} and {name}={value.strip()}); give it once")
+        out[name] = value.strip()
     return out
 
 
