@@ -33,9 +33,9 @@ from specrt.errors import SpecrtError
 from specrt.runtime.choosing.candidates import Candidate
 
 PROBE_SEED = 2_000_003  # not the bench's seeds (0, 1, ...): auto is judged on images it was not measured on
-SCREEN_IMAGES = 3  # images per candidate in the first pass (the first call of each warms up, untimed)
-CONFIRM_IMAGES = 6  # more images for the few best and ar in the second pass
-CONFIRMED = 4  # candidates besides ar that the second pass measures again
+SCREEN_IMAGES = 4  # images per candidate in the first pass (the first call of each warms up, untimed)
+CONFIRM_IMAGES = 8  # more images for the few best and ar in the second pass
+CONFIRMED = 6  # candidates besides ar that the second pass measures again
 
 
 def probe_calls(batch: int, images: int) -> int:
