@@ -22,7 +22,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-REFUSED_STATUS = "StatusCode.UNAVAILABLE"
+from specrt.runtime.serving.client import REFUSALS
+
+REFUSED_STATUS = "StatusCode.UNAVAILABLE"  # with one of the server's refusal reasons; else the server is gone
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,9 @@ class LoadClient:
         except Exception as exc:  # tritonclient's InferenceServerException carries the gRPC status
             latency = time.perf_counter() - start
             status = str(getattr(exc, "status", lambda: "")())
-            kind = "refused" if status == REFUSED_STATUS else "error"
-            return Outcome(pool_index, sent_s, latency, kind, message=" ".join(str(exc).split())[:200])
+            message = " ".join(str(exc).split())[:200]
+            refused = status == REFUSED_STATUS and any(reason in message for reason in REFUSALS)
+            return Outcome(pool_index, sent_s, latency, "refused" if refused else "error", message=message)
         latency = time.perf_counter() - start
         error = bytes(result.as_numpy("error")[0, 0]).decode()
         if error:

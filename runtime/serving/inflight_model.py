@@ -247,14 +247,21 @@ class TritonPythonModel:
 
     def _watch(self) -> None:
         next_metrics = 0.0
+        parent = os.getppid()
         while not self._stop.wait(CANCEL_POLL_S):
+            if os.getppid() != parent:  # Triton is gone: nobody can be answered, stop decoding for no one
+                LOG.error("the Triton server exited; this model process stops")
+                os._exit(1)
             with self._lock:
                 outstanding = list(self._outstanding.values())
             for pending in outstanding:
-                try:
-                    cancelled = pending.request.is_cancelled()
-                except Exception:  # a stub without cancellation, or the request is gone
-                    cancelled = False
+                with pending.lock:  # never ask about a request once answered: Triton may have released it
+                    if pending.answered:
+                        continue
+                    try:
+                        cancelled = pending.request.is_cancelled()
+                    except Exception:  # a stub without cancellation
+                        cancelled = False
                 if cancelled:
                     for _, ticket in pending.tickets:
                         ticket.cancel()  # its slot is freed at the next round; _row_ended answers CANCELLED
