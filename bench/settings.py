@@ -146,7 +146,10 @@ def build_settings(methods: str | Sequence[str] = DEFAULT_METHODS, sweeps: Seque
     names = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
     unknown = sorted({m for m in names if m not in METHODS})
     if unknown:
-        raise SpecrtError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+        from specrt.runtime.family_registry import where_method_runs
+
+        raise SpecrtError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}"
+                          + where_method_runs(unknown[0], "llamagen"))
     swept: dict[str, list[dict[str, Any]]] = {}
     for spec in sweeps:
         method, params = parse_sweep(spec)

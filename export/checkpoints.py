@@ -59,6 +59,30 @@ def _is_safetensors(path: Path) -> bool:
     return len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") < path.stat().st_size
 
 
+# The first bytes of the files a checkpoint is saved as, and of the files people hand over by mistake.
+_CHECKPOINT_MAGIC = ((b"PK\x03\x04", "torch.save's zip"), (b"\x80", "a pickle"))
+_OTHER_MAGIC = ((b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"RIFF", "a RIFF file (WebP, WAV)"),
+                (b"GIF8", "a GIF image"), (b"%PDF", "a PDF"), (b"\x93NUMPY", "a numpy .npy array"),
+                (b"\x08", "an ONNX graph (export it from its checkpoint instead)"))
+
+
+def refuse_non_checkpoint(flag: str, path: Path) -> None:
+    """SpecrtError unless `path` starts like a checkpoint (torch.save's zip, a pickle, or
+    safetensors: an 8-byte header length, then JSON), read from its first bytes before anything
+    loads: a PNG given as --target is named as a PNG, not met later as a missing image size."""
+    path = Path(path)
+    if not path.is_file():
+        return  # a folder or a missing file: the caller's message says what to give
+    with open(path, "rb") as handle:
+        head = handle.read(9)
+    if any(head.startswith(magic) for magic, _ in _CHECKPOINT_MAGIC) or (len(head) == 9 and head[8:9] == b"{"):
+        return
+    what = next((name for magic, name in _OTHER_MAGIC if head.startswith(magic)),
+                "empty" if not head else "not a torch or safetensors file")
+    raise SpecrtError(f"{flag} {path} is not a checkpoint ({what}): give a LlamaGen checkpoint file (.pt, .pth or "
+                      ".safetensors)")
+
+
 def _torch_load(path: Path, allow_pickle: bool) -> object:
     """torch.load with weights_only=True: a pickle may name any Python callable, and unpickling
     would call it (a checkpoint is code unless proven otherwise). torch's weights-only unpickler

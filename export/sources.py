@@ -66,8 +66,11 @@ def checkpoint_models(target: Path, draft: Path | None, vq: Path, target_choice:
     t2i: `text_encoder` names a local T5 directory to export into the bundle, tokenising to
     the GPT's cond_len (LlamaGen: flan-t5-xl, 120 tokens).
     """
-    from specrt.export.checkpoints import image_grid, load_gpt, load_vq
+    from specrt.export.checkpoints import image_grid, load_gpt, load_vq, refuse_non_checkpoint
 
+    for flag, path in (("--target", target), ("--draft", draft), ("--vq", vq)):
+        if path is not None:
+            refuse_non_checkpoint(flag, path)  # its first bytes, before the image size is asked for
     image_size = checkpoint_image_size(image_size, target)  # before loading anything: a missing flag costs nothing
     vq_model = load_vq(vq, config=vq_arch, decoder_only=True)
     grid = image_grid(image_size, vq_model.config.downsample)

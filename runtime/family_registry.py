@@ -42,6 +42,20 @@ def family(name: str) -> Family:
     return load(f"{FAMILIES[name]}:FAMILY", f"model family {name!r}")
 
 
+def where_method_runs(method: Any, here: str) -> str:
+    """The families other than `here` (a family's name) that run `method`, as the end of an
+    "unknown method" line: `--help` lists every family's methods, so a method this model lacks is
+    named with the models that have it, not called unknown. '' when no family has it."""
+    others = [name for name in FAMILIES if name != here and method in family(name).methods]
+    if not isinstance(method, str) or not others:
+        return ""
+    def runs(name: str) -> str:
+        demos = ["the default demo"] if name == DEFAULT_FAMILY else []
+        demos += [f"--demo {demo}" for demo, owner in DEMO_FAMILIES.items() if owner == name]
+        return f"{family(name).description} models ({', '.join([*demos, 'their bundles'])})"
+    return f"; {method} is a method of {' and of '.join(runs(name) for name in others)}"
+
+
 def named_family(raw: Any, where: Path) -> Family:
     """The plug-in of the family a manifest's parsed JSON names (`where`: the file, for messages)."""
     if not isinstance(raw, dict):

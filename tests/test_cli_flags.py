@@ -228,3 +228,81 @@ def test_bench_plot_that_is_no_png_exits_2(plot, tmp_path, capsys, no_model_load
 def test_a_repeated_param_key_exits_2(argv, capsys, no_model_loads):
     code, err = run([*argv, "--param", "draft_len=2", "--param", "draft-len=5"], capsys)
     assert code == 2 and "--param draft_len given twice (draft_len=2 and draft_len=5)" in one_line(err)
+
+
+# ---- messages that name what the user gave ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["generate"], ["export", "--vq", "VQ"]])
+@pytest.mark.parametrize("content, message", [
+    ({}, "is an empty folder: give a LlamaGen checkpoint file"),
+    ({"manifest.json": "{}"}, "is a specrt bundle, not a checkpoint: it is exported already"),
+    ({"notes.txt": "x"}, "is a folder without config.json: give a LlamaGen checkpoint file"),
+])
+def test_a_folder_that_is_no_checkpoint_as_target_says_what_it_is(command, content, message, tmp_path, capsys,
+                                                                   no_model_loads):
+    target = tmp_path / "folder"
+    target.mkdir()
+    for name, text in content.items():
+        (target / name).write_text(text)
+    (tmp_path / "vq.pt").write_bytes(b"PK\x03\x04")
+    argv = [str(tmp_path / "vq.pt") if a == "VQ" else a for a in command]
+    code, err = run([*argv, "--target", str(target), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and message in one_line(err) and "--prompt" not in err
+
+
+@pytest.mark.parametrize("command", [["generate"], ["export"]])
+def test_an_image_given_as_a_checkpoint_is_named_an_image(command, tmp_path, capsys, no_model_loads):
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "img.png")
+    code, err = run([*command, "--target", str(tmp_path / "img.png"), "--vq", str(tmp_path / "img.png"), "--out",
+                     str(tmp_path / "out")], capsys)
+    assert code == 2 and "--target" in err and "is not a checkpoint (a PNG image)" in one_line(err)
+    assert "image size" not in err
+
+
+def test_checkpoint_files_pass_the_first_bytes_check(tmp_path):
+    from specrt.export.checkpoints import refuse_non_checkpoint
+
+    torch.save({"w": torch.zeros(2)}, tmp_path / "a.pt")
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "a.safetensors"))
+    for name in ("a.pt", "a.safetensors"):
+        refuse_non_checkpoint("--target", tmp_path / name)
+    (tmp_path / "e.pt").write_bytes(b"")
+    with pytest.raises(SpecrtError, match=r"is not a checkpoint \(empty\)"):
+        refuse_non_checkpoint("--vq", tmp_path / "e.pt")
+
+
+@pytest.mark.parametrize("argv, family", [
+    (["generate", "--method", "cspd"], "continuous (MAR-style) models (--demo mar"),
+    (["bench", "--methods", "cspd"], "continuous (MAR-style) models (--demo mar"),
+    (["generate", "--demo", "mar", "--method", "lantern"], "LlamaGen-layout (VQ-token) models (the default demo"),
+])
+def test_a_method_of_another_family_names_the_family_that_has_it(argv, family, capsys, no_model_loads):
+    code, err = run(argv, capsys)
+    assert code == 2 and f"is a method of {family}" in one_line(err)
+
+
+def test_a_bundle_names_the_family_that_has_the_method(demo_bundle, capsys, no_model_loads):
+    code, err = run(["generate", str(demo_bundle), "--method", "cspd"], capsys)
+    assert code == 2 and "cspd is a method of continuous (MAR-style) models" in one_line(err)
+
+
+@pytest.mark.parametrize("ports", [["--http-port", "8005", "--grpc-port", "8005"],
+                                   ["--grpc-port", "8002"], ["--http-port", "8002"]])
+def test_serve_refuses_one_port_for_two_protocols(ports, capsys, no_model_loads):
+    code, err = run(["serve", *ports], capsys)
+    assert code == 2 and "each need a port of their own" in one_line(err)
+
+
+def test_serve_without_the_serve_extra_says_so_before_starting_anything(monkeypatch, capsys, no_model_loads):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pytriton", None)  # as if nvidia-pytriton were not installed
+    monkeypatch.setitem(sys.modules, "pytriton.triton", None)
+    code, err = run(["serve"], capsys)
+    assert code == 2 and "needs nvidia-pytriton, which is not installed" in one_line(err)
+    assert "starting Triton" not in err

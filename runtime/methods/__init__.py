@@ -38,7 +38,10 @@ def checked_max_window(max_window: int, tokens: int, flag: str = "--max-window")
 def make_method(name: str, **params: Any) -> Method:
     """The strategy object for `name` with its parameters checked (SpecrtError on mistakes)."""
     if not isinstance(name, str) or name not in METHODS:
-        raise SpecrtError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+        from specrt.runtime.family_registry import where_method_runs
+
+        raise SpecrtError(f"unknown method {name!r} for this model; choose one of {', '.join(METHODS)}"
+                          + where_method_runs(name, "llamagen"))
     return METHODS[name](**params)
 
 

@@ -101,11 +101,24 @@ def _tensors(model_config: Any, specs: tuple, optional: bool) -> list:
             for s in specs]
 
 
+def require_pytriton() -> None:
+    """SpecrtError naming the install when the `serve` extra is missing: checked before the model
+    loads and before anything says Triton is starting."""
+    _pytriton()
+    require("tritonclient.http", FEATURE)
+
+
 def check_ports_free(config: ServeConfig) -> None:
-    """SpecrtError naming the flag when a port is taken (tritonserver would exit, and PyTriton
-    would wait two minutes for it before saying so)."""
-    for flag, port in (("--http-port", config.http_port), ("--grpc-port", config.grpc_port),
-                       ("--metrics-port", config.metrics_port)):
+    """SpecrtError naming the flag when a port is taken, or named for two of HTTP, gRPC and metrics
+    (tritonserver would exit, and PyTriton would wait two minutes for it before saying so)."""
+    ports = (("--http-port", config.http_port), ("--grpc-port", config.grpc_port),
+             ("--metrics-port", config.metrics_port))
+    for i, (flag, port) in enumerate(ports):
+        same = [other for other, taken in ports[:i] if taken == port]
+        if same:
+            raise SpecrtError(f"{same[0]} and {flag} are both {port}: HTTP, gRPC and metrics each need a port of "
+                              "their own")
+    for flag, port in ports:
         with socket.socket() as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:

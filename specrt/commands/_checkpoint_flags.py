@@ -10,6 +10,7 @@ head count (for sizes LlamaGen does not name) and the image size must come from 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 import click
@@ -52,6 +53,24 @@ class CheckpointFlags:
 
         return (GPTChoice(self.arch, self.n_head, self.n_kv_head),
                 GPTChoice(self.draft_arch, self.draft_n_head, self.draft_n_kv_head, flag_prefix="draft-"))
+
+
+HF_DIRECTORY = "a Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json)"
+
+
+def refuse_folder_without_config(flag: str, path: Path) -> None:
+    """SpecrtError unless the folder `path` is a Hugging Face checkpoint directory (config.json in
+    it), saying what the folder is instead: a bundle, an empty folder, or other files."""
+    from specrt.errors import SpecrtError
+    from specrt.manifest import MANIFEST_NAME
+
+    if (path / "config.json").is_file():
+        return
+    if (path / MANIFEST_NAME).is_file():
+        raise SpecrtError(f"{flag} {path} is a specrt bundle, not a checkpoint: it is exported already "
+                          f"(run it with `specrt generate {path}`)")
+    what = "an empty folder" if next(path.iterdir(), None) is None else "a folder without config.json"
+    raise SpecrtError(f"{flag} {path} is {what}: give a LlamaGen checkpoint file (.pt, .safetensors) or {HF_DIRECTORY}")
 
 
 CHECKPOINT_FLAG_NAMES = tuple(CheckpointFlags.__dataclass_fields__)  # their parameter names, for help sections

@@ -41,7 +41,10 @@ def refuse(family: Family, method: str, refused: dict[str, Any]) -> None:
         reason = family.refused_methods.get(method)
         if reason:
             raise SpecrtError(reason)
-        raise SpecrtError(f"method {method!r}: a {family.description} model runs {', '.join(family.methods)}")
+        from specrt.runtime.family_registry import where_method_runs
+
+        raise SpecrtError(f"method {method!r}: a {family.description} model runs {', '.join(family.methods)}"
+                          + where_method_runs(method, family.name))
 
 
 def check_flags(family: Family, bundle: Optional[Path], method: str, seed: int, drawing: Drawing, models: ModelFlags,

@@ -12,7 +12,8 @@ import click
 
 from specrt import validation
 from specrt.bundle_dir import refuse_existing
-from specrt.commands._checkpoint_flags import CHECKPOINT_FLAG_NAMES, CheckpointFlags, checkpoint_flags
+from specrt.commands._checkpoint_flags import (CHECKPOINT_FLAG_NAMES, CheckpointFlags, checkpoint_flags,
+                                               refuse_folder_without_config)
 from specrt.commands._help import COMMON, DEMO_SHORT_HELP, sectioned
 from specrt.errors import SpecrtError
 from specrt.export.demo.registry import DEFAULT_DEMO, demo_names
@@ -158,9 +159,16 @@ def command(ctx: click.Context, out, force, target, draft, vq, grid, max_prompt_
                 raise SpecrtError(f"{flag} applies to Hugging Face checkpoint directories (--target DIR) only")
         for flag, value in (("--target", target), ("--draft", draft), ("--vq", vq)):
             if value is not None and value.is_dir():
-                raise SpecrtError(f"{flag} {value} is a directory without config.json: give a checkpoint file, or a "
-                                  "Hugging Face checkpoint directory as --target")
+                refuse_folder_without_config(flag, value)  # what the folder is, when it is no checkpoint
+                raise SpecrtError(f"{flag} {value} is a Hugging Face checkpoint directory: it goes with a Hugging "
+                                  "Face --target directory")
     _refuse_inapplicable(checkpoint, target, draft, vq, random_weights, demo, demo == "mar" or family == "continuous")
+    if not unified:
+        from specrt.export.checkpoints import refuse_non_checkpoint
+
+        for flag, value in (("--target", target), ("--draft", draft), ("--vq", vq)):
+            if value is not None:
+                refuse_non_checkpoint(flag, value)  # a PNG named as a PNG, not met later as a missing image size
     refuse_existing(out, force)  # before loading multi-GB checkpoints
     torch = require("torch", "specrt export")
     threads = resolve_threads(threads)

@@ -28,7 +28,8 @@ import click
 from specrt import validation
 from specrt.commands import _family
 from specrt.commands._auto import AutoRequest, choose as choose_auto, closing_note, model_identity
-from specrt.commands._checkpoint_flags import CHECKPOINT_FLAG_NAMES, CheckpointFlags, checkpoint_flags
+from specrt.commands._checkpoint_flags import (CHECKPOINT_FLAG_NAMES, CheckpointFlags, checkpoint_flags,
+                                               refuse_folder_without_config)
 from specrt.commands._generate_flags import (Drawing, ModelFlags, RunFlags, SamplingFlags, drawing_flags, model_flags,
                                              refuse_torch_flags_on_a_bundle, repeated, run_flags, sampling_flags)
 from specrt.commands._help import COMMON, sectioned
@@ -125,6 +126,7 @@ def choose_route(bundle: Optional[Path], models: ModelFlags) -> Route:
     """The route the flags ask for; a BUNDLE's damaged manifest is one line here, before any other
     check, and its family is the one its manifest names."""
     if models.target is not None and models.target.is_dir():  # a Hugging Face directory: unified, on PyTorch
+        refuse_folder_without_config("--target", models.target)
         return Route(HF_CHECKPOINTS, family("unified"))
     if bundle is not None:
         manifest = read_manifest_file(bundle)
@@ -151,6 +153,12 @@ def check_flags(route: Route, bundle: Optional[Path], method: str, seed: int, pa
     check_before_loading(method, seed, run.max_window, checkpoint.image_size, run.threads, sampling.given(), params)
     check_applicable(bundle, models.demo, models.target, models.draft, models.vq, checkpoint, run.device, run.backend,
                      run.loop)
+    if route.kind == CHECKPOINTS:
+        from specrt.export.checkpoints import refuse_non_checkpoint
+
+        for flag, path in (("--target", models.target), ("--draft", models.draft), ("--vq", models.vq)):
+            if path is not None:
+                refuse_non_checkpoint(flag, path)  # a PNG named as a PNG, not met later as a missing image size
 
 
 def build_pipeline(bundle: Any, models: ModelFlags, checkpoint: CheckpointFlags = CheckpointFlags(),

@@ -86,7 +86,8 @@ def serve_command(bundle, demo, backend, device, threads, host, http_port, grpc_
     from specrt.commands.generate import build_pipeline, check_applicable
     from specrt.commands._checkpoint_flags import CheckpointFlags
     from specrt.commands._generate_flags import ModelFlags, RunFlags
-    from specrt.runtime.serving.pytriton_server import ServeConfig, check_ports_free, serve, serve_inflight
+    from specrt.runtime.serving.pytriton_server import (ServeConfig, check_ports_free, require_pytriton, serve,
+                                                      serve_inflight)
 
     import tempfile
 
@@ -107,6 +108,7 @@ def serve_command(bundle, demo, backend, device, threads, host, http_port, grpc_
                          exit_timeout_s=validation.integer("--exit-timeout", exit_timeout, low=1, high=600),
                          log_file=log_file)
     check_applicable(bundle, demo, None, None, None, CheckpointFlags(), device, backend)  # --device: a torch that has it
+    require_pytriton()  # the `serve` extra, before a model loads and before "starting Triton"
     check_ports_free(config)  # before a model loads: a taken port costs a second
 
     def ready() -> None:

@@ -366,5 +366,8 @@ def make_continuous_method(name: str, **params: Any) -> ContinuousMethod:
 
         raise SpecrtError(GSD_REFUSAL)
     if not isinstance(name, str) or name not in CONTINUOUS_METHODS:
-        raise SpecrtError(f"unknown method {name!r} for a continuous model; choose one of {', '.join(CONTINUOUS_METHODS)}")
+        from specrt.runtime.family_registry import where_method_runs
+
+        raise SpecrtError(f"unknown method {name!r} for a continuous model; choose one of "
+                          f"{', '.join(CONTINUOUS_METHODS)}" + where_method_runs(name, "continuous"))
     return CONTINUOUS_METHODS[name](**params)
