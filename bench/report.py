@@ -1,12 +1,14 @@
 """Turn measured results into the three things users read: a table, a JSON file, a plot.
 
-The JSON layout is a contract (issue 7): one object with `device`, `backend`, `bundle`,
-`settings` and `results`, each result carrying `method`, `params`, `mean_accepted_length`,
-`target_forwards_per_image`, `latency_s` {median, p90}, `speedup_vs_ar`, `breakdown_s` and
-`quality`; since issue 30 also `predicted_speedup_vs_ar` (the cost model on the run's own graph
-timings: ar's graph seconds per image over the setting's), `mean_speedup_vs_ar` and
-`measured_over_predicted` (their ratio), absent from files written before; since the device round
-also `host_syncs_per_round` and, in a run comparing decoding loops (`--loop host,round`), `loop`.
+The JSON file (`specrt bench --json`) is a contract readers may rely on within specrt 0.1:
+one object with `device`, `backend`, `bundle`, `settings` and `results`; each result carries
+`method`, `params`, `label`, `images`, `mean_accepted_length`, `target_forwards_per_image`,
+`latency_s` {median, p90, ...}, `speedup_vs_ar`, `breakdown_s` and `quality`. Keys added later
+within 0.1.0 (dates as in docs/changelog.md) are absent from files written before them:
+`predicted_speedup_vs_ar` (the cost model on the run's own graph timings: ar's graph seconds per
+image over the setting's), `mean_speedup_vs_ar` and `measured_over_predicted` (their ratio) since
+2026-11-24; `host_syncs_per_round` and, in a run comparing decoding loops (`--loop host,round`),
+`loop` since 2026-11-27.
 """
 from __future__ import annotations
 

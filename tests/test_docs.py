@@ -105,3 +105,27 @@ def test_the_quickstart_writes_the_image_it_promises(tmp_path):
     # a digit: dark background, some bright ink
     darkest, brightest = image.convert("L").getextrema()
     assert darkest < 64 and brightest > 128
+
+
+def test_one_venv_story_for_the_serve_extra():
+    """The serve extra holds numpy below 2; every page that says where it goes says the same: the
+    one venv the test command installs everything into (CI's), never a venv of its own."""
+    pages = {path: path.read_text(encoding="utf-8") for path in (
+        README, GETTING_STARTED, ROOT / "docs" / "guides" / "serve-triton.md", ROOT / "pyproject.toml", CI)}
+    for path, text in pages.items():
+        flat = " ".join(text.replace("#", " ").split())
+        assert not re.search(r"(its|their|a) own venv", flat), f"{path.name} sends `serve` to a venv of its own"
+        assert re.search(r"one venv|same venv", flat, re.I), f"{path.name} does not say the extras share one venv"
+        assert re.search(r"numpy (below 2|<2|to 1\.26)|numpy 2\.x back to 1\.26|numpy 1\.26", flat), path.name
+    assert "serve" in _setup_lines(CI.read_text(encoding="utf-8"))[0]  # CI runs the serving tests in that venv
+
+
+def test_no_history_by_issue_number_in_the_code():
+    """Docstrings and comments say what a thing is and since which version or date, not which
+    ticket changed it."""
+    pattern = re.compile(r"\b(session|issue)s? #?[0-9]", re.I)
+    found = [f"{path.relative_to(ROOT)}:{n}"
+             for folder in ("specrt", "runtime", "export", "engines", "bench", "models")
+             for path in sorted((ROOT / folder).rglob("*.py"))
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert not found, f"issue / session numbers in the code: {found}"
