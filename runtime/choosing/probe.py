@@ -12,8 +12,10 @@ measures the same way):
 - straggle s: target graph runs × batch / target forwards (1 at batch 1, ar 1 always);
 - a round's seconds, split as the formula prices it: the target step t(W) (its graph seconds per
   target run), the draft's work per round (n_draft · t_draft: draft graph seconds per target run),
-  and the host work between the calls (the call's wall time less both, per target run). Each is
-  the fastest over the calls: other processes only ever add time.
+  and the host work between the calls (the call's wall time less both, per target run), all three
+  from the call whose round was fastest: other processes only ever add time. (Not each part's own
+  fastest call: on a busy machine the sum of three separate minima undercuts every real round, the
+  more so the more parts a round has, and a drafted setting looked 1.5x faster than it ran.)
 
 A family whose stats have no per-part seconds (the continuous family) charges the whole wall time
 to the target step: the same for ar and its speculative method, so their ratio stays the measured
@@ -85,9 +87,8 @@ class Measured:
         """One call's counts, and its seconds per round (target, draft, host) unless it was a warm-up."""
         self.tokens, self.forwards, self.passes = self.tokens + tokens, self.forwards + forwards, self.passes + passes
         self.images, self.calls = self.images + images, self.calls + 1
-        if seconds is not None:
-            self.target_s, self.draft_s, self.host_s = (min(a, b) for a, b in
-                                                        zip((self.target_s, self.draft_s, self.host_s), seconds))
+        if seconds is not None and sum(seconds) < self.round_s:  # the fastest call's round, its parts together
+            self.target_s, self.draft_s, self.host_s = seconds
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready (seconds never measured are None)."""

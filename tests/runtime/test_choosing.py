@@ -64,6 +64,17 @@ def test_a_refused_or_straggling_setting_is_priced_as_such():
     assert pick([ar, straggler])[0] is ar  # 2 / 4 = 0.5 of ar
 
 
+def test_a_rounds_seconds_come_from_one_call_not_from_each_parts_luckiest():
+    """Three parts, each fastest in a different call: the round is the fastest call's whole round
+    (summing each part's own minimum would price a round no call ever ran)."""
+    entry = Measured(Candidate.of("sd", {"draft_len": 6}))
+    entry.add(100, 50, 50, 1, None)  # the warm-up: counted, not timed
+    for seconds in ((0.004, 0.006, 0.002), (0.008, 0.003, 0.002), (0.007, 0.006, 0.0005)):
+        entry.add(100, 50, 50, 1, seconds)
+    assert entry.round_s == pytest.approx(0.012) and (entry.target_s, entry.draft_s) == (0.004, 0.006)
+    assert entry.accepted_length == 2.0 and entry.images == 4
+
+
 def test_the_guarantee_decides_which_methods_compete():
     lossless = {c.method for c in candidates(METHODS)}
     assert lossless == {m for m, cls in METHODS.items() if cls.lossless and cls.auto_settings}
