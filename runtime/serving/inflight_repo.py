@@ -6,7 +6,8 @@
 Unlike `specrt triton-repo` nothing is copied: the repository lives in a temporary folder for
 the life of one server and names the bundle where it is. The pipeline is opened inside Triton's
 stub process from a JSON spec (`open_pipeline`): {"bundle", "backend", "threads"} opens a bundle
-of any family; {"factory": "module:function", ...} calls that function with the spec, which is
+of any family; {"factory": "module:function", "sys_path": [folders], ...} calls that function with the spec
+(its module found on sys.path, after the spec's folders), which is
 how the CLI hands over every route it knows (the embedded demos, checkpoints) without the runtime
 importing the CLI. The stub runs the venv's Python (PyTriton puts it on the server's PATH), so
 the model imports this installed specrt.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -47,6 +49,9 @@ def parameters_of(model_config: dict) -> dict[str, str]:
 def open_pipeline(spec: dict[str, Any]) -> Any:
     """The pipeline a spec names: the factory's ("module:function", called with the spec), else the bundle's."""
     factory = spec.get("factory")
+    for folder in spec.get("sys_path", ()):  # where the factory's module lives, when not installed
+        if folder not in sys.path:
+            sys.path.insert(0, str(folder))
     if factory:
         module, _, name = str(factory).partition(":")
         try:
