@@ -45,9 +45,44 @@ def _versions() -> dict[str, str]:
     return out
 
 
+# The demo's committed run (bench/results/demo.json, 180 images, 64-d evaluator features): the FD
+# noise floor is 61 ± 28 while the methods' distances are 120-240 ± 30-37; at 8 images the floor is
+# 1520 ± 792. The floor falls as ~1/N (61 x 179 ≈ 1520 x 8 ≈ 11,000), so at 180 images it sits at
+# half the smallest method's distance: the fewest images at which gaps between methods show.
+FIDELITY_IMAGES = 180
+
+
+def fidelity_sample_note(images: int, feature_dim: int) -> Optional[str]:
+    """A warning when `images` per setting are too few for the fidelity columns, else None.
+
+    Below feature_dim + 1 images the sample covariance of the evaluator's features is singular, so
+    a Fréchet distance (and the real-vs-real noise floor) is dominated by the estimator, not the
+    images: those columns mean nothing. Between that and FIDELITY_IMAGES the floor (~11,000 / N on
+    the demo) is above half the methods' distances, so their gaps are inside the noise."""
+    if images >= FIDELITY_IMAGES:
+        return None
+    if images <= feature_dim:
+        return (f"{images} images per setting: the Fréchet distances and the FD noise floor mean nothing at this "
+                f"size (the evaluator's {feature_dim}-d feature covariance needs more than {feature_dim} images); "
+                f"use --images {FIDELITY_IMAGES} or more to compare methods' fidelity")
+    return (f"{images} images per setting: the Fréchet distances are rough at this size (the noise floor falls as "
+            f"~1/images and is above half the methods' distances below {FIDELITY_IMAGES}); use --images "
+            f"{FIDELITY_IMAGES} or more to compare methods' fidelity")
+
+
 def planned_images(settings: Sequence[Setting], images: int, batches: Sequence[int] = (1,)) -> int:
     """How many images a run generates (timed run + Theorem-2 pass), for a progress bar."""
     return images * len(settings) * len(batches) + min(images, THEORY_IMAGES) * sum(map(has_theory, settings))
+
+
+def _bytes_per_image(pipe: Any) -> int:
+    """What a run keeps of one image: its RGB pixels and its tokens (int64)."""
+    try:
+        height, width = pipe.image_size
+        tokens = pipe.target.spec.num_image_tokens
+    except AttributeError:
+        return 1 << 16
+    return height * width * 3 + 8 * tokens
 
 
 def same_tokens_at_every_batch(records: Sequence[SettingRecords]) -> bool:
@@ -67,7 +102,12 @@ def benchmark(models: BenchModels, settings: Sequence[Setting], images: int, see
     """Measure `settings` on `images` images each (interleaved) at every batch size, judge them, and
     build the JSON payload (with every image's tokens when keep_tokens: to compare settings or
     backends offline)."""
+    from specrt import validation
+
     started = time.perf_counter()
+    kept = len(settings) * len(batches) * _bytes_per_image(models.pipeline)
+    validation.within_memory("images", validation.count("images", images), kept,
+                             f"every setting's images and tokens at {len(batches)} batch size(s), kept for the judge")
     records, labels = run_settings(models.pipeline, settings, images, seed, on_image, batches, models.drafts,
                                    models.prompts)
     theory_images = min(images, THEORY_IMAGES)

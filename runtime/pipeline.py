@@ -226,6 +226,9 @@ class Pipeline:
         decode = validation.flag("decode", decode)
         with self._generate_lock:
             conditions = self.conditions(class_ids, prompts, captions)
+            height, width = self.image_size
+            validation.within_memory("images", len(conditions), 8 * self.target.spec.num_image_tokens
+                                     + (height * width * 3 if decode else 0), "the images and tokens of one call")
             return self._generate(conditions, method, image_seeds(seed, len(conditions)), decode, **params)
 
     def prepared(self, method: str | Method, params: dict[str, Any]) -> tuple[Method, SamplingParams]:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 import click
 
 from specrt import __version__
+from specrt.commands._count_flags import bound_integers
 from specrt.commands._path_flags import refuse_blank_paths
 from specrt.commands import bench, build, demo, export, generate, inspect, plan_tree, quantize, serve, train_draft
 from specrt.errors import SpecrtError, SpecrtWarning, Terminated
@@ -44,6 +45,7 @@ for command in (export.command, quantize.command, build.command, generate.comman
                 inspect.command, serve.serve_command, serve.triton_repo_command, train_draft.command, demo.group):
     cli.add_command(command)
 refuse_blank_paths(cli)  # an empty path (an unset variable) never reads as the current folder
+bound_integers(cli)  # every integer a user types has a ceiling before any command runs
 
 
 def _terminate(signum, frame) -> None:

@@ -180,6 +180,44 @@ def threads(name: str, value: Any, zero_means_default: bool = False) -> int:
                           f"got {_shown(value)}") from None
 
 
+def machine_memory() -> int:
+    """Bytes of memory this process can still take: the kernel's MemAvailable, lowered to a cgroup's
+    limit less its use where one is set (a container); physical memory where neither can be read."""
+    available = None
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    if available is None:
+        try:
+            available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return 1 << 62  # nothing to go by: no memory bound
+    try:
+        with open("/sys/fs/cgroup/memory.max") as limit, open("/sys/fs/cgroup/memory.current") as used:
+            text = limit.read().strip()
+            if text != "max":
+                available = min(available, int(text) - int(used.read().strip()))
+    except (OSError, ValueError):
+        pass
+    return max(0, available)
+
+
+def within_memory(name: str, value: int, bytes_each: int, what: str) -> int:
+    """`value` items of `bytes_each` bytes, refused in one line when they would take more than half
+    of machine_memory(): checked before they are allocated, so a large count costs a second, not
+    minutes of swapping and a kill by the kernel."""
+    budget = machine_memory() // 2
+    if value * bytes_each > budget:
+        most = max(0, budget // max(1, bytes_each))
+        raise SpecrtError(f"{name} {value}: {what} would take {value * bytes_each / 2**30:.1f} GiB, more than half "
+                          f"the {2 * budget / 2**30:.1f} GiB this machine has free; at most {most} here")
+    return value
+
+
 TORCH_INSTALL = "https://pytorch.org/get-started/locally/"
 
 

@@ -192,3 +192,86 @@ def test_cli_rejects_bad_numbers_with_one_line(args, message, capfd):
     err = capfd.readouterr().err
     assert exit_info.value.code == 2
     assert err.count("\n") == 1 and err.startswith("specrt: error: ") and message in err, err
+
+
+# ---- every integer a command takes has a ceiling, checked as it is parsed ---------------------------
+
+
+def _integer_parameters():
+    import click
+
+    from specrt.cli import cli
+
+    def walk(command, path):
+        for name, sub in sorted(getattr(command, "commands", {}).items()):
+            yield from walk(sub, [*path, name])
+        for param in command.params:
+            if isinstance(param.type, click.types.IntParamType) and param.param_type_name == "option":
+                yield path, param
+
+    return [pytest.param(path, param, id=f"{' '.join(path)} {param.opts[0]}") for path, param in walk(cli, [])]
+
+
+@pytest.mark.parametrize("path, param", _integer_parameters())
+def test_every_integer_flag_of_every_command_is_bounded_before_it_runs(path, param, capsys, monkeypatch):
+    """2^64 exceeds every ceiling (seeds included) and 2^40 every count's: each is one line and
+    exit 2 from parsing itself, so no command body (no model load, no allocation) runs."""
+    from cli_helpers import one_line, run
+    from specrt.validation import SEED_MAX
+
+    for command in _commands():  # the commands themselves, not the groups (their callbacks run first)
+        monkeypatch.setattr(command, "callback", lambda *a, **k: pytest.fail("a command ran"))
+    values = [str(SEED_MAX + 1), str(-(SEED_MAX + 1))] + ([] if "seed" in param.name else [str(2**40)])
+    for value in values:
+        code, err = run([*path, param.opts[0], value], capsys)
+        assert code == 2 and param.opts[0] in one_line(err), (value, err)
+
+
+def _commands():
+    from specrt.cli import cli
+
+    stack, found = [cli], []
+    while stack:
+        command = stack.pop()
+        if not hasattr(command, "commands"):
+            found.append(command)
+        stack.extend(getattr(command, "commands", {}).values())
+    return found
+
+
+def test_counts_beyond_the_machines_memory_are_refused_before_allocation(monkeypatch):
+    from specrt import validation
+
+    monkeypatch.setattr(validation, "machine_memory", lambda: 1 << 30)  # 1 GiB free: half of it the budget
+    assert validation.within_memory("images", 1024, 1 << 19, "x") == 1024  # 0.5 GiB: fits
+    with pytest.raises(SpecrtError, match=r"images 1025: x would take 0\.5 GiB, more than half the 1\.0 GiB .* at most 1024"):
+        validation.within_memory("images", 1025, 1 << 19, "x")
+
+
+def test_the_python_api_bounds_images_by_memory(monkeypatch):
+    from types import SimpleNamespace
+
+    from specrt import validation
+    from specrt.bench import run as bench_run
+    from specrt.export.demo.registry import get_demo
+
+    pipe = get_demo(None).hook("torch_pipeline")(None, threads=1)
+    monkeypatch.setattr(validation, "machine_memory", lambda: 1 << 20)  # 1 MiB free
+    monkeypatch.setattr(type(pipe), "_generate", lambda *a, **k: pytest.fail("decoding started"))
+    with pytest.raises(SpecrtError, match="the images and tokens of one call would take"):
+        pipe.generate([0] * 1000, method="ar")
+    monkeypatch.setattr(bench_run, "run_settings", lambda *a, **k: pytest.fail("the bench started"))
+    models = SimpleNamespace(pipeline=pipe, drafts={}, prompts=None)
+    with pytest.raises(SpecrtError, match="images 1000: every setting's images"):
+        bench_run.benchmark(models, [object()], images=1000)
+    with pytest.raises(SpecrtError, match=r"images must be an integer in \[1, 1048576\]"):
+        bench_run.benchmark(models, [object()], images=10**20)
+
+
+@pytest.mark.parametrize("images, words", [(8, "mean nothing at this size"), (64, "mean nothing"),
+                                           (65, "rough at this size"), (179, "rough"), (180, None), (1000, None)])
+def test_bench_says_when_its_fidelity_columns_mean_nothing(images, words):
+    from specrt.bench.run import FIDELITY_IMAGES, fidelity_sample_note
+
+    note = fidelity_sample_note(images, feature_dim=64)
+    assert (note is None) if words is None else (words in note and f"--images {FIDELITY_IMAGES}" in note)

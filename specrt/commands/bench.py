@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import time
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -20,12 +21,12 @@ from specrt.bench.models import BACKENDS
 from specrt.commands._help import COMMON, DEMO_SHORT_HELP, sectioned
 from specrt.export.demo.registry import DEFAULT_DEMO, demo_names
 from specrt import validation
-from specrt.errors import SpecrtError
+from specrt.errors import SpecrtError, SpecrtWarning
 from specrt.runtime.backends.compiled_step import COMPILE_MODES
 from specrt.runtime.threads import checked as checked_threads
 
 PLOT_FORMATS = {".png": "PNG"}  # what --plot writes (matplotlib's PNG)
-DEFAULT_IMAGES = 180  # 18 per class; the FD noise floor can use 179 real images (half B)
+DEFAULT_IMAGES = 180  # 18 per class; the FD noise floor can use 179 real images (half B); run.FIDELITY_IMAGES
 
 
 def _committed_results() -> Path:
@@ -379,6 +380,12 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
 
         warn_bundle_backend(bundle, backend)
     settings = _draft_free_if_needed(settings, models, chosen)
+    if models.judge is not None:  # said before minutes of measuring, and again under the table
+        from specrt.bench.run import fidelity_sample_note
+
+        note = fidelity_sample_note(images, models.judge.feature_dim)
+        if note:
+            warnings.warn(note, SpecrtWarning)
     if len(loops) == 1:  # one loop: the pipelines' own (several: each setting sets its own, measure.pipeline_for)
         for pipe in {id(p): p for p in (models.pipeline, *models.drafts.values())}.values():
             pipe.loop = loops[0]
@@ -527,6 +534,11 @@ def _print_run(run) -> None:
         click.echo(f"FD noise floor (real vs real, {floor['images']} vs {floor['reference_images']} images, "
                    f"{floor['feature_dim']}-d evaluator features): {format_fd(floor)}"
                    + (f"; evaluator accuracy on real held-out digits: {acc:.3f}" if acc is not None else ""))
+        from specrt.bench.run import fidelity_sample_note
+
+        note = fidelity_sample_note(settings["images_per_setting"], floor["feature_dim"])
+        if note:
+            click.echo(f"note: {note}")
     if any("prompt_following" in r.quality for r in run.results):
         from specrt.bench.report import format_prompt_following
 
