@@ -1,11 +1,12 @@
-"""t(W) of a LlamaGen architecture's exported step graph on onnxruntime: fp32 beside int4.
+"""t(W) of a LlamaGen architecture's exported step graph on onnxruntime: fp32 beside int8 and int4.
 
 The cost model (bench/cost_model.py) times the PyTorch modules; what a deployment ships is the
 ONNX step graph, and its int4 copy (`specrt quantize --mode int4`: onnxruntime MatMulNBits) reads
-about an eighth of the fp32 weight bytes per step (4 bits plus a scale per block). Here the step graph of the
+about an eighth of the fp32 weight bytes per step (4 bits plus a scale per block), its int8 copy
+(`--mode int8 --backend onnxruntime`: MatMulNBits, 8 bits) about a quarter. Here the step graph of the
 architecture (random weights, real dims) is exported once, quantized with the same function
-`specrt quantize` uses, and both are timed on onnxruntime with the same feeds, interleaved: a
-CFG pair (batch 2), the KV cache half full, windows W as given.
+`specrt quantize` uses, and every precision is timed on onnxruntime with the same feeds,
+interleaved: a CFG pair (batch 2), the KV cache half full, windows W as given.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from specrt.bench.cost_model import PROFILE_ARCHS, StepLatency, _interleaved_bes
 from specrt.errors import SpecrtError
 from specrt.lazy import require
 
-PRECISIONS = ("fp32", "int4")
+PRECISIONS = ("fp32", "int8", "int4")
 
 
 def weight_bytes(model) -> int:
@@ -98,13 +99,17 @@ def time_onnx_steps(config, arch: str, windows: Sequence[int], repeats: int = 7,
         paths = {"fp32": Path(tmp) / spec.file}
         model = onnx.load(str(paths["fp32"]))
         sizes = {"fp32": weight_bytes(model)}
-        if "int4" in precisions:
-            say(f"{arch}: int4 (MatMulNBits, block {block_size}, accuracy_level {accuracy_level}) ...")
-            quantized, _record = quantize_model(model, QuantizeOptions(mode="int4", block_size=block_size,
-                                                                       accuracy_level=accuracy_level))
-            paths["int4"] = Path(tmp) / "target_step.int4.onnx"
-            paths["int4"].write_bytes(quantized.SerializeToString())
-            sizes["int4"] = weight_bytes(quantized)
+        quantizers = {"int4": (QuantizeOptions(mode="int4", block_size=block_size, accuracy_level=accuracy_level),
+                               f"MatMulNBits, block {block_size}, accuracy_level {accuracy_level}"),
+                      "int8": (QuantizeOptions(mode="int8", tool="onnxruntime", accuracy_level=accuracy_level),
+                               "MatMulNBits, 8 bits, its default block")}
+        for precision in (p for p in precisions if p in quantizers):
+            options, how = quantizers[precision]
+            say(f"{arch}: {precision} ({how}) ...")
+            quantized, _record = quantize_model(model, options, scratch=Path(tmp))
+            paths[precision] = Path(tmp) / f"target_step.{precision}.onnx"
+            paths[precision].write_bytes(quantized.SerializeToString())
+            sizes[precision] = weight_bytes(quantized)
         del model
         feeds = {w: _step_feeds(config, capacity, w) for w in windows}
         sessions = {p: ort.InferenceSession(str(paths[p]), sess_options=session_options(threads),

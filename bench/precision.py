@@ -1,7 +1,9 @@
 """`specrt bench --precision fp32,int8,int4`: the same settings on quantized copies of one bundle.
 
-Each precision other than fp32 is the bundle quantized by `specrt quantize` (target and draft;
-int4: onnxruntime MatMulNBits, int8 / fp8: ModelOpt QDQ), made once into the bench cache;
+Each precision other than fp32 is the bundle quantized by `specrt quantize` (target and draft)
+with the quantizer that suits this machine (engines.quantize.default_tool: int4 onnxruntime
+MatMulNBits; int8 onnxruntime's 8-bit MatMulNBits on a CPU-only machine, ModelOpt QDQ where a
+GPU runtime is installed; fp8 ModelOpt QDQ), made once into the bench cache;
 `self-int4` / `self-int8` keep the fp32 target and draft with its own quantized copy, so their
 sd accepted length stands beside the independent draft's in the same table. Per
 precision and setting: latency, accepted length, speed-up against the fp32 bundle's ar, the
@@ -47,14 +49,19 @@ def quantized_bundle(source: Path, precision: str, cache_dir: Path, progress: Op
 
     manifest = read_manifest(source, check_hashes=False)
     digest = hashlib.sha256("".join(sorted(r["sha256"] for r in manifest.files.values())).encode()).hexdigest()[:12]
-    out = cache_dir / f"{source.name}-{precision}-{digest}"
+    options = QuantizeOptions(mode=precision.removeprefix("self-"))
+    out = cache_dir / f"{source.name}-{precision}-{options.tool}-{digest}"
     if not (out / "manifest.json").is_file():
         if progress:
-            progress(f"quantizing {source} to {precision} once into {out} ...")
-        self_draft = precision.startswith("self-")
-        quantize_bundle(source, out, QuantizeOptions(mode=precision.removeprefix("self-")), self_draft=self_draft,
-                        progress=progress)
+            progress(f"quantizing {source} to {precision} ({options.tool}) once into {out} ...")
+        quantize_bundle(source, out, options, self_draft=precision.startswith("self-"), progress=progress)
     return out
+
+
+def quantizer(bundle: Path) -> str:
+    """The tool that quantized a bundle's graphs ('-' for an fp32 bundle)."""
+    records = [g.quantization for g in read_manifest(bundle, check_hashes=False).graphs.values() if g.quantization]
+    return records[0]["tool"] if records else "-"
 
 
 def target_weight_bytes(bundle: Path) -> int:
@@ -76,6 +83,7 @@ def greedy_tokens(pipeline: Any, images: int) -> np.ndarray:
 @dataclass
 class PrecisionRow:
     precision: str
+    quantizer: str
     label: str
     latency_ms: float
     accepted_length: float
@@ -110,7 +118,8 @@ def precision_benchmark(source: Path, precisions: Sequence[str], open_pipeline: 
         weights = target_weight_bytes(bundles[precision])
         for result in run.results:
             rows.append(PrecisionRow(
-                precision=precision, label=result.label, latency_ms=1000 * result.latency_s["median"],
+                precision=precision, quantizer=quantizer(bundles[precision]), label=result.label,
+                latency_ms=1000 * result.latency_s["median"],
                 accepted_length=result.mean_accepted_length,
                 speedup_vs_fp32_ar=fp32_ar / result.latency_s["median"] if fp32_ar else float("nan"),
                 speedup_vs_own_ar=result.speedup_vs_ar, weight_mb_per_target_step=weights / 1e6,
@@ -127,16 +136,16 @@ def precision_benchmark(source: Path, precisions: Sequence[str], open_pipeline: 
 
 
 def format_precision_table(rows: Sequence[PrecisionRow]) -> str:
-    headers = ["precision", "setting", "ms/image", "acc.len", "vs fp32 ar", "vs own ar", "MB/target step",
-               "greedy agree", "class acc", "FD"]
+    headers = ["precision", "quantizer", "setting", "ms/image", "acc.len", "vs fp32 ar", "vs own ar",
+               "MB/target step", "greedy agree", "class acc", "FD"]
 
     def cell(value: Optional[float], fmt: str) -> str:
         return "-" if value is None or (isinstance(value, float) and np.isnan(value)) else format(value, fmt)
-    table = [[r.precision, r.label, cell(r.latency_ms, ".1f"), cell(r.accepted_length, ".2f"),
+    table = [[r.precision, r.quantizer, r.label, cell(r.latency_ms, ".1f"), cell(r.accepted_length, ".2f"),
               cell(r.speedup_vs_fp32_ar, ".2f") + "x", cell(r.speedup_vs_own_ar, ".2f") + "x",
               cell(r.weight_mb_per_target_step, ".2f"), cell(r.greedy_agreement, ".3f"),
               cell(r.class_accuracy, ".3f"), cell(r.frechet_distance, ".1f")] for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *table)]
-    line = lambda cells: "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w)  # noqa: E731
+    line = lambda cells: "  ".join(str(c).ljust(w) if i < 3 else str(c).rjust(w)  # noqa: E731
                                    for i, (c, w) in enumerate(zip(cells, widths)))
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in table])

@@ -7,11 +7,14 @@ bandwidth; INT4 weights cut that 4x against fp16 (8x against our fp32 graphs). T
   CPU and CUDA. Round-to-nearest per block of `block_size` input rows, symmetric; no
   calibration. `accuracy_level` picks the kernel's compute type: 4 (int8 activations) was
   1.6x faster than fp32 for a GPT-B step on a 2-core EPYC, the default (fp32) no faster.
-- onnxruntime's dynamic int8 quantizer (`MatMulInteger`, which onnxruntime fuses into
-  `DynamicQuantizeMatMul` when it loads the graph): int8 weights stored per tensor,
-  activations quantized to uint8 on each call (no calibration), int8 products on the CPU's
-  VNNI units. ModelOpt's int8 QDQ graphs ran 6x slower than fp32 on onnxruntime CPU; these
-  run faster than fp32 there (docs/guides/quantize.md has the numbers).
+- onnxruntime's int8 for its CPU kernels: the same `MatMulNBits` with 8-bit weights (block of
+  `block_size`, symmetric, no calibration); at accuracy level 4 each row's activations are
+  quantized to int8 by themselves. Its dynamic `MatMulInteger` (quantize_dynamic), as fast,
+  quantizes a call's activations with one scale: a row's output then moves with the other rows
+  of the call (logits by 0.3 on a GPT-B step when the CFG partner row changed), so an image
+  would depend on its batch-mates and a verified position on the drafts after it. ModelOpt's
+  int8 QDQ graphs ran 6x slower than fp32 on onnxruntime CPU; MatMulNBits int8 runs faster
+  than fp32 there (docs/guides/quantize.md has the numbers).
 - NVIDIA Model Optimizer (`modelopt.onnx.quantization.quantize`): QDQ graphs for TensorRT
   (int8, fp8, int4 weight-only). Activation scales come from real feeds recorded on the
   bundle's own generations (engines/calibration.py). Installed by the `quant` extra, which
@@ -45,7 +48,10 @@ from specrt.manifest import HEAD_INPUTS, MANIFEST_NAME, Manifest, file_record, r
 
 MODES = ("int8", "fp8", "int4")
 TOOLS = ("onnxruntime", "modelopt")
-ORT_MODES = ("int4", "int8")  # onnxruntime's quantizers: MatMulNBits int4, dynamic MatMulInteger int8
+ORT_MODES = ("int4", "int8")  # onnxruntime's MatMulNBits, 4- or 8-bit weights
+# weights per quantization block: 8-bit weights keep their precision over wider blocks, and
+# MatMulNBits's int8 kernel ran a GPT-B step faster at 128 than at 32 on a 2-core EPYC
+DEFAULT_BLOCK_SIZE = {"int4": 32, "int8": 128, "fp8": 32}
 # the bundle backends (runtime/backends/bundle_backends.py) each tool's graphs are made for: on
 # another backend they run, slower than the fp32 bundle they came from (backend_advice)
 MADE_FOR = {("onnxruntime", "int4"): ("ort", "ort-cpu", "ort-cuda"), ("onnxruntime", "int8"): ("ort", "ort-cpu"),
@@ -68,7 +74,7 @@ class QuantizeOptions:
 
     mode: str
     tool: Optional[str] = None
-    block_size: int = 32
+    block_size: Optional[int] = None  # None: DEFAULT_BLOCK_SIZE of the mode
     accuracy_level: int = 4
     calibration_size: int = 32
     calibration_images: int = 4
@@ -85,7 +91,7 @@ class QuantizeOptions:
             raise SpecrtError(f"onnxruntime's quantizers do {' and '.join(ORT_MODES)}; {self.mode} needs "
                               "--backend modelopt")
         object.__setattr__(self, "tool", tool)
-        block = validation.integer("--block-size", self.block_size, low=16, high=4096)
+        block = validation.integer("--block-size", self.block_size or DEFAULT_BLOCK_SIZE[self.mode], 16, 4096)
         if block & (block - 1):
             raise SpecrtError(f"--block-size must be a power of two >= 16, got {self.block_size}")
         object.__setattr__(self, "block_size", block)
@@ -96,8 +102,8 @@ class QuantizeOptions:
 
     @property
     def calibrates(self) -> bool:
-        """Whether this tool and mode read calibration feeds (onnxruntime's int4 is RTN and its
-        int8 scales activations on each call: none)."""
+        """Whether this tool and mode read calibration feeds (onnxruntime's MatMulNBits is RTN
+        weight-only, its activations quantized row by row on each call: none)."""
         return self.tool == "modelopt"
 
 
@@ -220,52 +226,23 @@ def _quiet(*loggers: str) -> None:
 
 
 def _matmul_nbits(model: Any, options: QuantizeOptions, exclude: list[str]) -> tuple[Any, dict[str, Any]]:
-    ort = require("onnxruntime", "specrt quantize --mode int4")
+    """onnxruntime's MatMulNBits: int4 or int8 weights (options.mode), round-to-nearest per block."""
+    ort = require("onnxruntime", f"specrt quantize --mode {options.mode}")
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
     from onnxruntime.quantization.quant_utils import QuantFormat
 
+    bits = int(options.mode.removeprefix("int"))
     _quiet("onnxruntime.quantization.matmul_nbits_quantizer", "onnxruntime.quantization")
-    config = DefaultWeightOnlyQuantConfig(block_size=options.block_size, is_symmetric=True,
+    config = DefaultWeightOnlyQuantConfig(block_size=options.block_size, is_symmetric=True, bits=bits,
                                           accuracy_level=options.accuracy_level, quant_format=QuantFormat.QOperator)
-    quantizer = MatMulNBitsQuantizer(model, block_size=options.block_size, is_symmetric=True,
+    quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=options.block_size, is_symmetric=True,
                                      accuracy_level=options.accuracy_level, nodes_to_exclude=exclude,
                                      algo_config=config)
     quantizer.process()
     record = {"tool": "onnxruntime", "tool_version": ort.__version__,
-              "algorithm": "MatMulNBits weight-only RTN, symmetric", "block_size": options.block_size,
+              "algorithm": "MatMulNBits weight-only RTN, symmetric", "bits": bits, "block_size": options.block_size,
               "accuracy_level": options.accuracy_level}
     return quantizer.model.model, record
-
-
-def _dynamic_int8(model: Any, options: QuantizeOptions, exclude: list[str], work: Path) -> tuple[Any, dict[str, Any]]:
-    """onnxruntime's dynamic int8: every linear layer's MatMul becomes MatMulInteger on int8
-    weights (per tensor, symmetric) and uint8 activations quantized on each call.
-
-    Only MatMuls with a stored weight: the attention products (Q·Kᵀ, P·V) stay float, as the
-    KV cache does. onnxruntime fuses each DynamicQuantizeLinear + MatMulInteger + scale into
-    DynamicQuantizeMatMul at load time, the kernel that uses VNNI."""
-    ort = require("onnxruntime", "specrt quantize --mode int8 --backend onnxruntime")
-    onnx = require("onnx", "specrt quantize")
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    constants = {t.name for t in model.graph.initializer}
-    skipped = set(exclude)
-    layers = [n.name for n in model.graph.node
-              if n.op_type == "MatMul" and _weight_layer(n, constants) and n.name not in skipped]
-    large = model.ByteSize() > EXTERNAL_DATA_BYTES
-    source, out = work / "source.onnx", work / "quantized.onnx"
-    onnx.save(model, str(source), save_as_external_data=large)
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(max(level, logging.ERROR))  # it logs each tensor it leaves float, and advice, on the root logger
-    try:
-        quantize_dynamic(str(source), str(out), op_types_to_quantize=["MatMul"], nodes_to_quantize=layers,
-                         per_channel=False, weight_type=QuantType.QInt8, use_external_data_format=large)
-    finally:
-        root.setLevel(level)
-    record = {"tool": "onnxruntime", "tool_version": ort.__version__,
-              "algorithm": "dynamic int8 MatMulInteger: int8 weights per tensor, uint8 activations per call"}
-    return onnx.load(str(out)), record
 
 
 class _FeedReader:
@@ -332,22 +309,18 @@ def quantize_model(model: Any, options: QuantizeOptions, feeds: Sequence[dict] =
     """A quantized copy of an ONNX graph of the bundle and its manifest `quantization` record.
 
     The sampling head's nodes are excluded by name; `feeds` (input name -> array) calibrate
-    ModelOpt's activation scales and are ignored by onnxruntime's quantizers (int4 weight-only,
-    int8 with activations scaled on each call).
+    ModelOpt's activation scales and are ignored by onnxruntime's MatMulNBits (weight-only RTN).
     """
     onnx = require("onnx", "specrt quantize")
     model = onnx.ModelProto.FromString(model.SerializeToString()) if model.ByteSize() < EXTERNAL_DATA_BYTES else model
     fold_weight_transposes(model)
     _name_nodes(model)
     exclude = head_node_names(model)
-    if options.tool == "onnxruntime" and options.mode == "int4":
+    if options.tool == "onnxruntime":
         quantized, record = _matmul_nbits(model, options, exclude)
     else:
         with tempfile.TemporaryDirectory(dir=scratch) as work:
-            if options.tool == "onnxruntime":
-                quantized, record = _dynamic_int8(model, options, exclude, Path(work))
-            else:
-                quantized, record = _modelopt(model, options, exclude, list(feeds), Path(work))
+            quantized, record = _modelopt(model, options, exclude, list(feeds), Path(work))
     return quantized, {"precision": options.mode, **record, "backends": list(MADE_FOR[options.tool, options.mode]),
                        "calibration_feeds": len(feeds) if options.calibrates else 0}
 

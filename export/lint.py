@@ -5,9 +5,8 @@ An error is something that makes the TensorRT build fail or breaks the runtime's
 without a profile, int64 where the runtime binds int32). A warning is legal but against our
 deployment policy or likely slow (If/Loop control flow is an error by policy: the default
 export promises none). A note marks a graph made for onnxruntime on purpose: its own ops
-(domain com.microsoft, e.g. MatMulNBits from `specrt quantize --mode int4`) and the integer ops
-of its dynamic int8 (MatMulInteger, DynamicQuantizeLinear from `--mode int8 --backend onnxruntime`)
-run on onnxruntime, not TensorRT; `specrt inspect` says the bundle is onnxruntime-only and fails only with
+(domain com.microsoft, e.g. MatMulNBits from `specrt quantize --mode int4` or `--mode int8
+--backend onnxruntime`) run on onnxruntime, not TensorRT; `specrt inspect` says the bundle is onnxruntime-only and fails only with
 --require-trt. Only the graph structure is read, never the weights, so linting a multi-GB
 bundle is fast.
 """
@@ -23,8 +22,6 @@ from specrt.manifest import UNBUILT_KINDS, GraphSpec, Manifest
 
 ERROR, WARNING, NOTE = "error", "warning", "note"
 ONNXRUNTIME_DOMAIN = "com.microsoft"  # onnxruntime's contrib ops
-# standard ops TensorRT's parser lacks that onnxruntime's dynamic int8 quantizer writes (QDQ is TensorRT's int8)
-ONNXRUNTIME_INTEGER_OPS = ("MatMulInteger", "DynamicQuantizeLinear")
 _ONNX_DTYPE_NAMES = {1: "float32", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "float64", 16: "bfloat16"}
 
 
@@ -72,14 +69,10 @@ def _check_ops(model, name: str, max_opset: int) -> list[Finding]:
         if (domain, op) in local_functions:
             findings.append(Finding(WARNING, name, f"{where} is a local ONNX function; TensorRT inlines it, check its body ops"))
         elif domain == ONNXRUNTIME_DOMAIN:
-            how = ("int4: for TensorRT quantize the fp32 bundle with `specrt quantize --mode int4 --backend modelopt` "
-                   "(QDQ)") if op == "MatMulNBits" else "TensorRT would need a plugin for it"
+            how = ("for TensorRT quantize the fp32 bundle with `specrt quantize --backend modelopt` (QDQ)"
+                   if op == "MatMulNBits" else "TensorRT would need a plugin for it")
             findings.append(Finding(NOTE, name, f"{where} is onnxruntime's own op ({domain}): this graph runs on "
                                                 f"onnxruntime (ort, ort-cuda), not TensorRT; {how}"))
-        elif domain in ("", "ai.onnx") and op in ONNXRUNTIME_INTEGER_OPS:
-            findings.append(Finding(NOTE, name, f"{where}: onnxruntime's dynamic int8, which TensorRT does not parse; "
-                                                "for TensorRT quantize the fp32 bundle with `specrt quantize --mode int8 "
-                                                "--backend modelopt` (QDQ)"))
         elif domain not in ("", "ai.onnx"):
             findings.append(Finding(ERROR, name, f"{where} is in custom domain {domain!r}; TensorRT needs a plugin for it"))
         elif op in trt_ops.CONTROL_FLOW_OPS:

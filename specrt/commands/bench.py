@@ -277,8 +277,9 @@ def _batches(text: str) -> tuple[int, ...]:
 @click.option("--precision", "precision", default=None, metavar="LIST",
               help="fp32,int8,int4 (and self-int4: fp32 target, its own int4 copy as the draft): run the settings "
                    "(default ar,sd,cool-sd,lantern) on the bundle and its quantized copies (made once by specrt quantize "
-                   "into the cache). With --profile-arch (CPU): time the exported "
-                   "step graph on onnxruntime at these precisions (fp32, int4; default fp32,int4; 'none' skips).")
+                   "into the cache, with the quantizer that suits this machine: int8 is onnxruntime's on a CPU-only "
+                   "one). With --profile-arch (CPU): time the exported step graph on onnxruntime at these "
+                   "precisions (fp32, int8, int4; default fp32,int4; 'none' skips).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 @click.option("--demo", type=click.Choice(demo_names()), default=None,
               help=DEMO_SHORT_HELP + " mar: ar against cspd (default sweep cspd:draft_len=2,4,8; --backend torch "

@@ -24,13 +24,14 @@ from specrt.runtime.threads import checked as checked_threads
 @click.option("--graphs", default="target,draft", show_default=True, metavar="LIST",
               help="With --mode: roles (target, draft) or graph names (target_step, ...) to quantize.")
 @click.option("--backend", "--tool", "tool", type=click.Choice(["onnxruntime", "modelopt"]),
-              help="The quantizer, and so the runtime its graphs run fast on: onnxruntime (int4 MatMulNBits; int8 "
-                   "dynamic MatMulInteger, for onnxruntime CPU) or modelopt (QDQ for TensorRT; pip install "
-                   "'specrt[quant]'). Default: onnxruntime for int4, and for int8 on a machine without TensorRT or "
-                   "a GPU onnxruntime; modelopt for fp8 and GPU machines' int8. --tool is its older name.")
-@click.option("--block-size", type=int, default=32, show_default=True, help="int4: weights per quantization block.")
+              help="The quantizer, and so the runtime its graphs run fast on: onnxruntime (MatMulNBits, int4 or "
+                   "int8 weights, for onnxruntime) or modelopt (QDQ for TensorRT; pip install 'specrt[quant]'). "
+                   "Default: onnxruntime for int4, and for int8 on a machine without TensorRT or a GPU onnxruntime; "
+                   "modelopt for fp8 and GPU machines' int8. --tool is its older name.")
+@click.option("--block-size", type=int, default=None,
+              help="int4, and onnxruntime's int8: weights per quantization block (default 32 for int4, 128 for int8).")
 @click.option("--accuracy-level", type=int, default=4, show_default=True,
-              help="onnxruntime int4: compute type of MatMulNBits (0 default/fp32, 4 int8: fastest on CPU).")
+              help="onnxruntime: compute type of MatMulNBits (0 default/fp32, 4 int8: fastest on CPU).")
 @click.option("--calibration-size", type=int, default=32, show_default=True,
               help="modelopt: feeds per graph kept for calibration (recorded from the bundle's own generations).")
 @click.option("--calibration-images", type=int, default=4, show_default=True,
@@ -41,7 +42,7 @@ from specrt.runtime.threads import checked as checked_threads
 @click.option("--force", is_flag=True, help="Replace an existing --out (only once the new bundle is complete).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress lines on stderr.")
 def command(bundle: Path, out: Path, mode: Optional[str], self_draft: Optional[str], graphs: str, tool: Optional[str],
-            block_size: int, accuracy_level: int, calibration_size: int, calibration_images: int,
+            block_size: Optional[int], accuracy_level: int, calibration_size: int, calibration_images: int,
             calibration_method: Optional[str], seed: int, threads: Optional[int], force: bool, progress: bool) -> None:
     """Write a quantized copy of a bundle (INT8 / FP8 / INT4 graphs, or a quantized self-draft)."""
     from specrt import validation

@@ -110,18 +110,20 @@ def test_parse_windows():
         parse_windows("0", "--profile-images")
 
 
-def test_onnx_step_profile_times_fp32_and_int4_of_the_exported_graph():
-    """The --profile-arch onnxruntime curves on a small GPT: both precisions timed at every W,
-    int4 reading far fewer weight bytes (embedding tables, read by Gather, not counted)."""
+def test_onnx_step_profile_times_fp32_int8_and_int4_of_the_exported_graph():
+    """The --profile-arch onnxruntime curves on a small GPT: every precision timed at every W,
+    int8 and int4 reading far fewer weight bytes (embedding tables, read by Gather, not counted)."""
     from specrt.bench.onnx_profile import onnx_table, time_onnx_steps
     from specrt.models.llamagen_gpt import GPTConfig
 
     config = GPTConfig(dim=64, n_layer=2, n_head=2, vocab_size=256, num_classes=4, grid_size=4, multiple_of=32)
     curves = time_onnx_steps(config, "tiny", windows=(1, 3), repeats=1, threads=1)
-    assert set(curves) == {"fp32", "int4"}
+    assert set(curves) == {"fp32", "int8", "int4"}
     (fp32, fp32_bytes), (int4, int4_bytes) = curves["fp32"], curves["int4"]
     assert fp32.windows == int4.windows == [1, 3] and all(t > 0 for t in fp32.target_s + int4.target_s)
     linear = 2 * (64 * 3 * 64 + 64 * 64 + 3 * 64 * 192) + 64 * 256  # wqkv, wo, w1/w2/w3 per layer, output head
     assert fp32_bytes >= 4 * linear and int4_bytes < fp32_bytes / 4
+    int8_bytes = curves["int8"][1]
+    assert int4_bytes < int8_bytes < fp32_bytes / 2 and all(t > 0 for t in curves["int8"][0].target_s)
     table = onnx_table(curves)
     assert "t / t_fp32" in table and "tiny int4 (ort)" in table

@@ -120,7 +120,7 @@ def test_onnxruntime_ops_are_notes_not_errors(tmp_path):
     assert _messages(findings, ERROR) == [] and _messages(findings, WARNING) == []
     [note] = _messages(findings, NOTE)
     assert note.startswith("MatMulNBits (1 node) is onnxruntime's own op (com.microsoft)")
-    assert "--mode int4 --backend modelopt" in note
+    assert "specrt quantize --backend modelopt" in note
 
 
 def test_opset_above_20_and_attention_are_errors_for_tensorrt_10_3_only(tmp_path):

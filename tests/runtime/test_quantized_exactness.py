@@ -1,14 +1,17 @@
 """Lossless with respect to the graph that verifies: exactness with quantized ONNX graphs.
 
 A tiny LlamaGen GPT (vocab 3, 2x2 grid: 81 sequences) is exported to a bundle and quantized
-with `specrt quantize` (onnxruntime int4, no extra package). The exact sequence distribution
+with `specrt quantize` (onnxruntime int4 and int8, no extra package). The exact sequence distribution
 of a bundle's target is enumerated from its own ONNX graph through the onnxruntime runner,
 prefix by prefix, and SD's samples are compared with it by chi-square:
 
 - int4 draft (CFG + top-k): P is the fp32 target's (unchanged), only the acceptance rate moves;
 - int4 target: P is the int4 target's distribution — a different P, sampled exactly, and the
   same samples fail against the fp32 target's P;
-- a broken SD (resampling from P instead of the residual) run with the int4 draft is caught.
+- int8 target (onnxruntime's dynamic MatMulInteger, activations quantized on each call): SD with
+  CFG + top-k and SJD sample the int8 graph's own P, enumerated the same way;
+- a broken SD (resampling from P instead of the residual) is caught, with the int4 draft and with
+  the int8 target.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ def bundles(tmp_path_factory) -> dict[str, Path]:
 
 
 def make_bundles(root: Path) -> dict[str, Path]:
-    """fp32, int4-draft and int4-target bundles of one tiny model family under `root`."""
+    """fp32, int4-draft, int4-target and int8-target bundles of one tiny model family under `root`."""
     from specrt.export.bundle import ExportOptions, ModelSet, write_bundle
     from specrt.models.llamagen_gpt import GPT, GPTConfig
     from specrt.models.llamagen_vq import VQConfig, VQModel
@@ -60,6 +63,8 @@ def make_bundles(root: Path) -> dict[str, Path]:
     for role in ("draft", "target"):
         out[role] = root / f"int4-{role}"
         quantize_bundle(out["fp32"], out[role], QuantizeOptions(mode="int4", block_size=16), graphs=[role])
+    out["int8"] = root / "int8-target"
+    quantize_bundle(out["fp32"], out["int8"], QuantizeOptions(mode="int8", tool="onnxruntime"), graphs=["target"])
     return out
 
 
@@ -119,11 +124,21 @@ def test_int4_target_is_a_new_p_sampled_exactly(bundles):
     assert statistic > critical, f"int4 target passed against the fp32 P: chi2 {statistic:.1f} < {critical:.1f}"
 
 
-def test_a_broken_sd_is_still_caught_with_an_int4_draft(bundles):
+@pytest.mark.parametrize("method,params,sampling", [("sd", {"draft_len": 3}, GUIDED), ("sjd", {"window": 3}, PLAIN)])
+def test_int8_target_is_sampled_exactly(bundles, method, params, sampling):
+    """The int8 target is the model: a speculative method samples its P, draft or no draft."""
+    p = graph_distribution(Pipeline(**_parts(bundles["int8"])).target, sampling)
+    assert abs(sum(p.values()) - 1) < 1e-6
+    statistic, critical = chi_square(sd_tokens(bundles["int8"], sampling, method=method, **params), p)
+    assert statistic < critical, f"{method} on the int8 target: chi2 {statistic:.1f} >= {critical:.1f} against its P"
+
+
+@pytest.mark.parametrize("bundle,verifier", [("draft", "fp32"), ("int8", "int8")])
+def test_a_broken_sd_is_still_caught_on_a_quantized_bundle(bundles, bundle, verifier):
     from test_losslessness import BrokenSD  # resamples from P instead of the residual Norm([P − Q]_+)
 
-    p = graph_distribution(Pipeline(**_parts(bundles["fp32"])).target, PLAIN)
-    pipe = Pipeline(**_parts(bundles["draft"]))
+    p = graph_distribution(Pipeline(**_parts(bundles[verifier])).target, PLAIN)
+    pipe = Pipeline(**_parts(bundles[bundle]))
     tokens = pipe.generate([CLASS_ID] * SAMPLES, method=BrokenSD(draft_len=3), seed=11, **vars(PLAIN)).tokens
     statistic, critical = chi_square(tokens, p)
     assert statistic > critical, f"broken SD passed: chi2 {statistic:.1f} < {critical:.1f}"
