@@ -40,7 +40,7 @@ def test_readme_has_exactly_the_two_setup_commands_ci_and_the_docs_use():
     assert len(readme) == 2, f"README.md should name exactly two set-up commands, found {readme}"
     run_demo, run_tests = readme
     assert run_demo.endswith("&& specrt generate"), run_demo
-    assert run_tests.endswith("&& python -m pytest -q -ra"), run_tests
+    assert run_tests.endswith("&& python -m pytest -q -ra -n 2 --dist loadfile"), run_tests
     # CI quietens pip (`pip install -q`); the command is otherwise the README's, character for character
     ci = [line.replace("pip install -q ", "pip install ", 1) for line in _setup_lines(CI.read_text(encoding="utf-8"))
           if "pytest" in line]

@@ -3,7 +3,8 @@
 Its state beyond RoundState: the window of L drafted tokens after the pending one and the rows they
 were drawn from (the proposal q), in fixed buffers. One round: the target scores [pending, window]
 in one pass; the window is verified as a drafted chain with SD's rule, or GSD's grouped test
-(verify_chain_block); the next window comes from this pass's own rows along the accepted prefix — new slot m sits at old
+(verify_chain_block); the next window comes from this pass's own rows along the accepted prefix —
+new slot m sits at old
 slot k = τ + 1 + m, whose row (row k predicts it) gives a fresh draw (SJD, coupling independent),
 re-tests the old draft there (coupling maximal, SJD-PAC's adaptive continuation: kept, or drawn
 from the residual) or gives its Gumbel-max draw with the token index's fixed noise (coupling
