@@ -164,36 +164,44 @@ class JacobiDecoding(Method):
         levels: list[list[Level]] = [[] for _ in tokens]
         batch = Batched(len(tokens))
         while batch.drop(ctx, [len(t) == total for t in tokens]):
-            images = list(batch.images)
-            ctx.start_round([len(tokens[i]) if len(tokens[i]) < total else None for i in images])
-            windows, trees = [], []
-            for p, i in enumerate(images):
-                if len(tokens[i]) == total:
-                    windows.append(None)
-                    trees.append(None)
-                    continue
-                levels[i] = self._fill(ctx.image(p), levels[i], total - len(tokens[i]) - 1, uniform, len(tokens[i]))
-                window, children = build_window(tokens[i][-1], levels[i])
-                windows.append(window)
-                trees.append(children)
-            out = ctx.run(target, windows, slot_uniforms(ctx, windows))
-            paths: list[Optional[list[int]]] = []
-            with ctx.stats.timing("verification"):  # chain windows together, then every image's iteration
-                rows = host_rows(out.probs)  # device rows: the step's window read in one transfer
-                verdicts = self._verify_chain_windows(ctx, rows, out.draws, [
-                    levels[i] if trees[p] is None and windows[p] is not None else None for p, i in enumerate(images)])
-                done = {p: self._iteration(ctx.image(p), rows[p], out.draws[p], levels[i], trees[p], verdicts.get(p))
-                        for p, i in enumerate(images) if windows[p] is not None}
-            for p, i in enumerate(images):
-                if p not in done:
-                    paths.append(None)
-                    continue
-                accepted, path, next_token, levels[i] = done[p]
-                paths.append(path)
-                tokens[i] += accepted + [next_token]
-                ctx.stats.record_round(len(accepted) + 1)
-            target.commit(paths)
+            self.jacobi_round(ctx, tokens, levels, list(batch.images), uniform)
         return np.asarray(tokens, dtype=np.int64)
+
+    def jacobi_round(self, ctx: Decoding, tokens: list[list[int]], levels: list[list[Level]], images: list[int],
+                     uniform: np.ndarray) -> None:
+        """One Jacobi iteration of every image in `images` (image images[p] at batch position p): its window
+        filled from its levels, scored, verified and committed; its accepted tokens and next one join
+        tokens[images[p]]. A complete image sits the round out with no window (generate's finished images,
+        and the free slots of in-flight batching, runtime/scheduling)."""
+        target, total = ctx.target, ctx.num_image_tokens
+        ctx.start_round([len(tokens[i]) if len(tokens[i]) < total else None for i in images])
+        windows, trees = [], []
+        for p, i in enumerate(images):
+            if len(tokens[i]) == total:
+                windows.append(None)
+                trees.append(None)
+                continue
+            levels[i] = self._fill(ctx.image(p), levels[i], total - len(tokens[i]) - 1, uniform, len(tokens[i]))
+            window, children = build_window(tokens[i][-1], levels[i])
+            windows.append(window)
+            trees.append(children)
+        out = ctx.run(target, windows, slot_uniforms(ctx, windows))
+        paths: list[Optional[list[int]]] = []
+        with ctx.stats.timing("verification"):  # chain windows together, then every image's iteration
+            rows = host_rows(out.probs)  # device rows: the step's window read in one transfer
+            verdicts = self._verify_chain_windows(ctx, rows, out.draws, [
+                levels[i] if trees[p] is None and windows[p] is not None else None for p, i in enumerate(images)])
+            done = {p: self._iteration(ctx.image(p), rows[p], out.draws[p], levels[i], trees[p], verdicts.get(p))
+                    for p, i in enumerate(images) if windows[p] is not None}
+        for p, i in enumerate(images):
+            if p not in done:
+                paths.append(None)
+                continue
+            accepted, path, next_token, levels[i] = done[p]
+            paths.append(path)
+            tokens[i] += accepted + [next_token]
+            ctx.stats.record_round(len(accepted) + 1)
+        target.commit(paths)
 
     # ---- one iteration's pieces (on host rows) ---------------------------------------------------
 

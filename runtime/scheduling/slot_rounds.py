@@ -22,11 +22,10 @@ from specrt.runtime.counter_random import NEXT
 from specrt.runtime.decoding import Decoding
 from specrt.runtime.methods.ar import Autoregressive
 from specrt.runtime.methods.base import Method
-from specrt.runtime.methods.jacobi import JacobiDecoding, Level, build_window, fresh_proposal, slot_uniforms
+from specrt.runtime.methods.jacobi import JacobiDecoding, Level, fresh_proposal
 from specrt.runtime.methods.speculative import DraftThenVerify
 from specrt.runtime.model_drafter import ModelDrafter
 from specrt.runtime.drafting import make_drafter
-from specrt.runtime.verification.transport import host_rows
 from specrt.runtime.window import chains
 
 
@@ -94,8 +93,8 @@ class ChainSlots(SlotRounds):
 
 
 class JacobiSlots(SlotRounds):
-    """sjd and sjd-pac: each occupied slot's Jacobi iteration, its proposal (levels) kept per slot;
-    the calls of JacobiDecoding.generate's loop, in its order."""
+    """sjd and sjd-pac: each occupied slot's Jacobi iteration (JacobiDecoding.jacobi_round, as
+    generate's loop runs it), its proposal (levels) kept per slot."""
 
     def __init__(self, method: JacobiDecoding, ctx: Decoding, slots: int):
         super().__init__(method, ctx, slots)
@@ -111,35 +110,7 @@ class JacobiSlots(SlotRounds):
         self.levels[slot] = []
 
     def round(self) -> None:
-        ctx, method, total, tokens, levels = self.ctx, self.method, self.total, self.tokens, self.levels
-        ctx.start_round([len(t) if len(t) < total else None for t in tokens])
-        windows, trees = [], []
-        for p, sequence in enumerate(tokens):
-            if len(sequence) == total:
-                windows.append(None)
-                trees.append(None)
-                continue
-            levels[p] = method._fill(ctx.image(p), levels[p], total - len(sequence) - 1, self.uniform, len(sequence))
-            window, children = build_window(sequence[-1], levels[p])
-            windows.append(window)
-            trees.append(children)
-        out = ctx.run(ctx.target, windows, slot_uniforms(ctx, windows))
-        paths: list[Optional[list[int]]] = []
-        with ctx.stats.timing("verification"):
-            rows = host_rows(out.probs)
-            verdicts = method._verify_chain_windows(ctx, rows, out.draws, [
-                levels[p] if trees[p] is None and windows[p] is not None else None for p in range(self.slots)])
-            done = {p: method._iteration(ctx.image(p), rows[p], out.draws[p], levels[p], trees[p], verdicts.get(p))
-                    for p in range(self.slots) if windows[p] is not None}
-        for p in range(self.slots):
-            if p not in done:
-                paths.append(None)
-                continue
-            accepted, path, next_token, levels[p] = done[p]
-            paths.append(path)
-            tokens[p] += accepted + [next_token]
-            ctx.stats.record_round(len(accepted) + 1)
-        ctx.target.commit(paths)
+        self.method.jacobi_round(self.ctx, self.tokens, self.levels, list(range(self.slots)), self.uniform)
 
 
 def slot_rounds(method: Method, ctx: Decoding, slots: int) -> Optional[SlotRounds]:
