@@ -121,7 +121,9 @@ class WholeCalls(SlotBatch):
             report.finished = dict.fromkeys(slots, exc)
         else:
             stats = result.stats
-            stats.seconds.setdefault("total", time.perf_counter() - start)
+            seconds = getattr(stats, "seconds", None)  # the continuous family's counters keep no timings
+            if seconds is not None:
+                seconds.setdefault("total", time.perf_counter() - start)
             report.finished = {slot: one_image(result, i, len(slots)) for i, slot in enumerate(slots)}
             report.tokens = int(getattr(stats, "tokens", 0))
             report.target_forwards = int(getattr(stats, "target_forwards", 0))

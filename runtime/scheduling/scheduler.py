@@ -46,6 +46,7 @@ from specrt.runtime.scheduling.stats import SchedulerStats
 LOG = logging.getLogger("specrt.scheduler")
 MAX_SLOTS = 256
 MAX_QUEUE = 100_000
+DEFAULT_SLOTS = 8  # images decoding together when the caller names no number
 
 
 class Scheduler:
@@ -57,7 +58,7 @@ class Scheduler:
     baseline in-flight batching is measured against. Do not call the pipeline's generate directly
     while the scheduler decodes: such calls wait for the running batch (the pipeline's lock)."""
 
-    def __init__(self, pipeline: Any, *, slots: int = 8, max_queue: int = 64, max_group_wait: float = 5.0,
+    def __init__(self, pipeline: Any, *, slots: int = DEFAULT_SLOTS, max_queue: int = 64, max_group_wait: float = 5.0,
                  inflight: bool = True):
         self.pipeline = pipeline
         self.family = pipeline_family(pipeline)

@@ -47,6 +47,7 @@ from typing import Any, Optional
 
 from specrt.errors import SpecrtError
 from specrt.runtime.scheduling import DeadlineExceeded, QueueFull, Request, RequestCancelled, Scheduler, SchedulerClosed
+from specrt.runtime.scheduling.scheduler import DEFAULT_SLOTS
 from specrt.runtime.serving.inflight_repo import open_pipeline, parameters_of
 from specrt.runtime.serving.protocol import INPUTS, ImageRequest, ImageResult, decode_request, encode_response, png_bytes
 
@@ -95,8 +96,9 @@ class TritonPythonModel:
         self.request_timeout_s = float(parameters["request_timeout_s"]) if parameters.get("request_timeout_s") else None
         self.drain_s = float(parameters.get("drain_s") or 10.0)
         self.drain_file = parameters.get("drain_file") or None
-        slots = int(parameters.get("slots") or 8)
         max_images = getattr(pipeline, "max_images", None)
+        # no --slots: 8, or fewer where the model decodes fewer images together (its export's --max-batch)
+        slots = int(parameters.get("slots") or min(DEFAULT_SLOTS, max_images or DEFAULT_SLOTS))
         if max_images and slots > max_images:
             raise SpecrtError(f"--slots {slots}: this model decodes at most {max_images} images together "
                               f"(a bundle's `specrt export --max-batch`)")

@@ -34,7 +34,7 @@ from specrt.runtime.serving.inflight_model import TritonPythonModel  # noqa: F40
 class InflightConfig:
     """The in-flight flags of `specrt serve` (the model's parameters)."""
 
-    slots: int = 8
+    slots: Optional[int] = None  # None: 8, or the model's max_images where fewer (inflight_model)
     max_queue: int = 64
     request_timeout_s: Optional[float] = None  # None: only a request's own Triton timeout
     max_group_wait_s: float = 5.0
@@ -75,7 +75,7 @@ def _tensor(spec: TensorSpec, optional: bool) -> str:
 def config_pbtxt(model_name: str, config: InflightConfig, pipeline_spec: dict[str, Any], drain_file: Path,
                  drain_s: float, outputs: tuple[TensorSpec, ...] = OUTPUTS) -> str:
     """config.pbtxt of the in-flight model: no dynamic batcher (the scheduler batches), one instance."""
-    parameters = {"pipeline": json.dumps(pipeline_spec), "slots": str(config.slots), "max_queue": str(config.max_queue),
+    parameters = {"pipeline": json.dumps(pipeline_spec), "slots": "" if config.slots is None else str(config.slots), "max_queue": str(config.max_queue),
                   "request_timeout_s": "" if config.request_timeout_s is None else repr(config.request_timeout_s),
                   "max_group_wait_s": repr(config.max_group_wait_s), "drain_file": str(drain_file),
                   "drain_s": repr(float(drain_s))}

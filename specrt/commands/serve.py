@@ -57,8 +57,9 @@ def _port(name: str, value: int) -> int:
 @click.option("--batching", type=click.Choice(BATCHING), default="inflight", show_default=True,
               help="inflight: requests join the running batch between rounds (a scheduler with --slots); "
                    "dynamic: Triton's dynamic batcher merges requests into whole generate calls.")
-@click.option("--slots", type=int, default=8, show_default=True,
-              help="inflight: images decoding together (at most the bundle's --max-batch).")
+@click.option("--slots", type=int, default=None,
+              help="inflight: images decoding together (at most the bundle's --max-batch; default 8, or that "
+                   "maximum where it is smaller).")
 @click.option("--max-queue", type=int, default=64, show_default=True,
               help=f"Requests that may wait (1 to {MAX_QUEUE}); beyond it a request is refused at once: HTTP 503 / "
                    "gRPC UNAVAILABLE, 'the queue is full'.")
@@ -118,7 +119,7 @@ def serve_command(bundle, demo, backend, device, threads, host, http_port, grpc_
     if batching == "inflight":
         from specrt.runtime.serving.inflight_repo import InflightConfig
 
-        inflight = InflightConfig(slots=validation.count("--slots", slots, high=MAX_SLOTS), max_queue=config.max_queue,
+        inflight = InflightConfig(slots=None if slots is None else validation.count("--slots", slots, high=MAX_SLOTS), max_queue=config.max_queue,
                                   request_timeout_s=timeout, max_batch=config.max_batch)
         spec = {"factory": f"{__name__}:served_pipeline", "bundle": None if bundle is None else str(Path(bundle).resolve()),
                 "demo": demo, "backend": backend, "device": device, "threads": threads}
