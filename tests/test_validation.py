@@ -129,6 +129,9 @@ BAD_VALUES = {
     "fused_drafting": [0, "yes please"],
     "proactive_drafting": [-1, "x"],
     "coupling": ["copula", 1],
+    "group": [-1, 2.5, math.nan, True, 10**7],  # gsd G: a count of ranks, 0 = no grouping
+    "gap": [-0.1, 1.5, math.nan],
+    "radius": [-1.0, math.inf, math.nan],
 }
 
 

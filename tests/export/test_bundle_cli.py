@@ -75,6 +75,7 @@ def test_force_replaces_the_bundle_and_no_hidden_reaches_the_exporter(checkpoint
     out = tmp_path / "bundle"
     out.mkdir()
     (out / "old.txt").write_text("previous")
+    (out / "manifest.json").write_text("{}")  # a bundle: --force replaces only a bundle or an empty folder
     code = _exit_code(["export", "--out", str(out), "--force", "--no-hidden", "--image-size", "8", *HEADS, "--neighbours", "4",
                        "--target", str(checkpoints["target"]), "--draft", str(checkpoints["draft"]),
                        "--vq", str(checkpoints["vq"]), *NO_METHOD_GRAPHS])

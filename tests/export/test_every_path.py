@@ -170,7 +170,10 @@ def test_bench_on_a_draftless_bundle_measures_the_draft_free_methods(bundle, tmp
     assert cli_exit_code(["bench", str(bundle), "--images", "2", "--threads", "1", "--no-progress", "--tokens",
                           "--json", str(out)]) == 0
     payload = json.loads(out.read_text())
-    assert [r["label"] for r in payload["results"]] == ["ar", "sjd", "sjd-pac"]
+    labels = [r["label"] for r in payload["results"]]
+    # the default methods a bundle without a draft can run: sjd at each coupling, and auto's choice among them
+    assert labels[:5] == ["ar", *(f"sjd(coupling={c})" for c in ("independent", "maximal", "gumbel")), "sjd-pac"]
+    assert len(labels) == 6 and labels[5].startswith("auto:")
     for result in payload["results"]:  # --tokens: each image's [grid][grid] tokens
         assert np.asarray(result["tokens"]).shape == (2, 4, 4)
     assert payload["settings"]["sampling"]["top_k"] == 2000

@@ -98,6 +98,10 @@ def test_cli_refuses_continuous_exports_it_cannot_make(tmp_path, capsys):
     out = str(tmp_path / "x")
     assert cli_exit_code(["export", "--family", "continuous", "--random-weights", "--demo-weights", out, "--out", out]) == 2
     assert "--random-weights makes its own weights" in capsys.readouterr().err
-    assert cli_exit_code(["export", "--demo", "mar", "--target", __file__, "--out", out]) == 2
+    import torch
+
+    checkpoint = tmp_path / "mar.pth"  # a real torch checkpoint: the continuous export still cannot read it
+    torch.save({"model": {}}, checkpoint)
+    assert cli_exit_code(["export", "--demo", "mar", "--target", str(checkpoint), "--out", out]) == 2
     assert "LTH14/mar checkpoints load in Python" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

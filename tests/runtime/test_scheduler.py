@@ -138,8 +138,8 @@ def test_deadlines_end_requests_with_their_error(ort_pipe):
     """A deadline passed while waiting or while running ends the request with DeadlineExceeded;
     the request without one completes."""
     with Scheduler(ort_pipe, slots=1, max_queue=4) as scheduler:
-        running = scheduler.submit(Request(class_id=1, decode=False, deadline=time.monotonic() + 0.05))
-        waiting = scheduler.submit(Request(class_id=2, decode=False, deadline=time.monotonic() + 0.05))
+        running = scheduler.submit(Request(class_id=1, decode=False, deadline=time.monotonic() + 0.01))  # < one image's 64 steps
+        waiting = scheduler.submit(Request(class_id=2, decode=False, deadline=time.monotonic() + 0.01))
         free = scheduler.submit(Request(class_id=3, decode=False))
         for ticket in (running, waiting):
             with pytest.raises(DeadlineExceeded, match="deadline passed"):
