@@ -79,7 +79,7 @@ class Pipeline:
         # at once would overwrite each other's state: calls from several threads take turns, and
         # each caller gets exactly the result it would get alone. Run several Pipelines (or
         # processes) for parallel generation.
-        self._generate_lock = threading.Lock()
+        self._generate_lock = threading.Lock()  # hold() / let_go() for callers decoding round by round
         # which loop decodes (runtime/rounds.LOOPS): "auto" runs the device round on a GPU PyTorch
         # backend where the method has one, "round" wherever it has one, "host" the host loop
         self.loop = "auto"
@@ -291,7 +291,17 @@ class Pipeline:
         `state` of its last call): what a profiler runs to count a round's kernels."""
         return list(self._rounds.values())
 
-    def _device_round(self, decoder: Method, sampling: SamplingParams, mix: np.ndarray) -> Any:
+    def hold(self) -> None:
+        """Take the runners for a caller that decodes round by round on them (in-flight batching,
+        runtime/scheduling), blocking until a running generate call is done; generate calls then wait
+        until `let_go`. The runners' buffers hold that caller's images between its rounds."""
+        self._generate_lock.acquire()
+
+    def let_go(self) -> None:
+        """Give the runners back after `hold` (the next generate call may run)."""
+        self._generate_lock.release()
+
+    def device_round(self, decoder: Method, sampling: SamplingParams, mix: np.ndarray) -> Any:
         """The device round (runtime/rounds) this call decodes with, or None for the host loop: by
         `loop` — "host" never, "auto" on a GPU PyTorch backend, "round" wherever the method has one."""
         loop = validation.choice("loop", self.loop, LOOPS)
@@ -325,7 +335,7 @@ class Pipeline:
         """One pass of the method over at most max_images images; its counters into `stats`."""
         runners = [r for r in (self.target, self.draft if decoder.needs_draft else None) if r is not None]
         mix = guidance_mix(len(conditions), sampling)
-        round_ = self._device_round(decoder, sampling, mix)
+        round_ = self.device_round(decoder, sampling, mix)
         for runner in runners:
             if round_ is None:  # the round's models keep their own buffers (runtime/backends/device_model.py)
                 runner.allocate(mix)

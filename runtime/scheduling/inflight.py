@@ -1,7 +1,7 @@
 """In-flight batches on the host loop: a slot is refilled between two target passes.
 
-An InflightBatch holds a discrete pipeline's runners for as long as it has images (the pipeline's
-generate lock: a direct generate call waits), allocated once for `slots` images with the group's
+An InflightBatch holds a discrete pipeline's runners for as long as it has images (Pipeline.hold:
+a direct generate call waits), allocated once for `slots` images with the group's
 guidance matrix. Its rounds are the method's own (slot_rounds.py); an admitted request's condition
 is prepared (a prompt through the text encoder or the model's recipe) and prefilled into its slot's
 rows alone, and a finished image is decoded by the VQ decoder on its own, so its pixels are those
@@ -80,7 +80,7 @@ class InflightBatch(SlotBatch):
         return GenerationResult(grids, images, stats, self.sampling, stream if grammar is not None else None)
 
     def close(self) -> None:
-        self.pipeline._generate_lock.release()
+        self.pipeline.let_go()
 
 
 def inflight_batch(pipeline: Any, request: Request, slots: int) -> Optional[InflightBatch]:
@@ -88,13 +88,12 @@ def inflight_batch(pipeline: Any, request: Request, slots: int) -> Optional[Infl
     these parameters, on this loop) has no step-wise form; SpecrtError for a group the model refuses."""
     if not isinstance(pipeline, Pipeline):
         return None
-    lock = pipeline._generate_lock
-    lock.acquire()
+    pipeline.hold()
     try:
         decoder, sampling = pipeline.prepared(request.method, dict(request.params))
         mix = guidance_mix(slots, sampling)
-        if pipeline._device_round(decoder, sampling, mix) is not None:
-            lock.release()
+        if pipeline.device_round(decoder, sampling, mix) is not None:
+            pipeline.let_go()
             return None
         draft = pipeline.draft if decoder.needs_draft else None
         for runner in (pipeline.target, draft):
@@ -104,9 +103,9 @@ def inflight_batch(pipeline: Any, request: Request, slots: int) -> Optional[Infl
         ctx = Decoding(pipeline.target, draft, sampling, [0] * slots, Stats(), pipeline.grammar)
         rounds = slot_rounds(decoder, ctx, slots)
     except BaseException:
-        lock.release()
+        pipeline.let_go()
         raise
     if rounds is None:
-        lock.release()
+        pipeline.let_go()
         return None
     return InflightBatch(pipeline, rounds, sampling)

@@ -104,12 +104,15 @@ def test_queue_full_refuses_at_once(ort_pipe):
     """With the worker held up, submits beyond max_queue waiting requests raise QueueFull at once."""
     with Scheduler(ort_pipe, slots=1, max_queue=2) as scheduler:
         accepted = []
-        with ort_pipe._generate_lock:  # the worker cannot open a batch: requests stay queued
+        ort_pipe.hold()  # the worker cannot open a batch: requests stay queued
+        try:
             with pytest.raises(QueueFull, match="queue is full") as refused:
                 for c in range(4):
                     start = time.monotonic()
                     accepted.append(scheduler.submit(Request(class_id=c, method="sd", decode=False)))
             assert time.monotonic() - start < 0.05
+        finally:
+            ort_pipe.let_go()
         assert isinstance(refused.value, SpecrtError)
         assert 2 <= len(accepted) <= 3
         assert all(t.result(timeout=60).tokens.shape == (1, 8, 8) for t in accepted)
