@@ -1,32 +1,16 @@
 """`specrt bench --serve`'s results as a table, a JSON file and a plot of latency against offered load.
 
 Files are written whole or not at all (a temporary file in the same folder, renamed), readable by
-everyone (0644), like the other bench outputs.
+everyone as any file the user makes, like the other bench outputs (specrt/atomic_file.py).
 """
 from __future__ import annotations
 
 import io
 import json
 import math
-import os
-import tempfile
 from typing import Any
 
-
-def write_atomic(path: str, data: bytes) -> None:
-    """`data` at `path` through a temporary file in its folder and a rename; mode 0644."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+from specrt.atomic_file import write_bytes
 
 
 def _ms(seconds: float) -> str:
@@ -67,7 +51,7 @@ def write_json(path: str, results: dict[str, Any]) -> None:
             return [clean(v) for v in value]
         return value
 
-    write_atomic(path, (json.dumps(clean(results), indent=2) + "\n").encode())
+    write_bytes(path, (json.dumps(clean(results), indent=2) + "\n").encode())
 
 
 def write_plot(path: str, results: dict[str, Any], title: str) -> None:
@@ -97,4 +81,4 @@ def write_plot(path: str, results: dict[str, Any], title: str) -> None:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
-    write_atomic(path, buffer.getvalue())
+    write_bytes(path, buffer.getvalue())

@@ -56,7 +56,8 @@ def run(bundle: Optional[Path], url: Optional[str], loads: str, rate_seconds: fl
         threads: Optional[int], json_path: Optional[Path], plot_path: Optional[Path],
         markdown_path: Optional[Path], demo_weights: Optional[Path], cache_dir: Optional[Path]) -> None:
     from specrt.bench.serve_bench import ServeBenchConfig, run_serve_bench
-    from specrt.bench.serve_report import table, write_atomic, write_json, write_plot
+    from specrt.atomic_file import write_bytes
+    from specrt.bench.serve_report import table, write_json, write_plot
     from specrt.runtime.machine import cpu_name
 
     if bundle is None and url is None:
@@ -79,6 +80,6 @@ def run(bundle: Optional[Path], url: Optional[str], loads: str, rate_seconds: fl
     if json_path:
         write_json(str(json_path), results)
     if markdown_path:
-        write_atomic(str(markdown_path), (f"```\n{text}\n```\n").encode())
+        write_bytes(markdown_path, (f"```\n{text}\n```\n").encode())
     if plot_path:
         write_plot(str(plot_path), results, f"specrt serve under open-loop load, {results['machine']}")
