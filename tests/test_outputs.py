@@ -67,6 +67,18 @@ def test_an_empty_output_name_is_one_line_before_any_model_loads(argv, tmp_path,
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("argv", [["export", "--eagle", ""], ["export", "--draft-tree", " "],
+                                  ["bench", "--serve", "--serve-url", ""]])
+def test_an_empty_name_on_a_text_flag_is_one_line_not_the_default(argv, tmp_path, capsys, monkeypatch):
+    """--eagle "" once read as "no EAGLE head" and went on: an unset variable must not pick the default."""
+    from cli_helpers import one_line, run
+
+    monkeypatch.chdir(tmp_path)
+    code, err = run([*argv, "--out", str(tmp_path / "o")] if argv[0] == "export" else argv, capsys)
+    assert code == 2 and "names nothing" in one_line(err) and argv[-2] in one_line(err)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("name", ["", " ", ".", "..", "sub/", "./"])
 def test_the_python_api_refuses_names_that_are_no_file(name, tmp_path, monkeypatch):
     from specrt.paths import output_file

@@ -32,3 +32,12 @@ def refuse_blank_paths(command: click.Command) -> None:
             param.type.__class__ = NamedPath
     for sub in getattr(command, "commands", {}).values():
         refuse_blank_paths(sub)
+
+
+def nonblank(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[str]:
+    """A click callback for text flags that name a file or a thing (--eagle HEAD, --draft-tree TREE,
+    --serve-url HOST:PORT): "" or blanks there are an unset variable, not "the default"."""
+    if isinstance(value, str) and not value.strip():
+        raise click.BadParameter(f"{value!r} names nothing (an unset variable?); give a value or leave the flag out",
+                                 ctx=ctx, param=param)
+    return value

@@ -19,6 +19,7 @@ import click
 
 from specrt.bench.models import BACKENDS
 from specrt.commands._help import COMMON, DEMO_SHORT_HELP, sectioned
+from specrt.commands._path_flags import nonblank
 from specrt.export.demo.registry import DEFAULT_DEMO, demo_names
 from specrt import validation
 from specrt.errors import SpecrtError, SpecrtWarning
@@ -290,7 +291,7 @@ def _batches(text: str) -> tuple[int, ...]:
                    "Poisson load at --loads of dynamic batching's saturated throughput; throughput and p50/p95/p99 "
                    "latency per load, answers checked against the same request alone. --methods: the methods mixed "
                    "(default sjd); --plot: latency against load.")
-@click.option("--serve-url", default=None, metavar="HOST:PORT",
+@click.option("--serve-url", default=None, metavar="HOST:PORT", callback=nonblank,
               help="--serve against this running server's gRPC port (127.0.0.1 only) instead of starting servers.")
 @click.option("--loads", default="0.25,0.5,0.75,1.0,1.5", show_default=True, metavar="LIST",
               help="--serve: offered loads, as fractions of dynamic batching's saturated throughput.")

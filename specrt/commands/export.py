@@ -15,6 +15,7 @@ from specrt.bundle_dir import refuse_existing
 from specrt.commands._checkpoint_flags import (CHECKPOINT_FLAG_NAMES, CheckpointFlags, checkpoint_flags,
                                                refuse_folder_without_config)
 from specrt.commands._help import COMMON, DEMO_SHORT_HELP, sectioned
+from specrt.commands._path_flags import nonblank
 from specrt.errors import SpecrtError
 from specrt.export.demo.registry import DEFAULT_DEMO, demo_names
 from specrt.runtime.threads import HELP as THREADS_HELP, checked as checked_threads, resolve as resolve_threads
@@ -113,7 +114,7 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
                    "of this many images (the same images: each draws from its own seed).")
 @click.option("--opset", type=int, default=18, show_default=True,
               help="ONNX opset: 18 (TensorRT 10.3, attention as MatMul/Softmax) or 23 (ONNX Attention, newer stacks).")
-@click.option("--eagle", "eagle", metavar="HEAD",
+@click.option("--eagle", "eagle", metavar="HEAD", callback=nonblank,
               help="Draft with an EAGLE head instead of --draft: a LANTERN-layout drafter (directory with config.json "
                    "and pytorch_model.bin / model.safetensors, or a weight file; `specrt train-draft` writes one), "
                    "or `demo` for the head shipped with the demo target.")
@@ -124,7 +125,7 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
               help="Drafts per call of the draft_chain graph (a round's draft steps in one graph run; "
                    "sd/cool-sd/lantern use it when their draft_len equals it and no top-k/top-p/greedy applies); "
                    "0: no chain graph.")
-@click.option("--draft-tree", "draft_tree", default=None, metavar="TREE",
+@click.option("--draft-tree", "draft_tree", default=None, metavar="TREE", callback=nonblank,
               help="The static tree the draft_tree graph drafts in one call (every depth of a round's tree in one "
                    "graph run; sd/cool-sd/lantern with tree=static use it when their static_tree is this one and no "
                    "top-k/top-p/greedy applies): a static tree name or a `specrt plan-tree` plan file; none: no tree "
