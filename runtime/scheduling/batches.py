@@ -2,13 +2,15 @@
 
 A SlotBatch has a fixed number of slots. The scheduler admits a request into a free slot, runs
 rounds, and takes finished images out after each; a cancelled or expired request is released from
-its slot between rounds. Two kinds:
+its slot between rounds. Three kinds:
 
 - InflightBatch (runtime/scheduling/inflight.py): the host loop's own rounds (one target pass for
   every occupied slot), so a request enters or leaves between two passes and the batch stays full.
 - WholeCalls (here): one generate call over the requests admitted before it, as a dynamic batcher
   runs them; the fallback for what has no step-wise form yet (the device round, trees and EAGLE
-  drafters, the continuous family). Its "round" is a whole call: requests enter only between calls.
+  drafters). Its "round" is a whole call: requests enter only between calls.
+- ContinuousSlots (runtime/scheduling/continuous_slots.py): InflightBatch's form for the continuous
+  family's ar and cspd on the host loop.
 
 Either way an image is the one its request gives alone: every random number a counter uniform of
 its own seed and the draw's coordinates (runtime/counter_random.py).
@@ -134,11 +136,14 @@ class WholeCalls(SlotBatch):
 
 def open_batch(pipeline: Any, request: Request, slots: int, inflight: bool = True) -> SlotBatch:
     """The batch for `request`'s group: in-flight rounds where the pipeline's host loop has a
-    step-wise form for its method (runtime/scheduling/inflight.py), else whole calls."""
+    step-wise form for its method (runtime/scheduling/inflight.py; the continuous family's,
+    continuous_slots.py), else whole calls."""
     if inflight:
+        from specrt.runtime.scheduling.continuous_slots import continuous_batch
         from specrt.runtime.scheduling.inflight import inflight_batch
 
-        batch: Optional[SlotBatch] = inflight_batch(pipeline, request, slots)
-        if batch is not None:
-            return batch
+        for step_wise in (inflight_batch, continuous_batch):
+            batch: Optional[SlotBatch] = step_wise(pipeline, request, slots)
+            if batch is not None:
+                return batch
     return WholeCalls(pipeline, slots)

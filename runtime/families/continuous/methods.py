@@ -139,6 +139,13 @@ class ContinuousDecoding:
         return draws.uniforms(self._seed_low[rows.images], self._seed_high[rows.images], rows.rounds, rows.index,
                               kind, rows.part)
 
+    def reseed(self, image: int, seed: int) -> None:
+        """Batch position `image` holds a new image from its first round on, drawing from `seed`
+        (in-flight batching: a finished image's place refilled between rounds)."""
+        self.seeds[image] = int(seed)
+        self._seed_low[image], self._seed_high[image] = seed_halves(int(seed))
+        self.rounds[image] = 0
+
     def step_target(self, windows: ContinuousWindows) -> np.ndarray:
         """One target step over these windows, counted (stats), as [pairs, N, W, D]."""
         z = self.target.step(windows)
@@ -155,6 +162,16 @@ class ContinuousDecoding:
         keep = np.asarray(images, dtype=np.int64)
         self.seeds = [self.seeds[i] for i in keep]
         self._seed_low, self._seed_high, self.rounds = self._seed_low[keep], self._seed_high[keep], self.rounds[keep]
+
+
+@dataclass(frozen=True)
+class RoundCounts:
+    """What one cspd round did for each of its images, in their order: drafts tested, drafts
+    accepted, residual proposals drawn (0 where none was rejected)."""
+
+    drafted: np.ndarray
+    accepted: np.ndarray
+    proposals: np.ndarray
 
 
 class ContinuousMethod(Method):
@@ -179,12 +196,39 @@ class ContinuousMethod(Method):
     def decode(self, ctx: ContinuousDecoding, class_ids: np.ndarray) -> np.ndarray:
         """Tokens [N, seq_len, C] of a batch (one seed per image in ctx.seeds)."""
 
+    def prefilled(self, seq_len: int) -> int:
+        """How many of an image's first tokens the target decodes alone, one a step (target_alone)."""
+        return seq_len
+
 
 def target_tokens(ctx: ContinuousDecoding, z: np.ndarray, rows: DrawRows) -> np.ndarray:
     """Tokens [R,C] from the target's conditions z [pairs,R,D], one chain each on the noise of its
     first proposal at `rows` (draws.py: how the device round keys the target's own token)."""
     x0, _ = ctx.target.sample(z, ctx.noise(rows, PROPOSAL_NOISE), ctx.temperature, ctx.scales(rows.index))
     return x0
+
+
+def batch_positions(ctx: ContinuousDecoding, images: np.ndarray, at: Optional[np.ndarray]) -> np.ndarray:
+    """Where `images` sit in the runners' batch: `at`, or (None) the runners hold exactly these, in order."""
+    return np.arange(len(images)) if at is None else np.asarray(at, dtype=np.int64)
+
+
+def target_alone(ctx: ContinuousDecoding, inputs: np.ndarray, decided: np.ndarray, images: np.ndarray,
+                 at: Optional[np.ndarray] = None) -> None:
+    """One token from the target alone for each of `images` (rows of inputs and decided) at batch
+    positions `at` (batch_positions): its next position through the target, the token from one
+    chain (target_tokens), its round advanced. Every step of ar and cspd's token pre-filling; the
+    runners' other images sit the step out (no window, nothing committed)."""
+    at = batch_positions(ctx, images, at)
+    n = decided[images]
+    windows: list[Optional[np.ndarray]] = [None] * ctx.target.images
+    for position, image, length in zip(at.tolist(), images.tolist(), n.tolist()):
+        windows[position] = inputs[image, length : length + 1]  # position 0's input is the class: a row it ignores
+    z = ctx.step_target(windows)[:, at, 0]
+    ctx.target.commit(np.isin(np.arange(ctx.target.images), at).astype(np.int64))
+    inputs[images, n + 1] = target_tokens(ctx, z, ctx.rows(at, n))
+    ctx.rounds[at] += 1
+    decided[images] += 1
 
 
 class ContinuousAR(ContinuousMethod):
@@ -196,17 +240,12 @@ class ContinuousAR(ContinuousMethod):
 
     def decode(self, ctx: ContinuousDecoding, class_ids: np.ndarray) -> np.ndarray:
         spec, images = ctx.target.spec, len(class_ids)
-        tokens = np.zeros((images, spec.seq_len, spec.token_dim), dtype=np.float32)
+        inputs = np.zeros((images, spec.seq_len + 1, spec.token_dim), dtype=np.float32)  # inputs[i, j + 1] = token j
         ctx.start(ctx.target, class_ids)
-        previous = np.zeros((images, 1, spec.token_dim), dtype=np.float32)  # position 0's input is the class
-        everyone = np.arange(images)
-        for n in range(spec.seq_len):
-            z = ctx.step_target(previous)
-            ctx.target.commit(1)
-            tokens[:, n] = target_tokens(ctx, z[:, :, -1], ctx.rows(everyone, np.full(images, n)))
-            ctx.rounds += 1
-            previous = tokens[:, n : n + 1]
-        return tokens
+        decided, everyone = np.zeros(images, dtype=np.int64), np.arange(images)
+        for _ in range(spec.seq_len):
+            target_alone(ctx, inputs, decided, everyone)
+        return inputs[:, 1:].copy()
 
 
 class CSpD(ContinuousMethod):
@@ -239,6 +278,10 @@ class CSpD(ContinuousMethod):
     accept_probability = staticmethod(continuous.accept_probability)
     residual_acceptance = staticmethod(continuous.residual_acceptance)
 
+    def prefilled(self, seq_len: int) -> int:
+        """Token pre-filling: the first ceil(prefill_ratio · seq_len) tokens are the target's alone."""
+        return min(seq_len, math.ceil(self.prefill_ratio * seq_len))
+
     def verification_noise(self, ctx: ContinuousDecoding, draft_noise: np.ndarray, rows: DrawRows) -> np.ndarray:
         """The noise the target's chains use to score the drafts at `rows`: the draft's own
         (alignment)."""
@@ -251,39 +294,39 @@ class CSpD(ContinuousMethod):
         target, draft = ctx.target, ctx.draft
         ctx.start(target, class_ids)
         ctx.start(draft, class_ids)
-        prefilled = min(seq_len, math.ceil(self.prefill_ratio * seq_len))
-        everyone = np.arange(images)
-        for n in range(prefilled):  # token pre-filling: the target alone, every image in step
-            z = ctx.step_target(inputs[:, n : n + 1])
-            target.commit(1)
-            inputs[:, n + 1] = target_tokens(ctx, z[:, :, 0], ctx.rows(everyone, np.full(images, n)))
-            ctx.rounds += 1
-        decided = np.full(images, prefilled, dtype=np.int64)  # tokens decided per image
+        decided, everyone = np.zeros(images, dtype=np.int64), np.arange(images)  # tokens decided per image
+        for _ in range(self.prefilled(seq_len)):  # token pre-filling: the target alone, every image in step
+            target_alone(ctx, inputs, decided, everyone)
         batch = Batched(images)
         while batch.drop(ctx, decided == seq_len):
-            self._round(ctx, inputs, decided, np.array(batch.images))
+            self.draft_verify_round(ctx, inputs, decided, np.array(batch.images))
         return inputs[:, 1:].copy()
 
-    def _round(self, ctx: ContinuousDecoding, inputs: np.ndarray, decided: np.ndarray, images: np.ndarray) -> None:
-        """One draft-verify round of the unfinished `images` (batch position p holds images[p])."""
+    def draft_verify_round(self, ctx: ContinuousDecoding, inputs: np.ndarray, decided: np.ndarray, images: np.ndarray,
+                           at: Optional[np.ndarray] = None) -> RoundCounts:
+        """One draft-verify round of the unfinished `images` (rows of inputs and decided) at batch
+        positions `at` (batch_positions; the runners' other images sit it out): each image's drafts,
+        accepted drafts and residual proposals."""
         target, draft, stats = ctx.target, ctx.draft, ctx.stats
+        at = batch_positions(ctx, images, at)
         seq_len = target.spec.seq_len
         n = decided[images]
         counts = np.minimum(self.draft_len, seq_len - n)        # every unfinished image drafts ≥ 1
-        owner = np.repeat(np.arange(len(images)), counts)        # draft row -> batch position
+        owner = np.repeat(np.arange(len(images)), counts)        # draft row -> image p (images[p], at[p])
         offsets = np.cumsum(counts) - counts                     # image p's draft rows start here
         depth = np.arange(len(owner)) - offsets[owner]           # draft row -> its index in the image's draft
-        draft_rows = ctx.rows(owner, n[owner] + depth)
+        draft_rows = ctx.rows(at[owner], n[owner] + depth)
         noise = ctx.noise(draft_rows, DRAFT_NOISE)
         # Draft every image's tokens, keeping each one's condition z_q, last-step mean and token.
         z_draft = np.zeros((draft.pairs, len(owner), draft.spec.hidden), np.float32)
         mean_q = np.zeros((len(owner), inputs.shape[2]), np.float32)
         for i in range(int(counts.max())):
             live = np.flatnonzero(counts > i)
-            windows = [inputs[image, draft.lengths[p] : n[p] + i + 1] if counts[p] > i else None
-                       for p, image in enumerate(images)]
+            windows: list[Optional[np.ndarray]] = [None] * draft.images
+            for p in live.tolist():
+                windows[at[p]] = inputs[images[p], draft.lengths[at[p]] : n[p] + i + 1]
             sizes = np.array([0 if w is None else len(w) for w in windows])
-            z = draft.by_image(draft.step(windows))[:, live, sizes[live] - 1]
+            z = draft.by_image(draft.step(windows))[:, at[live], sizes[at[live]] - 1]
             draft.commit(sizes)
             rows = offsets[live] + i
             x0, mean = draft.sample(z, noise[:, rows], ctx.temperature, ctx.scales(n[live] + i))
@@ -291,8 +334,11 @@ class CSpD(ContinuousMethod):
             z_draft[:, rows], mean_q[rows] = z, mean
         drafted = inputs[images[owner], n[owner] + depth + 1]
         # One target pass over each image's pending inputs and drafts: conditions for n .. n+count.
-        start = target.lengths.copy()
-        z_target = ctx.step_target([inputs[image, start[p] : n[p] + counts[p] + 1] for p, image in enumerate(images)])
+        start = target.lengths[at]
+        windows = [None] * target.images
+        for p, image in enumerate(images.tolist()):
+            windows[at[p]] = inputs[image, start[p] : n[p] + counts[p] + 1]
+        z_target = ctx.step_target(windows)[:, at]
         stats.drafted += int(counts.sum())
         # Score every draft on the target's chain with the same noise as the draft's.
         first = n - start                                        # image p's slot of position n
@@ -306,22 +352,27 @@ class CSpD(ContinuousMethod):
         accepted = np.minimum.reduceat(np.where(passes, counts[owner], depth), offsets)
         stats.accepted += int(accepted.sum())
         rejected = np.flatnonzero(accepted < counts)
-        later_rounds = np.zeros(len(images), dtype=np.int64)
+        used = np.zeros(len(images), dtype=np.int64)
         if len(rejected):
-            at = n[rejected] + accepted[rejected]
-            inputs[images[rejected], at + 1], used = self.residual_tokens(
+            index = n[rejected] + accepted[rejected]
+            inputs[images[rejected], index + 1], used[rejected] = self.residual_tokens(
                 ctx, z_target[:, rejected, first[rejected] + accepted[rejected]],
-                z_draft[:, offsets[rejected] + accepted[rejected]], at, rejected)
-            later_rounds[rejected] = (used - 1) // RESIDUAL_PROPOSALS  # the rounds the device round's draw spans
+                z_draft[:, offsets[rejected] + accepted[rejected]], index, at[rejected])
         bonus = np.flatnonzero((accepted == counts) & (n + counts < seq_len))
         if len(bonus):
-            at = n[bonus] + counts[bonus]
+            index = n[bonus] + counts[bonus]
             z_bonus = z_target[:, bonus, first[bonus] + counts[bonus]]
-            inputs[images[bonus], at + 1] = target_tokens(ctx, z_bonus, ctx.rows(bonus, at))
-        ctx.rounds += 1 + later_rounds
-        target.commit(n + accepted + 1 - start)
-        draft.truncate(n + accepted + 1)
+            inputs[images[bonus], index + 1] = target_tokens(ctx, z_bonus, ctx.rows(at[bonus], index))
+        # a residual draw past K proposals spans the rounds the device round's would (draws.py)
+        ctx.rounds[at] += 1 + np.maximum(used - 1, 0) // RESIDUAL_PROPOSALS
+        committed = np.zeros(target.images, dtype=np.int64)
+        committed[at] = n + accepted + 1 - start
+        target.commit(committed)
+        limits = draft.lengths.copy()
+        limits[at] = n + accepted + 1
+        draft.truncate(limits)
         decided[images] = np.minimum(seq_len, n + accepted + 1)
+        return RoundCounts(counts, accepted, used)
 
     def residual_tokens(self, ctx: ContinuousDecoding, z_p: np.ndarray, z_q: np.ndarray, positions: np.ndarray,
                         who: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -28,7 +28,8 @@ from specrt.manifest import DEFAULT_MAX_IMAGES
 from specrt.runtime.families.continuous.bundle import (ContinuousManifest, continuous_manifest, open_decoder,
                                                       open_runner)
 from specrt.runtime.families.continuous.runner import ContinuousRunner
-from specrt.runtime.families.continuous.methods import ContinuousDecoding, ContinuousStats, make_continuous_method
+from specrt.runtime.families.continuous.methods import (ContinuousDecoding, ContinuousMethod, ContinuousStats,
+                                                       make_continuous_method)
 from specrt.runtime.families.continuous.round_loop import decode_rounds, plan_round, round_key, wants_round
 from specrt.runtime.rounds import KEPT_ROUNDS, kept_round
 
@@ -98,8 +99,7 @@ class ContinuousPipeline:
         generate([b], seed=s + 1)'s only one."""
         from specrt.runtime.pipeline import image_seeds
 
-        sampling = {**self.sampling_defaults, **{k: kwargs.pop(k) for k in list(kwargs) if k in SAMPLING_KEYS}}
-        strategy = make_continuous_method(method, **kwargs)
+        strategy, sampling = self.prepared(method, kwargs)
         if isinstance(class_ids, (int, np.integer)):
             class_ids = [class_ids]
         ids = np.asarray([validation.integer("class id", c, low=0, high=self.num_classes - 1) for c in class_ids],
@@ -107,10 +107,7 @@ class ContinuousPipeline:
         seeds = image_seeds(seed, len(ids))
         if not len(ids):
             raise SpecrtError("generate needs at least one class id")
-        if strategy.needs_draft and self.draft is None:
-            raise SpecrtError(f"method {method!r} needs a draft model and {self.source or 'this model'} has none")
-        if decode and self.decoder is None:
-            raise SpecrtError(f"{self.source or 'this model'} has no tokenizer decoder: generate tokens only (decode=False)")
+        self.check_runs(strategy, decode)
         with self._lock:
             stats, tokens, seconds = ContinuousStats(), [], []
             rounds = wants_round(self.loop, self.target, method)
@@ -127,6 +124,19 @@ class ContinuousPipeline:
             tokens = np.concatenate(tokens)
             images = to_pixels(self.decoder(tokens)) if decode else None
         return ContinuousResult(tokens, images, stats, seconds, sampling)
+
+    def prepared(self, method: str, params: dict[str, Any]) -> tuple[ContinuousMethod, dict[str, Any]]:
+        """A call's strategy object and sampling, parsed once: `params` mixes the method's parameters
+        and sampling keys, as generate's keywords do (SpecrtError on mistakes)."""
+        sampling = {**self.sampling_defaults, **{k: v for k, v in params.items() if k in SAMPLING_KEYS}}
+        return make_continuous_method(method, **{k: v for k, v in params.items() if k not in SAMPLING_KEYS}), sampling
+
+    def check_runs(self, strategy: ContinuousMethod, decode: bool) -> None:
+        """SpecrtError where this pipeline lacks what the call needs: the method's draft, the decoder."""
+        if strategy.needs_draft and self.draft is None:
+            raise SpecrtError(f"method {strategy.name!r} needs a draft model and {self.source or 'this model'} has none")
+        if decode and self.decoder is None:
+            raise SpecrtError(f"{self.source or 'this model'} has no tokenizer decoder: generate tokens only (decode=False)")
 
     def _decode_rounds(self, strategy: Any, ids: np.ndarray, seeds: list[int], sampling: dict[str, Any],
                        stats: ContinuousStats) -> np.ndarray:

@@ -178,6 +178,15 @@ class ContinuousRunner(ABC):
         self._sizes = np.zeros(len(ids), dtype=np.int64)
         self._present = None
 
+    def admit(self, image: int, class_id: int) -> None:
+        """Batch position `image` holds a new image of `class_id` (its CFG twin stays unconditional)
+        from its class token on: its committed length 0, so its old cache columns are masked until
+        its own commits overwrite them. In-flight batching refills a finished image's place so,
+        between steps; the other images' rows are untouched."""
+        self._class_ids[image] = class_id
+        self.lengths[image] = 0
+        self._sizes[image] = 0
+
     def truncate(self, lengths: int | Sequence[int] | np.ndarray) -> None:
         """Roll back to `lengths` committed positions (one for every image, or one per image)."""
         np.minimum(self.lengths, np.asarray(lengths, dtype=np.int64), out=self.lengths)

@@ -1,0 +1,132 @@
+"""In-flight batches of the continuous family (MAR-style models, ar and cspd) on the host loop.
+
+Why: a generate call of a continuous model decodes its images to the end, so in a scheduler it ran
+as whole calls (batches.WholeCalls) and a request arriving mid-call waited for the whole call. Here,
+as InflightBatch does for discrete tokens, a batch keeps one ContinuousDecoding over `slots` images
+for as long as it has images, its runners started once with the group's guidance (every slot's CFG
+twin row included). A request enters a free slot between rounds: its class id goes into its rows and
+its committed length to 0 (ContinuousRunner.admit: its old cache columns masked until its own commits
+overwrite them), its random coordinates become its own seed at round 0 (ContinuousDecoding.reseed).
+Its prefill — the class token at position 0 — is the window of its first round, run in its own rows
+beside the other slots' windows. A finished image leaves at the end of its round and is decoded by
+the tokenizer decoder alone.
+
+A round advances every occupied slot by one target pass, with the methods' own code over the slots
+that take part (the others sit it out: no window, nothing committed): slots still in their token
+pre-filling (ar: every token) take one `target_alone` step, the rest one cspd draft-verify round
+(CSpD.draft_verify_round). A round with slots of both kinds runs both (two target passes; cspd
+pre-fills 5% of an image's tokens by default, so such rounds are few).
+
+Sameness: every random number of an image is a counter uniform of its seed, its own round count and
+the draw's coordinates (runtime/families/continuous/draws.py), and its rows attend only to its own
+cache, so its tokens are those of generate([class], seed=its seed) up to float rounding: the batched
+graphs sum over other shapes (more images, a wider masked cache), as in a generate call of several
+images. The device round (PyTorch on an accelerator) has no slot form yet: those groups run as whole calls.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any, Optional
+
+import numpy as np
+
+from specrt.runtime.families.continuous.methods import (ContinuousDecoding, ContinuousMethod, ContinuousStats,
+                                                       target_alone)
+from specrt.runtime.families.continuous.pipeline import ContinuousPipeline, ContinuousResult, to_pixels
+from specrt.runtime.families.continuous.round_loop import wants_round
+from specrt.runtime.scheduling.batches import RoundReport, SlotBatch
+from specrt.runtime.scheduling.requests import Request
+
+
+class ContinuousSlots(SlotBatch):
+    """One group's images on a continuous pipeline's host loop, entering and leaving between rounds.
+    Holds the pipeline's lock while it has images (a direct generate call waits)."""
+
+    def __init__(self, pipeline: ContinuousPipeline, method: ContinuousMethod, sampling: dict[str, Any], slots: int):
+        super().__init__(slots)
+        self.pipeline, self.method, self.sampling = pipeline, method, sampling
+        draft = pipeline.draft if method.needs_draft else None
+        self.ctx = ContinuousDecoding(pipeline.target, draft, [0] * slots, **sampling)
+        self.runners = [r for r in (pipeline.target, draft) if r is not None]
+        for runner in self.runners:  # every slot free: class 0's rows at length 0, never stepped
+            self.ctx.start(runner, np.zeros(slots, dtype=np.int64))
+        spec = pipeline.target.spec
+        self.total = spec.seq_len
+        self.prefilled = method.prefilled(spec.seq_len)
+        self.inputs = np.zeros((slots, spec.seq_len + 1, spec.token_dim), dtype=np.float32)  # [s, j + 1] = token j
+        self.decided = np.zeros(slots, dtype=np.int64)
+        self.drafted, self.accepted, self.proposals = (np.zeros(slots, dtype=np.int64) for _ in range(3))
+        self.forwards = np.zeros(slots, dtype=np.int64)
+        self.gains: dict[int, Counter] = {}  # tokens each target forward of the slot's image decided
+        self.started: dict[int, float] = {}
+
+    def _admit(self, slot: int, request: Request) -> None:
+        for runner in self.runners:
+            runner.admit(slot, request.class_id)
+        self.ctx.reseed(slot, request.seed)
+        self.inputs[slot] = 0.0
+        for counter in (self.decided, self.drafted, self.accepted, self.proposals, self.forwards):
+            counter[slot] = 0
+        self.gains[slot], self.started[slot] = Counter(), time.perf_counter()
+
+    def _release(self, slot: int) -> None:
+        """A free slot keeps no cache columns: the other slots' masks stay as narrow as their own caches."""
+        for runner in self.runners:
+            runner.truncate(np.where(np.arange(self.slots) == slot, 0, runner.lengths))
+
+    def round(self) -> RoundReport:
+        live = np.array(sorted(self.occupied), dtype=np.int64)
+        before = self.decided[live].copy()
+        alone, verifying = live[before < self.prefilled], live[before >= self.prefilled]
+        if len(alone):
+            target_alone(self.ctx, self.inputs, self.decided, alone, alone)
+        if len(verifying):
+            counts = self.method.draft_verify_round(self.ctx, self.inputs, self.decided, verifying, verifying)
+            self.drafted[verifying] += counts.drafted
+            self.accepted[verifying] += counts.accepted
+            self.proposals[verifying] += counts.proposals
+        report = RoundReport()
+        for slot, start in zip(live.tolist(), before.tolist()):
+            self.forwards[slot] += 1
+            self.gains[slot][int(self.decided[slot]) - start] += 1
+            if self.decided[slot] == self.total:
+                report.finished[slot] = self._result(slot)
+                report.tokens += self.total
+                report.target_forwards += int(self.forwards[slot])
+                report.accepted_lengths.update(self.gains[slot])
+        for slot in report.finished:
+            self.release(slot)
+        return report
+
+    def _result(self, slot: int) -> ContinuousResult:
+        """The finished image in `slot` as generate gives one image: its tokens, pixels, counters."""
+        request = self.occupied[slot]
+        tokens = self.inputs[slot:slot + 1, 1:].copy()
+        forwards = int(self.forwards[slot])
+        stats = ContinuousStats(tokens=self.total, target_passes=forwards, target_forwards=forwards,
+                                drafted=int(self.drafted[slot]), accepted=int(self.accepted[slot]),
+                                residual_proposals=int(self.proposals[slot]))
+        seconds = [time.perf_counter() - self.started[slot]]
+        images = to_pixels(self.pipeline.decoder(tokens)) if request.decode else None
+        return ContinuousResult(tokens, images, stats, seconds, dict(self.sampling))
+
+    def close(self) -> None:
+        self.pipeline._lock.release()
+
+
+def continuous_batch(pipeline: Any, request: Request, slots: int) -> Optional[ContinuousSlots]:
+    """The in-flight batch for `request`'s group on a continuous pipeline; None for another family's
+    pipeline or where the call would run the device round; SpecrtError for a group the model refuses."""
+    if not isinstance(pipeline, ContinuousPipeline):
+        return None
+    method, sampling = pipeline.prepared(request.method, dict(request.params))
+    if wants_round(pipeline.loop, pipeline.target, method.name):
+        return None
+    pipeline.check_runs(method, request.decode)
+    pipeline._lock.acquire()
+    try:
+        return ContinuousSlots(pipeline, method, sampling, slots)
+    except BaseException:
+        pipeline._lock.release()
+        raise
