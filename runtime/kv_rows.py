@@ -9,7 +9,7 @@ drafter keeps its nodes as staged rows (`stage`, `adopt`). The common cases are 
 gathers of single rows: a prefix 0..n − 1 of the window (AR, chains, the Jacobi spine), a tree
 level's run of slots, the moves of an accepted path. Backends implement `_write_kv` (and `_move_kv`
 where they stage trees) and may override `_write_runs`, `_write_block` and `_move_block` with block
-copies of their own; compact_kv and uniform_run are their helpers for the same copies.
+copies of their own; regroup_kv and uniform_run are their helpers for the same copies.
 """
 from __future__ import annotations
 
@@ -257,22 +257,24 @@ class KVRows(ABC):
         return int((self.lengths + self.staged).max(initial=0))
 
 
-def compact_kv(flat: Any, old: Any, rows: Any, used: int) -> Any:
+def regroup_kv(flat: Any, old: Any, rows: Any, used: int) -> Any:
     """The new batch's KV view [L, 2, len(rows), Hkv, C, D] at the front of the flat buffer `flat`
     that `old` views, with new[:, :, j] = old[:, :, rows[j]] over the first `used` columns (numpy
-    arrays or torch tensors alike): the rows a shrinking batch keeps, moved down in place.
+    arrays or torch tensors alike): the rows a shrinking batch keeps moved down in place, or a
+    growing batch's rows moved up (a row may appear twice: a new image's placeholder).
 
     Why block by block: gathering every kept row first and copying it back moves the buffer's data
-    twice (3 ms a runner on the demo CPU at batch 8, each time an image finished). The new
-    (layer, key|value) block b ends at or below the old block b's end, so gathering each block
-    (a copy) before writing it, in ascending order, never overwrites a row still to be read: the
-    data moves once, a block at a time, and only the columns in use (the rest are never read
-    before they are written)."""
+    twice (3 ms a runner on the demo CPU at batch 8, each time an image finished). When the batch
+    shrinks, the new (layer, key|value) block b ends at or below the old block b's end, so gathering
+    each block (a copy) before writing it, in ascending order, never overwrites a row still to be
+    read; when it grows, the new block b starts at or above the old one's start, so descending order
+    does the same. The data moves once, a block at a time, and only the columns in use (the rest
+    are never read before they are written)."""
     shape = (*old.shape[:2], len(rows), *old.shape[3:])
     new = flat[: math.prod(shape)].reshape(shape)  # a view of the same memory
-    for layer in range(old.shape[0]):
-        for part in range(old.shape[1]):
-            new[layer, part, :, :, :used] = old[layer, part, rows, :, :used]
+    blocks = [(layer, part) for layer in range(old.shape[0]) for part in range(old.shape[1])]
+    for layer, part in reversed(blocks) if len(rows) > old.shape[2] else blocks:
+        new[layer, part, :, :, :used] = old[layer, part, rows, :, :used]
     return new
 
 

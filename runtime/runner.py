@@ -129,6 +129,7 @@ class ModelRunner(KVRows):
         self.spec = spec
         self.max_window = max_window
         self.batch = 0
+        self.batch_room = 0  # model batch rows the buffers were allocated for (retain and grow stay within)
         self.capacity = 0
         self.lengths = np.zeros(0, dtype=np.int64)  # committed KV rows of each image in the batch
         self.staged = np.zeros(0, dtype=np.int64)   # rows held after them: a drafted tree's nodes (stage)
@@ -167,7 +168,8 @@ class ModelRunner(KVRows):
         """Keep the KV rows of model batch rows `rows` (in order) as rows 0..len(rows) − 1, the
         new batch (self.batch is still the old one; self.mix, lengths and staged are already the
         new batch's). Columns at or past an image's lengths + staged hold nothing that is read
-        before it is written, so a backend may leave them behind."""
+        before it is written, so a backend may leave them behind. The new batch may be larger
+        (`grow`: a row may then appear twice), never beyond `batch_room` rows."""
 
     def _chain(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, last: np.ndarray,
                uniforms: np.ndarray) -> StepOutput:
@@ -218,6 +220,7 @@ class ModelRunner(KVRows):
             self._uniforms = self._host_buffer(images * self.max_window, np.float32)
             self._last = self._host_buffer(images, np.int32)  # a draft chain's last window slot per image
             self._allocate_kv(batch, capacity)
+            self.batch_room = batch
             self._views = {}
         else:
             self.mix[...] = mix  # same shape: the backends' bound mix buffer takes the new values
@@ -469,6 +472,35 @@ class ModelRunner(KVRows):
         self.mix = np.ascontiguousarray(self.mix[np.ix_(keep, rows)])
         self.lengths = self.lengths[keep]
         self.staged = self.staged[keep]
+        if self._caption_mask is not None:
+            self._caption_mask = self._caption_mask[rows]
+        self._retain(rows)
+        self.batch = len(rows)
+        self._views = {}
+        self.cache_seconds += time.perf_counter() - start
+
+    def grow(self, mix: np.ndarray) -> None:
+        """One more image at the end of the batch, for in-flight batching to admit a request into
+        (runtime/scheduling): a batch that grows and shrinks with its requests runs only the rows of
+        images being decoded. `mix` is the grown batch's guidance matrix [images + 1, batch + pairs].
+        Each image's CFG twins move up to their new rows (row i + images·k -> i + (images + 1)·k),
+        within the buffers `allocate` made (allocate for the most images, then retain down); the new
+        image holds nothing (length 0) until `admit` prefills it."""
+        mix = np.ascontiguousarray(mix, dtype=np.float32)
+        old_images = self.images
+        pairs = self.batch // old_images
+        images = old_images + 1
+        if mix.shape != (images, images * pairs):
+            raise ValueError(f"a batch of {old_images} images grows to {images}: mix {mix.shape} is not "
+                             f"{(images, images * pairs)}")
+        if images * pairs > self.batch_room:
+            raise ValueError(f"{images} images need {images * pairs} model rows; the buffers hold {self.batch_room}")
+        start = time.perf_counter()
+        # the new image's rows take a copy of image 0's (any row would do: admit overwrites what is read)
+        rows = np.concatenate([np.append(np.arange(old_images) + old_images * k, old_images * k) for k in range(pairs)])
+        self.mix = mix
+        self.lengths = np.append(self.lengths, 0)
+        self.staged = np.append(self.staged, 0)
         if self._caption_mask is not None:
             self._caption_mask = self._caption_mask[rows]
         self._retain(rows)

@@ -26,7 +26,7 @@ from specrt.runtime.bundle_check import check_manifest, check_session, load_neig
 from specrt.runtime.token_embeddings import load_token_embeddings
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.eagle import EAGLE_KIND, HeadRunner
-from specrt.runtime.kv_rows import compact_kv, uniform_run
+from specrt.runtime.kv_rows import regroup_kv, uniform_run
 from specrt.runtime.runner import GrownTrees, ModelRunner, ModelSpec, StepOutput
 from specrt.runtime.vq_decoder import VQDecoder
 from specrt.runtime.tree import StaticShape
@@ -169,9 +169,9 @@ class OrtRunner(ModelRunner):
         return self._kv_flat
 
     def _retain(self, rows: np.ndarray) -> None:
-        """The kept rows move to the front of the same buffer (compact_kv); the bindings are
+        """The kept rows move to the front of the same buffer (regroup_kv); the bindings are
         remade for the new batch."""
-        self._kv = compact_kv(self._kv_flat, self._kv, rows, self.columns_in_use())
+        self._kv = regroup_kv(self._kv_flat, self._kv, rows, self.columns_in_use())
         self._kv_value = self.ort.OrtValue.ortvalue_from_numpy(self._kv)
         self._bindings.clear()
         self._call_views.clear()

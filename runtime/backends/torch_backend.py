@@ -26,7 +26,7 @@ from specrt.models.neighbours import DEFAULT_K, codebook_neighbours, codebook_of
 from specrt.runtime.backends.device_outputs import DeviceDraws, DeviceRows
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.eagle import HeadRunner
-from specrt.runtime.kv_rows import compact_kv, uniform_run
+from specrt.runtime.kv_rows import regroup_kv, uniform_run
 from specrt.runtime.runner import GrownTrees, ModelRunner, ModelSpec, StepOutput
 from specrt.runtime.vq_decoder import VQDecoder
 
@@ -149,7 +149,7 @@ class TorchRunner(ModelRunner):
     def _retain(self, rows: np.ndarray) -> None:
         """The kept rows move to the front of the same buffer; graphs captured for the old batch go."""
         with self.torch.inference_mode():
-            self._kv = compact_kv(self._kv_flat, self._kv, self.torch.from_numpy(rows).to(self.device),
+            self._kv = regroup_kv(self._kv_flat, self._kv, self.torch.from_numpy(rows).to(self.device),
                                   self.columns_in_use())
         self._mix = self.torch.from_numpy(self.mix).to(self.device)  # a normal tensor: allocate() copies into it
         self._graphs.clear()

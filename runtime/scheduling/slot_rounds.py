@@ -1,15 +1,22 @@
-"""A method's host loop one round at a time over a fixed batch of slots (in-flight batching).
+"""A method's host loop one round at a time over the occupied slots of a batch (in-flight batching).
 
 A method's generate runs its batch from the prefill to the last token. These classes run the same
-rounds — through the method's own round code where it has one (DraftThenVerify.chain_round), the
-same calls in the same order where not — on a batch whose images come and go: `admit` prefills a
-new image into a free slot (runner.admit: its rows alone; Decoding.reseed: its own counter
-coordinates), `round` advances every occupied slot by one target pass, `release` frees a slot.
+rounds — through the method's own round code where it has one (DraftThenVerify.chain_round,
+JacobiDecoding.jacobi_round), the same calls in the same order where not — on a batch whose images
+come and go: `admit` prefills a new image into a free slot (runner.admit: its rows alone;
+Decoding.reseed: its own counter coordinates), `round` advances every occupied slot by one target
+pass, `release` frees a slot.
 
-A free slot is a finished image as generate knows it: its tokens complete (FREE), so it sits every
-round out with no window, as finished images ride along in a generate call. Because an image's
-every draw is keyed by its own seed, token index and round count (runtime/counter_random.py), and
-its rows attend only to its own cache, its tokens do not depend on what shares the batch.
+The runners' batch follows occupancy: it holds the occupied slots' images only (`positions[p]`:
+the slot at batch position p), so a round costs the rows of the images decoding — one request
+runs as one image (two rows under CFG), not as `slots` of them. The runners are allocated once for
+`slots` images (their buffers' room); an admit into a full batch grows it by one image
+(runner.grow), a release shrinks it (runner.retain, the rows moved in place as generate drops
+finished images). A batch never shrinks below one position: with its last request gone it keeps
+a free position, a finished image as generate knows it (its tokens complete), which sits every
+round out with no window until the next admit takes it. Because an image's every draw is keyed by
+its own seed, token index and round count (runtime/counter_random.py), and its rows attend only to
+its own cache, its tokens do not depend on what shares the batch or on its position in it.
 """
 from __future__ import annotations
 
@@ -26,17 +33,22 @@ from specrt.runtime.methods.jacobi import JacobiDecoding, Level, fresh_proposal
 from specrt.runtime.methods.speculative import DraftThenVerify
 from specrt.runtime.model_drafter import ModelDrafter
 from specrt.runtime.drafting import make_drafter
+from specrt.runtime.sampling import guidance_mix
 from specrt.runtime.window import chains
 
 
 class SlotRounds:
-    """The state of `slots` images decoding with `method` in one Decoding context, round by round."""
+    """The state of up to `slots` images decoding with `method` in one Decoding context, round by
+    round; the context's runners allocated for `slots` images and its batch about to follow occupancy."""
 
     def __init__(self, method: Method, ctx: Decoding, slots: int):
         self.method, self.ctx, self.slots = method, ctx, slots
         self.total = ctx.num_image_tokens
-        self.tokens: list[list[int]] = [self._free() for _ in range(slots)]
-        for runner in self.runners():  # a slot never filled sits at its condition's end, as a prefilled one
+        # per slot, then one entry (index `slots`) that every free position reads: always complete
+        self.tokens: list[list[int]] = [self._free() for _ in range(slots + 1)]
+        self.positions: list[Optional[int]] = [None]  # the slot at each batch position (None: free)
+        ctx.retain([0])
+        for runner in self.runners():  # the free position sits at its condition's end, as a prefilled one
             runner.lengths[:] = runner.spec.cond_len
 
     def _free(self) -> list[int]:
@@ -45,17 +57,44 @@ class SlotRounds:
     def runners(self) -> list[Any]:
         return [r for r in (self.ctx.target, self.ctx.draft) if r is not None]
 
+    def images(self) -> list[int]:
+        """The tokens index of each batch position (a free position reads the complete spare)."""
+        return [self.slots if slot is None else slot for slot in self.positions]
+
     def admit(self, slot: int, conditions: Conditions, seed: int) -> None:
-        """A new image in the free `slot`: its counter coordinates, its prefill (every model the
-        method runs), its image token 0."""
-        self.ctx.reseed(slot, seed)
-        first = self.ctx.admit(self.ctx.target, slot, conditions)
-        if self.ctx.draft is not None:
-            self.ctx.admit(self.ctx.draft, slot, conditions)
+        """A new image in the free `slot`, at a free batch position or one the batch grows by: its
+        counter coordinates, its prefill (every model the method runs), its image token 0."""
+        ctx = self.ctx
+        if None in self.positions:
+            position = self.positions.index(None)
+            ctx.reseed(position, seed)
+        else:
+            position = len(self.positions)
+            ctx.grow(guidance_mix(position + 1, ctx.sampling), seed)
+            self.positions.append(None)
+        self.positions[position] = slot
+        first = ctx.admit(ctx.target, position, conditions)
+        if ctx.draft is not None:
+            ctx.admit(ctx.draft, position, conditions)
         self.tokens[slot] = [int(first.draws[0, 0])]
 
     def release(self, slot: int) -> None:
+        """`slot` is free: its image leaves the runners' batch (where a shrink pays, _compact)."""
         self.tokens[slot] = self._free()
+        self.positions[self.positions.index(slot)] = None
+        self._compact()
+
+    def _compact(self) -> None:
+        """Free positions leave the batch: at once where moving KV rows is a copy (retain_share 0),
+        or once that share of the batch is free where a shrink costs more (CUDA graphs re-captured),
+        as generate's finished images leave (methods/base.Batched); one position always stays."""
+        free = self.positions.count(None)
+        if not free or free < max(r.retain_share for r in self.runners()) * len(self.positions):
+            return
+        keep = [p for p, slot in enumerate(self.positions) if slot is not None] or [0]
+        if len(keep) < len(self.positions):
+            self.ctx.retain(keep)
+            self.positions = [self.positions[p] for p in keep]
 
     def done(self, slot: int) -> bool:
         return len(self.tokens[slot]) == self.total
@@ -71,14 +110,15 @@ class ArSlots(SlotRounds):
 
     def round(self) -> None:
         ctx, target = self.ctx, self.ctx.target
-        active = [len(t) < self.total for t in self.tokens]
-        ctx.start_round([len(t) if on else None for t, on in zip(self.tokens, active)])
-        out = ctx.run(target, chains([[t[-1]] if on else None for t, on in zip(self.tokens, active)]),
+        sequences = [self.tokens[i] for i in self.images()]
+        active = [len(t) < self.total for t in sequences]
+        ctx.start_round([len(t) if on else None for t, on in zip(sequences, active)])
+        out = ctx.run(target, chains([[t[-1]] if on else None for t, on in zip(sequences, active)]),
                       ctx.uniforms(0, NEXT))
         target.commit([range(1) if on else None for on in active])
         draws = out.draws
-        for slot in np.flatnonzero(active).tolist():
-            self.tokens[slot].append(int(draws[slot, 0]))
+        for position in np.flatnonzero(active).tolist():
+            sequences[position].append(int(draws[position, 0]))
 
 
 class ChainSlots(SlotRounds):
@@ -89,7 +129,7 @@ class ChainSlots(SlotRounds):
         self.rule = method.rule(ctx)
 
     def round(self) -> None:
-        self.method.chain_round(self.ctx, self.tokens, list(range(self.slots)), self.rule)
+        self.method.chain_round(self.ctx, self.tokens, self.images(), self.rule)
 
 
 class JacobiSlots(SlotRounds):
@@ -98,7 +138,7 @@ class JacobiSlots(SlotRounds):
 
     def __init__(self, method: JacobiDecoding, ctx: Decoding, slots: int):
         super().__init__(method, ctx, slots)
-        self.levels: list[list[Level]] = [[] for _ in range(slots)]
+        self.levels: list[list[Level]] = [[] for _ in range(slots + 1)]  # per slot, then the spare's
         self.uniform = fresh_proposal(ctx.target.spec.vocab_size, ctx.grammar)
 
     def admit(self, slot: int, conditions: Conditions, seed: int) -> None:
@@ -110,7 +150,7 @@ class JacobiSlots(SlotRounds):
         self.levels[slot] = []
 
     def round(self) -> None:
-        self.method.jacobi_round(self.ctx, self.tokens, self.levels, list(range(self.slots)), self.uniform)
+        self.method.jacobi_round(self.ctx, self.tokens, self.levels, self.images(), self.uniform)
 
 
 def slot_rounds(method: Method, ctx: Decoding, slots: int) -> Optional[SlotRounds]:

@@ -176,18 +176,23 @@ def test_a_shrinking_batch_keeps_each_kept_images_rows_in_use(pipelines, backend
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
-def test_compacting_kv_in_place_moves_every_layers_kept_rows(backend):
-    """compact_kv on a buffer of three layers: each (layer, key|value) block's kept rows land at
-    the front in order, as a gather into fresh memory would put them (numpy arrays and torch
-    tensors alike). Fails when the blocks are written in any order other than ascending."""
-    from specrt.runtime.kv_rows import compact_kv
+@pytest.mark.parametrize("rows", [[0, 2, 3, 5], [0, 1, 0, 2, 3, 2, 4, 5]], ids=["shrink", "grow"])
+def test_regrouping_kv_in_place_moves_every_layers_rows(backend, rows):
+    """regroup_kv on a buffer of three layers: each (layer, key|value) block's rows land in their new
+    places in order, as a gather into fresh memory would put them (numpy arrays and torch tensors
+    alike), whether the batch shrinks (kept rows to the front) or grows (three images' two twins
+    to four images', a new image's rows copying image 0's). Fails when the blocks are written in
+    the wrong order for the direction."""
+    from specrt.runtime.kv_rows import regroup_kv
 
     values = np.random.default_rng(2).random((3, 2, 6, 2, 5, 4), dtype=np.float32)
-    rows = np.array([0, 2, 3, 5])
-    flat = values.copy().reshape(-1)
+    rows = np.array(rows)
+    flat = np.zeros(values.size * 2, dtype=np.float32)  # room for the grown batch
+    flat[: values.size] = values.reshape(-1)
     if backend == "torch":
         flat = torch.from_numpy(flat)
-    new = compact_kv(flat, flat.reshape(values.shape), torch.from_numpy(rows) if backend == "torch" else rows, 5)
+    old = flat[: values.size].reshape(values.shape)
+    new = regroup_kv(flat, old, torch.from_numpy(rows) if backend == "torch" else rows, 5)
     assert tuple(new.shape) == (3, 2, len(rows), 2, 5, 4)
     np.testing.assert_array_equal(np.asarray(new), values[:, :, rows])
 
