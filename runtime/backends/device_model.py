@@ -14,7 +14,7 @@ them back into one distribution per image (runtime/head.py).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -50,17 +50,28 @@ class DeviceModel:
         self.prefix_mask = (self.column_index < self.prefix)[None, :].repeat(rows, 1)
         self.hidden: Any = None  # the last pass's final-norm hidden states [rows, W, H]: what an EAGLE head reads
 
-    def prefill(self, rows: Conditions) -> Any:
+    def prefill(self, rows: Conditions, image: Optional[int] = None) -> Any:
         """The condition rows through the model, their keys/values into the buffer's first columns:
-        the sampling rows [images, V] image token 0 is drawn from."""
+        the sampling rows [images, V] image token 0 is drawn from. `image`: in-flight admission
+        (runtime/scheduling/round_slots.py) — `rows` are that one image's condition rows, written to
+        its model rows only (image_rows), in place, the other images' untouched; its row [1, V]."""
         from specrt.runtime.backends.torch_backend import prefill_inputs
 
         inputs = prefill_inputs(self.torch, rows, self.device, self.dtype)
         logits, self.hidden, present = self.gpt.prefill(*inputs)
-        self.kv[:, :, :, :, : present.shape[4]] = present.to(self.dtype)
+        model_rows = slice(None) if image is None else self.image_rows(image)
+        self.kv[:, :, model_rows, :, : present.shape[4]] = present.to(self.dtype)
         if rows.caption_mask is not None:  # padded caption columns stay hidden from every image token
-            self.prefix_mask[:, : self.prefix] = self.torch.from_numpy(rows.caption_mask).to(self.device)
-        return self.distribution(logits)[:, 0]
+            self.prefix_mask[model_rows, : self.prefix] = self.torch.from_numpy(rows.caption_mask).to(self.device)
+        elif image is not None:  # the condition's every column, whatever the slot's last image hid
+            self.prefix_mask[model_rows, : self.prefix] = True
+        mix = self.mix if image is None else self.mix[image, model_rows][None]
+        return self.distribution(logits, mix)[:, 0]
+
+    def image_rows(self, image: int) -> Any:
+        """Image `image`'s model rows (its CFG twins, k·images + image), int64 [rows // images]."""
+        twins = self.row_image.shape[0] // self.images
+        return self.torch.arange(twins, device=self.device) * self.images + image
 
     def window(self, ids: Any, index: Any) -> Any:
         """Image i's tokens ids [images, W] at token indices index [images, W] (a chain: ascending, each
@@ -109,12 +120,13 @@ class DeviceModel:
         logits, self.hidden, _ = self.gpt.step(row_ids, positions, mask, ColumnCache(self.kv, columns), self.run_layer)
         return self.distribution(logits)
 
-    def distribution(self, logits: Any) -> Any:
+    def distribution(self, logits: Any, mix: Any = None) -> Any:
         """The sampling distribution [images, W, V] of the model rows' logits: CFG and temperature
-        (the head's mix), then top-k / top-p / greedy where the user asked for them, on the device."""
+        (the head's mix; `mix`: another guidance matrix over these rows), then top-k / top-p / greedy
+        where the user asked for them, on the device."""
         from specrt.runtime.head import SamplingHead
 
-        probs = SamplingHead.distribution(logits, self.mix)
+        probs = SamplingHead.distribution(logits, self.mix if mix is None else mix)
         return restrict(probs, self.sampling) if needs_restriction(self.sampling) else probs
 
 

@@ -5,6 +5,7 @@ verify and commit the same way whatever proposes; only how the draft catches up,
 pass and keeps its cache differ. A round calls its draft as:
 
     draft.start(rows)                                    # once a call, after the target's prefill
+    draft.start(rows, image)                             # in flight: one admitted image, after its prefill
     rows = draft.catch_up(state)                         # the row after the pending token [I, V]
     rows = draft.extend(token, index)                    # a chain: the next draft's row [I, V]
     rows = draft.expand(ids, depths, ancestry, start, slots, parents)   # a tree level's rows
@@ -68,8 +69,8 @@ class ModelDraft(Restricted):
         super().__init__(sampling)
         self.model = model
 
-    def start(self, rows: Any) -> None:
-        self.model.prefill(rows)
+    def start(self, rows: Any, image: Optional[int] = None) -> None:
+        self.model.prefill(rows, image)
 
     def catch_up(self, state: RoundState) -> Any:
         """The draft over (token n − 2, pending) — after a round that accepted every draft its last
@@ -111,11 +112,13 @@ class HeadDraft(Restricted):
         self._last: Any = None
         self._nodes: Any = None
 
-    def start(self, rows: Any) -> None:
-        """The first pair: the target's prefill feature (it predicted image token 0) before token 0."""
-        self.features.zero_()
-        self.features[:, 0] = self.target.hidden[:, 0]
-        self.previous.zero_()
+    def start(self, rows: Any, image: Optional[int] = None) -> None:
+        """The first pair: the target's prefill feature (it predicted image token 0) before token 0
+        (`image`: only that admitted image's, after its own prefill)."""
+        model_rows, images = (slice(None), slice(None)) if image is None else (self.head.image_rows(image), image)
+        self.features[model_rows] = 0
+        self.features[model_rows, 0] = self.target.hidden[:, 0]
+        self.previous[images] = 0
 
     def catch_up(self, state: RoundState) -> Any:
         """The last round's committed pairs (reach slots from token index `previous`) through the

@@ -49,18 +49,23 @@ class JacobiRound:
     def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
         state = start_state(self, rows, seeds, total)
         self.rule.prepare(state.length)  # its tables on the device before a round is traced
-        steps = torch.arange(self.width, device=state.length.device)
-        # round 0's own fresh slots lie past index L + 1, so these indices' FRESH uniforms are not reused
-        index = state.length[:, None] + steps
-        drafts = self.fresh.tokens(state, index)
-        if getattr(self, "drafts", None) is None:
-            self.drafts = drafts
-            self.proposal = torch.empty((drafts.shape[0], self.width, self.vocab), dtype=self.target.row_dtype,
-                                        device=drafts.device)
-        else:  # a later call: the captured round reads these buffers
-            self.drafts.copy_(drafts)
-        self.proposal.copy_(self.fresh.rows(index))
+        if getattr(self, "drafts", None) is None:  # a later call: the captured round reads these buffers
+            images, device = state.length.shape[0], state.length.device
+            self.drafts = torch.empty((images, self.width), dtype=torch.int64, device=device)
+            self.proposal = torch.empty((images, self.width, self.vocab), dtype=self.target.row_dtype, device=device)
+        self._first_window(state, slice(None))
         return state
+
+    def refill(self, state: RoundState, image: int, rows: Conditions) -> None:
+        """An admitted image's first window (rounds/chains.py admit_image)."""
+        self._first_window(state, image)
+
+    def _first_window(self, state: RoundState, images: Any) -> None:
+        """Fresh drafts and their q for `images` (a slice, or one image) at the start, in place."""
+        # round 0's own fresh slots lie past index L + 1, so these indices' FRESH uniforms are not reused
+        index = state.length[:, None] + torch.arange(self.width, device=state.length.device)
+        self.drafts[images] = self.fresh.tokens(state, index)[images]
+        self.proposal[images] = self.fresh.rows(index)[images]
 
     def __call__(self, state: RoundState) -> None:
         n, width = state.length, self.width

@@ -118,21 +118,28 @@ class ProactiveRound:
     def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
         state = start_state(self, rows, seeds, total)
         images, device = state.length.shape[0], state.length.device
-        index = state.length[:, None] + torch.arange(self.width, device=device)
-        first = self.fresh.tokens(state, index)
         if getattr(self, "candidates", None) is None:
             self.candidates = torch.zeros((images, self.width, self.branching), dtype=torch.int64, device=device)
             self.counts = torch.ones((images, self.width), dtype=torch.int64, device=device)
             self.tree = torch.zeros(images, dtype=torch.bool, device=device)
             self.drafted = torch.zeros((images, self.depth), dtype=torch.bool, device=device)
             self.proposal = torch.empty((images, self.width, self.vocab), dtype=self.target.row_dtype, device=device)
-        self.candidates.zero_()
-        self.candidates[:, :, 0] = first
-        self.counts.fill_(1)
-        self.tree.zero_()
-        self.drafted.zero_()
-        self.proposal.copy_(self.fresh.rows(index))
+        self._first_window(state, slice(None))
         return state
+
+    def refill(self, state: RoundState, image: int, rows: Conditions) -> None:
+        """An admitted image's first window, a chain (rounds/chains.py admit_image)."""
+        self._first_window(state, image)
+
+    def _first_window(self, state: RoundState, images: Any) -> None:
+        """The first window of `images` (a slice, or one image), in place: a chain of fresh drafts."""
+        index = state.length[:, None] + torch.arange(self.width, device=state.length.device)
+        self.candidates[images] = 0
+        self.candidates[images, :, 0] = self.fresh.tokens(state, index)[images]
+        self.counts[images] = 1
+        self.tree[images] = False
+        self.drafted[images] = False
+        self.proposal[images] = self.fresh.rows(index)[images]
 
     def __call__(self, state: RoundState) -> None:
         n, width, depth = state.length, self.width, self.depth

@@ -71,6 +71,22 @@ class RoundState:
         self.finished.fill_(self.total <= 1)
         self.produced.zero_()
 
+    def admit(self, image: int, seed: int) -> None:
+        """Image slot `image` holds a new image from now on (in-flight batching): its seed's halves,
+        one token committed (the caller writes it), its round count at zero, unfinished — as
+        `restart` leaves a call's images; the other images untouched. Scalars written in place: no
+        new tensor, nothing read back."""
+        self.seed_low[image] = int(seed) & 0xFFFFFFFF
+        self.seed_high[image] = int(seed) >> 32
+        self.tokens[image] = 0
+        self.length[image] = 1
+        self.rounds[image] = 0
+        self.finished[image] = self.total <= 1
+
+    def release(self, image: int) -> None:
+        """Image slot `image` is free: finished, so it rides along as padding and changes nothing."""
+        self.finished[image] = True
+
     def uniforms(self, index: Any, kind: int, part: Any = 0) -> Any:
         """float64 uniforms for token indices index [I, K] (or [I]) of this round, for one kind of draw
         and one part of it (below PARTS: an int, or int64 tensor broadcasting with index)."""
