@@ -5,8 +5,10 @@ a direct generate call waits), allocated once for `slots` images with the group'
 guidance matrix. Its rounds are the method's own (slot_rounds.py); an admitted request's condition
 is prepared (a prompt through the text encoder or the model's recipe) and prefilled into its slot's
 rows alone, and a finished image is decoded by the VQ decoder on its own, so its pixels are those
-of generate([its condition], seed=its seed). What has no step-wise form (the device round, trees,
-an EAGLE head, the continuous family) gets None here and runs as whole calls (batches.WholeCalls).
+of generate([its condition], seed=its seed). Where the pipeline decodes with the device round, the
+slots are that round's fixed buffers (round_slots.py: every method with a round refills in flight,
+no re-capture). What has no step-wise form (the host loop's trees, an EAGLE head on the host loop)
+gets None here and runs as whole calls (batches.WholeCalls).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from specrt.runtime.pipeline import GenerationResult, Pipeline, to_uint8
 from specrt.runtime.sampling import guidance_mix
 from specrt.runtime.scheduling.batches import RoundReport, SlotBatch
 from specrt.runtime.scheduling.requests import Request
+from specrt.runtime.scheduling.round_slots import round_slots
 from specrt.runtime.scheduling.slot_rounds import SlotRounds, slot_rounds
 from specrt.runtime.stats import Stats
 
@@ -92,16 +95,18 @@ def inflight_batch(pipeline: Any, request: Request, slots: int) -> Optional[Infl
     try:
         decoder, sampling = pipeline.prepared(request.method, dict(request.params))
         mix = guidance_mix(slots, sampling)
-        if pipeline.device_round(decoder, sampling, mix) is not None:
-            pipeline.let_go()
-            return None
-        draft = pipeline.draft if decoder.needs_draft else None
-        for runner in (pipeline.target, draft):
-            if runner is not None:
-                runner.allocate(mix)
-                runner.reset_counters()
-        ctx = Decoding(pipeline.target, draft, sampling, [0] * slots, Stats(), pipeline.grammar)
-        rounds = slot_rounds(decoder, ctx, slots)
+        round_ = pipeline.device_round(decoder, sampling, mix)
+        if round_ is not None:  # slots in the round's own fixed buffers (round_slots.py)
+            ctx = Decoding(pipeline.target, None, sampling, [0] * slots, Stats(), pipeline.grammar)
+            rounds = round_slots(round_, ctx, slots, graphs=pipeline.target.cuda_graphs)
+        else:
+            draft = pipeline.draft if decoder.needs_draft else None
+            for runner in (pipeline.target, draft):
+                if runner is not None:
+                    runner.allocate(mix)
+                    runner.reset_counters()
+            ctx = Decoding(pipeline.target, draft, sampling, [0] * slots, Stats(), pipeline.grammar)
+            rounds = slot_rounds(decoder, ctx, slots)
     except BaseException:
         pipeline.let_go()
         raise
