@@ -5,9 +5,10 @@ rounds, and takes finished images out after each; a cancelled or expired request
 its slot between rounds. Three kinds:
 
 - InflightBatch (runtime/scheduling/inflight.py): the host loop's own rounds (one target pass for
-  every occupied slot), so a request enters or leaves between two passes and the batch stays full.
+  every occupied slot), or the device round's over its fixed buffers (round_slots.py), so a request
+  enters or leaves between two passes and the batch stays full.
 - WholeCalls (here): one generate call over the requests admitted before it, as a dynamic batcher
-  runs them; the fallback for what has no step-wise form yet (the device round, trees and EAGLE
+  runs them; the fallback for what has no step-wise form yet (the host loop's trees and EAGLE
   drafters). Its "round" is a whole call: requests enter only between calls.
 - ContinuousSlots (runtime/scheduling/continuous_slots.py): InflightBatch's form for the continuous
   family's ar and cspd on the host loop.
