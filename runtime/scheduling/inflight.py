@@ -95,11 +95,8 @@ def inflight_batch(pipeline: Any, request: Request, slots: int) -> Optional[Infl
     try:
         decoder, sampling = pipeline.prepared(request.method, dict(request.params))
         mix = guidance_mix(slots, sampling)
-        round_ = pipeline.device_round(decoder, sampling, mix)
-        if round_ is not None:  # slots in the round's own fixed buffers (round_slots.py)
-            ctx = Decoding(pipeline.target, None, sampling, [0] * slots, Stats(), pipeline.grammar)
-            rounds = round_slots(round_, ctx, slots, graphs=pipeline.target.cuda_graphs)
-        else:
+        rounds = round_slots(pipeline, decoder, sampling, mix, slots)  # the device round's fixed buffers, or None
+        if rounds is None:
             draft = pipeline.draft if decoder.needs_draft else None
             for runner in (pipeline.target, draft):
                 if runner is not None:

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-import numpy as np
-
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.decoding import Decoding
+from specrt.runtime.stats import Stats
 
 UNREAD = -1  # a token committed on the device that the host has not read yet (an admitted slot's token 0)
 
@@ -90,12 +89,12 @@ class RoundSlots:
             self.runs += 1
             state = self.state
             columns = (self._read_from[:, None] + self._reach).clamp(max=state.tokens.shape[1] - 1)
-            read = torch.cat([state.length[:, None], state.tokens.gather(1, columns)], dim=1).cpu().numpy()
+            read = torch.cat([state.length[:, None], state.tokens.gather(1, columns)], dim=1).tolist()
             self._read_from.copy_(state.length)
         self.host_reads += 1
         for slot in range(self.slots):
             if self.tokens[slot]:
-                self._take(slot, int(read[slot, 0]), read[slot, 1:])
+                self._take(slot, read[slot][0], read[slot][1:])
 
     def _start(self, conditions: Conditions, seed: int) -> None:
         torch = self.torch
@@ -106,14 +105,19 @@ class RoundSlots:
         self._reach = torch.arange(self.round_.window + 1, device=self.state.length.device)
         self._read_from = torch.zeros_like(self.state.length)
 
-    def _take(self, slot: int, length: int, window: np.ndarray) -> None:
+    def _take(self, slot: int, length: int, window: list[int]) -> None:
         """Slot `slot`'s part of a read: its committed `length`, and its tokens from the first the
         host had not read (`window`, a round's reach)."""
         known = self._known[slot]
-        self.tokens[slot] = self.tokens[slot][:known] + window[: length - known].tolist()
+        self.tokens[slot] = self.tokens[slot][:known] + window[: length - known]
         self._known[slot] = length
 
 
-def round_slots(round_: Any, ctx: Decoding, slots: int, graphs: bool = False) -> Optional[RoundSlots]:
-    """The in-flight form of a device round: every round the pipeline plans has one (its `refill`)."""
-    return RoundSlots(round_, ctx, slots, graphs) if hasattr(round_, "refill") else None
+def round_slots(pipeline: Any, decoder: Any, sampling: Any, mix: Any, slots: int) -> Optional[RoundSlots]:
+    """The slots of a group decoding with `decoder` and `sampling` (guidance matrix `mix` for `slots`
+    images) in the pipeline's device round, or None where the pipeline decodes on the host loop."""
+    round_ = pipeline.device_round(decoder, sampling, mix)
+    if round_ is None:
+        return None
+    ctx = Decoding(pipeline.target, None, sampling, [0] * slots, Stats(), pipeline.grammar)
+    return RoundSlots(round_, ctx, slots, graphs=pipeline.target.cuda_graphs)
