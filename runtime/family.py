@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Iterable, Optional
+
+from specrt.errors import SpecrtError
 
 
 TORCH_OPTIONS = ("device", "loop", "compile", "max_window")
@@ -122,6 +124,24 @@ class Family(ABC):
         a bad row fails alone and never the call of the rows batched with it. The row carries
         the condition conditions(pipeline) names (the handler refuses the other kind first)."""
         raise NotImplementedError(f"family {self.name!r} cannot check a served request")
+
+    def check_submitted(self, pipeline: Any, method: str, params: dict[str, Any], class_id: Optional[int] = None,
+                        prompt: Optional[str] = None, prompt_options: Iterable[str] = ()) -> None:
+        """SpecrtError for a request served or submitted to the scheduler, before it can share a
+        batch: its condition is the kind conditions(pipeline) names, prompt options (negative_prompt,
+        prompt_suffix: `prompt_options` names those given) only where the unconditional row is a
+        prompt, then check_request. Serving's handler and the scheduler both ask this, so a request
+        is refused with the same line either way."""
+        if self.conditions(pipeline) == "class ids":
+            if class_id is None:
+                raise SpecrtError("this model is class-conditional: give class_id, not prompt")
+        elif prompt is None:
+            raise SpecrtError("this model is conditioned on prompts: give prompt, not class_id")
+        options = list(prompt_options)
+        if options and not self.negative_prompts:
+            raise SpecrtError(f"{' and '.join(options)} apply to models whose unconditional row is a prompt "
+                              f"(Janus, Emu3, Lumina-mGPT), not to a {self.description} model")
+        self.check_request(pipeline, method, params, class_id=class_id, prompt=prompt)
 
     def serving_stats(self, result: Any) -> dict[str, Any]:
         """A generate result's numbers for a served row's `stats`: accepted_length (tokens per

@@ -132,16 +132,8 @@ class Scheduler:
 
     def _check(self, request: Request) -> None:
         """What generate would refuse for this request, found before it is queued."""
-        if self.family.conditions(self.pipeline) == "class ids":
-            if request.class_id is None:
-                raise SpecrtError("this model is class-conditional: give a class id, not a prompt")
-        elif request.prompt is None:
-            raise SpecrtError("this model is conditioned on prompts: give a prompt, not a class id")
-        if request.prompt_options and not self.family.negative_prompts:
-            raise SpecrtError(f"{' and '.join(request.prompt_options)} apply to models whose unconditional row is a "
-                              f"prompt (Janus, Emu3, Lumina-mGPT), not to a {self.family.description} model")
-        self.family.check_request(self.pipeline, request.method, dict(request.params), class_id=request.class_id,
-                                  prompt=request.prompt)
+        self.family.check_submitted(self.pipeline, request.method, dict(request.params), class_id=request.class_id,
+                                    prompt=request.prompt, prompt_options=request.prompt_options)
 
     # ---- the worker --------------------------------------------------------------------------------
 

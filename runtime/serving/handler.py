@@ -68,16 +68,8 @@ class RequestHandler:
         """What rules a row out before it can spoil its group's call: its condition against the
         model, its method and parameters (the checks Pipeline.generate makes, row by row)."""
         try:
-            if self.family.conditions(self.pipeline) == "class ids":
-                if row.class_id is None:
-                    raise SpecrtError("this model is class-conditional: send class_id, not prompt")
-            elif row.prompt is None:
-                raise SpecrtError("this model is text-to-image: send prompt, not class_id")
-            if row.prompt_options and not self.family.negative_prompts:
-                raise SpecrtError(f"{' and '.join(row.prompt_options)} apply to models whose unconditional row is a "
-                                  f"prompt (Janus, Emu3, Lumina-mGPT), not to a {self.family.description} model")
-            self.family.check_request(self.pipeline, row.method, dict(row.params), class_id=row.class_id,
-                                      prompt=row.prompt)
+            self.family.check_submitted(self.pipeline, row.method, dict(row.params), class_id=row.class_id,
+                                        prompt=row.prompt, prompt_options=row.prompt_options)
         except SpecrtError as exc:
             return exc
         return None

@@ -192,7 +192,7 @@ def test_served_and_embedded_like_any_prompt_model(bundles):
                                {"class_id": np.array([[3]])}])
     assert served["tokens"].shape == (2, pipe.grammar.rows * pipe.grammar.cols)
     assert [e for e in served["error"].ravel()] == [b"", b""] and len(served["image"][0, 0]) > 0
-    assert b"send prompt" in refused["error"][0, 0]
+    assert b"give prompt, not class_id" in refused["error"][0, 0]
     handle = embedding.open_handle(str(bundles["emu3"][1]), None)
     assert handle.info[0] == "unified" and handle.info[3:] == pipe.image_size
     pixels, stats = embedding.generate_rgb8_prompts(handle, [b"a thin two"], "ar", None, 0)[:2]

@@ -41,6 +41,6 @@ def test_specrt_serve_serves_prompts_of_a_unified_bundle(tmp_path):
             pixels = np.asarray(Image.open(io.BytesIO(image.png)).convert("RGB"))
             assert pixels.shape == (32, 32, 3) and np.abs(pixels.astype(int) - expected.images[0]).max() <= 1
             assert image.stats["method"] == "sjd" and image.stats["target_passes"] < 72
-            with pytest.raises(SpecrtError, match="give a prompt, not a class id") as caught:
+            with pytest.raises(SpecrtError, match="give prompt, not class_id") as caught:
                 client.generate(class_id=3)
             assert "\n" not in str(caught.value)

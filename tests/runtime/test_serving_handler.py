@@ -87,6 +87,18 @@ def test_bad_rows_get_errors_and_their_neighbours_are_served(pipe):
     np.testing.assert_array_equal(out["tokens"][0], pipe.generate([1], seed=1).tokens.reshape(-1))
 
 
+def test_a_wrong_condition_is_refused_alike_served_and_submitted(pipe):
+    """Serving's handler and the scheduler refuse a prompt sent to a class-conditional model with the
+    same line (Family.check_submitted), naming the request field to use."""
+    from specrt.errors import SpecrtError
+    from specrt.runtime.scheduling import Request, Scheduler
+
+    served = errors(RequestHandler(pipe)([rows(prompt=["a seven"])])[0])
+    with Scheduler(pipe, slots=1) as scheduler, pytest.raises(SpecrtError) as submitted:
+        scheduler.submit(Request(prompt="a seven"))
+    assert served == [str(submitted.value)] == ["this model is class-conditional: give class_id, not prompt"]
+
+
 def test_tokens_only_skips_the_image(pipe):
     out = RequestHandler(pipe)([rows(class_id=[3], seed=[2], tokens_only=[True])])[0]
     assert bytes(out["image"][0, 0]) == b"" and errors(out) == [""]
@@ -148,7 +160,7 @@ def test_prompts_on_a_text_to_image_model():
     pipe = Pipeline.from_torch(models.target, models.draft, models.vq, max_window=20, text_encoder=models.text_encoder)
     out = RequestHandler(pipe)([rows(prompt=["a thin seven", "a round zero"], method=["sd", "sd"], seed=[3, 4]),
                                 rows(class_id=[1])])
-    assert errors(out[0]) == ["", ""] and "text-to-image" in errors(out[1])[0]
+    assert errors(out[0]) == ["", ""] and "conditioned on prompts: give prompt, not class_id" in errors(out[1])[0]
     for row, (prompt, seed) in enumerate([("a thin seven", 3), ("a round zero", 4)]):
         expected = pipe.generate(prompts=[prompt], method="sd", seed=seed)
         np.testing.assert_array_equal(out[0]["tokens"][row], expected.tokens.reshape(-1))
