@@ -112,7 +112,7 @@ class ContinuousSlots(SlotBatch):
         return ContinuousResult(tokens, images, stats, seconds, dict(self.sampling))
 
     def close(self) -> None:
-        self.pipeline._lock.release()
+        self.pipeline.let_go()
 
 
 def continuous_batch(pipeline: Any, request: Request, slots: int) -> Optional[ContinuousSlots]:
@@ -124,9 +124,9 @@ def continuous_batch(pipeline: Any, request: Request, slots: int) -> Optional[Co
     if wants_round(pipeline.loop, pipeline.target, method.name):
         return None
     pipeline.check_runs(method, request.decode)
-    pipeline._lock.acquire()
+    pipeline.hold()
     try:
         return ContinuousSlots(pipeline, method, sampling, slots)
     except BaseException:
-        pipeline._lock.release()
+        pipeline.let_go()
         raise

@@ -138,6 +138,16 @@ class ContinuousPipeline:
         if decode and self.decoder is None:
             raise SpecrtError(f"{self.source or 'this model'} has no tokenizer decoder: generate tokens only (decode=False)")
 
+    def hold(self) -> None:
+        """Take the runners for a caller that decodes round by round on them (in-flight batching,
+        runtime/scheduling/continuous_slots.py), blocking until a running generate call is done;
+        generate calls then wait until `let_go`. The runners' caches hold that caller's images."""
+        self._lock.acquire()
+
+    def let_go(self) -> None:
+        """Give the runners back after `hold` (the next generate call may run)."""
+        self._lock.release()
+
     def _decode_rounds(self, strategy: Any, ids: np.ndarray, seeds: list[int], sampling: dict[str, Any],
                        stats: ContinuousStats) -> np.ndarray:
         """One pass of device rounds (round_loop.py), the round kept for later calls of its shape."""
