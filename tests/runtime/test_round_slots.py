@@ -1,0 +1,138 @@
+"""In-flight slots in the device round's fixed buffers (runtime/scheduling/round_slots.py), on a CPU.
+
+An image admitted into a slot freed mid-flight must get the tokens its request gets alone; admitting
+and releasing must leave the round as a captured graph needs it — the same buffers (data_ptr) and,
+compiled with torch.compile(fullgraph=True), one graph traced once (a recompilation raises); and the
+host must read once a round, as a generate call's round does, and nothing at an admission. Each
+check has a planted bug it must catch. Tiny random-weight models (tests/runtime/test_rounds.py);
+three requests in two slots, so the third enters a slot another image used, beside a running one.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch._dynamo  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
+
+from slot_runs import alone, round_buffers, run_requests, slots_of  # noqa: E402
+from test_rounds import GUIDED, pipeline  # noqa: E402
+from specrt.runtime.rounds.chains import ArRound  # noqa: E402
+from specrt.runtime.rounds.state import RoundState  # noqa: E402
+from specrt.runtime.scheduling import Request, Scheduler  # noqa: E402
+from specrt.runtime.scheduling.round_slots import RoundSlots  # noqa: E402
+from _toy_exact import one_torch_thread  # noqa: E402, F401 (autouse fixture)
+
+METHODS = [("ar", {}), ("sd", {"draft_len": 3}), ("sjd", {"window": 3}),
+           ("sjd-pac", {"window": 8, "branching": 3, "tree_depth": 2})]
+IDS = [m for m, _ in METHODS]
+REQUESTS = [(3, 5), (6, 9), (1, 2)]  # (class id, seed)
+SLOTS = 2
+
+
+def tiny_pipe():
+    return pipeline(GUIDED, vocab=16, grid=4, classes=10)
+
+
+@pytest.mark.parametrize("method,params", METHODS, ids=IDS)
+def test_an_image_admitted_mid_flight_gets_its_tokens_alone_and_the_host_reads_once_a_round(method, params):
+    pipe = tiny_pipe()
+    slots, reads = slots_of(pipe, method, params, SLOTS), {}
+    tokens = run_requests(slots, pipe, REQUESTS, reads=reads)
+    for request in REQUESTS:
+        assert tokens[request] == alone(pipe, method, params, request), f"{method} {request}"
+    assert len({tuple(t) for t in tokens.values()}) == len(REQUESTS)
+    assert reads["admit"] == [0] * len(REQUESTS)  # token 0 arrives with the next round's read
+    # one read a round, as a generate call's round reads its finished flags (test_rounds.py), none inside it
+    assert reads["round"] == [1] * slots.runs and slots.host_reads == slots.runs
+
+
+def test_draws_keyed_by_slot_are_caught():
+    """The planted bug: an admitted image's seed mixed with its slot. The comparison with the
+    request alone must see it."""
+    pipe, original = tiny_pipe(), RoundState.admit
+    slots = slots_of(pipe, "sd", {"draft_len": 3}, SLOTS)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RoundState, "admit", lambda self, image, seed: original(self, image, seed + image))
+        tokens = run_requests(slots, pipe, REQUESTS)
+    assert sum(tokens[r] != alone(pipe, "sd", {"draft_len": 3}, r) for r in REQUESTS) >= 1
+
+
+def test_a_read_inside_the_round_is_counted():
+    """The planted bug for the read count: an .item() in the round (a wait a captured round cannot have)."""
+    pipe, original = tiny_pipe(), ArRound.__call__
+    slots, reads = slots_of(pipe, "ar", {}, SLOTS), {}
+
+    def reading(self, state):
+        original(self, state)
+        state.length.sum().item()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ArRound, "__call__", reading)
+        run_requests(slots, pipe, REQUESTS[:1], reads=reads)
+    assert set(reads["round"]) == {2}
+
+
+@pytest.mark.parametrize("method,params", METHODS, ids=IDS)
+def test_admissions_keep_the_buffers_and_the_compiled_round_traces_once(method, params):
+    """The round compiled whole (fullgraph; dynamo's own tracing, which is where a recompilation
+    would come from) with every recompilation an error: one graph for every round across the
+    admissions, the same tokens, and every buffer where the first admission left it."""
+    pipe = tiny_pipe()
+    slots = slots_of(pipe, method, params, SLOTS)
+    slots.step = torch.compile(slots.round_.__call__, fullgraph=True, backend="eager")
+    first: dict = {}
+    torch._dynamo.reset()
+    counters.clear()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        tokens = run_requests(slots, pipe, REQUESTS, admitted=lambda s: first or first.update(round_buffers(s)))
+    assert counters["stats"]["unique_graphs"] == 1
+    assert round_buffers(slots) == first and len(first) >= 10
+    for request in REQUESTS:
+        assert tokens[request] == alone(pipe, method, params, request), f"{method} {request}"
+
+
+def test_an_admission_that_moves_a_buffer_is_caught():
+    """The planted bug for the buffer check: an admission that rebinds the state's lengths to a new
+    tensor (a captured graph would go on reading the old one)."""
+    pipe, original = tiny_pipe(), RoundState.admit
+    slots, first = slots_of(pipe, "ar", {}, SLOTS), {}
+
+    def moving(self, image, seed):
+        self.length = self.length.clone()
+        original(self, image, seed)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RoundState, "admit", moving)
+        run_requests(slots, pipe, REQUESTS, admitted=lambda s: first or first.update(round_buffers(s)))
+    moved = {name for name, pointer in round_buffers(slots).items() if first[name] != pointer}
+    assert moved == {"state.length"}
+
+
+def test_the_scheduler_refills_the_device_rounds_slots(monkeypatch):
+    """A pipeline that decodes with the device round serves in flight through RoundSlots (not whole
+    generate calls): every slot busy while requests wait, and each image its request's alone."""
+    pipe = tiny_pipe()
+    params = {"window": 8, "branching": 3, "tree_depth": 2}
+    seen: list[tuple[int, int]] = []
+    scheduler = Scheduler(pipe, slots=SLOTS, max_queue=8)
+    step = RoundSlots.round
+
+    def watched(self):
+        seen.append((sum(1 for t in self.tokens if t), len(scheduler._waiting)))
+        return step(self)
+
+    monkeypatch.setattr(RoundSlots, "round", watched)
+    requests = [Request(class_id=c, seed=40 + c, method="sjd-pac", params=params) for c in range(4)]
+    with scheduler:
+        tickets = [scheduler.submit(r) for r in requests]
+        results = [t.result(timeout=60) for t in tickets]
+        stats = scheduler.stats()
+    for request, result in zip(requests, results):
+        np.testing.assert_array_equal(result.tokens[0].ravel(),
+                                      alone(pipe, "sjd-pac", params, (request.class_id, request.seed)))
+    assert all(result.images.shape[0] == 1 for result in results)  # each decoded alone by the VQ decoder
+    assert len(seen) == stats.rounds > len(requests)
+    assert all(occupied == SLOTS for occupied, waiting in seen if waiting)
