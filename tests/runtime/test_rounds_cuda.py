@@ -4,7 +4,8 @@ What a CPU cannot show: that capturing a round and replaying it gives the eager 
 greedy decoding (nothing random) gives the host loop's tokens there too, that an image is the same
 alone and in a batch under replay, and that a later call replays the kept graph — with the demo's
 draft GPT and with its EAGLE head (runtime/rounds/drafts.py HeadDraft) drafting, and under the chameleon
-demo's image grammar. Needs a CUDA GPU:
+demo's image grammar; and that in-flight slots (runtime/scheduling/round_slots.py) refill the captured
+round's buffers with no new capture, an image admitted mid-flight getting its tokens alone. Needs a CUDA GPU:
 skipped, saying so, elsewhere (bench/device-run.sh tests runs it on the GPU machine).
 """
 from __future__ import annotations
@@ -119,3 +120,34 @@ def test_a_captured_continuous_round_gives_the_eager_rounds_tokens_alone_or_in_a
     for i, label in enumerate([1, 4, 7]):
         alone = captured.generate([label], method=method, seed=1 + i, decode=False, **params).tokens
         np.testing.assert_allclose(alone[0], got.tokens[i], atol=1e-4, err_msg=f"{method} image {i}")
+
+
+SLOT_METHODS = [("ar", {}, False), ("sd", {}, False), ("sjd", {}, False), ("sjd-pac", {}, False), ("sd", {}, True)]
+
+
+@pytest.mark.parametrize("method,params,eagle", SLOT_METHODS, ids=["ar", "sd", "sjd", "sjd-pac", "eagle-sd"])
+def test_slots_refill_the_captured_round_without_a_new_capture(method, params, eagle):
+    """In-flight slots capture the round at their second round where no call has, and replay it from
+    then on across admissions: one capture, the same buffers, one host read a round and none at an
+    admission, and each image (the third admitted mid-flight into a used slot) its request's alone.
+    A later generate call of as many images, and a later batch of slots, replay that same graph."""
+    from slot_runs import alone, round_buffers, run_requests, slots_of
+
+    pipe = demo_pipeline(eagle)
+    requests = [(1, 3), (4, 8), (7, 5)]
+    slots, first, reads = slots_of(pipe, method, params, 2), {}, {}
+    assert slots.step is slots.round_ and getattr(slots.round_, "captured", None) is None
+    tokens = run_requests(slots, pipe, requests, admitted=lambda s: first or first.update(round_buffers(s)),
+                          reads=reads)
+    captured = slots.round_.captured
+    assert captured is not None and slots.step is captured
+    assert round_buffers(slots) == first
+    assert reads["admit"] == [0] * len(requests) and reads["round"] == [1] * slots.runs
+    for request in requests:
+        assert tokens[request] == alone(pipe, method, params, request), f"{method} {request}"
+    called = pipe.generate([1, 4], method=method, seed=[3, 8], decode=False, **params).tokens
+    assert [row.ravel().tolist() for row in called] == [tokens[(1, 3)], tokens[(4, 8)]]
+    again = slots_of(pipe, method, params, 2)
+    assert again.round_ is slots.round_ and again.step is captured
+    later = run_requests(again, pipe, requests[::-1])
+    assert later == tokens and slots.round_.captured is captured
