@@ -11,7 +11,7 @@ import time
 import socket
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "export"))
 
@@ -90,14 +90,16 @@ def wait_until_ready(proc, timeout_s: float) -> list[str]:
 
 
 @contextlib.contextmanager
-def served(bundle: Path, log_dir: Path, timeout_s: float = 180.0) -> Iterator[tuple[int, int]]:
+def served(bundle: Path, log_dir: Path, timeout_s: float = 180.0,
+           ports: Optional[list[int]] = None) -> Iterator[tuple[int, int]]:
     """`specrt serve BUNDLE` as a subprocess on 127.0.0.1 until the block ends: yields its (http, grpc)
     ports once it says ready; then SIGTERM, a bounded wait, and the exit code a terminated server
-    owes (143). Triton's own log goes to log_dir/triton.log."""
+    owes (143). Triton's own log goes to log_dir/triton.log. `ports`: its (http, grpc, metrics)
+    ports (free_ports(3)), where the caller reads the metrics; default picked here."""
     import signal
     import subprocess
 
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics = ports or free_ports(3)
     proc = subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", str(bundle), "--http-port", str(http),
                              "--grpc-port", str(grpc), "--metrics-port", str(metrics),
                              "--triton-log", str(log_dir / "triton.log")],

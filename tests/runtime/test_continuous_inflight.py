@@ -134,6 +134,13 @@ def test_the_scheduler_decodes_continuous_requests_round_by_round(pipe):
     assert stats.tokens == 8 * len(queue)
     assert stats.target_forwards == sum(r.stats.target_forwards for r in results)
     assert sum(stats.accepted_lengths.values()) == stats.target_forwards and stats.mean_accepted_length > 1
+    # the control: whole calls, one round per batch, count no forwards by accepted length (what the
+    # serving test reads on the metrics port to tell the two apart)
+    with Scheduler(pipe, slots=2, max_queue=len(queue), inflight=False) as scheduler:
+        for ticket in [scheduler.submit(r) for r in queue]:
+            ticket.result(timeout=120)
+        whole = scheduler.stats()
+    assert whole.rounds <= len(queue) // 2 + 1 and not whole.accepted_lengths
 
 
 @pytest.fixture

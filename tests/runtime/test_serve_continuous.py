@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from serving_fixtures import continuous_demo_bundle, served, tiny_continuous_bundle  # noqa: E402
+from serving_fixtures import continuous_demo_bundle, free_ports, served, tiny_continuous_bundle  # noqa: E402
 
 from specrt.errors import SpecrtError  # noqa: E402
 from specrt.runtime.family_registry import open_bundle  # noqa: E402
@@ -65,9 +65,26 @@ def test_the_handler_serves_float_tokens_and_fails_bad_rows_alone(tiny):
     assert json.loads(out[1]["stats"][0, 0])["images_in_call"] == 2
 
 
+def forwards_by_accepted(metrics_port: int, until, timeout_s: float = 15.0) -> float:
+    """The sum of specrt_forwards_by_accepted_total over its labels on the metrics port, read until
+    `until(sum)` holds or `timeout_s` passes (the model copies its counters there once a second)."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        total = sum(float(line.split()[-1]) for line in text.splitlines()
+                    if line.startswith("specrt_forwards_by_accepted_total{"))
+        if until(total) or time.monotonic() > deadline:
+            return total
+        time.sleep(0.2)
+
+
 def test_specrt_serve_serves_the_continuous_demo_bundle_to_the_client(tmp_path):
     """`specrt serve BUNDLE` on the continuous demo bundle: one cspd request through the Client
-    gets the PNG and float tokens a single generate gives; a bad class id is one line."""
+    gets the PNG and float tokens a single generate gives; a bad class id is one line; the requests
+    ran in flight (the scheduler's slots), as the metrics port shows."""
     pytest.importorskip("pytriton.triton", reason="nvidia-pytriton is not installed (pip install 'specrt[serve]' in "
                                                   "a venv made with /usr/bin/python3.11; docs/guides/serve-triton.md)")
     pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed (pip install 'specrt[serve]')")
@@ -76,7 +93,8 @@ def test_specrt_serve_serves_the_continuous_demo_bundle_to_the_client(tmp_path):
     from specrt.runtime.serving.client import Client
 
     bundle = continuous_demo_bundle(tmp_path / "mar")
-    with served(bundle, tmp_path) as (http, grpc):
+    ports = free_ports(3)
+    with served(bundle, tmp_path, ports=ports) as (http, grpc):
         reference = open_bundle(bundle)
         expected = reference.generate([3], method="cspd", seed=1, draft_len=2)
         with Client(f"127.0.0.1:{grpc}", protocol="grpc", timeout_s=60.0) as client:
@@ -95,3 +113,7 @@ def test_specrt_serve_serves_the_continuous_demo_bundle_to_the_client(tmp_path):
             assert tokens_only.png == b"" and tokens_only.tokens.shape == (64, 4)
             np.testing.assert_allclose(tokens_only.tokens, reference.generate([5], seed=2, decode=False).tokens[0],
                                        rtol=0, atol=1e-5)
+        # in flight (the default): the scheduler's rounds count every target forward by the tokens it
+        # decided, 64 for the ar image and the cspd image's own; whole calls of a continuous model count none
+        forwards = 64 + image.stats["target_forwards"]
+        assert forwards_by_accepted(ports[2], until=lambda total: total == forwards) == forwards
