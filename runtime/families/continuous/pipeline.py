@@ -129,14 +129,16 @@ class ContinuousPipeline:
         """A call's strategy object and sampling, parsed once: `params` mixes the method's parameters
         and sampling keys, as generate's keywords do (SpecrtError on mistakes)."""
         sampling = {**self.sampling_defaults, **{k: v for k, v in params.items() if k in SAMPLING_KEYS}}
-        return make_continuous_method(method, **{k: v for k, v in params.items() if k not in SAMPLING_KEYS}), sampling
+        strategy = make_continuous_method(method, **{k: v for k, v in params.items() if k not in SAMPLING_KEYS})
+        return strategy, sampling
 
     def check_runs(self, strategy: ContinuousMethod, decode: bool) -> None:
         """SpecrtError where this pipeline lacks what the call needs: the method's draft, the decoder."""
+        model = self.source or "this model"
         if strategy.needs_draft and self.draft is None:
-            raise SpecrtError(f"method {strategy.name!r} needs a draft model and {self.source or 'this model'} has none")
+            raise SpecrtError(f"method {strategy.name!r} needs a draft model and {model} has none")
         if decode and self.decoder is None:
-            raise SpecrtError(f"{self.source or 'this model'} has no tokenizer decoder: generate tokens only (decode=False)")
+            raise SpecrtError(f"{model} has no tokenizer decoder: generate tokens only (decode=False)")
 
     def hold(self) -> None:
         """Take the runners for a caller that decodes round by round on them (in-flight batching,
