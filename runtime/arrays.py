@@ -134,10 +134,17 @@ def descending(array: Any) -> tuple[Any, Any]:
     """(each row [..., V] sorted largest first, the order it was taken in): a stable sort, equal
     entries in index order, in numpy (argsort of the negated rows) and torch alike."""
     if is_host(array):
-        order = np.argsort(-array, axis=-1, kind="stable")
+        order = descending_order(array)
         return np.take_along_axis(array, order, axis=-1), order
     values, order = array.sort(dim=-1, descending=True, stable=True)
     return values, order
+
+
+def descending_order(array: Any) -> Any:
+    """descending's order alone (where the sorted values are not needed, numpy skips gathering them)."""
+    if is_host(array):
+        return np.argsort(-array, axis=-1, kind="stable")
+    return array.sort(dim=-1, descending=True, stable=True)[1]
 
 
 def unsorted(values: Any, order: Any) -> Any:

@@ -14,6 +14,8 @@ from specrt.runtime.sampling import inverse_cdf
 from specrt.runtime.verification.rules import AcceptanceRule
 from specrt.runtime.verification.transport import gather
 
+FIRST_ROWS = 4  # positions a whole-row rule tests first: most windows reject within them (τ ≈ 2-3 on the demo)
+
 
 @dataclass
 class ChainOutcomes:
@@ -41,7 +43,8 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
     (and whatever else the rule's f reads, rule.columns) in one gather each, every f_i at once, the
     first rejection per image as the count of leading passes; then the resampling rows of the
     rejected images only, as one [R, V] block sampled by inverse CDF. The only whole rows read are
-    the two of each rejection.
+    the two of each rejection; a rule whose f reads whole rows (GSD's) reads each image's rows up to
+    its first rejection instead (leading_passes_on_rows).
 
     Uniforms: coins [images, ≥ L] (image b's test of draft i + 1 in coins[b, i]) and next_uniforms
     [images] (the draw from G at a rejection), the caller's (the round's TEST and NEXT counter
@@ -65,16 +68,15 @@ def verify_chains(p_block: Any, q_block: Any, drafts: Sequence[Sequence[int]], r
     coins = np.asarray(coins, dtype=np.float64)[:, :longest]
     next_tokens = np.asarray(draws)[images, lengths].astype(np.int64, copy=False)  # bonus tokens; rejections below
     steps = np.arange(longest)
-    if rule.reads_rows:  # f reads whole rows (GSD): each image's L rows of P and of Q
-        f = rule.accept_rows(gather(p_block, (images[:, None], steps)), gather(q_block, (steps, images[:, None])),
-                             tokens, steps + 1)
+    if rule.reads_rows:  # f reads whole rows (GSD): the rows up to each image's first rejection
+        accepted = leading_passes_on_rows(rule, p_block, q_block, tokens, coins, lengths)
     else:
         q_at = gather(q_block, (steps, images[:, None], tokens))  # [images, L]
         p_at = gather(p_block, (images[:, None, None], steps[:, None], rule.columns(tokens)))  # [images, L, c]
         f = rule.accept_probabilities(p_at, q_at, steps + 1)
-    passed = np.zeros((count, longest + 1), dtype=bool)  # a failed test after the last: argmin finds one
-    np.less_equal(coins, f, out=passed[:, :longest])
-    accepted = np.minimum(passed.argmin(axis=1), lengths)  # leading passes within the chain: τ
+        passed = np.zeros((count, longest + 1), dtype=bool)  # a failed test after the last: argmin finds one
+        np.less_equal(coins, f, out=passed[:, :longest])
+        accepted = np.minimum(passed.argmin(axis=1), lengths)  # leading passes within the chain: τ
     rejected = np.flatnonzero(accepted < lengths)
     if rejected.size:
         at = accepted[rejected]
@@ -114,11 +116,38 @@ def verify_chain_block(p: Any, q: Any, drafted: Any, limits: Any, coins: Any, ne
     return accepted, xp.where(accepted < limits, resampled, bonus)
 
 
+def leading_passes_on_rows(rule: AcceptanceRule, p_block: Any, q_block: Any, tokens: np.ndarray, coins: np.ndarray,
+                           lengths: np.ndarray) -> np.ndarray:
+    """τ per image for a rule that reads whole rows (rule.reads_rows: GSD's cluster sorts each row it
+    tests): the leading passes r ≤ f within each chain, f evaluated a few positions at a time
+    (FIRST_ROWS, then twice as many each time) for the images whose tests have all passed so far,
+    so a row after an image's first rejection is never read. The same τ as testing every position:
+    f at a position depends on that position's rows and token alone.
+
+    p_block [images, ≥ L + 1, V], q_block [L, images, V] (as verify_chains), tokens [images, L]
+    (padded), coins [images, ≥ L], lengths [images]: each chain's own length."""
+    count, longest = tokens.shape
+    accepted = np.zeros(count, dtype=np.int64)
+    going = np.flatnonzero(lengths > 0)
+    start, width = 0, FIRST_ROWS
+    while going.size and start < longest:
+        steps = np.arange(start, min(start + width, longest))
+        f = rule.accept_rows(gather(p_block, (going[:, None], steps)), gather(q_block, (steps, going[:, None])),
+                             tokens[going, start:steps[-1] + 1], steps + 1)
+        passed = (coins[going, start:steps[-1] + 1] <= np.asarray(f)) & (steps < lengths[going, None])
+        leading = np.cumprod(passed, axis=1).sum(axis=1)
+        accepted[going] = start + leading
+        going = going[(leading == steps.size) & (lengths[going] > steps[-1] + 1)]
+        start, width = steps[-1] + 1, 2 * width
+    return accepted
+
+
 def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain: Sequence[int], rule: AcceptanceRule,
                       coins: Any, next_uniform: float, draws: np.ndarray) -> ChainOutcomes:
     """verify_chains for a batch of one image on host rows: the same uniforms, tests and
     resampling, position by position in Python floats (rule.accept_probability, the tree
-    siblings' test; a rule without scalar_tests evaluates the chain's f in one block). Between
+    siblings' test; a rule without scalar_tests evaluates the chain's f in one block, and one that
+    reads whole rows the rows up to the first rejection, as the batch path does). Between
     two graph runs the caches are cold and each distinct numpy call costs 5-15 us, several times
     its warm cost; the batch path's twenty-odd calls were half of a batch-1 round's host work.
     Identical outcomes: tests/runtime compare it with the batch path and the per-position
@@ -128,10 +157,16 @@ def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain:
         return ChainOutcomes([0], [int(draws[0, 0])])
     uniforms = np.asarray(coins, dtype=np.float64)[:size].tolist()  # as the batch path: the L tests
     p_rows, q_rows = p_block[0], q_block[:, 0]
-    if rule.reads_rows:  # f reads whole rows (GSD): the chain's rows in one block evaluation
-        steps, tokens = np.arange(size), np.array(chain)
-        f = np.asarray(rule.accept_rows(gather(p_rows, (steps,)), gather(q_rows, (steps,)), tokens, steps + 1)).tolist()
-    elif not rule.scalar_tests:  # f of every position in one block evaluation (a rule without a scalar test)
+    if rule.reads_rows:  # f reads whole rows (GSD): the rows up to the first rejection, as the batch path
+        accepted = int(leading_passes_on_rows(rule, p_block, q_block, np.array([chain], dtype=np.int64),
+                                              np.asarray(coins, dtype=np.float64)[None, :size],
+                                              np.array([size]))[0])
+        if accepted == size:
+            return ChainOutcomes([size], [int(draws[0, size])])
+        token = chain[accepted]
+        resampled = rule.resample(p_rows[accepted], q_rows[accepted], token, accepted + 1)
+        return ChainOutcomes([accepted], [inverse_cdf(resampled, next_uniform)])
+    if not rule.scalar_tests:  # f of every position in one block evaluation (a rule without a scalar test)
         steps, tokens = np.arange(size), np.array(chain)
         f = rule.accept_probabilities(gather(p_rows, (steps[:, None], rule.columns(tokens))),
                                       gather(q_rows, (steps, tokens)), steps + 1).tolist()

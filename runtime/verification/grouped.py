@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from specrt.runtime.arrays import Constants, as_array, descending, namespace, unsorted
+from specrt.runtime.arrays import Constants, as_array, descending_order, is_host, namespace, unsorted
 from specrt.runtime.verification.formulas import acceptance, residual
 from specrt.runtime.verification.rules import AcceptanceRule
 
@@ -32,29 +32,55 @@ from specrt.runtime.verification.rules import AcceptanceRule
 def grouped_masses(p: Any, q: Any, tokens: Any, embeddings: Any, half: int, gap: float,
                    radius: float) -> tuple[Any, Any]:
     """(Σ_{C(x)} p, Σ_{C(x)} q) for rows p, q [R, V] and tokens x [R, T] (T tokens tested against each
-    row): [R, T] each, float64, in the rows' own array library (numpy or torch) with no shape that
-    depends on the numbers, so a device round traces it whole.
+    row): [R, T] each, float64, in the rows' own array library (numpy or torch). On torch no shape
+    depends on the numbers, so a device round traces it whole; numpy measures the embedding distance
+    only of the candidates the rank and probability tests kept.
 
     C(x): the tokens at ranks rank(x) − half .. rank(x) + half of p's descending order (a stable sort:
     ties in token order, numpy and torch alike) with |p(x′) − p(x)| ≤ gap and
-    ‖e(x′) − e(x)‖² ≤ radius, e = `embeddings` [V, D] where the rows live."""
+    ‖e(x′) − e(x)‖² ≤ radius, e = `embeddings` [V, D] where the rows live. Everything is computed in
+    float64 from the entries it reads (the rows themselves are sorted as they are: widening float32
+    keeps their order)."""
     xp = namespace(p)
-    p, q = xp.astype(p, xp.float64), xp.astype(q, xp.float64)
+    count = p.shape[0]
+    rows = xp.reshape(xp.arange(count, device=getattr(p, "device", None)), (count, 1, 1))  # [R, 1, 1]
+    members, inside = ranked_window(p, tokens, half)  # [R, T, G + 1]
+    token_mass = xp.astype(p[rows[..., 0], tokens], xp.float64)  # [R, T]
+    p_members, q_members = xp.astype(p[rows, members], xp.float64), xp.astype(q[rows, members], xp.float64)
+    difference = p_members - token_mass[..., None]
+    near = inside & (xp.maximum(difference, -difference) <= gap)
+    kept = near & within_radius(embeddings, members, tokens, near, radius)
+    return xp.sum(xp.where(kept, p_members, 0.0), axis=-1), xp.sum(xp.where(kept, q_members, 0.0), axis=-1)
+
+
+def ranked_window(p: Any, tokens: Any, half: int) -> tuple[Any, Any]:
+    """The tokens ranked rank(x) − half .. rank(x) + half in each row of p [R, V] (descending, ties
+    in token order), for tokens x [R, T]: (members [R, T, 2·half + 1], inside: the rank exists)."""
+    xp = namespace(p)
     count, vocab = p.shape
     device = getattr(p, "device", None)
     rows = xp.reshape(xp.arange(count, device=device), (count, 1))  # [R, 1]
-    token_mass = p[rows, tokens]  # [R, T]
-    _, order = descending(p)  # order[r, k]: the token ranked k in row r
+    order = descending_order(p)  # order[r, k]: the token ranked k in row r
     ranks = unsorted(xp.zeros((count, vocab), dtype=xp.int64, device=device) + xp.arange(vocab, device=device),
                      order)  # ranks[r, v]: token v's rank in row r
     at = ranks[rows, tokens][..., None] + xp.arange(2 * half + 1, device=device) - half  # [R, T, G + 1]
     inside = (at >= 0) & (at < vocab)
-    members = order[rows[..., None], xp.minimum(xp.maximum(at, 0), vocab - 1)]  # [R, T, G + 1]
-    p_members, q_members = p[rows[..., None], members], q[rows[..., None], members]
-    difference = p_members - token_mass[..., None]
+    return order[rows[..., None], xp.minimum(xp.maximum(at, 0), vocab - 1)], inside
+
+
+def within_radius(embeddings: Any, members: Any, tokens: Any, candidates: Any, radius: float) -> Any:
+    """‖e(x′) − e(x)‖² ≤ radius for members x′ [R, T, G + 1] of tokens x [R, T], in float64. numpy
+    measures only where `candidates` holds (elsewhere False: the caller's test has failed there);
+    torch measures every member, so that no shape depends on the numbers."""
+    if is_host(members):
+        out = np.zeros(members.shape, dtype=bool)
+        at = np.nonzero(candidates)
+        offset = embeddings[members[at]].astype(np.float64) - embeddings[tokens[at[:2]]].astype(np.float64)
+        out[at] = np.sum(offset * offset, axis=-1) <= radius
+        return out
+    xp = namespace(members)
     offset = xp.astype(embeddings[members], xp.float64) - xp.astype(embeddings[tokens], xp.float64)[..., None, :]
-    kept = inside & (xp.maximum(difference, -difference) <= gap) & (xp.sum(offset * offset, axis=-1) <= radius)
-    return xp.sum(xp.where(kept, p_members, 0.0), axis=-1), xp.sum(xp.where(kept, q_members, 0.0), axis=-1)
+    return xp.sum(offset * offset, axis=-1) <= radius
 
 
 @dataclass

@@ -168,3 +168,99 @@ def test_the_device_verifier_makes_the_host_verifiers_decisions(embeddings):
                                               torch.tensor(next_uniforms), rule)
     assert accepted.tolist() == host.accepted_lengths
     assert next_token.tolist() == host.next_tokens
+
+
+# ---- the host side's economies give the same numbers -------------------------------------------------
+
+
+def whole_row_masses(p: np.ndarray, q: np.ndarray, tokens: np.ndarray, embeddings: np.ndarray, half: int,
+                     gap: float, radius: float) -> tuple[np.ndarray, np.ndarray]:
+    """The cluster masses computed the straightforward way: both rows widened to float64, each row sorted
+    whole, every candidate's embedding distance measured (the arithmetic the rule keeps, entry by entry)."""
+    p, q = p.astype(np.float64), q.astype(np.float64)
+    rows = np.arange(len(p))[:, None]
+    order = np.argsort(-p, axis=-1, kind="stable")
+    ranks = np.argsort(order, axis=-1, kind="stable")
+    at = ranks[rows, tokens][..., None] + np.arange(-half, half + 1)
+    inside = (at >= 0) & (at < p.shape[1])
+    members = order[rows[..., None], np.clip(at, 0, p.shape[1] - 1)]
+    p_members, q_members = p[rows[..., None], members], q[rows[..., None], members]
+    offset = embeddings[members].astype(np.float64) - embeddings[tokens].astype(np.float64)[..., None, :]
+    kept = inside & (np.abs(p_members - p[rows, tokens][..., None]) <= gap) & ((offset * offset).sum(-1) <= radius)
+    return np.where(kept, p_members, 0.0).sum(-1), np.where(kept, q_members, 0.0).sum(-1)
+
+
+def test_the_masses_are_bit_for_bit_the_straightforward_ones():
+    """numpy's rule sorts the rows as they come (float32 or float64), widens only what it reads and
+    measures distances only where the rank and probability tests passed: the same bits as the
+    whole-row computation, on rows with ties, zeros and repeated embeddings, with radii on the
+    distance of a pair. Control: a rule that breaks ties the other way changes some masses on these rows."""
+    from specrt.runtime.verification.grouped import grouped_masses
+
+    rng = np.random.default_rng(23)
+    reversed_ties = 0
+    for trial in range(150):
+        vocab, count, per_row = int(rng.integers(2, 60)), int(rng.integers(1, 5)), int(rng.integers(1, 4))
+        p = rng.dirichlet(np.full(vocab, 0.4), size=count)
+        if trial % 2:  # ties and zeros, as top-k and quantized rows have
+            p = np.round(p * 6) / 6 + 1e-3 * (np.arange(vocab) == 0)
+            p /= p.sum(-1, keepdims=True)
+        q = rng.dirichlet(np.full(vocab, 0.4), size=count)
+        dtype = (np.float32, np.float64)[trial % 3 == 0]
+        p, q = p.astype(dtype), q.astype(dtype)
+        table = rng.normal(size=(vocab, 4)).astype(np.float32)
+        table[1 % vocab] = table[0]
+        tokens = rng.integers(0, vocab, size=(count, per_row))
+        half = int(rng.integers(0, 12))
+        gap, radius = float(rng.choice([0.0, 0.1, 0.3, 1.0])), float(rng.choice([0.0, 4.0, 1e9]))
+        if trial % 4 == 1:  # a radius on a pair's distance: the test's boundary, where arithmetic shows
+            pair = rng.integers(0, vocab, size=2)
+            radius = float(((table[pair[0]].astype(np.float64) - table[pair[1]].astype(np.float64)) ** 2).sum())
+        got = grouped_masses(p, q, tokens, table, half, gap, radius)
+        expected = whole_row_masses(p, q, tokens, table, half, gap, radius)
+        for mass, reference in zip(got, expected):
+            assert mass.dtype == np.float64
+            np.testing.assert_array_equal(mass, reference)
+        flipped = whole_row_masses(p[:, ::-1], q[:, ::-1], vocab - 1 - tokens, table[::-1], half, gap, radius)
+        reversed_ties += not all(np.array_equal(a, b) for a, b in zip(got, flipped))
+    assert reversed_ties > 10
+
+
+def test_rows_after_the_first_rejection_are_never_tested(embeddings):
+    """verify_chains with GSD's rule tests each image's positions a few at a time up to its first
+    rejection: the outcomes are those of testing every position (f on every row, leading passes,
+    the residual at the first rejection), batched and one image alone, while fewer rows are read."""
+    rng = np.random.default_rng(31)
+    tested = []
+
+    class Counting(GroupedRule):
+        def accept_rows(self, p, q, tokens, positions):
+            tested.append(np.size(tokens))
+            return super().accept_rows(p, q, tokens, positions)
+
+    rule = Counting(embeddings, group=10, gap=0.3, radius=1e9)
+    reference = GroupedRule(embeddings, group=10, gap=0.3, radius=1e9)
+    saved = total = 0
+    for trial in range(30):
+        images, longest = int(rng.integers(1, 5)), int(rng.integers(1, 14))
+        p = rng.dirichlet(np.full(VOCAB, 0.6), size=(images, longest + 1)).astype(np.float32)
+        q = rng.dirichlet(np.full(VOCAB, 0.6), size=(longest, images)).astype(np.float32)
+        lengths = rng.integers(0, longest + 1, size=images)
+        lengths[0] = longest
+        drafts = [rng.integers(0, VOCAB, size=n).tolist() for n in lengths]
+        coins, next_uniforms = rng.random((images, longest)) ** 0.3, rng.random(images)
+        bonus = rng.integers(0, VOCAB, size=(images, longest + 1))
+        tested.clear()
+        got = verify_chains(p, q, drafts, rule, coins, next_uniforms, bonus)
+        for b, chain in enumerate(drafts):
+            f = [float(reference.accept_rows(p[b, i], q[i, b], np.array(x), i + 1)) for i, x in enumerate(chain)]
+            accepted = next((i for i, value in enumerate(f) if coins[b, i] > value), len(chain))
+            if accepted < len(chain):
+                row = residual(p[b, accepted], q[accepted, b])
+                token = int(np.searchsorted(np.cumsum(row), next_uniforms[b], side="right"))
+            else:
+                token = int(bonus[b, accepted])
+            assert (got.accepted_lengths[b], got.next_tokens[b]) == (accepted, token)
+        saved += sum(lengths) - sum(tested)
+        total += sum(lengths)
+    assert 0 < saved < total
