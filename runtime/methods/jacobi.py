@@ -114,7 +114,8 @@ class JacobiDecoding(Method):
 
     name = "sjd"
     lossless = True
-    auto_settings = settings_grid(window=(2, 4, 8, 16, 32))  # the best window follows t(W) on the device
+    # the best window follows t(W) on the device; every coupling is exact, so each competes at each window
+    auto_settings = settings_grid(window=(2, 4, 8, 16, 32), coupling=COUPLINGS)
     # window L: drafted tokens verified per step (the target sees L + 1 with the pending token);
     # branching K, tree_depth D, tree spine | full: proactive drafting's tree (module docstring);
     # coupling: how a position's next draft follows its last (runtime.verification.coupling);
@@ -407,7 +408,8 @@ class SJDPAC(JacobiDecoding):
 
     name = "sjd-pac"
     lossless = True
-    auto_settings = settings_grid(window=(8, 16, 32, 64))
+    # continuation is what SJD-PAC adds: its maximal default and Gumbel drafts, no independent ones
+    auto_settings = settings_grid(window=(8, 16, 32, 64), coupling=("maximal", "gumbel"))
     # adaptive continuation is maximal coupling: on by default, as the paper's
     PARAMS = {**JacobiDecoding.PARAMS, "window": Int(64, low=1, symbol="L"),
               "coupling": Choice("maximal", choices=COUPLINGS), "proactive_drafting": Bool(True)}

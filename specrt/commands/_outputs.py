@@ -155,7 +155,7 @@ def summary_line(paths: Sequence[Path], method: str, summary: dict[str, Any], sa
         wrote img.png  (2 images 32x32, sd: 128 tokens, 60 target forwards, mean accepted length 2.13, 0.41 s;
         sampling cfg 2, temperature 1, top-k 0, top-p 1)
 
-    (--method auto: the method slot is `auto:CHOSEN`, e.g. auto:sjd(window=8), and the counters end
+    (--method auto: the method slot is `auto:CHOSEN`, e.g. auto:sjd(coupling=maximal,window=8), and the counters end
     with the cost model's prediction, "predicted 1.49x ar".)
 
     Why one shape: each family's stats name their counters differently (a continuous model

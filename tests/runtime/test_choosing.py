@@ -86,6 +86,22 @@ def test_the_guarantee_decides_which_methods_compete():
     assert Candidate.of("sd", {"tree": "static"}) in candidates(METHODS)  # trees are lossless candidates too
 
 
+def test_every_exact_coupling_competes_and_relaxed_methods_stay_out_of_lossless():
+    """sjd at each window in every coupling, sjd-pac in its continuing ones (maximal, gumbel); gsd
+    takes couplings too, but its test is relaxed: only --relaxed lets any of its settings in."""
+    lossless = candidates(METHODS)
+    for window in (2, 4, 8, 16, 32):
+        for coupling in ("independent", "maximal", "gumbel"):
+            assert Candidate.of("sjd", {"window": window, "coupling": coupling}) in lossless
+    pac = {(c.params["window"], c.params["coupling"]) for c in lossless if c.method == "sjd-pac"}
+    assert pac == {(w, c) for w in (8, 16, 32, 64) for c in ("maximal", "gumbel")}
+    assert all(METHODS[c.method].lossless for c in lossless)
+    assert not any(c.method == "gsd" for c in lossless)
+    relaxed = candidates(METHODS, relaxed=True)
+    assert {c.method for c in relaxed} >= {"gsd", "cool-sd", "lantern"} and set(lossless) <= set(relaxed)
+    assert len(relaxed) == len(set(relaxed))  # no setting measured twice
+
+
 def test_a_subclass_does_not_inherit_its_parents_guarantee():
     class Grouped(SpeculativeDecoding):  # a relaxed test over sd's loop that forgot to say so
         name = "grouped"
@@ -103,8 +119,11 @@ def test_a_subclass_does_not_inherit_its_parents_guarantee():
 # ---- choose_method: the probe stubbed, the cache real -----------------------------------------------
 
 
+FAST = {"window": 4, "coupling": "gumbel"}  # the stand-in's fastest candidate
+
+
 class Probe:
-    """choose.probe's stand-in: counts its calls and returns fixed terms (sjd(window=4) the fastest)."""
+    """choose.probe's stand-in: counts its calls and returns fixed terms (gumbel-coupled sjd(window=4) the fastest)."""
 
     def __init__(self):
         self.calls = 0
@@ -113,7 +132,7 @@ class Probe:
         self.calls += 1
         rows = []
         for c in listed:
-            fast = c == Candidate.of("sjd", {"window": 4})
+            fast = c == Candidate.of("sjd", FAST)
             rows.append(measured(c.method, c.params, 2.0 if fast else 1.0, 0.010))
         return rows
 
@@ -135,10 +154,10 @@ def test_the_cache_is_keyed_by_batch_backend_sampling_and_guarantee(tmp_path, pr
         return choose_method(pipe, identity="toy", cache_dir=tmp_path, **{"batch": 1, "backend": "ort", **key})
 
     first = choose(toy_pipeline())
-    assert (first.method, first.params, first.measured, probe.calls) == ("sjd", {"window": 4}, True, 1)
+    assert (first.method, first.params, first.measured, probe.calls) == ("sjd", FAST, True, 1)
     assert first.predicted_speedup == pytest.approx(2.0)
     again = choose(toy_pipeline())  # a new pipeline object: read from disk
-    assert (again.label, again.measured, probe.calls) == ("sjd(window=4)", False, 1)
+    assert (again.label, again.measured, probe.calls) == ("sjd(coupling=gumbel,window=4)", False, 1)
     for other in ({"batch": 4}, {"backend": "torch"}, {"sampling": {"temperature": 0.5}}, {"relaxed": True},
                   {"device": "another GPU"}):
         assert choose(toy_pipeline(), **other).measured
@@ -156,7 +175,7 @@ def test_a_damaged_cache_entry_is_measured_again(tmp_path, probe, damage):
     said = []
     again = choose_method(toy_pipeline(), identity="toy", cache_dir=tmp_path, progress=said.append)
     assert again.measured and probe.calls == 2 and any("damaged" in line for line in said)
-    assert json.loads(first.cache_path.read_text())["choice"]["label"] == "sjd(window=4)"  # replaced
+    assert json.loads(first.cache_path.read_text())["choice"]["label"] == "sjd(coupling=gumbel,window=4)"  # replaced
 
 
 def test_an_entry_of_another_key_is_not_taken(tmp_path, probe):
@@ -184,7 +203,8 @@ def test_the_probe_measures_every_runnable_candidate_through_generate(tmp_path):
     assert set(rows) == {c.label for c in candidates(METHODS)}
     assert rows["ar"]["accepted_length"] == 1.0 and rows["ar"]["predicted_speedup"] == pytest.approx(1.0)
     refused = [label for label, r in rows.items() if r["error"]]
-    assert "sjd-pac(window=32)" in refused and "sjd(window=4)" not in refused  # the toy's window is 26
+    assert "sjd-pac(coupling=maximal,window=32)" in refused  # the toy's window is 26
+    assert "sjd(coupling=gumbel,window=4)" not in refused
     for r in rows.values():
         if not r["error"]:
             assert r["images"] >= 2 and r["accepted_length"] >= 1.0 and math.isfinite(r["target_s"])
