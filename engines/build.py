@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from specrt.errors import SpecrtError
 from specrt.manifest import UNBUILT_KINDS, Manifest, as_manifest
+from specrt.runtime.kv_inputs import is_layer_name
 from specrt.lazy import available
 
 from .bundle import GraphEntry, graph_entries
@@ -203,6 +204,7 @@ def plan_jobs(bundle: str | Path | Manifest, precision: str, trt_version: str, d
         if entry.spec["kind"] in UNBUILT_KINDS:
             raise SpecrtError(f"{entry.name} outputs float64 scores, which TensorRT has no type for: onnxruntime "
                               "and PyTorch run it (the TensorRT runner grows dynamic trees level by level)")
+        refuse_layer_inputs(entry.name, [tensor["name"] for tensor in entry.spec["inputs"]])
         profile = derive_profile(entry.name, entry.spec, max_window)
         validate_against_onnx(profile, entry.spec, onnx_input_dims(entry.onnx_path))
         onnx_path, converter = entry.onnx_path, ""
@@ -213,6 +215,14 @@ def plan_jobs(bundle: str | Path | Manifest, precision: str, trt_version: str, d
                         profile=profile.to_json(), onnx_sha256=entry.onnx_sha256, converter=converter)
         jobs.append(BuildJob(entry, onnx_path, profile, precision, key))
     return jobs
+
+
+def refuse_layer_inputs(graph: str, inputs: list[str]) -> None:
+    """The TensorRT runner binds the cache as one past_kv buffer: a step graph exported with per-layer
+    KV inputs (for onnxruntime on a CPU) is refused in one line that says how to re-export."""
+    if any(is_layer_name(name) for name in inputs):
+        raise SpecrtError(f"{graph} takes the KV cache per layer (exported for onnxruntime on a CPU); TensorRT binds "
+                          "one past_kv buffer: re-export with `specrt export --kv-inputs stacked`")
 
 
 def build_bundle(bundle: str | Path, precision: str = "fp32", workspace_bytes: int = 4 << 30,

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from specrt.manifest import Manifest
+from specrt.runtime.kv_inputs import past_feeds, stacked_feed
 from specrt.runtime.backends.ort_backend import OrtRunner, bundle_companions
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.runner import StepOutput
@@ -55,7 +56,7 @@ class RecordingRunner(OrtRunner):
     def _step(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, uniforms: np.ndarray):
         self.reservoirs[self.step_spec.name].offer(lambda: {
             "input_ids": ids.copy(), "positions": positions.copy(), "attention_mask": mask.copy(),
-            "past_kv": self._kv.copy(), "mix": self.mix.copy(), "uniforms": uniforms.copy()})
+            **past_feeds(self.step_spec, self._kv.copy()), "mix": self.mix.copy(), "uniforms": uniforms.copy()})
         return super()._step(ids, positions, mask, uniforms)
 
     def can_chain(self, steps: int) -> bool:
@@ -81,7 +82,7 @@ def chain_feeds(step_feeds: list[Feeds], steps: Optional[int],
     feeds = []
     for feed in step_feeds:
         images, window = feed["mix"].shape[0], feed["input_ids"].shape[1]
-        made = {**feed, "last": np.full(images, window - 1, dtype=np.int32)}
+        made = {**feed, "past_kv": stacked_feed(feed), "last": np.full(images, window - 1, dtype=np.int32)}
         if steps is not None:
             made["uniforms"] = np.full((images, steps), 0.5, dtype=np.float32)
         else:

@@ -39,7 +39,7 @@ from specrt.runtime.tree import StaticShape
 from specrt.runtime.tree_call import TreeLayout
 from specrt.runtime.vq_decoder import VQDecoder
 
-from .build import require_tensorrt
+from .build import refuse_layer_inputs, require_tensorrt
 
 
 def _cudart() -> Any:
@@ -469,6 +469,7 @@ def runner_from_bundle(bundle: str | Path | Manifest, role: str, precision: str 
     """A TrtRunner for `role` ('target' or 'draft') from a bundle whose engines are built (its
     checked manifest, or its directory)."""
     manifest = as_manifest(bundle)
+    refuse_layer_inputs(f"{role}_step", list(manifest.graph(f"{role}_step").input_names))
     model = manifest.models[role]
     window = max_window or int(manifest.limits.get("max_window", 64))
     engines = find_engines(manifest, [f"{role}_prefill", f"{role}_step"], precision, max_window)

@@ -27,7 +27,7 @@ from specrt.export.onnx_export import GraphLimits, capacity_for, is_prompt_model
 from specrt.manifest import (DEFAULT_MAX_IMAGES, FORMAT, MANIFEST_NAME, VERSION, GraphSpec, Manifest, file_record,
                              read_manifest, rows_for_images)
 from specrt.models.neighbours import codebook_neighbours, codebook_of, neighbour_count
-from specrt.runtime import compatibility
+from specrt.runtime import compatibility, kv_inputs
 from specrt.runtime.defaults import as_dict, defaults_of
 from specrt.runtime.eagle import EAGLE_KIND
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW, checked_max_window
@@ -57,6 +57,10 @@ class ExportOptions:
     # the dynamic tree the draft_growth graph grows in one call: "DEPTH,TOP_K"; "" for none; None:
     # the methods' default (depth 6, tree_top_k 8) where max_window holds its fed frontier nodes
     draft_growth: str | None = None
+    # how the step graphs take the KV cache (specrt.runtime.kv_inputs): "layers" (per-layer inputs,
+    # which onnxruntime's CPU provider reads without copying), "stacked" (the one past_kv input), or
+    # None: layers on a machine without a GPU runtime, where onnxruntime on the CPU runs the bundle
+    kv_inputs: str | None = None
 
     def __post_init__(self) -> None:
         if self.opset not in onnx_export.SUPPORTED_OPSETS:
@@ -65,8 +69,21 @@ class ExportOptions:
                             ("--neighbours", self.neighbours_k)):
             validation.count(flag, value)
         validation.integer("--draft-chain (0: none)", self.draft_chain, low=0)
+        if self.kv_inputs not in (None, *kv_inputs.FORMS):
+            raise SpecrtError(f"--kv-inputs must be one of auto, {', '.join(kv_inputs.FORMS)}; got {self.kv_inputs!r}")
         self.tree_paths  # a wrong name or plan, or a tree too large, fails here, before any export
         self.growth
+
+    @property
+    def step_kv_inputs(self) -> str:
+        """The step graphs' cache form: kv_inputs, or where it is None (auto) per-layer inputs on a
+        machine with no GPU runtime (onnxruntime on the CPU will run the bundle) and the stacked
+        past_kv where TensorRT or a GPU provider of onnxruntime is installed (TensorRT binds one buffer)."""
+        if self.kv_inputs is not None:
+            return self.kv_inputs
+        from specrt.engines.quantize import gpu_runtime_installed
+
+        return kv_inputs.STACKED_FORM if gpu_runtime_installed() else kv_inputs.LAYERS
 
     @property
     def tree_paths(self) -> list[list[int]]:
@@ -268,14 +285,15 @@ def build_manifest(models: ModelSet, options: ExportOptions, graphs: list[GraphS
 
 def _graph_jobs(models: ModelSet, options: ExportOptions, limits: GraphLimits) -> list[tuple[str, Callable[[Path], GraphSpec]]]:
     """(graph name, export function of the work directory), in manifest order."""
-    opset = options.opset
+    opset, kv = options.opset, options.step_kv_inputs
     target = [
         ("target_prefill", lambda d: onnx_export.export_prefill(models.target, "target", limits, d, opset, options.target_hidden)),
-        ("target_step", lambda d: onnx_export.export_step(models.target, "target", limits, d, opset, options.target_hidden)),
+        ("target_step", lambda d: onnx_export.export_step(models.target, "target", limits, d, opset, options.target_hidden,
+                                                                       kv)),
     ]
     draft = [
         ("draft_prefill", lambda d: onnx_export.export_prefill(models.draft, "draft", limits, d, opset, False)),
-        ("draft_step", lambda d: onnx_export.export_step(models.draft, "draft", limits, d, opset, False)),
+        ("draft_step", lambda d: onnx_export.export_step(models.draft, "draft", limits, d, opset, False, kv)),
         *draft_chain_jobs(models.draft, options.chain_steps, limits, opset),
         *([("draft_tree", lambda d: onnx_export.export_tree(models.draft, "draft", limits, d, options.tree_paths, opset))]
           if options.tree_paths else []),

@@ -32,8 +32,10 @@ import torch.nn as nn
 from specrt.errors import SpecrtError
 from specrt.lazy import require
 from specrt.manifest import GraphSpec, TensorSpec
+from specrt.models.kv_cache import LayerInputs
 from specrt.runtime.chain import DraftChain, DraftGrowth, DraftTree
 from specrt.runtime.head import SamplingHead
+from specrt.runtime.kv_inputs import LAYERS, STACKED_FORM, is_layer_name, layer_names
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW
 from specrt.runtime.tree import StaticShape
 from specrt.runtime.tree_call import GrowthLayout, TreeLayout
@@ -153,6 +155,17 @@ class _StepGraph(_WithHead):
         return self._outputs(*self.gpt.step(input_ids.long(), positions.long(), attention_mask, past_kv), mix, uniforms)
 
 
+class _LayerInputsStepGraph(_WithHead):
+    """The step graph with the cache as per-layer inputs (specrt.runtime.kv_inputs): `rest` is
+    past_key_0, past_value_0, ..., then mix and uniforms; attention reads each layer's past beside
+    the window's rows (models.kv_cache.LayerInputs), so the graph copies none of it."""
+
+    def forward(self, input_ids, positions, attention_mask, *rest):
+        past, (mix, uniforms) = rest[:-2], rest[-2:]
+        cache = LayerInputs(tuple(past[0::2]), tuple(past[1::2]))
+        return self._outputs(*self.gpt.step(input_ids.long(), positions.long(), attention_mask, cache), mix, uniforms)
+
+
 def decode_codes(vq: nn.Module, codes: torch.Tensor) -> torch.Tensor:
     """codes int [B,h,w] -> image, for a full VQModel (decode_codes) or a VQDecoder (forward)."""
     return vq.decode_codes(codes.long()) if hasattr(vq, "decode_codes") else vq(codes.long())
@@ -214,12 +227,24 @@ def prefill_spec(name: str, role: str, config, limits: GraphLimits, opset: int, 
                      outputs=(*outputs, *head_outputs(config, 1)), profile=limits.prefill_profile())
 
 
-def step_spec(name: str, role: str, config, limits: GraphLimits, opset: int, with_hidden: bool) -> GraphSpec:
+def past_inputs(config, kv_inputs: str = STACKED_FORM) -> tuple[TensorSpec, ...]:
+    """A step graph's cache inputs: the contract's stacked `past_kv`, or (kv_inputs `layers`)
+    past_key_<i> / past_value_<i> [batch, Hkv, cache_len, D] per layer (specrt.runtime.kv_inputs)."""
+    if kv_inputs == STACKED_FORM:
+        return (TensorSpec("past_kv", "float32", _kv_shape(config, BATCH, CACHE_LEN)),)
+    if kv_inputs != LAYERS:
+        raise SpecrtError(f"--kv-inputs must be {LAYERS} or {STACKED_FORM}, got {kv_inputs!r}")
+    shape = (BATCH, config.n_kv_head, CACHE_LEN, config.head_dim)
+    return tuple(TensorSpec(name, "float32", shape) for name in layer_names(config.n_layer))
+
+
+def step_spec(name: str, role: str, config, limits: GraphLimits, opset: int, with_hidden: bool,
+              kv_inputs: str = STACKED_FORM) -> GraphSpec:
     inputs = (
         TensorSpec("input_ids", "int32", (BATCH, WINDOW)),
         TensorSpec("positions", "int32", (BATCH, WINDOW)),
         TensorSpec("attention_mask", "bool", (BATCH, WINDOW, TOTAL_LEN)),
-        TensorSpec("past_kv", "float32", _kv_shape(config, BATCH, CACHE_LEN)),
+        *past_inputs(config, kv_inputs),
         *head_inputs(WINDOW),
     )
     outputs = [TensorSpec("logits", "float32", (BATCH, WINDOW, config.vocab_size))]
@@ -338,7 +363,7 @@ def _example_inputs(spec: GraphSpec, config, grid: int | None = None) -> tuple[t
             tensors.append(mask)
         elif t.name == "last":  # each image's last real window slot
             tensors.append(torch.arange(shape[0], dtype=torch.int32) % size[WINDOW])
-        elif t.name == "past_kv":
+        elif t.name == "past_kv" or is_layer_name(t.name):
             tensors.append(torch.randn(shape, generator=gen))
         elif t.name == "codes":
             tensors.append(torch.randint(0, config.codebook_size, shape, generator=gen, dtype=torch.int32))
@@ -351,10 +376,14 @@ def _example_inputs(spec: GraphSpec, config, grid: int | None = None) -> tuple[t
     return tuple(tensors)
 
 
-def _dynamic_shapes(spec: GraphSpec) -> dict[str, dict[int, object]]:
+def _dynamic_shapes(spec: GraphSpec) -> dict[str, dict[int, object]] | tuple:
     # No upper bounds: the profile's max is TensorRT's business; onnxruntime may go beyond it.
     dims = {d: torch.export.Dim(d, min=2 if d == TOTAL_LEN else 1) for d in spec.profile}
-    return {t.name: {axis: dims[d] for axis, d in enumerate(t.shape) if isinstance(d, str)} for t in spec.inputs}
+    shapes = {t.name: {axis: dims[d] for axis, d in enumerate(t.shape) if isinstance(d, str)} for t in spec.inputs}
+    if any(is_layer_name(name) for name in shapes):  # _LayerInputsStepGraph: three named inputs, then *rest
+        values = list(shapes.values())
+        return (*values[:3], tuple(values[3:]))
+    return shapes
 
 
 # ---- export + contract check -----------------------------------------------------------
@@ -466,10 +495,12 @@ def export_prefill(gpt: nn.Module, role: str, limits: GraphLimits, out_dir: Path
 
 
 def export_step(gpt: nn.Module, role: str, limits: GraphLimits, out_dir: Path, opset: int = DEFAULT_OPSET,
-                with_hidden: bool = True) -> GraphSpec:
-    """Export `<role>_step`: a window of W tokens against the caller-owned KV buffer, then the head."""
-    spec = step_spec(f"{role}_step", role, gpt.config, limits, opset, with_hidden)
-    return _export(_StepGraph(gpt, with_hidden), spec, _example_inputs(spec, gpt.config), out_dir)
+                with_hidden: bool = True, kv_inputs: str = STACKED_FORM) -> GraphSpec:
+    """Export `<role>_step`: a window of W tokens against the caller-owned KV buffer, then the head
+    (kv_inputs: the buffer as one stacked input, or per layer: specrt.runtime.kv_inputs)."""
+    spec = step_spec(f"{role}_step", role, gpt.config, limits, opset, with_hidden, kv_inputs)
+    graph = _StepGraph(gpt, with_hidden) if kv_inputs == STACKED_FORM else _LayerInputsStepGraph(gpt, with_hidden)
+    return _export(graph, spec, _example_inputs(spec, gpt.config), out_dir)
 
 
 def export_chain(gpt: nn.Module, role: str, limits: GraphLimits, out_dir: Path, opset: int = DEFAULT_OPSET,

@@ -26,6 +26,7 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.manifest import GraphSpec, Manifest, read_manifest
+from specrt.runtime.kv_inputs import is_layer_name, past_feeds, stacked_shape
 
 FEEDS_FILE = "feeds.npz"
 _LOADER = '''"""polygraphy --data-loader-script for {graph} of {bundle} (written by specrt.export.polygraphy_case)."""
@@ -49,9 +50,9 @@ def _step_feeds(manifest: Manifest, graph: GraphSpec, seed: int) -> Iterator[dic
              tree_case("tree", rng, config, capacity, min(12, max_window), mid)]
     for case in cases:
         batch = case.input_ids.shape[0]
-        kv_shape = graph.shape_at(graph.input("past_kv"), "max", batch=batch)
+        past_kv = rng.standard_normal(stacked_shape(graph, "max", batch=batch)).astype(np.float32)
         yield {"input_ids": case.input_ids, "positions": case.positions, "attention_mask": case.attention_mask,
-               "past_kv": rng.standard_normal(kv_shape).astype(np.float32), "mix": case.mix,
+               **past_feeds(graph, past_kv), "mix": case.mix,
                "uniforms": rng.random((case.mix.shape[0], case.input_ids.shape[1])).astype(np.float32)}
 
 
@@ -112,11 +113,21 @@ def torch_outputs(manifest: Manifest, graph_name: str, models, feeds: dict[str, 
                 logits, hidden, present_kv = model.prefill(t["class_ids"].long())
             else:
                 logits, hidden, present_kv = model.step(t["input_ids"].long(), t["positions"].long(),
-                                                        t["attention_mask"], t["past_kv"])
+                                                        t["attention_mask"], _stacked(t))
             probs, draws = SamplingHead()(logits, t["mix"], t["uniforms"])
             produced = {"logits": logits, "hidden": hidden, "present_kv": present_kv, "probs": probs, "draws": draws}
     return {name: produced[name].numpy() if name == "draws" else produced[name].float().numpy()
             for name in graph.output_names}
+
+
+def _stacked(feeds: dict) -> "torch.Tensor":
+    """The stacked cache [L, 2, ...] a feed holds: its past_kv, or its per-layer keys and values stacked."""
+    import torch
+
+    if "past_kv" in feeds:
+        return feeds["past_kv"]
+    layers = sum(1 for name in feeds if is_layer_name(name)) // 2
+    return torch.stack([torch.stack([feeds[f"past_key_{i}"], feeds[f"past_value_{i}"]]) for i in range(layers)])
 
 
 def _settle_uniforms(manifest: Manifest, graph_name: str, models, feeds: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:

@@ -26,6 +26,7 @@ from specrt.export.bundle import ModelSet
 from specrt.export.onnx_export import decode_codes, is_prompt_model
 from specrt.lazy import require
 from specrt.manifest import GraphSpec, Manifest, read_manifest
+from specrt.runtime.kv_inputs import past_feeds, stacked_shape
 from specrt.runtime.head import SamplingHead
 
 # Max |onnxruntime - torch| allowed per output, fp32 graphs. The VQ decoder is a deep conv
@@ -269,8 +270,7 @@ def _verify_step(manifest: Manifest, graph: GraphSpec, model, capacity: int, max
     rng = np.random.default_rng(seed + 1)
     for case in step_cases(config, capacity, max_window, seed):
         batch = case.input_ids.shape[0]
-        kv_shape = graph.shape_at(graph.input("past_kv"), "max", batch=batch)
-        past_kv = rng.standard_normal(kv_shape).astype(np.float32)
+        past_kv = rng.standard_normal(stacked_shape(graph, "max", batch=batch)).astype(np.float32)
         args = [torch.from_numpy(case.input_ids).long(), torch.from_numpy(case.positions).long(),
                 torch.from_numpy(case.attention_mask), torch.from_numpy(past_kv)]
         feeds = {}
@@ -281,7 +281,8 @@ def _verify_step(manifest: Manifest, graph: GraphSpec, model, capacity: int, max
             logits, hidden, present_kv = model.step(*args)
             uniforms, head, usable = head_reference(logits, case.mix, rng)
         feeds.update({"input_ids": case.input_ids, "positions": case.positions,
-                      "attention_mask": case.attention_mask, "past_kv": past_kv, "mix": case.mix, "uniforms": uniforms})
+                      "attention_mask": case.attention_mask, **past_feeds(graph, past_kv), "mix": case.mix,
+                      "uniforms": uniforms})
         got = session.run(list(graph.output_names), {name: feeds[name] for name in graph.input_names})
         yield from _compare(graph, case.name, got, {"logits": logits, "hidden": hidden, "features": hidden,
                                                     "present_kv": present_kv, **head}, usable)

@@ -101,11 +101,34 @@ class SplitCache(NamedTuple):
         return self.keys[index], self.values[index]
 
 
+class ApartPast(NamedTuple):
+    """One layer's past keys (or values) [B, Hkv, C, D] that attention reads beside the window's
+    rows instead of joining them (`attend_apart`)."""
+
+    rows: torch.Tensor
+
+
+class LayerInputs(NamedTuple):
+    """A whole model's past as one keys and one values tensor [B, Hkv, C, D] per layer, each a
+    graph input of its own (an onnxruntime step graph with per-layer KV inputs: specrt.runtime.kv_inputs).
+
+    Why: a graph that takes the cache as one [L, 2, ...] input splits it into layers, and
+    onnxruntime's CPU Split, Transpose and Concat copy what they touch: the whole cache three
+    times a step (12 ms of a 27 ms int8 GPT-B step). Per-layer inputs bound over views of the
+    runtime's one buffer, read only by the attention's two matrix products, copy nothing."""
+
+    keys: tuple
+    values: tuple
+
+    def layer(self, index: int) -> tuple[ApartPast, ApartPast]:
+        return ApartPast(self.keys[index]), ApartPast(self.values[index])
+
+
 # What attention reads as a layer's past: nothing, a tensor [B, Hkv, C, D], a tuple of such
 # segments (a draft chain's cache and the rows it drafted so far: runtime/chain.py KVSegments),
 # or a static cache written in place.
-LayerPast = Union[None, torch.Tensor, tuple, CacheWrite, ColumnWrite]
-Cache = Any  # None, a [L, 2, B, Hkv, C, D] tensor, a SplitCache, KVSegments, a StaticCache or a ColumnCache
+LayerPast = Union[None, torch.Tensor, tuple, CacheWrite, ColumnWrite, ApartPast]
+Cache = Any  # None, a [L, 2, B, Hkv, C, D] tensor, a SplitCache, KVSegments, a StaticCache, a ColumnCache or LayerInputs
 LayerCall = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
@@ -124,7 +147,7 @@ def run_layers(layers: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     scratch columns they were written to (no copy)."""
     run_layer = run_layer or call_layer
     in_place = isinstance(cache, (StaticCache, ColumnCache))
-    if in_place and mask is not None and mask.dtype == torch.bool:
+    if (in_place or isinstance(cache, LayerInputs)) and mask is not None and mask.dtype == torch.bool:
         mask = additive_mask(mask, h.dtype)  # once a step, not once a layer inside attention
     present = []
     for index, layer in enumerate(layers):
@@ -146,7 +169,7 @@ def layer_past(cache: Cache, index: int) -> tuple[LayerPast, LayerPast]:
     """Layer `index`'s keys and values in whatever form `cache` holds them."""
     if cache is None:
         return None, None
-    if isinstance(cache, (StaticCache, ColumnCache, SplitCache)):
+    if isinstance(cache, (StaticCache, ColumnCache, SplitCache, LayerInputs)):
         return cache.layer(index)
     return cache[index, 0], cache[index, 1]
 
@@ -166,6 +189,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: LayerPast,
 
     A static cache (CacheWrite, ColumnWrite) takes the window's rows in place and is read as it lies; a tensor
     or a tuple of segments is joined with the window's rows in one concatenation."""
+    if isinstance(past_k, ApartPast):
+        return attend_apart(q, k, v, past_k.rows, past_v.rows, mask)
     if isinstance(past_k, (CacheWrite, ColumnWrite)):
         width = mask.shape[-1]
         keys, values = past_k.written(k, width), past_v.written(v, width)
@@ -175,6 +200,27 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: LayerPast,
     rep = q.shape[1] // k.shape[1]
     keys, values = _repeat_kv(keys, rep), _repeat_kv(values, rep)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None)
+
+
+def attend_apart(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor,
+                 mask: torch.Tensor) -> torch.Tensor:
+    """attend()'s result over past keys/values [B,Hkv,C,D] and the window's [B,Hkv,W,D] without
+    joining them: the scores of both ([B,H,W,C] and [B,H,W,W], small) are joined instead, and the
+    probabilities multiply each part's values. mask: additive [B,1,W,C+W] (or bool, True = seen).
+
+    Why: the past is read only by two matrix products, so an exported graph copies none of it
+    (no Concat, no Transpose the exporter's decomposition of scaled_dot_product_attention writes
+    for the keys, no repeat of GQA heads: the query heads of one key head are stacked as rows)."""
+    batch, heads, width, dim = q.shape
+    kv_heads, cache = k.shape[1], past_k.shape[2]
+    rep = heads // kv_heads
+    grouped = (q * dim ** -0.5).reshape(batch, kv_heads, rep * width, dim)  # head kv·rep + r: _repeat_kv's order
+    scores = torch.cat([grouped @ past_k.transpose(-1, -2), grouped @ k.transpose(-1, -2)], dim=-1)
+    scores = scores.reshape(batch, heads, width, cache + width)
+    scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    probs = scores.softmax(-1).reshape(batch, kv_heads, rep * width, cache + width)
+    out = probs[..., :cache] @ past_v + probs[..., cache:] @ v
+    return out.reshape(batch, heads, width, dim)
 
 
 def _segments(past: Union[torch.Tensor, tuple]) -> tuple:

@@ -16,6 +16,7 @@ import numpy as np
 from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.manifest import GraphSpec, Manifest, TensorSpec, rows_for_images
+from specrt.runtime.kv_inputs import layer_names, past_names, takes_layers
 
 MODEL_INTS = ("vocab_size", "grid_size", "n_layer", "n_kv_head", "head_dim", "capacity")
 CONDITION_INT = {"c2i": "num_classes", "t2i": "caption_dim", "prompt": "image_vocab"}  # what a model is conditioned on
@@ -93,8 +94,18 @@ def _check_model_graphs(manifest: Manifest, role: str, facts: dict[str, int], li
                 _expect(graph, graph.input("captions"), 1, facts["cond_len"], f"{src}.cond_len")
                 _expect(graph, graph.input("captions"), 2, facts["caption_dim"], f"{src}.caption_dim")
             continue
-        for axis, want, source in kv_axes + [(4, "cache_len", "the contract's cache axis")]:
-            _expect(graph, graph.input("past_kv"), axis, want, source)
+        if takes_layers(graph):  # per-layer keys and values [batch, Hkv, cache_len, D] (runtime.kv_inputs)
+            names = past_names(graph)
+            if set(names) != set(layer_names(layers)):
+                raise SpecrtError(f"bundle: graph {graph.name} has {len(names)} per-layer KV inputs but {src}.n_layer "
+                                  f"is {layers} (past_key_<i> and past_value_<i> for each)")
+            for name in names:
+                for axis, want, source in ((1, heads, f"{src}.n_kv_head"), (2, "cache_len", "the contract's cache axis"),
+                                           (3, head_dim, f"{src}.head_dim")):
+                    _expect(graph, graph.input(name), axis, want, source)
+        else:
+            for axis, want, source in kv_axes + [(4, "cache_len", "the contract's cache axis")]:
+                _expect(graph, graph.input("past_kv"), axis, want, source)
         profile = graph.profile
         if profile.get("cache_len", {}).get("max") != facts["capacity"]:
             raise SpecrtError(f"bundle: graph {graph.name} profile cache_len max is "

@@ -26,6 +26,7 @@ from specrt.runtime.bundle_check import check_manifest, check_session, load_neig
 from specrt.runtime.token_embeddings import load_token_embeddings
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.eagle import EAGLE_KIND, HeadRunner
+from specrt.runtime.kv_inputs import STACKED, layer_names, past_dtype, past_feeds, past_names
 from specrt.runtime.kv_rows import regroup_kv, uniform_run
 from specrt.runtime.runner import GrownTrees, ModelRunner, ModelSpec, StepOutput
 from specrt.runtime.vq_decoder import VQDecoder
@@ -35,7 +36,7 @@ from specrt.runtime.tree_call import GrowthLayout, TreeLayout
 Providers = Union[None, Sequence[Any], Callable[[str], Sequence[Any]]]
 HEAD_INPUTS = ("mix", "uniforms")
 HEAD_OUTPUTS = ("probs", "draws")
-STEP_INPUTS = ("input_ids", "positions", "attention_mask", "past_kv", *HEAD_INPUTS)
+STEP_INPUTS = ("input_ids", "positions", "attention_mask", *HEAD_INPUTS)  # and the cache: past_kv, or per layer
 STEP_OUTPUTS = ("present_kv", *HEAD_OUTPUTS)
 CONDITION_INPUTS = {"c2i": ("class_ids",), "t2i": ("captions", "caption_mask", "uncond"),
                     "prompt": ("input_ids", "prompt_mask")}
@@ -103,33 +104,38 @@ class OrtRunner(ModelRunner):
         self.role = role
         self.step_spec = manifest.graph(f"{role}_step")
         _check_io(self.step_spec, STEP_INPUTS, STEP_OUTPUTS)
+        _check_past(self.step_spec, int(entry["n_layer"]))
         if self.has_prefill:
             self.prefill_spec = manifest.graph(f"{role}_prefill")
             _check_io(self.prefill_spec, (*CONDITION_INPUTS[self.spec.model_type], *HEAD_INPUTS), STEP_OUTPUTS)
             self.prefill_session = _session(manifest, self.prefill_spec.name, providers, threads)
         self.bundle_capacity = int(entry["capacity"])
-        self.kv_dtype = np.dtype(self.step_spec.input("past_kv").dtype)
+        self.kv_dtype = np.dtype(past_dtype(self.step_spec))
         self._input_dtypes = {n: np.dtype(self.step_spec.input(n).dtype) for n in STEP_INPUTS}
         self.step_session = _session(manifest, self.step_spec.name, providers, threads)
+        self._past = {self.step_session: self.step_spec}  # session -> its graph: how it reads the cache
         # a draft chain graph (runtime/chain.py: `steps` drafts in one call), where the bundle has one
         chain = manifest.graphs.get(f"{role}_chain")
         if chain is not None:
-            _check_io(chain, (*STEP_INPUTS, "last"), STEP_OUTPUTS)
+            _check_io(chain, (*STEP_INPUTS, STACKED, "last"), STEP_OUTPUTS)
         self.chain_steps = int(chain.input("uniforms").shape[1]) if chain is not None else 0
         self.chain_session = _session(manifest, chain.name, providers, threads) if chain is not None else None
+        self._past[self.chain_session] = chain
         # a static tree drafted in one call (runtime/chain.py DraftTree), where the bundle has one
         tree = manifest.graphs.get(f"{role}_tree")
         if tree is not None:
-            _check_io(tree, (*STEP_INPUTS, "last"), STEP_OUTPUTS)
+            _check_io(tree, (*STEP_INPUTS, STACKED, "last"), STEP_OUTPUTS)
         self.tree_layout = TreeLayout(StaticShape(tree.tree)) if tree is not None else None
         self.tree_session = _session(manifest, tree.name, providers, threads) if tree is not None else None
+        self._past[self.tree_session] = tree
         # a dynamic tree grown in one call (runtime/chain.py DraftGrowth), where the bundle has one
         growth = manifest.graphs.get(f"{role}_growth")
         if growth is not None:
-            _check_io(growth, (*(n for n in STEP_INPUTS if n != "uniforms"), "last"),  # it draws nothing
+            _check_io(growth, (*(n for n in STEP_INPUTS if n != "uniforms"), STACKED, "last"),  # it draws nothing
                       ("present_kv", "tokens", "scores", "fronts"))
         self.growth_layout = GrowthLayout(growth.growth["depth"], growth.growth["top_k"]) if growth is not None else None
         self.growth_session = _session(manifest, growth.name, providers, threads) if growth is not None else None
+        self._past[self.growth_session] = growth
         self.layers, self.kv_heads, self.head_dim = (int(entry[k]) for k in ("n_layer", "n_kv_head", "head_dim"))
         self.dim = int(entry.get("dim", 0))
         self._hidden = np.zeros((0, 0, 0), dtype=np.float32)
@@ -146,7 +152,7 @@ class OrtRunner(ModelRunner):
         rows = (self.layers, 2, batch, self.kv_heads)
         self._kv_flat = np.zeros(int(np.prod(rows)) * capacity * self.head_dim, dtype=self.kv_dtype)
         self._kv = self._kv_flat.reshape(*rows, capacity, self.head_dim)
-        self._kv_value = self.ort.OrtValue.ortvalue_from_numpy(self._kv)
+        self._kv_values = self._past_values()
         images, window, vocab = self.images, self.max_window, self.spec.vocab_size
         self._probs = [np.zeros(images * window * vocab, dtype=np.float32) for _ in range(2)]
         self._draws = [np.zeros(images * window, dtype=np.int32) for _ in range(2)]
@@ -172,9 +178,19 @@ class OrtRunner(ModelRunner):
         """The kept rows move to the front of the same buffer (regroup_kv); the bindings are
         remade for the new batch."""
         self._kv = regroup_kv(self._kv_flat, self._kv, rows, self.columns_in_use())
-        self._kv_value = self.ort.OrtValue.ortvalue_from_numpy(self._kv)
+        self._kv_values = self._past_values()
         self._bindings.clear()
         self._call_views.clear()
+
+    def _past_values(self) -> dict[str, Any]:
+        """OrtValues over the KV buffer for every cache input the runner's graphs read: the stacked
+        `past_kv`, or each layer's keys and values (views of the same buffer: kv_inputs.past_feeds)."""
+        value = self.ort.OrtValue.ortvalue_from_numpy
+        arrays: dict[str, np.ndarray] = {}
+        for spec in self._past.values():
+            if spec is not None:
+                arrays.update(past_feeds(spec, self._kv))
+        return {name: value(array) for name, array in arrays.items()}
 
     def _bound_views(self, key: tuple, batch: int, width: int, rows: int,
                      draws: Optional[int] = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -291,7 +307,7 @@ class OrtRunner(ModelRunner):
         return GrownTrees(tokens, scores, fronts)
 
     def _run_bound(self, session: Any, key: tuple, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
-        """Run `session` on these buffers (and the KV buffer as past_kv) through an IOBinding made
+        """Run `session` on these buffers (and the KV buffer as its cache inputs) through an IOBinding made
         on first use per key (graph, window size, output buffer): its OrtValues wrap views of the
         preallocated buffers, which for a given key always cover the same memory, so a decode loop
         that alternates sizes never rebinds."""
@@ -301,7 +317,8 @@ class OrtRunner(ModelRunner):
             binding = self._bindings[key] = session.io_binding()
             for name, array in inputs.items():
                 binding.bind_ortvalue_input(name, value(array))
-            binding.bind_ortvalue_input("past_kv", self._kv_value)
+            for name in past_names(self._past[session]):
+                binding.bind_ortvalue_input(name, self._kv_values[name])
             for name, array in outputs.items():
                 binding.bind_ortvalue_output(name, value(array))
         session.run_with_iobinding(binding)
@@ -329,6 +346,14 @@ class OrtRunner(ModelRunner):
         for i in np.flatnonzero(counts).tolist():  # one strided copy per image, its CFG twins included
             column, start, count = int(columns[i]), int(starts[i]), int(counts[i])
             self._kv[:, :, i::images, :, column:column + count] = self._present[:, :, i::images, :, start:start + count]
+
+
+def _check_past(spec: GraphSpec, layers: int) -> None:
+    """A step graph reads the cache as past_kv, or through every layer's keys and values."""
+    names = past_names(spec)
+    if names != (STACKED,) and set(names) != set(layer_names(layers)):
+        raise SpecrtError(f"graph {spec.name} lacks past_kv (or past_key_<i> / past_value_<i> for each of its "
+                          f"{layers} layers) (docs/contracts.md); re-export the bundle")
 
 
 class OrtHeadRunner(HeadRunner, OrtRunner):

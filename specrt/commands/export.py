@@ -72,7 +72,7 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
     ("Model and checkpoints", ["family", "random_weights", "demo_weights", "text_encoder", "eagle",
                                *CHECKPOINT_FLAG_NAMES]),
     ("Hugging Face checkpoints", ["grid", "max_prompt_tokens", "weights_dtype"]),
-    ("Bundle shape", ["max_window", "max_batch", "opset"]),
+    ("Bundle shape", ["max_window", "max_batch", "opset", "kv_inputs"]),
     ("Method graphs", ["neighbours_k", "draft_chain", "draft_tree", "draft_growth", "no_hidden"]),
     ("Performance", ["threads"]),
 ])
@@ -114,6 +114,12 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
                    "of this many images (the same images: each draws from its own seed).")
 @click.option("--opset", type=int, default=18, show_default=True,
               help="ONNX opset: 18 (TensorRT 10.3, attention as MatMul/Softmax) or 23 (ONNX Attention, newer stacks).")
+@click.option("--kv-inputs", "kv_inputs", type=click.Choice(["auto", "layers", "stacked"]), default="auto",
+              show_default=True,
+              help="How the step graphs take the KV cache: layers (an input per layer's keys and values, which "
+                   "onnxruntime's CPU provider reads without copying the cache each step), stacked (one past_kv input, "
+                   "what TensorRT binds); auto: layers where no TensorRT or onnxruntime GPU provider is installed. "
+                   "LlamaGen-family step graphs only.")
 @click.option("--eagle", "eagle", metavar="HEAD", callback=nonblank,
               help="Draft with an EAGLE head instead of --draft: a LANTERN-layout drafter (directory with config.json "
                    "and pytorch_model.bin / model.safetensors, or a weight file; `specrt train-draft` writes one), "
@@ -144,7 +150,7 @@ def _refuse_inapplicable(checkpoint: CheckpointFlags, target, draft, vq, random_
 @checkpoint_flags
 def command(ctx: click.Context, out, force, target, draft, vq, grid, max_prompt_tokens, weights_dtype, checkpoint,
             random_weights, demo, demo_weights, text_encoder, max_window, max_batch, opset, eagle, no_hidden,
-            neighbours_k, draft_chain, draft_tree, draft_growth, verify, family, threads) -> None:
+            neighbours_k, draft_chain, draft_tree, draft_growth, verify, family, threads, kv_inputs) -> None:
     """Export target, draft (optional) and VQ decoder to an ONNX bundle: the embedded demo by
     default, LlamaGen c2i or t2i checkpoints (--target/--vq files; the model type comes from the
     weights), or a Hugging Face directory of Janus / Janus-Pro, Emu3-Gen or Lumina-mGPT (--target DIR)."""
@@ -170,6 +176,8 @@ def command(ctx: click.Context, out, force, target, draft, vq, grid, max_prompt_
         for flag, value in (("--target", target), ("--draft", draft), ("--vq", vq)):
             if value is not None:
                 refuse_non_checkpoint(flag, value)  # a PNG named as a PNG, not met later as a missing image size
+    if kv_inputs != "auto" and (unified or demo == "mar" or family == "continuous"):
+        raise SpecrtError("--kv-inputs applies to LlamaGen-family bundles; this model's step graphs take one KV input")
     refuse_existing(out, force)  # before loading multi-GB checkpoints
     torch = require("torch", "specrt export")
     threads = resolve_threads(threads)
@@ -190,7 +198,8 @@ def command(ctx: click.Context, out, force, target, draft, vq, grid, max_prompt_
     options = ExportOptions(opset=opset, max_window=max_window, max_batch=max_batch,
                             target_hidden=not no_hidden, neighbours_k=neighbours_k, draft_chain=draft_chain,
                             draft_tree="" if draft_tree == "none" else draft_tree,  # None: the default
-                            draft_growth="" if draft_growth == "none" else draft_growth)
+                            draft_growth="" if draft_growth == "none" else draft_growth,
+                            kv_inputs=None if kv_inputs == "auto" else kv_inputs)
     if eagle and draft:
         raise SpecrtError("--eagle replaces the draft model: give --draft or --eagle, not both")
     models = _models(target, draft, vq, checkpoint, random_weights, demo_weights, text_encoder, demo)
