@@ -10,6 +10,7 @@ graph break, i.e. that a GPU can capture it whole.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 
 import numpy as np
@@ -56,19 +57,25 @@ def tiny_models(vocab: int = VOCAB, grid: int = GRID, classes: int = 2, **config
     return target, draft, vq
 
 
-def pipeline(sampling: SamplingParams, loop: str = "round", max_window: int = 64, **config) -> Pipeline:
+def pipeline(sampling: SamplingParams, loop: str = "round", max_window: int = 64, device: str = "cpu",
+             max_images: int = PASS, **config) -> Pipeline:
+    """The tiny models on `device` (on CUDA: CUDA graphs, the step uncompiled — what is tested is the
+    round's sampling, not inductor's kernels), decoding `max_images` images a pass."""
     target, draft, vq = tiny_models(**config)
     vocab = target.config.vocab_size
     neighbours = np.array([[(i + 1) % vocab, (i + vocab - 1) % vocab] for i in range(vocab)])
-    pipe = Pipeline.from_torch(target, draft, vq, neighbours=neighbours, max_window=max_window,
-                               sampling_defaults=sampling, max_images=PASS)
+    pipe = Pipeline.from_torch(target, draft, vq, neighbours=neighbours, max_window=max_window, device=device,
+                               sampling_defaults=sampling, max_images=max_images, compile=False)
     pipe.loop = loop
     return pipe
 
 
 def exact_distribution(gpt: GPT, sampling: SamplingParams) -> dict[tuple[int, ...], float]:
     """P(x_1..x_N) for every sequence of the GPT's vocabulary and grid, by the chain rule over its
-    teacher-forced rows."""
+    teacher-forced rows, computed on the CPU whatever device `gpt` decodes on (the reference is the
+    same for every device)."""
+    if next(gpt.parameters()).device.type != "cpu":
+        gpt = copy.deepcopy(gpt).cpu()
     sequences = list(itertools.product(range(gpt.config.vocab_size), repeat=gpt.config.grid_size ** 2))
     tokens = torch.tensor(sequences)
     with torch.no_grad():
@@ -125,9 +132,10 @@ def test_a_round_with_a_broken_residual_is_flagged(tree, samples):
     assert statistic > critical, f"broken residual passed: chi2 {statistic:.1f} < {critical:.1f}"
 
 
-def test_a_jacobi_round_that_forgets_its_proposal_rows_is_flagged(monkeypatch):
-    """Drafts drawn from this pass's rows but tested as if drawn uniformly (the proposal q not
-    carried): the acceptance ratio is wrong and the distribution moves."""
+def forget_the_proposal_rows(monkeypatch) -> None:
+    """Plant a bug in the Jacobi round (sjd, sjd-pac's chain windows): drafts drawn from this pass's rows
+    but tested as if drawn uniformly (the proposal q not carried), so the acceptance ratio is wrong and
+    the distribution moves."""
     next_window = JacobiRound._next_window
 
     def forgetful(self, state, p_rows, n, accepted, steps):
@@ -135,24 +143,34 @@ def test_a_jacobi_round_that_forgets_its_proposal_rows_is_flagged(monkeypatch):
         return drafts, torch.full_like(proposal, 1.0 / self.vocab)
 
     monkeypatch.setattr(JacobiRound, "_next_window", forgetful)
-    pipe = pipeline(PLAIN)
-    statistic, critical = chi2_of(pipe, "sjd", PLAIN, window=3)
-    assert statistic > critical, f"forgotten proposal passed: chi2 {statistic:.1f} < {critical:.1f}"
 
 
-def test_a_proactive_round_whose_siblings_are_not_drawn_from_their_row_is_flagged(monkeypatch):
-    """Sibling candidates drawn uniformly but verified as draws without replacement from their row."""
+def draw_siblings_off_their_row(monkeypatch) -> None:
+    """Plant a bug in the proactive round (sjd-pac's trees): sibling candidates drawn uniformly but
+    verified as draws without replacement from their row."""
     from specrt.runtime.rounds.proactive import ProactiveRound
 
     proactive = ProactiveRound._proactive
 
     def uniform_siblings(self, state, candidates, counts, proposal, index, drafting):
         proactive(self, state, candidates, counts, proposal, index, drafting)
-        shifted = (candidates[:, : self.depth, :1] + torch.arange(self.branching)) % self.vocab
+        shifted = (candidates[:, : self.depth, :1] + torch.arange(self.branching, device=candidates.device)) \
+            % self.vocab
         candidates[:, : self.depth, 1:] = torch.where(counts[:, : self.depth, None] > 1, shifted[:, :, 1:],
                                                       candidates[:, : self.depth, 1:])
 
     monkeypatch.setattr(ProactiveRound, "_proactive", uniform_siblings)
+
+
+def test_a_jacobi_round_that_forgets_its_proposal_rows_is_flagged(monkeypatch):
+    forget_the_proposal_rows(monkeypatch)
+    pipe = pipeline(PLAIN)
+    statistic, critical = chi2_of(pipe, "sjd", PLAIN, window=3)
+    assert statistic > critical, f"forgotten proposal passed: chi2 {statistic:.1f} < {critical:.1f}"
+
+
+def test_a_proactive_round_whose_siblings_are_not_drawn_from_their_row_is_flagged(monkeypatch):
+    draw_siblings_off_their_row(monkeypatch)
     pipe = pipeline(PLAIN)
     statistic, critical = chi2_of(pipe, "sjd-pac", PLAIN, window=4, branching=2, tree_depth=2)
     assert statistic > critical, f"siblings off their row passed: chi2 {statistic:.1f} < {critical:.1f}"

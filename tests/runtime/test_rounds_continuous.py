@@ -35,11 +35,12 @@ BATCH = dict(token_dim=2, seq_len=8, diffusion_steps=3, beta_start=0.1, beta_end
 LINEAR_CFG = {"cfg_scale": 3.0, "cfg_schedule": "linear"}
 
 
-def pipeline(scale: float, loop: str = "round", sampling: dict | None = None, **shared) -> ContinuousPipeline:
+def pipeline(scale: float, loop: str = "round", sampling: dict | None = None, device: str = "cpu",
+             **shared) -> ContinuousPipeline:
     shared = dict(n_head=2, schedule="linear", **shared)
     target = random_mar(MARConfig(dim=32, n_layer=2, head_width=32, **shared), seed=0, scale=scale)
     draft = random_mar(MARConfig(dim=16, n_layer=1, head_width=16, head_depth=1, **shared), seed=1, scale=scale)
-    pipe = ContinuousPipeline(*torch_runners(target, draft), None, sampling or {}, max_images=100_000)
+    pipe = ContinuousPipeline(*torch_runners(target, draft, device=device), None, sampling or {}, max_images=100_000)
     pipe.loop = loop
     return pipe
 
