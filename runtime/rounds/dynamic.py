@@ -140,4 +140,9 @@ class DynamicTreeRound(DraftedRound):
         children = children.scatter(1, flat, torch.where(reachable, nodes, -1))[:, :-1].reshape(images, width, k)
         valid = reachable.clone()
         valid[:, 0] = True
-        return walk_tree(state, self.rule, tokens, children, valid, p_rows, limit, [k] * self.depth, point_mass)
+        # the host's tree (runtime/tree.py DynamicGrowth) holds only the candidates with mass, and numbers
+        # them in candidate order: where fewer have mass than the round keeps, empty ones sit among them
+        # here (which ones, topk's order of ties decides), so each node's test is keyed by its host number
+        parts = valid.cumsum(dim=1) - 1
+        return walk_tree(state, self.rule, tokens, children, valid, p_rows, limit, [k] * self.depth, point_mass,
+                         parts)

@@ -175,14 +175,16 @@ def point_mass(node: Any, token: Any, removed: Any) -> Any:
 
 
 def walk_tree(state: RoundState, rule: AcceptanceRule, tokens: Any, children: Any, valid: Any, p_rows: Any,
-              limit: Any, widest: Sequence[int], proposal: Any) -> tuple[Any, Any, Any]:
+              limit: Any, widest: Sequence[int], proposal: Any, parts: Any = None) -> tuple[Any, Any, Any]:
     """Verify every image's token tree from the root: (accepted τ [I], next token [I], the accepted
     path's nodes [I, D + 1], D = len(widest)).
 
     tokens [I, W] and valid [I, W] per node (node 0: the root), children [I, W, K] each node's children
     by rank (−1: none), p_rows [I, W, V] the target's rows by node, limit [I] the depths that fit the
     image, widest[d − 1] the most children a node at depth d − 1 has, proposal(node, token, removed)
-    the q [I, V] a child was drawn from given the earlier children tried (`removed`). Depth by depth,
+    the q [I, V] a child was drawn from given the earlier children tried (`removed`), parts [I, W] each
+    node's number in the counter coordinates of its test, as the host loop's tree numbers it (None: the
+    node's index). Depth by depth,
     a node's children are tried in rank order with the rule against the residual target
     (runtime.verification.siblings.verify_candidates); an accepted child is the next node; all rejected draws
     the next token from the residual; a leaf, or the image's end, gives the bonus from its row."""
@@ -209,7 +211,8 @@ def walk_tree(state: RoundState, rule: AcceptanceRule, tokens: Any, children: An
             token = tokens[image, child]
             q = proposal(node, token, removed)
             f = rule.accept_probabilities(target[image[:, None], rule.columns(token)], q[image, token], position)
-            passed = state.uniforms(n - 1 + depth, TEST, part=child) <= f
+            part = child if parts is None else parts[image, child]
+            passed = state.uniforms(n - 1 + depth, TEST, part=part) <= f
             chosen = torch.where(trying & passed, rank, chosen)
             failed = trying & ~passed
             target = torch.where(failed[:, None], rule.resample(target, q, token, position), target)

@@ -79,3 +79,21 @@ def test_the_onnxruntime_bundles_host_loop_gives_the_pytorch_host_loops_tokens(o
     for name, params in [("sd", {"draft_len": 3}), ("sjd-pac", {"window": 16})]:
         ort = ort_pipe.generate([0, 5], name, seed=100, decode=False, **params).tokens
         np.testing.assert_array_equal(ort, tokens(torch_pipe, "host", name, [0, 5], 100, **params), err_msg=name)
+
+
+def test_a_dynamic_tree_with_fewer_candidates_with_mass_than_it_keeps_tests_them_as_the_host_does():
+    """Sampling's top_k = 2 under a tree top_k of 3: every row's third child has no mass, and with
+    total_tokens = 21 (every candidate of 3 passes) the round keeps the empty ones too, among the others
+    in candidate order (on a GPU, topk's order of ties may do the same at any total_tokens). The host's
+    tree holds only those with mass: a node's test uniform is keyed by its number there, which the round
+    must use too (its slot would key another draw: 29 of these 256 tokens differed). test_rounds' tiny
+    target and draft (vocabulary 3, 2x2 grid)."""
+    from test_rounds import GUIDED, pipeline
+
+    sampling = SamplingParams(cfg_scale=GUIDED.cfg_scale, temperature=GUIDED.temperature, top_k=2)
+    pipe = pipeline(sampling, vocab=3, grid=2)
+    shape = {"tree": "dynamic", "total_tokens": 21, "depth": 3, "tree_top_k": 3}
+    classes = [1] * 64
+    host = tokens(pipe, "host", "sd", classes, 5, **shape)
+    np.testing.assert_array_equal(tokens(pipe, "round", "sd", classes, 5, **shape), host)
+    assert len({tuple(row.ravel()) for row in host}) > 8
