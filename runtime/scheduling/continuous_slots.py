@@ -11,11 +11,10 @@ Its prefill — the class token at position 0 — is the window of its first rou
 beside the other slots' windows. A finished image leaves at the end of its round and is decoded by
 the tokenizer decoder alone.
 
-A round advances every occupied slot by one target pass, with the methods' own code over the slots
-that take part (the others sit it out: no window, nothing committed): slots still in their token
-pre-filling (ar: every token) take one `target_alone` step, the rest one cspd draft-verify round
-(CSpD.draft_verify_round). A round with slots of both kinds runs both (two target passes; cspd
-pre-fills 5% of an image's tokens by default, so such rounds are few).
+A round advances every occupied slot by one target pass, with the methods' own code over the
+occupied slots (free ones sit it out: no window, nothing committed): ar's step (`target_alone`), or
+one cspd draft-verify round (CSpD.draft_verify_round) in which a slot still in its token pre-filling
+drafts nothing and takes the target's token from the same target pass, as its step alone would.
 
 Sameness: every random number of an image is a counter uniform of its seed, its own round count and
 the draw's coordinates (runtime/families/continuous/draws.py), and its rows attend only to its own
@@ -31,7 +30,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from specrt.runtime.families.continuous.methods import (ContinuousDecoding, ContinuousMethod, ContinuousStats,
+from specrt.runtime.families.continuous.methods import (CSpD, ContinuousDecoding, ContinuousMethod, ContinuousStats,
                                                        target_alone)
 from specrt.runtime.families.continuous.pipeline import ContinuousPipeline, ContinuousResult, to_pixels
 from specrt.runtime.families.continuous.round_loop import wants_round
@@ -78,14 +77,14 @@ class ContinuousSlots(SlotBatch):
     def round(self) -> RoundReport:
         live = np.array(sorted(self.occupied), dtype=np.int64)
         before = self.decided[live].copy()
-        alone, verifying = live[before < self.prefilled], live[before >= self.prefilled]
-        if len(alone):
-            target_alone(self.ctx, self.inputs, self.decided, alone, alone)
-        if len(verifying):
-            counts = self.method.draft_verify_round(self.ctx, self.inputs, self.decided, verifying, verifying)
-            self.drafted[verifying] += counts.drafted
-            self.accepted[verifying] += counts.accepted
-            self.proposals[verifying] += counts.proposals
+        if not isinstance(self.method, CSpD):  # ar
+            target_alone(self.ctx, self.inputs, self.decided, live, live)
+        else:
+            counts = self.method.draft_verify_round(self.ctx, self.inputs, self.decided, live, live,
+                                                    pre_filling=before < self.prefilled)
+            self.drafted[live] += counts.drafted
+            self.accepted[live] += counts.accepted
+            self.proposals[live] += counts.proposals
         report = RoundReport()
         for slot, start in zip(live.tolist(), before.tolist()):
             self.forwards[slot] += 1

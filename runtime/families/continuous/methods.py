@@ -303,15 +303,19 @@ class CSpD(ContinuousMethod):
         return inputs[:, 1:].copy()
 
     def draft_verify_round(self, ctx: ContinuousDecoding, inputs: np.ndarray, decided: np.ndarray, images: np.ndarray,
-                           at: Optional[np.ndarray] = None) -> RoundCounts:
+                           at: Optional[np.ndarray] = None, pre_filling: Optional[np.ndarray] = None) -> RoundCounts:
         """One draft-verify round of the unfinished `images` (rows of inputs and decided) at batch
         positions `at` (batch_positions; the runners' other images sit it out): each image's drafts,
-        accepted drafts and residual proposals."""
+        accepted drafts and residual proposals. Where `pre_filling` [images] holds, an image still
+        in its token pre-filling drafts nothing and takes the target's token alone from the same
+        target pass (its bonus token: target_alone's step, keyed alike)."""
         target, draft, stats = ctx.target, ctx.draft, ctx.stats
         at = batch_positions(ctx, images, at)
         seq_len = target.spec.seq_len
         n = decided[images]
-        counts = np.minimum(self.draft_len, seq_len - n)        # every unfinished image drafts ≥ 1
+        counts = np.minimum(self.draft_len, seq_len - n)        # every unfinished image drafts ≥ 1 ...
+        if pre_filling is not None:
+            counts[pre_filling] = 0                              # ... but one pre-filling
         owner = np.repeat(np.arange(len(images)), counts)        # draft row -> image p (images[p], at[p])
         offsets = np.cumsum(counts) - counts                     # image p's draft rows start here
         depth = np.arange(len(owner)) - offsets[owner]           # draft row -> its index in the image's draft
@@ -340,16 +344,17 @@ class CSpD(ContinuousMethod):
             windows[at[p]] = inputs[image, start[p] : n[p] + counts[p] + 1]
         z_target = ctx.step_target(windows)[:, at]
         stats.drafted += int(counts.sum())
-        # Score every draft on the target's chain with the same noise as the draft's.
         first = n - start                                        # image p's slot of position n
-        score_noise = self.verification_noise(ctx, noise, draft_rows)
-        _, mean_p = target.sample(z_target[:, owner, first[owner] + depth], score_noise, ctx.temperature,
-                                  ctx.scales(n[owner] + depth))
-        log_p = continuous.last_step_logpdf(drafted, mean_p, target.schedule, ctx.temperature)
-        log_q = continuous.last_step_logpdf(drafted, mean_q, target.schedule, ctx.temperature)
-        passes = ctx.uniforms(draft_rows, TEST) < self.accept_probability(log_p, log_q)
-        # accepted length: the depth of each image's first rejection (its count when none)
-        accepted = np.minimum.reduceat(np.where(passes, counts[owner], depth), offsets)
+        accepted, drafting = np.zeros(len(images), dtype=np.int64), np.flatnonzero(counts)
+        if len(drafting):  # score every draft on the target's chain with the same noise as the draft's
+            score_noise = self.verification_noise(ctx, noise, draft_rows)
+            _, mean_p = target.sample(z_target[:, owner, first[owner] + depth], score_noise, ctx.temperature,
+                                      ctx.scales(n[owner] + depth))
+            log_p = continuous.last_step_logpdf(drafted, mean_p, target.schedule, ctx.temperature)
+            log_q = continuous.last_step_logpdf(drafted, mean_q, target.schedule, ctx.temperature)
+            passes = ctx.uniforms(draft_rows, TEST) < self.accept_probability(log_p, log_q)
+            # accepted length: the depth of each image's first rejection (its count when none)
+            accepted[drafting] = np.minimum.reduceat(np.where(passes, counts[owner], depth), offsets[drafting])
         stats.accepted += int(accepted.sum())
         rejected = np.flatnonzero(accepted < counts)
         used = np.zeros(len(images), dtype=np.int64)
