@@ -8,7 +8,9 @@ would for AR (acceptance does not enter); tokens only, as LlamaGen's generate() 
     python -m specrt.bench.cpu_precision --arch GPT-B --threads 2 --rounds 4 --work /tmp/cpu-precision \\
         --llamagen /path/to/LlamaGen      # a checkout of FoundationVision/LlamaGen (optional)
 
-The target (seed 0) is exported once with `specrt export`'s defaults (write_bundle) and quantized
+The target (seed 0) is exported once per KV input form of the step graphs (`--kv-inputs`: per-layer
+inputs, what `specrt export` writes on a CPU-only machine, and the stacked past_kv, both by
+default: the A/B of one run) with `specrt export`'s other defaults (write_bundle), and quantized
 with `specrt quantize`'s functions and defaults: int8 and int4 by onnxruntime (MatMulNBits with 8-
 and 4-bit weights, blocks of 128 and 32, accuracy level 4), the target graphs only. Each round runs every path once
 in turn (an untimed warm-up call each first), so a busy phase of a shared machine hits all of
@@ -39,29 +41,41 @@ from specrt.lazy import require  # noqa: E402
 SAMPLING = dict(cfg_scale=4.0, temperature=1.0, top_k=0, top_p=1.0)  # as bench.ar_timing
 
 
-def export_paths(arch: str, image_size: int, work: Path, say: Callable[[str], None]) -> dict[str, Path]:
-    """fp32 / int8 / int4 bundles of one random target under `work` (made once)."""
+KV_FORMS = {"layers": "", "stacked": ", stacked KV"}  # `specrt export --kv-inputs` -> the paths' name suffix
+
+
+def export_paths(arch: str, image_size: int, work: Path, say: Callable[[str], None],
+                 forms: tuple[str, ...] = ("layers",)) -> dict[str, Path]:
+    """fp32 / int8 / int4 bundles of one random target under `work` (made once), for each KV input
+    form of the step graphs (specrt.runtime.kv_inputs): name (`fp32`, `int8, stacked KV`, ...) -> folder."""
     torch = require("torch", "specrt.bench.cpu_precision")
     from specrt.engines.quantize import QuantizeOptions, quantize_bundle
-    from specrt.export.bundle import ModelSet, write_bundle
+    from specrt.export.bundle import ExportOptions, ModelSet, write_bundle
     from specrt.models.llamagen_gpt import GPT, gpt_config
     from specrt.models.llamagen_vq import VQConfig, VQModel
 
-    bundles = {"fp32": work / "fp32", "int8": work / "int8", "int4": work / "int4"}
-    if not (bundles["fp32"] / "manifest.json").is_file():
-        say(f"exporting {arch} ({image_size} px, random weights, seed 0) to {bundles['fp32']} ...")
+    config = gpt_config(arch, image_size=image_size)
+    if not (work / "target.pt").is_file():
         torch.manual_seed(0)
-        config = gpt_config(arch, image_size=image_size)
-        target = GPT(config).eval()
-        torch.save({"model": target.state_dict()}, work / "target.pt")  # LlamaGen's checkpoint layout
-        vq = VQModel(VQConfig(codebook_size=config.vocab_size)).eval()
-        write_bundle(ModelSet(target=target, draft=None, vq=vq), bundles["fp32"], progress=say)
-        del target, vq
+        torch.save({"model": GPT(config).state_dict()}, work / "target.pt")  # LlamaGen's checkpoint layout
     options = {"int8": QuantizeOptions(mode="int8", tool="onnxruntime"), "int4": QuantizeOptions(mode="int4")}
-    for name, option in options.items():
-        if not (bundles[name] / "manifest.json").is_file():
-            say(f"quantizing to {name} ...")
-            quantize_bundle(bundles["fp32"], bundles[name], option, graphs=["target"], progress=say)
+    bundles: dict[str, Path] = {}
+    for form in forms:
+        fp32 = work / f"fp32-{form}"
+        if not (fp32 / "manifest.json").is_file():
+            say(f"exporting {arch} ({image_size} px, random weights, seed 0, --kv-inputs {form}) to {fp32} ...")
+            target = GPT(config).eval()
+            target.load_state_dict(torch.load(work / "target.pt", map_location="cpu")["model"])
+            vq = VQModel(VQConfig(codebook_size=config.vocab_size)).eval()
+            write_bundle(ModelSet(target=target, draft=None, vq=vq), fp32, ExportOptions(kv_inputs=form), progress=say)
+            del target, vq
+        bundles["fp32" + KV_FORMS[form]] = fp32
+        for name, option in options.items():
+            out = work / f"{name}-{form}"
+            if not (out / "manifest.json").is_file():
+                say(f"quantizing {fp32.name} to {name} ...")
+                quantize_bundle(fp32, out, option, graphs=["target"], progress=say)
+            bundles[name + KV_FORMS[form]] = out
     return bundles
 
 
@@ -124,9 +138,12 @@ def ratio(seconds: dict[str, list[float]], base: str, name: str) -> Optional[flo
 
 
 def table(seconds: dict[str, list[float]]) -> str:
+    """Each path's median and fastest round, its speed-up over the fp32 bundle (of the same KV input
+    form, for a bundle) and over LlamaGen."""
     lines = [f"{'path':<34}{'median s':>9}{'fastest s':>10}{'vs fp32 bundle':>15}{'vs LlamaGen':>12}"]
     for name, times in seconds.items():
-        cells = [ratio(seconds, "bundle fp32", name), ratio(seconds, "LlamaGen generate(), eager", name)]
+        suffix = next((s for s in KV_FORMS.values() if s and name.startswith("bundle") and name.endswith(s)), "")
+        cells = [ratio(seconds, f"bundle fp32{suffix}", name), ratio(seconds, "LlamaGen generate(), eager", name)]
         shown = "".join(f"{'-' if c is None else f'{c:.2f}x':>{w}}" for c, w in zip(cells, (15, 12)))
         lines.append(f"{name:<34}{statistics.median(times):>9.2f}{min(times):>10.2f}{shown}")
     return "\n".join(lines)
@@ -144,9 +161,12 @@ def table(seconds: dict[str, list[float]]) -> str:
               help="A checkout of FoundationVision/LlamaGen: time its generate() on the same weights.")
 @click.option("--torch/--no-torch", "with_torch", default=True, show_default=True,
               help="Also time specrt's PyTorch pipeline on the same weights.")
+@click.option("--kv-inputs", "kv_inputs", type=click.Choice(["layers", "stacked", "both"]), default="both",
+              show_default=True, help="The bundles' step graphs: per-layer KV inputs (what `specrt export` writes "
+                                      "on a CPU-only machine), the stacked past_kv, or both (A/B in one run).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def main(arch: str, image_size: int, threads: int, rounds: int, work: Path, llamagen: Optional[Path],
-         with_torch: bool, json_path: Optional[Path]) -> None:
+         with_torch: bool, kv_inputs: str, json_path: Optional[Path]) -> None:
     """Time plain AR, one image, tokens only: the bundle at each precision, specrt's PyTorch
     pipeline and LlamaGen's eager generate(), alternating."""
     torch = require("torch", "specrt.bench.cpu_precision")
@@ -156,7 +176,8 @@ def main(arch: str, image_size: int, threads: int, rounds: int, work: Path, llam
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
     work.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(threads)
-    bundles = export_paths(arch, image_size, work, say)
+    forms = ("layers", "stacked") if kv_inputs == "both" else (kv_inputs,)
+    bundles = export_paths(arch, image_size, work, say, forms)
     paths: dict[str, Callable[[int, int], Any]] = {}
     if llamagen is not None:
         paths["LlamaGen generate(), eager"] = llamagen_runner(llamagen, arch, image_size, work / "target.pt")
@@ -173,6 +194,7 @@ def main(arch: str, image_size: int, threads: int, rounds: int, work: Path, llam
     click.echo(table(seconds))
     if json_path:
         json_path.write_text(json.dumps({"device": where, "arch": arch, "image_size": image_size, "threads": threads,
+                                         "kv_inputs": list(forms),
                                          "rounds": rounds, "sampling": SAMPLING, "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
                                          "seconds": seconds}, indent=2) + "\n")
 

@@ -255,6 +255,7 @@ def test_growth_feeds_carry_only_the_growth_graphs_inputs(demo_bundle):
 
 def test_calibration_feeds_are_real_decoding_inputs(demo_bundle):
     from specrt.engines.calibration import record_feeds
+    from specrt.runtime.kv_inputs import stacked_feed
 
     feeds = record_feeds(read_manifest(demo_bundle), size=5, images=2)
     assert len(feeds["target_step"]) == len(feeds["draft_step"]) == 5
@@ -265,5 +266,5 @@ def test_calibration_feeds_are_real_decoding_inputs(demo_bundle):
         assert batch == 2 and window in (1, 5)  # CFG pair; AR steps and SD windows of draft_len + 1
         length = int(feed["positions"][0, 0])
         assert feed["attention_mask"][0, 0, :length].all() and not feed["attention_mask"][0, 0, length:-window].any()
-        assert np.abs(feed["past_kv"][..., :length, :]).sum() > 0  # a real prefix's KV, not zeros
+        assert np.abs(stacked_feed(feed)[..., :length, :]).sum() > 0  # a real prefix's KV, not zeros
     assert {f["input_ids"].shape[1] for f in feeds["draft_step"]} == {1}

@@ -89,8 +89,8 @@ SELF[5, 3] = 5
      "input input_ids is int64 in the manifest but int32 in target_step.onnx"),
     (_set(("graphs", "target_step", "outputs", 0, "shape", 2), 1024),
      "logits axis 2 is 1024 but models.target.vocab_size is 512"),
-    (_set(("graphs", "target_step", "file"), "draft_step.onnx"),
-     "input past_kv axis 0 is 4 in the manifest but 1 in draft_step.onnx"),
+    # (the stacked past_kv's layer axis, or the per-layer inputs' names: 4 layers against the draft's 1)
+    (_set(("graphs", "target_step", "file"), "draft_step.onnx"), "draft_step.onnx"),
     (_neighbours(GOOD[:, :16]), "neighbours.npy is int32 [512, 16] but the manifest needs int32 [512, 32]"),
     (_neighbours(GOOD.astype(np.float32)), "neighbours.npy is float32 [512, 32]"),
     (_neighbours(GOOD + 1), "token ids in [1, 512] but the vocabulary is [0, 511]"),
