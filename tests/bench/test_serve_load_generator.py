@@ -65,6 +65,22 @@ def test_summarise_counts_latencies_and_same_tokens():
     assert row.error_messages == ["boom"]
 
 
+def test_float_latents_match_alone_within_float_drift_only():
+    """A continuous model's latents: last-bit drift (what a batch of other shapes gives) matches, a
+    draw from the wrong numbers (order 1) or a shift of 1e-3 does not; VQ codes must be equal."""
+    from specrt.bench.serve_load import FLOAT_TOKENS_ATOL, tokens_match
+
+    alone = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32) * 2
+    drift = alone + np.float32(3e-5) * np.sign(alone)
+    reference = {0: alone}
+    outcomes = [Outcome(0, 0.0, 0.5, "ok", tokens=drift), Outcome(0, 0.1, 0.5, "ok", tokens=alone + 1e-3),
+                Outcome(0, 0.2, 0.5, "ok", tokens=alone[::-1].copy())]
+    assert summarise("inflight", 0.5, 4.0, outcomes, reference).same_tokens == 1
+    assert 3e-5 < FLOAT_TOKENS_ATOL < 1e-3
+    assert not tokens_match(np.array([1, 2]), np.array([1, 3])) and tokens_match(np.array([1, 2]), np.array([1, 2]))
+    assert not tokens_match(alone[:10], alone)
+
+
 def test_the_pool_cycles_classes_and_methods():
     pool = request_pool(3, 6, [("ar", {}), ("sjd", {"window": 8})], seed=10)
     assert [r.class_id for r in pool] == [0, 1, 2, 0, 1, 2]
