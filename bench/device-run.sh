@@ -3,7 +3,7 @@
 # command; keep each stage under 6 minutes on an H100): run from the repository root,
 #
 #   bash bench/device-run.sh step     # the decode step: XL and B profiles (fp32/bf16, 1 and 8 images), AR end to end
-#   bash bench/device-run.sh tests    # the round's GPU chi-squares, the CUDA-graph, round, draft-chain and draft-tree tests, then a smoke bench
+#   bash bench/device-run.sh tests    # the round's GPU chi-squares, the CUDA-graph and round tests, then a smoke bench
 #   bash bench/device-run.sh demo     # every method, PyTorch + CUDA graphs, batch 1 and 8
 #   bash bench/device-run.sh trees    # chains vs static vs dynamic trees, both drafts, batch 1 and 8
 #   bash bench/device-run.sh plans    # plan-tree for both drafts, then chains vs planned trees
@@ -74,9 +74,9 @@ case "$stage" in
             # every setting's planted bug beside it (20,480 images a setting; about a minute on an H100)
             python3 -m pytest -v -s -p no:cacheprovider tests/runtime/test_rounds_cuda_exactness.py 2>&1 \
                 | tee "$out/pytest-cuda-exactness.txt" || failed=1
+            # the CUDA-graph and round tests (the draft-chain and draft-tree tests touch no GPU: the CPU suite runs them)
             python3 -m pytest -q -p no:cacheprovider tests/runtime/test_cuda_graphs.py tests/runtime/test_rounds_cuda.py \
-                tests/runtime/test_draft_chain.py tests/runtime/test_tree_call.py tests/runtime/test_growth_call.py \
-                tests/runtime/test_eagle_chain.py 2>&1 | tee "$out/pytest-cuda.txt" || failed=1
+                2>&1 | tee "$out/pytest-cuda.txt" || failed=1
         fi
         run smoke "${bench[@]}" --methods ar,sd --images "${IMAGES:-8}"
         exit "$failed"
