@@ -40,10 +40,12 @@ def slots_of(pipe: Any, method: str, params: dict, slots: int) -> RoundSlots:
 
 def run_requests(slots: RoundSlots, pipe: Any, requests: list[tuple[int, int]],
                  admitted: Optional[Callable[[RoundSlots], None]] = None,
-                 reads: Optional[dict[str, list[int]]] = None) -> dict[tuple[int, int], list[int]]:
+                 reads: Optional[dict[str, list[int]]] = None,
+                 conditions_of: Optional[Callable[[int], Any]] = None) -> dict[tuple[int, int], list[int]]:
     """Decode requests (class id, seed) in `slots`, each admitted into the first free slot between
     rounds, oldest first, as the scheduler admits them; their tokens by request. `admitted(slots)` runs
-    after every admission; `reads` collects the host reads of each admission ("admit") and round ("round")."""
+    after every admission; `reads` collects the host reads of each admission ("admit") and round ("round");
+    `conditions_of(label)`: a request's conditions where its label is not a class id."""
     def counted(kind: str, call: Callable[[], None]) -> None:
         if reads is None:
             call()
@@ -57,7 +59,7 @@ def run_requests(slots: RoundSlots, pipe: Any, requests: list[tuple[int, int]],
         for slot in range(slots.slots):
             if slot not in running and waiting:
                 label, seed = running[slot] = waiting.pop(0)
-                conditions = pipe.conditions(class_ids=[label])
+                conditions = conditions_of(label) if conditions_of else pipe.conditions(class_ids=[label])
                 counted("admit", lambda: slots.admit(slot, conditions, seed))  # noqa: B023 (called at once)
                 if admitted is not None:
                     admitted(slots)

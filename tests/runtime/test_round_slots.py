@@ -136,3 +136,38 @@ def test_the_scheduler_refills_the_device_rounds_slots(monkeypatch):
     assert all(result.images.shape[0] == 1 for result in results)  # each decoded alone by the VQ decoder
     assert len(seen) == stats.rounds > len(requests)
     assert all(occupied == SLOTS for occupied, waiting in seen if waiting)
+
+
+def test_an_admitted_images_condition_goes_to_its_slot_alone():
+    """Padded captions (t2i) of three lengths: the first admitted is copied to every slot at the start,
+    later ones replace a slot's condition and its hidden columns; each image is its caption's alone."""
+    pipe = pipeline(GUIDED, vocab=16, grid=4, classes=10, model_type="t2i", cond_len=5, caption_dim=12)
+    captions = np.random.default_rng(0).standard_normal((3, 5, 12)).astype(np.float32)
+    masks = np.array([[1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=bool)
+    caption = lambda i: (captions[i:i + 1], masks[i:i + 1])  # noqa: E731
+    requests = [(0, 4), (1, 6), (2, 8)]  # (caption, seed)
+    tokens = run_requests(slots_of(pipe, "sd", {"draft_len": 3}, SLOTS), pipe, requests,
+                          conditions_of=lambda i: pipe.conditions(captions=caption(i)))
+    for i, seed in requests:
+        got = pipe.generate(captions=caption(i), method="sd", seed=seed, decode=False, draft_len=3).tokens
+        assert tokens[(i, seed)] == got[0].ravel().tolist(), f"caption {i}"
+
+
+def test_a_unified_models_prompts_refill_the_round_under_its_grammar():
+    """The chameleon demo (prompts, its image grammar's forced row ends) served in flight on the device
+    round: each stream valid and its prompt's alone."""
+    from specrt.export.demo.registry import get_demo
+
+    pipe = get_demo("chameleon").hook("torch_pipeline")(None, threads=1)
+    pipe.loop = "round"
+    requests = [Request(prompt=p, seed=20 + i, method="sjd", decode=False)
+                for i, p in enumerate(["a thin two", "a thick seven", "a thin one"])]
+    with Scheduler(pipe, slots=SLOTS, max_queue=4) as scheduler:
+        tickets = [scheduler.submit(r) for r in requests]
+        results = [t.result(timeout=120) for t in tickets]
+        rounds = scheduler.stats().rounds
+    assert rounds > len(requests)  # round by round, not a generate call per batch
+    for request, result in zip(requests, results):
+        alone_ = pipe.generate(prompts=[request.prompt], method="sjd", seed=request.seed, decode=False)
+        np.testing.assert_array_equal(result.stream, alone_.stream)
+        assert pipe.grammar.is_valid(result.stream).all()
