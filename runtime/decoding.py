@@ -238,13 +238,13 @@ class Decoding:
                 runner.retain(images)
         self.keys = [self.keys[i] for i in images]
 
-    def grow(self, mix: np.ndarray, seed: int) -> None:
-        """One more image at the end of the batch (in-flight batching: `admit` prefills it next), in
-        the runners (runner.grow, guidance `mix` of the grown batch) and the keys (its own seed's)."""
+    def grow(self, mix: np.ndarray) -> None:
+        """One more batch position at the end, in the runners (runner.grow, guidance `mix` of the grown
+        batch) and the keys (in-flight batching: `reseed` gives it its image's, `admit` prefills it)."""
         for runner in (self.target, self.draft):
             if runner is not None:
                 runner.grow(mix)
-        self.keys.append(ImageKey(*seed_halves(seed)))
+        self.keys.append(ImageKey(0, 0))
 
     def run_pairs(self, head: Any, windows: Windows, features: Sequence[Optional[np.ndarray]],
                   uniforms: np.ndarray) -> StepOutput:

@@ -65,14 +65,12 @@ class SlotRounds:
         """A new image in the free `slot`, at a free batch position or one the batch grows by: its
         counter coordinates, its prefill (every model the method runs), its image token 0."""
         ctx = self.ctx
-        if None in self.positions:
-            position = self.positions.index(None)
-            ctx.reseed(position, seed)
-        else:
-            position = len(self.positions)
-            ctx.grow(guidance_mix(position + 1, ctx.sampling), seed)
+        if None not in self.positions:
+            ctx.grow(guidance_mix(len(self.positions) + 1, ctx.sampling))
             self.positions.append(None)
+        position = self.positions.index(None)
         self.positions[position] = slot
+        ctx.reseed(position, seed)
         first = ctx.admit(ctx.target, position, conditions)
         if ctx.draft is not None:
             ctx.admit(ctx.draft, position, conditions)
