@@ -33,6 +33,7 @@ import socket
 import sys
 import tempfile
 import time
+import warnings
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,13 +197,14 @@ def _started(triton_mod: Any, config: ServeConfig, repository: Optional[Path] = 
     """Triton started (with `bind(triton)` run before it goes live) and the model passed its health check."""
     with ExitStack() as stack:
         try:  # starting the server, loading the model (in Triton's Python-backend stub), going live
-            triton = triton_mod.Triton(config=_triton_config(triton_mod, config, repository))
-            if config.log_file:
-                _no_echo(triton)
-            triton = stack.enter_context(triton)
-            if bind is not None:
-                bind(triton)
-            triton.run()
+            with _load_failures_end_the_wait(triton_mod, config):
+                triton = triton_mod.Triton(config=_triton_config(triton_mod, config, repository))
+                if config.log_file:
+                    _no_echo(triton)
+                triton = stack.enter_context(triton)
+                if bind is not None:
+                    bind(triton)
+                triton.run()
         except Exception as exc:  # PyTriton's and Triton's own errors, as one line
             raise SpecrtError(f"Triton did not start: {_one_line(exc)}{_model_failure(config)}{model_load_hint()}"
                               f"{_log_hint(config)}") from exc
@@ -210,12 +212,62 @@ def _started(triton_mod: Any, config: ServeConfig, repository: Optional[Path] = 
         yield triton
 
 
+LOAD_POLL_S = 1.0  # how often the wait for Triton looks in its log for the model's failure to load
+
+
+@contextmanager
+def _load_failures_end_the_wait(triton_mod: Any, config: ServeConfig) -> Iterator[None]:
+    """While Triton starts, PyTriton waits up to 120 s for it to be ready; a model that failed to
+    load (the in-flight model opens its pipeline then) leaves it never ready, so that wait ran out
+    before anyone heard why. Here the wait is cut into LOAD_POLL_S pieces, and between them Triton's
+    log is read: a line saying the model failed to load ends the wait at once, with that line."""
+    from pytriton.client.exceptions import PyTritonClientTimeoutError
+    from pytriton.client.warnings import NotSupportedTimeoutWarning
+
+    waited = triton_mod.wait_for_server_ready
+
+    def wait(client: Any, timeout_s: Optional[float] = None, headers: Optional[dict] = None) -> None:
+        end = time.monotonic() + (120.0 if timeout_s is None else timeout_s)
+        while True:
+            try:
+                with warnings.catch_warnings():  # a piece shorter than the client's timeouts is what we want
+                    warnings.simplefilter("ignore", NotSupportedTimeoutWarning)
+                    return waited(client, timeout_s=max(min(LOAD_POLL_S, end - time.monotonic()), 0.0),
+                                  headers=headers)
+            except PyTritonClientTimeoutError:
+                if _model_load_failed(config):
+                    raise SpecrtError(f"model {config.model_name!r} failed to load") from None
+                if time.monotonic() >= end:
+                    raise
+
+    triton_mod.wait_for_server_ready = wait
+    try:
+        yield
+    finally:
+        triton_mod.wait_for_server_ready = waited
+
+
+def _model_load_failed(config: ServeConfig) -> bool:
+    """Triton's log says config.model_name failed to load."""
+    if not config.log_file or not os.path.isfile(config.log_file):
+        return False
+    with open(config.log_file, errors="replace") as log:
+        return any(f"failed to load '{config.model_name}'" in line for line in log)
+
+
 def _model_failure(config: ServeConfig) -> str:
-    """Why the model did not load, as Triton's log says it (the in-flight model opens its pipeline there)."""
+    """Why the model did not load, as Triton's log says it (the in-flight model opens its pipeline
+    there): the error of its "failed to load" line, else the last line naming a SpecrtError."""
     if not config.log_file or not os.path.isfile(config.log_file):
         return ""
     with open(config.log_file, errors="replace") as log:
-        reasons = [line for line in log if "SpecrtError" in line or "failed to load" in line]
+        lines = log.readlines()
+    marker = f"failed to load '{config.model_name}' version"
+    for line in reversed(lines):
+        if marker in line:  # ... failed to load 'specrt' version 1: Internal: SpecrtError: ...\n\nAt: ...
+            reason = line.split(marker, 1)[1].partition(": ")[2].split("\\n")[0].strip().strip('"')
+            return f" ({reason.removeprefix('Internal: ')[:300]})"
+    reasons = [line for line in lines if "SpecrtError" in line or "failed to load" in line]
     return f" ({' '.join(reasons[-1].split())[-300:]})" if reasons else ""
 
 

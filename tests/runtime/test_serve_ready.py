@@ -57,3 +57,21 @@ def test_serve_is_ready_when_it_says_so(tmp_path):
     assert triton_lines == [], triton_lines
     assert [line for line in seen if line.startswith("specrt serve:")][-1].startswith("specrt serve: ready: model "
                                                                                         "'specrt' on http://127.0.0.1:")
+
+
+def test_a_model_that_fails_to_load_says_so_at_once(tmp_path):
+    """The in-flight model opens its pipeline as Triton starts; when that fails, the start ends with
+    the model's own error in one line within seconds, not after PyTriton's 120 s wait for a server
+    that never becomes ready."""
+    import time
+
+    from specrt.runtime.serving.pytriton_server import ServeConfig, running_inflight
+
+    http, grpc, metrics = free_ports(3)
+    config = ServeConfig(http_port=http, grpc_port=grpc, metrics_port=metrics, log_file=str(tmp_path / "triton.log"))
+    start = time.monotonic()
+    with pytest.raises(SpecrtError, match="model 'specrt' failed to load .*SpecrtError: bundle .*no-bundle does not "
+                                          "exist") as caught:
+        with running_inflight({"bundle": str(tmp_path / "no-bundle")}, config):
+            pass
+    assert time.monotonic() - start < 60 and "\n" not in str(caught.value)
