@@ -19,6 +19,7 @@ import numpy as np
 from specrt.bench.cost_model import PROFILE_ARCHS, StepLatency, _interleaved_best
 from specrt.errors import SpecrtError
 from specrt.lazy import require
+from specrt.runtime.kv_inputs import past_feeds
 
 PRECISIONS = ("fp32", "int8", "int4")
 
@@ -43,7 +44,7 @@ def weight_bytes(model) -> int:
     return int(total)
 
 
-def _step_feeds(config, capacity: int, window: int) -> dict[str, np.ndarray]:
+def _step_feeds(config, capacity: int, window: int, graph) -> dict[str, np.ndarray]:
     past = config.cond_len + config.num_image_tokens // 2
     mask = np.zeros((2, window, capacity + window), dtype=bool)
     mask[:, :, :past] = True
@@ -52,7 +53,7 @@ def _step_feeds(config, capacity: int, window: int) -> dict[str, np.ndarray]:
         "input_ids": np.zeros((2, window), np.int32),
         "positions": np.broadcast_to(past + np.arange(window, dtype=np.int32), (2, window)).copy(),
         "attention_mask": mask,
-        "past_kv": np.zeros((config.n_layer, 2, 2, config.n_kv_head, capacity, config.head_dim), np.float32),
+        **past_feeds(graph, np.zeros((config.n_layer, 2, 2, config.n_kv_head, capacity, config.head_dim), np.float32)),
         "mix": np.array([[2.0, -1.0]], np.float32),  # CFG scale 2 over the [cond; uncond] pair
         "uniforms": np.full((1, window), 0.5, np.float32),
     }
@@ -83,6 +84,7 @@ def time_onnx_steps(config, arch: str, windows: Sequence[int], repeats: int = 7,
     torch = require("torch", "specrt bench --profile-arch")
     onnx = require("onnx", "specrt bench --profile-arch")
     from specrt.engines.quantize import QuantizeOptions, quantize_model
+    from specrt.export.bundle import ExportOptions
     from specrt.export.onnx_export import GraphLimits, capacity_for, export_step
     from specrt.models.llamagen_gpt import GPT
     from specrt.runtime.backends.ort_backend import session_options
@@ -95,7 +97,8 @@ def time_onnx_steps(config, arch: str, windows: Sequence[int], repeats: int = 7,
     with tempfile.TemporaryDirectory(prefix="specrt-profile-") as tmp:
         say(f"{arch}: exporting the target step graph (random weights) for onnxruntime ...")
         spec = export_step(GPT(config).eval(), "target", GraphLimits(capacity=capacity, max_window=max(windows),
-                                                                      max_batch=2), Path(tmp), with_hidden=False)
+                                                                      max_batch=2), Path(tmp), with_hidden=False,
+                           kv_inputs=ExportOptions().step_kv_inputs)  # the form `specrt export` writes here
         paths = {"fp32": Path(tmp) / spec.file}
         model = onnx.load(str(paths["fp32"]))
         sizes = {"fp32": weight_bytes(model)}
@@ -111,7 +114,7 @@ def time_onnx_steps(config, arch: str, windows: Sequence[int], repeats: int = 7,
             paths[precision].write_bytes(quantized.SerializeToString())
             sizes[precision] = weight_bytes(quantized)
         del model
-        feeds = {w: _step_feeds(config, capacity, w) for w in windows}
+        feeds = {w: _step_feeds(config, capacity, w, spec) for w in windows}
         sessions = {p: ort.InferenceSession(str(paths[p]), sess_options=session_options(threads),
                                             providers=["CPUExecutionProvider"]) for p in precisions}
         # every (precision, W) in one round-robin, so a busy phase of the machine hits both alike

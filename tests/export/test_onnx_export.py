@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from specrt.manifest import GraphSpec, Manifest
+from specrt.runtime.kv_inputs import past_dtype, past_feeds, past_names, stacked_shape
 from tiny_export import MAX_WINDOW, TINY_OPTIONS, VOCAB, tiny_bundle
 
 ATOL = 1e-4
@@ -72,9 +73,8 @@ class ManifestDecoder:
         self.prefill_graph, self.step_graph = manifest.graph(f"{role}_prefill"), manifest.graph(f"{role}_step")
         self.prefill_session, self.step_session = _session(manifest, self.prefill_graph.name), _session(manifest, self.step_graph.name)
         self.capacity = self.model["capacity"]
-        kv_spec = self.step_graph.input("past_kv")
-        shape = self.step_graph.shape_at(kv_spec, "max", batch=batch, cache_len=self.capacity)
-        self.kv = np.zeros(shape, dtype=np.dtype(kv_spec.dtype))
+        shape = stacked_shape(self.step_graph, "max", batch=batch, cache_len=self.capacity)
+        self.kv = np.zeros(shape, dtype=np.dtype(past_dtype(self.step_graph)))  # fed as past_kv or per layer
         self.batch, self.length = batch, 0
 
     def prefill(self, class_ids: np.ndarray, mix: np.ndarray) -> dict[str, np.ndarray]:
@@ -94,7 +94,7 @@ class ManifestDecoder:
         mask[:, :, self.capacity:] = np.tril(np.ones((window, window), dtype=bool))
         uniforms = np.full((mix.shape[0], window), 0.5, dtype=np.float32)
         out = _run(self.step_session, self.step_graph, {"input_ids": tokens, "positions": positions,
-                                                        "attention_mask": mask, "past_kv": self.kv,
+                                                        "attention_mask": mask, **past_feeds(self.step_graph, self.kv),
                                                         "mix": mix, "uniforms": uniforms})
         self.kv[:, :, :, :, self.length: self.length + window] = out["present_kv"]
         self.length += window
@@ -154,10 +154,10 @@ def test_one_step_graph_runs_any_window_and_batch(bundle, window, batch):
     mask = np.zeros((batch, window, capacity + window), dtype=bool)
     mask[:, :, :length] = True
     mask[:, :, capacity:] = np.tril(np.ones((window, window), dtype=bool))
-    past_kv = rng.standard_normal(graph.shape_at(graph.input("past_kv"), "max", batch=batch)).astype(np.float32)
+    past_kv = rng.standard_normal(stacked_shape(graph, "max", batch=batch)).astype(np.float32)
     mix = contract_mix(batch)
     out = _run(_session(manifest, "target_step"), graph,
-               {"input_ids": ids, "positions": positions, "attention_mask": mask, "past_kv": past_kv, "mix": mix,
+               {"input_ids": ids, "positions": positions, "attention_mask": mask, **past_feeds(graph, past_kv), "mix": mix,
                 "uniforms": rng.random((batch, window)).astype(np.float32)})
     with torch.no_grad():
         logits, hidden, present_kv = models.target.step(torch.from_numpy(ids).long(), torch.from_numpy(positions).long(),
@@ -180,8 +180,8 @@ def _step_feeds(manifest: Manifest, batch: int, window: int, length: int, rng: n
     mask[:, :, :length] = True
     mask[:, :, capacity:] = np.tril(np.ones((window, window), dtype=bool))
     graph = manifest.graph("target_step")
-    past_kv = rng.standard_normal(graph.shape_at(graph.input("past_kv"), "max", batch=batch)).astype(np.float32)
-    return {"input_ids": ids, "positions": positions, "attention_mask": mask, "past_kv": past_kv}
+    past_kv = rng.standard_normal(stacked_shape(graph, "max", batch=batch)).astype(np.float32)
+    return {"input_ids": ids, "positions": positions, "attention_mask": mask, **past_feeds(graph, past_kv)}
 
 
 @pytest.mark.parametrize("images, cfg_scale, temperature", [(1, CFG_SCALE, 1.0), (2, CFG_SCALE, 0.5), (3, None, 1.0),
@@ -244,9 +244,12 @@ def test_graph_io_dtypes_and_symbolic_dims_follow_the_contract(bundle):
     assert io["attention_mask"].elem_type == onnx.TensorProto.BOOL
     assert dims["input_ids"] == ["batch", "window"]
     assert dims["attention_mask"] == ["batch", "window", "total_len"]
-    assert dims["past_kv"][2] == "batch" and dims["past_kv"][4] == "cache_len"
+    past = past_names(manifest.graph("target_step"))  # past_kv, or per layer (`export --kv-inputs`)
+    for name in past:
+        assert (dims[name][2], dims[name][4]) == ("batch", "cache_len") if name == "past_kv" else \
+            (dims[name][0], dims[name][2]) == ("batch", "cache_len")
     assert dims["present_kv"][4] == "window"
-    assert [i.name for i in step.graph.input] == ["input_ids", "positions", "attention_mask", "past_kv", "mix", "uniforms"]
+    assert [i.name for i in step.graph.input] == ["input_ids", "positions", "attention_mask", *past, "mix", "uniforms"]
     assert [o.name for o in step.graph.output] == ["logits", "hidden", "present_kv", "probs", "draws"]
     assert io["mix"].elem_type == io["uniforms"].elem_type == io["probs"].elem_type == onnx.TensorProto.FLOAT
     assert io["draws"].elem_type == onnx.TensorProto.INT32
