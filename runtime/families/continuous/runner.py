@@ -83,6 +83,9 @@ class ContinuousRunner(ABC):
     # whether a device round (rounds.py) can run this model, and whether it sits on an accelerator
     device_rounds = False
     on_accelerator = False
+    # whether a step runs only the rows of images that have a window (host arrays, gathered per step
+    # anyway); a backend whose cache stays in one static buffer runs every row
+    steps_active_only = True
 
     def __init__(self, spec: ContinuousSpec):
         self.spec = spec
@@ -117,13 +120,21 @@ class ContinuousRunner(ABC):
             self._k = np.zeros(shape, dtype=np.float32)
             self._v = np.zeros(shape, dtype=np.float32)
 
-    def _run_window(self, tokens: np.ndarray, positions: np.ndarray, mask: np.ndarray, past: int) -> np.ndarray:
-        """The transformer over the model rows' windows after `past` cache columns (mask [B,W,past+W]):
-        z [B,W,D]; the window's keys/values are kept for commit."""
-        past_k = np.ascontiguousarray(self._k[:, :, :, :past])
-        past_v = np.ascontiguousarray(self._v[:, :, :, :past])
-        z, present_k, present_v = self._transformer(tokens, self._class_ids, positions, mask, past_k, past_v)
-        self._present = (np.asarray(present_k), np.asarray(present_v))
+    def _run_window(self, tokens: np.ndarray, positions: np.ndarray, mask: np.ndarray, past: int,
+                    rows: Optional[np.ndarray] = None) -> np.ndarray:
+        """The transformer over the windows of model rows `rows` (None: every row) after `past` cache
+        columns (mask [B,W,past+W]): z [all rows,W,D] (zeros for rows not run); the window's
+        keys/values are kept for commit."""
+        index = slice(None) if rows is None else rows
+        past_k = np.ascontiguousarray(self._k[:, index, :, :past])
+        past_v = np.ascontiguousarray(self._v[:, index, :, :past])
+        z, present_k, present_v = self._transformer(tokens, self._class_ids[index], positions, mask, past_k, past_v)
+        z, present_k, present_v = np.asarray(z), np.asarray(present_k), np.asarray(present_v)
+        if rows is not None:  # the rows not run get zeros: never read, never committed (their windows are empty)
+            everyone = len(self._class_ids)
+            z = _spread(z, rows, everyone, axis=0)
+            present_k, present_v = (_spread(a, rows, everyone, axis=1) for a in (present_k, present_v))
+        self._present = (present_k, present_v)
         return z
 
     def _write_rows(self, rows: Union[slice, np.ndarray], columns: Union[slice, np.ndarray],
@@ -208,13 +219,20 @@ class ContinuousRunner(ABC):
         for i, window in enumerate(per_image):
             if window is not None and len(window):
                 tokens[i, : len(window)] = window
-        past = int(self.lengths.max())
-        positions, mask = step_inputs(self.lengths, sizes, width, past, self.spec.seq_len)
-        pairs = self.pairs
+        # only the images with a window, where some have none and the backend allows (steps_active_only)
+        subset = self.steps_active_only and 0 < np.count_nonzero(sizes) < self.images
+        images = np.flatnonzero(sizes) if subset else np.arange(self.images)
+        past = int(self.lengths[images].max())
+        positions, mask = step_inputs(self.lengths[images], sizes[images], width, past, self.spec.seq_len)
+        tokens, pairs = tokens[images], self.pairs
         if pairs > 1:  # the CFG twins run the same window at the same positions
             tokens, positions, mask = (np.concatenate([a] * pairs) for a in (tokens, positions, mask))
         start = time.perf_counter()
-        z = self._run_window(tokens, positions, mask, past)
+        if subset:
+            z = self._run_window(tokens, positions, mask, past,
+                                 np.concatenate([images + self.images * k for k in range(pairs)]))
+        else:
+            z = self._run_window(tokens, positions, mask, past)
         self.forward_seconds += time.perf_counter() - start
         self.forwards += 1
         self.image_forwards += int(np.count_nonzero(sizes))
@@ -295,3 +313,14 @@ class ContinuousRunner(ABC):
         if len(windows) != self.images:
             raise ValueError(f"{len(windows)} windows for a batch of {self.images} images")
         return windows
+
+
+def _spread(values: np.ndarray, rows: np.ndarray, count: int, axis: int) -> np.ndarray:
+    """values whose `axis` holds rows `rows` of `count`, as an array of all `count` (zeros elsewhere)."""
+    shape = list(values.shape)
+    shape[axis] = count
+    out = np.zeros(shape, dtype=values.dtype)
+    index = [slice(None)] * values.ndim
+    index[axis] = rows
+    out[tuple(index)] = values
+    return out

@@ -36,6 +36,7 @@ class TorchContinuousRunner(ContinuousRunner):
     compiled by torch.compile (runtime.backends.compiled_step), default off."""
 
     device_rounds = True
+    steps_active_only = False  # the static buffer is attended as it lies: every row runs
 
     def __init__(self, model: Any, device: Any = None, compile: bool = False, compile_mode: str = "default"):
         super().__init__(spec_of(model.cfg))
