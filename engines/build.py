@@ -204,7 +204,6 @@ def plan_jobs(bundle: str | Path | Manifest, precision: str, trt_version: str, d
         if entry.spec["kind"] in UNBUILT_KINDS:
             raise SpecrtError(f"{entry.name} outputs float64 scores, which TensorRT has no type for: onnxruntime "
                               "and PyTorch run it (the TensorRT runner grows dynamic trees level by level)")
-        refuse_layer_inputs(entry.name, [tensor["name"] for tensor in entry.spec["inputs"]])
         profile = derive_profile(entry.name, entry.spec, max_window)
         validate_against_onnx(profile, entry.spec, onnx_input_dims(entry.onnx_path))
         onnx_path, converter = entry.onnx_path, ""
@@ -219,7 +218,8 @@ def plan_jobs(bundle: str | Path | Manifest, precision: str, trt_version: str, d
 
 def refuse_layer_inputs(graph: str, inputs: list[str]) -> None:
     """The TensorRT runner binds the cache as one past_kv buffer: a step graph exported with per-layer
-    KV inputs (for onnxruntime on a CPU) is refused in one line that says how to re-export."""
+    KV inputs (for onnxruntime on a CPU) is refused in one line that says how to re-export. (Its engine
+    builds: onnxruntime's TensorRT provider binds inputs by name and runs it.)"""
     if any(is_layer_name(name) for name in inputs):
         raise SpecrtError(f"{graph} takes the KV cache per layer (exported for onnxruntime on a CPU); TensorRT binds "
                           "one past_kv buffer: re-export with `specrt export --kv-inputs stacked`")
