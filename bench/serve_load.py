@@ -27,7 +27,7 @@ from specrt.runtime.serving.client import REFUSALS
 REFUSED_STATUS = "StatusCode.UNAVAILABLE"  # with one of the server's refusal reasons; else the server is gone
 # A continuous model's latents under load differ from alone in their last bits, as the images of one
 # generate call of several do (the batched graphs sum over other shapes) and the drift rides along the
-# image's later tokens: on the MAR demo (|x| < 5, float32 spacing 4.8e-7) at most 3e-5 over 40 cspd
+# image's later tokens: on the MAR demo (|x| < 5, float32 spacing 4.8e-7) at most 4.3e-5 over 40 cspd
 # requests in 8 slots, in flight or in whole calls. 1e-4 is about 200 such spacings; a wrong draw
 # moves a latent by the scale of its noise (order 1).
 FLOAT_TOKENS_ATOL = 1e-4
