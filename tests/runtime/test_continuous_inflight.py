@@ -187,6 +187,25 @@ def test_cancel_and_deadline_free_the_slot(slow, method, params):
     assert stats.rounds < sum(alone(slow, r).stats.target_forwards for r in (first, second, third, fourth))
 
 
+def test_free_slots_cost_no_rows(pipe, monkeypatch):
+    """A lone request in 4 slots: every target step runs its image's two rows (CFG) only, and its
+    image is its request's alone."""
+    rows: list[int] = []
+    transformer = pipe.target._transformer
+
+    def counted(tokens, *args):
+        rows.append(len(tokens))
+        return transformer(tokens, *args)
+    monkeypatch.setattr(pipe.target, "_transformer", counted)
+    request = requests("cspd", METHODS[1][1], count=1)[0]
+    with Scheduler(pipe, slots=4, max_queue=1) as scheduler:
+        result = scheduler.submit(request).result(timeout=60)
+    in_flight, rows[:] = list(rows), []
+    want = alone(pipe, request)
+    assert in_flight == rows and set(rows) == {2}  # the same steps as alone, two rows each
+    np.testing.assert_allclose(result.tokens, want.tokens, rtol=0, atol=ATOL)
+
+
 def test_refusals_and_the_device_round_keep_whole_calls(pipe):
     """A group the model refuses fails at the batch, before a slot is taken (the pipeline's lock is
     free again); where generate would run the device round there is no slot form (None: whole calls)."""
