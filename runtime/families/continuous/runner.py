@@ -9,8 +9,10 @@ twin, class id num_classes). It owns the KV cache [L, rows, H, seq_len + 1, hd] 
 the rows change) and each image's committed length (`lengths`, shared by its twin): `step`
 runs one window per image after its own cache (ragged: shorter windows are padded, a pad slot
 sits at the image's next position and sees only the image's cache and itself, and is never
-committed), `commit(counts)` appends the first n_i present rows of image i's window, so a
-rejected draft costs nothing, `truncate` rolls images back and `retain` drops finished images.
+committed; an image with no window at all is left out of the pass where the backend allows,
+`steps_active_only`), `commit(counts)` appends the first n_i present rows of image i's window, so
+a rejected draft costs nothing, `truncate` rolls images back, `retain` drops finished images and
+`admit` starts a new image in a finished one's place (in-flight batching).
 Under CFG the head runs on both rows of every chain and guides ε̂ (continuous.guided_eps)
 before the chain uses it. Backends implement two hooks; one that keeps the cache itself (the
 PyTorch backend's static buffer, written in place) also replaces the four cache hooks.
