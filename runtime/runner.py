@@ -130,6 +130,7 @@ class ModelRunner(KVRows):
         self.max_window = max_window
         self.batch = 0
         self.batch_room = 0  # model batch rows the buffers were allocated for (retain and grow stay within)
+        self._allocated: tuple[int, int, int] = (0, 0, 0)  # (images, batch, capacity) the buffers were made for
         self.capacity = 0
         self.lengths = np.zeros(0, dtype=np.int64)  # committed KV rows of each image in the batch
         self.staged = np.zeros(0, dtype=np.int64)   # rows held after them: a drafted tree's nodes (stage)
@@ -212,7 +213,8 @@ class ModelRunner(KVRows):
         mix = np.ascontiguousarray(mix, dtype=np.float32)
         images, batch = mix.shape
         capacity = capacity or self.default_capacity()
-        if batch != self.batch or capacity != self.capacity or images != self.images:
+        shape = (images, batch, capacity)
+        if shape != self._allocated:
             self.batch, self.capacity, self.mix = batch, capacity, mix
             self._ids = self._host_buffer(batch * self.max_window, np.int32)
             self._positions = self._host_buffer(batch * self.max_window, np.int32)
@@ -220,8 +222,15 @@ class ModelRunner(KVRows):
             self._uniforms = self._host_buffer(images * self.max_window, np.float32)
             self._last = self._host_buffer(images, np.int32)  # a draft chain's last window slot per image
             self._allocate_kv(batch, capacity)
-            self.batch_room = batch
+            self._allocated, self.batch_room = shape, batch
             self._views = {}
+        elif batch != self.batch:
+            # these buffers, regrouped since (retain, grow): viewed whole again, nothing moved (no row is
+            # in use), where allocating them afresh cost an in-flight batch's opening ~10 ms on the demo
+            self.lengths = self.staged = np.zeros(self.images, dtype=np.int64)
+            self.mix = mix
+            self._retain(np.zeros(batch, dtype=np.int64))
+            self.batch, self._views = batch, {}
         else:
             self.mix[...] = mix  # same shape: the backends' bound mix buffer takes the new values
         self.lengths = np.zeros(images, dtype=np.int64)

@@ -4,6 +4,8 @@ is the same alone and wherever it sits in a batch that grows and shrinks around 
 ar, an sd chain, sjd and sjd-pac)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -80,3 +82,28 @@ def test_a_batch_that_never_shrinks_is_caught(monkeypatch):
                 for c in range(5)]
     _, passes = served(toy_pipeline(), requests, 3, monkeypatch)
     assert any(images != occupied for occupied, images, _ in passes)
+
+
+def test_a_batch_reopened_reuses_the_buffers(monkeypatch):
+    """An in-flight batch that closes when the queue empties and opens again for the next request
+    takes the runners' buffers as they are (viewed whole again, not allocated afresh), and its
+    images still equal their requests alone."""
+    pipe = toy_pipeline()
+    first = Request(class_id=1, seed=3, method="sd", params={"draft_len": 3}, decode=False)
+    second = Request(class_id=2, seed=4, method="sd", params={"draft_len": 3}, decode=False)
+    with Scheduler(pipe, slots=3) as scheduler:
+        one = scheduler.submit(first).result(timeout=60)
+        end = time.monotonic() + 30
+        while scheduler._batch is not None:  # the queue is empty: the worker closes the batch
+            assert time.monotonic() < end, "the batch did not close"
+            time.sleep(0.002)
+        buffer = pipe.target.kv_buffer
+        allocations = []
+        allocate_kv = type(pipe.target)._allocate_kv
+        monkeypatch.setattr(type(pipe.target), "_allocate_kv", lambda self, *a: allocations.append(a) or allocate_kv(self, *a))
+        two = scheduler.submit(second).result(timeout=60)
+        assert scheduler.stats().completed == 2
+    assert allocations == [] and pipe.target.kv_buffer is buffer
+    for request, result in ((first, one), (second, two)):
+        alone = pipe.generate([request.class_id], method="sd", seed=request.seed, decode=False, draft_len=3)
+        np.testing.assert_array_equal(result.tokens, alone.tokens)
