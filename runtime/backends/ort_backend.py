@@ -113,21 +113,18 @@ class OrtRunner(ModelRunner):
         self.kv_dtype = np.dtype(past_dtype(self.step_spec))
         self._input_dtypes = {n: np.dtype(self.step_spec.input(n).dtype) for n in STEP_INPUTS}
         self.step_session = _session(manifest, self.step_spec.name, providers, threads)
-        self._past = {self.step_session: self.step_spec}  # session -> its graph: how it reads the cache
         # a draft chain graph (runtime/chain.py: `steps` drafts in one call), where the bundle has one
         chain = manifest.graphs.get(f"{role}_chain")
         if chain is not None:
             _check_io(chain, (*STEP_INPUTS, STACKED, "last"), STEP_OUTPUTS)
         self.chain_steps = int(chain.input("uniforms").shape[1]) if chain is not None else 0
         self.chain_session = _session(manifest, chain.name, providers, threads) if chain is not None else None
-        self._past[self.chain_session] = chain
         # a static tree drafted in one call (runtime/chain.py DraftTree), where the bundle has one
         tree = manifest.graphs.get(f"{role}_tree")
         if tree is not None:
             _check_io(tree, (*STEP_INPUTS, STACKED, "last"), STEP_OUTPUTS)
         self.tree_layout = TreeLayout(StaticShape(tree.tree)) if tree is not None else None
         self.tree_session = _session(manifest, tree.name, providers, threads) if tree is not None else None
-        self._past[self.tree_session] = tree
         # a dynamic tree grown in one call (runtime/chain.py DraftGrowth), where the bundle has one
         growth = manifest.graphs.get(f"{role}_growth")
         if growth is not None:
@@ -135,7 +132,10 @@ class OrtRunner(ModelRunner):
                       ("present_kv", "tokens", "scores", "fronts"))
         self.growth_layout = GrowthLayout(growth.growth["depth"], growth.growth["top_k"]) if growth is not None else None
         self.growth_session = _session(manifest, growth.name, providers, threads) if growth is not None else None
-        self._past[self.growth_session] = growth
+        # session -> its graph: how it reads the cache (past_kv, or per layer: runtime.kv_inputs)
+        self._past = {session: graph for session, graph in ((self.step_session, self.step_spec),
+                      (self.chain_session, chain), (self.tree_session, tree), (self.growth_session, growth))
+                      if session is not None}
         self.layers, self.kv_heads, self.head_dim = (int(entry[k]) for k in ("n_layer", "n_kv_head", "head_dim"))
         self.dim = int(entry.get("dim", 0))
         self._hidden = np.zeros((0, 0, 0), dtype=np.float32)
@@ -188,8 +188,7 @@ class OrtRunner(ModelRunner):
         value = self.ort.OrtValue.ortvalue_from_numpy
         arrays: dict[str, np.ndarray] = {}
         for spec in self._past.values():
-            if spec is not None:
-                arrays.update(past_feeds(spec, self._kv))
+            arrays.update(past_feeds(spec, self._kv))
         return {name: value(array) for name, array in arrays.items()}
 
     def _bound_views(self, key: tuple, batch: int, width: int, rows: int,
