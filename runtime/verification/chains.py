@@ -131,14 +131,15 @@ def leading_passes_on_rows(rule: AcceptanceRule, p_block: Any, q_block: Any, tok
     going = np.flatnonzero(lengths > 0)
     start, width = 0, FIRST_ROWS
     while going.size and start < longest:
-        steps = np.arange(start, min(start + width, longest))
+        stop = min(start + width, longest)
+        steps = np.arange(start, stop)
         f = rule.accept_rows(gather(p_block, (going[:, None], steps)), gather(q_block, (steps, going[:, None])),
-                             tokens[going, start:steps[-1] + 1], steps + 1)
-        passed = (coins[going, start:steps[-1] + 1] <= np.asarray(f)) & (steps < lengths[going, None])
-        leading = np.cumprod(passed, axis=1).sum(axis=1)
+                             tokens[going, start:stop], steps + 1)
+        passed = (coins[going, start:stop] <= np.asarray(f)) & (steps < lengths[going, None])
+        leading = np.cumprod(passed, axis=1).sum(axis=1)  # passes before the first failure
         accepted[going] = start + leading
-        going = going[(leading == steps.size) & (lengths[going] > steps[-1] + 1)]
-        start, width = steps[-1] + 1, 2 * width
+        going = going[(leading == stop - start) & (lengths[going] > stop)]
+        start, width = stop, 2 * width
     return accepted
 
 
