@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cli_helpers import one_line, run
 from specrt.errors import SpecrtError
 from specrt.manifest import read_manifest
 from specrt.runtime.kv_inputs import layer_names, past_feeds, past_names, stacked_feed, takes_layers
@@ -23,6 +24,7 @@ from specrt.runtime.pipeline import Pipeline
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
+pytestmark = pytest.mark.slow  # one tiny export and two int8 quantizations: about 35 s of CPU
 
 SAMPLING = dict(cfg_scale=3.0, temperature=1.0)
 READS = {"MatMul", "FusedMatMul", "Shape"}  # what may touch a cache input in onnxruntime's optimised graph
@@ -161,3 +163,14 @@ def read_manifest_like(cache_inputs):
     names = ("input_ids", "positions", "attention_mask", *cache_inputs, "mix", "uniforms")
     return GraphSpec(name="target_step", file="target_step.onnx", role="target", kind="step", opset=18,
                      inputs=tuple(TensorSpec(n, "float32", ("batch",)) for n in names), outputs=(), profile={})
+
+
+def test_kv_inputs_the_export_cannot_write_is_one_line(tmp_path, capsys):
+    from specrt.export.bundle import ExportOptions
+
+    code, err = run(["export", "--demo", "mar", "--kv-inputs", "layers", "--out", str(tmp_path / "b")], capsys)
+    assert code == 2 and "--kv-inputs applies to LlamaGen-family bundles" in one_line(err)
+    assert not (tmp_path / "b").exists()
+    with pytest.raises(SpecrtError, match="--kv-inputs must be one of auto, layers, stacked"):
+        ExportOptions(kv_inputs="rows")
+    assert ExportOptions(kv_inputs="stacked").step_kv_inputs == "stacked"
