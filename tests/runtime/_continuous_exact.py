@@ -1,4 +1,5 @@
-"""Two-sample checks for continuous tokens: per-dimension Kolmogorov–Smirnov and kernel MMD.
+"""Two-sample checks for continuous tokens (per-dimension Kolmogorov–Smirnov and kernel MMD), and the
+tiny random MAR bundle the continuous tests share.
 
 Tolerances come from the sample sizes: KS uses the asymptotic critical value
 sqrt(−ln(α/2)/2)·sqrt((n+m)/(n·m)) with α Bonferroni-split over the dimensions; MMD (on the first
@@ -62,3 +63,15 @@ def same_distribution(a: np.ndarray, b: np.ndarray) -> tuple[bool, str]:
     stat, null_max = mmd_test(a[:MMD_ROWS], b[:MMD_ROWS])
     ok = bool(ks.max() < critical and stat <= null_max)
     return ok, f"KS max {ks.max():.3f} (critical {critical:.3f}), MMD² {stat:.5f} (permutation max {null_max:.5f})"
+
+
+def tiny_bundle(directory, scale: float, **shared):
+    """A tiny random MAR target (2 layers) and draft (1 layer) exported as a bundle in `directory`;
+    `shared`: the config fields both take (token_dim, seq_len, diffusion_steps, betas)."""
+    from specrt.export.mar.export import export_bundle
+    from specrt.models.mar.model import MARConfig, random_mar
+
+    shared = dict(n_head=2, schedule="linear", **shared)
+    target = random_mar(MARConfig(dim=32, n_layer=2, head_width=32, **shared), seed=0, scale=scale)
+    draft = random_mar(MARConfig(dim=16, n_layer=1, head_width=16, head_depth=1, **shared), seed=1, scale=scale)
+    return export_bundle(target, draft, directory)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from _continuous_exact import same_distribution
+from _continuous_exact import same_distribution, tiny_bundle
 from specrt.runtime.families.continuous import draws, formulas as continuous
 from specrt.runtime.families.continuous.bundle import open_runner
 from specrt.runtime.families.continuous.methods import CSpD, ContinuousAR, ContinuousDecoding, ContinuousStats
@@ -30,16 +30,6 @@ SINGLE_SAMPLES = 20000  # SINGLE (batched, so cheap: the too-small bound moves K
 CLASS_ID = 3
 SINGLE_SCALE = 0.5
 CSPD = {"draft_len": 2, "prefill_ratio": 0.0}
-
-
-def tiny_bundle(directory, scale: float, **shared):
-    from specrt.export.mar.export import export_bundle
-    from specrt.models.mar.model import MARConfig, random_mar
-
-    shared = dict(n_head=2, schedule="linear", **shared)
-    target = random_mar(MARConfig(dim=32, n_layer=2, head_width=32, **shared), seed=0, scale=scale)
-    draft = random_mar(MARConfig(dim=16, n_layer=1, head_width=16, head_depth=1, **shared), seed=1, scale=scale)
-    return export_bundle(target, draft, directory)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ import pytest
 pytest.importorskip("torch")  # the bundle is exported from the PyTorch model
 pytest.importorskip("onnxruntime")
 
+from _continuous_exact import tiny_bundle  # noqa: E402
 from specrt.errors import SpecrtError  # noqa: E402
 from specrt.runtime.families.continuous.methods import ContinuousDecoding  # noqa: E402
 from specrt.runtime.families.continuous.pipeline import ContinuousPipeline  # noqa: E402
@@ -37,13 +38,8 @@ METHODS = [("ar", {}), ("cspd", {"draft_len": 3, "prefill_ratio": 0.25})]  # csp
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    from specrt.export.mar.export import export_bundle
-    from specrt.models.mar.model import MARConfig, random_mar
-
-    shared = dict(token_dim=2, seq_len=8, n_head=2, diffusion_steps=3, schedule="linear", beta_start=0.1, beta_end=0.5)
-    target = random_mar(MARConfig(dim=32, n_layer=2, head_width=32, **shared), seed=0, scale=0.1)
-    draft = random_mar(MARConfig(dim=16, n_layer=1, head_width=16, head_depth=1, **shared), seed=1, scale=0.1)
-    return export_bundle(target, draft, tmp_path_factory.mktemp("inflight") / "bundle")
+    return tiny_bundle(tmp_path_factory.mktemp("inflight") / "bundle", 0.1, token_dim=2, seq_len=8, diffusion_steps=3,
+                       beta_start=0.1, beta_end=0.5)
 
 
 @pytest.fixture(scope="module")
