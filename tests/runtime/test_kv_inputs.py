@@ -48,9 +48,10 @@ def bundles(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("kv-inputs")
     options = ExportOptions(max_window=6, max_batch=3, neighbours_k=2, draft_chain=0, draft_tree="", draft_growth="",
                             kv_inputs="layers")
-    write_bundle(ModelSet(target, draft, vq), root / "layers", options)
+    models = ModelSet(target, draft, vq)
+    write_bundle(models, root / "layers", options)
     _stacked_twin(root / "layers", root / "stacked", {"target": target, "draft": draft})
-    out = {}
+    out = {"models": models}
     for form in ("stacked", "layers"):
         out[form], out[f"{form}-int8"] = root / form, root / f"{form}-int8"
         quantize_bundle(out[form], out[f"{form}-int8"], QuantizeOptions(mode="int8", tool="onnxruntime"),
@@ -174,3 +175,12 @@ def test_kv_inputs_the_export_cannot_write_is_one_line(tmp_path, capsys):
     with pytest.raises(SpecrtError, match="--kv-inputs must be one of auto, layers, stacked"):
         ExportOptions(kv_inputs="rows")
     assert ExportOptions(kv_inputs="stacked").step_kv_inputs == "stacked"
+
+
+def test_export_verify_runs_the_per_layer_graphs_against_pytorch(bundles):
+    """`export --verify` feeds a per-layer step graph the views of its stacked reference cache."""
+    from specrt.export.verify import verify_bundle
+
+    report = verify_bundle(bundles["layers"], bundles["models"], threads=1)
+    steps = [c for c in report.comparisons if c.graph.endswith("_step")]
+    assert steps and report.passed, report.worst()
