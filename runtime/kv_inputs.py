@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 STACKED = "past_kv"
 LAYERS = "layers"  # `specrt export --kv-inputs` values
 STACKED_FORM = "stacked"
@@ -74,8 +76,6 @@ def stacked_shape(spec: Any, level: str, **overrides: int) -> tuple[int, ...]:
 def stacked_feed(feeds: dict[str, Any]) -> Any:
     """The stacked cache [L, 2, ...] (numpy) of a feed dict: its past_kv, or its per-layer keys and
     values stacked (a draft chain's past_kv made from its draft's recorded step feeds)."""
-    import numpy as np
-
     if STACKED in feeds:
         return feeds[STACKED]
     layers = sum(1 for name in feeds if is_layer_name(name)) // 2
