@@ -61,9 +61,10 @@ def test_force_replaces_the_bundle_and_no_hidden_reaches_the_exporter(checkpoint
         return spec
 
     def gpt_stub(kind, spec_fn):
-        def export(gpt, role, limits, out_dir, opset, with_hidden):
+        def export(gpt, role, limits, out_dir, opset, with_hidden, *kv_inputs):  # a step's KV form after
             seen_hidden.append((f"{role}_{kind}", with_hidden))
-            return placeholder(spec_fn(f"{role}_{kind}", role, gpt.config, limits, opset, with_hidden), out_dir)
+            return placeholder(spec_fn(f"{role}_{kind}", role, gpt.config, limits, opset, with_hidden, *kv_inputs),
+                               out_dir)
         return export
 
     def vq_stub(vq, grid, limits, out_dir, opset):

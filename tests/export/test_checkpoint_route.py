@@ -180,8 +180,8 @@ def test_export_reads_the_same_way_and_clamps_neighbours_like_the_torch_path(fil
 
     monkeypatch.setattr(onnx_export, "export_prefill", lambda gpt, role, limits, d, opset, hidden: placeholder(
         onnx_export.prefill_spec(f"{role}_prefill", role, gpt.config, limits, opset, hidden), d))
-    monkeypatch.setattr(onnx_export, "export_step", lambda gpt, role, limits, d, opset, hidden: placeholder(
-        onnx_export.step_spec(f"{role}_step", role, gpt.config, limits, opset, hidden), d))
+    monkeypatch.setattr(onnx_export, "export_step", lambda gpt, role, limits, d, opset, hidden, kv: placeholder(
+        onnx_export.step_spec(f"{role}_step", role, gpt.config, limits, opset, hidden, kv), d))
     monkeypatch.setattr(onnx_export, "export_vq_decode", lambda vq, grid, limits, d, opset: placeholder(
         onnx_export.vq_decode_spec(grid, grid * vq.config.downsample, limits, opset), d))
     paths, _ = files
