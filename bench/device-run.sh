@@ -10,6 +10,7 @@
 #   bash bench/device-run.sh round    # the device round vs the host loop, the same settings side by side, batch 1 and 8
 #                                     # (the draft GPT, then the EAGLE head drafting, then the MAR demo's ar and cspd)
 #   bash bench/device-run.sh round-xl # the same loops at GPT-XL size (random weights): meas/pred of ar, sd, sjd, sjd-pac
+#   bash bench/device-run.sh auto     # --method auto beside the fixed lossless settings it chooses from, and gsd, on the round
 #
 # Each stage writes its text, JSON and Markdown into a folder named for the device, the date and
 # the stage (h100-2026-11-27-round, say) under $OUT (the device tool's return folder) or, without
@@ -22,10 +23,10 @@
 # on a machine without a GPU, into a cpu-... folder). The step stage compiles
 # each (model, dtype, batch, window) once (inductor's cache: TORCHINDUCTOR_CACHE_DIR).
 set -euo pipefail
-stage="${1:?usage: bash bench/device-run.sh step|tests|demo|trees|plans|round|round-xl}"
+stage="${1:?usage: bash bench/device-run.sh step|tests|demo|trees|plans|round|round-xl|auto}"
 case "$stage" in
-    step|tests|demo|trees|plans|round|round-xl) ;;
-    *) echo "bench/device-run.sh: unknown stage '$stage' (step, tests, demo, trees, plans, round or round-xl)" >&2; exit 2 ;;
+    step|tests|demo|trees|plans|round|round-xl|auto) ;;
+    *) echo "bench/device-run.sh: unknown stage '$stage' (step, tests, demo, trees, plans, round, round-xl or auto)" >&2; exit 2 ;;
 esac
 device="${DEVICE:-cuda}"
 export PYTHONUNBUFFERED=1
@@ -130,5 +131,14 @@ case "$stage" in
         run round-xl python3 -m specrt.bench.ar_timing --arch GPT-XL --image-size 256 --dtype bf16 --images 1,8 \
             --device "$device" --repeats 1 --no-compile --methods ar,sd,sjd,sjd-pac --loop host,round \
             --draft-arch GPT-B
+        ;;
+    auto)
+        n="${IMAGES:-64}"
+        # the choice against the settings it chooses from, on the device round at batch 1 and 8: auto's row must be
+        # >= 0.97x ar and within 5% of the best fixed lossless row; its probe is remeasured in this run (no cache);
+        # gsd (relaxed) and sjd's couplings beside them; sjd-pac from window 16 (its spine trees need it for a round)
+        run auto-gpu "${bench[@]}" --methods ar,sd,sjd,sjd-pac,gsd,auto --sweep 'sd:L=1,2,4' \
+            --sweep 'sjd:L=4,8,16;coupling=independent,gumbel' --sweep 'sjd-pac:L=16,64' --loop round --batch 1,8 \
+            --images "$n" --json "$out/auto-gpu.json" --markdown "$out/auto-gpu.md"
         ;;
 esac
