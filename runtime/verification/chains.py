@@ -156,26 +156,24 @@ def _verify_one_chain(p_block: np.ndarray, q_block: Optional[np.ndarray], chain:
     size = len(chain)
     if size == 0:
         return ChainOutcomes([0], [int(draws[0, 0])])
-    uniforms = np.asarray(coins, dtype=np.float64)[:size].tolist()  # as the batch path: the L tests
     p_rows, q_rows = p_block[0], q_block[:, 0]
     if rule.reads_rows:  # f reads whole rows (GSD): the rows up to the first rejection, as the batch path
         accepted = int(leading_passes_on_rows(rule, p_block, q_block, np.array([chain], dtype=np.int64),
                                               np.asarray(coins, dtype=np.float64)[None, :size],
                                               np.array([size]))[0])
-        if accepted == size:
-            return ChainOutcomes([size], [int(draws[0, size])])
-        token = chain[accepted]
-        resampled = rule.resample(p_rows[accepted], q_rows[accepted], token, accepted + 1)
-        return ChainOutcomes([accepted], [inverse_cdf(resampled, next_uniform)])
-    if not rule.scalar_tests:  # f of every position in one block evaluation (a rule without a scalar test)
-        steps, tokens = np.arange(size), np.array(chain)
-        f = rule.accept_probabilities(gather(p_rows, (steps[:, None], rule.columns(tokens))),
-                                      gather(q_rows, (steps, tokens)), steps + 1).tolist()
-    for i, token in enumerate(chain):
-        p, q = p_rows[i], q_rows[i]
-        if uniforms[i] > (rule.accept_probability(p, q, token, i + 1) if rule.scalar_tests else f[i]):
-            # G from the two rows as they are (float32 from a graph): every rule's resample computes
-            # in float64, as it does for the batch path's [R, V] block, so the bits are the same
-            resampled = rule.resample(p, q, token, i + 1)
-            return ChainOutcomes([i], [inverse_cdf(resampled, next_uniform)])
-    return ChainOutcomes([size], [int(draws[0, size])])
+    else:
+        uniforms = np.asarray(coins, dtype=np.float64)[:size].tolist()  # as the batch path: the L tests
+        if rule.scalar_tests:
+            def f_at(i: int) -> float:
+                return rule.accept_probability(p_rows[i], q_rows[i], chain[i], i + 1)
+        else:  # f of every position in one block evaluation (a rule without a scalar test)
+            steps, tokens = np.arange(size), np.array(chain)
+            f_at = rule.accept_probabilities(gather(p_rows, (steps[:, None], rule.columns(tokens))),
+                                             gather(q_rows, (steps, tokens)), steps + 1).tolist().__getitem__
+        accepted = next((i for i in range(size) if uniforms[i] > f_at(i)), size)
+    if accepted == size:
+        return ChainOutcomes([size], [int(draws[0, size])])
+    # G from the two rows as they are (float32 from a graph): every rule's resample computes in
+    # float64, as it does for the batch path's [R, V] block, so the bits are the same
+    resampled = rule.resample(p_rows[accepted], q_rows[accepted], chain[accepted], accepted + 1)
+    return ChainOutcomes([accepted], [inverse_cdf(resampled, next_uniform)])
