@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from specrt.runtime.counter_random import (CANDIDATE, DRAFT, FRESH, KINDS, NEXT, PARTS, RESAMPLE, RETEST, TEST,
-                                          counter_uniforms, draw_slot)
+                                          counter_uniforms, draw_slot, seed_halves)
 
 __all__ = ["CANDIDATE", "DRAFT", "FRESH", "KINDS", "NEXT", "PARTS", "RESAMPLE", "RETEST", "TEST", "RoundState"]
 
@@ -62,7 +62,7 @@ class RoundState:
         """The same buffers for a new call of as many images (a captured round replays over them):
         the seeds' halves in place, one token committed (image token 0: the caller writes it), every
         count back to zero."""
-        halves = torch.tensor([[int(s) & 0xFFFFFFFF, int(s) >> 32] for s in seeds], dtype=torch.int64)
+        halves = torch.tensor([seed_halves(s) for s in seeds], dtype=torch.int64)
         self.seed_low.copy_(halves[:, 0])
         self.seed_high.copy_(halves[:, 1])
         self.tokens.zero_()
@@ -76,8 +76,7 @@ class RoundState:
         one token committed (the caller writes it), its round count at zero, unfinished — as
         `restart` leaves a call's images; the other images untouched. Scalars written in place: no
         new tensor, nothing read back."""
-        self.seed_low[image] = int(seed) & 0xFFFFFFFF
-        self.seed_high[image] = int(seed) >> 32
+        self.seed_low[image], self.seed_high[image] = seed_halves(seed)
         self.tokens[image] = 0
         self.length[image] = 1
         self.rounds[image] = 0

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
+from specrt.runtime.counter_random import seed_halves
 from specrt.runtime.families.continuous import draws
 from specrt.runtime.families.continuous.draws import INDEX_SPAN
 
@@ -63,7 +64,7 @@ class ContinuousRoundState:
 
     def restart(self, seeds: Sequence[int]) -> None:
         """The same buffers for a new call of as many images (a captured round replays over them)."""
-        halves = torch.tensor([[int(s) & 0xFFFFFFFF, int(s) >> 32] for s in seeds], dtype=torch.int64)
+        halves = torch.tensor([seed_halves(s) for s in seeds], dtype=torch.int64)
         self.seed_low.copy_(halves[:, 0])
         self.seed_high.copy_(halves[:, 1])
         for counter in (self.tokens, self.length, self.rounds, self.drafted, self.accepted, self.proposals):
