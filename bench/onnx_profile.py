@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -44,8 +44,11 @@ def weight_bytes(model) -> int:
     return int(total)
 
 
-def _step_feeds(config, capacity: int, window: int, graph) -> dict[str, np.ndarray]:
-    past = config.cond_len + config.num_image_tokens // 2
+def step_feeds(graph: Any, kv: np.ndarray, past: int, window: int, cfg_scale: float) -> dict[str, np.ndarray]:
+    """A step graph's inputs for one CFG pair (batch 2): `window` new tokens after `past` committed
+    cache columns of the stacked cache `kv` [L, 2, 2, Hkv, capacity, D] (bound in the graph's own
+    form: kv_inputs.past_feeds), guided at `cfg_scale`. What both step profiles run."""
+    capacity = kv.shape[4]
     mask = np.zeros((2, window, capacity + window), dtype=bool)
     mask[:, :, :past] = True
     mask[:, :, capacity:] = np.tri(window, dtype=bool)
@@ -53,8 +56,8 @@ def _step_feeds(config, capacity: int, window: int, graph) -> dict[str, np.ndarr
         "input_ids": np.zeros((2, window), np.int32),
         "positions": np.broadcast_to(past + np.arange(window, dtype=np.int32), (2, window)).copy(),
         "attention_mask": mask,
-        **past_feeds(graph, np.zeros((config.n_layer, 2, 2, config.n_kv_head, capacity, config.head_dim), np.float32)),
-        "mix": np.array([[2.0, -1.0]], np.float32),  # CFG scale 2 over the [cond; uncond] pair
+        **past_feeds(graph, kv),
+        "mix": np.array([[cfg_scale, 1.0 - cfg_scale]], np.float32),  # over the [cond; uncond] pair
         "uniforms": np.full((1, window), 0.5, np.float32),
     }
 
@@ -114,7 +117,9 @@ def time_onnx_steps(config, arch: str, windows: Sequence[int], repeats: int = 7,
             paths[precision].write_bytes(quantized.SerializeToString())
             sizes[precision] = weight_bytes(quantized)
         del model
-        feeds = {w: _step_feeds(config, capacity, w, spec) for w in windows}
+        kv = np.zeros((config.n_layer, 2, 2, config.n_kv_head, capacity, config.head_dim), np.float32)
+        past = config.cond_len + config.num_image_tokens // 2  # the cache half full
+        feeds = {w: step_feeds(spec, kv, past, w, cfg_scale=2.0) for w in windows}
         sessions = {p: ort.InferenceSession(str(paths[p]), sess_options=session_options(threads),
                                             providers=["CPUExecutionProvider"]) for p in precisions}
         # every (precision, W) in one round-robin, so a busy phase of the machine hits both alike
