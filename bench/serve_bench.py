@@ -17,7 +17,6 @@ both modes. Results: a table on stdout, JSON, a plot of latency against offered 
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -62,12 +61,19 @@ class ServeBenchConfig:
     timeout_s: float = 300.0
 
 
-def free_port() -> int:
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free on 127.0.0.1 right now (held together while picked, so no two
+    picks are the same port)."""
     import socket
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for probe in sockets:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in sockets]
+    finally:
+        for probe in sockets:
+            probe.close()
 
 
 def tree_rss(pid: int) -> int:
@@ -91,7 +97,7 @@ class ServerProcess:
 
     def __init__(self, bundle: Path, mode: str, config: ServeBenchConfig, log_dir: Path):
         self.mode = mode
-        http, grpc, metrics = free_port(), free_port(), free_port()
+        http, grpc, metrics = free_ports(3)
         self.url, self.metrics_url = f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}/metrics"
         command = [sys.executable, "-m", "specrt.cli", "serve", str(bundle), "--batching", mode,
                    "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),

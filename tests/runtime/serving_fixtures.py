@@ -8,7 +8,6 @@ import queue
 import threading
 import time
 
-import socket
 import sys
 from pathlib import Path
 from typing import Iterator, Optional
@@ -17,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "export"))
 
 from tiny_export import tiny_models  # noqa: E402
 
+from specrt.bench.serve_bench import free_ports  # noqa: E402,F401 (the serving tests' ports, as the load bench picks them)
 from specrt.runtime.pipeline import Pipeline  # noqa: E402
 
 # every method, with parameters where a method has them, so the batcher sees mixed groups
@@ -31,17 +31,6 @@ def tiny_pipeline() -> Pipeline:
     torch.set_num_threads(1)
     models = tiny_models()
     return Pipeline.from_torch(models.target, models.draft, models.vq, max_window=20)
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct ports free on 127.0.0.1 right now (held together while picked)."""
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def tiny_continuous_bundle(out: Path) -> Path:
