@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from specrt.runtime.serving.client import REFUSALS
+from specrt.runtime.serving.client import REFUSALS, request_inputs
 
 REFUSED_STATUS = "StatusCode.UNAVAILABLE"  # with one of the server's refusal reasons; else the server is gone
 # A continuous model's latents under load differ from alone in their last bits, as the images of one
@@ -108,15 +108,8 @@ class LoadClient:
         self.model, self.timeout_s = model, timeout_s
 
     def _inputs(self, request: LoadRequest) -> list:
-        values = {"class_id": (np.int64, request.class_id), "method": (np.object_, request.method.encode()),
-                  "seed": (np.uint64, request.seed), "params": (np.object_, json.dumps(dict(request.params)).encode())}
-        types = {np.int64: "INT64", np.uint64: "UINT64", np.object_: "BYTES"}
-        inputs = []
-        for name, (dtype, value) in values.items():
-            tensor = self._lib.InferInput(name, [1, 1], types[dtype])
-            tensor.set_data_from_numpy(np.array([[value]], dtype=dtype))
-            inputs.append(tensor)
-        return inputs
+        return request_inputs(self._lib, {"class_id": request.class_id, "method": request.method, "seed": request.seed,
+                                          "params": json.dumps(dict(request.params))})
 
     async def send(self, request: LoadRequest, pool_index: int, sent_s: float) -> Outcome:
         outputs = [self._lib.InferRequestedOutput(name) for name in ("tokens", "error")]

@@ -29,6 +29,21 @@ REFUSALS = ("the queue is full", "Exceeds maximum queue size", "the server is sh
             "the server shut down before")
 
 
+def request_inputs(lib: Any, values: dict[str, Any]) -> list:
+    """One request row's inputs for tritonclient module `lib` (http, grpc or grpc.aio): each value
+    not None as a [1, 1] tensor of the type the model declares (INPUT_TYPES), text as UTF-8 bytes."""
+    inputs = []
+    for name, value in values.items():
+        if value is None:
+            continue
+        dtype = INPUT_TYPES[name]
+        array = np.array([[value.encode() if isinstance(value, str) else value]], dtype=NUMPY_DTYPES[dtype])
+        tensor = lib.InferInput(name, list(array.shape), dtype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
 @dataclass
 class ServedImage:
     """One served image: PNG bytes (b'' with tokens_only or from a model without a decoder), its
@@ -61,15 +76,7 @@ class Client:
         values = {"class_id": class_id, "prompt": prompt, "method": method, "seed": seed,
                   "params": json.dumps(params) if params else None, "tokens_only": tokens_only,
                   "negative_prompt": negative_prompt, "prompt_suffix": prompt_suffix}
-        inputs = []
-        for name, value in values.items():
-            if value is None:
-                continue
-            dtype = INPUT_TYPES[name]
-            array = np.array([[value.encode() if isinstance(value, str) else value]], dtype=NUMPY_DTYPES[dtype])
-            tensor = self._lib.InferInput(name, list(array.shape), dtype)
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
+        inputs = request_inputs(self._lib, values)
         outputs = [self._lib.InferRequestedOutput(spec.name) for spec in OUTPUTS
                    if not (tokens_only and spec.name == "image")]
         extra = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
