@@ -26,7 +26,7 @@ import numpy as np
 
 from specrt.errors import SpecrtError
 from specrt.manifest import GraphSpec, Manifest, read_manifest
-from specrt.runtime.kv_inputs import is_layer_name, past_feeds, stacked_shape
+from specrt.runtime.kv_inputs import past_feeds, stacked_feed, stacked_shape
 
 FEEDS_FILE = "feeds.npz"
 _LOADER = '''"""polygraphy --data-loader-script for {graph} of {bundle} (written by specrt.export.polygraphy_case)."""
@@ -113,21 +113,11 @@ def torch_outputs(manifest: Manifest, graph_name: str, models, feeds: dict[str, 
                 logits, hidden, present_kv = model.prefill(t["class_ids"].long())
             else:
                 logits, hidden, present_kv = model.step(t["input_ids"].long(), t["positions"].long(),
-                                                        t["attention_mask"], _stacked(t))
+                                                        t["attention_mask"], torch.from_numpy(stacked_feed(feeds)))
             probs, draws = SamplingHead()(logits, t["mix"], t["uniforms"])
             produced = {"logits": logits, "hidden": hidden, "present_kv": present_kv, "probs": probs, "draws": draws}
     return {name: produced[name].numpy() if name == "draws" else produced[name].float().numpy()
             for name in graph.output_names}
-
-
-def _stacked(feeds: dict) -> "torch.Tensor":
-    """The stacked cache [L, 2, ...] a feed holds: its past_kv, or its per-layer keys and values stacked."""
-    import torch
-
-    if "past_kv" in feeds:
-        return feeds["past_kv"]
-    layers = sum(1 for name in feeds if is_layer_name(name)) // 2
-    return torch.stack([torch.stack([feeds[f"past_key_{i}"], feeds[f"past_value_{i}"]]) for i in range(layers)])
 
 
 def _settle_uniforms(manifest: Manifest, graph_name: str, models, feeds: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
