@@ -77,9 +77,6 @@ output_flags = flag_group("outputs", OutputFlags, [
 ])
 
 
-written_atomically = atomic_path  # a temporary path beside `path`; renamed to `path` on success (specrt.atomic_file)
-
-
 def tokens_output(out: Path) -> Path:
     """--tokens-only's file without --save-tokens: --out with .npy for its suffix (x.png, x. and x: x.npy)."""
     return out.with_name(out.name.rstrip(".") or out.name).with_suffix(".npy")
@@ -89,7 +86,7 @@ def save_tokens(tokens: np.ndarray, path: Path) -> Path:
     """tokens as .npy at exactly `path` (np.save would append .npy to other names): VQ codes
     [N, grid, grid] as int64, continuous latents [N, seq_len, C] in their own float dtype."""
     tokens = np.asarray(tokens)
-    with written_atomically(path) as partial:
+    with atomic_path(path) as partial:
         with open(partial, "wb") as f:
             np.save(f, tokens if np.issubdtype(tokens.dtype, np.floating) else tokens.astype(np.int64))
     return path
@@ -143,7 +140,7 @@ def save_images(images: np.ndarray, out: Path, count: int) -> list[Path]:
     kind = image_formats().get(suffix.lower(), "PNG")
     options = {"quality": 95} if kind in ("JPEG", "WEBP") else {}
     for image, path in zip(images, paths):
-        with written_atomically(path) as partial:
+        with atomic_path(path) as partial:
             Image.fromarray(image).save(partial, format=kind, **options)
     return paths
 
@@ -223,7 +220,7 @@ def save_sheet(images: np.ndarray, path: Path, columns: int) -> Path:
         row, column = divmod(i, columns)
         sheet.paste(tile, (SHEET_GAP + column * (tile_w + SHEET_GAP), SHEET_GAP + row * (tile_h + SHEET_GAP)))
     kind = image_formats().get((path.suffix or DEFAULT_IMAGE_SUFFIX).lower(), "PNG")
-    with written_atomically(path) as partial:
+    with atomic_path(path) as partial:
         sheet.save(partial, format=kind, **({"quality": 95} if kind in ("JPEG", "WEBP") else {}))
     return path
 
