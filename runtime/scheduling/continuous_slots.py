@@ -20,7 +20,9 @@ Sameness: every random number of an image is a counter uniform of its seed, its 
 the draw's coordinates (runtime/families/continuous/draws.py), and its rows attend only to its own
 cache, so its tokens are those of generate([class], seed=its seed) up to float rounding: the batched
 graphs sum over other shapes (more images, a wider masked cache), as in a generate call of several
-images. The device round (PyTorch on an accelerator) has no slot form yet: those groups run as whole calls.
+images. Where the pipeline decodes with the device round (PyTorch on an accelerator, or loop "round"),
+the slots are that round's fixed buffers instead (ContinuousRoundBatch over continuous_round_slots.py:
+a slot refilled in place between rounds, no re-capture, one host read a round).
 """
 from __future__ import annotations
 
@@ -33,8 +35,8 @@ import numpy as np
 from specrt.runtime.families.continuous.methods import (CSpD, ContinuousDecoding, ContinuousMethod, ContinuousStats,
                                                        target_alone)
 from specrt.runtime.families.continuous.pipeline import ContinuousPipeline, ContinuousResult, to_pixels
-from specrt.runtime.families.continuous.round_loop import wants_round
 from specrt.runtime.scheduling.batches import RoundReport, SlotBatch
+from specrt.runtime.scheduling.continuous_round_slots import ContinuousRoundSlots
 from specrt.runtime.scheduling.requests import Request
 
 
@@ -100,31 +102,92 @@ class ContinuousSlots(SlotBatch):
 
     def _result(self, slot: int) -> ContinuousResult:
         """The finished image in `slot` as generate gives one image: its tokens, pixels, counters."""
-        request = self.occupied[slot]
-        tokens = self.inputs[slot:slot + 1, 1:].copy()
         forwards = int(self.forwards[slot])
         stats = ContinuousStats(tokens=self.total, target_passes=forwards, target_forwards=forwards,
                                 drafted=int(self.drafted[slot]), accepted=int(self.accepted[slot]),
                                 residual_proposals=int(self.proposals[slot]))
-        seconds = [time.perf_counter() - self.started[slot]]
-        images = to_pixels(self.pipeline.decoder(tokens)) if request.decode else None
-        return ContinuousResult(tokens, images, stats, seconds, dict(self.sampling))
+        return finished_image(self.pipeline, self.occupied[slot], self.inputs[slot:slot + 1, 1:].copy(), stats,
+                              self.started[slot], self.sampling)
 
     def close(self) -> None:
         self.pipeline.let_go()
 
 
-def continuous_batch(pipeline: Any, request: Request, slots: int) -> Optional[ContinuousSlots]:
-    """The in-flight batch for `request`'s group on a continuous pipeline; None for another family's
-    pipeline or where the call would run the device round; SpecrtError for a group the model refuses."""
+class ContinuousRoundBatch(SlotBatch):
+    """One group's images in a continuous pipeline's device round (its fixed buffers, as `slots`
+    images: continuous_round_slots.py), entering and leaving between rounds. Holds the pipeline's
+    lock while it has images (a direct generate call waits)."""
+
+    def __init__(self, pipeline: ContinuousPipeline, rounds: ContinuousRoundSlots, sampling: dict[str, Any]):
+        super().__init__(rounds.slots)
+        self.pipeline, self.rounds, self.sampling = pipeline, rounds, sampling
+        self.gains: dict[int, Counter] = {}  # tokens each target forward of the slot's image decided
+        self.seconds: dict[int, float] = {}  # time in the rounds the slot's image took part in
+        self.started: dict[int, float] = {}
+
+    def _admit(self, slot: int, request: Request) -> None:
+        self.started[slot] = time.perf_counter()
+        self.rounds.admit(slot, request.class_id, request.seed)
+        self.gains[slot], self.seconds[slot] = Counter(), 0.0
+
+    def _release(self, slot: int) -> None:
+        self.rounds.release(slot)
+
+    def round(self) -> RoundReport:
+        before = {slot: self.rounds.length[slot] for slot in self.occupied}
+        start = time.perf_counter()
+        self.rounds.round()
+        took = time.perf_counter() - start
+        report = RoundReport()
+        for slot, length in before.items():
+            self.gains[slot][self.rounds.length[slot] - length] += 1
+            self.seconds[slot] += took
+            if self.rounds.done(slot):
+                result = report.finished[slot] = self._result(slot)
+                report.tokens += result.stats.tokens
+                report.target_forwards += result.stats.target_forwards
+                report.accepted_lengths.update(self.gains[slot])
+        for slot in report.finished:
+            self.release(slot)
+        return report
+
+    def _result(self, slot: int) -> ContinuousResult:
+        """The finished image in `slot` as generate gives one image; its rounds are its target
+        forwards and passes, and its host reads (one a round)."""
+        rounds, drafted, accepted, proposals = (int(n) for n in self.rounds.counters[slot])
+        stats = ContinuousStats(tokens=self.rounds.total, target_passes=rounds, target_forwards=rounds,
+                                drafted=drafted, accepted=accepted, residual_proposals=proposals, host_syncs=rounds,
+                                round_seconds=self.seconds[slot])
+        return finished_image(self.pipeline, self.occupied[slot], self.rounds.tokens[slot:slot + 1].copy(), stats,
+                              self.started[slot], self.sampling)
+
+    def close(self) -> None:
+        self.pipeline.let_go()
+
+
+def finished_image(pipeline: ContinuousPipeline, request: Request, tokens: np.ndarray, stats: ContinuousStats,
+                   started: float, sampling: dict[str, Any]) -> ContinuousResult:
+    """A finished image's result as generate gives one image: its tokens [1, seq_len, C], its pixels
+    (the tokenizer decoder on it alone, where the request decodes), its counters and its time."""
+    seconds = [time.perf_counter() - started]
+    images = to_pixels(pipeline.decoder(tokens)) if request.decode else None
+    return ContinuousResult(tokens, images, stats, seconds, dict(sampling))
+
+
+def continuous_batch(pipeline: Any, request: Request, slots: int) -> Optional[SlotBatch]:
+    """The in-flight batch for `request`'s group on a continuous pipeline: the device round's slots
+    where a call would decode with it, else the host loop's; None for another family's pipeline;
+    SpecrtError for a group the model refuses."""
     if not isinstance(pipeline, ContinuousPipeline):
         return None
     method, sampling = pipeline.prepared(request.method, dict(request.params))
-    if wants_round(pipeline.loop, pipeline.target, method.name):
-        return None
     pipeline.check_runs(method, request.decode)
     pipeline.hold()
     try:
+        round_ = pipeline.device_round(method, sampling, slots)  # None: the host loop decodes
+        if round_ is not None:
+            return ContinuousRoundBatch(pipeline, ContinuousRoundSlots(round_, slots, pipeline.target.cuda_graphs),
+                                        sampling)
         return ContinuousSlots(pipeline, method, sampling, slots)
     except BaseException:
         pipeline.let_go()

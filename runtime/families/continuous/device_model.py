@@ -51,6 +51,14 @@ class ContinuousDeviceModel:
         """The same buffers for a new call of as many images (a captured round replays over them)."""
         self.class_ids.copy_(self._rows(class_ids))
 
+    def admit(self, image: int, class_id: int) -> None:
+        """A new image in image slot `image` (in-flight batching): its class id in its conditional row
+        (its unconditional twin keeps the null class) and its KV rows zeroed — in place, so a captured
+        round replays over the same buffers. The zeroing is hygiene, not what exactness rests on: the
+        mask hides every column past a position until the image's own window has written it."""
+        self.class_ids[image] = class_id
+        self.kv[:, :, image::self.images].zero_()  # rows image, image + images, ...: its pairs' rows
+
     def _rows(self, class_ids: np.ndarray) -> Any:
         """The model rows' class ids (host tensor): [classes] or [classes; unconditional]."""
         ids = np.asarray(class_ids, dtype=np.int64)

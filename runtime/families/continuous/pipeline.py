@@ -150,10 +150,23 @@ class ContinuousPipeline:
         """Give the runners back after `hold` (the next generate call may run)."""
         self._lock.release()
 
+    def device_round(self, strategy: ContinuousMethod, sampling: dict[str, Any], images: int) -> Any:
+        """The device round (round_loop.py) a call of `images` images decodes with, kept for later
+        calls of its shape, or None where the call runs the host loop (by `loop`, wants_round).
+        In-flight slots (runtime/scheduling/continuous_round_slots.py) take the same round a call of
+        as many images runs, its buffers and captured graph included."""
+        if not wants_round(self.loop, self.target, strategy.name):
+            return None
+        return self._round(strategy, sampling, images)
+
+    def _round(self, strategy: ContinuousMethod, sampling: dict[str, Any], images: int) -> Any:
+        draft = self.draft if strategy.needs_draft else None
+        blank = np.zeros(images, dtype=np.int64)  # class ids only size the round; each call starts its own
+        return kept_round(self._rounds, round_key(strategy, images, sampling),
+                          lambda: plan_round(strategy, self.target, draft, sampling, blank), self.keep_rounds)
+
     def _decode_rounds(self, strategy: Any, ids: np.ndarray, seeds: list[int], sampling: dict[str, Any],
                        stats: ContinuousStats) -> np.ndarray:
         """One pass of device rounds (round_loop.py), the round kept for later calls of its shape."""
-        draft = self.draft if strategy.needs_draft else None
-        round_ = kept_round(self._rounds, round_key(strategy, len(ids), sampling),
-                            lambda: plan_round(strategy, self.target, draft, sampling, ids), self.keep_rounds)
+        round_ = self._round(strategy, sampling, len(ids))
         return decode_rounds(round_, ids, seeds, stats, graphs=self.target.cuda_graphs)

@@ -72,6 +72,20 @@ class ContinuousRoundState:
         self.finished.fill_(self.total <= 0)
         self.pending.fill_(False)
 
+    def admit(self, image: int, seed: int) -> None:
+        """Image slot `image` holds a new image from now on (in-flight batching): its seed's halves,
+        nothing decided, no round taken, no draw open, its counters at zero — as `restart` leaves a
+        call's images; the other images untouched. Written in place: no new tensor, nothing read back."""
+        self.seed_low[image], self.seed_high[image] = seed_halves(seed)
+        for counter in (self.tokens, self.length, self.rounds, self.drafted, self.accepted, self.proposals):
+            counter[image] = 0
+        self.finished[image] = self.total <= 0
+        self.pending[image] = False
+
+    def release(self, image: int) -> None:
+        """Image slot `image` is free: finished, so it rides along as padding and changes nothing."""
+        self.finished[image] = True
+
     def uniforms(self, index: Any, kind: int, part: Any = 0) -> Any:
         """float64 uniforms for token indices index [I, ...] of this round, one kind of draw, one part
         (an int, or an int64 tensor broadcasting with index, below draws.PART_SPAN)."""

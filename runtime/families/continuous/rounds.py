@@ -102,6 +102,17 @@ class ContinuousRound:
             self.state.restart(seeds)
         return self.state
 
+    def admit(self, image: int, class_id: int, seed: int) -> None:
+        """A new image (class id, seed) in the free image slot `image` of the running state, between
+        two rounds (in-flight batching, runtime/scheduling/continuous_round_slots.py): its rows in
+        both models, its counter coordinates and its progress reset in place, in the buffers a
+        captured round replays over. Its prefill, the class token at position 0, is its window in
+        the next round, as in a call's first round."""
+        for model in (self.target, self.draft):
+            if model is not None:
+                model.admit(image, class_id)
+        self.state.admit(image, seed)
+
     def chains(self, model: ContinuousDeviceModel, z: Any, normals: Any, positions: Any) -> tuple[Any, Any]:
         """Chains of `model` from conditions z [pairs, R, D] on normals [I, J, groups, (T+1)·C] (R rows,
         in their order), each row at its token position positions [R]: (x_0, last-step mean)."""
