@@ -52,6 +52,7 @@ class InflightBatch(SlotBatch):
 
     def round(self) -> RoundReport:
         before = {slot: len(self.rounds.tokens[slot]) for slot in self.occupied}
+        self.rounds.compact()
         self.rounds.round()
         report = RoundReport()
         for slot, length in before.items():

@@ -74,13 +74,15 @@ class Request:
         object.__setattr__(self, "params", dict(self.params or {}))
         if self.deadline is not None:
             object.__setattr__(self, "deadline", validation.number("deadline", self.deadline))
+        # the scheduler compares groups for every waiting request at every round: written once here
+        object.__setattr__(self, "_group", (self.method, json.dumps(self.params, sort_keys=True, default=str),
+                                            self.decode, self.negative_prompt, self.prompt_suffix))
 
     @property
     def group(self) -> tuple:
         """Requests with equal groups may share a batch: the same method, parameters and sampling
         keys, decoding, and unconditional-row options (the condition and the seed may differ)."""
-        return (self.method, json.dumps(self.params, sort_keys=True, default=str), self.decode,
-                self.negative_prompt, self.prompt_suffix)
+        return self._group  # type: ignore[attr-defined]
 
     @property
     def prompt_options(self) -> dict[str, Any]:

@@ -76,6 +76,10 @@ class RoundSlots:
     def done(self, slot: int) -> bool:
         return self._known[slot] >= self.total
 
+    def compact(self) -> None:
+        """Nothing leaves the fixed buffers: a free slot rides the round as padding (its rows
+        finite), so the captured graph keeps its shapes."""
+
     def round(self) -> None:
         """One round for every slot (free ones as padding), then the one read: lengths and new tokens."""
         torch = self.torch

@@ -77,15 +77,17 @@ class SlotRounds:
         self.tokens[slot] = [int(first.draws[0, 0])]
 
     def release(self, slot: int) -> None:
-        """`slot` is free: its image leaves the runners' batch (where a shrink pays, _compact)."""
+        """`slot` is free: its batch position sits rounds out until an admit takes it or the next
+        round's compact() drops it. Not dropped here: under load a request enters the freed position
+        before the next round, and shrinking then growing would move every KV row twice."""
         self.tokens[slot] = self._free()
         self.positions[self.positions.index(slot)] = None
-        self._compact()
 
-    def _compact(self) -> None:
-        """Free positions leave the batch: at once where moving KV rows is a copy (retain_share 0),
-        or once that share of the batch is free where a shrink costs more (CUDA graphs re-captured),
-        as generate's finished images leave (methods/base.Batched); one position always stays."""
+    def compact(self) -> None:
+        """Free positions leave the batch before a round (InflightBatch.round): every one where
+        moving KV rows is a copy (retain_share 0), or once that share of the batch is free where a
+        shrink costs more (CUDA graphs re-captured), as generate's finished images leave
+        (methods/base.Batched); one position always stays."""
         free = self.positions.count(None)
         if not free or free < max(r.retain_share for r in self.runners()) * len(self.positions):
             return

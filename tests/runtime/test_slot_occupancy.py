@@ -77,7 +77,7 @@ def test_rows_follow_occupancy_and_images_equal_alone(method, params, monkeypatc
 def test_a_batch_that_never_shrinks_is_caught(monkeypatch):
     """The planted bug: released slots ride along as pad rows (no shrink). The occupancy check
     above must see it (its control)."""
-    monkeypatch.setattr(SlotRounds, "_compact", lambda self: None)
+    monkeypatch.setattr(SlotRounds, "compact", lambda self: None)
     requests = [Request(class_id=c % 4, seed=40 + c, method="sd", params={"draft_len": 3}, decode=False)
                 for c in range(5)]
     _, passes = served(toy_pipeline(), requests, 3, monkeypatch)
