@@ -202,9 +202,10 @@ def test_free_slots_cost_no_rows(pipe, monkeypatch):
     np.testing.assert_allclose(result.tokens, want.tokens, rtol=0, atol=ATOL)
 
 
-def test_refusals_and_the_device_round_keep_whole_calls(pipe):
+def test_refusals_fail_at_the_batch_before_a_slot_is_taken(pipe):
     """A group the model refuses fails at the batch, before a slot is taken (the pipeline's lock is
-    free again); where generate would run the device round there is no slot form (None: whole calls)."""
+    free again), as does loop "round" on onnxruntime; another family's pipeline gets None here.
+    (The device round's slots: test_continuous_round_slots.py.)"""
     with pytest.raises(SpecrtError, match="no tokenizer decoder"):
         continuous_batch(pipe, Request(class_id=1, method="ar"), 2)
     with pytest.raises(SpecrtError, match="temperature"):
