@@ -55,7 +55,8 @@ class ServedImage:
 
 
 class Client:
-    """One connection to a specrt model; `timeout_s` bounds every call (connect and infer)."""
+    """One connection to a specrt model; `timeout_s` bounds every call (connect and infer) and is each
+    request's deadline on the server, so an image this client gave up on stops taking a slot."""
 
     def __init__(self, url: str = "127.0.0.1:8000", protocol: str = "http", model: str = "specrt",
                  timeout_s: float = 60.0):
@@ -79,7 +80,11 @@ class Client:
         inputs = request_inputs(self._lib, values)
         outputs = [self._lib.InferRequestedOutput(spec.name) for spec in OUTPUTS
                    if not (tokens_only and spec.name == "image")]
-        extra = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
+        # the server hears when a gRPC client gives up (cancellation) but not when an HTTP client closes its
+        # connection (Triton 2.51 does not report it): over HTTP the client's timeout goes with the request
+        # as its own deadline (KServe v2 `timeout`, microseconds), so the server ends the image then too
+        extra = ({"client_timeout": self.timeout_s} if self.protocol == "grpc"
+                 else {"timeout": max(1, int(self.timeout_s * 1e6))})
         try:
             result = self._client.infer(self.model, inputs, outputs=outputs, **extra)
         except Exception as exc:  # tritonclient's, gevent's and socket errors: the request never got an answer

@@ -5,8 +5,10 @@ queue and can be cancelled midway), 1 slot, a queue of 2. Asserted: every answer
 generate gives for the same request alone, over HTTP and gRPC; a burst beyond the queue is refused
 at once with gRPC UNAVAILABLE / HTTP 503 saying the queue is full, while the accepted requests are
 answered correctly; a gRPC request cancelled by its client's timeout frees its slot (the next
-request does not wait for it to finish); the metrics port carries every specrt_* metric; leaving
-the server drains it (a running image is answered). Every wait is bounded.
+request does not wait for it to finish), and so does an HTTP Client that gives up (its timeout is the
+request's deadline), while a bare HTTP disconnect is not reported by Triton and runs to its end; the
+metrics port carries every specrt_* metric; leaving the server drains it (a running image is answered).
+Every wait is bounded.
 """
 from __future__ import annotations
 
@@ -135,6 +137,60 @@ def test_a_cancelled_request_frees_its_slot(server):
     while metric(server, 'specrt_requests_total{model="specrt",outcome="cancelled"}') <= cancelled_before:
         assert time.monotonic() < deadline, "the cancellation was not counted"
         time.sleep(0.2)
+
+
+def counted(config: ServeConfig, outcome: str) -> float:
+    return metric(config, f'specrt_requests_total{{model="specrt",outcome="{outcome}"}}')
+
+
+def wait_for_count(config: ServeConfig, outcome: str, above: float, timeout_s: float = 5.0) -> None:
+    """Bounded wait until the scheduler's count of `outcome` exceeds `above` (metrics refresh once a second)."""
+    deadline = time.monotonic() + timeout_s
+    while counted(config, outcome) <= above:
+        assert time.monotonic() < deadline, f"no request counted {outcome} in {timeout_s} s"
+        time.sleep(0.2)
+
+
+def image_seconds(config: ServeConfig) -> float:
+    with Client(f"127.0.0.1:{config.http_port}", timeout_s=60.0) as client:
+        start = time.monotonic()
+        client.generate(class_id=0, seed=1)
+        return time.monotonic() - start
+
+
+def test_an_http_client_that_gives_up_frees_its_slot(server):
+    """Over HTTP the Client's timeout travels as the request's deadline: the image it gave up on ends
+    at the next round instead of holding the slot to its end."""
+    image_s = image_seconds(server)
+    expired_before = counted(server, "expired")
+    with Client(f"127.0.0.1:{server.http_port}", timeout_s=image_s / 5) as impatient:
+        with pytest.raises(SpecrtError):
+            impatient.generate(class_id=1, seed=2)
+    start = time.monotonic()
+    with Client(f"127.0.0.1:{server.http_port}", timeout_s=60.0) as client:
+        client.generate(class_id=2, seed=3)
+    waited = time.monotonic() - start
+    # had the abandoned image kept its slot, this one would wait for most of it first (~1.8 images)
+    assert waited < 1.6 * image_s, (waited, image_s)
+    wait_for_count(server, "expired", expired_before)
+
+
+def test_a_bare_http_disconnect_runs_to_its_end(server):
+    """What the serving guide says of HTTP: Triton 2.51 (PyTriton 0.7.0) does not tell the model that an
+    HTTP client closed its connection, so a request without its own `timeout` decodes to its end. When a
+    Triton that reports it comes, this fails, and the guide's table (and this test) must change."""
+    import json
+    import socket
+
+    completed_before, cancelled_before = counted(server, "completed"), counted(server, "cancelled")
+    body = json.dumps({"inputs": [{"name": "class_id", "shape": [1, 1], "datatype": "INT64", "data": [[3]]},
+                                  {"name": "seed", "shape": [1, 1], "datatype": "UINT64", "data": [[4]]}]}).encode()
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as connection:
+        connection.sendall(b"POST /v2/models/specrt/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                           b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(0.1)  # the image is decoding when the client goes
+    wait_for_count(server, "completed", completed_before)
+    assert counted(server, "cancelled") == cancelled_before
 
 
 def test_the_metrics_port_has_the_scheduler_metrics(server):
