@@ -11,8 +11,9 @@ runs in Triton's stub process, where `pb_utils` offers what in-flight serving ne
   into HTTP 503 and gRPC UNAVAILABLE ("the queue is full ...");
 - request cancellation: `request.is_cancelled()` is polled (CANCEL_POLL_S) and a cancelled request
   leaves its slot at the scheduler's next round (Triton reports cancellation for gRPC clients that
-  cancel or time out; over HTTP a client that disconnects is not reported, so its request runs to
-  its end or its deadline);
+  cancel or time out; its HTTP front end, 2.51 as PyTriton 0.7.0 bundles it, does not read a
+  connection while its request runs, so a client that disconnects is not reported and its request
+  runs to its end or its deadline: an HTTP request's own `timeout` or `request_timeout_s`);
 - custom metrics on Triton's metrics port (scheduler_metrics.py).
 
 Rows: a request's rows are decoded by protocol.decode_request as in dynamic batching; each row is
