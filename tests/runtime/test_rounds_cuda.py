@@ -4,8 +4,9 @@ What a CPU cannot show: that capturing a round and replaying it gives the eager 
 greedy decoding (nothing random) gives the host loop's tokens there too, that an image is the same
 alone and in a batch under replay, and that a later call replays the kept graph — with the demo's
 draft GPT and with its EAGLE head (runtime/rounds/drafts.py HeadDraft) drafting, and under the chameleon
-demo's image grammar; and that in-flight slots (runtime/scheduling/round_slots.py) refill the captured
-round's buffers with no new capture, an image admitted mid-flight getting its tokens alone. Needs a CUDA GPU:
+demo's image grammar; and that in-flight slots (runtime/scheduling/round_slots.py, and the continuous
+family's continuous_round_slots.py) refill the captured round's buffers with no new capture, an image
+admitted mid-flight getting its tokens alone. Needs a CUDA GPU:
 skipped, saying so, elsewhere (bench/device-run.sh tests runs it on the GPU machine).
 """
 from __future__ import annotations
@@ -151,3 +152,37 @@ def test_slots_refill_the_captured_round_without_a_new_capture(method, params, e
     assert again.round_ is slots.round_ and again.step is captured
     later = run_requests(again, pipe, requests[::-1])
     assert later == tokens and slots.round_.captured is captured
+
+
+@pytest.mark.parametrize("method,params", [("ar", {}), ("cspd", {"draft_len": 4})], ids=["ar", "cspd"])
+def test_continuous_slots_refill_the_captured_round_without_a_new_capture(method, params):
+    """The continuous demo's device-round slots: captured at their second round where no call has,
+    replayed from then on across admissions (one a round, the third into a slot another image left):
+    one capture, the same buffers, one host read a round and none at an admission, each image its
+    request's alone (to the captured round's 1e-4 above). A generate call of as many images, and a
+    later batch of slots, replay that same graph."""
+    from continuous_slot_runs import alone, open_round_batch, run_in_flight
+    from slot_runs import round_buffers
+    from specrt.runtime.scheduling import Request
+
+    pipe = mar_demo_pipeline()
+    queue = [Request(class_id=c, seed=s, method=method, params=params, decode=False) for c, s in [(1, 3), (4, 8), (7, 5)]]
+    batch, first = open_round_batch(pipe, queue[0], 2), {}
+    slots = batch.rounds
+    assert slots.step is slots.round_ and getattr(slots.round_, "captured", None) is None
+    run = run_in_flight(batch, queue, admitted=lambda b: first or first.update(round_buffers(b.rounds)))
+    captured = slots.round_.captured
+    assert captured is not None and slots.step is captured
+    assert round_buffers(slots) == first
+    assert run.reads["admit"] == [0] * len(queue) and run.reads["round"] == [1] * slots.runs
+    tokens = [run.results[i].tokens[0] for i in range(len(queue))]
+    for request, got in zip(queue, tokens):
+        np.testing.assert_allclose(got, alone(pipe, request).tokens[0], atol=1e-4, err_msg=f"{method} {request}")
+    called = pipe.generate([1, 4], method=method, seed=[3, 8], decode=False, **params).tokens
+    np.testing.assert_allclose(called, np.stack(tokens[:2]), atol=1e-4)
+    again = open_round_batch(pipe, queue[0], 2)
+    assert again.rounds.round_ is slots.round_ and again.rounds.step is captured
+    later = run_in_flight(again, queue[::-1])
+    for index in range(len(queue)):
+        np.testing.assert_allclose(later.results[len(queue) - 1 - index].tokens[0], tokens[index], atol=1e-4)
+    assert slots.round_.captured is captured
