@@ -10,8 +10,9 @@ its slot between rounds. Three kinds:
 - WholeCalls (here): one generate call over the requests admitted before it, as a dynamic batcher
   runs them; the fallback for what has no step-wise form yet (the host loop's trees and EAGLE
   drafters). Its "round" is a whole call: requests enter only between calls.
-- ContinuousSlots (runtime/scheduling/continuous_slots.py): InflightBatch's form for the continuous
-  family's ar and cspd on the host loop.
+- ContinuousSlots and ContinuousRoundBatch (runtime/scheduling/continuous_slots.py): InflightBatch's
+  forms for the continuous family's ar and cspd, on the host loop and in the device round's fixed
+  buffers (continuous_round_slots.py).
 
 Either way an image is the one its request gives alone: every random number a counter uniform of
 its own seed and the draw's coordinates (runtime/counter_random.py).
@@ -136,9 +137,9 @@ class WholeCalls(SlotBatch):
 
 
 def open_batch(pipeline: Any, request: Request, slots: int, inflight: bool = True) -> SlotBatch:
-    """The batch for `request`'s group: in-flight rounds where the pipeline's host loop has a
-    step-wise form for its method (runtime/scheduling/inflight.py; the continuous family's,
-    continuous_slots.py), else whole calls."""
+    """The batch for `request`'s group: in-flight rounds where the pipeline's loop (host or device
+    round) has a step-wise form for its method (runtime/scheduling/inflight.py; the continuous
+    family's, continuous_slots.py), else whole calls."""
     if inflight:
         from specrt.runtime.scheduling.continuous_slots import continuous_batch
         from specrt.runtime.scheduling.inflight import inflight_batch
