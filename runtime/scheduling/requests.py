@@ -103,6 +103,7 @@ class Ticket:
     def __init__(self, request: Request, submitted: float):
         self.request = request
         self.submitted = submitted  # time.monotonic() at submit: latencies are measured from it
+        self.admitted = submitted  # time.monotonic() when it took a slot (the scheduler sets it)
         self.future: Future = Future()
 
     def cancel(self) -> bool:

@@ -14,10 +14,14 @@ so requests of different methods or parameters cannot share it; they wait in the
 scheduler runs one group's batch at a time:
 - when no batch runs, it opens one for the group of the oldest waiting request;
 - between rounds the running batch admits its own group's waiting requests, oldest first, into
-  free slots — until a request of another group has waited longer than `max_group_wait` seconds;
-  then it admits no more, runs its images to their end, and the next batch is the group of the
-  oldest waiting request. So a single-group load keeps every slot busy, and a mixed load is
-  served oldest-first with each group's wait bounded by `max_group_wait` plus one image's time.
+  free slots — until a request of another group has waited longer than `max_group_wait` seconds
+  (by default one image's time: the recent mean from admission to last token, so the default fits
+  a 60 ms demo image and a GPT-XL image of seconds alike); from then on only its own requests
+  older than that one enter, then it runs its images to their end, and the next batch is the group
+  of the oldest waiting request. So a single-group
+  load keeps every slot busy, and a mixed load is served oldest-first with each group's wait
+  bounded by about two images' time (the wait, then the running images' last tokens) — what a
+  dynamic batcher's call in progress costs it, where a fixed wait of seconds would cost more.
 
 Faults and back-pressure: submit refuses a request at once with QueueFull when `max_queue`
 requests wait; a request past its deadline ends with DeadlineExceeded at the next round (waiting
@@ -47,25 +51,30 @@ LOG = logging.getLogger("specrt.scheduler")
 MAX_SLOTS = 256
 MAX_QUEUE = 100_000
 DEFAULT_SLOTS = 8  # images decoding together when the caller names no number
+MAX_GROUP_WAIT = 3600.0
+IMAGE_TIME_WEIGHT = 0.2  # the newest image's share of the recent mean image time
 
 
 class Scheduler:
     """Decodes submitted requests in `slots` slots on `pipeline` (any family's), in its own thread.
 
     `max_queue`: waiting requests beyond which submit raises QueueFull. `max_group_wait`: seconds a
-    request of another group may wait before the running batch stops admitting (module docstring).
+    request of another group may wait before the running batch stops admitting (module docstring);
+    None: one image's time, as measured on this scheduler's recent images.
     `inflight=False` runs each batch as one whole generate call (the dynamic batcher's way), the
     baseline in-flight batching is measured against. Do not call the pipeline's generate directly
     while the scheduler decodes: such calls wait for the running batch (the pipeline's lock)."""
 
-    def __init__(self, pipeline: Any, *, slots: int = DEFAULT_SLOTS, max_queue: int = 64, max_group_wait: float = 5.0,
-                 inflight: bool = True):
+    def __init__(self, pipeline: Any, *, slots: int = DEFAULT_SLOTS, max_queue: int = 64,
+                 max_group_wait: Optional[float] = None, inflight: bool = True):
         self.pipeline = pipeline
         self.family = pipeline_family(pipeline)
         # a bundle's graphs take at most its max_images images in one call (export --max-batch)
         self.slots = validation.count("slots", slots, high=min(MAX_SLOTS, getattr(pipeline, "max_images", MAX_SLOTS)))
         self.max_queue = validation.count("max_queue", max_queue, high=MAX_QUEUE)
-        self.max_group_wait = validation.number("max_group_wait", max_group_wait, low=0.0)
+        self.max_group_wait = (None if max_group_wait is None
+                               else validation.number("max_group_wait", max_group_wait, low=0.0, high=MAX_GROUP_WAIT))
+        self._image_seconds: Optional[float] = None  # recent mean admission-to-finish time (the default wait)
         self.inflight = validation.flag("inflight", inflight)
         self._cond = threading.Condition(threading.RLock())  # future callbacks re-enter it from the worker
         self._waiting: deque[Ticket] = deque()
@@ -208,12 +217,13 @@ class Scheduler:
             self._group = self._waiting[0].request.group if self._waiting else None
         if self._group is None:
             return []
-        now = time.monotonic()
-        if self._running and any(t.request.group != self._group and now - t.submitted > self.max_group_wait
-                                 for t in self._waiting):
-            return []  # another group waited long enough: this batch drains
+        limit = self.max_group_wait if self.max_group_wait is not None else self._image_seconds
+        other = min((t.submitted for t in self._waiting if t.request.group != self._group), default=None)
+        # another group waited long enough: only requests older than it still enter, then this batch drains
+        cutoff = other if other is not None and limit is not None and time.monotonic() - other > limit else None
         free = self.slots - len(self._running)
-        admitted = [t for t in self._waiting if t.request.group == self._group][:free]
+        admitted = [t for t in self._waiting
+                    if t.request.group == self._group and (cutoff is None or t.submitted <= cutoff)][:free]
         for ticket in admitted:
             self._waiting.remove(ticket)
         return admitted
@@ -248,6 +258,7 @@ class Scheduler:
                     self._fail(ticket, exc, "failed")
                 continue
             with self._cond:
+                ticket.admitted = time.monotonic()
                 self._running[slot] = ticket
         if not self._running:
             return
@@ -273,9 +284,15 @@ class Scheduler:
                 continue
             self._stats.completed += 1
             self._stats.record_latency(now - ticket.submitted)
+            self._record_image_time(now - ticket.admitted)
         self._stats.tokens += report.tokens
         self._stats.target_forwards += report.target_forwards
         self._stats.accepted_lengths.update(report.accepted_lengths)
+
+    def _record_image_time(self, seconds: float) -> None:
+        """Fold one image's admission-to-finish time into the recent mean (the default group wait)."""
+        last = self._image_seconds
+        self._image_seconds = seconds if last is None else last + IMAGE_TIME_WEIGHT * (seconds - last)
 
     def _fail(self, ticket: Ticket, error: BaseException, how: str) -> None:
         """End `ticket` with `error`, counted under `how` (nothing when it has already ended)."""

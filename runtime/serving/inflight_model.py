@@ -105,7 +105,7 @@ class TritonPythonModel:
                               f"(a bundle's `specrt export --max-batch`)")
         self.scheduler = Scheduler(pipeline, slots=slots,
                                    max_queue=int(parameters.get("max_queue") or 64),
-                                   max_group_wait=float(parameters.get("max_group_wait_s") or 5.0))
+                                   max_group_wait=float(parameters["max_group_wait_s"]) if parameters.get("max_group_wait_s") else None)
         from specrt.runtime.serving.scheduler_metrics import SchedulerMetrics
 
         self.metrics = SchedulerMetrics(self.pb, args.get("model_name", "specrt"), self.scheduler.slots)

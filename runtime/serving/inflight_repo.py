@@ -37,7 +37,7 @@ class InflightConfig:
     slots: Optional[int] = None  # None: 8, or the model's max_images where fewer (inflight_model)
     max_queue: int = 64
     request_timeout_s: Optional[float] = None  # None: only a request's own Triton timeout
-    max_group_wait_s: float = 5.0
+    max_group_wait_s: Optional[float] = None  # None: one image's time, measured (Scheduler)
     max_batch: int = 8  # rows one request may carry (Triton's max_batch_size)
 
 
@@ -77,7 +77,7 @@ def config_pbtxt(model_name: str, config: InflightConfig, pipeline_spec: dict[st
     """config.pbtxt of the in-flight model: no dynamic batcher (the scheduler batches), one instance."""
     parameters = {"pipeline": json.dumps(pipeline_spec), "slots": "" if config.slots is None else str(config.slots), "max_queue": str(config.max_queue),
                   "request_timeout_s": "" if config.request_timeout_s is None else repr(config.request_timeout_s),
-                  "max_group_wait_s": repr(config.max_group_wait_s), "drain_file": str(drain_file),
+                  "max_group_wait_s": "" if config.max_group_wait_s is None else repr(config.max_group_wait_s), "drain_file": str(drain_file),
                   "drain_s": repr(float(drain_s))}
     lines = [f'name: "{model_name}"', 'backend: "python"', f"max_batch_size: {config.max_batch}",
              "instance_group [ { count: 1 kind: KIND_CPU } ]",
