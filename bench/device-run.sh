@@ -11,22 +11,24 @@
 #                                     # (the draft GPT, then the EAGLE head drafting, then the MAR demo's ar and cspd)
 #   bash bench/device-run.sh round-xl # the same loops at GPT-XL size (random weights): meas/pred of ar, sd, sjd, sjd-pac
 #   bash bench/device-run.sh auto     # --method auto beside the fixed lossless settings it chooses from, and gsd, on the round
+#   bash bench/device-run.sh serve    # the scheduler under open-loop load: in flight against whole calls (no Triton there)
 #
 # Each stage writes its text, JSON and Markdown into a folder named for the device, the date and
 # the stage (h100-2026-11-27-round, say) under $OUT (the device tool's return folder) or, without
 # it, bench/results/; each file is headed by the command and the GPU's name, and the folder is
 # ready to be copied into bench/results/ as it is. The machine has torch, onnx, onnxruntime, click
 # and numpy but nothing can be fetched there, so specrt is installed from this checkout without
-# dependencies. IMAGES and DEVICE override the image counts and the torch device, PLAN_ARGS adds
+# dependencies. IMAGES and DEVICE override the image counts and the torch device, LOAD_SECONDS the serve
+# stage's seconds a load (default 15), PLAN_ARGS adds
 # plan-tree flags, STEP_ARCHS the step stage's profiles (IMAGES=2 DEVICE=cpu STEP_ARCHS=B
 # PLAN_ARGS='--max-nodes 6 --repeats 2 --probe-width 2 --probe-depth 2' checks the script itself
 # on a machine without a GPU, into a cpu-... folder). The step stage compiles
 # each (model, dtype, batch, window) once (inductor's cache: TORCHINDUCTOR_CACHE_DIR).
 set -euo pipefail
-stage="${1:?usage: bash bench/device-run.sh step|tests|demo|trees|plans|round|round-xl|auto}"
+stage="${1:?usage: bash bench/device-run.sh step|tests|demo|trees|plans|round|round-xl|auto|serve}"
 case "$stage" in
-    step|tests|demo|trees|plans|round|round-xl|auto) ;;
-    *) echo "bench/device-run.sh: unknown stage '$stage' (step, tests, demo, trees, plans, round, round-xl or auto)" >&2; exit 2 ;;
+    step|tests|demo|trees|plans|round|round-xl|auto|serve) ;;
+    *) echo "bench/device-run.sh: unknown stage '$stage' (step, tests, demo, trees, plans, round, round-xl, auto or serve)" >&2; exit 2 ;;
 esac
 device="${DEVICE:-cuda}"
 export PYTHONUNBUFFERED=1
@@ -140,5 +142,19 @@ case "$stage" in
         run auto-gpu "${bench[@]}" --methods ar,sd,sjd,sjd-pac,gsd,auto --sweep 'sd:L=1,2,4' \
             --sweep 'sjd:L=4,8,16;coupling=independent,gumbel' --sweep 'sjd-pac:L=16,64' --loop round --batch 1,8 \
             --images "$n" --json "$out/auto-gpu.json" --markdown "$out/auto-gpu.md"
+        ;;
+    serve)
+        # in-flight batching on the GPU: the runtime's scheduler in this process (PyTriton is not on the machine),
+        # images entering between device rounds against whole generate calls (a dynamic batcher's batches), the
+        # demo with sjd under open-loop Poisson load at fractions of whole calls' saturated throughput; p50/p99 per
+        # load, saturated throughput, every answer's tokens against the same request alone; then a mixed load
+        # (ar, sd, sjd: three groups) at 0.5x and 0.75x
+        s="${LOAD_SECONDS:-15}"
+        run serve-gpu "${bench[@]}" --serve --in-process --loads 0.25,0.5,0.75,1.0,1.5 --rate-seconds "$s" \
+            --overload-seconds "$((2 * s))" --saturation-seconds "$s" --json "$out/serve-gpu.json" \
+            --markdown "$out/serve-gpu.md" --plot "$out/serve-gpu.png"
+        run serve-mixed-gpu "${bench[@]}" --serve --in-process --methods ar,sd,sjd --loads 0.5,0.75 \
+            --rate-seconds "$s" --saturation-seconds "$s" --json "$out/serve-mixed-gpu.json" \
+            --markdown "$out/serve-mixed-gpu.md"
         ;;
 esac

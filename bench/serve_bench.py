@@ -172,8 +172,11 @@ class MemoryWatch:
                 "growth": round(peak / self.start_rss - 1.0, 4)}
 
 
-async def _alone(url: str, pool: Sequence[LoadRequest], timeout_s: float) -> dict[int, np.ndarray]:
-    client = LoadClient(url, timeout_s=timeout_s)
+Connect = Callable[[], Any]  # a new client with LoadClient's async send / close (one per phase)
+
+
+async def _alone(connect: Connect, pool: Sequence[LoadRequest]) -> dict[int, np.ndarray]:
+    client = connect()
     try:
         answers = {}
         for index, request in enumerate(pool):
@@ -186,34 +189,63 @@ async def _alone(url: str, pool: Sequence[LoadRequest], timeout_s: float) -> dic
         await client.close()
 
 
-async def _saturation(url: str, pool: Sequence[LoadRequest], config: ServeBenchConfig) -> float:
-    client = LoadClient(url, timeout_s=config.timeout_s)
+async def _saturation(connect: Connect, mode: str, pool: Sequence[LoadRequest], config: ServeBenchConfig) -> float:
+    client = connect()
     try:
         outcomes, seconds = await closed_loop(client, pool, 2 * config.slots, config.saturation_s, config.seed)
     finally:
         await client.close()
     ok = sum(o.kind == "ok" for o in outcomes)
     if not ok:
-        raise SpecrtError(f"no request was answered in {config.saturation_s:.0f} s of closed-loop load at {url}")
+        raise SpecrtError(f"{mode}: no request was answered in {config.saturation_s:.0f} s of closed-loop load")
     return ok / seconds
 
 
-async def _rate(url: str, pool: Sequence[LoadRequest], rate: float, seconds: float, config: ServeBenchConfig,
+async def _rate(connect: Connect, pool: Sequence[LoadRequest], rate: float, seconds: float, config: ServeBenchConfig,
                 stream: int) -> list:
     arrivals = poisson_arrivals(rate, seconds, config.max_requests, seed=config.seed * 1000 + stream)
     picks = np.random.default_rng(config.seed * 1000 + stream + 500).integers(len(pool), size=len(arrivals))
-    client = LoadClient(url, timeout_s=config.timeout_s)
+    client = connect()
     try:
         return await open_loop(client, pool, arrivals, picks)
     finally:
         await client.close()
 
 
+def measure_modes(connect: dict[str, Connect], rss: dict[str, Callable[[], int]], config: ServeBenchConfig,
+                  say: Callable[[str], None]) -> dict[str, Any]:
+    """Steps 2 to 4 (module docstring) against each mode's clients (`connect[mode]()` makes one;
+    `rss[mode]` the memory to watch, where there is one); the JSON-ready results."""
+    pool = request_pool(config.classes, config.pool_size, list(config.methods), config.seed)
+    modes = list(connect)
+    say(f"answering the {len(pool)} pool requests alone in each mode ...")
+    alone = {mode: asyncio.run(_alone(connect[mode], pool)) for mode in modes}
+    agree = all(tokens_match(alone[m][i], alone[modes[0]][i]) for m in modes for i in alone[m])
+    saturated = {}
+    for mode in modes:
+        say(f"{mode}: closed loop, {2 * config.slots} clients, {config.saturation_s:.0f} s ...")
+        saturated[mode] = asyncio.run(_saturation(connect[mode], mode, pool, config))
+    reference_mode = "dynamic" if "dynamic" in saturated else modes[0]
+    rows: list[RateSummary] = []
+    for index, fraction in enumerate(config.fractions):
+        rate = fraction * saturated[reference_mode]
+        seconds = config.overload_s if fraction > 1.0 else config.rate_s
+        order = modes if index % 2 == 0 else modes[::-1]
+        for mode in order:
+            say(f"{mode}: {rate:.2f} requests/s ({fraction:g} x {reference_mode}'s saturated) for {seconds:.0f} s")
+            with MemoryWatch(rss.get(mode)) as memory:
+                outcomes = asyncio.run(_rate(connect[mode], pool, rate, seconds, config, stream=index))
+            row = summarise(mode, fraction, rate, outcomes, alone[mode])
+            row.memory = memory.report()
+            rows.append(row)
+    return {"pool": [r.label for r in pool], "modes": modes, "alone_agree": agree, "saturated_per_s": saturated,
+            "reference_mode": reference_mode, "rates": [asdict(r) for r in rows],
+            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}}
+
+
 def run_serve_bench(config: ServeBenchConfig, say: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
     """Measure (module docstring); the JSON-ready results."""
-    pool = request_pool(config.classes, config.pool_size, list(config.methods), config.seed)
     servers: dict[str, ServerProcess] = {}
-    urls: dict[str, str] = {}
     stopped: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="specrt-serve-bench-") as logs:
         try:
@@ -223,33 +255,13 @@ def run_serve_bench(config: ServeBenchConfig, say: Callable[[str], None] = lambd
                 for mode in config.modes:
                     say(f"starting the {mode} server ...")
                     servers[mode] = ServerProcess(config.bundle, mode, config, Path(logs))
+                urls = {}
                 for mode, server in servers.items():
                     server.wait_ready()
                     urls[mode] = server.url
-            modes = list(urls)
-            say(f"answering the {len(pool)} pool requests alone on each server ...")
-            alone = {mode: asyncio.run(_alone(url, pool, config.timeout_s)) for mode, url in urls.items()}
-            agree = all(tokens_match(alone[m][i], alone[modes[0]][i]) for m in modes for i in alone[m])
-            saturated = {}
-            for mode in modes:
-                say(f"{mode}: closed loop, {2 * config.slots} clients, {config.saturation_s:.0f} s ...")
-                saturated[mode] = asyncio.run(_saturation(urls[mode], pool, config))
-            reference_mode = "dynamic" if "dynamic" in saturated else modes[0]
-            rows: list[RateSummary] = []
-            for index, fraction in enumerate(config.fractions):
-                rate = fraction * saturated[reference_mode]
-                seconds = config.overload_s if fraction > 1.0 else config.rate_s
-                order = modes if index % 2 == 0 else modes[::-1]
-                for mode in order:
-                    say(f"{mode}: {rate:.2f} requests/s ({fraction:g} x {reference_mode}'s saturated) for {seconds:.0f} s")
-                    with MemoryWatch(servers[mode].rss if mode in servers else None) as memory:
-                        outcomes = asyncio.run(_rate(urls[mode], pool, rate, seconds, config, stream=index))
-                    row = summarise(mode, fraction, rate, outcomes, alone[mode])
-                    row.memory = memory.report()
-                    rows.append(row)
+            connect = {mode: (lambda url=url: LoadClient(url, timeout_s=config.timeout_s)) for mode, url in urls.items()}
+            results = measure_modes(connect, {mode: server.rss for mode, server in servers.items()}, config, say)
         finally:
             for mode, server in servers.items():
                 stopped[mode] = server.stop()
-    return {"pool": [r.label for r in pool], "modes": modes, "alone_agree": agree, "saturated_per_s": saturated,
-            "reference_mode": reference_mode, "rates": [asdict(r) for r in rows], "stopped": stopped,
-            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}}
+    return {**results, "stopped": stopped}

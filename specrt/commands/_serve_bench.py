@@ -6,8 +6,9 @@ Every count and duration a user types is bounded (a load run must end); the serv
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import click
 
@@ -51,21 +52,43 @@ def check_url(url: str) -> str:
     return url
 
 
+@dataclass(frozen=True)
+class InProcess:
+    """--in-process and where its pipeline runs (bench's --backend, --device, --demo)."""
+
+    on: bool = False
+    backend: str = "ort"
+    device: Optional[str] = None
+    demo: Optional[str] = None
+
+
+def in_process_pipeline(bundle: Optional[Path], where: InProcess, threads: Optional[int]) -> Any:
+    """The pipeline --in-process measures: BUNDLE (or the demo bundle) on --backend, or with
+    --backend torch the embedded demo's PyTorch modules on --device."""
+    from specrt.commands._generate_flags import ModelFlags, RunFlags
+    from specrt.commands.generate import build_pipeline
+
+    if where.backend == "torch":
+        if bundle is not None:
+            raise SpecrtError("--in-process --backend torch runs the embedded demo (--demo); drop BUNDLE or the backend")
+        return build_pipeline(None, ModelFlags(demo=where.demo), run=RunFlags(backend="torch", device=where.device,
+                                                                             threads=threads))
+    return build_pipeline(bundle, ModelFlags(), run=RunFlags(backend=where.backend, threads=threads))
+
+
 def run(bundle: Optional[Path], url: Optional[str], loads: str, rate_seconds: float, overload_seconds: float,
         saturation_seconds: float, slots: int, max_queue: int, methods: Optional[str], seed: int,
         threads: Optional[int], json_path: Optional[Path], plot_path: Optional[Path],
-        markdown_path: Optional[Path], demo_weights: Optional[Path], cache_dir: Optional[Path]) -> None:
+        markdown_path: Optional[Path], demo_weights: Optional[Path], cache_dir: Optional[Path],
+        where: InProcess = InProcess()) -> None:
     from specrt.bench.serve_bench import ServeBenchConfig, run_serve_bench
     from specrt.atomic_file import write_bytes
     from specrt.bench.serve_report import table, write_json, write_plot
     from specrt.runtime.machine import cpu_name
 
-    if bundle is None and url is None:
-        from specrt.bench.models import demo_bundle
-
-        click.echo("specrt bench --serve: exporting the demo bundle (cached) ...", err=True)
-        bundle = demo_bundle(demo_weights, cache_dir=cache_dir)
-    config = ServeBenchConfig(
+    if where.on and url is not None:
+        raise SpecrtError("--in-process measures this process's scheduler; --serve-url a running server: give one")
+    config = ServeBenchConfig(  # every flag checked before minutes of exporting or measuring
         bundle=bundle, url=None if url is None else check_url(url), fractions=parse_loads(loads),
         rate_s=validation.number("--rate-seconds", rate_seconds, low=1.0, high=MAX_SECONDS),
         overload_s=validation.number("--overload-seconds", overload_seconds, low=1.0, high=MAX_SECONDS),
@@ -73,8 +96,23 @@ def run(bundle: Optional[Path], url: Optional[str], loads: str, rate_seconds: fl
         slots=validation.count("--slots", slots, high=256), max_queue=validation.count("--max-queue", max_queue,
                                                                                        high=4096),
         methods=parse_methods(methods), seed=validation.seed(seed, "--seed"), threads=threads)
-    results = run_serve_bench(config, say=lambda message: click.echo(f"specrt bench --serve: {message}", err=True))
-    results["machine"] = cpu_name()
+    if bundle is None and url is None and not (where.on and where.backend == "torch"):
+        from specrt.bench.models import demo_bundle
+
+        click.echo("specrt bench --serve: exporting the demo bundle (cached) ...", err=True)
+        config = replace(config, bundle=demo_bundle(demo_weights, cache_dir=cache_dir))
+
+    def say(message: str) -> None:
+        click.echo(f"specrt bench --serve: {message}", err=True)
+
+    if where.on:
+        from specrt.bench.scheduler_bench import run_scheduler_bench
+
+        say("opening the pipeline ...")
+        results = run_scheduler_bench(in_process_pipeline(config.bundle, where, threads), config, say=say)
+    else:
+        results = run_serve_bench(config, say=say)
+    results["machine"] = device_name(where) if where.on else cpu_name()
     text = table(results)
     click.echo(text)
     if json_path:
@@ -82,4 +120,16 @@ def run(bundle: Optional[Path], url: Optional[str], loads: str, rate_seconds: fl
     if markdown_path:
         write_bytes(markdown_path, (f"```\n{text}\n```\n").encode())
     if plot_path:
-        write_plot(str(plot_path), results, f"specrt serve under open-loop load, {results['machine']}")
+        what = "the runtime's scheduler (in process)" if where.on else "specrt serve"
+        write_plot(str(plot_path), results, f"{what} under open-loop load, {results['machine']}")
+
+
+def device_name(where: InProcess) -> str:
+    """The device the in-process pipeline decodes on, in words (a GPU's name, else the CPU's)."""
+    from specrt.runtime.machine import cpu_name
+
+    if where.backend == "torch" and where.device and where.device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(where.device))
+    return cpu_name()

@@ -202,8 +202,8 @@ def _batches(text: str) -> tuple[int, ...]:
     ("Performance", ["backend", "threads", "device", "loop_text", "cuda_graphs", "compile_step", "compile_mode"]),
     ("Step profile (--profile-arch)", ["profile_arch", "results_path", "windows", "repeats", "profile_images",
                                        "profile_dtypes"]),
-    ("Serving under load (--serve)", ["serve", "serve_url", "loads", "rate_seconds", "overload_seconds",
-                                      "saturation_seconds", "slots", "max_queue"]),
+    ("Serving under load (--serve)", ["serve", "serve_url", "in_process", "loads", "rate_seconds",
+                                      "overload_seconds", "saturation_seconds", "slots", "max_queue"]),
 ])
 @click.argument("bundle", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--methods", default=None, metavar="LIST",
@@ -293,6 +293,10 @@ def _batches(text: str) -> tuple[int, ...]:
                    "(default sjd); --plot: latency against load.")
 @click.option("--serve-url", default=None, metavar="HOST:PORT", callback=nonblank,
               help="--serve against this running server's gRPC port (127.0.0.1 only) instead of starting servers.")
+@click.option("--in-process", is_flag=True,
+              help="--serve without Triton: the runtime's scheduler in this process, in flight against whole generate "
+                   "calls (a dynamic batcher's batches), on --backend / --device / --threads — where PyTriton is not "
+                   "installed (a GPU machine) and to tell the scheduler's share from the server's.")
 @click.option("--loads", default="0.25,0.5,0.75,1.0,1.5", show_default=True, metavar="LIST",
               help="--serve: offered loads, as fractions of dynamic batching's saturated throughput.")
 @click.option("--rate-seconds", type=float, default=30.0, show_default=True, help="--serve: seconds of load per rate.")
@@ -306,7 +310,7 @@ def _batches(text: str) -> tuple[int, ...]:
 def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, threads, keep_tokens, json_path, plot_path, markdown_path, prompts_path, demo_weights,
             cache_dir, profile_arch, results_path, windows, repeats, profile_images, profile_dtypes, device, loop_text,
             cuda_graphs, compile_step, compile_mode, precision, progress, demo, serve, serve_url, loads, rate_seconds,
-            overload_seconds, saturation_seconds, slots, max_queue) -> None:
+            overload_seconds, saturation_seconds, slots, max_queue, in_process) -> None:
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
     validation.seed(seed, "--seed")  # image i uses seed + i: checked before anything loads
     from specrt.paths import cache_folder, output_file
@@ -319,12 +323,12 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     for flag, path in (("--json", json_path), ("--plot", plot_path), ("--markdown", markdown_path)):
         output_file(flag, path)  # before minutes of measuring: the folder exists and takes files
     cache_dir = cache_folder("--cache-dir", cache_dir)
-    if serve or serve_url:
+    if serve or serve_url or in_process:
         from specrt.commands import _serve_bench
 
         _serve_bench.run(bundle, serve_url, loads, rate_seconds, overload_seconds, saturation_seconds, slots, max_queue,
                          methods, seed, threads, json_path, plot_path, markdown_path,
-                         demo_weights, cache_dir)
+                         demo_weights, cache_dir, _serve_bench.InProcess(in_process, backend, device, demo))
         return
     from specrt.bench.models import refuse_torch_bundle
 
