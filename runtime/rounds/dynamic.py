@@ -10,7 +10,7 @@ pass gives top_k candidates, each later one top_k² (frontier slots whose parent
 −inf scores, as do candidates past the image's end: never in the tree). The draft writes its
 frontier nodes to scratch offset pass · top_k + slot (its root is in its token columns, from the
 catch-up). The tree, its ancestry and each node's children by rank are made on the device from
-the kept candidates' parents; the walk is the static tree's (trees.py), each child's q its point mass.
+the kept candidates' parents; the walk is the static tree's (walk.py walk_tree), each child's q its point mass.
 """
 from __future__ import annotations
 
@@ -19,9 +19,8 @@ from typing import Any
 import torch
 
 from specrt.runtime.rounds.chains import DraftedRound
-from specrt.runtime.rounds.proactive import marked
-from specrt.runtime.rounds.state import RoundState
-from specrt.runtime.rounds.trees import point_mass, walk_tree
+from specrt.runtime.rounds.state import NEXT, RoundState
+from specrt.runtime.rounds.walk import TreeWalk, draw_next_token, marked, point_mass, walk_tree
 from specrt.runtime.verification.rules import AcceptanceRule
 
 
@@ -50,7 +49,9 @@ class DynamicTreeRound(DraftedRound):
         tokens = token.gather(1, nodes)
         ancestry = self._ancestry(node_parent)
         p_rows = self.target.tree_window(tokens, node_depth, ancestry, n - 1)
-        accepted, next_token, path = self._walk(state, n, tokens, node_parent, node_depth, p_rows, limit)
+        walk = self._walk(state, n, tokens, node_parent, node_depth, p_rows, limit)
+        accepted, path = walk.accepted, walk.path
+        next_token = draw_next_token(walk, p_rows, state.uniforms(n, NEXT))
         self.target.commit_path(path, n - 1)
         draft_slots = offset.gather(1, nodes.gather(1, path[:, 1:])).clamp(min=0)  # unfed nodes: rewritten later
         self.draft.verified(n, path, draft_slots)
@@ -125,7 +126,7 @@ class DynamicTreeRound(DraftedRound):
         return ancestry
 
     def _walk(self, state: RoundState, n: Any, tokens: Any, node_parent: Any, node_depth: Any, p_rows: Any,
-              limit: Any) -> tuple[Any, Any, Any]:
+              limit: Any) -> TreeWalk:
         """walk_tree over the kept tree: each node's children by rank (candidate order: a parent's
         children best first), each child's q its point mass (EAGLE-2's top-k children)."""
         images, width = node_parent.shape

@@ -11,9 +11,10 @@ and ancestry, the first path, the rows' route) and picks one per image with a fl
 depends on an outcome.
 
 One round: the target scores the tree window (keys/values in scratch columns: siblings share a
-token index); depths 1..D are verified from the pending token down, the accepted node's children
-sibling by sibling (SJD-PAC App. A.3: candidate k tested against the residual p^(k) with q^(k), q
-without the earlier candidates, each depth a loop of K fixed steps over the batch), the chain
+token index); depths 1..D are verified from the pending token down by the trees' walk
+(runtime/rounds/walk.py walk_tree), the accepted node's children sibling by sibling (SJD-PAC App.
+A.3: candidate k tested against the residual p^(k) with q^(k), q without the earlier candidates,
+each depth a loop of K fixed steps over the batch), the chain
 below the first path with verify_chain_block; the accepted path's keys/values are copied to their
 tokens' columns (DeviceModel.commit_path); the next window comes from this pass's rows along the
 accepted path and its first children (SJD's draws, adaptive continuation's re-tests or Gumbel-max
@@ -31,9 +32,9 @@ from specrt.runtime.grammar import ImageGrammar
 from specrt.runtime.rounds.chains import start_state
 from specrt.runtime.rounds.jacobi import FreshDrafts, next_drafts
 from specrt.runtime.rounds.state import CANDIDATE, NEXT, TEST, RoundState
+from specrt.runtime.rounds.walk import Proposal, draw_next_token, marked, walk_tree, without_earlier
 from specrt.runtime.sampling import inverse_cdf
 from specrt.runtime.verification.chains import verify_chain_block
-from specrt.runtime.verification.formulas import acceptance, normalise, residual_mass
 from specrt.runtime.verification.rules import VANILLA
 
 
@@ -47,7 +48,8 @@ def window_layouts(width: int, branching: int, depth: int, full: bool = False) -
     """The chain layout [0] and the tree layout [1] (spine, or `full`) of a window of `width` drafts,
     slots numbered as the host loop's build_window numbers them (pending = 0, then depth by depth):
     per layout each slot's children by candidate number ("children", −1: none; a chain slot's one
-    child is candidate 0), depth, candidate number and ancestry (slot j sees slot i), the slot of the
+    child is candidate 0), parent (−1: the pending token's), depth, candidate number and ancestry
+    (slot j sees slot i), the slot of the
     first path at each depth 0..width ("spine"; past the last depth its last slot), the route the
     next window's rows take from each slot ("route" [slot, depth]: its ancestors, then first
     children, then the spine where a leaf ends them: the host loop's row_route), and the number of
@@ -83,10 +85,10 @@ def window_layouts(width: int, branching: int, depth: int, full: bool = False) -
                 child = children[path[-1]][0]
                 path.append(child if child >= 0 else spine[len(path)])
             route.append(path)
-        return children, depths, ks, ancestry, spine, route, levels
+        return children, depths, ks, ancestry, spine, route, levels, parents
 
     chain, tree = layout(False), layout(True)
-    names = ("children", "depths", "ks", "ancestry", "spine", "route", "levels")
+    names = ("children", "depths", "ks", "ancestry", "spine", "route", "levels", "parents")
     return {name: [chain[i], tree[i]] for i, name in enumerate(names)}
 
 
@@ -114,6 +116,9 @@ class ProactiveRound:
         self.slot_k = torch.tensor(tables["ks"], dtype=torch.int64, device=device)
         self.ancestry = torch.tensor(tables["ancestry"], dtype=torch.bool, device=device)  # [2, L + 1, L + 1]
         self.levels = torch.tensor(tables["levels"], dtype=torch.int64, device=device)  # [2]
+        under_first = [[parent < 0 or parent == spine[depths[parent]] for parent in parents]
+                       for parents, spine, depths in zip(tables["parents"], tables["spine"], tables["depths"])]
+        self.under_first = torch.tensor(under_first, dtype=torch.bool, device=device)  # [2, L + 1]
 
     def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
         state = start_state(self, rows, seeds, total)
@@ -154,16 +159,18 @@ class ProactiveRound:
         limit = torch.minimum((state.total - n - 1).clamp(min=0), levels)
         next_u = state.uniforms(n, NEXT)
         cut = self._unfanned()
-        stopped, accepted, rejected, final_slot, residual, path = self._siblings(state, p_rows, children, spine, cut,
-                                                                                 limit)
+        walk = walk_tree(state, VANILLA, ids, children, self._drawn(mode, slot_depth, cut), p_rows, limit,
+                         [self.branching] * depth, self._depth_row_without_earlier(), self.slot_k[mode], spine)
+        accepted, rejected, path = walk.accepted, walk.rejected, walk.path
+        # the walk finds a leaf on reaching it, so one accepted at depth D is found here: a node off the
+        # first path (the chain below hangs under the first path's node alone)
+        stopped = walk.stopped | (children[image[:, 0], walk.final, 0] < 0)
         chain_limits = torch.where(stopped, 0, (limit - depth).clamp(min=0))
         steps = torch.arange(depth + 1, width + 1, device=n.device)
         a_chain, next_chain = verify_chain_block(
             p_rows[image, spine[:, depth:]], self.proposal[:, depth:width], ids[image, spine[:, depth + 1:]],
             chain_limits, state.uniforms(n[:, None] - 1 + steps, TEST), next_u, VANILLA)
-        stopped_next = torch.where(rejected, inverse_cdf(residual, next_u),
-                                   inverse_cdf(p_rows[image[:, 0], final_slot], next_u))
-        next_token = torch.where(stopped, stopped_next, next_chain)
+        next_token = torch.where(stopped, draw_next_token(walk, p_rows, next_u), next_chain)
         accepted = torch.where(stopped, accepted, depth + a_chain)
         rejected = torch.where(stopped, rejected, a_chain < chain_limits)
         self.target.commit_path(path, n - 1)
@@ -185,54 +192,23 @@ class ProactiveRound:
         flat = torch.zeros_like(self.tree)[:, None]
         return torch.cat([flat, ~self.drafted, flat.expand(-1, self.width - self.depth)], dim=1)
 
-    def _siblings(self, state: RoundState, p_rows: Any, children: Any, spine: Any, cut: Any, limit: Any) -> tuple:
-        """Depths 1..D from the pending token, each the accepted node's children [I, L + 1, K] (none off
-        the first path above a `cut` depth) tried sibling by sibling: (stopped, accepted, rejected,
-        the slot whose row gives a stopped image's bonus token, the residual a rejected image draws
-        from, the accepted path's slots [I, L + 1] (the spine where it continues)). Whichever parent
-        a depth's K candidates hang under, they and their q are the depth's own (drawn once from its
-        row), so only the rows differ."""
-        n = state.length
-        images = n.shape[0]
-        rows = torch.arange(images, device=n.device)
-        stopped = torch.zeros(images, dtype=torch.bool, device=n.device)
-        rejected = torch.zeros_like(stopped)
-        accepted = torch.zeros_like(n)
-        node = torch.zeros_like(n)  # the last accepted slot
-        final_slot = torch.zeros_like(n)
-        residual = p_rows[:, 0].to(torch.float64)
-        path = spine.clone()
-        for d in range(1, self.depth + 1):
-            active = ~stopped & (d <= limit)
-            target = p_rows[rows, node].to(torch.float64)
-            q = self.proposal[:, d - 1].to(torch.float64)
-            removed = torch.zeros_like(q, dtype=torch.bool)
-            chosen = torch.full_like(n, -1)
-            for k in range(self.branching):
-                candidate = self.candidates[:, d - 1, k]
-                valid = active & (k < self.counts[:, d - 1]) & (chosen < 0)
-                rest = torch.where(removed, 0.0, q)
-                q_k = rest / rest.sum(dim=-1, keepdim=True).clamp(min=1e-300)  # q^(k); no mass: f = 1
-                coin = state.uniforms(n - 1 + d, TEST, part=k)
-                passed = coin <= acceptance(target[rows, candidate], q_k[rows, candidate])
-                chosen = torch.where(valid & passed, k, chosen)
-                failed = valid & ~passed
-                target = torch.where(failed[:, None], normalise(residual_mass(target, q_k), target), target)
-                removed = removed | marked(removed, candidate, valid)
-            took = active & (chosen >= 0)
-            slot = children[rows, node, chosen.clamp(min=0)]
-            accepted = accepted + took.to(accepted.dtype)
-            path[:, d] = torch.where(took, slot, path[:, d])
-            # no children (off the first path, or above a cut depth off it): the row gives a bonus
-            leaf = took & ((children[rows, slot.clamp(min=0), 0] < 0) | ((slot != spine[:, d]) & cut[:, d + 1]))
-            failed_all = active & (chosen < 0)
-            ended = ~stopped & ~active
-            final_slot = torch.where(leaf, slot, torch.where(ended, node, final_slot))
-            residual = torch.where(failed_all[:, None], target, residual)
-            rejected = rejected | failed_all
-            stopped = stopped | leaf | failed_all | ended
-            node = torch.where(took, slot, node)
-        return stopped, accepted, rejected, final_slot, residual, path
+    def _drawn(self, mode: Any, slot_depth: Any, cut: Any) -> Any:
+        """[I, L + 1]: the window's slots that hold a candidate this round: candidate k of depth d where
+        depth d has more than k (its counts), and below a node off the first path only where the tree
+        fans out there (not `cut`; such a node is a leaf)."""
+        drawn = self.slot_k[mode] < self.counts.gather(1, (slot_depth - 1).clamp(min=0))
+        return drawn & (self.under_first[mode] | ~cut.gather(1, slot_depth))
+
+    def _depth_row_without_earlier(self) -> Proposal:
+        """The walk's proposal: whichever node a depth's K candidates hang under, they are the depth's
+        own, drawn once from its row without replacement, so candidate k's q is that row without the
+        earlier candidates (q^(k))."""
+        rows = self.proposal[:, : self.depth].to(torch.float64)  # [I, D, V]
+
+        def depth_row_without_earlier(depth: int, node: Any, token: Any, removed: Any) -> Any:
+            return without_earlier(rows[:, depth - 1], removed)
+
+        return depth_row_without_earlier
 
     def _next_window(self, state: RoundState, p_rows: Any, route: Any, levels: Any, accepted: Any,
                      rejected: Any) -> tuple[Any, Any, Any, Any]:
@@ -278,7 +254,3 @@ class ProactiveRound:
             counts[:, :depth] += going.to(counts.dtype)
             removed = removed | marked(removed, token, going)
 
-
-def marked(like: Any, tokens: Any, where: Any) -> Any:
-    """A boolean mask shaped like `like` [..., V], true at tokens [...] where `where` [...] is."""
-    return torch.zeros_like(like).scatter_(-1, tokens[..., None], where[..., None])

@@ -31,8 +31,8 @@ from typing import Any, Sequence
 import torch
 
 from specrt.runtime.rounds.chains import DraftedRound
-from specrt.runtime.rounds.proactive import marked
-from specrt.runtime.rounds.state import CANDIDATE, NEXT, TEST, RoundState
+from specrt.runtime.rounds.state import CANDIDATE, NEXT, RoundState
+from specrt.runtime.rounds.walk import TreeWalk, draw_next_token, marked, point_mass, walk_tree, without_earlier
 from specrt.runtime.sampling import inverse_cdf
 from specrt.runtime.verification.rules import AcceptanceRule
 
@@ -87,7 +87,9 @@ class StaticTreeRound(DraftedRound):
         tokens, valid, q_rows = self._draft(state, n)
         p_rows = self.target.tree_window(tokens, tables.depths[None], tables.ancestry[None], n - 1)
         limit = (state.total - n - 1).clamp(min=0)
-        accepted, next_token, path = self._walk(state, n, tokens, valid, q_rows, p_rows, limit)
+        walk = self._walk(state, n, tokens, valid, q_rows, p_rows, limit)
+        accepted, path = walk.accepted, walk.path
+        next_token = draw_next_token(walk, p_rows, state.uniforms(n, NEXT))
         self.target.commit_path(path, n - 1)
         self.draft.verified(n, path, path[:, 1:])
         image = torch.arange(n.shape[0], device=n.device)[:, None]
@@ -153,82 +155,15 @@ class StaticTreeRound(DraftedRound):
             valid[image, at] = going | valid[image, at]
 
     def _walk(self, state: RoundState, n: Any, tokens: Any, valid: Any, q_rows: Any, p_rows: Any,
-              limit: Any) -> tuple[Any, Any, Any]:
+              limit: Any) -> TreeWalk:
         """Verify from the root (walk_tree), each child's q its node's row without the earlier children
         (greedy decoding: its point mass, the children being the rows' top-k)."""
         tables = self.tables
         image = torch.arange(n.shape[0], device=n.device)
 
-        def without_earlier(node: Any, token: Any, removed: Any) -> Any:
-            rest = torch.where(removed, 0.0, q_rows[image, tables.row_of[node]].to(torch.float64))
-            return rest / rest.sum(dim=-1, keepdim=True).clamp(min=1e-300)  # q^(k); no mass: f = 1
+        def node_row_without_earlier(depth: int, node: Any, token: Any, removed: Any) -> Any:
+            return without_earlier(q_rows[image, tables.row_of[node]].to(torch.float64), removed)
 
         children = tables.children[None].expand(n.shape[0], -1, -1)
         return walk_tree(state, self.rule, tokens, children, valid, p_rows, limit, tables.children_at,
-                         point_mass if self.greedy else without_earlier)
-
-
-def point_mass(node: Any, token: Any, removed: Any) -> Any:
-    """walk_tree's proposal for children that are their rows' top-k, not draws (EAGLE-2's, greedy
-    decoding's): the point mass on each child's token [I] (runtime.verification.siblings TOP)."""
-    return torch.zeros_like(removed, dtype=torch.float64).scatter_(1, token[:, None], 1.0)
-
-
-def walk_tree(state: RoundState, rule: AcceptanceRule, tokens: Any, children: Any, valid: Any, p_rows: Any,
-              limit: Any, widest: Sequence[int], proposal: Any, parts: Any = None) -> tuple[Any, Any, Any]:
-    """Verify every image's token tree from the root: (accepted τ [I], next token [I], the accepted
-    path's nodes [I, D + 1], D = len(widest)).
-
-    tokens [I, W] and valid [I, W] per node (node 0: the root), children [I, W, K] each node's children
-    by rank (−1: none), p_rows [I, W, V] the target's rows by node, limit [I] the depths that fit the
-    image, widest[d − 1] the most children a node at depth d − 1 has, proposal(node, token, removed)
-    the q [I, V] a child was drawn from given the earlier children tried (`removed`), parts [I, W] each
-    node's number in the counter coordinates of its test, as the host loop's tree numbers it (None: the
-    node's index). Depth by depth,
-    a node's children are tried in rank order with the rule against the residual target
-    (runtime.verification.siblings.verify_candidates); an accepted child is the next node; all rejected draws
-    the next token from the residual; a leaf, or the image's end, gives the bonus from its row."""
-    n = state.length
-    images = n.shape[0]
-    image = torch.arange(images, device=n.device)
-    node = torch.zeros_like(n)
-    stopped = torch.zeros(images, dtype=torch.bool, device=n.device)
-    rejected = torch.zeros_like(stopped)
-    accepted, final = torch.zeros_like(n), torch.zeros_like(n)
-    residual = p_rows[:, 0].to(torch.float64)
-    path = torch.zeros((images, len(widest) + 1), dtype=torch.int64, device=n.device)
-    for depth in range(1, len(widest) + 1):
-        kids = children[image, node]  # [I, K]
-        has_children = (kids[:, 0] >= 0) & valid[image, kids[:, 0].clamp(min=0)]
-        active = ~stopped & (depth <= limit)
-        target = p_rows[image, node].to(torch.float64)
-        removed = torch.zeros_like(target, dtype=torch.bool)
-        chosen = torch.full_like(n, -1)
-        position = torch.full_like(n, depth)
-        for rank in range(widest[depth - 1]):
-            child = kids[:, rank].clamp(min=0)
-            trying = active & has_children & (kids[:, rank] >= 0) & valid[image, child] & (chosen < 0)
-            token = tokens[image, child]
-            q = proposal(node, token, removed)
-            f = rule.accept_probabilities(target[image[:, None], rule.columns(token)], q[image, token], position)
-            part = child if parts is None else parts[image, child]
-            passed = state.uniforms(n - 1 + depth, TEST, part=part) <= f
-            chosen = torch.where(trying & passed, rank, chosen)
-            failed = trying & ~passed
-            target = torch.where(failed[:, None], rule.resample(target, q, token, position), target)
-            removed = removed | marked(removed, token, trying)
-        took = active & (chosen >= 0)
-        reached = kids[image, chosen.clamp(min=0)]
-        all_failed = active & has_children & ~took
-        at_end = (active & ~has_children) | (~stopped & ~active)  # a leaf, or the image's end: its bonus
-        final = torch.where(at_end, node, final)
-        residual = torch.where(all_failed[:, None], target, residual)
-        rejected = rejected | all_failed
-        stopped = stopped | all_failed | at_end
-        accepted = accepted + took.to(accepted.dtype)
-        path[:, depth] = torch.where(took, reached, path[:, depth])
-        node = torch.where(took, reached, node)
-    final = torch.where(stopped, final, node)  # accepted down to the deepest level: its row's bonus
-    next_u = state.uniforms(n, NEXT)
-    next_token = torch.where(rejected, inverse_cdf(residual, next_u), inverse_cdf(p_rows[image, final], next_u))
-    return accepted, next_token, path
+                         point_mass if self.greedy else node_row_without_earlier)
