@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from specrt.runtime.scheduling.round_slots import advance
+
 COUNTERS = ("rounds", "drafted", "accepted", "proposals")  # the state's per-image counters a read brings
 
 
@@ -80,13 +82,7 @@ class ContinuousRoundSlots:
         new tokens, as float64 (exact for float32 latents and for counts below 2^53)."""
         torch = self.torch
         with torch.inference_mode():
-            if self.graphs and self.runs == 1 and self.step is self.round_:  # the capture runs this round
-                from specrt.runtime.rounds import CapturedRound
-
-                self.step = self.round_.captured = CapturedRound(torch, self.round_, self.state)
-            else:
-                self.step(self.state)
-            self.runs += 1
+            advance(self)
             state = self.state
             columns = (self._read_from[:, None] + self._reach).clamp(max=state.tokens.shape[1] - 1)
             window = state.tokens.gather(1, columns[:, :, None].expand(-1, -1, self.channels))

@@ -84,13 +84,7 @@ class RoundSlots:
         """One round for every slot (free ones as padding), then the one read: lengths and new tokens."""
         torch = self.torch
         with torch.inference_mode():
-            if self.graphs and self.runs == 1 and self.step is self.round_:  # the capture runs this round
-                from specrt.runtime.rounds import CapturedRound
-
-                self.step = self.round_.captured = CapturedRound(torch, self.round_, self.state)
-            else:
-                self.step(self.state)
-            self.runs += 1
+            advance(self)
             state = self.state
             columns = (self._read_from[:, None] + self._reach).clamp(max=state.tokens.shape[1] - 1)
             read = torch.cat([state.length[:, None], state.tokens.gather(1, columns)], dim=1).tolist()
@@ -115,6 +109,20 @@ class RoundSlots:
         known = self._known[slot]
         self.tokens[slot] = self.tokens[slot][:known] + window[: length - known]
         self._known[slot] = length
+
+
+def advance(slots: Any) -> None:
+    """Run a slot batch's round once: its `step` (eager or a caller's compiled form), or at its
+    second round, with `graphs`, the capture of its CUDA graph (which runs that round), kept on
+    the round so later batches and generate calls replay it. Shared by the discrete and the
+    continuous families' slot batches (RoundSlots, ContinuousRoundSlots)."""
+    if slots.graphs and slots.runs == 1 and slots.step is slots.round_:
+        from specrt.runtime.rounds import CapturedRound
+
+        slots.step = slots.round_.captured = CapturedRound(slots.torch, slots.round_, slots.state)
+    else:
+        slots.step(slots.state)
+    slots.runs += 1
 
 
 def round_slots(pipeline: Any, decoder: Any, sampling: Any, mix: Any, slots: int) -> Optional[RoundSlots]:
