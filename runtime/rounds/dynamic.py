@@ -51,7 +51,7 @@ class DynamicTreeRound(DraftedRound):
         p_rows = self.target.tree_window(tokens, node_depth, ancestry, n - 1)
         walk = self._walk(state, n, tokens, node_parent, node_depth, p_rows, limit)
         accepted, path = walk.accepted, walk.path
-        next_token = draw_next_token(walk, p_rows, state.uniforms(n, NEXT))
+        next_token = draw_next_token(walk, state.uniforms(n, NEXT))
         self.target.commit_path(path, n - 1)
         draft_slots = offset.gather(1, nodes.gather(1, path[:, 1:])).clamp(min=0)  # unfed nodes: rewritten later
         self.draft.verified(n, path, draft_slots)

@@ -170,7 +170,7 @@ class ProactiveRound:
         a_chain, next_chain = verify_chain_block(
             p_rows[image, spine[:, depth:]], self.proposal[:, depth:width], ids[image, spine[:, depth + 1:]],
             chain_limits, state.uniforms(n[:, None] - 1 + steps, TEST), next_u, VANILLA)
-        next_token = torch.where(stopped, draw_next_token(walk, p_rows, next_u), next_chain)
+        next_token = torch.where(stopped, draw_next_token(walk, next_u), next_chain)
         accepted = torch.where(stopped, accepted, depth + a_chain)
         rejected = torch.where(stopped, rejected, a_chain < chain_limits)
         self.target.commit_path(path, n - 1)
@@ -203,10 +203,10 @@ class ProactiveRound:
         """The walk's proposal: whichever node a depth's K candidates hang under, they are the depth's
         own, drawn once from its row without replacement, so candidate k's q is that row without the
         earlier candidates (q^(k))."""
-        rows = self.proposal[:, : self.depth].to(torch.float64)  # [I, D, V]
+        rows = self.proposal[:, : self.depth].to(torch.float64).unbind(1)  # D of [I, V]
 
         def depth_row_without_earlier(depth: int, node: Any, token: Any, removed: Any) -> Any:
-            return without_earlier(rows[:, depth - 1], removed)
+            return without_earlier(rows[depth - 1], removed)
 
         return depth_row_without_earlier
 

@@ -89,7 +89,7 @@ class StaticTreeRound(DraftedRound):
         limit = (state.total - n - 1).clamp(min=0)
         walk = self._walk(state, n, tokens, valid, q_rows, p_rows, limit)
         accepted, path = walk.accepted, walk.path
-        next_token = draw_next_token(walk, p_rows, state.uniforms(n, NEXT))
+        next_token = draw_next_token(walk, state.uniforms(n, NEXT))
         self.target.commit_path(path, n - 1)
         self.draft.verified(n, path, path[:, 1:])
         image = torch.arange(n.shape[0], device=n.device)[:, None]

@@ -32,6 +32,7 @@ class TreeWalk(NamedTuple):
     accepted: Any  # τ: the children accepted, depth by depth
     rejected: Any  # all children of the last node rejected: the next token comes from `residual`
     final: Any  # the node whose row gives the bonus token where not rejected (the last accepted node)
+    bonus: Any  # [I, V]: that node's target row
     residual: Any  # [I, V] float64: the residual target after the last node's rejections
     path: Any  # the accepted nodes by depth (node 0 the root); past τ, the starting path's
 
@@ -110,12 +111,10 @@ def walk_tree(state: RoundState, rule: AcceptanceRule, tokens: Any, children: An
         path[:, depth] = torch.where(took, reached, path[:, depth])
         node = torch.where(took, reached, node)
     final = torch.where(stopped, final, node)  # accepted down to the deepest level: its row's bonus
-    return TreeWalk(stopped, accepted, rejected, final, residual, path)
+    return TreeWalk(stopped, accepted, rejected, final, p_rows[image, final], residual, path)
 
 
-def draw_next_token(walk: TreeWalk, p_rows: Any, uniforms: Any) -> Any:
+def draw_next_token(walk: TreeWalk, uniforms: Any) -> Any:
     """The token [I] after the walk, drawn with uniforms [I]: from the residual where all children
-    of the last node were rejected, else from the final node's row p_rows [I, W, V] (the bonus)."""
-    image = torch.arange(uniforms.shape[0], device=uniforms.device)
-    return torch.where(walk.rejected, inverse_cdf(walk.residual, uniforms),
-                       inverse_cdf(p_rows[image, walk.final], uniforms))
+    of the last node were rejected, else from the final node's row (the bonus)."""
+    return torch.where(walk.rejected, inverse_cdf(walk.residual, uniforms), inverse_cdf(walk.bonus, uniforms))
