@@ -151,16 +151,20 @@ class ProactiveRound:
         image = torch.arange(n.shape[0], device=n.device)[:, None]
         mode = self.tree.to(torch.int64)
         children, spine = self.children[mode], self.spine[mode]  # [I, L + 1, K], [I, L + 1]
-        slot_depth = self.slot_depth[mode]
-        ids = self.candidates[image, (slot_depth - 1).clamp(min=0), self.slot_k[mode]]
+        slot_depth, slot_k = self.slot_depth[mode], self.slot_k[mode]
+        above = (slot_depth - 1).clamp(min=0)  # each slot's depth − 1: where its candidates are counted
+        ids = self.candidates[image, above, slot_k]
         ids[:, 0] = state.pending()
         p_rows = self.target.tree_window(ids, slot_depth, self.ancestry[mode], n - 1)  # [I, L + 1, V]
         levels = self.levels[mode]
         limit = torch.minimum((state.total - n - 1).clamp(min=0), levels)
         next_u = state.uniforms(n, NEXT)
+        # the slots holding a candidate this round: candidate k of depth d where depth d has more than
+        # k, and below a node off the first path only where the tree fans out there (not `cut`)
         cut = self._unfanned()
-        walk = walk_tree(state, VANILLA, ids, children, self._drawn(mode, slot_depth, cut), p_rows, limit,
-                         [self.branching] * depth, self._depth_row_without_earlier(), self.slot_k[mode], spine)
+        drawn = (slot_k < self.counts.gather(1, above)) & (self.under_first[mode] | ~cut.gather(1, slot_depth))
+        walk = walk_tree(state, VANILLA, ids, children, drawn, p_rows, limit, [self.branching] * depth,
+                         self._depth_row_without_earlier(), slot_k, spine)
         accepted, rejected, path = walk.accepted, walk.rejected, walk.path
         # the walk finds a leaf on reaching it, so one accepted at depth D is found here: a node off the
         # first path (the chain below hangs under the first path's node alone)
@@ -191,13 +195,6 @@ class ProactiveRound:
         tree has fewer than D depths then): a node off the first path above such a depth is a leaf."""
         flat = torch.zeros_like(self.tree)[:, None]
         return torch.cat([flat, ~self.drafted, flat.expand(-1, self.width - self.depth)], dim=1)
-
-    def _drawn(self, mode: Any, slot_depth: Any, cut: Any) -> Any:
-        """[I, L + 1]: the window's slots that hold a candidate this round: candidate k of depth d where
-        depth d has more than k (its counts), and below a node off the first path only where the tree
-        fans out there (not `cut`; such a node is a leaf)."""
-        drawn = self.slot_k[mode] < self.counts.gather(1, (slot_depth - 1).clamp(min=0))
-        return drawn & (self.under_first[mode] | ~cut.gather(1, slot_depth))
 
     def _depth_row_without_earlier(self) -> Proposal:
         """The walk's proposal: whichever node a depth's K candidates hang under, they are the depth's

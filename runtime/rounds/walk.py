@@ -79,29 +79,36 @@ def walk_tree(state: RoundState, rule: AcceptanceRule, tokens: Any, children: An
         path = torch.zeros((images, len(widest) + 1), dtype=torch.int64, device=n.device)
     else:
         path = path.clone()
+    # each node's children's presence, tokens and parts [I, W, K], gathered once: a depth then reads its
+    # node's K at once, and a sibling's test only slices them
+    flat = children.clamp(min=0).reshape(images, -1)
+    present = (children >= 0) & valid.gather(1, flat).view(children.shape)
+    child_tokens = tokens.gather(1, flat).view(children.shape)
+    child_parts = (flat if parts is None else parts.gather(1, flat)).view(children.shape)
     for depth in range(1, len(widest) + 1):
         kids = children[image, node]  # [I, K]
-        has_children = (kids[:, 0] >= 0) & valid[image, kids[:, 0].clamp(min=0)]
+        kids_present, kids_tokens = present[image, node], child_tokens[image, node]
+        kids_parts = child_parts[image, node]
+        has_children = kids_present[:, 0]
         active = ~stopped & (depth <= limit)
+        going = active & has_children
         target = p_rows[image, node].to(torch.float64)
         removed = torch.zeros_like(target, dtype=torch.bool)
         chosen = torch.full_like(n, -1)
         position = torch.full_like(n, depth)
         for rank in range(widest[depth - 1]):
-            child = kids[:, rank].clamp(min=0)
-            trying = active & has_children & (kids[:, rank] >= 0) & valid[image, child] & (chosen < 0)
-            token = tokens[image, child]
+            trying = going & kids_present[:, rank] & (chosen < 0)
+            token = kids_tokens[:, rank]
             q = proposal(depth, node, token, removed)
             f = rule.accept_probabilities(target[image[:, None], rule.columns(token)], q[image, token], position)
-            part = child if parts is None else parts[image, child]
-            passed = state.uniforms(n - 1 + depth, TEST, part=part) <= f
+            passed = state.uniforms(n - 1 + depth, TEST, part=kids_parts[:, rank]) <= f
             chosen = torch.where(trying & passed, rank, chosen)
             failed = trying & ~passed
             target = torch.where(failed[:, None], rule.resample(target, q, token, position), target)
             removed = removed | marked(removed, token, trying)
         took = active & (chosen >= 0)
         reached = kids[image, chosen.clamp(min=0)]
-        all_failed = active & has_children & ~took
+        all_failed = going & ~took
         at_end = (active & ~has_children) | (~stopped & ~active)  # a leaf, or the image's end: its bonus
         final = torch.where(at_end, node, final)
         residual = torch.where(all_failed[:, None], target, residual)
