@@ -220,6 +220,8 @@ class TrtRunner(ModelRunner):
     """ModelRunner over a prefill and a step engine (and a draft's chain and static-tree engines,
     runtime/chain.py) sharing one stream and one device KV buffer."""
 
+    siblings = False  # its engines' execution contexts bind their device buffers
+
     meters_host_reads = True
     chain_engine: "TrtEngine | None" = None
     chain_steps = 0

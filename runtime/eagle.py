@@ -45,12 +45,16 @@ class HeadRunner(ModelRunner):
     dim: int = 0
     chain_steps: int = 0  # drafts per call of a chain graph (onnxruntime: the graph's static count); 0: any or none
 
+    def _unallocated(self) -> None:
+        super()._unallocated()
+        self._features_in = self._features_out_flat = np.zeros(0, dtype=np.float32)
+
     def allocate(self, mix: np.ndarray, capacity: int | None = None) -> None:
         super().allocate(mix, capacity)
         size = self.batch * self.max_window * self.dim
         # grown only, never swapped for a smaller one: a backend binds views of these buffers once
         # per window size (onnxruntime's IOBinding), and a batch that shrank by retain keeps them
-        if getattr(self, "_features_in", np.zeros(0)).size < size:
+        if self._features_in.size < size:
             self._features_in = np.zeros(size, dtype=np.float32)
             self._features_out_flat = np.zeros(size, dtype=np.float32)
         self.features_out = self._features_out_flat[:0]

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from dataclasses import dataclass
@@ -300,6 +301,22 @@ class Pipeline:
     def let_go(self) -> None:
         """Give the runners back after `hold` (the next generate call may run)."""
         self._generate_lock.release()
+
+    def sibling(self) -> Optional["Pipeline"]:
+        """The same model on runners of their own (ModelRunner.sibling: sessions and weights shared,
+        buffers not), with its own lock and device rounds; None where a runner cannot share its model.
+        An in-flight scheduler decodes another group's batch on it while this pipeline's runners hold
+        the first group's images (runtime/scheduling). Text encoder, VQ decoder and grammar are shared:
+        they keep nothing between calls."""
+        runners = [runner for runner in (self.target, self.draft) if runner is not None]
+        if not all(runner.siblings for runner in runners):
+            return None
+        twin = copy.copy(self)
+        twin.target = self.target.sibling()
+        twin.draft = self.draft.sibling() if self.draft is not None else None
+        twin._generate_lock = threading.Lock()
+        twin._rounds = {}
+        return twin
 
     def device_round(self, decoder: Method, sampling: SamplingParams, mix: np.ndarray) -> Any:
         """The device round (runtime/rounds) this call decodes with, or None for the host loop: by

@@ -13,6 +13,7 @@ the model and its sampling head (runtime/head.py) and keeps the window's present
 """
 from __future__ import annotations
 
+import copy
 import time
 from abc import abstractmethod
 from contextlib import contextmanager
@@ -125,9 +126,18 @@ class ModelRunner(KVRows):
     device_rounds = False
     on_accelerator = False  # its model runs on a GPU (the device round is then the default loop)
 
+    # the runner can make a `sibling`: a backend whose buffers live where a shallow copy cannot tell
+    # (TensorRT's execution contexts bind device memory) says False
+    siblings = True
+
     def __init__(self, spec: ModelSpec, max_window: int):
         self.spec = spec
         self.max_window = max_window
+        self._unallocated()
+
+    def _unallocated(self) -> None:
+        """The state a runner has before its first allocate: no buffers, counters at 0. Backends
+        add the buffers and caches of their own (calling this), so a sibling starts from it."""
         self.batch = 0
         self.batch_room = 0  # model batch rows the buffers were allocated for (retain and grow stay within)
         self._allocated: tuple[int, int, int] = (0, 0, 0)  # (images, batch, capacity) the buffers were made for
@@ -146,6 +156,23 @@ class ModelRunner(KVRows):
         self._views: dict[int, tuple[np.ndarray, ...]] = {}  # window size -> step input views (_step_views)
         self._last = np.zeros(0, dtype=np.int32)
         self._zeros = np.zeros(0, dtype=np.int64)
+
+    def sibling(self) -> "ModelRunner":
+        """A runner over the same model — its sessions, graphs and weights shared, not copied — with
+        buffers, caches and counters of its own, made at its first allocate.
+
+        Why: an in-flight scheduler decodes several groups' batches in turn (runtime/scheduling),
+        each keeping its images' KV rows between its rounds, on one copy of the weights. The two
+        runners must not run at the same time from two threads (the scheduler's one worker runs
+        them in turn)."""
+        if not self.siblings:
+            raise SpecrtError(f"{type(self).__name__} cannot share its model with a second set of buffers")
+        twin = copy.copy(self)
+        for name, value in vars(twin).items():  # containers of their own: a twin's cache never fills the original's
+            if isinstance(value, (dict, list, set)):
+                setattr(twin, name, copy.copy(value))
+        twin._unallocated()
+        return twin
 
     # ---- hooks a backend implements -----------------------------------------------------
     # (and the KV copies' own, `_write_kv` and `_move_kv`: runtime/kv_rows.py)

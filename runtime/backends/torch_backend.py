@@ -90,9 +90,6 @@ class TorchRunner(ModelRunner):
         self.dtype = next(self.gpt.parameters()).dtype
         cfg = gpt.config
         self._kv_shape = (cfg.n_layer, 2, 0, cfg.n_kv_head, 0, cfg.head_dim)
-        self._kv = None
-        self._present = None
-        self._mix = None
         self.on_accelerator = self.device.type != "cpu"
         self.keep_rows_on_device = self.on_accelerator  # tests force True to check DeviceRows on CPU
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
@@ -105,6 +102,10 @@ class TorchRunner(ModelRunner):
             self.compiled = CompiledStep(compile_mode)
         self._run_layer = self.compiled.run_layer if self.compiled else None
         self._apply_head = apply_head
+
+    def _unallocated(self) -> None:
+        super()._unallocated()
+        self._kv = self._present = self._mix = None
         self._graphs: dict[Any, Any] = {}  # window size (or a chain's key) -> CapturedStep
         self._seen_windows: set[Any] = set()  # sizes (keys) stepped once since the buffers were made
         self._chains: dict[Any, Any] = {}  # steps (a tree: its layout key) -> runtime.chain's module over this model

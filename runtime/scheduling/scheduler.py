@@ -10,18 +10,23 @@ next, so the batch stays full while the queue is not empty.
 The grouping rule. Requests share rounds only when their Request.group is equal — the same method,
 method parameters, sampling keys, decoding and unconditional-row options; the condition (class id,
 prompt) and the seed may differ. A round is one method's round function on one guidance matrix,
-so requests of different methods or parameters cannot share it; they wait in their own group. The
-scheduler runs one group's batch at a time:
-- when no batch runs, it opens one for the group of the oldest waiting request;
-- between rounds the running batch admits its own group's waiting requests, oldest first, into
-  free slots — until a request of another group has waited longer than `max_group_wait` seconds
-  (by default one image's time: the recent mean from admission to last token, so the default fits
-  a 60 ms demo image and a GPT-XL image of seconds alike); from then on only its own requests
-  older than that one enter, then it runs its images to their end, and the next batch is the group
-  of the oldest waiting request. So a single-group
-  load keeps every slot busy, and a mixed load is served oldest-first with each group's wait
-  bounded by about two images' time (the wait, then the running images' last tokens) — what a
-  dynamic batcher's call in progress costs it, where a fixed wait of seconds would cost more.
+so requests of different methods or parameters cannot share it: each group has a batch of its own.
+Up to `groups` batches are open at once, each on its own runners over the one model
+(Pipeline.sibling: weights and sessions shared, KV buffers not), and the worker runs a round of
+each in turn; `slots` bounds the images of all of them together. Between rounds, waiting requests
+enter oldest first: into their group's batch, or a batch opened for their group while fewer than
+`groups` are open (or in place of one with no image). So a mixed load of a few groups is served
+as a single-group load is — a request joins its group's batch at the next round whatever else
+runs — and no group's batch drains while another waits.
+
+More groups than batches: a request whose group has no batch waits while the open batches keep
+admitting — until it has waited longer than `max_group_wait` seconds (by default one image's time:
+the recent mean from admission to last token, so the default fits a 60 ms demo image and a GPT-XL
+image of seconds alike); from then on only requests older than it enter, the open batches run
+their images to their end, and the first one empty is closed for its group. Its wait is so bounded
+by about two images' time — what a dynamic batcher's call in progress costs it. A pipeline whose
+runners cannot share their model (TensorRT engines, the continuous family) has one batch at a time
+by this same rule.
 
 Faults and back-pressure: submit refuses a request at once with QueueFull when `max_queue`
 requests wait; a request past its deadline ends with DeadlineExceeded at the next round (waiting
@@ -36,6 +41,7 @@ import logging
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from concurrent.futures import InvalidStateError
 from typing import Any, Optional
 
@@ -51,6 +57,8 @@ LOG = logging.getLogger("specrt.scheduler")
 MAX_SLOTS = 256
 MAX_QUEUE = 100_000
 DEFAULT_SLOTS = 8  # images decoding together when the caller names no number
+DEFAULT_GROUPS = 4  # groups' batches open at once (each holds KV buffers for `slots` images)
+MAX_GROUPS = 16
 MAX_GROUP_WAIT = 3600.0
 IMAGE_TIME_WEIGHT = 0.2  # the newest image's share of the recent mean image time
 
@@ -58,29 +66,32 @@ IMAGE_TIME_WEIGHT = 0.2  # the newest image's share of the recent mean image tim
 class Scheduler:
     """Decodes submitted requests in `slots` slots on `pipeline` (any family's), in its own thread.
 
-    `max_queue`: waiting requests beyond which submit raises QueueFull. `max_group_wait`: seconds a
-    request of another group may wait before the running batch stops admitting (module docstring);
-    None: one image's time, as measured on this scheduler's recent images.
+    `max_queue`: waiting requests beyond which submit raises QueueFull. `groups`: batches of
+    different groups open at once (module docstring), each holding KV buffers for `slots` images
+    (memory grows with it: 1 keeps one batch's); `max_group_wait`: seconds a request of a group
+    with no batch may wait before the open batches stop admitting newer requests; None: one
+    image's time, as measured on this scheduler's recent images.
     `inflight=False` runs each batch as one whole generate call (the dynamic batcher's way), the
     baseline in-flight batching is measured against. Do not call the pipeline's generate directly
-    while the scheduler decodes: such calls wait for the running batch (the pipeline's lock)."""
+    while the scheduler decodes: such calls wait for its first batch (the pipeline's lock)."""
 
-    def __init__(self, pipeline: Any, *, slots: int = DEFAULT_SLOTS, max_queue: int = 64,
+    def __init__(self, pipeline: Any, *, slots: int = DEFAULT_SLOTS, max_queue: int = 64, groups: int = DEFAULT_GROUPS,
                  max_group_wait: Optional[float] = None, inflight: bool = True):
         self.pipeline = pipeline
         self.family = pipeline_family(pipeline)
         # a bundle's graphs take at most its max_images images in one call (export --max-batch)
         self.slots = validation.count("slots", slots, high=min(MAX_SLOTS, getattr(pipeline, "max_images", MAX_SLOTS)))
         self.max_queue = validation.count("max_queue", max_queue, high=MAX_QUEUE)
+        self.groups = validation.count("groups", groups, high=MAX_GROUPS)
         self.max_group_wait = (None if max_group_wait is None
                                else validation.number("max_group_wait", max_group_wait, low=0.0, high=MAX_GROUP_WAIT))
         self._image_seconds: Optional[float] = None  # recent mean admission-to-finish time (the default wait)
         self.inflight = validation.flag("inflight", inflight)
         self._cond = threading.Condition(threading.RLock())  # future callbacks re-enter it from the worker
         self._waiting: deque[Ticket] = deque()
-        self._running: dict[int, Ticket] = {}
-        self._batch: Optional[SlotBatch] = None
-        self._group: Optional[tuple] = None
+        self._open: list[OpenBatch] = []  # the groups' batches, in the order their rounds run
+        self._pipelines: list[Any] = [pipeline]  # the pipeline and its siblings made so far (one per open batch)
+        self._shares_model = callable(getattr(pipeline, "sibling", None))  # until a sibling() says otherwise
         self._closing = self._cancel_running = False
         self._stats = SchedulerStats(self.slots)
         self._thread = threading.Thread(target=self._work, name="specrt-scheduler", daemon=True)
@@ -112,7 +123,7 @@ class Scheduler:
         """A snapshot of the counters and gauges (SchedulerStats)."""
         with self._cond:
             snapshot = self._stats.copy()
-            snapshot.queued, snapshot.running = len(self._waiting), len(self._running)
+            snapshot.queued, snapshot.running = len(self._waiting), self._occupied()
             return snapshot
 
     def close(self, timeout: float = 30.0, cancel_running: bool = False) -> None:
@@ -129,7 +140,7 @@ class Scheduler:
         if self._thread.is_alive():
             with self._cond:
                 self._cancel_running = True
-                for ticket in list(self._running.values()):
+                for ticket in [t for batch in self._open for t in batch.running.values()]:
                     self._fail(ticket, RequestCancelled("the scheduler closed before this image was finished"),
                                "cancelled")
 
@@ -150,34 +161,49 @@ class Scheduler:
         with self._cond:
             self._cond.notify_all()
 
+    def _occupied(self) -> int:
+        return sum(len(batch.running) for batch in self._open)
+
     def _work(self) -> None:
+        turn = 0  # the open batch whose round runs next
         while True:
             with self._cond:
-                leaving = self._sweep()
-                if self._closing and not self._waiting and not self._running:
+                self._sweep()
+                if self._closing and not self._waiting and not self._occupied():
                     break
-                if not self._running and not self._waiting:
-                    if self._batch is not None:
-                        self._end_batch()
+                if not self._occupied() and not self._waiting:
+                    self._close_batches(list(self._open))
                     self._cond.wait(self._idle_timeout())
                     continue
-                admitted = self._admissions(leaving)
+                admissions = self._admissions()
             try:
-                self._round(leaving, admitted)
-            except Exception as exc:  # a bug, not a request's mistake: fail what runs, log, keep serving
+                self._admit(admissions)
+            except Exception as exc:  # a bug, not a request's mistake (those fail their own ticket): keep serving
+                LOG.exception("a scheduler admission failed")
+                with self._cond:
+                    for ticket in [t for tickets in admissions.values() for t in tickets]:
+                        self._fail(ticket, exc, "failed")
+            with self._cond:
+                busy = [batch for batch in self._open if batch.running or batch.leaving]
+            if not busy:
+                continue
+            batch = busy[turn % len(busy)]
+            turn += 1
+            try:
+                self._round(batch)
+            except Exception as exc:  # a bug, not a request's mistake: fail what it runs, log, keep serving
                 LOG.exception("a scheduler round failed")
                 with self._cond:
-                    for ticket in list(self._running.values()):
+                    for ticket in list(batch.running.values()):
                         self._fail(ticket, exc, "failed")
-                    self._running.clear()
-                    self._end_batch()
+                    batch.running.clear()
+                    self._close_batches([batch])
         with self._cond:
-            if self._batch is not None:
-                self._end_batch()
+            self._close_batches(list(self._open))
 
-    def _sweep(self) -> list[int]:
-        """Waiting requests that were cancelled, expired or closed out leave the queue; the slots
-        of running ones that were cancelled or expired are returned (released before the round)."""
+    def _sweep(self) -> None:
+        """Waiting requests that were cancelled, expired or closed out leave the queue; running ones
+        that were cancelled or expired leave their batches' slots (released before its next round)."""
         now = time.monotonic()
         kept: deque[Ticket] = deque()
         for ticket in self._waiting:
@@ -191,87 +217,136 @@ class Scheduler:
             else:
                 kept.append(ticket)
         self._waiting = kept
-        leaving = []
-        for slot, ticket in list(self._running.items()):
-            if ticket.future.done():
-                self._stats.cancelled += ticket.future.cancelled()
-            elif self._cancel_running:
-                self._fail(ticket, RequestCancelled("the scheduler closed and cancelled this request"), "cancelled")
-            elif ticket.request.deadline is not None and now >= ticket.request.deadline:
-                self._fail(ticket, DeadlineExceeded("the request's deadline passed before its image was finished"),
-                           "expired")
-            else:
-                continue
-            leaving.append(slot)
-            del self._running[slot]
-        return leaving
+        for batch in self._open:
+            for slot, ticket in list(batch.running.items()):
+                if ticket.future.done():
+                    self._stats.cancelled += ticket.future.cancelled()
+                elif self._cancel_running:
+                    self._fail(ticket, RequestCancelled("the scheduler closed and cancelled this request"), "cancelled")
+                elif ticket.request.deadline is not None and now >= ticket.request.deadline:
+                    self._fail(ticket, DeadlineExceeded("the request's deadline passed before its image was finished"),
+                               "expired")
+                else:
+                    continue
+                batch.leaving.append(slot)
+                del batch.running[slot]
 
     def _idle_timeout(self) -> Optional[float]:
         deadlines = [t.request.deadline for t in self._waiting if t.request.deadline is not None]
         return max(min(deadlines) - time.monotonic(), 0.0) if deadlines else None
 
-    def _admissions(self, leaving: list[int]) -> list[Ticket]:
-        """The waiting requests that enter the running batch (or the one to open) before this round,
-        by the grouping rule (module docstring); they leave the queue."""
-        if not self._running:
-            self._group = self._waiting[0].request.group if self._waiting else None
-        if self._group is None:
-            return []
+    def _batches_allowed(self) -> int:
+        """Batches that may be open at once: `groups`, or 1 where the pipeline cannot make siblings."""
+        return self.groups if self._shares_model else 1
+
+    def _admissions(self) -> dict[tuple, list[Ticket]]:
+        """The waiting requests that enter a batch before the next round, by group (they leave the
+        queue), by the rules of the module docstring. A group with no open batch gets one (a new one,
+        or in place of an empty one: that one is closed here, and the group's batch is opened by
+        _admit)."""
+        free = self.slots - self._occupied()
         limit = self.max_group_wait if self.max_group_wait is not None else self._image_seconds
-        other = min((t.submitted for t in self._waiting if t.request.group != self._group), default=None)
-        # another group waited long enough: only requests older than it still enter, then this batch drains
-        cutoff = other if other is not None and limit is not None and time.monotonic() - other > limit else None
-        free = self.slots - len(self._running)
-        admitted = [t for t in self._waiting
-                    if t.request.group == self._group and (cutoff is None or t.submitted <= cutoff)][:free]
-        for ticket in admitted:
-            self._waiting.remove(ticket)
+        now = time.monotonic()
+        room = {batch.group: self.slots - len(batch.running) for batch in self._open}
+        empty = [batch for batch in self._open if not batch.running and not batch.leaving]
+        openable = self._batches_allowed() - len(self._open)
+        admitted: dict[tuple, list[Ticket]] = {}
+        for ticket in self._waiting:
+            if free == 0:
+                break
+            group = ticket.request.group
+            if group not in room:
+                spare = [batch for batch in empty if batch.group not in admitted]
+                if openable <= 0 and not spare:  # no batch for it yet: the open ones go on admitting until
+                    if limit is not None and now - ticket.submitted > limit:  # it has waited an image's time
+                        break
+                    continue
+                if openable > 0:
+                    openable -= 1
+                else:
+                    self._close_batches([spare[0]])
+                    empty.remove(spare[0])
+                    del room[spare[0].group]
+                room[group] = self.slots
+            if room[group] > 0:
+                admitted.setdefault(group, []).append(ticket)
+                room[group] -= 1
+                free -= 1
+        for tickets in admitted.values():
+            for ticket in tickets:
+                self._waiting.remove(ticket)
         return admitted
 
-    def _round(self, leaving: list[int], admitted: list[Ticket]) -> None:
-        """Outside the lock: free the leaving slots, admit, run one round, deliver what finished."""
-        batch = self._batch
-        for slot in leaving:
-            batch.release(slot)
-        if admitted and (batch is None or batch.occupied == {} and self._batch_group != self._group):
-            if batch is not None:
-                with self._cond:
-                    self._end_batch()
-            try:
-                batch = self._batch = open_batch(self.pipeline, admitted[0].request, self.slots, self.inflight)
-                self._batch_group = self._group
-            except SpecrtError as exc:
-                with self._cond:
-                    for ticket in admitted:
+    def _admit(self, admissions: dict[tuple, list[Ticket]]) -> None:
+        """Outside the lock: open the batches new groups need, and admit each group's requests
+        into free slots of its batch (their conditions prepared now)."""
+        for group, tickets in admissions.items():
+            batch = next((b for b in self._open if b.group == group), None)
+            if batch is None:
+                batch = self._open_batch(group, tickets)
+                if batch is None:
+                    continue
+            for slot in batch.leaving:  # a freed slot is released before another request takes it
+                batch.batch.release(slot)
+            batch.leaving.clear()
+            for ticket in tickets:
+                if ticket.future.done():  # cancelled on its way in
+                    self._stats.cancelled += ticket.future.cancelled()
+                    continue
+                slot = batch.batch.free()[0]
+                try:
+                    batch.batch.admit(slot, ticket.request)
+                except SpecrtError as exc:
+                    batch.batch.release(slot)
+                    with self._cond:
                         self._fail(ticket, exc, "failed")
-                return
-        for ticket in admitted:
-            if ticket.future.done():  # cancelled on its way in
-                self._stats.cancelled += ticket.future.cancelled()
-                continue
-            slot = batch.free()[0]
-            try:
-                batch.admit(slot, ticket.request)
-            except SpecrtError as exc:
-                batch.release(slot)
+                    continue
                 with self._cond:
-                    self._fail(ticket, exc, "failed")
-                continue
+                    ticket.admitted = time.monotonic()
+                    batch.running[slot] = ticket
+
+    def _open_batch(self, group: tuple, tickets: list[Ticket]) -> Optional["OpenBatch"]:
+        """A batch for `group` on a pipeline no open batch uses (a sibling made when none is free),
+        or None when the model refuses the group (its requests fail with the model's error)."""
+        in_use = {id(batch.pipeline) for batch in self._open}
+        pipeline = next((p for p in self._pipelines if id(p) not in in_use), None)
+        if pipeline is None:
+            pipeline = self.pipeline.sibling()
+            if pipeline is None:  # its runners cannot share the model: one batch at a time from now on
+                with self._cond:
+                    self._shares_model = False
+                    self._waiting.extendleft(reversed(tickets))
+                return None
+            self._pipelines.append(pipeline)
+        try:
+            slots = open_batch(pipeline, tickets[0].request, self.slots, self.inflight)
+        except SpecrtError as exc:
             with self._cond:
-                ticket.admitted = time.monotonic()
-                self._running[slot] = ticket
-        if not self._running:
+                for ticket in tickets:
+                    self._fail(ticket, exc, "failed")
+            return None
+        batch = OpenBatch(group, slots, pipeline)
+        with self._cond:
+            self._open.append(batch)
+        return batch
+
+    def _round(self, batch: "OpenBatch") -> None:
+        """Outside the lock: free `batch`'s leaving slots, run one round of it, deliver what finished."""
+        for slot in batch.leaving:
+            batch.batch.release(slot)
+        batch.leaving.clear()
+        if not batch.running:
             return
-        report = batch.round()
+        report = batch.batch.round()
         with self._cond:
             self._stats.rounds += 1
-            self._stats.slot_rounds += len(self._running)
-            self._deliver(report)
+            self._stats.slot_rounds += len(batch.running)
+            self._deliver(batch, report)
 
-    def _deliver(self, report: RoundReport) -> None:
+    def _deliver(self, batch: "OpenBatch", report: RoundReport) -> None:
         now = time.monotonic()
         for slot, value in report.finished.items():
-            ticket = self._running.pop(slot, None)
+            ticket = batch.running.pop(slot, None)
             if ticket is None:  # released this round (cancelled, expired): nobody waits for it
                 continue
             if isinstance(value, BaseException):
@@ -302,10 +377,20 @@ class Scheduler:
             return
         setattr(self._stats, how, getattr(self._stats, how) + 1)
 
-    def _end_batch(self) -> None:
-        if self._batch is not None:
-            self._batch.close()
-        self._batch = None
-        self._batch_group = None
+    def _close_batches(self, batches: list["OpenBatch"]) -> None:
+        """These batches end (their images have left): what they held on their pipelines is given back."""
+        for batch in batches:
+            batch.batch.close()
+            self._open.remove(batch)
 
-    _batch_group: Optional[tuple] = None
+
+@dataclass(eq=False)
+class OpenBatch:
+    """One group's batch: its slots on one of the scheduler's pipelines, the tickets in them, and
+    the slots whose requests left between rounds (released before the batch's next round)."""
+
+    group: tuple
+    batch: SlotBatch
+    pipeline: Any
+    running: dict[int, Ticket] = field(default_factory=dict)
+    leaving: list[int] = field(default_factory=list)

@@ -149,7 +149,8 @@ def test_the_scheduler_refills_the_continuous_device_rounds_slots(pipe, monkeypa
     scheduler = Scheduler(pipe, slots=SLOTS, max_queue=8)
 
     def watched(self):
-        group = scheduler._group  # the running batch's: only its own requests may take its slots
+        group = scheduler._open[0].group  # one batch at a time here: only its own requests may take its slots
+        assert len(scheduler._open) == 1  # the continuous family's runners share no model (no sibling)
         seen.append((int((~self.state.finished).sum()), sum(t.request.group == group for t in scheduler._waiting)))
         return step(self)
 

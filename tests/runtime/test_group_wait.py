@@ -1,7 +1,8 @@
-"""A mixed load in the scheduler: by default another group's request waits about one image's
-time (measured on the running batch) before the running batch stops admitting, so it is served
-after a few images of a long single-group queue, not after the whole queue or a fixed wait of
-seconds (toy backend)."""
+"""A mixed load in the scheduler: a request of another group gets a batch of its own and is served
+in its turn (oldest first) while the first group's batch goes on; where no batch is left for its
+group (one batch at a time here), it waits about one image's time (measured on the running batch)
+before the open batch stops admitting, so it is served after a few images of a long single-group
+queue, not after the whole queue or a fixed wait of seconds (toy backend)."""
 from __future__ import annotations
 
 import threading
@@ -18,7 +19,7 @@ GUIDED = {"cfg_scale": 2.0, "temperature": 0.9, "top_k": 0, "top_p": 1.0}
 BEFORE, AFTER = 8, 8  # requests of the running group submitted just before and just after the other group's
 
 
-def finishing_order(max_group_wait) -> list[str]:
+def finishing_order(max_group_wait, groups: int = 1) -> list[str]:
     """Which requests finished in which order: BEFORE sd requests, one ar request, AFTER sd requests."""
     target, draft, vq = toy_models(vocab_size=4, grid_size=4, num_classes=4, seed=3)
     pipe = Pipeline(target, vq, draft, sampling_defaults=GUIDED)
@@ -34,7 +35,8 @@ def finishing_order(max_group_wait) -> list[str]:
     sd = [Request(class_id=i % 4, seed=i, method="sd", params={"draft_len": 3}, decode=False)
           for i in range(BEFORE + AFTER)]
     other = Request(class_id=1, seed=99, method="ar", decode=False)
-    with Scheduler(pipe, slots=2, max_queue=BEFORE + AFTER + 1, max_group_wait=max_group_wait) as scheduler:
+    with Scheduler(pipe, slots=2, max_queue=BEFORE + AFTER + 1, max_group_wait=max_group_wait,
+                   groups=groups) as scheduler:
         scheduler.submit(sd[0]).result(timeout=120)  # the first image: the scheduler has an image time
         tickets = []
         for request in sd[1:BEFORE] + [other] + sd[BEFORE:]:
@@ -58,6 +60,14 @@ def test_a_long_fixed_wait_serves_the_queue_first():
     whole queue, later requests too, and the ar request finishes last (what the default avoids)."""
     order = finishing_order(3600.0)
     assert order[-1] == "ar", order
+
+
+def test_another_groups_batch_runs_beside_the_first():
+    """With batches for two groups, the ar request enters its own batch when its turn comes (the
+    requests older than it admitted), even under a wait longer than the whole queue: it finishes
+    among the sd requests submitted after it, where one batch at a time finishes it last."""
+    order = finishing_order(3600.0, groups=2)
+    assert order.index("ar") < len(order) - AFTER // 2, order
 
 
 @pytest.mark.parametrize("wait", [-1.0, 1e9, float("nan")])

@@ -94,7 +94,7 @@ def test_a_batch_reopened_reuses_the_buffers(monkeypatch):
     with Scheduler(pipe, slots=3) as scheduler:
         one = scheduler.submit(first).result(timeout=60)
         end = time.monotonic() + 30
-        while scheduler._batch is not None:  # the queue is empty: the worker closes the batch
+        while scheduler._open:  # the queue is empty: the worker closes the batch
             assert time.monotonic() < end, "the batch did not close"
             time.sleep(0.002)
         buffer = pipe.target.kv_buffer

@@ -1,0 +1,122 @@
+"""Several groups' batches at once in the scheduler: each on runners of its own over the one model
+(Pipeline.sibling: sessions and weights shared, buffers not), a round of each in turn, the slots
+bounding their images together. Every image equals its request alone; a planted sibling that
+shares its runners' buffers is caught; a pipeline whose runners cannot share their model keeps
+one batch at a time."""
+from __future__ import annotations
+
+import copy
+import threading
+
+import numpy as np
+import pytest
+
+from specrt.errors import SpecrtError
+from specrt.runtime.backends.toy import toy_models
+from specrt.runtime.pipeline import Pipeline
+from specrt.runtime.scheduling import Request, Scheduler
+from specrt.runtime.scheduling.inflight import InflightBatch
+
+# three groups that cannot share a round, with parameters that make their rounds ragged
+METHODS = [("ar", {}), ("sd", {"draft_len": 3}), ("sjd", {"window": 4})]
+GUIDED = {"cfg_scale": 2.0, "temperature": 0.9, "top_k": 0, "top_p": 1.0}
+
+
+def mixed(count: int) -> list[Request]:
+    return [Request(class_id=(3 * m + i) % 10, seed=700 + 10 * m + i, method=method, params=params, decode=False)
+            for i in range(count) for m, (method, params) in enumerate(METHODS)]
+
+
+def alone(pipe: Pipeline, request: Request) -> np.ndarray:
+    return pipe.generate([request.class_id], method=request.method, seed=request.seed, decode=False,
+                         **request.params).tokens[0]
+
+
+def serve(pipe: Pipeline, requests: list[Request], monkeypatch, **options) -> tuple[list, list[tuple[int, int]]]:
+    """Submit `requests` at once: their tokens (None for a request that failed), and (open batches,
+    images in all of them) at every round."""
+    seen: list[tuple[int, int]] = []
+    scheduler = Scheduler(pipe, max_queue=len(requests), **options)
+    rounds = InflightBatch.round
+
+    def watched(self):
+        seen.append((len(scheduler._open), sum(len(b.running) for b in scheduler._open)))
+        return rounds(self)
+    monkeypatch.setattr(InflightBatch, "round", watched)
+    with scheduler:
+        with scheduler._cond:  # every request queued before the worker admits the first
+            tickets = [scheduler.submit(r) for r in requests]
+        tokens = [None if t.future.exception(timeout=120) else t.result().tokens[0] for t in tickets]
+    return tokens, seen
+
+
+def changed(pipe: Pipeline, requests: list[Request], tokens: list) -> int:
+    """Requests whose image is not their request's alone (or that failed)."""
+    return sum(got is None or not np.array_equal(got, alone(pipe, r)) for got, r in zip(tokens, requests))
+
+
+def test_a_sibling_shares_the_model_not_the_buffers(ort_pipe):
+    """The sibling runs the same onnxruntime sessions on KV buffers of its own, and its images
+    are the original's, decoded while the original holds other images' rows."""
+    twin = ort_pipe.sibling()
+    assert twin.target.step_session is ort_pipe.target.step_session and twin.vq is ort_pipe.vq
+    first = ort_pipe.generate([1, 2], method="sd", seed=5, decode=False).tokens
+    kept = ort_pipe.target.kv_buffer.copy()
+    second = twin.generate([1, 2], method="sd", seed=5, decode=False).tokens
+    assert not np.shares_memory(twin.target.kv_buffer, ort_pipe.target.kv_buffer)
+    assert not np.shares_memory(twin.draft.kv_buffer, ort_pipe.draft.kv_buffer)
+    np.testing.assert_array_equal(ort_pipe.target.kv_buffer, kept)  # the twin wrote nothing of the original's
+    np.testing.assert_array_equal(first, second)
+
+
+def test_a_torch_sibling_shares_the_weights(torch_pipe):
+    twin = torch_pipe.sibling()
+    assert twin.target.gpt is torch_pipe.target.gpt
+    first = torch_pipe.generate([3], method="sjd", seed=2, decode=False).tokens
+    second = twin.generate([3], method="sjd", seed=2, decode=False).tokens
+    assert twin.target.kv_buffer.data_ptr() != torch_pipe.target.kv_buffer.data_ptr()
+    np.testing.assert_array_equal(first, second)
+
+
+def test_groups_decode_side_by_side_each_image_as_alone(ort_pipe, monkeypatch):
+    """Three groups' requests at once in four slots: their batches are open together (not one group
+    draining before the next opens), never more images than slots, and every image equals its
+    request alone (a float tie at a CDF boundary may flip one)."""
+    requests = mixed(4)
+    tokens, seen = serve(ort_pipe, requests, monkeypatch, slots=4, groups=3)
+    assert changed(ort_pipe, requests, tokens) <= 1
+    assert max(batches for batches, _ in seen) == 3
+    assert all(images <= 4 for _, images in seen) and max(images for _, images in seen) == 4
+
+
+def test_a_sibling_sharing_its_runners_is_caught(ort_pipe, monkeypatch):
+    """The planted bug: a sibling that shares the original's runners (their KV rows) — the
+    comparison above must see it (the control for that test)."""
+    def shared_runners(self):
+        twin = copy.copy(self)
+        twin._generate_lock = threading.Lock()
+        return twin
+    monkeypatch.setattr(Pipeline, "sibling", shared_runners)
+    requests = mixed(4)
+    tokens, _ = serve(ort_pipe, requests, monkeypatch, slots=4, groups=3)
+    assert changed(ort_pipe, requests, tokens) >= 2
+
+
+def test_runners_that_cannot_share_keep_one_batch_at_a_time(monkeypatch):
+    """A runner without siblings (TensorRT's): the scheduler falls back to one group's batch at a time
+    and still serves every group, each image as alone."""
+    target, draft, vq = toy_models(vocab_size=4, grid_size=3, num_classes=10, seed=3)
+    monkeypatch.setattr(type(target), "siblings", False)
+    pipe = Pipeline(target, vq, draft, sampling_defaults=GUIDED)
+    assert pipe.sibling() is None
+    requests = mixed(2)
+    tokens, seen = serve(pipe, requests, monkeypatch, slots=2, groups=3)
+    assert max(batches for batches, _ in seen) == 1
+    assert changed(pipe, requests, tokens) == 0
+
+
+@pytest.mark.parametrize("groups", [0, 17, 2.5])
+def test_a_group_count_out_of_range_is_refused(groups):
+    target, draft, vq = toy_models(vocab_size=4, grid_size=3, num_classes=4, seed=3)
+    with pytest.raises(SpecrtError, match="groups"):
+        Scheduler(Pipeline(target, vq, draft, sampling_defaults=GUIDED), groups=groups)
