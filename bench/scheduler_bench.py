@@ -62,8 +62,9 @@ def process_rss() -> int:
 def run_scheduler_bench(pipeline: Any, config: ServeBenchConfig,
                         say: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
     """Measure both modes on `pipeline` (module docstring); the JSON-ready results, as run_serve_bench's."""
+    groups = {} if config.groups is None else {"groups": config.groups}
     schedulers = {mode: Scheduler(pipeline, slots=config.slots, max_queue=config.max_queue,
-                                  inflight=mode == "inflight") for mode in MODES}
+                                  inflight=mode == "inflight", **groups) for mode in MODES}
     try:
         connect = {mode: (lambda s=scheduler: SchedulerClient(s, config.timeout_s))
                    for mode, scheduler in schedulers.items()}

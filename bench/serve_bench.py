@@ -51,6 +51,7 @@ class ServeBenchConfig:
     overload_s: float = 120.0
     saturation_s: float = 20.0
     slots: int = 8
+    groups: Optional[int] = None  # the in-flight scheduler's; None: its default
     max_queue: int = 64
     methods: tuple[tuple[str, dict], ...] = (("sjd", {}),)
     classes: int = 10
@@ -105,6 +106,8 @@ class ServerProcess:
                    "--triton-log", str(log_dir / f"triton-{mode}.log")]
         if mode == "inflight":
             command += ["--slots", str(config.slots)]
+            if config.groups is not None:
+                command += ["--groups", str(config.groups)]
         if config.threads:
             command += ["--threads", str(config.threads)]
         self.stderr = (log_dir / f"serve-{mode}.txt").open("w+")

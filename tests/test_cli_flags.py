@@ -298,6 +298,15 @@ def test_serve_refuses_one_port_for_two_protocols(ports, capsys, no_model_loads)
     assert code == 2 and "each need a port of their own" in one_line(err)
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["serve", "--groups", "0"], "--groups must be"), (["serve", "--groups", "17"], "--groups must be"),
+    (["serve", "--slots", "0"], "--slots must be"), (["serve", "--slots", "100000"], "--slots must be"),
+])
+def test_serve_bounds_its_in_flight_flags_before_starting_anything(argv, message, capsys, no_model_loads):
+    code, err = run(argv, capsys)
+    assert code == 2 and message in one_line(err) and "starting Triton" not in err
+
+
 def test_serve_without_the_serve_extra_says_so_before_starting_anything(monkeypatch, capsys, no_model_loads):
     import sys
 

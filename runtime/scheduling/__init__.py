@@ -10,7 +10,7 @@
         scheduler.stats()               # SchedulerStats: queue depth, occupancy, tokens, latencies
 
 The API (names as the code has them):
-- Scheduler(pipeline, *, slots, max_queue, max_group_wait=None, inflight=True): any family's pipeline
+- Scheduler(pipeline, *, slots, max_queue, groups=4, max_group_wait=None, inflight=True): any family's pipeline
   (Pipeline.from_bundle / from_torch / an embedded demo's). `.submit(Request) -> Ticket` raises at
   once QueueFull when max_queue requests wait, SchedulerClosed after close, SpecrtError for a request
   the model refuses; `.close(timeout=30.0, cancel_running=False)`; `.stats() -> SchedulerStats`;

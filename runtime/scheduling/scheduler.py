@@ -340,7 +340,7 @@ class Scheduler:
         report = batch.batch.round()
         with self._cond:
             self._stats.rounds += 1
-            self._stats.slot_rounds += len(batch.running)
+            self._stats.slot_rounds += self._occupied()  # every open batch's images: the slots they share
             self._deliver(batch, report)
 
     def _deliver(self, batch: "OpenBatch", report: RoundReport) -> None:

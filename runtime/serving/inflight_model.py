@@ -48,7 +48,7 @@ from typing import Any, Optional
 
 from specrt.errors import SpecrtError
 from specrt.runtime.scheduling import DeadlineExceeded, QueueFull, Request, RequestCancelled, Scheduler, SchedulerClosed
-from specrt.runtime.scheduling.scheduler import DEFAULT_SLOTS
+from specrt.runtime.scheduling.scheduler import DEFAULT_GROUPS, DEFAULT_SLOTS
 from specrt.runtime.serving.inflight_repo import open_pipeline, parameters_of
 from specrt.runtime.serving.protocol import INPUTS, ImageRequest, ImageResult, decode_request, encode_response, png_bytes
 
@@ -82,6 +82,20 @@ class Pending:
             return True
 
 
+def scheduler_options(parameters: dict[str, str], max_images: Optional[int]) -> dict[str, Any]:
+    """The Scheduler's keyword arguments from the model's parameters (InflightConfig's, as strings;
+    empty: the default). No --slots: 8, or fewer where the model decodes fewer images together (its
+    export's --max-batch); more than that is refused with the flag that fixes it."""
+    slots = int(parameters.get("slots") or min(DEFAULT_SLOTS, max_images or DEFAULT_SLOTS))
+    if max_images and slots > max_images:
+        raise SpecrtError(f"--slots {slots}: this model decodes at most {max_images} images together "
+                          f"(a bundle's `specrt export --max-batch`)")
+    wait = parameters.get("max_group_wait_s")
+    return {"slots": slots, "max_queue": int(parameters.get("max_queue") or 64),
+            "groups": int(parameters.get("groups") or DEFAULT_GROUPS),
+            "max_group_wait": float(wait) if wait else None}
+
+
 class TritonPythonModel:
     """In-flight serving as a Triton Python-backend model (one instance; the scheduler owns the slots)."""
 
@@ -97,15 +111,7 @@ class TritonPythonModel:
         self.request_timeout_s = float(parameters["request_timeout_s"]) if parameters.get("request_timeout_s") else None
         self.drain_s = float(parameters.get("drain_s") or 10.0)
         self.drain_file = parameters.get("drain_file") or None
-        max_images = getattr(pipeline, "max_images", None)
-        # no --slots: 8, or fewer where the model decodes fewer images together (its export's --max-batch)
-        slots = int(parameters.get("slots") or min(DEFAULT_SLOTS, max_images or DEFAULT_SLOTS))
-        if max_images and slots > max_images:
-            raise SpecrtError(f"--slots {slots}: this model decodes at most {max_images} images together "
-                              f"(a bundle's `specrt export --max-batch`)")
-        self.scheduler = Scheduler(pipeline, slots=slots,
-                                   max_queue=int(parameters.get("max_queue") or 64),
-                                   max_group_wait=float(parameters["max_group_wait_s"]) if parameters.get("max_group_wait_s") else None)
+        self.scheduler = Scheduler(pipeline, **scheduler_options(parameters, getattr(pipeline, "max_images", None)))
         from specrt.runtime.serving.scheduler_metrics import SchedulerMetrics
 
         self.metrics = SchedulerMetrics(self.pb, args.get("model_name", "specrt"), self.scheduler.slots)

@@ -35,6 +35,7 @@ class InflightConfig:
     """The in-flight flags of `specrt serve` (the model's parameters)."""
 
     slots: Optional[int] = None  # None: 8, or the model's max_images where fewer (inflight_model)
+    groups: Optional[int] = None  # None: the scheduler's default (DEFAULT_GROUPS)
     max_queue: int = 64
     request_timeout_s: Optional[float] = None  # None: only a request's own Triton timeout
     max_group_wait_s: Optional[float] = None  # None: one image's time, measured (Scheduler)
@@ -75,7 +76,8 @@ def _tensor(spec: TensorSpec, optional: bool) -> str:
 def config_pbtxt(model_name: str, config: InflightConfig, pipeline_spec: dict[str, Any], drain_file: Path,
                  drain_s: float, outputs: tuple[TensorSpec, ...] = OUTPUTS) -> str:
     """config.pbtxt of the in-flight model: no dynamic batcher (the scheduler batches), one instance."""
-    parameters = {"pipeline": json.dumps(pipeline_spec), "slots": "" if config.slots is None else str(config.slots), "max_queue": str(config.max_queue),
+    parameters = {"pipeline": json.dumps(pipeline_spec), "slots": "" if config.slots is None else str(config.slots),
+                  "groups": "" if config.groups is None else str(config.groups), "max_queue": str(config.max_queue),
                   "request_timeout_s": "" if config.request_timeout_s is None else repr(config.request_timeout_s),
                   "max_group_wait_s": "" if config.max_group_wait_s is None else repr(config.max_group_wait_s), "drain_file": str(drain_file),
                   "drain_s": repr(float(drain_s))}

@@ -77,7 +77,7 @@ def in_process_pipeline(bundle: Optional[Path], where: InProcess, threads: Optio
 
 
 def run(bundle: Optional[Path], url: Optional[str], loads: str, rate_seconds: float, overload_seconds: float,
-        saturation_seconds: float, slots: int, max_queue: int, methods: Optional[str], seed: int,
+        saturation_seconds: float, slots: int, groups: Optional[int], max_queue: int, methods: Optional[str], seed: int,
         threads: Optional[int], json_path: Optional[Path], plot_path: Optional[Path],
         markdown_path: Optional[Path], demo_weights: Optional[Path], cache_dir: Optional[Path],
         where: InProcess = InProcess()) -> None:
@@ -93,7 +93,8 @@ def run(bundle: Optional[Path], url: Optional[str], loads: str, rate_seconds: fl
         rate_s=validation.number("--rate-seconds", rate_seconds, low=1.0, high=MAX_SECONDS),
         overload_s=validation.number("--overload-seconds", overload_seconds, low=1.0, high=MAX_SECONDS),
         saturation_s=validation.number("--saturation-seconds", saturation_seconds, low=1.0, high=MAX_SECONDS),
-        slots=validation.count("--slots", slots, high=256), max_queue=validation.count("--max-queue", max_queue,
+        slots=validation.count("--slots", slots, high=256),
+        groups=None if groups is None else validation.count("--groups", groups, high=16), max_queue=validation.count("--max-queue", max_queue,
                                                                                        high=4096),
         methods=parse_methods(methods), seed=validation.seed(seed, "--seed"), threads=threads)
     if bundle is None and url is None and not (where.on and where.backend == "torch"):

@@ -203,7 +203,7 @@ def _batches(text: str) -> tuple[int, ...]:
     ("Step profile (--profile-arch)", ["profile_arch", "results_path", "windows", "repeats", "profile_images",
                                        "profile_dtypes"]),
     ("Serving under load (--serve)", ["serve", "serve_url", "in_process", "loads", "rate_seconds",
-                                      "overload_seconds", "saturation_seconds", "slots", "max_queue"]),
+                                      "overload_seconds", "saturation_seconds", "slots", "groups", "max_queue"]),
 ])
 @click.argument("bundle", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--methods", default=None, metavar="LIST",
@@ -306,11 +306,13 @@ def _batches(text: str) -> tuple[int, ...]:
               help="--serve: seconds of the closed loop (2 x --slots clients) measuring saturated throughput.")
 @click.option("--slots", type=int, default=8, show_default=True,
               help="--serve: the in-flight server's --slots and the dynamic server's --max-batch.")
+@click.option("--groups", type=int, default=None,
+              help="--serve: the in-flight server's --groups (batches of different methods side by side; default 4).")
 @click.option("--max-queue", type=int, default=64, show_default=True, help="--serve: both servers' --max-queue.")
 def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, threads, keep_tokens, json_path, plot_path, markdown_path, prompts_path, demo_weights,
             cache_dir, profile_arch, results_path, windows, repeats, profile_images, profile_dtypes, device, loop_text,
             cuda_graphs, compile_step, compile_mode, precision, progress, demo, serve, serve_url, loads, rate_seconds,
-            overload_seconds, saturation_seconds, slots, max_queue, in_process) -> None:
+            overload_seconds, saturation_seconds, slots, groups, max_queue, in_process) -> None:
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
     validation.seed(seed, "--seed")  # image i uses seed + i: checked before anything loads
     from specrt.paths import cache_folder, output_file
@@ -326,7 +328,7 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     if serve or serve_url or in_process:
         from specrt.commands import _serve_bench
 
-        _serve_bench.run(bundle, serve_url, loads, rate_seconds, overload_seconds, saturation_seconds, slots, max_queue,
+        _serve_bench.run(bundle, serve_url, loads, rate_seconds, overload_seconds, saturation_seconds, slots, groups, max_queue,
                          methods, seed, threads, json_path, plot_path, markdown_path,
                          demo_weights, cache_dir, _serve_bench.InProcess(in_process, backend, device, demo))
         return

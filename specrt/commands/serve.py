@@ -25,6 +25,7 @@ _TENSORS = "\n".join(["\b", "Inputs (one per row, all optional):",
 
 BATCHING = ("inflight", "dynamic")
 MAX_SLOTS = 256  # the scheduler's bound; a bundle's --max-batch bounds it further
+MAX_GROUPS = 16  # the scheduler's bound (each group's batch holds KV buffers for --slots images)
 # waiting requests hold their inputs only (a class id or a prompt, a few hundred bytes), so the
 # bound is about how long the last one waits, not memory
 MAX_QUEUE = 4096
@@ -60,6 +61,9 @@ def _port(name: str, value: int) -> int:
 @click.option("--slots", type=int, default=None,
               help="inflight: images decoding together (at most the bundle's --max-batch; default 8, or that "
                    "maximum where it is smaller).")
+@click.option("--groups", type=int, default=None,
+              help="inflight: batches of different methods or parameters decoding side by side in the slots, each "
+                   "with KV buffers of its own (1 to 16; default 4; 1 keeps one batch's memory).")
 @click.option("--max-queue", type=int, default=64, show_default=True,
               help=f"Requests that may wait (1 to {MAX_QUEUE}); beyond it a request is refused at once: HTTP 503 / "
                    "gRPC UNAVAILABLE, 'the queue is full'.")
@@ -70,14 +74,15 @@ def _port(name: str, value: int) -> int:
               help="On SIGTERM: seconds running images get to finish (inflight; the rest are answered with an error) "
                    "and Triton gets to stop.")
 def serve_command(bundle, demo, backend, device, threads, host, http_port, grpc_port, metrics_port, model_name, max_batch,
-                  queue_delay_us, triton_log, batching, slots, max_queue, request_timeout, exit_timeout) -> None:
+                  queue_delay_us, triton_log, batching, slots, groups, max_queue, request_timeout, exit_timeout) -> None:
     """Serve a bundle (or the embedded demo) through Triton Inference Server (PyTriton).
 
     Requests carry a class id (or a prompt), method, seed and parameters; responses carry PNG
     bytes, the tokens (INT64 VQ codes; FP32 [positions, channels] for a continuous bundle, whose
     `image` is empty when it has no decoder) and stats. With --batching inflight (the default) a
     scheduler decodes --slots images together and admits waiting requests between rounds; requests
-    of the same method and parameters share rounds. With --batching dynamic, Triton's dynamic
+    of the same method and parameters share rounds, and up to --groups such groups decode side by
+    side. With --batching dynamic, Triton's dynamic
     batcher merges requests that arrive together into one generate call. Beyond --max-queue waiting
     requests a request is refused at once (HTTP 503 / gRPC UNAVAILABLE). A bad request gets a
     one-line `error` back. Metrics (Prometheus text) are on the metrics port. The "ready" line comes
@@ -108,6 +113,11 @@ def serve_command(bundle, demo, backend, device, threads, host, http_port, grpc_
                          request_timeout_s=timeout or 0.0,
                          exit_timeout_s=validation.integer("--exit-timeout", exit_timeout, low=1, high=600),
                          log_file=log_file)
+    from specrt.runtime.serving.inflight_repo import InflightConfig
+
+    inflight = InflightConfig(slots=None if slots is None else validation.count("--slots", slots, high=MAX_SLOTS),
+                              groups=None if groups is None else validation.count("--groups", groups, high=MAX_GROUPS),
+                              max_queue=config.max_queue, request_timeout_s=timeout, max_batch=config.max_batch)
     check_applicable(bundle, demo, None, None, None, CheckpointFlags(), device, backend)  # --device: a torch that has it
     require_pytriton()  # the `serve` extra, before a model loads and before "starting Triton"
     check_ports_free(config)  # before a model loads: a taken port costs a second
@@ -117,10 +127,6 @@ def serve_command(bundle, demo, backend, device, threads, host, http_port, grpc_
                    f"{host}:{config.grpc_port} ({batching} batching)", err=True)
 
     if batching == "inflight":
-        from specrt.runtime.serving.inflight_repo import InflightConfig
-
-        inflight = InflightConfig(slots=None if slots is None else validation.count("--slots", slots, high=MAX_SLOTS), max_queue=config.max_queue,
-                                  request_timeout_s=timeout, max_batch=config.max_batch)
         spec = {"factory": f"{__name__}:served_pipeline", "bundle": None if bundle is None else str(Path(bundle).resolve()),
                 "demo": demo, "backend": backend, "device": device, "threads": threads}
         click.echo(f"specrt serve: starting Triton (its log: {log_file or 'the terminal'}) ...", err=True)

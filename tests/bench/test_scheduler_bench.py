@@ -72,6 +72,8 @@ def test_a_full_queue_is_a_refusal_and_the_rest_are_answered():
 @pytest.mark.parametrize("argv,expected", [
     (["bench", "--serve", "--in-process", "--serve-url", "127.0.0.1:8001"], "--in-process"),
     (["bench", "--serve", "--in-process", "--loads", "0"], "--loads"),
+    (["bench", "--serve", "--in-process", "--groups", "0"], "--groups"),
+    (["bench", "--serve", "--in-process", "--groups", "17"], "--groups"),
 ])
 def test_in_process_flag_mistakes_are_one_line(argv, expected, capsys):
     code, _, err = run_cli(argv, capsys)

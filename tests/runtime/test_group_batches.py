@@ -120,3 +120,25 @@ def test_a_group_count_out_of_range_is_refused(groups):
     target, draft, vq = toy_models(vocab_size=4, grid_size=3, num_classes=4, seed=3)
     with pytest.raises(SpecrtError, match="groups"):
         Scheduler(Pipeline(target, vq, draft, sampling_defaults=GUIDED), groups=groups)
+
+
+def test_serve_groups_reach_the_scheduler():
+    """`specrt serve --groups` travels as the in-flight model's parameter to its Scheduler; absent,
+    the scheduler's default; --slots beyond the model's images is refused with the flag to fix."""
+    import json
+    import re
+
+    from specrt.runtime.scheduling.scheduler import DEFAULT_GROUPS
+    from specrt.runtime.serving.inflight_model import scheduler_options
+    from specrt.runtime.serving.inflight_repo import InflightConfig, config_pbtxt
+
+    def parameters(config: InflightConfig) -> dict[str, str]:
+        text = config_pbtxt("specrt", config, {"bundle": "b"}, "/tmp/drain", 5.0)
+        return {json.loads(key): json.loads(value) for key, value in
+                re.findall(r'parameters \{ key: ("[^"]*") value \{ string_value: ("(?:[^"\\]|\\.)*") \} \}', text)}
+
+    assert scheduler_options(parameters(InflightConfig(slots=4, groups=2)), 8)["groups"] == 2
+    options = scheduler_options(parameters(InflightConfig()), 4)
+    assert options["groups"] == DEFAULT_GROUPS and options["slots"] == 4 and options["max_group_wait"] is None
+    with pytest.raises(SpecrtError, match="--slots 9: this model decodes at most 8"):
+        scheduler_options(parameters(InflightConfig(slots=9)), 8)
