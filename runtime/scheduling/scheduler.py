@@ -26,7 +26,8 @@ image of seconds alike); from then on only requests older than it enter, the ope
 their images to their end, and the first one empty is closed for its group. Its wait is so bounded
 by about two images' time — what a dynamic batcher's call in progress costs it. A pipeline whose
 runners cannot share their model (TensorRT engines, the continuous family) has one batch at a time
-by this same rule.
+by this same rule; where one more batch's buffers do not fit in memory (an out-of-memory error as it
+opens, beside open ones), the batches open then are the most from then on.
 
 Faults and back-pressure: submit refuses a request at once with QueueFull when `max_queue`
 requests wait; a request past its deadline ends with DeadlineExceeded at the next round (waiting
@@ -92,6 +93,7 @@ class Scheduler:
         self._open: list[OpenBatch] = []  # the groups' batches, in the order their rounds run
         self._pipelines: list[Any] = [pipeline]  # the pipeline and its siblings made so far (one per open batch)
         self._shares_model = callable(getattr(pipeline, "sibling", None))  # until a sibling() says otherwise
+        self._memory_batches = MAX_GROUPS  # batches whose buffers fit together (lowered when one more did not)
         self._closing = self._cancel_running = False
         self._stats = SchedulerStats(self.slots)
         self._thread = threading.Thread(target=self._work, name="specrt-scheduler", daemon=True)
@@ -176,13 +178,7 @@ class Scheduler:
                     self._cond.wait(self._idle_timeout())
                     continue
                 admissions = self._admissions()
-            try:
-                self._admit(admissions)
-            except Exception as exc:  # a bug, not a request's mistake (those fail their own ticket): keep serving
-                LOG.exception("a scheduler admission failed")
-                with self._cond:
-                    for ticket in [t for tickets in admissions.values() for t in tickets]:
-                        self._fail(ticket, exc, "failed")
+            self._admit(admissions)
             with self._cond:
                 busy = [batch for batch in self._open if batch.running or batch.leaving]
             if not busy:
@@ -236,8 +232,9 @@ class Scheduler:
         return max(min(deadlines) - time.monotonic(), 0.0) if deadlines else None
 
     def _batches_allowed(self) -> int:
-        """Batches that may be open at once: `groups`, or 1 where the pipeline cannot make siblings."""
-        return self.groups if self._shares_model else 1
+        """Batches that may be open at once: `groups`, or 1 where the pipeline cannot make siblings,
+        or as many as fitted in memory when one more did not."""
+        return min(self.groups, self._memory_batches) if self._shares_model else 1
 
     def _admissions(self) -> dict[tuple, list[Ticket]]:
         """The waiting requests that enter a batch before the next round, by group (they leave the
@@ -279,31 +276,42 @@ class Scheduler:
 
     def _admit(self, admissions: dict[tuple, list[Ticket]]) -> None:
         """Outside the lock: open the batches new groups need, and admit each group's requests
-        into free slots of its batch (their conditions prepared now)."""
+        into free slots of its batch (their conditions prepared now). A failure that is not a
+        request's mistake (those fail their own ticket) fails its group's requests only."""
         for group, tickets in admissions.items():
-            batch = next((b for b in self._open if b.group == group), None)
-            if batch is None:
-                batch = self._open_batch(group, tickets)
-                if batch is None:
-                    continue
-            for slot in batch.leaving:  # a freed slot is released before another request takes it
-                batch.batch.release(slot)
-            batch.leaving.clear()
-            for ticket in tickets:
-                if ticket.future.done():  # cancelled on its way in
-                    self._stats.cancelled += ticket.future.cancelled()
-                    continue
-                slot = batch.batch.free()[0]
-                try:
-                    batch.batch.admit(slot, ticket.request)
-                except SpecrtError as exc:
-                    batch.batch.release(slot)
-                    with self._cond:
-                        self._fail(ticket, exc, "failed")
-                    continue
+            try:
+                self._admit_group(group, tickets)
+            except Exception as exc:  # a bug: the group's requests end with it, the others are served
+                LOG.exception("a scheduler admission failed")
                 with self._cond:
-                    ticket.admitted = time.monotonic()
-                    batch.running[slot] = ticket
+                    for ticket in tickets:
+                        self._fail(ticket, exc, "failed")
+
+    def _admit_group(self, group: tuple, tickets: list[Ticket]) -> None:
+        """`group`'s admitted requests into free slots of its batch (opened when it has none)."""
+        batch = next((b for b in self._open if b.group == group), None)
+        if batch is None:
+            batch = self._open_batch(group, tickets)
+            if batch is None:
+                return
+        for slot in batch.leaving:  # a freed slot is released before another request takes it
+            batch.batch.release(slot)
+        batch.leaving.clear()
+        for ticket in tickets:
+            if ticket.future.done():  # cancelled on its way in
+                self._stats.cancelled += ticket.future.cancelled()
+                continue
+            slot = batch.batch.free()[0]
+            try:
+                batch.batch.admit(slot, ticket.request)
+            except SpecrtError as exc:
+                batch.batch.release(slot)
+                with self._cond:
+                    self._fail(ticket, exc, "failed")
+                continue
+            with self._cond:
+                ticket.admitted = time.monotonic()
+                batch.running[slot] = ticket
 
     def _open_batch(self, group: tuple, tickets: list[Ticket]) -> Optional["OpenBatch"]:
         """A batch for `group` on a pipeline no open batch uses (a sibling made when none is free),
@@ -324,6 +332,19 @@ class Scheduler:
             with self._cond:
                 for ticket in tickets:
                     self._fail(ticket, exc, "failed")
+            return None
+        except Exception as exc:
+            if not self._open or not out_of_memory(exc):  # the first batch not fitting is the model's error
+                raise
+            # one more batch's buffers do not fit beside the open ones: as many batches as are open
+            # from now on, the sibling's buffers dropped, the tickets back at the queue's front
+            LOG.warning("another group's batch does not fit in memory (%s): %d batches from now on",
+                        str(exc).splitlines()[0][:200], len(self._open))
+            if pipeline is not self.pipeline:
+                self._pipelines.remove(pipeline)
+            with self._cond:
+                self._memory_batches = len(self._open)
+                self._waiting.extendleft(reversed(tickets))
             return None
         batch = OpenBatch(group, slots, pipeline)
         with self._cond:
@@ -382,6 +403,14 @@ class Scheduler:
         for batch in batches:
             batch.batch.close()
             self._open.remove(batch)
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is an allocation that did not fit: numpy's MemoryError, torch's
+    OutOfMemoryError (CUDA), onnxruntime's "Failed to allocate memory" (its own exception type)."""
+    text = str(error).lower()
+    return (isinstance(error, MemoryError) or "outofmemory" in type(error).__name__.lower()
+            or "out of memory" in text or "failed to allocate memory" in text)
 
 
 @dataclass(eq=False)

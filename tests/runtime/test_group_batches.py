@@ -115,6 +115,58 @@ def test_runners_that_cannot_share_keep_one_batch_at_a_time(monkeypatch):
     assert changed(pipe, requests, tokens) == 0
 
 
+@pytest.mark.parametrize("error", [MemoryError("numpy could not allocate"),
+                                   RuntimeError("[ONNXRuntimeError] : 6 : Failed to allocate memory for requested buffer")])
+def test_a_batch_that_does_not_fit_in_memory_keeps_the_batches_that_do(error, monkeypatch, caplog):
+    """The third group's batch runs out of memory as it opens: its requests go back to the queue
+    (none fails), two batches at most from then on, a warning says so, every image as alone."""
+    from specrt.runtime.scheduling import scheduler as scheduling
+
+    target, draft, vq = toy_models(vocab_size=4, grid_size=3, num_classes=10, seed=3)
+    pipe = Pipeline(target, vq, draft, sampling_defaults=GUIDED)
+    opened = scheduling.open_batch
+
+    def tight(pipeline, request, slots, inflight):
+        if len(scheduler_of[0]._open) == 2:
+            raise error
+        return opened(pipeline, request, slots, inflight)
+    scheduler_of = []
+    monkeypatch.setattr(scheduling, "open_batch", tight)
+    monkeypatch.setattr(scheduling.Scheduler, "_work", _recording(scheduler_of, scheduling.Scheduler._work))
+    requests = mixed(2)
+    tokens, seen = serve(pipe, requests, monkeypatch, slots=6, groups=3)
+    assert all(t is not None for t in tokens) and changed(pipe, requests, tokens) == 0
+    assert max(batches for batches, _ in seen) == 2
+    assert scheduler_of[0]._batches_allowed() == 2 and "does not fit in memory" in caplog.text
+
+
+def test_an_error_other_than_memory_fails_its_requests(monkeypatch):
+    """Only an allocation that did not fit is retried later: another error opening a batch fails
+    that group's requests with it, and the other groups are served."""
+    from specrt.runtime.scheduling import scheduler as scheduling
+
+    target, draft, vq = toy_models(vocab_size=4, grid_size=3, num_classes=10, seed=3)
+    pipe = Pipeline(target, vq, draft, sampling_defaults=GUIDED)
+    opened = scheduling.open_batch
+
+    def broken(pipeline, request, slots, inflight):
+        if request.method == "sjd":
+            raise RuntimeError("a bug")
+        return opened(pipeline, request, slots, inflight)
+    monkeypatch.setattr(scheduling, "open_batch", broken)
+    requests = mixed(2)
+    tokens, _ = serve(pipe, requests, monkeypatch, slots=6, groups=3)
+    assert [t is None for t in tokens] == [r.method == "sjd" for r in requests]
+
+
+def _recording(into: list, work):
+    """Scheduler._work that first notes its scheduler in `into` (for a patched function to read)."""
+    def recorded(self):
+        into.append(self)
+        return work(self)
+    return recorded
+
+
 @pytest.mark.parametrize("groups", [0, 17, 2.5])
 def test_a_group_count_out_of_range_is_refused(groups):
     target, draft, vq = toy_models(vocab_size=4, grid_size=3, num_classes=4, seed=3)

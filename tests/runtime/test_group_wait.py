@@ -39,9 +39,10 @@ def finishing_order(max_group_wait, groups: int = 1) -> list[str]:
                    groups=groups) as scheduler:
         scheduler.submit(sd[0]).result(timeout=120)  # the first image: the scheduler has an image time
         tickets = []
-        for request in sd[1:BEFORE] + [other] + sd[BEFORE:]:
-            tickets.append(scheduler.submit(request))
-            tickets[-1].future.add_done_callback(record("ar" if request is other else "sd"))
+        with scheduler._cond:  # every request queued before the worker admits one: no batch drains between submits
+            for request in sd[1:BEFORE] + [other] + sd[BEFORE:]:
+                tickets.append(scheduler.submit(request))
+                tickets[-1].future.add_done_callback(record("ar" if request is other else "sd"))
         for ticket in tickets:
             ticket.result(timeout=120)
     return order
