@@ -9,6 +9,8 @@ three requests in two slots, so the third enters a slot another image used, besi
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -171,3 +173,69 @@ def test_a_unified_models_prompts_refill_the_round_under_its_grammar():
         alone_ = pipe.generate(prompts=[request.prompt], method="sjd", seed=request.seed, decode=False)
         np.testing.assert_array_equal(result.stream, alone_.stream)
         assert pipe.grammar.is_valid(result.stream).all()
+
+
+def test_groups_run_their_device_rounds_side_by_side(monkeypatch):
+    """Three groups' batches at once, each a device round on a sibling pipeline (its own rounds,
+    state and buffers over the one model's weights): batches open together, the rounds' buffers
+    apart, and every image its request's alone."""
+    assert groups_side_by_side(monkeypatch) == 0
+
+
+def test_siblings_sharing_their_runners_are_caught(monkeypatch):
+    """The planted bug: siblings that share the original's runners and rounds (its KV rows and round
+    state) — the check above must see it."""
+    import copy
+    import threading
+
+    from specrt.runtime.pipeline import Pipeline
+
+    def shared_runners(self):
+        twin = copy.copy(self)
+        twin._generate_lock = threading.Lock()
+        return twin
+    monkeypatch.setattr(Pipeline, "sibling", shared_runners)
+    assert groups_side_by_side(monkeypatch) > 0
+
+
+def groups_side_by_side(monkeypatch) -> int:
+    """Nine requests of three groups queued at once into 4 slots with 3 batches — sd, and ar twice:
+    decoded to images and not, two groups whose rounds are alike (one round each on siblings, one
+    round for both where the rounds are shared) — the count of faults: images not their request's
+    alone, a round's buffers shared with another's, fewer than three batches ever open together,
+    a request that failed."""
+    pipe = tiny_pipe()
+    groups = [("ar", {}, False), ("ar", {}, True), ("sd", {"draft_len": 3}, False)]
+    requests = [Request(class_id=c, seed=60 + 7 * m + c, method=method, params=params, decode=decode)
+                for c in range(3) for m, (method, params, decode) in enumerate(groups)]
+    batches: list[int] = []
+    buffers: dict[int, set[int]] = {}
+    scheduler = Scheduler(pipe, slots=4, max_queue=len(requests), groups=3)
+    step = RoundSlots.round
+
+    def watched(self):
+        batches.append(len(scheduler._open))
+        buffers.setdefault(id(self), set()).add(self.state.tokens.data_ptr())
+        return step(self)
+
+    monkeypatch.setattr(RoundSlots, "round", watched)
+    try:
+        with scheduler._cond:  # every request queued before the worker admits one
+            tickets = [scheduler.submit(r) for r in requests]
+        end = time.monotonic() + 20  # 2 s when right (a CPU); a round broken by shared state may never end
+        results = [answer(t, end - time.monotonic()) for t in tickets]
+    finally:
+        scheduler.close(timeout=5, cancel_running=True)
+    faults = (max(batches) != 3) + (len(set().union(*buffers.values())) != len(buffers))
+    for request, result in zip(requests, results):
+        faults += result is None or result.tokens[0].ravel().tolist() != alone(
+            pipe, request.method, dict(request.params), (request.class_id, request.seed))
+    return faults
+
+
+def answer(ticket, seconds: float):
+    """The ticket's result, or None when it failed or took longer than `seconds`."""
+    try:
+        return None if ticket.future.exception(timeout=max(seconds, 0.0)) else ticket.result()
+    except TimeoutError:
+        return None
