@@ -52,7 +52,8 @@ def test_methods_in_both_loops_get_speedups_and_predictions_against_ar_in_their_
         speedup, predicted, ratio = (float(v.rstrip("x")) for v in rows["sjd", loop][7:10])
         # each printed to 0.005: the quotient of the printed pair is off the printed ratio by at most
         # the two roundings carried through the division, plus the ratio's own
-        slack = 0.005 / predicted + speedup * 0.005 / predicted ** 2 + 0.005 + 1e-9
+        low = predicted - 0.005
+        slack = 0.005 / low + (speedup + 0.005) * 0.005 / low ** 2 + 0.005 + 1e-9
         assert speedup > 0 and predicted > 0 and ratio == pytest.approx(speedup / predicted, abs=slack)
     assert rows["sjd", "round"][8] == rows["sjd", "host"][8]  # the round's prediction is its host twin's
     # a round counts its operations (compute ops on a CPU); sjd's (a window pass and verification) more than ar's
