@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from specrt.runtime.methods.speculative import Lantern
 from specrt.runtime.rounds import KEPT_ROUNDS, LOOPS
 from specrt.runtime.runner import ModelRunner
 from specrt.runtime.sampling import SamplingParams, guidance_mix
+from specrt.runtime.siblings import twin_pipeline
 from specrt.runtime.stats import Stats
 from specrt.runtime.threads import set_torch_threads
 from specrt.runtime.token_embeddings import TokenEmbeddings, embedding_table_of
@@ -308,15 +308,7 @@ class Pipeline:
         An in-flight scheduler decodes another group's batch on it while this pipeline's runners hold
         the first group's images (runtime/scheduling). Text encoder, VQ decoder and grammar are shared:
         they keep nothing between calls."""
-        runners = [runner for runner in (self.target, self.draft) if runner is not None]
-        if not all(runner.siblings for runner in runners):
-            return None
-        twin = copy.copy(self)
-        twin.target = self.target.sibling()
-        twin.draft = self.draft.sibling() if self.draft is not None else None
-        twin._generate_lock = threading.Lock()
-        twin._rounds = {}
-        return twin
+        return twin_pipeline(self, "_generate_lock")
 
     def device_round(self, decoder: Method, sampling: SamplingParams, mix: np.ndarray) -> Any:
         """The device round (runtime/rounds) this call decodes with, or None for the host loop: by

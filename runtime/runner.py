@@ -13,7 +13,6 @@ the model and its sampling head (runtime/head.py) and keeps the window's present
 """
 from __future__ import annotations
 
-import copy
 import time
 from abc import abstractmethod
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ import numpy as np
 from specrt.errors import SpecrtError
 from specrt.runtime.conditions import Conditions, as_conditions
 from specrt.runtime.kv_rows import KVRows
+from specrt.runtime.siblings import twin_runner
 from specrt.runtime.window import Window, Windows, fill_step_inputs, lone_window
 
 
@@ -167,12 +167,7 @@ class ModelRunner(KVRows):
         them in turn)."""
         if not self.siblings:
             raise SpecrtError(f"{type(self).__name__} cannot share its model with a second set of buffers")
-        twin = copy.copy(self)
-        for name, value in vars(twin).items():  # containers of their own: a twin's cache never fills the original's
-            if isinstance(value, (dict, list, set)):
-                setattr(twin, name, copy.copy(value))
-        twin._unallocated()
-        return twin
+        return twin_runner(self)
 
     # ---- hooks a backend implements -----------------------------------------------------
     # (and the KV copies' own, `_write_kv` and `_move_kv`: runtime/kv_rows.py)

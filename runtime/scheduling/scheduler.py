@@ -25,7 +25,7 @@ the recent mean from admission to last token, so the default fits a 60 ms demo i
 image of seconds alike); from then on only requests older than it enter, the open batches run
 their images to their end, and the first one empty is closed for its group. Its wait is so bounded
 by about two images' time — what a dynamic batcher's call in progress costs it. A pipeline whose
-runners cannot share their model (TensorRT engines, the continuous family) has one batch at a time
+runners cannot share their model (TensorRT engines) has one batch at a time
 by this same rule; where one more batch's buffers do not fit in memory (an out-of-memory error as it
 opens, beside open ones), the batches open then are the most from then on.
 

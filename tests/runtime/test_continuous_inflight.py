@@ -158,6 +158,55 @@ def wait_for(condition, seconds: float = 30.0) -> None:
         assert time.monotonic() < end, "timed out waiting"
         time.sleep(0.002)
 
+def groups_side_by_side(pipe, monkeypatch) -> tuple[int, int]:
+    """ar and cspd requests (two groups) queued at once into 4 slots with 2 batches: (the most
+    batches open at once, requests whose latents or counters are not their request's alone)."""
+    queue = [r for i in range(3) for (method, params) in METHODS for r in requests(method, params, count=3)[i:i + 1]]
+    most = []
+    scheduler = Scheduler(pipe, slots=4, max_queue=len(queue), groups=2)
+    step = ContinuousSlots.round
+
+    def watched(self):
+        most.append(len(scheduler._open))
+        return step(self)
+    monkeypatch.setattr(ContinuousSlots, "round", watched)
+    try:
+        with scheduler._cond:  # every request queued before the worker admits one
+            tickets = [scheduler.submit(r) for r in queue]
+        results = [None if t.future.exception(timeout=120) else t.result() for t in tickets]
+    finally:
+        scheduler.close(timeout=5, cancel_running=True)
+    wrong = 0
+    for request, result in zip(queue, results):
+        want = alone(pipe, request)
+        wrong += (result is None or np.abs(result.tokens - want.tokens).max() > ATOL
+                  or counters(result.stats) != counters(want.stats))
+    return max(most), wrong
+
+
+def test_groups_decode_side_by_side_on_siblings(pipe, monkeypatch):
+    """ar's and cspd's batches at once, each on runners of its own over the one bundle's sessions,
+    every image its request's alone."""
+    twin = pipe.sibling()
+    assert twin.target.step_session is pipe.target.step_session and twin.target is not pipe.target
+    assert groups_side_by_side(pipe, monkeypatch) == (2, 0)
+
+
+def test_siblings_sharing_a_cache_are_caught(pipe, monkeypatch):
+    """The planted bug: siblings on the original's runners (one cache for both batches) — the check
+    above must see it."""
+    import copy
+    import threading
+
+    def shared(self):
+        twin = copy.copy(self)
+        twin._lock = threading.Lock()
+        return twin
+    monkeypatch.setattr(ContinuousPipeline, "sibling", shared)
+    batches, wrong = groups_side_by_side(pipe, monkeypatch)
+    assert batches == 2 and wrong >= 2
+
+
 
 @pytest.mark.parametrize("method, params", METHODS)
 def test_cancel_and_deadline_free_the_slot(slow, method, params):

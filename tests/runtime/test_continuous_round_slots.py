@@ -142,16 +142,17 @@ def test_an_admission_that_moves_a_buffer_is_caught(pipe, monkeypatch):
 
 def test_the_scheduler_refills_the_continuous_device_rounds_slots(pipe, monkeypatch):
     """A continuous pipeline that decodes with the device round serves in flight through its slots
-    (not whole generate calls): every slot busy while requests wait, both methods' groups, each
-    image its request's alone, the counters adding up."""
+    (not whole generate calls): every slot busy while requests wait, both methods' groups, each in
+    a batch of its own on a sibling's device round, side by side, each image its request's alone,
+    the counters adding up."""
     seen: list[tuple[int, int]] = []
+    batches: list[int] = []
     step = ContinuousRoundSlots.round
     scheduler = Scheduler(pipe, slots=SLOTS, max_queue=8)
 
     def watched(self):
-        group = scheduler._open[0].group  # one batch at a time here: only its own requests may take its slots
-        assert len(scheduler._open) == 1  # the continuous family's runners share no model (no sibling)
-        seen.append((int((~self.state.finished).sum()), sum(t.request.group == group for t in scheduler._waiting)))
+        seen.append((scheduler._occupied(), len(scheduler._waiting)))  # images in every open batch's slots
+        batches.append(len(scheduler._open))
         return step(self)
 
     monkeypatch.setattr(ContinuousRoundSlots, "round", watched)
@@ -165,5 +166,6 @@ def test_the_scheduler_refills_the_continuous_device_rounds_slots(pipe, monkeypa
         np.testing.assert_allclose(result.tokens, alone(pipe, request).tokens, rtol=0, atol=ATOL)
     assert stats.completed == len(queue) and stats.rounds == len(seen) > len(queue)
     assert all(busy == SLOTS for busy, waiting in seen if waiting) and any(waiting for _, waiting in seen)
+    assert max(batches) == 2  # ar's and cspd's batches open together
     assert stats.target_forwards == sum(r.stats.target_forwards for r in results)
     assert sum(stats.accepted_lengths.values()) == stats.target_forwards

@@ -32,6 +32,7 @@ from specrt.runtime.families.continuous.methods import (ContinuousDecoding, Cont
                                                        make_continuous_method)
 from specrt.runtime.families.continuous.round_loop import decode_rounds, plan_round, round_key, wants_round
 from specrt.runtime.rounds import KEPT_ROUNDS, kept_round
+from specrt.runtime.siblings import twin_pipeline
 
 SAMPLING_KEYS = ("cfg_scale", "temperature", "cfg_schedule")
 FALLBACK_SAMPLING = {"cfg_scale": 1.0, "temperature": 1.0, "cfg_schedule": "constant"}
@@ -149,6 +150,12 @@ class ContinuousPipeline:
     def let_go(self) -> None:
         """Give the runners back after `hold` (the next generate call may run)."""
         self._lock.release()
+
+    def sibling(self) -> Optional["ContinuousPipeline"]:
+        """The same models on runners of their own (ContinuousRunner.sibling: weights shared, caches
+        not), with its own lock and device rounds: an in-flight scheduler decodes another group's
+        batch on it (runtime/siblings.py); None where a runner cannot share its model."""
+        return twin_pipeline(self, "_lock")
 
     def device_round(self, strategy: ContinuousMethod, sampling: dict[str, Any], images: int) -> Any:
         """The device round (round_loop.py) a call of `images` images decodes with, kept for later

@@ -29,6 +29,7 @@ import numpy as np
 import specrt.runtime.families.continuous.formulas as continuous
 from specrt.errors import SpecrtError
 from specrt.runtime.families.continuous.formulas import Schedule
+from specrt.runtime.siblings import twin_runner
 
 # What step takes: one [W,C] window for every image, [N,W,C] (one per image, all W wide), or a
 # list with one [W_i,C] window per image (None: nothing to run for that image).
@@ -89,9 +90,18 @@ class ContinuousRunner(ABC):
     # anyway); a backend whose cache stays in one static buffer runs every row
     steps_active_only = True
 
+    # the runner can make a `sibling` (runtime/siblings.py): its model shared, its cache its own
+    siblings = True
+
     def __init__(self, spec: ContinuousSpec):
         self.spec = spec
         self.schedule = spec.diffusion()
+        self._unallocated()
+
+    def _unallocated(self) -> None:
+        """The state before the first batch: no cache, counters at 0 (a backend adds its own buffers,
+        calling this), so a sibling starts from it."""
+        spec = self.spec
         self.lengths = np.zeros(0, dtype=np.int64)  # committed positions of each image (position 0 = class)
         self.forwards = self.image_forwards = self.head_calls = 0
         self.forward_seconds = 0.0
@@ -100,6 +110,11 @@ class ContinuousRunner(ABC):
         self._k = self._v = np.zeros((spec.n_layer, 0, spec.n_head, 0, spec.head_dim), dtype=np.float32)
         self._present: tuple[np.ndarray, np.ndarray] | None = None
         self._sizes = np.zeros(0, dtype=np.int64)  # the last window's size per image
+
+    def sibling(self) -> "ContinuousRunner":
+        """A runner over the same model (sessions or module shared) with a cache and counters of its
+        own: an in-flight scheduler's second group's batch (runtime/siblings.py)."""
+        return twin_runner(self)
 
     # ---- hooks a backend implements ------------------------------------------------------
 

@@ -51,7 +51,10 @@ class TorchContinuousRunner(ContinuousRunner):
 
             self.compiled = CompiledStep(compile_mode)
         self.run_layer = self.compiled.run_layer if self.compiled else None
-        self._kv: Any = None
+
+    def _unallocated(self) -> None:
+        super()._unallocated()
+        self._kv: Any = None  # [L, 2, rows, H, capacity + scratch, hd] on the device, made by the first batch
         self._rows = 0
 
     def _transformer(self, tokens, class_ids, positions, mask, past_k, past_v):
