@@ -12,8 +12,9 @@ method parameters, sampling keys, decoding and unconditional-row options; the co
 prompt) and the seed may differ. A round is one method's round function on one guidance matrix,
 so requests of different methods or parameters cannot share it: each group has a batch of its own.
 Up to `groups` batches are open at once, each on its own runners over the one model
-(Pipeline.sibling: weights and sessions shared, KV buffers not), and the worker runs a round of
-each in turn; `slots` bounds the images of all of them together. Between rounds, waiting requests
+(Pipeline.sibling: weights and sessions shared, KV buffers not) and each holding up to `slots`
+images (its buffers' size), and the worker runs a round of each in turn — as a dynamic batcher
+runs a call of up to its batch size per group in turn. Between rounds, waiting requests
 enter oldest first: into their group's batch, or a batch opened for their group while fewer than
 `groups` are open (or in place of one with no image). So a mixed load of a few groups is served
 as a single-group load is — a request joins its group's batch at the next round whatever else
@@ -65,7 +66,8 @@ IMAGE_TIME_WEIGHT = 0.2  # the newest image's share of the recent mean image tim
 
 
 class Scheduler:
-    """Decodes submitted requests in `slots` slots on `pipeline` (any family's), in its own thread.
+    """Decodes submitted requests on `pipeline` (any family's) in batches of `slots` slots, one per
+    request group, in its own thread.
 
     `max_queue`: waiting requests beyond which submit raises QueueFull. `groups`: batches of
     different groups open at once (module docstring), each holding KV buffers for `slots` images
@@ -241,7 +243,6 @@ class Scheduler:
         queue), by the rules of the module docstring. A group with no open batch gets one (a new one,
         or in place of an empty one: that one is closed here, and the group's batch is opened by
         _admit)."""
-        free = self.slots - self._occupied()
         limit = self.max_group_wait if self.max_group_wait is not None else self._image_seconds
         now = time.monotonic()
         room = {batch.group: self.slots - len(batch.running) for batch in self._open}
@@ -249,7 +250,7 @@ class Scheduler:
         openable = self._batches_allowed() - len(self._open)
         admitted: dict[tuple, list[Ticket]] = {}
         for ticket in self._waiting:
-            if free == 0:
+            if openable <= 0 and not empty and not any(room.values()):  # every batch full, none to open
                 break
             group = ticket.request.group
             if group not in room:
@@ -268,7 +269,6 @@ class Scheduler:
             if room[group] > 0:
                 admitted.setdefault(group, []).append(ticket)
                 room[group] -= 1
-                free -= 1
         for tickets in admitted.values():
             for ticket in tickets:
                 self._waiting.remove(ticket)
@@ -361,7 +361,7 @@ class Scheduler:
         report = batch.batch.round()
         with self._cond:
             self._stats.rounds += 1
-            self._stats.slot_rounds += self._occupied()  # every open batch's images: the slots they share
+            self._stats.slot_rounds += len(batch.running)
             self._deliver(batch, report)
 
     def _deliver(self, batch: "OpenBatch", report: RoundReport) -> None:

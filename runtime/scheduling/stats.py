@@ -22,8 +22,9 @@ class SchedulerStats:
     queued: requests waiting for a slot; running: slots holding a request; slots: the slot count.
     submitted / refused (QueueFull) / completed / failed (a SpecrtError from generate) /
     cancelled / expired (DeadlineExceeded) / closed (SchedulerClosed): requests by how they ended.
-    rounds: batch rounds run (each open batch's counted); slot_rounds: slots occupied by every
-    open batch's images, summed over rounds (slot_rounds / (rounds · slots) is the mean occupancy). tokens and target_forwards of completed images
+    rounds: batch rounds run (each open batch's counted); slot_rounds: the running batch's occupied
+    slots summed over rounds (slot_rounds / (rounds · slots) is the mean occupancy). `running`:
+    images in every open batch (up to groups x slots). tokens and target_forwards of completed images
     (tokens / target_forwards is the mean accepted length); accepted_lengths: tokens a target
     forward produced -> how often. latency_counts[i]: completed images whose latency was at most
     LATENCY_BUCKETS[i] (cumulative; the last entry counts all), latency_sum their seconds."""

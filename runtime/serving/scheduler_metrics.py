@@ -6,7 +6,7 @@ model="<model name>":
 
     specrt_queue_depth                      gauge      requests waiting for a slot
     specrt_slots                            gauge      the scheduler's slots
-    specrt_slots_occupied                   gauge      slots holding an image now
+    specrt_slots_occupied                   gauge      images decoding now (every open batch)
     specrt_images_per_second                gauge      images finished per second over the last RATE_WINDOW_S
     specrt_tokens_per_second                gauge      tokens of those images per second, same window
     specrt_accepted_length                  gauge      tokens per target forward of every image finished so far
@@ -36,7 +36,7 @@ OUTCOMES = ("completed", "refused", "failed", "cancelled", "expired", "closed")
 GAUGES = {
     "specrt_queue_depth": "Requests waiting for a slot",
     "specrt_slots": "Slots of the in-flight scheduler",
-    "specrt_slots_occupied": "Slots holding an image now",
+    "specrt_slots_occupied": "Images decoding now, in every open batch",
     "specrt_images_per_second": f"Images finished per second over the last {RATE_WINDOW_S:.0f} s",
     "specrt_tokens_per_second": f"Tokens of finished images per second over the last {RATE_WINDOW_S:.0f} s",
     "specrt_accepted_length": "Tokens per target forward over every finished image",

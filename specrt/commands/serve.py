@@ -59,8 +59,8 @@ def _port(name: str, value: int) -> int:
               help="inflight: requests join the running batch between rounds (a scheduler with --slots); "
                    "dynamic: Triton's dynamic batcher merges requests into whole generate calls.")
 @click.option("--slots", type=int, default=None,
-              help="inflight: images decoding together (at most the bundle's --max-batch; default 8, or that "
-                   "maximum where it is smaller).")
+              help="inflight: images a batch decodes together, one batch per method and parameters (at most the "
+                   "bundle's --max-batch; default 8, or that maximum where it is smaller).")
 @click.option("--groups", type=int, default=None,
               help="inflight: batches of different methods or parameters decoding side by side in the slots, each "
                    "with KV buffers of its own (1 to 16; default 4; 1 keeps one batch's memory).")

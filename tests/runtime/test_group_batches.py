@@ -1,6 +1,6 @@
 """Several groups' batches at once in the scheduler: each on runners of its own over the one model
-(Pipeline.sibling: sessions and weights shared, buffers not), a round of each in turn, the slots
-bounding their images together. Every image equals its request alone; a planted sibling that
+(Pipeline.sibling: sessions and weights shared, buffers not), a round of each in turn,
+each batch holding up to `slots` images. Every image equals its request alone; a planted sibling that
 shares its runners' buffers is caught; a pipeline whose runners cannot share their model keeps
 one batch at a time."""
 from __future__ import annotations
@@ -32,15 +32,16 @@ def alone(pipe: Pipeline, request: Request) -> np.ndarray:
                          **request.params).tokens[0]
 
 
-def serve(pipe: Pipeline, requests: list[Request], monkeypatch, **options) -> tuple[list, list[tuple[int, int]]]:
+def serve(pipe: Pipeline, requests: list[Request], monkeypatch, **options) -> tuple[list, list[tuple[int, int, int]]]:
     """Submit `requests` at once: their tokens (None for a request that failed), and (open batches,
-    images in all of them) at every round."""
-    seen: list[tuple[int, int]] = []
+    images in all of them, images in the fullest) at every round."""
+    seen: list[tuple[int, int, int]] = []
     scheduler = Scheduler(pipe, max_queue=len(requests), **options)
     rounds = InflightBatch.round
 
     def watched(self):
-        seen.append((len(scheduler._open), sum(len(b.running) for b in scheduler._open)))
+        images = [len(b.running) for b in scheduler._open]
+        seen.append((len(images), sum(images), max(images)))
         return rounds(self)
     monkeypatch.setattr(InflightBatch, "round", watched)
     with scheduler:
@@ -79,14 +80,15 @@ def test_a_torch_sibling_shares_the_weights(torch_pipe):
 
 
 def test_groups_decode_side_by_side_each_image_as_alone(ort_pipe, monkeypatch):
-    """Three groups' requests at once in four slots: their batches are open together (not one group
-    draining before the next opens), never more images than slots, and every image equals its
-    request alone (a float tie at a CDF boundary may flip one)."""
+    """Three groups' requests at once, batches of two slots: their batches are open together (not one
+    group draining before the next opens), each filling its own slots (six images at once, never more
+    than two a batch), and every image equals its request alone (a float tie at a CDF boundary may
+    flip one)."""
     requests = mixed(4)
-    tokens, seen = serve(ort_pipe, requests, monkeypatch, slots=4, groups=3)
+    tokens, seen = serve(ort_pipe, requests, monkeypatch, slots=2, groups=3)
     assert changed(ort_pipe, requests, tokens) <= 1
-    assert max(batches for batches, _ in seen) == 3
-    assert all(images <= 4 for _, images in seen) and max(images for _, images in seen) == 4
+    assert max(batches for batches, _, _ in seen) == 3
+    assert all(most <= 2 for _, _, most in seen) and max(images for _, images, _ in seen) == 6
 
 
 def test_a_sibling_sharing_its_runners_is_caught(ort_pipe, monkeypatch):
@@ -111,7 +113,7 @@ def test_runners_that_cannot_share_keep_one_batch_at_a_time(monkeypatch):
     assert pipe.sibling() is None
     requests = mixed(2)
     tokens, seen = serve(pipe, requests, monkeypatch, slots=2, groups=3)
-    assert max(batches for batches, _ in seen) == 1
+    assert max(batches for batches, _, _ in seen) == 1
     assert changed(pipe, requests, tokens) == 0
 
 
@@ -136,7 +138,7 @@ def test_a_batch_that_does_not_fit_in_memory_keeps_the_batches_that_do(error, mo
     requests = mixed(2)
     tokens, seen = serve(pipe, requests, monkeypatch, slots=6, groups=3)
     assert all(t is not None for t in tokens) and changed(pipe, requests, tokens) == 0
-    assert max(batches for batches, _ in seen) == 2
+    assert max(batches for batches, _, _ in seen) == 2
     assert scheduler_of[0]._batches_allowed() == 2 and "does not fit in memory" in caplog.text
 
 
