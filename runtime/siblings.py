@@ -1,6 +1,6 @@
 """Siblings: a pipeline's second set of runners over the same model, for a second batch at once.
 
-Why: an in-flight scheduler decodes several request groups' batches in turn (runtime/scheduling),
+Why: an in-flight scheduler decodes several request groups' batches round by round (runtime/scheduling),
 each batch keeping its images' caches between its rounds. Loading the model again per batch would
 multiply the weights; a sibling shares what a model is — onnxruntime sessions, PyTorch modules and
 compiled blocks, schedules — and owns what a batch is: KV buffers, staging arrays, counters, its

@@ -13,8 +13,11 @@ prompt) and the seed may differ. A round is one method's round function on one g
 so requests of different methods or parameters cannot share it: each group has a batch of its own.
 Up to `groups` batches are open at once, each on its own runners over the one model
 (Pipeline.sibling: weights and sessions shared, KV buffers not) and each holding up to `slots`
-images (its buffers' size), and the worker runs a round of each in turn — as a dynamic batcher
-runs a call of up to its batch size per group in turn. Between rounds, waiting requests
+images (its buffers' size) — as a dynamic batcher runs a call of up to its batch size per group.
+The worker runs, round after round, the busy batch holding the longest-waiting image (the earliest
+submitted): turns go oldest first, as a queue is served, not round-robin, whose equal shares make
+every image of a burst wait for every other batch's rounds and lengthen the slowest requests.
+Between rounds, waiting requests
 enter oldest first: into their group's batch, or a batch opened for their group while fewer than
 `groups` are open (or in place of one with no image). So a mixed load of a few groups is served
 as a single-group load is — a request joins its group's batch at the next round whatever else
@@ -169,7 +172,6 @@ class Scheduler:
         return sum(len(batch.running) for batch in self._open)
 
     def _work(self) -> None:
-        turn = 0  # the open batch whose round runs next
         while True:
             with self._cond:
                 self._sweep()
@@ -185,8 +187,7 @@ class Scheduler:
                 busy = [batch for batch in self._open if batch.running or batch.leaving]
             if not busy:
                 continue
-            batch = busy[turn % len(busy)]
-            turn += 1
+            batch = min(busy, key=self._oldest)  # the batch holding the longest-waiting image runs next
             try:
                 self._round(batch)
             except Exception as exc:  # a bug, not a request's mistake: fail what it runs, log, keep serving
@@ -198,6 +199,12 @@ class Scheduler:
                     self._close_batches([batch])
         with self._cond:
             self._close_batches(list(self._open))
+
+    @staticmethod
+    def _oldest(batch: "OpenBatch") -> float:
+        """When the longest-waiting image in `batch` was submitted (-inf for a batch with only slots
+        to release: its round is free)."""
+        return min((ticket.submitted for ticket in batch.running.values()), default=float("-inf"))
 
     def _sweep(self) -> None:
         """Waiting requests that were cancelled, expired or closed out leave the queue; running ones

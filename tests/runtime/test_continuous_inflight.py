@@ -159,17 +159,21 @@ def wait_for(condition, seconds: float = 30.0) -> None:
         time.sleep(0.002)
 
 def groups_side_by_side(pipe, monkeypatch) -> tuple[int, int]:
-    """ar and cspd requests (two groups) queued at once into 4 slots with 2 batches: (the most
-    batches open at once, requests whose latents or counters are not their request's alone)."""
+    """ar and cspd requests (two groups) queued at once into 4 slots with 2 batches, their rounds
+    alternating (the batch that has run fewer rounds next, where the scheduler would run the oldest
+    image's batch to that image's end): (the most batches open at once, requests whose latents or
+    counters are not their request's alone)."""
     queue = [r for i in range(3) for (method, params) in METHODS for r in requests(method, params, count=3)[i:i + 1]]
-    most = []
+    most, turns = [], {}
     scheduler = Scheduler(pipe, slots=4, max_queue=len(queue), groups=2)
     step = ContinuousSlots.round
 
     def watched(self):
         most.append(len(scheduler._open))
+        turns[id(self)] = turns.get(id(self), 0) + 1
         return step(self)
     monkeypatch.setattr(ContinuousSlots, "round", watched)
+    monkeypatch.setattr(Scheduler, "_oldest", staticmethod(lambda batch: turns.get(id(batch.batch), 0)))
     try:
         with scheduler._cond:  # every request queued before the worker admits one
             tickets = [scheduler.submit(r) for r in queue]

@@ -91,6 +91,41 @@ def test_groups_decode_side_by_side_each_image_as_alone(ort_pipe, monkeypatch):
     assert all(most <= 2 for _, _, most in seen) and max(images for _, images, _ in seen) == 6
 
 
+def turns_out_of_order(pipe: Pipeline, monkeypatch) -> tuple[int, int]:
+    """Three groups' requests queued at once, batches of two: (rounds whose batch did not hold the
+    longest-waiting image of the busy batches, rounds run)."""
+    scheduler = Scheduler(pipe, slots=2, max_queue=12, groups=3)
+    rounds = InflightBatch.round
+    late, total = [], []
+
+    def watched(self):
+        oldest = {id(b.batch): min(t.submitted for t in b.running.values()) for b in scheduler._open if b.running}
+        late.append(oldest[id(self)] > min(oldest.values()))
+        return rounds(self)
+    monkeypatch.setattr(InflightBatch, "round", watched)
+    with scheduler:
+        with scheduler._cond:
+            tickets = [scheduler.submit(r) for r in mixed(4)]
+        for ticket in tickets:
+            ticket.result(timeout=120)
+    return sum(late), len(late)
+
+
+def test_the_batch_holding_the_longest_waiting_image_runs_next(ort_pipe, monkeypatch):
+    """Turns go oldest first (a batch's oldest image by submission), so the slowest requests are not
+    held up behind younger batches' rounds: no round runs a batch while another holds an older image."""
+    late, rounds = turns_out_of_order(ort_pipe, monkeypatch)
+    assert rounds > 12 and late == 0
+
+
+def test_turns_taken_in_a_fixed_order_are_caught(ort_pipe, monkeypatch):
+    """The control: turns that ignore the images' age (the last busy batch first) are seen."""
+    monkeypatch.setattr(Scheduler, "_oldest", staticmethod(lambda batch: -len(batch.running) if batch.running
+                                                           else float("-inf")))
+    late, rounds = turns_out_of_order(ort_pipe, monkeypatch)
+    assert late > 0
+
+
 def test_a_sibling_sharing_its_runners_is_caught(ort_pipe, monkeypatch):
     """The planted bug: a sibling that shares the original's runners (their KV rows) — the
     comparison above must see it (the control for that test)."""
