@@ -17,9 +17,8 @@ images (its buffers' size) — as a dynamic batcher runs a call of up to its bat
 The worker runs, round after round, the busy batch holding the longest-waiting image (the earliest
 submitted): turns go oldest first, as a queue is served, not round-robin, whose equal shares make
 every image of a burst wait for every other batch's rounds and lengthen the slowest requests.
-Between rounds, waiting requests
-enter oldest first: into their group's batch, or a batch opened for their group while fewer than
-`groups` are open (or in place of one with no image). So a mixed load of a few groups is served
+Between rounds, waiting requests enter oldest first: into their group's batch, or a batch opened
+for their group while fewer than `groups` are open (or in place of one with no image). So a mixed load of a few groups is served
 as a single-group load is — a request joins its group's batch at the next round whatever else
 runs — and no group's batch drains while another waits.
 
@@ -95,7 +94,7 @@ class Scheduler:
         self.inflight = validation.flag("inflight", inflight)
         self._cond = threading.Condition(threading.RLock())  # future callbacks re-enter it from the worker
         self._waiting: deque[Ticket] = deque()
-        self._open: list[OpenBatch] = []  # the groups' batches, in the order their rounds run
+        self._open: list[OpenBatch] = []  # the groups' open batches (whose rounds run: _oldest)
         self._pipelines: list[Any] = [pipeline]  # the pipeline and its siblings made so far (one per open batch)
         self._shares_model = callable(getattr(pipeline, "sibling", None))  # until a sibling() says otherwise
         self._memory_batches = MAX_GROUPS  # batches whose buffers fit together (lowered when one more did not)
@@ -301,9 +300,7 @@ class Scheduler:
             batch = self._open_batch(group, tickets)
             if batch is None:
                 return
-        for slot in batch.leaving:  # a freed slot is released before another request takes it
-            batch.batch.release(slot)
-        batch.leaving.clear()
+        batch.release_leaving()  # a freed slot is released before another request takes it
         for ticket in tickets:
             if ticket.future.done():  # cancelled on its way in
                 self._stats.cancelled += ticket.future.cancelled()
@@ -321,8 +318,10 @@ class Scheduler:
                 batch.running[slot] = ticket
 
     def _open_batch(self, group: tuple, tickets: list[Ticket]) -> Optional["OpenBatch"]:
-        """A batch for `group` on a pipeline no open batch uses (a sibling made when none is free),
-        or None when the model refuses the group (its requests fail with the model's error)."""
+        """A batch for `group` on a pipeline no open batch uses (a sibling made when none is free), or
+        None: when the model refuses the group (its requests fail with the model's error), or when no
+        further batch can open — the runners cannot share their model, or its buffers do not fit
+        (its requests go back to the queue's front)."""
         in_use = {id(batch.pipeline) for batch in self._open}
         pipeline = next((p for p in self._pipelines if id(p) not in in_use), None)
         if pipeline is None:
@@ -360,9 +359,7 @@ class Scheduler:
 
     def _round(self, batch: "OpenBatch") -> None:
         """Outside the lock: free `batch`'s leaving slots, run one round of it, deliver what finished."""
-        for slot in batch.leaving:
-            batch.batch.release(slot)
-        batch.leaving.clear()
+        batch.release_leaving()
         if not batch.running:
             return
         report = batch.batch.round()
@@ -430,3 +427,10 @@ class OpenBatch:
     pipeline: Any
     running: dict[int, Ticket] = field(default_factory=dict)
     leaving: list[int] = field(default_factory=list)
+
+    def release_leaving(self) -> None:
+        """Free the slots whose requests left (cancelled, expired) in the batch, before its next
+        admission or round."""
+        for slot in self.leaving:
+            self.batch.release(slot)
+        self.leaving.clear()

@@ -13,7 +13,9 @@ from typing import Any, Optional
 import click
 
 from specrt import validation
+from specrt.commands.serve import MAX_QUEUE, MAX_SLOTS
 from specrt.errors import SpecrtError
+from specrt.runtime.scheduling.scheduler import MAX_GROUPS
 
 MAX_LOAD = 10.0         # offered load, in saturated throughputs
 MAX_SECONDS = 1800.0    # one rate's duration
@@ -93,9 +95,9 @@ def run(bundle: Optional[Path], url: Optional[str], loads: str, rate_seconds: fl
         rate_s=validation.number("--rate-seconds", rate_seconds, low=1.0, high=MAX_SECONDS),
         overload_s=validation.number("--overload-seconds", overload_seconds, low=1.0, high=MAX_SECONDS),
         saturation_s=validation.number("--saturation-seconds", saturation_seconds, low=1.0, high=MAX_SECONDS),
-        slots=validation.count("--slots", slots, high=256),
-        groups=None if groups is None else validation.count("--groups", groups, high=16), max_queue=validation.count("--max-queue", max_queue,
-                                                                                       high=4096),
+        slots=validation.count("--slots", slots, high=MAX_SLOTS),
+        groups=None if groups is None else validation.count("--groups", groups, high=MAX_GROUPS),
+        max_queue=validation.count("--max-queue", max_queue, high=MAX_QUEUE),
         methods=parse_methods(methods), seed=validation.seed(seed, "--seed"), threads=threads)
     if bundle is None and url is None and not (where.on and where.backend == "torch"):
         from specrt.bench.models import demo_bundle

@@ -307,7 +307,8 @@ def _batches(text: str) -> tuple[int, ...]:
 @click.option("--slots", type=int, default=8, show_default=True,
               help="--serve: the in-flight server's --slots and the dynamic server's --max-batch.")
 @click.option("--groups", type=int, default=None,
-              help="--serve: the in-flight server's --groups (batches of different methods side by side; default 4).")
+              help="--serve: the in-flight server's --groups (batches of different methods side by side; default: "
+                   "the scheduler's, 4).")
 @click.option("--max-queue", type=int, default=64, show_default=True, help="--serve: both servers' --max-queue.")
 def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, threads, keep_tokens, json_path, plot_path, markdown_path, prompts_path, demo_weights,
             cache_dir, profile_arch, results_path, windows, repeats, profile_images, profile_dtypes, device, loop_text,

@@ -15,6 +15,7 @@ import click
 from specrt import validation
 from specrt.commands.generate import DEMO_HELP, DEMO_NAMES
 from specrt.runtime.backends.bundle_backends import BUNDLE_BACKENDS
+from specrt.runtime.scheduling.scheduler import DEFAULT_GROUPS, MAX_GROUPS
 from specrt.runtime.serving.protocol import INPUTS, OUTPUTS
 from specrt.runtime.threads import checked as checked_threads, checked_or_zero
 
@@ -25,7 +26,6 @@ _TENSORS = "\n".join(["\b", "Inputs (one per row, all optional):",
 
 BATCHING = ("inflight", "dynamic")
 MAX_SLOTS = 256  # the scheduler's bound; a bundle's --max-batch bounds it further
-MAX_GROUPS = 16  # the scheduler's bound (each group's batch holds KV buffers for --slots images)
 # waiting requests hold their inputs only (a class id or a prompt, a few hundred bytes), so the
 # bound is about how long the last one waits, not memory
 MAX_QUEUE = 4096
@@ -62,8 +62,8 @@ def _port(name: str, value: int) -> int:
               help="inflight: images a batch decodes together, one batch per method and parameters (at most the "
                    "bundle's --max-batch; default 8, or that maximum where it is smaller).")
 @click.option("--groups", type=int, default=None,
-              help="inflight: batches of different methods or parameters decoding side by side in the slots, each "
-                   "with KV buffers of its own (1 to 16; default 4; 1 keeps one batch's memory).")
+              help="inflight: batches of different methods or parameters decoding side by side, each "
+                   f"with KV buffers of its own (1 to {MAX_GROUPS}; default {DEFAULT_GROUPS}; 1 keeps one batch's memory).")
 @click.option("--max-queue", type=int, default=64, show_default=True,
               help=f"Requests that may wait (1 to {MAX_QUEUE}); beyond it a request is refused at once: HTTP 503 / "
                    "gRPC UNAVAILABLE, 'the queue is full'.")
