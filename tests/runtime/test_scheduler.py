@@ -91,7 +91,8 @@ def test_slots_refill_while_requests_wait(ort_pipe, monkeypatch):
         return rounds(self)
     monkeypatch.setattr(InflightBatch, "round", watched)
     with scheduler:
-        tickets = [scheduler.submit(Request(class_id=c, seed=c, method="sd", decode=False)) for c in range(6)]
+        with scheduler._cond:  # all queued before the worker admits one: none arrives between admission and round
+            tickets = [scheduler.submit(Request(class_id=c, seed=c, method="sd", decode=False)) for c in range(6)]
         for ticket in tickets:
             ticket.result(timeout=60)
         stats = scheduler.stats()
