@@ -20,7 +20,7 @@ later step (docs/contracts.md, "Attention mask").
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -93,6 +93,15 @@ class Conditions:
             if null_ids.shape != ids.shape or null_mask.shape != ids.shape:
                 raise SpecrtError(f"unconditional prompts {null_ids.shape} must match the prompts {ids.shape}")
         return cls(prompt_ids=ids, caption_mask=mask, null_ids=null_ids, null_mask=null_mask)
+
+    @classmethod
+    def concatenated(cls, parts: Sequence["Conditions"]) -> "Conditions":
+        """The images of `parts` (conditions of one kind, prepared one request at a time) as one batch,
+        in order: what a scheduler prefills together for the requests it admits between two rounds."""
+        if not parts:
+            raise ValueError("no conditions to concatenate")
+        return cls(**{item.name: None if getattr(parts[0], item.name) is None
+                      else np.concatenate([getattr(part, item.name) for part in parts]) for item in fields(cls)})
 
     @property
     def is_caption(self) -> bool:

@@ -168,13 +168,14 @@ class Decoding:
         runtime/scheduling): its counter coordinates are its own seed's, before its first round."""
         self.keys[position] = ImageKey(*seed_halves(seed))
 
-    def admit(self, runner: ModelRunner, position: int, conditions: Conditions) -> StepOutput:
-        """`prefill` for the one image at batch position `position` (runner.admit: its rows alone,
-        the other images' untouched), drawn as a prefill draws it (reseed it first)."""
-        key = self.keys[position]
-        uniforms = np.array([[keyed_uniform(key.key, 0, draw_slot(NEXT, 0, 0))]], dtype=np.float64)
+    def admit(self, runner: ModelRunner, positions: Sequence[int], conditions: Conditions) -> StepOutput:
+        """`prefill` for the images at batch positions `positions` (one per condition, in order;
+        runner.admit: their rows alone, the other images' untouched), each drawn as a prefill draws
+        it (reseed them first)."""
+        uniforms = np.array([[keyed_uniform(self.keys[p].key, 0, draw_slot(NEXT, 0, 0))] for p in positions],
+                            dtype=np.float64)
         with self._redrawn(runner):
-            return self._restricted(runner.admit(position, self.condition_rows(conditions), uniforms), uniforms)
+            return self._restricted(runner.admit(positions, self.condition_rows(conditions), uniforms), uniforms)
 
     def run(self, runner: ModelRunner, windows: Windows, uniforms: np.ndarray) -> StepOutput:
         """One step of `runner` over each image's window (one Window for all, or one per image,

@@ -289,30 +289,36 @@ class ModelRunner(KVRows):
         self.lengths[:] = self.spec.cond_len
         return out
 
-    def admit(self, position: int, rows: Conditions, uniforms: np.ndarray) -> StepOutput:
-        """Start image `position` of the allocated batch over as a new image (in-flight batching,
-        runtime/scheduling): the prefill of its condition rows alone (one per CFG twin: [cond;
-        uncond]), their KV rows written at [0, cond_len) of its model rows, its committed length
-        cond_len. Every other image's rows, lengths and staged rows stay as they are, so images
-        decoding beside it are not disturbed. The head's output for its image token 0 [1, 1, V],
-        drawn with uniforms [1, 1]. Only where `admits` (a backend with _prefill_rows)."""
+    def admit(self, positions: Sequence[int], rows: Conditions, uniforms: np.ndarray) -> StepOutput:
+        """Start images `positions` of the allocated batch over as new images (in-flight batching,
+        runtime/scheduling): one prefill of their condition rows alone — [cond; uncond] under CFG, each
+        block in `positions` order, as condition_rows makes them — their KV rows written at
+        [0, cond_len) of their model rows, their committed lengths cond_len. One call for the images
+        a scheduler admits together, not one each. Every other image's rows, lengths and staged rows
+        stay as they are, so images decoding beside them are not disturbed. The head's output for
+        each one's image token 0 [k, 1, V], drawn with uniforms [k, 1]. Only where `admits` (a
+        backend with _prefill_rows)."""
         rows = as_conditions(rows)
+        positions = np.asarray(positions, dtype=np.int64).reshape(-1)
         pairs = self.batch // max(self.images, 1)
-        if not 0 <= position < self.images:
-            raise ValueError(f"batch position {position} is outside a batch of {self.images} images")
-        if len(rows) != pairs:
-            raise ValueError(f"admit expects {pairs} condition rows (one image's), got {len(rows)}")
+        if not positions.size or len(set(positions.tolist())) != positions.size:
+            raise ValueError(f"admit takes distinct batch positions, got {positions.tolist()}")
+        if positions.min() < 0 or positions.max() >= self.images:
+            raise ValueError(f"batch positions {positions.tolist()} reach outside a batch of {self.images} images")
+        if len(rows) != pairs * positions.size:
+            raise ValueError(f"admit expects {pairs * positions.size} condition rows ({pairs} an image), got {len(rows)}")
         if rows.kind != self.spec.model_type:
             raise SpecrtError(f"this is a {self.spec.model_type} model: its conditions are not {rows.kind}")
-        model_rows = position + self.images * np.arange(pairs)
-        mix = np.ascontiguousarray(self.mix[position:position + 1, model_rows])
+        model_rows = (positions[None, :] + self.images * np.arange(pairs)[:, None]).reshape(-1)
+        mix = np.ascontiguousarray(self.mix[np.ix_(positions, model_rows)])
         start = time.perf_counter()
-        out = self._prefill_rows(model_rows, rows, mix, np.asarray(uniforms, dtype=np.float32).reshape(1, 1))
+        out = self._prefill_rows(model_rows, rows, mix,
+                                 np.asarray(uniforms, dtype=np.float32).reshape(positions.size, 1))
         self.forward_seconds += time.perf_counter() - start
         self.forwards += 1
-        self.image_forwards += 1
-        self.lengths[position] = self.spec.cond_len
-        self.staged[position] = 0
+        self.image_forwards += int(positions.size)
+        self.lengths[positions] = self.spec.cond_len
+        self.staged[positions] = 0
         if rows.caption_mask is not None:
             if self._caption_mask is None:
                 self._caption_mask = np.ones((self.batch, self.spec.cond_len), dtype=bool)
@@ -326,9 +332,10 @@ class ModelRunner(KVRows):
 
     def _prefill_rows(self, model_rows: np.ndarray, rows: Conditions, mix: np.ndarray,
                       uniforms: np.ndarray) -> StepOutput:
-        """The prefill of `rows` alone (one image's CFG twins, guidance `mix` [1, len(rows)]),
-        their KV rows written at [0, cond_len) of model batch rows `model_rows`; the head's
-        output [1, 1, V]. Backends that can admit an image into a running batch implement it."""
+        """The prefill of `rows` alone (k images' rows with their CFG twins, guidance `mix`
+        [k, len(rows)]), their KV rows written at [0, cond_len) of model batch rows `model_rows`
+        (row j of `rows` into model row model_rows[j]); the head's output [k, 1, V]. Backends that
+        can admit images into a running batch implement it."""
         raise NotImplementedError(f"{type(self).__name__} cannot prefill one image of a running batch")
 
     def step(self, windows: Windows, uniforms: np.ndarray) -> StepOutput:

@@ -217,8 +217,8 @@ class OrtRunner(ModelRunner):
 
     def _prefill_rows(self, model_rows: np.ndarray, rows: Conditions, mix: np.ndarray,
                       uniforms: np.ndarray) -> StepOutput:
-        """The prefill graph over one image's rows (its batch dimension is dynamic), its present
-        rows copied into those rows of the cache."""
+        """The prefill graph over the admitted images' rows (its batch dimension is dynamic), its
+        present rows copied into those rows of the cache."""
         present, probs, draws = self.prefill_session.run(list(STEP_OUTPUTS), self.prefill_feeds(rows, uniforms, mix))
         self._kv[:, :, model_rows, :, : present.shape[4]] = present
         return StepOutput(probs, draws)

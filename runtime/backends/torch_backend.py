@@ -239,8 +239,8 @@ class TorchRunner(ModelRunner):
 
     def _prefill_rows(self, model_rows: np.ndarray, rows: Conditions, mix: np.ndarray,
                       uniforms: np.ndarray) -> StepOutput:
-        """One image's prefill written into its rows of the cache in place (captured step graphs
-        read the same buffer, so nothing is re-captured)."""
+        """The admitted images' prefill written into their rows of the cache in place (captured step
+        graphs read the same buffer, so nothing is re-captured)."""
         torch = self.torch
         with torch.inference_mode():
             logits, _, present = self.gpt.prefill(*prefill_inputs(torch, rows, self.device, self.dtype))

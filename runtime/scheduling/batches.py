@@ -23,7 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -59,6 +59,19 @@ class SlotBatch(ABC):
             raise ValueError(f"slot {slot} is occupied")
         self.occupied[slot] = request
         self._admit(slot, request)
+
+    def admit_all(self, entries: Sequence[tuple[int, Request]]) -> dict[int, SpecrtError]:
+        """Take each (free slot, request) in; the errors of those the model refused, by slot (their
+        slots left free). One by one here; together where the batch can (InflightBatch: one prefill
+        for the requests admitted between two rounds)."""
+        refused: dict[int, SpecrtError] = {}
+        for slot, request in entries:
+            try:
+                self.admit(slot, request)
+            except SpecrtError as exc:
+                self.release(slot)
+                refused[slot] = exc
+        return refused
 
     def release(self, slot: int) -> None:
         """The request in `slot` leaves before it finished (cancelled, expired); the slot is free."""

@@ -3,9 +3,11 @@
 An InflightBatch holds a discrete pipeline's runners for as long as it has images (Pipeline.hold:
 a direct generate call waits), allocated once for `slots` images with the group's
 guidance matrix. Its rounds are the method's own (slot_rounds.py); an admitted request's condition
-is prepared (a prompt through the text encoder or the model's recipe) and prefilled into its slot's
-rows alone, and a finished image is decoded by the VQ decoder on its own, so its pixels are those
-of generate([its condition], seed=its seed). Where the pipeline decodes with the device round, the
+is prepared on its own (a prompt through the text encoder or the model's recipe), and the requests
+admitted between two rounds are prefilled together into their slots' rows (the other images' rows
+untouched); the images finished in a round are decoded by the VQ decoder together. A prefill or a
+decode of several images costs little more than one of one, and every row of either depends on its
+own image alone, so an image's tokens and pixels are those of generate([its condition], seed=its seed). Where the pipeline decodes with the device round, the
 slots are that round's fixed buffers (round_slots.py: every method with a round refills in flight,
 no re-capture). What has no step-wise form (the host loop's trees, an EAGLE head on the host loop)
 gets None here and runs as whole calls (batches.WholeCalls).
@@ -14,10 +16,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from specrt.errors import SpecrtError
+from specrt.runtime.conditions import Conditions
 from specrt.runtime.decoding import Decoding
 from specrt.runtime.pipeline import GenerationResult, Pipeline, to_uint8
 from specrt.runtime.sampling import guidance_mix
@@ -40,11 +44,43 @@ class InflightBatch(SlotBatch):
 
     def _admit(self, slot: int, request: Request) -> None:
         start = time.perf_counter()
+        self.rounds.admit(slot, self._conditions(request), request.seed)
+        self._entered(slot, start)
+
+    def admit_all(self, entries: Sequence[tuple[int, Request]]) -> dict[int, SpecrtError]:
+        """Every request's condition prepared on its own (a refused one fails alone), then one
+        admission of them all (SlotRounds.admit_all: one prefill); should that fail as a whole, one
+        at a time, so only the request at fault is refused."""
+        start = time.perf_counter()
+        refused: dict[int, SpecrtError] = {}
+        ready: list[tuple[int, Request, Conditions]] = []
+        for slot, request in entries:
+            if slot in self.occupied:
+                raise ValueError(f"slot {slot} is occupied")
+            try:
+                ready.append((slot, request, self._conditions(request)))
+            except SpecrtError as exc:
+                refused[slot] = exc
+        if len(ready) < 2:
+            return {**refused, **super().admit_all([(slot, request) for slot, request, _ in ready])}
+        try:
+            self.rounds.admit_all([slot for slot, _, _ in ready], Conditions.concatenated([c for _, _, c in ready]),
+                                  [request.seed for _, request, _ in ready])
+        except SpecrtError:
+            return {**refused, **super().admit_all([(slot, request) for slot, request, _ in ready])}
+        for slot, request, _ in ready:
+            self.occupied[slot] = request
+            self._entered(slot, start)
+        return refused
+
+    def _conditions(self, request: Request) -> Conditions:
+        """The request's one image's condition (a prompt through the text encoder or the model's recipe)."""
         if request.class_id is not None:
-            conditions = self.pipeline.conditions(class_ids=[request.class_id])
-        else:
-            conditions = self.pipeline.conditions(prompts=[request.prompt], **request.prompt_options)
-        self.rounds.admit(slot, conditions, request.seed)
+            return self.pipeline.conditions(class_ids=[request.class_id])
+        return self.pipeline.conditions(prompts=[request.prompt], **request.prompt_options)
+
+    def _entered(self, slot: int, start: float) -> None:
+        """The counters of the image that entered `slot` (its prefill is its first forward)."""
         self._forwards[slot], self._accepted[slot], self._started[slot] = 1, Counter({1: 1}), start
 
     def _release(self, slot: int) -> None:
@@ -58,30 +94,42 @@ class InflightBatch(SlotBatch):
         for slot, length in before.items():
             self._forwards[slot] += 1
             self._accepted[slot][len(self.rounds.tokens[slot]) - length] += 1
-            if self.rounds.done(slot):
-                result = self._result(slot)
-                report.finished[slot] = result
-                report.tokens += result.stats.tokens
-                report.target_forwards += result.stats.target_forwards
-                report.accepted_lengths.update(result.stats.accepted_lengths)
+        finished = [slot for slot in before if self.rounds.done(slot)]
+        for slot, result in zip(finished, self._results(finished)):
+            report.finished[slot] = result
+            report.tokens += result.stats.tokens
+            report.target_forwards += result.stats.target_forwards
+            report.accepted_lengths.update(result.stats.accepted_lengths)
         for slot in report.finished:
             self.release(slot)
         return report
 
-    def _result(self, slot: int) -> GenerationResult:
-        """The finished image in `slot` as generate gives one image."""
-        request = self.occupied[slot]
-        stream = np.asarray([self.rounds.tokens[slot]], dtype=np.int64)
-        stats = Stats(tokens=int(stream.size), target_forwards=self._forwards[slot],
-                      accepted_lengths=Counter(self._accepted[slot]))
-        grids = self.pipeline.grids(stream)
-        images = None
-        if request.decode:
-            with stats.timing("vq_decode"):
-                images = to_uint8(self.pipeline.vq.decode(grids))
-        stats.seconds["total"] = time.perf_counter() - self._started[slot]
-        grammar = self.pipeline.grammar
-        return GenerationResult(grids, images, stats, self.sampling, stream if grammar is not None else None)
+    def _results(self, slots: list[int]) -> list[GenerationResult]:
+        """The images finished in `slots`, each as generate gives one image; those whose request
+        asks for pixels decoded by the VQ decoder together (one call, each its share of the time)."""
+        if not slots:
+            return []
+        streams = np.asarray([self.rounds.tokens[slot] for slot in slots], dtype=np.int64)
+        grids = self.pipeline.grids(streams)
+        decoded = [i for i, slot in enumerate(slots) if self.occupied[slot].decode]
+        images: dict[int, np.ndarray] = {}
+        decode_seconds = 0.0
+        if decoded:
+            start = time.perf_counter()
+            pixels = to_uint8(self.pipeline.vq.decode(grids[decoded]))
+            decode_seconds = (time.perf_counter() - start) / len(decoded)
+            images = {i: pixels[k:k + 1] for k, i in enumerate(decoded)}
+        grammar, now = self.pipeline.grammar, time.perf_counter()
+        results = []
+        for i, slot in enumerate(slots):
+            stats = Stats(tokens=int(streams[i].size), target_forwards=self._forwards[slot],
+                          accepted_lengths=Counter(self._accepted[slot]))
+            if i in images:
+                stats.seconds["vq_decode"] = decode_seconds
+            stats.seconds["total"] = now - self._started[slot]
+            results.append(GenerationResult(grids[i:i + 1], images.get(i), stats, self.sampling,
+                                            streams[i:i + 1] if grammar is not None else None))
+        return results
 
     def close(self) -> None:
         self.pipeline.let_go()

@@ -21,7 +21,7 @@ This offers SlotRounds' interface (slots, tokens, admit, release, done, round), 
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.decoding import Decoding
@@ -65,6 +65,12 @@ class RoundSlots:
             self._read_from[slot] = 0
         self.tokens[slot] = [UNREAD]
         self._known[slot] = 0
+
+    def admit_all(self, slots: Sequence[int], conditions: Conditions, seeds: Sequence[int]) -> None:
+        """New images in the free `slots` (`conditions` one per slot, in order), one admission each:
+        the round's per-image state is refilled image by image."""
+        for index, (slot, seed) in enumerate(zip(slots, seeds, strict=True)):
+            self.admit(slot, conditions.image(index), seed)
 
     def release(self, slot: int) -> None:
         """The image in `slot` leaves (finished, cancelled or expired): the slot is padding again."""

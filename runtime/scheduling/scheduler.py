@@ -94,6 +94,10 @@ class Scheduler:
         self.inflight = validation.flag("inflight", inflight)
         self._cond = threading.Condition(threading.RLock())  # future callbacks re-enter it from the worker
         self._waiting: deque[Ticket] = deque()
+        # the waiting queue is swept only when one of its requests may have ended (a future done:
+        # a cancel) or a deadline is due, not every round: a long queue costs nothing between
+        self._queue_changed = False
+        self._next_deadline: Optional[float] = None  # the earliest deadline of a waiting request
         self._open: list[OpenBatch] = []  # the groups' open batches (whose rounds run: _oldest)
         self._pipelines: list[Any] = [pipeline]  # the pipeline and its siblings made so far (one per open batch)
         self._shares_model = callable(getattr(pipeline, "sibling", None))  # until a sibling() says otherwise
@@ -120,6 +124,8 @@ class Scheduler:
                 raise QueueFull(f"the queue is full ({self.max_queue} requests waiting): retry later")
             ticket = Ticket(request, time.monotonic())
             self._waiting.append(ticket)
+            if request.deadline is not None:
+                self._next_deadline = min(request.deadline, self._next_deadline or request.deadline)
             self._stats.submitted += 1
             ticket.future.add_done_callback(self._wake)  # a cancel wakes the worker to free the slot
             self._cond.notify_all()
@@ -165,6 +171,7 @@ class Scheduler:
 
     def _wake(self, _: Any = None) -> None:
         with self._cond:
+            self._queue_changed = True
             self._cond.notify_all()
 
     def _occupied(self) -> int:
@@ -209,18 +216,8 @@ class Scheduler:
         """Waiting requests that were cancelled, expired or closed out leave the queue; running ones
         that were cancelled or expired leave their batches' slots (released before its next round)."""
         now = time.monotonic()
-        kept: deque[Ticket] = deque()
-        for ticket in self._waiting:
-            if ticket.future.done():
-                self._stats.cancelled += ticket.future.cancelled()
-            elif self._closing:
-                self._fail(ticket, SchedulerClosed("the scheduler closed before this request got a slot"), "closed")
-            elif ticket.request.deadline is not None and now >= ticket.request.deadline:
-                self._fail(ticket, DeadlineExceeded("the request's deadline passed while it waited for a slot"),
-                           "expired")
-            else:
-                kept.append(ticket)
-        self._waiting = kept
+        if self._queue_changed or self._closing or (self._next_deadline is not None and now >= self._next_deadline):
+            self._sweep_waiting(now)
         for batch in self._open:
             for slot, ticket in list(batch.running.items()):
                 if ticket.future.done():
@@ -234,6 +231,24 @@ class Scheduler:
                     continue
                 batch.leaving.append(slot)
                 del batch.running[slot]
+
+    def _sweep_waiting(self, now: float) -> None:
+        """The waiting requests that were cancelled, expired or closed out leave the queue."""
+        kept: deque[Ticket] = deque()
+        for ticket in self._waiting:
+            if ticket.future.done():
+                self._stats.cancelled += ticket.future.cancelled()
+            elif self._closing:
+                self._fail(ticket, SchedulerClosed("the scheduler closed before this request got a slot"), "closed")
+            elif ticket.request.deadline is not None and now >= ticket.request.deadline:
+                self._fail(ticket, DeadlineExceeded("the request's deadline passed while it waited for a slot"),
+                           "expired")
+            else:
+                kept.append(ticket)
+        self._waiting = kept
+        deadlines = [t.request.deadline for t in kept if t.request.deadline is not None]
+        self._next_deadline = min(deadlines) if deadlines else None
+        self._queue_changed = False  # after the futures this sweep ended, whose callbacks set it
 
     def _idle_timeout(self) -> Optional[float]:
         deadlines = [t.request.deadline for t in self._waiting if t.request.deadline is not None]
@@ -301,20 +316,21 @@ class Scheduler:
             if batch is None:
                 return
         batch.release_leaving()  # a freed slot is released before another request takes it
+        entering = []
         for ticket in tickets:
             if ticket.future.done():  # cancelled on its way in
                 self._stats.cancelled += ticket.future.cancelled()
                 continue
-            slot = batch.batch.free()[0]
-            try:
-                batch.batch.admit(slot, ticket.request)
-            except SpecrtError as exc:
-                batch.batch.release(slot)
-                with self._cond:
-                    self._fail(ticket, exc, "failed")
-                continue
-            with self._cond:
-                ticket.admitted = time.monotonic()
+            entering.append(ticket)
+        slots = batch.batch.free()[:len(entering)]
+        refused = batch.batch.admit_all([(slot, ticket.request) for slot, ticket in zip(slots, entering)])
+        with self._cond:
+            now = time.monotonic()
+            for slot, ticket in zip(slots, entering):
+                if slot in refused:
+                    self._fail(ticket, refused[slot], "failed")
+                    continue
+                ticket.admitted = now
                 batch.running[slot] = ticket
 
     def _open_batch(self, group: tuple, tickets: list[Ticket]) -> Optional["OpenBatch"]:

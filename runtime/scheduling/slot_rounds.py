@@ -20,7 +20,7 @@ its own cache, its tokens do not depend on what shares the batch or on its posit
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -62,19 +62,34 @@ class SlotRounds:
         return [self.slots if slot is None else slot for slot in self.positions]
 
     def admit(self, slot: int, conditions: Conditions, seed: int) -> None:
-        """A new image in the free `slot`, at a free batch position or one the batch grows by: its
-        counter coordinates, its prefill (every model the method runs), its image token 0."""
+        """A new image (one condition) in the free `slot`: admit_all of one."""
+        self.admit_all([slot], conditions, [seed])
+
+    def admit_all(self, slots: Sequence[int], conditions: Conditions, seeds: Sequence[int]) -> None:
+        """New images in the free `slots` (`conditions` one per slot, in order), each at a free batch
+        position or one the batch grows by: their counter coordinates, one prefill for all of them
+        through every model the method runs (not one each: a prefill of eight images costs about
+        what one does), their image token 0."""
         ctx = self.ctx
-        if None not in self.positions:
-            ctx.grow(guidance_mix(len(self.positions) + 1, ctx.sampling))
-            self.positions.append(None)
-        position = self.positions.index(None)
-        self.positions[position] = slot
-        ctx.reseed(position, seed)
-        first = ctx.admit(ctx.target, position, conditions)
-        if ctx.draft is not None:
-            ctx.admit(ctx.draft, position, conditions)
-        self.tokens[slot] = [int(first.draws[0, 0])]
+        positions = []
+        for slot, seed in zip(slots, seeds, strict=True):
+            if None not in self.positions:
+                ctx.grow(guidance_mix(len(self.positions) + 1, ctx.sampling))
+                self.positions.append(None)
+            position = self.positions.index(None)
+            self.positions[position] = slot
+            ctx.reseed(position, seed)
+            positions.append(position)
+        try:
+            first = ctx.admit(ctx.target, positions, conditions)
+            if ctx.draft is not None:
+                ctx.admit(ctx.draft, positions, conditions)
+        except BaseException:  # the positions are free again: a refused admission leaves no image behind
+            for position in positions:
+                self.positions[position] = None
+            raise
+        for index, slot in enumerate(slots):
+            self.tokens[slot] = [int(first.draws[index, 0])]
 
     def release(self, slot: int) -> None:
         """`slot` is free: its batch position sits rounds out until an admit takes it or the next
@@ -141,9 +156,10 @@ class JacobiSlots(SlotRounds):
         self.levels: list[list[Level]] = [[] for _ in range(slots + 1)]  # per slot, then the spare's
         self.uniform = fresh_proposal(ctx.target.spec.vocab_size, ctx.grammar)
 
-    def admit(self, slot: int, conditions: Conditions, seed: int) -> None:
-        super().admit(slot, conditions, seed)
-        self.levels[slot] = []
+    def admit_all(self, slots: Sequence[int], conditions: Conditions, seeds: Sequence[int]) -> None:
+        super().admit_all(slots, conditions, seeds)
+        for slot in slots:
+            self.levels[slot] = []
 
     def release(self, slot: int) -> None:
         super().release(slot)

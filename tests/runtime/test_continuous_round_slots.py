@@ -30,6 +30,7 @@ from specrt.runtime.families.continuous.round_state import ContinuousRoundState 
 from specrt.runtime.families.continuous.rounds import ContinuousArRound  # noqa: E402
 from specrt.runtime.scheduling import Request, Scheduler  # noqa: E402
 from specrt.runtime.scheduling.continuous_round_slots import ContinuousRoundSlots  # noqa: E402
+from specrt.runtime.arrays import namespace  # noqa: E402
 from _toy_exact import one_torch_thread  # noqa: E402, F401 (autouse fixture)
 
 ATOL = 1e-5
@@ -110,6 +111,7 @@ def test_admissions_keep_the_buffers_and_the_compiled_round_traces_once(pipe, me
     same latents, and every buffer where the first admission left it."""
     queue = requests(method, params, count=3)
     batch, first = open_round_batch(pipe, queue[0], SLOTS), {}
+    namespace(torch.zeros(1))  # made on first use: before the trace, or its guard changes and the round recompiles
     batch.rounds.step = torch.compile(batch.rounds.round_.__call__, fullgraph=True, backend="eager")
     torch._dynamo.reset()
     dynamo_counters.clear()

@@ -25,6 +25,7 @@ from specrt.runtime.rounds.chains import ArRound  # noqa: E402
 from specrt.runtime.rounds.state import RoundState  # noqa: E402
 from specrt.runtime.scheduling import Request, Scheduler  # noqa: E402
 from specrt.runtime.scheduling.round_slots import RoundSlots  # noqa: E402
+from specrt.runtime.arrays import namespace  # noqa: E402
 from _toy_exact import one_torch_thread  # noqa: E402, F401 (autouse fixture)
 
 METHODS = [("ar", {}), ("sd", {"draft_len": 3}), ("sjd", {"window": 3}),
@@ -84,6 +85,7 @@ def test_admissions_keep_the_buffers_and_the_compiled_round_traces_once(method, 
     admissions, the same tokens, and every buffer where the first admission left it."""
     pipe = tiny_pipe()
     slots = slots_of(pipe, method, params, SLOTS)
+    namespace(torch.zeros(1))  # made on first use: before the trace, or its guard changes and the round recompiles
     slots.step = torch.compile(slots.round_.__call__, fullgraph=True, backend="eager")
     first: dict = {}
     torch._dynamo.reset()
@@ -129,7 +131,8 @@ def test_the_scheduler_refills_the_device_rounds_slots(monkeypatch):
     monkeypatch.setattr(RoundSlots, "round", watched)
     requests = [Request(class_id=c, seed=40 + c, method="sjd-pac", params=params) for c in range(4)]
     with scheduler:
-        tickets = [scheduler.submit(r) for r in requests]
+        with scheduler._cond:  # all queued before the worker admits one: none arrives between admission and round
+            tickets = [scheduler.submit(r) for r in requests]
         results = [t.result(timeout=60) for t in tickets]
         stats = scheduler.stats()
     for request, result in zip(requests, results):
