@@ -14,7 +14,7 @@ them back into one distribution per image (runtime/head.py).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -50,28 +50,31 @@ class DeviceModel:
         self.prefix_mask = (self.column_index < self.prefix)[None, :].repeat(rows, 1)
         self.hidden: Any = None  # the last pass's final-norm hidden states [rows, W, H]: what an EAGLE head reads
 
-    def prefill(self, rows: Conditions, image: Optional[int] = None) -> Any:
+    def prefill(self, rows: Conditions, images: Optional[Sequence[int]] = None) -> Any:
         """The condition rows through the model, their keys/values into the buffer's first columns:
-        the sampling rows [images, V] image token 0 is drawn from. `image`: in-flight admission
-        (runtime/scheduling/round_slots.py) — `rows` are that one image's condition rows, written to
-        its model rows only (image_rows), in place, the other images' untouched; its row [1, V]."""
+        the sampling rows [images, V] image token 0 is drawn from. `images`: in-flight admission
+        (runtime/scheduling/round_slots.py) — `rows` are those images' condition rows (twin-major, as
+        condition_rows makes them), written to their model rows only (image_rows), in place, the
+        other images' untouched, in one pass for them all; their rows [len(images), V]."""
         from specrt.runtime.backends.torch_backend import prefill_inputs
 
         inputs = prefill_inputs(self.torch, rows, self.device, self.dtype)
         logits, self.hidden, present = self.gpt.prefill(*inputs)
-        model_rows = slice(None) if image is None else self.image_rows(image)
+        model_rows = slice(None) if images is None else self.image_rows(images)
         self.kv[:, :, model_rows, :, : present.shape[4]] = present.to(self.dtype)
         if rows.caption_mask is not None:  # padded caption columns stay hidden from every image token
             self.prefix_mask[model_rows, : self.prefix] = self.torch.from_numpy(rows.caption_mask).to(self.device)
-        elif image is not None:  # the condition's every column, whatever the slot's last image hid
+        elif images is not None:  # the condition's every column, whatever the slots' last images hid
             self.prefix_mask[model_rows, : self.prefix] = True
-        mix = self.mix if image is None else self.mix[image, model_rows][None]
+        mix = self.mix if images is None else self.mix[self.torch.as_tensor(list(images), device=self.device)][:, model_rows]
         return self.distribution(logits, mix)[:, 0]
 
-    def image_rows(self, image: int) -> Any:
-        """Image `image`'s model rows (its CFG twins, k·images + image), int64 [rows // images]."""
+    def image_rows(self, images: Sequence[int]) -> Any:
+        """These images' model rows, twin-major (twin k of each in turn: k·images + image), as
+        condition_rows orders a batch's rows: int64 [rows // self.images · len(images)]."""
         twins = self.row_image.shape[0] // self.images
-        return self.torch.arange(twins, device=self.device) * self.images + image
+        chosen = self.torch.as_tensor(list(images), dtype=self.torch.int64, device=self.device)
+        return (self.torch.arange(twins, device=self.device)[:, None] * self.images + chosen[None, :]).reshape(-1)
 
     def window(self, ids: Any, index: Any) -> Any:
         """Image i's tokens ids [images, W] at token indices index [images, W] (a chain: ascending, each

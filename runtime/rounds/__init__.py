@@ -24,7 +24,7 @@ Both loops draw the same counter uniforms (runtime/counter_random.py: the round'
 the host's Decoding, one slot formula), so for a seed they give the same tokens, up to float rounding
 at a CDF boundary (tests/runtime/test_loops_agree.py); an image is the same alone or in any batch.
 In-flight batching refills a round's image slots between rounds (runtime/scheduling/round_slots.py):
-chains.admit_image writes a new image into a free slot's rows and the round's `refill` resets its
+chains.admit_images writes new images into free slots' rows and the round's `refill` resets its
 own per-image state, in place, so a captured round replays on.
 """
 from __future__ import annotations

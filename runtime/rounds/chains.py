@@ -35,18 +35,21 @@ def start_state(round_: Any, rows: Conditions, seeds: Sequence[int], total: int)
     return state
 
 
-def admit_image(round_: Any, image: int, rows: Conditions, seed: int) -> None:
-    """A new image in the free image slot `image` of the round's running state, between two rounds
-    (in-flight batching, runtime/scheduling/round_slots.py): its condition rows prefilled into its
-    model rows, its counter coordinates, its token 0 drawn as start_state draws it, and the round's
-    own per-image state reset (`refill`) — all in place, in the buffers a captured round replays
-    over, so nothing is planned, traced or captured again."""
+def admit_images(round_: Any, images: Sequence[int], rows: Conditions, seeds: Sequence[int]) -> None:
+    """New images in the free image slots `images` of the round's running state, between two rounds
+    (in-flight batching, runtime/scheduling/round_slots.py): their condition rows (twin-major, as
+    condition_rows makes them) prefilled into their model rows in one pass, their counter
+    coordinates, each one's token 0 drawn as start_state draws it, and the round's own per-image
+    state reset (`refill`) — all in place, in the buffers a captured round replays over, so nothing
+    is planned, traced or captured again."""
     state = round_.state
-    first = round_.target.prefill(rows, image=image)  # [1, V]
-    state.admit(image, seed)
-    uniform = state.uniforms(torch.zeros_like(state.length), NEXT)[image:image + 1]
-    state.tokens[image, :1] = inverse_cdf(first, uniform)
-    round_.refill(state, image, rows)
+    first = round_.target.prefill(rows, images=images)  # [len(images), V]
+    for image, seed in zip(images, seeds, strict=True):
+        state.admit(image, seed)
+    chosen = torch.as_tensor(list(images), device=state.length.device)
+    uniform = state.uniforms(torch.zeros_like(state.length), NEXT)[chosen]
+    state.tokens[chosen, 0] = inverse_cdf(first, uniform)
+    round_.refill(state, list(images), rows)
 
 
 class ArRound:
@@ -61,8 +64,8 @@ class ArRound:
     def start(self, rows: Conditions, seeds: Sequence[int], total: int) -> RoundState:
         return start_state(self, rows, seeds, total)
 
-    def refill(self, state: RoundState, image: int, rows: Conditions) -> None:
-        """Nothing of AR's is kept per image beyond the state (admit_image)."""
+    def refill(self, state: RoundState, images: list[int], rows: Conditions) -> None:
+        """Nothing of AR's is kept per image beyond the state (admit_images)."""
 
     def __call__(self, state: RoundState) -> None:
         n = state.length
@@ -85,9 +88,9 @@ class DraftedRound:
         self.rule.prepare(state.length)
         return state
 
-    def refill(self, state: RoundState, image: int, rows: Conditions) -> None:
-        """The draft started for the one image admitted (admit_image); the rule keeps nothing per image."""
-        self.draft.start(rows, image)
+    def refill(self, state: RoundState, images: list[int], rows: Conditions) -> None:
+        """The draft started for the images admitted (admit_images); the rule keeps nothing per image."""
+        self.draft.start(rows, images)
 
 
 class ChainRound(DraftedRound):

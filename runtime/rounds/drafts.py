@@ -5,7 +5,7 @@ verify and commit the same way whatever proposes; only how the draft catches up,
 pass and keeps its cache differ. A round calls its draft as:
 
     draft.start(rows)                                    # once a call, after the target's prefill
-    draft.start(rows, image)                             # in flight: one admitted image, after its prefill
+    draft.start(rows, images)                            # in flight: the admitted images, after their prefill
     rows = draft.catch_up(state)                         # the row after the pending token [I, V]
     rows = draft.extend(token, index)                    # a chain: the next draft's row [I, V]
     rows = draft.expand(ids, depths, ancestry, start, slots, parents)   # a tree level's rows
@@ -31,7 +31,7 @@ later catch-ups overwrite before anything reads them.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -69,8 +69,8 @@ class ModelDraft(Restricted):
         super().__init__(sampling)
         self.model = model
 
-    def start(self, rows: Any, image: Optional[int] = None) -> None:
-        self.model.prefill(rows, image)
+    def start(self, rows: Any, images: Optional[Sequence[int]] = None) -> None:
+        self.model.prefill(rows, images)
 
     def catch_up(self, state: RoundState) -> Any:
         """The draft over (token n − 2, pending) — after a round that accepted every draft its last
@@ -112,13 +112,13 @@ class HeadDraft(Restricted):
         self._last: Any = None
         self._nodes: Any = None
 
-    def start(self, rows: Any, image: Optional[int] = None) -> None:
+    def start(self, rows: Any, images: Optional[Sequence[int]] = None) -> None:
         """The first pair: the target's prefill feature (it predicted image token 0) before token 0
-        (`image`: only that admitted image's, after its own prefill)."""
-        model_rows, images = (slice(None), slice(None)) if image is None else (self.head.image_rows(image), image)
+        (`images`: only those admitted images', after their prefill)."""
+        model_rows, chosen = (slice(None), slice(None)) if images is None else (self.head.image_rows(images), list(images))
         self.features[model_rows] = 0
         self.features[model_rows, 0] = self.target.hidden[:, 0]
-        self.previous[images] = 0
+        self.previous[chosen] = 0
 
     def catch_up(self, state: RoundState) -> Any:
         """The last round's committed pairs (reach slots from token index `previous`) through the

@@ -56,12 +56,12 @@ class JacobiRound:
         self._first_window(state, slice(None))
         return state
 
-    def refill(self, state: RoundState, image: int, rows: Conditions) -> None:
-        """An admitted image's first window (rounds/chains.py admit_image)."""
-        self._first_window(state, image)
+    def refill(self, state: RoundState, images: list[int], rows: Conditions) -> None:
+        """The admitted images' first windows (rounds/chains.py admit_images)."""
+        self._first_window(state, images)
 
     def _first_window(self, state: RoundState, images: Any) -> None:
-        """Fresh drafts and their q for `images` (a slice, or one image) at the start, in place."""
+        """Fresh drafts and their q for `images` (a slice, or a list of images) at the start, in place."""
         # round 0's own fresh slots lie past index L + 1, so these indices' FRESH uniforms are not reused
         index = state.length[:, None] + torch.arange(self.width, device=state.length.device)
         self.drafts[images] = self.fresh.tokens(state, index)[images]

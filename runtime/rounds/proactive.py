@@ -132,12 +132,12 @@ class ProactiveRound:
         self._first_window(state, slice(None))
         return state
 
-    def refill(self, state: RoundState, image: int, rows: Conditions) -> None:
-        """An admitted image's first window, a chain (rounds/chains.py admit_image)."""
-        self._first_window(state, image)
+    def refill(self, state: RoundState, images: list[int], rows: Conditions) -> None:
+        """The admitted images' first windows, chains (rounds/chains.py admit_images)."""
+        self._first_window(state, images)
 
     def _first_window(self, state: RoundState, images: Any) -> None:
-        """The first window of `images` (a slice, or one image), in place: a chain of fresh drafts."""
+        """The first window of `images` (a slice, or a list of images), in place: a chain of fresh drafts."""
         index = state.length[:, None] + torch.arange(self.width, device=state.length.device)
         self.candidates[images] = 0
         self.candidates[images, :, 0] = self.fresh.tokens(state, index)[images]

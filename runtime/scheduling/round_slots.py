@@ -3,8 +3,9 @@
 A device round (runtime/rounds) decodes a generate call's images in buffers of fixed shape — the
 round's state, its models' KV buffers, its windows — and on CUDA replays one captured graph of a
 round over them. Here the same buffers, sized once for `slots` images, hold images that come and
-go: `admit` writes a new image into a free slot in place (rounds/chains.py admit_image: its prefill
-into that slot's KV rows, its counter coordinates, its token 0, the round's per-image state), a
+go: `admit_all` writes new images into free slots in place (rounds/chains.py admit_images: their
+prefill, one pass for all, into their slots' KV rows, their counter coordinates, their token 0,
+the round's per-image state), a
 released or never-filled slot is a finished image, which rides along as padding and changes
 nothing, and `round` runs the round once. No shape changes, so nothing is planned, traced or
 captured again: the graph a generate call of `slots` images captured (the pipeline keeps it) is
@@ -53,24 +54,24 @@ class RoundSlots:
         self._read_from: Any = None  # [slots] on the device: where each slot's next read starts
 
     def admit(self, slot: int, conditions: Conditions, seed: int) -> None:
-        """A new image (one condition) in the free `slot`. The first admission starts the round over
-        `slots` copies of it (every buffer made or restarted, every row a real prefill) and frees the
+        """A new image (one condition) in the free `slot`: admit_all of one."""
+        self.admit_all([slot], conditions, [seed])
+
+    def admit_all(self, slots: Sequence[int], conditions: Conditions, seeds: Sequence[int]) -> None:
+        """New images in the free `slots` (`conditions` one per slot, in order), with one prefill
+        (rounds/chains.py admit_images). The first admission starts the round over `slots` copies of
+        the first image (every buffer made or restarted, every row a real prefill) and frees the
         others, so a slot never filled is a finished image with finite rows."""
-        from specrt.runtime.rounds.chains import admit_image
+        from specrt.runtime.rounds.chains import admit_images
 
         with self.torch.inference_mode():
             if self.state is None:
-                self._start(conditions, seed)
-            admit_image(self.round_, slot, self.ctx.condition_rows(conditions), seed)
-            self._read_from[slot] = 0
-        self.tokens[slot] = [UNREAD]
-        self._known[slot] = 0
-
-    def admit_all(self, slots: Sequence[int], conditions: Conditions, seeds: Sequence[int]) -> None:
-        """New images in the free `slots` (`conditions` one per slot, in order), one admission each:
-        the round's per-image state is refilled image by image."""
-        for index, (slot, seed) in enumerate(zip(slots, seeds, strict=True)):
-            self.admit(slot, conditions.image(index), seed)
+                self._start(conditions.image(0), seeds[0])
+            admit_images(self.round_, list(slots), self.ctx.condition_rows(conditions), list(seeds))
+            self._read_from[list(slots)] = 0
+        for slot in slots:
+            self.tokens[slot] = [UNREAD]
+            self._known[slot] = 0
 
     def release(self, slot: int) -> None:
         """The image in `slot` leaves (finished, cancelled or expired): the slot is padding again."""

@@ -7,6 +7,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.overrides import TorchFunctionMode
 
+from specrt.runtime.conditions import Conditions
 from specrt.runtime.sampling import guidance_mix
 from specrt.runtime.scheduling.round_slots import RoundSlots, round_slots
 
@@ -41,11 +42,14 @@ def slots_of(pipe: Any, method: str, params: dict, slots: int) -> RoundSlots:
 def run_requests(slots: RoundSlots, pipe: Any, requests: list[tuple[int, int]],
                  admitted: Optional[Callable[[RoundSlots], None]] = None,
                  reads: Optional[dict[str, list[int]]] = None,
-                 conditions_of: Optional[Callable[[int], Any]] = None) -> dict[tuple[int, int], list[int]]:
+                 conditions_of: Optional[Callable[[int], Any]] = None,
+                 together: bool = False) -> dict[tuple[int, int], list[int]]:
     """Decode requests (class id, seed) in `slots`, each admitted into the first free slot between
     rounds, oldest first, as the scheduler admits them; their tokens by request. `admitted(slots)` runs
     after every admission; `reads` collects the host reads of each admission ("admit") and round ("round");
-    `conditions_of(label)`: a request's conditions where its label is not a class id."""
+    `conditions_of(label)`: a request's conditions where its label is not a class id; `together`: the
+    requests entering between two rounds admitted in one admit_all call (as the scheduler does), not
+    one admit each."""
     def counted(kind: str, call: Callable[[], None]) -> None:
         if reads is None:
             call()
@@ -54,15 +58,27 @@ def run_requests(slots: RoundSlots, pipe: Any, requests: list[tuple[int, int]],
             call()
         reads.setdefault(kind, []).append(len(meter.seen))
 
+    def condition(label: int) -> Any:
+        return conditions_of(label) if conditions_of else pipe.conditions(class_ids=[label])
+
     waiting, running, done = list(requests), {}, {}
     while waiting or running:
+        entering = []
         for slot in range(slots.slots):
             if slot not in running and waiting:
-                label, seed = running[slot] = waiting.pop(0)
-                conditions = conditions_of(label) if conditions_of else pipe.conditions(class_ids=[label])
-                counted("admit", lambda: slots.admit(slot, conditions, seed))  # noqa: B023 (called at once)
-                if admitted is not None:
-                    admitted(slots)
+                running[slot] = waiting.pop(0)
+                entering.append(slot)
+        if together and entering:
+            batch = Conditions.concatenated([condition(running[slot][0]) for slot in entering])
+            counted("admit", lambda: slots.admit_all(entering, batch, [running[s][1] for s in entering]))  # noqa: B023
+            if admitted is not None:
+                admitted(slots)
+        for slot in entering if not together else ():
+            label, seed = running[slot]
+            conditions = condition(label)
+            counted("admit", lambda: slots.admit(slot, conditions, seed))  # noqa: B023 (called at once)
+            if admitted is not None:
+                admitted(slots)
         counted("round", slots.round)
         for slot in [s for s in running if slots.done(s)]:
             done[running.pop(slot)] = list(slots.tokens[slot])

@@ -52,6 +52,54 @@ def test_an_image_admitted_mid_flight_gets_its_tokens_alone_and_the_host_reads_o
     assert reads["round"] == [1] * slots.runs and slots.host_reads == slots.runs
 
 
+TOGETHER_REQUESTS = [(3, 5), (6, 9), (1, 2), (8, 4), (0, 7)]  # three enter together, two as slots free
+
+
+def prefilled_together(pipe, method: str, params: dict, patch: pytest.MonkeyPatch) -> tuple[dict, list[int]]:
+    """TOGETHER_REQUESTS through 3 slots, the requests entering between two rounds admitted with
+    one admit_all: their tokens, and the images of each admission's target prefill."""
+    from specrt.runtime.backends.device_model import DeviceModel
+
+    slots, sizes, prefill = slots_of(pipe, method, params, 3), [], DeviceModel.prefill
+
+    def counted(self, rows, images=None):
+        if images is not None and self is slots.round_.target:
+            sizes.append(len(images))
+        return prefill(self, rows, images)
+    patch.setattr(DeviceModel, "prefill", counted)
+    return run_requests(slots, pipe, TOGETHER_REQUESTS, together=True), sizes
+
+
+@pytest.mark.parametrize("method,params", METHODS + [("eagle", {"draft_len": 3})], ids=IDS + ["sd-eagle-head"])
+def test_images_admitted_together_share_a_prefill_and_get_their_tokens_alone(method, params, monkeypatch):
+    """Three requests enter the device round's slots with one prefill of three images (their CFG
+    twins, a draft model's or an EAGLE head's start beside them), later ones as slots free: every
+    image is its request's alone."""
+    if method == "eagle":
+        from test_rounds_heads import head_pipeline
+
+        pipe, method = head_pipeline(GUIDED, vocab=16, grid=4, classes=10), "sd"
+    else:
+        pipe = tiny_pipe()
+    tokens, sizes = prefilled_together(pipe, method, params, monkeypatch)
+    assert sizes[0] == 3 and sum(sizes) == len(TOGETHER_REQUESTS)
+    for request in TOGETHER_REQUESTS:
+        assert tokens[request] == alone(pipe, method, params, request), f"{method} {request}"
+
+
+def test_rows_admitted_to_the_wrong_slots_are_caught(monkeypatch):
+    """The planted bug: images admitted together get their conditions' rows in reverse order (each
+    image prefilled with another's class). The comparison above must see it."""
+    from specrt.runtime.rounds import chains
+
+    admit_images = chains.admit_images
+    monkeypatch.setattr(chains, "admit_images", lambda round_, images, rows, seeds:
+                        admit_images(round_, images[::-1], rows, seeds[::-1]))
+    pipe = tiny_pipe()
+    tokens, _ = prefilled_together(pipe, "sd", {"draft_len": 3}, monkeypatch)
+    assert sum(tokens[r] != alone(pipe, "sd", {"draft_len": 3}, r) for r in TOGETHER_REQUESTS) >= 2
+
+
 def test_draws_keyed_by_slot_are_caught():
     """The planted bug: an admitted image's seed mixed with its slot. The comparison with the
     request alone must see it."""
