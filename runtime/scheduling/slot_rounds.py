@@ -96,7 +96,8 @@ class SlotRounds:
         round's compact() drops it. Not dropped here: under load a request enters the freed position
         before the next round, and shrinking then growing would move every KV row twice."""
         self.tokens[slot] = self._free()
-        self.positions[self.positions.index(slot)] = None
+        if slot in self.positions:  # not where its admission failed (admit_all freed its position)
+            self.positions[self.positions.index(slot)] = None
 
     def compact(self) -> None:
         """Free positions leave the batch before a round (InflightBatch.round): every one where

@@ -115,6 +115,28 @@ def test_a_request_refused_at_admission_fails_alone(monkeypatch):
             np.testing.assert_array_equal(result.tokens, alone(pipe, request).tokens)
 
 
+def test_a_prefill_refused_for_one_request_fails_it_alone(monkeypatch):
+    """A prefill the model refuses for one request's rows fails the joint admission; the requests are
+    then admitted one at a time, so only that request ends with the error and the others equal alone."""
+    pipe = toy_pipeline()
+    admit = ModelRunner.admit
+
+    def refusing(self, positions, rows, uniforms):
+        if 2 in rows.class_ids.tolist():
+            raise SpecrtError("class 2's prefill refused")
+        return admit(self, positions, rows, uniforms)
+
+    requests = [Request(class_id=c, seed=95 + c, method="sd", params={"draft_len": 3}, decode=False) for c in range(4)]
+    monkeypatch.setattr(ModelRunner, "admit", refusing)
+    results, prefills, _ = served(pipe, requests)
+    monkeypatch.undo()
+    assert isinstance(results[2], SpecrtError) and "prefill refused" in str(results[2])
+    assert prefills == [1, 1, 1]  # the joint prefill refused before it ran; then one each, class 2's refused
+    for request, result in zip(requests, results):
+        if request.class_id != 2:
+            np.testing.assert_array_equal(result.tokens, alone(pipe, request).tokens)
+
+
 def test_demo_admissions_together_give_tokens_and_pixels_alone(ort_pipe):
     """The demo bundle on onnxruntime: eight requests in eight slots enter with one prefill and
     finish (ar: the same number of rounds) with one decode; tokens and pixels equal alone, a float
