@@ -306,7 +306,8 @@ class ModelRunner(KVRows):
         if positions.min() < 0 or positions.max() >= self.images:
             raise ValueError(f"batch positions {positions.tolist()} reach outside a batch of {self.images} images")
         if len(rows) != pairs * positions.size:
-            raise ValueError(f"admit expects {pairs * positions.size} condition rows ({pairs} an image), got {len(rows)}")
+            raise ValueError(f"admit expects {pairs * positions.size} condition rows ({pairs} an image), "
+                             f"got {len(rows)}")
         if rows.kind != self.spec.model_type:
             raise SpecrtError(f"this is a {self.spec.model_type} model: its conditions are not {rows.kind}")
         model_rows = (positions[None, :] + self.images * np.arange(pairs)[:, None]).reshape(-1)

@@ -66,7 +66,8 @@ class DeviceModel:
             self.prefix_mask[model_rows, : self.prefix] = self.torch.from_numpy(rows.caption_mask).to(self.device)
         elif images is not None:  # the condition's every column, whatever the slots' last images hid
             self.prefix_mask[model_rows, : self.prefix] = True
-        mix = self.mix if images is None else self.mix[self.torch.as_tensor(list(images), device=self.device)][:, model_rows]
+        chosen = None if images is None else self.torch.as_tensor(list(images), device=self.device)
+        mix = self.mix if chosen is None else self.mix[chosen][:, model_rows]
         return self.distribution(logits, mix)[:, 0]
 
     def image_rows(self, images: Sequence[int]) -> Any:

@@ -115,7 +115,8 @@ class HeadDraft(Restricted):
     def start(self, rows: Any, images: Optional[Sequence[int]] = None) -> None:
         """The first pair: the target's prefill feature (it predicted image token 0) before token 0
         (`images`: only those admitted images', after their prefill)."""
-        model_rows, chosen = (slice(None), slice(None)) if images is None else (self.head.image_rows(images), list(images))
+        model_rows, chosen = ((slice(None), slice(None)) if images is None
+                              else (self.head.image_rows(images), list(images)))
         self.features[model_rows] = 0
         self.features[model_rows, 0] = self.target.hidden[:, 0]
         self.previous[chosen] = 0

@@ -7,10 +7,11 @@ is prepared on its own (a prompt through the text encoder or the model's recipe)
 admitted between two rounds are prefilled together into their slots' rows (the other images' rows
 untouched); the images finished in a round are decoded by the VQ decoder together. A prefill or a
 decode of several images costs little more than one of one, and every row of either depends on its
-own image alone, so an image's tokens and pixels are those of generate([its condition], seed=its seed). Where the pipeline decodes with the device round, the
-slots are that round's fixed buffers (round_slots.py: every method with a round refills in flight,
-no re-capture). What has no step-wise form (the host loop's trees, an EAGLE head on the host loop)
-gets None here and runs as whole calls (batches.WholeCalls).
+own image alone, so an image's tokens and pixels are those of generate([its condition],
+seed=its seed). Where the pipeline decodes with the device round, the slots are that round's fixed
+buffers (round_slots.py: every method with a round refills in flight, no re-capture). What has no
+step-wise form (the host loop's trees, an EAGLE head on the host loop) gets None here and runs as
+whole calls (batches.WholeCalls).
 """
 from __future__ import annotations
 
