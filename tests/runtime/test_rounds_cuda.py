@@ -154,6 +154,24 @@ def test_slots_refill_the_captured_round_without_a_new_capture(method, params, e
     assert later == tokens and slots.round_.captured is captured
 
 
+@pytest.mark.parametrize("method,params,eagle", SLOT_METHODS, ids=["ar", "sd", "sjd", "sjd-pac", "eagle-sd"])
+def test_slots_admitted_together_refill_the_captured_round(method, params, eagle):
+    """Requests entering between two rounds admitted with one prefill (admit_all, as the scheduler
+    admits them) under replay: the round captured once, the same buffers, no host read at an
+    admission, and each image its request's alone."""
+    from slot_runs import alone, round_buffers, run_requests, slots_of
+
+    pipe = demo_pipeline(eagle)
+    requests = [(1, 3), (4, 8), (7, 5), (2, 6), (9, 1)]  # three enter together, two as slots free
+    slots, first, reads = slots_of(pipe, method, params, 3), {}, {}
+    tokens = run_requests(slots, pipe, requests, admitted=lambda s: first or first.update(round_buffers(s)),
+                          reads=reads, together=True)
+    assert slots.step is slots.round_.captured and round_buffers(slots) == first
+    assert set(reads["admit"]) == {0} and reads["round"] == [1] * slots.runs
+    for request in requests:
+        assert tokens[request] == alone(pipe, method, params, request), f"{method} {request}"
+
+
 @pytest.mark.parametrize("method,params", [("ar", {}), ("cspd", {"draft_len": 4})], ids=["ar", "cspd"])
 def test_continuous_slots_refill_the_captured_round_without_a_new_capture(method, params):
     """The continuous demo's device-round slots: captured at their second round where no call has,
