@@ -44,14 +44,12 @@ class InflightBatch(SlotBatch):
         self._started: dict[int, float] = {}
 
     def _admit(self, slot: int, request: Request) -> None:
-        start = time.perf_counter()
-        self.rounds.admit(slot, self._conditions(request), request.seed)
-        self._entered(slot, start)
+        self._enter([(slot, request, self._conditions(request))], time.perf_counter())
 
     def admit_all(self, entries: Sequence[tuple[int, Request]]) -> dict[int, SpecrtError]:
-        """Every request's condition prepared on its own (a refused one fails alone), then one
-        admission of them all (SlotRounds.admit_all: one prefill); should that fail as a whole, one
-        at a time, so only the request at fault is refused."""
+        """Every request's condition prepared on its own, once (a refused one fails alone), then one
+        admission of them all (SlotRounds.admit_all: one prefill); should the model refuse that, one
+        at a time with the same conditions, so only the request at fault is refused."""
         start = time.perf_counter()
         refused: dict[int, SpecrtError] = {}
         ready: list[tuple[int, Request, Conditions]] = []
@@ -62,16 +60,17 @@ class InflightBatch(SlotBatch):
                 ready.append((slot, request, self._conditions(request)))
             except SpecrtError as exc:
                 refused[slot] = exc
-        if len(ready) < 2:
-            return {**refused, **super().admit_all([(slot, request) for slot, request, _ in ready])}
-        try:
-            self.rounds.admit_all([slot for slot, _, _ in ready], Conditions.concatenated([c for _, _, c in ready]),
-                                  [request.seed for _, request, _ in ready])
-        except SpecrtError:
-            return {**refused, **super().admit_all([(slot, request) for slot, request, _ in ready])}
-        for slot, request, _ in ready:
-            self.occupied[slot] = request
-            self._entered(slot, start)
+        if len(ready) > 1:
+            try:
+                self._enter(ready, start)
+                return refused
+            except SpecrtError:
+                pass
+        for entry in ready:
+            try:
+                self._enter([entry], start)
+            except SpecrtError as exc:
+                refused[entry[0]] = exc
         return refused
 
     def _conditions(self, request: Request) -> Conditions:
@@ -80,9 +79,15 @@ class InflightBatch(SlotBatch):
             return self.pipeline.conditions(class_ids=[request.class_id])
         return self.pipeline.conditions(prompts=[request.prompt], **request.prompt_options)
 
-    def _entered(self, slot: int, start: float) -> None:
-        """The counters of the image that entered `slot` (its prefill is its first forward)."""
-        self._forwards[slot], self._accepted[slot], self._started[slot] = 1, Counter({1: 1}), start
+    def _enter(self, ready: list[tuple[int, Request, Conditions]], start: float) -> None:
+        """These (slot, request, condition)s into their free slots with one admission (one prefill),
+        and their images' counters (the prefill is each one's first forward); a refusal raises and
+        leaves every one of the slots free."""
+        self.rounds.admit_all([slot for slot, _, _ in ready], Conditions.concatenated([c for _, _, c in ready]),
+                              [request.seed for _, request, _ in ready])
+        for slot, request, _ in ready:
+            self.occupied[slot] = request
+            self._forwards[slot], self._accepted[slot], self._started[slot] = 1, Counter({1: 1}), start
 
     def _release(self, slot: int) -> None:
         self.rounds.release(slot)

@@ -117,7 +117,8 @@ def test_a_request_refused_at_admission_fails_alone(monkeypatch):
 
 def test_a_prefill_refused_for_one_request_fails_it_alone(monkeypatch):
     """A prefill the model refuses for one request's rows fails the joint admission; the requests are
-    then admitted one at a time, so only that request ends with the error and the others equal alone."""
+    then admitted one at a time with the conditions already prepared, so only that request ends with
+    the error, the others equal alone, and no condition is prepared twice."""
     pipe = toy_pipeline()
     admit = ModelRunner.admit
 
@@ -126,12 +127,21 @@ def test_a_prefill_refused_for_one_request_fails_it_alone(monkeypatch):
             raise SpecrtError("class 2's prefill refused")
         return admit(self, positions, rows, uniforms)
 
+    conditions, prepared = pipe.conditions, []
+
+    def counted(**kwargs):  # in the worker: each request's condition is prepared once, not again one by one
+        if threading.current_thread().name == "specrt-scheduler":
+            prepared.append(kwargs)
+        return conditions(**kwargs)
+
     requests = [Request(class_id=c, seed=95 + c, method="sd", params={"draft_len": 3}, decode=False) for c in range(4)]
     monkeypatch.setattr(ModelRunner, "admit", refusing)
+    monkeypatch.setattr(pipe, "conditions", counted)
     results, prefills, _ = served(pipe, requests)
     monkeypatch.undo()
     assert isinstance(results[2], SpecrtError) and "prefill refused" in str(results[2])
     assert prefills == [1, 1, 1]  # the joint prefill refused before it ran; then one each, class 2's refused
+    assert len(prepared) == len(requests)
     for request, result in zip(requests, results):
         if request.class_id != 2:
             np.testing.assert_array_equal(result.tokens, alone(pipe, request).tokens)
