@@ -185,7 +185,7 @@ class Scheduler:
                     break
                 if not self._occupied() and not self._waiting:
                     self._close_batches(list(self._open))
-                    self._cond.wait(self._idle_timeout())
+                    self._cond.wait()  # nothing waits or runs: a submit or close() wakes the worker
                     continue
                 admissions = self._admissions()
             self._admit(admissions)
@@ -249,10 +249,6 @@ class Scheduler:
         deadlines = [t.request.deadline for t in kept if t.request.deadline is not None]
         self._next_deadline = min(deadlines) if deadlines else None
         self._queue_changed = False  # after the futures this sweep ended, whose callbacks set it
-
-    def _idle_timeout(self) -> Optional[float]:
-        deadlines = [t.request.deadline for t in self._waiting if t.request.deadline is not None]
-        return max(min(deadlines) - time.monotonic(), 0.0) if deadlines else None
 
     def _batches_allowed(self) -> int:
         """Batches that may be open at once: `groups`, or 1 where the pipeline cannot make siblings,
