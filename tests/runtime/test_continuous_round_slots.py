@@ -128,9 +128,10 @@ def test_admissions_keep_the_buffers_and_the_compiled_round_traces_once(pipe, me
 def test_an_admission_that_moves_a_buffer_is_caught(pipe, monkeypatch):
     """The planted bug for the buffer check: an admission that rebinds the state's lengths to a new
     tensor (a captured graph would go on reading the old one)."""
-    admit = ContinuousRoundState.admit
+    admit, replaced = ContinuousRoundState.admit, []
 
     def moving(self, image, seed):
+        replaced.append(self.length)  # kept alive: a later clone cannot land on a freed tensor's address
         self.length = self.length.clone()
         admit(self, image, seed)
 

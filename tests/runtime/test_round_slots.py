@@ -150,9 +150,10 @@ def test_an_admission_that_moves_a_buffer_is_caught():
     """The planted bug for the buffer check: an admission that rebinds the state's lengths to a new
     tensor (a captured graph would go on reading the old one)."""
     pipe, original = tiny_pipe(), RoundState.admit
-    slots, first = slots_of(pipe, "ar", {}, SLOTS), {}
+    slots, first, replaced = slots_of(pipe, "ar", {}, SLOTS), {}, []
 
     def moving(self, image, seed):
+        replaced.append(self.length)  # kept alive: a later clone cannot land on a freed tensor's address
         self.length = self.length.clone()
         original(self, image, seed)
 
