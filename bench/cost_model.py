@@ -32,6 +32,7 @@ from typing import Any, Callable
 from specrt.atomic_file import atomic_path
 from specrt.errors import SpecrtError
 from specrt.lazy import require
+from specrt.models.step_matmuls import step_matmuls_for
 # the formula and the step profile it reads live in the runtime (--method auto prices settings too)
 from specrt.runtime.cost_model import (StepLatency, predicted_images_per_s, predicted_speedup, speedup,  # noqa: F401
                                        window_cost)
@@ -120,17 +121,20 @@ def memory_bandwidth(device: str, megabytes: int = 1024, repeats: int = 10) -> f
 def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] = DEFAULT_WINDOWS, repeats: int = 7,
                    device: str = "cpu", progress: Callable[[str], None] | None = None, images: int = 1,
                    dtype: str = "fp32", cuda_graphs: bool = True, compile: bool | None = None,
-                   compile_mode: str = "default") -> StepLatency:
+                   compile_mode: str = "default", step_matmuls: str | None = None) -> StepLatency:
     """t(W) of a target GPT (`images` CFG pairs, past half full) at each window, and t_draft(1) of
     a draft GPT, with weights and KV buffer in `dtype`, and the operations of a W = 1 step.
 
     Each step is run as the runtime runs it (TorchRunner): over a static cache written in place,
     compiled where `compile` (default: on CUDA), and on CUDA timed as a replayed CUDA graph, so
     t(W) is the GPU's time and not Python's kernel launches (`cuda_graphs=False` times eager
-    steps, launch-bound for every LlamaGen size at small batch)."""
+    steps, launch-bound for every LlamaGen size at small batch). `step_matmuls`: how the blocks
+    run their products (models.step_matmuls; None: the device's default), set on the models here
+    as TorchRunner sets it."""
     torch = require("torch", "specrt bench --profile-arch")
     from specrt.bench.step_ops import profile_generated_kernels, step_ops
     from specrt.models.kv_cache import StaticCache
+    from specrt.models.llamagen_gpt import set_step_matmuls
     from specrt.runtime.head import apply_head
     from specrt.runtime.sampling import SamplingParams, guidance_mix
 
@@ -186,6 +190,8 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
             return CapturedStep(torch, fn).replay
 
     target = target.to(device=device, dtype=weights_type).eval()
+    step_matmuls = step_matmuls_for(torch.device(device).type, step_matmuls)
+    set_step_matmuls(target, step_matmuls)
     kv = kv_for(config)
     floor_bytes = bytes_per_step(target, kv[:, :, :, :, :capacity])  # the scratch columns are the window's
     steps = [step_fn(target, window, kv) for window in windows]
@@ -197,6 +203,7 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
     target_s = _interleaved_best(fns, repeats, sync, report)
     del kv, fns
     draft = draft.to(device=device, dtype=weights_type).eval()
+    set_step_matmuls(draft, step_matmuls)
     draft_s = _interleaved_best([timed(step_fn(draft, 1, kv_for(draft.config)))], repeats, sync)[0]
     return StepLatency(name, device, list(windows), target_s, draft_s, images, dtype, floor_bytes,
                        config.num_image_tokens, ops, config.n_layer, compiled is not None,
@@ -233,7 +240,7 @@ def measure_runners(name: str, target: Any, draft: Any, windows: tuple[int, ...]
 def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, repeats: int = 7,
                          device: str = "cpu", progress: Callable[[str], None] | None = None, images: int = 1,
                          dtype: str = "fp32", cuda_graphs: bool = True, compile: bool | None = None,
-                         compile_mode: str = "default") -> StepLatency:
+                         compile_mode: str = "default", step_matmuls: str | None = None) -> StepLatency:
     """measure_models on a LlamaGen architecture with random weights and an EAGLE head for it."""
     if arch not in PROFILE_ARCHS:
         raise SpecrtError(f"unknown --profile-arch {arch!r}; choose from {', '.join(PROFILE_ARCHS)}")
@@ -250,7 +257,7 @@ def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, 
         target = GPT(config)
         draft = EagleHead(EagleConfig.for_target(target)).tie_to(target)
     return measure_models(arch, target, draft, windows, repeats, device, progress, images, dtype, cuda_graphs,
-                          compile, compile_mode)
+                          compile, compile_mode, step_matmuls)
 
 
 def profile_config(arch: str) -> Any:

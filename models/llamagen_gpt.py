@@ -15,7 +15,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from specrt.models.kv_cache import Cache, LayerCall, LayerPast, attend, run_layers
+from specrt.lazy import require
 from specrt.models.rope import apply_rope, rope_2d_tables
+from specrt.models.skinny_matmul import skinny_linear
+from specrt.models.step_matmuls import STEP_MATMULS
 
 # name -> (dim, n_layer, n_head), as LlamaGen's GPT_models.
 GPT_ARCHS: dict[str, tuple[int, int, int]] = {
@@ -118,7 +121,14 @@ class RMSNorm(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x), no biases."""
+    """SwiGLU: w2(silu(w1 x) * w3 x), no biases.
+
+    `fuse_gate_up()` makes w1 and w3 one matrix product (their weights become two halves of one
+    [2·hidden, dim] buffer, so the parameters and the checkpoint keys stay as LlamaGen's). Why: a
+    decode step multiplies 2-16 rows, and a GPU's matrix product for so few rows splits the weight
+    into column tiles, one per streaming multiprocessor; w1 alone is 54 tiles of 64 columns on an
+    H100's 132 (GPT-XL), and the step read its weights at half the bandwidth. One product over both
+    halves is one launch with twice the tiles."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -126,9 +136,70 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(config.dim, config.ffn_hidden, bias=False)
         self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=False)
         self.dropout = nn.Dropout(config.dropout)
+        self.register_buffer("gate_up", None, persistent=False)  # [w1; w3] once fused
+        self.skinny_matmuls = False  # use_skinny_matmuls
+
+    def fuse_gate_up(self, on: bool = True) -> None:
+        """Put w1's and w3's weights in one buffer, each parameter a view of its half (no copy
+        kept): forward then runs one product (`on`), or two again (the parameters stay views).
+        Call it after the module reached its device and dtype (moving it later gives each its
+        own storage again, correct but twice the memory); a state dict loaded afterwards writes
+        through the views."""
+        if not on:
+            self.gate_up = None
+            return
+        if self.gate_up is not None:
+            return
+        hidden = self.w1.out_features
+        fused = torch.cat([self.w1.weight.detach(), self.w3.weight.detach()])
+        self.w1.weight.data = fused[:hidden]
+        self.w3.weight.data = fused[hidden:]
+        self.gate_up = fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
+        if self.gate_up is None:
+            gate, up = project(x, self.w1.weight, self.skinny_matmuls), project(x, self.w3.weight, self.skinny_matmuls)
+        else:
+            gate, up = project(x, self.gate_up, self.skinny_matmuls).chunk(2, dim=-1)
+        return self.dropout(project(F.silu(gate) * up, self.w2.weight, self.skinny_matmuls))
+
+
+def set_step_matmuls(model: nn.Module, matmuls: str) -> None:
+    """How `model`'s blocks run their products: "separate" (w1 and w3 apart, as in LlamaGen),
+    "fused" (w1 and w3 as one product: FeedForward.fuse_gate_up) or "skinny" (fused, and every
+    block product of a step's few rows through the Triton kernel of models.skinny_matmul). A
+    model without LlamaGen's blocks is left as it is."""
+    if matmuls not in STEP_MATMULS:
+        raise ValueError(f"step matmuls {matmuls!r}: choose from {', '.join(STEP_MATMULS)}")
+    if matmuls == "skinny" and any(parameter.is_cuda for parameter in model.parameters()):
+        require("triton", "the skinny step matmuls")  # one line now, not an ImportError inside a compiled step
+    fuse_gate_up(model, matmuls != "separate")
+    use_skinny_matmuls(model, matmuls == "skinny")
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, skinny: bool) -> torch.Tensor:
+    """x @ weightᵀ (the blocks' projections have no bias): through the skinny-row Triton kernel
+    where `skinny` and the product fits it (models.skinny_matmul), else F.linear."""
+    return skinny_linear(x, weight) if skinny else F.linear(x, weight)
+
+
+def use_skinny_matmuls(model: nn.Module, on: bool = True) -> int:
+    """Every block projection of `model` (attention's wqkv and wo, the feed-forward's) through the
+    skinny-row kernel where a step's rows fit it (`on`), or back to F.linear: how many modules."""
+    modules = [module for module in model.modules() if isinstance(module, (Attention, FeedForward))]
+    for module in modules:
+        module.skinny_matmuls = on
+    return len(modules)
+
+
+def fuse_gate_up(model: nn.Module, on: bool = True) -> int:
+    """Every SwiGLU feed-forward of `model` with its w1 and w3 fused (FeedForward.fuse_gate_up),
+    or apart again: how many. For inference on the model's final device and dtype; training
+    keeps them apart (a fused buffer's gradient would not reach the parameters)."""
+    blocks = [module for module in model.modules() if isinstance(module, FeedForward)]
+    for block in blocks:
+        block.fuse_gate_up(on)
+    return len(blocks)
 
 
 class Attention(nn.Module):
@@ -140,6 +211,7 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(config.dim, (config.n_head + 2 * config.n_kv_head) * config.head_dim, bias=False)
         self.wo = nn.Linear(config.dim, config.dim, bias=False)
         self.dropout = nn.Dropout(config.dropout)
+        self.skinny_matmuls = False  # use_skinny_matmuls
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -151,13 +223,13 @@ class Attention(nn.Module):
         """
         bsz, width, _ = x.shape
         q_size, kv_size = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
-        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q, k, v = project(x, self.wqkv.weight, self.skinny_matmuls).split([q_size, kv_size, kv_size], dim=-1)
         q = apply_rope(q.view(bsz, width, self.n_head, self.head_dim), cos, sin).transpose(1, 2)
         k = apply_rope(k.view(bsz, width, self.n_kv_head, self.head_dim), cos, sin).transpose(1, 2)
         v = v.view(bsz, width, self.n_kv_head, self.head_dim).transpose(1, 2)
 
         out = attend(q, k, v, past_k, past_v, mask).transpose(1, 2).reshape(bsz, width, q_size)
-        return self.dropout(self.wo(out)), k, v
+        return self.dropout(project(out, self.wo.weight, self.skinny_matmuls)), k, v
 
 
 class TransformerBlock(nn.Module):
