@@ -29,7 +29,7 @@ import click
 
 from specrt.bench.cost_model import torch_dtype
 from specrt.models.llamagen_gpt import GPT_ARCHS
-from specrt.models.step_matmuls import STEP_MATMULS
+from specrt.models.step_kernels import DEFAULT_STEP_ATTENTION, STEP_ATTENTION, STEP_MATMULS
 from specrt.runtime.backends.compiled_step import COMPILE_MODES
 from specrt.lazy import require
 
@@ -63,7 +63,8 @@ class ARTiming:
 def time_ar(arch: str, image_size: int, dtype: str, batches: tuple[int, ...], device: str, repeats: int,
             compile: bool | None, compile_mode: str = "default", cfg_scale: float = 4.0,
             methods: tuple[str, ...] = ("ar",), loops: tuple[str, ...] = ("auto",),
-            draft_arch: str | None = None, step_matmuls: str | None = None) -> list[ARTiming]:
+            draft_arch: str | None = None, step_matmuls: str | None = None,
+            step_attention: str = DEFAULT_STEP_ATTENTION) -> list[ARTiming]:
     """Timings of `arch` (a GPT_ARCHS name) for each batch size (images, each a CFG pair), method
     (default parameters) and loop, with speed-ups against ar in the same loop and batch."""
     torch = require("torch", "specrt.bench.ar_timing")
@@ -80,7 +81,8 @@ def time_ar(arch: str, image_size: int, dtype: str, batches: tuple[int, ...], de
         vq = VQModel(VQConfig(codebook_size=config.vocab_size))
     window = max(make_method(method).max_window for method in methods)
     pipe = Pipeline.from_torch(target, draft, vq, device=device, max_window=window, compile=compile,
-                               compile_mode=compile_mode, max_images=max(batches), step_matmuls=step_matmuls)
+                               compile_mode=compile_mode, max_images=max(batches), step_matmuls=step_matmuls,
+                               step_attention=step_attention)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     timings = []
     for images in batches:
@@ -158,16 +160,18 @@ def _attach_speedups(timings: list[ARTiming]) -> None:
               help="A random draft model of this LlamaGen size (for sd, cool-sd, lantern).")
 @click.option("--step-matmuls", type=click.Choice(STEP_MATMULS), default=None,
               help="How the blocks run their products (default: fused on CUDA, separate on a CPU).")
+@click.option("--step-attention", type=click.Choice(STEP_ATTENTION), default=DEFAULT_STEP_ATTENTION,
+              show_default=True, help="How the blocks attend over the static KV cache.")
 def main(arch: str, image_size: int, dtype: str, images_text: str, device: str, repeats: int,
          compile_step: bool | None, compile_mode: str, methods_text: str, loops_text: str,
-         draft_arch: str | None, step_matmuls: str | None) -> None:
+         draft_arch: str | None, step_matmuls: str | None, step_attention: str) -> None:
     """Time decoding end to end (tokens only) on random weights in LlamaGen's layout: plain AR, or
     the methods given, in the loops given."""
     from specrt.errors import SpecrtError
 
     try:
         _timed_run(arch, image_size, dtype, images_text, device, repeats, compile_step, compile_mode,
-                   methods_text, loops_text, draft_arch, step_matmuls)
+                   methods_text, loops_text, draft_arch, step_matmuls, step_attention)
     except SpecrtError as exc:  # a user's mistake: one line and exit 2, as the specrt commands do
         click.echo(f"specrt.bench.ar_timing: error: {exc}", err=True)
         sys.exit(2)
@@ -175,7 +179,8 @@ def main(arch: str, image_size: int, dtype: str, images_text: str, device: str, 
 
 def _timed_run(arch: str, image_size: int, dtype: str, images_text: str, device: str, repeats: int,
                compile_step: bool | None, compile_mode: str, methods_text: str = "ar", loops_text: str = "auto",
-               draft_arch: str | None = None, step_matmuls: str | None = None) -> None:
+               draft_arch: str | None = None, step_matmuls: str | None = None,
+               step_attention: str = DEFAULT_STEP_ATTENTION) -> None:
     from specrt.bench.cost_model import parse_windows
     from specrt.bench.device import device_name
     from specrt.bench.settings import parse_loops
@@ -196,12 +201,14 @@ def _timed_run(arch: str, image_size: int, dtype: str, images_text: str, device:
             raise SpecrtError(f"--methods {method}: it drafts with a draft model; give --draft-arch (e.g. GPT-B)")
     loops = parse_loops(loops_text)
     timings = time_ar(arch, image_size, dtype, batches, device, repeats, compile_step, compile_mode,
-                      methods=methods or ("ar",), loops=loops, draft_arch=draft_arch, step_matmuls=step_matmuls)
+                      methods=methods or ("ar",), loops=loops, draft_arch=draft_arch, step_matmuls=step_matmuls,
+                      step_attention=step_attention)
     where = device_name("torch-cuda" if device.startswith("cuda") else "torch")
     how = "eager" if compile_step is False or (compile_step is None and not device.startswith("cuda")) else \
         f"compiled ({compile_mode})"
     click.echo(f"specrt AR, {arch} c2i random weights, {image_size} px, {dtype}, CFG 4, temperature 1, top-k 0, "
-               f"tokens only; {how} step over a static KV cache, {step_matmuls or 'default'} matmuls; {where}; "
+               f"tokens only; {how} step over a static KV cache, {step_matmuls or 'default'} matmuls, "
+               f"{step_attention} attention; {where}; "
                f"median of {repeats} after a warm-up call"
                + (f"; draft {draft_arch}" if draft_arch else ""))
     several = len(methods) > 1 or len(loops) > 1

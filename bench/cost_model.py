@@ -32,7 +32,7 @@ from typing import Any, Callable
 from specrt.atomic_file import atomic_path
 from specrt.errors import SpecrtError
 from specrt.lazy import require
-from specrt.models.step_matmuls import step_matmuls_for
+from specrt.models.step_kernels import DEFAULT_STEP_ATTENTION, step_matmuls_for
 # the formula and the step profile it reads live in the runtime (--method auto prices settings too)
 from specrt.runtime.cost_model import (StepLatency, predicted_images_per_s, predicted_speedup, speedup,  # noqa: F401
                                        window_cost)
@@ -121,7 +121,8 @@ def memory_bandwidth(device: str, megabytes: int = 1024, repeats: int = 10) -> f
 def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] = DEFAULT_WINDOWS, repeats: int = 7,
                    device: str = "cpu", progress: Callable[[str], None] | None = None, images: int = 1,
                    dtype: str = "fp32", cuda_graphs: bool = True, compile: bool | None = None,
-                   compile_mode: str = "default", step_matmuls: str | None = None) -> StepLatency:
+                   compile_mode: str = "default", step_matmuls: str | None = None,
+                   step_attention: str = DEFAULT_STEP_ATTENTION) -> StepLatency:
     """t(W) of a target GPT (`images` CFG pairs, past half full) at each window, and t_draft(1) of
     a draft GPT, with weights and KV buffer in `dtype`, and the operations of a W = 1 step.
 
@@ -129,12 +130,12 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
     compiled where `compile` (default: on CUDA), and on CUDA timed as a replayed CUDA graph, so
     t(W) is the GPU's time and not Python's kernel launches (`cuda_graphs=False` times eager
     steps, launch-bound for every LlamaGen size at small batch). `step_matmuls`: how the blocks
-    run their products (models.step_matmuls; None: the device's default), set on the models here
-    as TorchRunner sets it."""
+    run their products (models.step_kernels; None: the device's default) and `step_attention` how
+    they attend, set on the models here as TorchRunner sets them."""
     torch = require("torch", "specrt bench --profile-arch")
     from specrt.bench.step_ops import profile_generated_kernels, step_ops
     from specrt.models.kv_cache import StaticCache
-    from specrt.models.llamagen_gpt import set_step_matmuls
+    from specrt.models.llamagen_gpt import set_step_attention, set_step_matmuls
     from specrt.runtime.head import apply_head
     from specrt.runtime.sampling import SamplingParams, guidance_mix
 
@@ -192,6 +193,7 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
     target = target.to(device=device, dtype=weights_type).eval()
     step_matmuls = step_matmuls_for(torch.device(device).type, step_matmuls)
     set_step_matmuls(target, step_matmuls)
+    set_step_attention(target, step_attention)
     kv = kv_for(config)
     floor_bytes = bytes_per_step(target, kv[:, :, :, :, :capacity])  # the scratch columns are the window's
     steps = [step_fn(target, window, kv) for window in windows]
@@ -204,6 +206,7 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
     del kv, fns
     draft = draft.to(device=device, dtype=weights_type).eval()
     set_step_matmuls(draft, step_matmuls)
+    set_step_attention(draft, step_attention)
     draft_s = _interleaved_best([timed(step_fn(draft, 1, kv_for(draft.config)))], repeats, sync)[0]
     return StepLatency(name, device, list(windows), target_s, draft_s, images, dtype, floor_bytes,
                        config.num_image_tokens, ops, config.n_layer, compiled is not None,
@@ -240,7 +243,8 @@ def measure_runners(name: str, target: Any, draft: Any, windows: tuple[int, ...]
 def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, repeats: int = 7,
                          device: str = "cpu", progress: Callable[[str], None] | None = None, images: int = 1,
                          dtype: str = "fp32", cuda_graphs: bool = True, compile: bool | None = None,
-                         compile_mode: str = "default", step_matmuls: str | None = None) -> StepLatency:
+                         compile_mode: str = "default", step_matmuls: str | None = None,
+                         step_attention: str = DEFAULT_STEP_ATTENTION) -> StepLatency:
     """measure_models on a LlamaGen architecture with random weights and an EAGLE head for it."""
     if arch not in PROFILE_ARCHS:
         raise SpecrtError(f"unknown --profile-arch {arch!r}; choose from {', '.join(PROFILE_ARCHS)}")
@@ -257,7 +261,7 @@ def measure_step_latency(arch: str, windows: tuple[int, ...] = DEFAULT_WINDOWS, 
         target = GPT(config)
         draft = EagleHead(EagleConfig.for_target(target)).tie_to(target)
     return measure_models(arch, target, draft, windows, repeats, device, progress, images, dtype, cuda_graphs,
-                          compile, compile_mode, step_matmuls)
+                          compile, compile_mode, step_matmuls, step_attention)
 
 
 def profile_config(arch: str) -> Any:

@@ -3,8 +3,9 @@
 # command; keep each stage under 6 minutes on an H100): run from the repository root,
 #
 #   bash bench/device-run.sh step     # the decode step: XL and B profiles (fp32/bf16, 1 and 8 images), AR end to end
-#   bash bench/device-run.sh matmuls  # the block products: cuBLAS against the skinny-row Triton kernel's launch plans,
-#                                     # then the XL step with w1, w3 separate / fused / fused + skinny (bf16, 1 and 8 images)
+#   bash bench/device-run.sh kernels  # the block products and attention: cuBLAS / cuDNN against specrt's Triton kernels,
+#                                     # then the XL step (bf16, W = 1, 1 and 8 images) with each: products separate /
+#                                     # fused / skinny, attention sdpa / triton
 #   bash bench/device-run.sh tests    # the round's GPU chi-squares, the CUDA-graph and round tests, then a smoke bench
 #   bash bench/device-run.sh demo     # every method, PyTorch + CUDA graphs, batch 1 and 8
 #   bash bench/device-run.sh trees    # chains vs static vs dynamic trees, both drafts, batch 1 and 8
@@ -27,10 +28,10 @@
 # on a machine without a GPU, into a cpu-... folder). The step stage compiles
 # each (model, dtype, batch, window) once (inductor's cache: TORCHINDUCTOR_CACHE_DIR).
 set -euo pipefail
-stage="${1:?usage: bash bench/device-run.sh step|matmuls|tests|demo|trees|plans|round|round-xl|auto|serve}"
+stage="${1:?usage: bash bench/device-run.sh step|kernels|tests|demo|trees|plans|round|round-xl|auto|serve}"
 case "$stage" in
-    step|matmuls|tests|demo|trees|plans|round|round-xl|auto|serve) ;;
-    *) echo "bench/device-run.sh: unknown stage '$stage' (step, matmuls, tests, demo, trees, plans, round, round-xl, auto or serve)" >&2; exit 2 ;;
+    step|kernels|tests|demo|trees|plans|round|round-xl|auto|serve) ;;
+    *) echo "bench/device-run.sh: unknown stage '$stage' (step, kernels, tests, demo, trees, plans, round, round-xl, auto or serve)" >&2; exit 2 ;;
 esac
 device="${DEVICE:-cuda}"
 export PYTHONUNBUFFERED=1
@@ -71,15 +72,21 @@ case "$stage" in
         run ar-xl python3 -m specrt.bench.ar_timing --arch GPT-XL --image-size 256 --dtype bf16 --images 1,8 \
             --device "$device" --repeats 2
         ;;
-    matmuls)
-        # each block product alone (CUDA graphs of 100), then the whole XL step with each way of running them
+    kernels)
+        # each block product and one layer's attention alone (CUDA graphs of 100), then the whole XL step with
+        # each way of running them: products separate / fused / skinny, attention sdpa / triton
         if [ "$device" != cpu ]; then
-            run skinny-matmul-XL python3 -m specrt.bench.skinny_matmul --arch GPT-XL --rows 2,16
+            run step-kernels-XL python3 -m specrt.bench.step_kernels --arch GPT-XL --rows 2,16
+            settings="separate:sdpa fused:sdpa skinny:sdpa fused:triton skinny:triton"
+        else
+            settings="separate:sdpa fused:sdpa"
         fi
-        for matmuls in separate fused $([ "$device" != cpu ] && echo skinny); do
-            run "step-profile-${STEP_ARCHS:-XL}-$matmuls" "${bench[@]}" --profile-arch "llamagen-c2i-${STEP_ARCHS:-XL}" \
-                --step-matmuls "$matmuls" --profile-dtypes bf16 --profile-images 1,8 --windows 1,16 --repeats 5 \
-                --precision none --json "$out/step-profile-${STEP_ARCHS:-XL}-$matmuls.json"
+        for setting in $settings; do
+            matmuls="${setting%%:*}" attention="${setting##*:}"
+            run "step-profile-${STEP_ARCHS:-XL}-$matmuls-$attention" "${bench[@]}" \
+                --profile-arch "llamagen-c2i-${STEP_ARCHS:-XL}" --step-matmuls "$matmuls" --step-attention "$attention" \
+                --profile-dtypes bf16 --profile-images 1,8 --windows 1 --repeats 5 --precision none \
+                --json "$out/step-profile-${STEP_ARCHS:-XL}-$matmuls-$attention.json"
         done
         ;;
     tests)
@@ -92,7 +99,7 @@ case "$stage" in
                 | tee "$out/pytest-cuda-exactness.txt" || failed=1
             # the CUDA-graph and round tests (the draft-chain and draft-tree tests touch no GPU: the CPU suite runs them)
             python3 -m pytest -q -p no:cacheprovider tests/runtime/test_cuda_graphs.py tests/runtime/test_rounds_cuda.py \
-                tests/models/test_skinny_matmul.py 2>&1 | tee "$out/pytest-cuda.txt" || failed=1
+                tests/models/test_skinny_matmul.py tests/models/test_window_attention.py 2>&1 | tee "$out/pytest-cuda.txt" || failed=1
         fi
         run smoke "${bench[@]}" --methods ar,sd --images "${IMAGES:-8}"
         exit "$failed"

@@ -26,6 +26,8 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 import torch
 import torch.nn.functional as F
 
+from specrt.models import window_attention
+
 
 class CacheWrite(NamedTuple):
     """One layer's keys (or values) [B, Hkv, S, D] of a static cache that the step writes in place:
@@ -183,17 +185,20 @@ def _repeat_kv(x: torch.Tensor, rep: int) -> torch.Tensor:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: LayerPast, past_v: LayerPast,
-           mask: Optional[torch.Tensor]) -> torch.Tensor:
+           mask: Optional[torch.Tensor], triton_kernel: bool = False) -> torch.Tensor:
     """Attention of q [B,H,W,D] over the cache and the window's k/v [B,Hkv,W,D] (GQA heads
     repeated), mask bool [B,1,W,C+W] or None (causal): [B,H,W,D].
 
-    A static cache (CacheWrite, ColumnWrite) takes the window's rows in place and is read as it lies; a tensor
+    A static cache (CacheWrite, ColumnWrite) takes the window's rows in place and is read as it lies
+    (with `triton_kernel`, through models.window_attention where the step's rows fit it); a tensor
     or a tuple of segments is joined with the window's rows in one concatenation."""
     if isinstance(past_k, ApartPast):
         return attend_apart(q, k, v, past_k.rows, past_v.rows, mask)
     if isinstance(past_k, (CacheWrite, ColumnWrite)):
         width = mask.shape[-1]
         keys, values = past_k.written(k, width), past_v.written(v, width)
+        if triton_kernel and window_attention.fits(q, keys, mask):
+            return window_attention.window_attention(q, keys, values, mask)
     else:
         keys = k if past_k is None else torch.cat([*_segments(past_k), k], dim=2)
         values = v if past_v is None else torch.cat([*_segments(past_v), v], dim=2)

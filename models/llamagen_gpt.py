@@ -18,7 +18,7 @@ from specrt.models.kv_cache import Cache, LayerCall, LayerPast, attend, run_laye
 from specrt.lazy import require
 from specrt.models.rope import apply_rope, rope_2d_tables
 from specrt.models.skinny_matmul import skinny_linear
-from specrt.models.step_matmuls import STEP_MATMULS
+from specrt.models.step_kernels import STEP_ATTENTION, STEP_MATMULS
 
 # name -> (dim, n_layer, n_head), as LlamaGen's GPT_models.
 GPT_ARCHS: dict[str, tuple[int, int, int]] = {
@@ -177,6 +177,19 @@ def set_step_matmuls(model: nn.Module, matmuls: str) -> None:
     use_skinny_matmuls(model, matmuls == "skinny")
 
 
+def set_step_attention(model: nn.Module, attention: str) -> int:
+    """How `model`'s blocks attend over a static KV cache: "sdpa" (scaled_dot_product_attention)
+    or "triton" (a step's few query rows through models.window_attention): how many blocks."""
+    if attention not in STEP_ATTENTION:
+        raise ValueError(f"step attention {attention!r}: choose from {', '.join(STEP_ATTENTION)}")
+    modules = [module for module in model.modules() if isinstance(module, Attention)]
+    if attention == "triton" and any(parameter.is_cuda for parameter in model.parameters()):
+        require("triton", "the Triton step attention")
+    for module in modules:
+        module.triton_attention = attention == "triton"
+    return len(modules)
+
+
 def project(x: torch.Tensor, weight: torch.Tensor, skinny: bool) -> torch.Tensor:
     """x @ weightᵀ (the blocks' projections have no bias): through the skinny-row Triton kernel
     where `skinny` and the product fits it (models.skinny_matmul), else F.linear."""
@@ -212,6 +225,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(config.dim, config.dim, bias=False)
         self.dropout = nn.Dropout(config.dropout)
         self.skinny_matmuls = False  # use_skinny_matmuls
+        self.triton_attention = False  # set_step_attention
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -228,7 +242,7 @@ class Attention(nn.Module):
         k = apply_rope(k.view(bsz, width, self.n_kv_head, self.head_dim), cos, sin).transpose(1, 2)
         v = v.view(bsz, width, self.n_kv_head, self.head_dim).transpose(1, 2)
 
-        out = attend(q, k, v, past_k, past_v, mask).transpose(1, 2).reshape(bsz, width, q_size)
+        out = attend(q, k, v, past_k, past_v, mask, self.triton_attention).transpose(1, 2).reshape(bsz, width, q_size)
         return self.dropout(project(out, self.wo.weight, self.skinny_matmuls)), k, v
 
 

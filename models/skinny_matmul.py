@@ -80,14 +80,16 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def _plan(n: int, k: int, device: torch.device) -> LaunchPlan:
-    return launch_plan(n, k, _multiprocessors(str(device)))
+    return launch_plan(n, k, multiprocessors(str(device)))
 
 
 @torch.compiler.assume_constant_result  # compiled, read once while tracing: a number in the graph
-def _multiprocessors(device: str) -> int:
+def multiprocessors(device: str) -> int:
+    """Streaming multiprocessors of a CUDA device (8 elsewhere: a CPU runs the references, where
+    any plan gives the same result)."""
     if device.startswith("cuda"):
         return torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
-    return 8  # a CPU runs the reference: any plan gives the same sums
+    return 8
 
 
 @torch.library.custom_op("specrt::skinny_partials", mutates_args=())

@@ -27,6 +27,7 @@ from specrt.runtime.decoding import Decoding
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Method, checked_max_window, make_method
 from specrt.runtime.methods.grouped import GroupedDecoding
 from specrt.runtime.methods.speculative import Lantern
+from specrt.models.step_kernels import DEFAULT_STEP_ATTENTION
 from specrt.runtime.rounds import KEPT_ROUNDS, LOOPS
 from specrt.runtime.runner import ModelRunner
 from specrt.runtime.sampling import SamplingParams, guidance_mix
@@ -113,7 +114,8 @@ class Pipeline:
                    sampling_defaults: Optional[SamplingParams] = None, cuda_graphs: Optional[bool] = None,
                    threads: Optional[int] = None, text_encoder: Any = None,
                    max_images: int = DEFAULT_MAX_IMAGES, compile: Optional[bool] = None,
-                   compile_mode: str = "default", step_matmuls: Optional[str] = None) -> "Pipeline":
+                   compile_mode: str = "default", step_matmuls: Optional[str] = None,
+                   step_attention: str = DEFAULT_STEP_ATTENTION) -> "Pipeline":
         """PyTorch GPT modules (specrt.models.llamagen_gpt.GPT) and a VQModel or VQDecoder;
         draft may be None, a GPT (an independent draft) or an EAGLE head (specrt.export.eagle,
         e.g. from load_eagle_head or train-draft), which drafts from the target's hidden states. The three must fit together (runtime.compatibility): one line if not.
@@ -128,7 +130,7 @@ class Pipeline:
         the eager step, the reference the compiled one is tested against.
         `step_matmuls`: how LlamaGen's blocks run their products (TorchRunner: "fused", the default
         on CUDA, "separate", the default elsewhere, or "skinny" for CUDA with Triton); another
-        family's modules keep their own.
+        family's modules keep their own. `step_attention`: "sdpa" (default) or "triton" (TorchRunner).
         `threads`: torch's intra-op threads, as from_bundle's for onnxruntime (torch's setting
         is process-wide; None leaves it as it is, by default one per core).
         `text_encoder` (t2i) turns prompts into caption embeddings (runtime.text).
@@ -153,13 +155,15 @@ class Pipeline:
         eagle = getattr(draft_gpt, "draft_kind", None) == EAGLE_KIND  # an EAGLE head (specrt.export.eagle)
         check_compatible(target_gpt.config, draft_gpt.config if draft_gpt is not None and not eagle else None,
                          vq.config, "Pipeline.from_torch")
-        target = TorchRunner(target_gpt, max_window, device, cuda_graphs, compile, compile_mode, step_matmuls)
+        target = TorchRunner(target_gpt, max_window, device, cuda_graphs, compile, compile_mode, step_matmuls,
+                             step_attention)
         draft = None
         if eagle:
             draft = TorchHeadRunner(draft_gpt, target.spec, max_window, device)
             target.keep_hidden = True
         elif draft_gpt is not None:
-            draft = TorchRunner(draft_gpt, max_window, device, cuda_graphs, compile, compile_mode, step_matmuls)
+            draft = TorchRunner(draft_gpt, max_window, device, cuda_graphs, compile, compile_mode, step_matmuls,
+                                step_attention)
         if neighbours is None:
             neighbours = TorchVQ.neighbours_of(vq)
         defaults = sampling_defaults or defaults_of(target_gpt)

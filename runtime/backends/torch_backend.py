@@ -23,7 +23,7 @@ import numpy as np
 
 from specrt.lazy import require
 from specrt.models.neighbours import DEFAULT_K, codebook_neighbours, codebook_of, neighbour_count
-from specrt.models.step_matmuls import step_matmuls_for
+from specrt.models.step_kernels import DEFAULT_STEP_ATTENTION, step_matmuls_for
 from specrt.runtime.backends.device_outputs import DeviceDraws, DeviceRows
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.eagle import HeadRunner
@@ -67,10 +67,11 @@ class TorchRunner(ModelRunner):
     `cuda_graphs` (default: on for CUDA devices) replays one captured graph per window size;
     `compile` (default: on for CUDA devices) runs the step's transformer blocks compiled by
     torch.compile (compiled_step.CompiledStep, `compile_mode` one of its COMPILE_MODES).
-    `step_matmuls` (models.step_matmuls.STEP_MATMULS) says how the blocks run their products:
+    `step_matmuls` (models.step_kernels.STEP_MATMULS) says how the blocks run their products:
     "fused" (the feed-forward's w1 and w3 as one; the default on CUDA), "separate" (the default
     elsewhere), or "skinny" (fused, and a step's few rows through the Triton kernel of
-    models.skinny_matmul: for CUDA, with Triton).
+    models.skinny_matmul: for CUDA, with Triton); `step_attention` (STEP_ATTENTION) how they
+    attend over the static cache: "sdpa" (default) or "triton" (models.window_attention, for CUDA).
 
     The KV buffer holds `max_window` scratch columns after the capacity: a step writes its
     window's keys/values there in place (models.kv_cache.StaticCache) and attends over the
@@ -84,11 +85,11 @@ class TorchRunner(ModelRunner):
 
     def __init__(self, gpt: Any, max_window: int = 64, device: Optional[str] = None,
                  cuda_graphs: Optional[bool] = None, compile: Optional[bool] = None, compile_mode: str = "default",
-                 step_matmuls: Optional[str] = None):
+                 step_matmuls: Optional[str] = None, step_attention: str = DEFAULT_STEP_ATTENTION):
         super().__init__(model_spec(gpt), max_window)
         torch = _torch()
         self.torch = torch
-        from specrt.models.llamagen_gpt import set_step_matmuls  # needs torch, as this runner does
+        from specrt.models.llamagen_gpt import set_step_attention, set_step_matmuls  # need torch, as this runner does
         from specrt.runtime.head import apply_head
         self.gpt = gpt.eval()
         if device is not None:
@@ -97,6 +98,8 @@ class TorchRunner(ModelRunner):
         self.dtype = next(self.gpt.parameters()).dtype
         self.step_matmuls = step_matmuls_for(self.device.type, step_matmuls)
         set_step_matmuls(self.gpt, self.step_matmuls)  # on its device and dtype now, as fusing needs
+        set_step_attention(self.gpt, step_attention)
+        self.step_attention = step_attention
         cfg = gpt.config
         self._kv_shape = (cfg.n_layer, 2, 0, cfg.n_kv_head, 0, cfg.head_dim)
         self.on_accelerator = self.device.type != "cpu"

@@ -23,7 +23,7 @@ from specrt.commands._path_flags import nonblank
 from specrt.export.demo.registry import DEFAULT_DEMO, demo_names
 from specrt import validation
 from specrt.errors import SpecrtError, SpecrtWarning
-from specrt.models.step_matmuls import STEP_MATMULS, step_matmuls_for
+from specrt.models.step_kernels import DEFAULT_STEP_ATTENTION, STEP_ATTENTION, STEP_MATMULS, step_matmuls_for
 from specrt.runtime.backends.compiled_step import COMPILE_MODES
 from specrt.runtime.threads import checked as checked_threads
 
@@ -41,7 +41,7 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
              threads: int, json_path: Optional[Path], plot_path: Optional[Path], demo_weights: Optional[Path],
              images_list: str = "1", dtypes: str = "fp32", cuda_graphs: bool = True,
              precisions: tuple[str, ...] = (), compile_step: Optional[bool] = None, compile_mode: str = "default",
-             step_matmuls: Optional[str] = None) -> None:
+             step_matmuls: Optional[str] = None, step_attention: str = DEFAULT_STEP_ATTENTION) -> None:
     from specrt.bench.cost_model import (
         DTYPES, PROFILE_ARCHS, measure_step_latency, memory_bandwidth, parse_windows,
         prediction_table, profile_config, write_profile_plot,
@@ -54,9 +54,11 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
     from specrt.manifest import DEFAULT_MAX_IMAGES
     from specrt.runtime.methods import checked_max_window
 
-    if step_matmuls == "skinny" and not device.startswith("cuda"):
-        raise SpecrtError("--step-matmuls skinny times the Triton kernel on a CUDA --device; on a CPU its torch "
-                          "reference would be timed instead")
+    for flag, triton in (("--step-matmuls skinny", step_matmuls == "skinny"),
+                         ("--step-attention triton", step_attention == "triton")):
+        if triton and not device.startswith("cuda"):
+            raise SpecrtError(f"{flag} times a Triton kernel on a CUDA --device; on a CPU its torch reference "
+                              f"would be timed instead")
     step_matmuls = step_matmuls_for("cuda" if device.startswith("cuda") else "cpu", step_matmuls)
     window_list = parse_windows(windows)
     checked_max_window(max(window_list), profile_config(arch).num_image_tokens, "--windows")
@@ -81,7 +83,7 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
     on_gpu = device.startswith("cuda")
     curves = [measure_step_latency(arch, window_list, repeats=repeats, device=device, progress=say, images=images,
                                    dtype=dtype, cuda_graphs=cuda_graphs, compile=compile_step, compile_mode=compile_mode,
-                                   step_matmuls=step_matmuls)
+                                   step_matmuls=step_matmuls, step_attention=step_attention)
               for dtype in dtype_list for images in batches]
     bandwidth = memory_bandwidth(device)
     reference = _profile_reference(window_list, repeats, device, threads, demo_weights, say, cuda_graphs, compile_step)
@@ -96,7 +98,8 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
         table, predictions = prediction_table(curve, measured, reference)
         floor = curve.bytes_per_step / bandwidth if bandwidth and curve.bytes_per_step else None
         click.echo(f"\n== {arch} {curve.dtype}, {curve.images} image(s) per step ({2 * curve.images} rows with CFG), "
-                   f"{'compiled' if curve.compiled else 'eager'} step over a static KV cache, {step_matmuls} matmuls")
+                   f"{'compiled' if curve.compiled else 'eager'} step over a static KV cache, {step_matmuls} matmuls, "
+                   f"{step_attention} attention")
         if curve.ops_per_step:
             what = "GPU kernels" if on_gpu else "compute ops"
             click.echo(f"{what} per W={curve.windows[0]} step: {curve.ops_per_step} ({curve.ops_per_layer:.1f} per layer, "
@@ -110,7 +113,7 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
                         "target_step_s": curve.target_s, "draft_step_s": curve.draft_s,
                         "bytes_per_step": curve.bytes_per_step, "memory_bound_floor_s": floor,
                         "ops_per_step": curve.ops_per_step, "ops_per_layer": curve.ops_per_layer,
-                        "compiled": curve.compiled, "compile_s": curve.compile_s, "step_matmuls": step_matmuls,
+                        "compiled": curve.compiled, "compile_s": curve.compile_s, "step_matmuls": step_matmuls, "step_attention": step_attention,
                         "predictions": predictions})
     click.echo(f"\npredicted speed-up = accepted length x t(1) / (straggle x (t(W) + drafts x t_draft)), straggle = "
                f"target steps a batch ran per image round in the --batch run (1 at batch 1); accepted lengths from "
@@ -208,7 +211,7 @@ def _batches(text: str) -> tuple[int, ...]:
     ("Output", ["keep_tokens", "markdown_path", "progress"]),
     ("Performance", ["backend", "threads", "device", "loop_text", "cuda_graphs", "compile_step", "compile_mode"]),
     ("Step profile (--profile-arch)", ["profile_arch", "results_path", "windows", "repeats", "profile_images",
-                                       "profile_dtypes", "step_matmuls"]),
+                                       "profile_dtypes", "step_matmuls", "step_attention"]),
     ("Serving under load (--serve)", ["serve", "serve_url", "in_process", "loads", "rate_seconds",
                                       "overload_seconds", "saturation_seconds", "slots", "groups", "max_queue"]),
 ])
@@ -286,6 +289,10 @@ def _batches(text: str) -> tuple[int, ...]:
               help="--profile-arch: how the blocks run their matrix products: fused (the feed-forward's w1 and w3 "
                    "as one product; the default on CUDA), separate (apart, as LlamaGen; the default on a CPU), "
                    "skinny (fused, and a step's few rows through specrt's Triton kernel; CUDA).")
+@click.option("--step-attention", type=click.Choice(STEP_ATTENTION), default=DEFAULT_STEP_ATTENTION, show_default=True,
+              help="--profile-arch: how the blocks attend over the static KV cache: sdpa (torch's "
+                   "scaled_dot_product_attention) or triton (a step's few query rows through specrt's split-cache "
+                   "Triton kernel; CUDA).")
 @click.option("--precision", "precision", default=None, metavar="LIST",
               help="fp32,int8,int4 (and self-int4: fp32 target, its own int4 copy as the draft): run the settings "
                    "(default ar,sd,cool-sd,lantern) on the bundle and its quantized copies (made once by specrt quantize "
@@ -324,7 +331,8 @@ def _batches(text: str) -> tuple[int, ...]:
 def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, threads, keep_tokens, json_path, plot_path, markdown_path, prompts_path, demo_weights,
             cache_dir, profile_arch, results_path, windows, repeats, profile_images, profile_dtypes, device, loop_text,
             cuda_graphs, compile_step, compile_mode, precision, progress, demo, serve, serve_url, loads, rate_seconds,
-            overload_seconds, saturation_seconds, slots, groups, max_queue, in_process, step_matmuls) -> None:
+            overload_seconds, saturation_seconds, slots, groups, max_queue, in_process, step_matmuls,
+            step_attention) -> None:
     """Measure every method's speed and fidelity side by side (the embedded demo by default)."""
     validation.seed(seed, "--seed")  # image i uses seed + i: checked before anything loads
     from specrt.paths import cache_folder, output_file
@@ -362,7 +370,7 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
         default = "fp32,int4" if device == "cpu" else "none"  # the onnxruntime curves run on the CPU
         _profile(profile_arch, results_path, windows, repeats, device, threads, json_path, plot_path, demo_weights,
                  profile_images, profile_dtypes, cuda_graphs, _precisions(precision if precision is not None else default),
-                 compile_step, compile_mode, step_matmuls)
+                 compile_step, compile_mode, step_matmuls, step_attention)
         return
     if precision is not None:
         if demo not in (None, DEFAULT_DEMO) or prompts_path:

@@ -1,16 +1,12 @@
 """The skinny-row matrix product (models/skinny_matmul.py) and the fused feed-forward product.
 
 The Triton kernel runs here under TRITON_INTERPRET=1 (a CPU executes it program by program, in
-float16: the interpreter has no bfloat16 arithmetic; in a process of its own, interpreted_skinny.py); the CUDA test at the end runs it compiled on a
-GPU, in bfloat16, against cuBLAS. The operator's CPU kernel is the torch reference, which is what
+float16: the interpreter has no bfloat16 arithmetic; in a process of its own, conftest's
+`interpreted`); the CUDA test at the end runs it compiled on a GPU, in bfloat16, against cuBLAS. The operator's CPU kernel is the torch reference, which is what
 lets a compiled block with the operator trace and run on a machine without a GPU."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -20,26 +16,12 @@ from specrt.models import skinny_matmul  # noqa: E402
 from specrt.models.kv_cache import call_layer  # noqa: E402
 from specrt.models.llamagen_gpt import GPT, fuse_gate_up, gpt_config, set_step_matmuls  # noqa: E402
 from specrt.models.skinny_matmul import LaunchPlan, launch_plan, triton_partials  # noqa: E402
-from skinny_cases import SHAPES  # noqa: E402
-
-INTERPRETED_RUN = Path(__file__).with_name("interpreted_skinny.py")
-
-
-@pytest.fixture(scope="module")
-def interpreted():
-    """The kernel's results under TRITON_INTERPRET=1, from a process of its own (interpreted_skinny.py)."""
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, str(INTERPRETED_RUN)], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=Path(__file__).parents[2])
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
+from kernel_cases import SHAPES  # noqa: E402
 
 @pytest.mark.parametrize("case", range(len(SHAPES)))
 def test_the_kernel_computes_each_splits_partial_products(interpreted, case):
     rows, columns, _, plan = SHAPES[case]
-    result = interpreted["cases"][case]
+    result = interpreted["matmuls"][case]
     assert result["shape"] == [plan.splits, rows, columns] and result["dtype"] == "torch.float32"
     # each plane is its K range's product: float32 sums of float16 inputs, only their order differs
     assert result["planes_error"] < 1e-4
@@ -49,8 +31,8 @@ def test_the_kernel_computes_each_splits_partial_products(interpreted, case):
 def test_a_plan_that_leaves_out_part_of_k_is_caught(interpreted):
     """Planted bug: the K range each split covers cut short by one block (the tail of every range
     never read). The bound the cases above meet must fail on it."""
-    assert interpreted["planted"]["right_error"] < 1e-3
-    assert interpreted["planted"]["planted_error"] > 1.0
+    assert interpreted["planted"]["matmul_right"] < 1e-3
+    assert interpreted["planted"]["matmul_planted"] > 1.0
 
 
 def test_more_rows_than_the_tile_are_refused_by_the_kernel():

@@ -1,9 +1,10 @@
-"""The PyTorch runner's ways of running the blocks' products (models/step_matmuls.py) in whole decodes.
+"""The PyTorch runner's ways of running the blocks' products and attention (models/step_kernels.py)
+in whole decodes.
 
-`fused` must decode what `separate` decodes (the same sums); `skinny` must keep the device round
-whole under torch.compile(fullgraph=True) (a graph break would be a round a GPU cannot capture) and
-actually call its operator there. On a CPU the operator's kernel is the torch reference, so this is
-the round's structure, not the Triton kernel's speed."""
+`fused` must decode what `separate` decodes (the same sums); the Triton kernels (`skinny` products,
+`triton` attention) must keep the device round whole under torch.compile(fullgraph=True) (a graph
+break would be a round a GPU cannot capture) and actually call their operators there. On a CPU an
+operator's kernel is its torch reference, so this is the round's structure, not a kernel's speed."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from specrt.models import skinny_matmul  # noqa: E402
+from specrt.models import skinny_matmul, window_attention  # noqa: E402
 from specrt.runtime.pipeline import Pipeline  # noqa: E402
 from specrt.runtime.rounds import plan_round  # noqa: E402
 from specrt.runtime.decoding import Decoding  # noqa: E402
@@ -25,10 +26,10 @@ GREEDY = SamplingParams(cfg_scale=2.0, temperature=0.0)
 GUIDED = SamplingParams(cfg_scale=2.0, temperature=0.9)
 
 
-def _pipeline(step_matmuls: str, dtype=torch.float32, loop: str = "host") -> Pipeline:
+def _pipeline(step_matmuls: str, dtype=torch.float32, loop: str = "host", step_attention: str = "sdpa") -> Pipeline:
     target, draft, vq = tiny_models(vocab=16, grid=4, classes=10)
     pipe = Pipeline.from_torch(target.to(dtype), draft.to(dtype), vq, max_window=16, compile=False,
-                               sampling_defaults=GREEDY, step_matmuls=step_matmuls)
+                               sampling_defaults=GREEDY, step_matmuls=step_matmuls, step_attention=step_attention)
     pipe.loop = loop
     return pipe
 
@@ -58,15 +59,20 @@ def test_fused_products_decode_what_separate_ones_decode(loop, method, params):
     assert len({tuple(row.ravel()) for row in tokens["fused"]}) > 1
 
 
+KERNELS = [("skinny", "sdpa", skinny_matmul), ("fused", "triton", window_attention)]
+
+
+@pytest.mark.parametrize("matmuls,attention,module", KERNELS, ids=["skinny-matmuls", "triton-attention"])
 @pytest.mark.parametrize("method,params", [("ar", {}), ("sd", {"draft_len": 3}), ("sjd-pac", {"window": 3,
                                                                                              "proactive_drafting": False})])
-def test_a_round_with_skinny_products_traces_whole_and_runs_the_operator(monkeypatch, method, params):
-    """bfloat16 weights (the kernel takes half precision): the compiled round gives the eager round's
-    tokens, and the operator ran inside it, for the target's and the draft's blocks alike."""
+def test_a_round_with_triton_kernels_traces_whole_and_runs_their_operator(monkeypatch, method, params, matmuls,
+                                                                          attention, module):
+    """bfloat16 weights (the kernels take half precision): the compiled round gives the eager round's
+    tokens, and the kernel's operator ran inside it (its CPU kernel, the torch reference, counted)."""
     calls = []
-    reference = skinny_matmul.reference_partials
-    monkeypatch.setattr(skinny_matmul, "reference_partials", lambda *args: calls.append(1) or reference(*args))
-    pipe = _pipeline("skinny", dtype=torch.bfloat16, loop="round")
+    reference = module.reference_partials
+    monkeypatch.setattr(module, "reference_partials", lambda *args: calls.append(1) or reference(*args))
+    pipe = _pipeline(matmuls, dtype=torch.bfloat16, loop="round", step_attention=attention)
     method_ = make_method(method, **params)
     mix = guidance_mix(2, GUIDED)
     rows = Decoding(pipe.target, None, GUIDED, [], None).condition_rows(pipe.conditions([3, 6]))
@@ -78,5 +84,5 @@ def test_a_round_with_skinny_products_traces_whole_and_runs_the_operator(monkeyp
             calls.clear()
             run_to_end(round_, state, compiled, pipe.target.spec.num_image_tokens)
             tokens.append(state.tokens[:, :16].clone())
-        assert calls, f"no skinny product ran in the {'compiled' if compiled else 'eager'} round"
+        assert calls, f"the kernel's operator did not run in the {'compiled' if compiled else 'eager'} round"
     torch.testing.assert_close(tokens[1], tokens[0], rtol=0, atol=0)

@@ -1,4 +1,7 @@
-"""How a decode step runs its transformer blocks' matrix products (no torch needed to name them).
+"""How a decode step runs its transformer blocks' matrix products and attention (no torch needed
+to name the choices).
+
+Matrix products (STEP_MATMULS):
 
 - "separate": the feed-forward's w1 and w3 as two products, as LlamaGen runs them;
 - "fused": w1 and w3 as one product over one buffer (llamagen_gpt.FeedForward.fuse_gate_up), the
@@ -18,3 +21,11 @@ def step_matmuls_for(device_type: str, chosen: Optional[str] = None) -> str:
     if chosen is not None:
         return chosen
     return "fused" if device_type == "cuda" else "separate"
+
+
+# Attention over the static KV cache (STEP_ATTENTION):
+# - "sdpa": torch's scaled_dot_product_attention (cuDNN's fused kernel on an H100), the default;
+# - "triton": a step's few query rows (≤ 16 a key head) through specrt's split-cache Triton kernel
+#   (window_attention): for CUDA, measured against sdpa before it becomes a default.
+STEP_ATTENTION = ("sdpa", "triton")
+DEFAULT_STEP_ATTENTION = "sdpa"
