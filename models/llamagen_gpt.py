@@ -157,7 +157,8 @@ class FeedForward(nn.Module):
         self.gate_up = fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is None:
+        if self.gate_up is None or (torch.is_grad_enabled() and self.w1.weight.requires_grad):
+            # apart: not fused, or training (the fused buffer would take the gradient w1 and w3 need)
             gate, up = project(x, self.w1.weight, self.skinny_matmuls), project(x, self.w3.weight, self.skinny_matmuls)
         else:
             gate, up = project(x, self.gate_up, self.skinny_matmuls).chunk(2, dim=-1)

@@ -121,6 +121,17 @@ def test_fused_gate_up_gives_the_same_block_and_keeps_the_checkpoint():
     torch.testing.assert_close(apart_changed, fused_changed, rtol=1e-5, atol=1e-5)
 
 
+def test_a_fused_model_still_trains_its_w1_and_w3():
+    """With gradients on, the feed-forward runs w1 and w3 apart (their halves of the fused buffer),
+    so a backward pass reaches both parameters."""
+    model, args = _block_and_inputs(torch.float32)
+    fuse_gate_up(model)
+    model.layers[0](*args)[0].sum().backward()
+    feed_forward = model.layers[0].feed_forward
+    assert feed_forward.w1.weight.grad is not None and feed_forward.w3.weight.grad is not None
+    assert feed_forward.w1.weight.grad.abs().sum() > 0 and feed_forward.w3.weight.grad.abs().sum() > 0
+
+
 def test_unknown_step_matmuls_are_refused():
     model, _ = _block_and_inputs(torch.float32)
     with pytest.raises(ValueError, match="choose from separate, fused, skinny"):
