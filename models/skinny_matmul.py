@@ -42,11 +42,17 @@ class LaunchPlan(NamedTuple):
 
     def chunk(self, k: int) -> int:
         """K per split, a whole number of block_k (the last split's range may end early)."""
-        per_split = -(-k // self.splits)
-        return -(-per_split // self.block_k) * self.block_k
+        return split_length(k, self.splits, self.block_k)
 
     def programs(self, n: int) -> int:
         return -(-n // self.block_n) * self.splits
+
+
+def split_length(total: int, splits: int, block: int) -> int:
+    """Length of each of `splits` ranges covering `total`, a whole number of `block`s (a kernel's
+    loop steps a block at a time; the last range may end early)."""
+    per_split = -(-total // splits)
+    return -(-per_split // block) * block
 
 
 def launch_plan(n: int, k: int, multiprocessors: int, block_n: int = 32, block_k: int = 128) -> LaunchPlan:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from specrt.models.skinny_matmul import SKINNY_DTYPES, SKINNY_ROWS, multiprocessors
+from specrt.models.skinny_matmul import SKINNY_DTYPES, SKINNY_ROWS, multiprocessors, split_length
 
 HIDDEN = -1e30  # a running maximum that no score lowers: a split a row cannot see adds exp(−1e30 − M) = 0
 BLOCK_COLUMNS = 64  # cache columns a loop iteration reads
@@ -64,8 +64,7 @@ def split_count(programs: int, columns: int, multiprocessors: int) -> int:
 
 def split_chunk(columns: int, splits: int) -> int:
     """Cache columns a split covers: a whole number of BLOCK_COLUMNS (the last split may end early)."""
-    per_split = -(-columns // splits)
-    return -(-per_split // BLOCK_COLUMNS) * BLOCK_COLUMNS
+    return split_length(columns, splits, BLOCK_COLUMNS)
 
 
 @torch.library.custom_op("specrt::window_partials", mutates_args=())
