@@ -8,8 +8,8 @@ twin row included). A request enters a free slot between rounds: its class id go
 its committed length to 0 (ContinuousRunner.admit: its old cache columns masked until its own commits
 overwrite them), its random coordinates become its own seed at round 0 (ContinuousDecoding.reseed).
 Its prefill — the class token at position 0 — is the window of its first round, run in its own rows
-beside the other slots' windows. A finished image leaves at the end of its round and is decoded by
-the tokenizer decoder alone.
+beside the other slots' windows. A finished image leaves at the end of its round; the images that
+finish in one round are decoded by the tokenizer decoder in one call.
 
 A round advances every occupied slot by one target pass, with the methods' own code over the
 occupied slots (free ones sit it out: no window, nothing committed): ar's step (`target_alone`), or
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -40,13 +40,53 @@ from specrt.runtime.scheduling.continuous_round_slots import ContinuousRoundSlot
 from specrt.runtime.scheduling.requests import Request
 
 
-class ContinuousSlots(SlotBatch):
+class FinishedImage(NamedTuple):
+    """An image that finished in a round, before its pixels: its request, tokens [1, seq_len, C],
+    counters and when it entered its slot."""
+
+    request: Request
+    tokens: np.ndarray
+    stats: ContinuousStats
+    started: float
+
+
+class ContinuousBatch(SlotBatch):
+    """What the continuous family's two slot batches share: the pipeline's lock held while the batch
+    lives, and the images finishing in a round reported together (their pixels from one decoder call)."""
+
+    def __init__(self, pipeline: ContinuousPipeline, sampling: dict[str, Any], slots: int):
+        super().__init__(slots)
+        self.pipeline, self.sampling = pipeline, sampling
+        self.gains: dict[int, Counter] = {}  # tokens each target forward of the slot's image decided
+        self.started: dict[int, float] = {}
+
+    def _finished(self, slot: int) -> FinishedImage:
+        raise NotImplementedError
+
+    def _report(self, slots: list[int]) -> RoundReport:
+        """The round's report over the images that finished in `slots` (finished_results), those slots released."""
+        report = RoundReport()
+        for slot, result in zip(slots, finished_results(self.pipeline, [self._finished(slot) for slot in slots],
+                                                        self.sampling)):
+            report.finished[slot] = result
+            report.tokens += result.stats.tokens
+            report.target_forwards += result.stats.target_forwards
+            report.accepted_lengths.update(self.gains[slot])
+        for slot in slots:
+            self.release(slot)
+        return report
+
+    def close(self) -> None:
+        self.pipeline.let_go()
+
+
+class ContinuousSlots(ContinuousBatch):
     """One group's images on a continuous pipeline's host loop, entering and leaving between rounds.
     Holds the pipeline's lock while it has images (a direct generate call waits)."""
 
     def __init__(self, pipeline: ContinuousPipeline, method: ContinuousMethod, sampling: dict[str, Any], slots: int):
-        super().__init__(slots)
-        self.pipeline, self.method, self.sampling = pipeline, method, sampling
+        super().__init__(pipeline, sampling, slots)
+        self.method = method
         draft = pipeline.draft if method.needs_draft else None
         self.ctx = ContinuousDecoding(pipeline.target, draft, [0] * slots, **sampling)
         self.runners = [r for r in (pipeline.target, draft) if r is not None]
@@ -59,8 +99,6 @@ class ContinuousSlots(SlotBatch):
         self.decided = np.zeros(slots, dtype=np.int64)
         self.drafted, self.accepted, self.proposals = (np.zeros(slots, dtype=np.int64) for _ in range(3))
         self.forwards = np.zeros(slots, dtype=np.int64)
-        self.gains: dict[int, Counter] = {}  # tokens each target forward of the slot's image decided
-        self.started: dict[int, float] = {}
 
     def _admit(self, slot: int, request: Request) -> None:
         for runner in self.runners:
@@ -87,43 +125,30 @@ class ContinuousSlots(SlotBatch):
             self.drafted[live] += counts.drafted
             self.accepted[live] += counts.accepted
             self.proposals[live] += counts.proposals
-        report = RoundReport()
         for slot, start in zip(live.tolist(), before.tolist()):
             self.forwards[slot] += 1
             self.gains[slot][int(self.decided[slot]) - start] += 1
-            if self.decided[slot] == self.total:
-                report.finished[slot] = self._result(slot)
-                report.tokens += self.total
-                report.target_forwards += int(self.forwards[slot])
-                report.accepted_lengths.update(self.gains[slot])
-        for slot in report.finished:
-            self.release(slot)
-        return report
+        finished = [slot for slot in live.tolist() if self.decided[slot] == self.total]
+        return self._report(finished)
 
-    def _result(self, slot: int) -> ContinuousResult:
-        """The finished image in `slot` as generate gives one image: its tokens, pixels, counters."""
+    def _finished(self, slot: int) -> FinishedImage:
+        """The finished image in `slot`: its tokens and counters, as generate gives one image."""
         forwards = int(self.forwards[slot])
         stats = ContinuousStats(tokens=self.total, target_passes=forwards, target_forwards=forwards,
                                 drafted=int(self.drafted[slot]), accepted=int(self.accepted[slot]),
                                 residual_proposals=int(self.proposals[slot]))
-        return finished_image(self.pipeline, self.occupied[slot], self.inputs[slot:slot + 1, 1:].copy(), stats,
-                              self.started[slot], self.sampling)
-
-    def close(self) -> None:
-        self.pipeline.let_go()
+        return FinishedImage(self.occupied[slot], self.inputs[slot:slot + 1, 1:].copy(), stats, self.started[slot])
 
 
-class ContinuousRoundBatch(SlotBatch):
+class ContinuousRoundBatch(ContinuousBatch):
     """One group's images in a continuous pipeline's device round (its fixed buffers, as `slots`
     images: continuous_round_slots.py), entering and leaving between rounds. Holds the pipeline's
     lock while it has images (a direct generate call waits)."""
 
     def __init__(self, pipeline: ContinuousPipeline, rounds: ContinuousRoundSlots, sampling: dict[str, Any]):
-        super().__init__(rounds.slots)
-        self.pipeline, self.rounds, self.sampling = pipeline, rounds, sampling
-        self.gains: dict[int, Counter] = {}  # tokens each target forward of the slot's image decided
+        super().__init__(pipeline, sampling, rounds.slots)
+        self.rounds = rounds
         self.seconds: dict[int, float] = {}  # time in the rounds the slot's image took part in
-        self.started: dict[int, float] = {}
 
     def _admit(self, slot: int, request: Request) -> None:
         self.started[slot] = time.perf_counter()
@@ -138,40 +163,35 @@ class ContinuousRoundBatch(SlotBatch):
         start = time.perf_counter()
         self.rounds.round()
         took = time.perf_counter() - start
-        report = RoundReport()
         for slot, length in before.items():
             self.gains[slot][self.rounds.length[slot] - length] += 1
             self.seconds[slot] += took
-            if self.rounds.done(slot):
-                result = report.finished[slot] = self._result(slot)
-                report.tokens += result.stats.tokens
-                report.target_forwards += result.stats.target_forwards
-                report.accepted_lengths.update(self.gains[slot])
-        for slot in report.finished:
-            self.release(slot)
-        return report
+        finished = [slot for slot in before if self.rounds.done(slot)]
+        return self._report(finished)
 
-    def _result(self, slot: int) -> ContinuousResult:
+    def _finished(self, slot: int) -> FinishedImage:
         """The finished image in `slot` as generate gives one image; its rounds are its target
         forwards and passes, and its host reads (one a round)."""
         rounds, drafted, accepted, proposals = (int(n) for n in self.rounds.counters[slot])
         stats = ContinuousStats(tokens=self.rounds.total, target_passes=rounds, target_forwards=rounds,
                                 drafted=drafted, accepted=accepted, residual_proposals=proposals, host_syncs=rounds,
                                 round_seconds=self.seconds[slot])
-        return finished_image(self.pipeline, self.occupied[slot], self.rounds.tokens[slot:slot + 1].copy(), stats,
-                              self.started[slot], self.sampling)
-
-    def close(self) -> None:
-        self.pipeline.let_go()
+        return FinishedImage(self.occupied[slot], self.rounds.tokens[slot:slot + 1].copy(), stats, self.started[slot])
 
 
-def finished_image(pipeline: ContinuousPipeline, request: Request, tokens: np.ndarray, stats: ContinuousStats,
-                   started: float, sampling: dict[str, Any]) -> ContinuousResult:
-    """A finished image's result as generate gives one image: its tokens [1, seq_len, C], its pixels
-    (the tokenizer decoder on it alone, where the request decodes), its counters and its time."""
-    seconds = [time.perf_counter() - started]
-    images = to_pixels(pipeline.decoder(tokens)) if request.decode else None
-    return ContinuousResult(tokens, images, stats, seconds, dict(sampling))
+def finished_results(pipeline: ContinuousPipeline, images: list[FinishedImage],
+                     sampling: dict[str, Any]) -> list[ContinuousResult]:
+    """Each finished image's result as generate gives one image: its tokens, its pixels (those whose
+    request decodes, through the tokenizer decoder in one call: a decoder pass over several images
+    costs about one's on a GPU), its counters and its time."""
+    decoded = [i for i, image in enumerate(images) if image.request.decode]
+    pixels: dict[int, np.ndarray] = {}
+    if decoded:
+        batch = to_pixels(pipeline.decoder(np.concatenate([images[i].tokens for i in decoded])))
+        pixels = {i: batch[k:k + 1] for k, i in enumerate(decoded)}
+    now = time.perf_counter()
+    return [ContinuousResult(image.tokens, pixels.get(i), image.stats, [now - image.started], dict(sampling))
+            for i, image in enumerate(images)]
 
 
 def continuous_batch(pipeline: Any, request: Request, slots: int) -> Optional[SlotBatch]:

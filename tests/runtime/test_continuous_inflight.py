@@ -27,7 +27,7 @@ pytest.importorskip("onnxruntime")
 from _continuous_exact import tiny_bundle  # noqa: E402
 from specrt.errors import SpecrtError  # noqa: E402
 from specrt.runtime.families.continuous.methods import ContinuousDecoding  # noqa: E402
-from specrt.runtime.families.continuous.pipeline import ContinuousPipeline  # noqa: E402
+from specrt.runtime.families.continuous.pipeline import ContinuousPipeline, to_pixels  # noqa: E402
 from specrt.runtime.scheduling import DeadlineExceeded, Request, Scheduler  # noqa: E402
 from specrt.runtime.scheduling.continuous_slots import ContinuousSlots, continuous_batch  # noqa: E402
 
@@ -288,3 +288,30 @@ def test_specrt_serve_opens_continuous_bundles_in_flight(bundle):
             assert isinstance(batch, ContinuousSlots)
         finally:
             batch.close()
+
+
+def test_images_finishing_in_one_round_are_decoded_in_one_call(pipe, monkeypatch):
+    """Three ar images admitted together finish in the same round: one decoder call for the two
+    whose requests decode (the third asks for tokens only), each image its own pixels."""
+    calls = []
+
+    def decoder(tokens):  # [N, seq_len, C] -> [N, 3, 2, 2], each image's from its own tokens
+        calls.append(len(tokens))
+        return np.tanh(tokens.reshape(len(tokens), -1)[:, :12].reshape(len(tokens), 3, 2, 2))
+
+    monkeypatch.setattr(pipe, "decoder", decoder)
+    queue = [replace(request, decode=index != 1) for index, request in enumerate(requests("ar", {}, count=3))]
+    batch = continuous_batch(pipe, queue[0], 3)
+    try:
+        for slot, request in enumerate(queue):
+            batch.admit(slot, request)
+        finished = {}
+        while batch.occupied:
+            finished.update(batch.round().finished)
+    finally:
+        batch.close()
+    assert calls == [2]
+    assert finished[1].images is None
+    for slot in (0, 2):
+        np.testing.assert_array_equal(finished[slot].images, to_pixels(decoder(finished[slot].tokens)))
+    assert not np.array_equal(finished[0].images, finished[2].images)
