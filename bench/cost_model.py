@@ -135,7 +135,7 @@ def measure_models(name: str, target: Any, draft: Any, windows: tuple[int, ...] 
     torch = require("torch", "specrt bench --profile-arch")
     from specrt.bench.step_ops import profile_generated_kernels, step_ops
     from specrt.models.kv_cache import StaticCache
-    from specrt.models.llamagen_gpt import set_step_attention, set_step_matmuls
+    from specrt.models.step_setup import set_step_attention, set_step_matmuls
     from specrt.runtime.head import apply_head
     from specrt.runtime.sampling import SamplingParams, guidance_mix
 

@@ -15,10 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from specrt.models.kv_cache import Cache, LayerCall, LayerPast, attend, run_layers
-from specrt.lazy import require
 from specrt.models.rope import apply_rope, rope_2d_tables
 from specrt.models.skinny_matmul import skinny_linear
-from specrt.models.step_kernels import STEP_ATTENTION, STEP_MATMULS
 
 # name -> (dim, n_layer, n_head), as LlamaGen's GPT_models.
 GPT_ARCHS: dict[str, tuple[int, int, int]] = {
@@ -137,7 +135,7 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=False)
         self.dropout = nn.Dropout(config.dropout)
         self.register_buffer("gate_up", None, persistent=False)  # [w1; w3] once fused
-        self.skinny_matmuls = False  # use_skinny_matmuls
+        self.skinny_matmuls = False  # step_setup.use_skinny_matmuls
 
     def fuse_gate_up(self, on: bool = True) -> None:
         """Put w1's and w3's weights in one buffer, each parameter a view of its half (no copy
@@ -165,55 +163,10 @@ class FeedForward(nn.Module):
         return self.dropout(project(F.silu(gate) * up, self.w2.weight, self.skinny_matmuls))
 
 
-def set_step_matmuls(model: nn.Module, matmuls: str) -> None:
-    """How `model`'s blocks run their products: "separate" (w1 and w3 apart, as in LlamaGen),
-    "fused" (w1 and w3 as one product: FeedForward.fuse_gate_up) or "skinny" (fused, and every
-    block product of a step's few rows through the Triton kernel of models.skinny_matmul). A
-    model without LlamaGen's blocks is left as it is."""
-    if matmuls not in STEP_MATMULS:
-        raise ValueError(f"step matmuls {matmuls!r}: choose from {', '.join(STEP_MATMULS)}")
-    if matmuls == "skinny" and any(parameter.is_cuda for parameter in model.parameters()):
-        require("triton", "the skinny step matmuls")  # one line now, not an ImportError inside a compiled step
-    fuse_gate_up(model, matmuls != "separate")
-    use_skinny_matmuls(model, matmuls == "skinny")
-
-
-def set_step_attention(model: nn.Module, attention: str) -> int:
-    """How `model`'s blocks attend over a static KV cache: "sdpa" (scaled_dot_product_attention)
-    or "triton" (a step's few query rows through models.window_attention): how many blocks."""
-    if attention not in STEP_ATTENTION:
-        raise ValueError(f"step attention {attention!r}: choose from {', '.join(STEP_ATTENTION)}")
-    modules = [module for module in model.modules() if isinstance(module, Attention)]
-    if attention == "triton" and any(parameter.is_cuda for parameter in model.parameters()):
-        require("triton", "the Triton step attention")
-    for module in modules:
-        module.triton_attention = attention == "triton"
-    return len(modules)
-
-
 def project(x: torch.Tensor, weight: torch.Tensor, skinny: bool) -> torch.Tensor:
     """x @ weightᵀ (the blocks' projections have no bias): through the skinny-row Triton kernel
     where `skinny` and the product fits it (models.skinny_matmul), else F.linear."""
     return skinny_linear(x, weight) if skinny else F.linear(x, weight)
-
-
-def use_skinny_matmuls(model: nn.Module, on: bool = True) -> int:
-    """Every block projection of `model` (attention's wqkv and wo, the feed-forward's) through the
-    skinny-row kernel where a step's rows fit it (`on`), or back to F.linear: how many modules."""
-    modules = [module for module in model.modules() if isinstance(module, (Attention, FeedForward))]
-    for module in modules:
-        module.skinny_matmuls = on
-    return len(modules)
-
-
-def fuse_gate_up(model: nn.Module, on: bool = True) -> int:
-    """Every SwiGLU feed-forward of `model` with its w1 and w3 fused (FeedForward.fuse_gate_up),
-    or apart again: how many. For inference on the model's final device and dtype; training
-    keeps them apart (a fused buffer's gradient would not reach the parameters)."""
-    blocks = [module for module in model.modules() if isinstance(module, FeedForward)]
-    for block in blocks:
-        block.fuse_gate_up(on)
-    return len(blocks)
 
 
 class Attention(nn.Module):
@@ -225,8 +178,8 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(config.dim, (config.n_head + 2 * config.n_kv_head) * config.head_dim, bias=False)
         self.wo = nn.Linear(config.dim, config.dim, bias=False)
         self.dropout = nn.Dropout(config.dropout)
-        self.skinny_matmuls = False  # use_skinny_matmuls
-        self.triton_attention = False  # set_step_attention
+        self.skinny_matmuls = False  # step_setup.use_skinny_matmuls
+        self.triton_attention = False  # step_setup.set_step_attention
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

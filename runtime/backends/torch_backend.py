@@ -89,7 +89,7 @@ class TorchRunner(ModelRunner):
         super().__init__(model_spec(gpt), max_window)
         torch = _torch()
         self.torch = torch
-        from specrt.models.llamagen_gpt import set_step_attention, set_step_matmuls  # need torch, as this runner does
+        from specrt.models.step_setup import set_step_attention, set_step_matmuls  # need torch, as this runner does
         from specrt.runtime.head import apply_head
         self.gpt = gpt.eval()
         if device is not None:

@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch")
 
 from specrt.models import skinny_matmul  # noqa: E402
 from specrt.models.kv_cache import call_layer  # noqa: E402
-from specrt.models.llamagen_gpt import GPT, fuse_gate_up, gpt_config, set_step_matmuls  # noqa: E402
+from specrt.models.llamagen_gpt import GPT, gpt_config  # noqa: E402
+from specrt.models.step_setup import fuse_gate_up, set_step_matmuls  # noqa: E402
 from specrt.models.skinny_matmul import LaunchPlan, launch_plan, triton_partials  # noqa: E402
 from kernel_cases import SHAPES  # noqa: E402
 

@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch")
 
 from specrt.models import window_attention  # noqa: E402
 from specrt.models.kv_cache import CacheWrite, additive_mask, attend, call_layer  # noqa: E402
-from specrt.models.llamagen_gpt import GPT, gpt_config, set_step_attention  # noqa: E402
+from specrt.models.llamagen_gpt import GPT, gpt_config  # noqa: E402
+from specrt.models.step_setup import set_step_attention  # noqa: E402
 from kernel_cases import ATTENTION_CASES  # noqa: E402
 
 

@@ -1,0 +1,59 @@
+"""How a LlamaGen-layout model's decode step runs its blocks (models/step_kernels.py names the
+choices): its feed-forward's w1 and w3 fused or apart, its products through the skinny-row Triton
+kernel or F.linear, its attention through scaled_dot_product_attention or the split-cache kernel.
+
+Why a module of its own: the choices are set on a model once, by whoever runs its steps (the PyTorch
+runner, the step profile), after the model reached its device and dtype; the blocks only read the
+flags these functions set (llamagen_gpt.FeedForward, Attention)."""
+from __future__ import annotations
+
+import torch.nn as nn
+
+from specrt.lazy import require
+from specrt.models.llamagen_gpt import Attention, FeedForward
+from specrt.models.step_kernels import STEP_ATTENTION, STEP_MATMULS
+
+
+def set_step_matmuls(model: nn.Module, matmuls: str) -> None:
+    """How `model`'s blocks run their products: "separate" (w1 and w3 apart, as in LlamaGen),
+    "fused" (w1 and w3 as one product: FeedForward.fuse_gate_up) or "skinny" (fused, and every
+    block product of a step's few rows through the Triton kernel of models.skinny_matmul). A
+    model without LlamaGen's blocks is left as it is."""
+    if matmuls not in STEP_MATMULS:
+        raise ValueError(f"step matmuls {matmuls!r}: choose from {', '.join(STEP_MATMULS)}")
+    if matmuls == "skinny" and any(parameter.is_cuda for parameter in model.parameters()):
+        require("triton", "the skinny step matmuls")  # one line now, not an ImportError inside a compiled step
+    fuse_gate_up(model, matmuls != "separate")
+    use_skinny_matmuls(model, matmuls == "skinny")
+
+
+def set_step_attention(model: nn.Module, attention: str) -> int:
+    """How `model`'s blocks attend over a static KV cache: "sdpa" (scaled_dot_product_attention)
+    or "triton" (a step's few query rows through models.window_attention): how many blocks."""
+    if attention not in STEP_ATTENTION:
+        raise ValueError(f"step attention {attention!r}: choose from {', '.join(STEP_ATTENTION)}")
+    modules = [module for module in model.modules() if isinstance(module, Attention)]
+    if attention == "triton" and any(parameter.is_cuda for parameter in model.parameters()):
+        require("triton", "the Triton step attention")
+    for module in modules:
+        module.triton_attention = attention == "triton"
+    return len(modules)
+
+
+def use_skinny_matmuls(model: nn.Module, on: bool = True) -> int:
+    """Every block projection of `model` (attention's wqkv and wo, the feed-forward's) through the
+    skinny-row kernel where a step's rows fit it (`on`), or back to F.linear: how many modules."""
+    modules = [module for module in model.modules() if isinstance(module, (Attention, FeedForward))]
+    for module in modules:
+        module.skinny_matmuls = on
+    return len(modules)
+
+
+def fuse_gate_up(model: nn.Module, on: bool = True) -> int:
+    """Every SwiGLU feed-forward of `model` with its w1 and w3 fused (FeedForward.fuse_gate_up),
+    or apart again: how many. For inference on the model's final device and dtype; training
+    keeps them apart (a fused buffer's gradient would not reach the parameters)."""
+    blocks = [module for module in model.modules() if isinstance(module, FeedForward)]
+    for block in blocks:
+        block.fuse_gate_up(on)
+    return len(blocks)
