@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from specrt.models.fused_linears import fuse_linears, runs_fused
 from specrt.models.kv_cache import Cache, LayerCall, LayerPast, attend, run_layers
 from specrt.models.rope import apply_rope, rope_2d_tables
 from specrt.models.skinny_matmul import skinny_linear
@@ -121,12 +122,11 @@ class RMSNorm(nn.Module):
 class FeedForward(nn.Module):
     """SwiGLU: w2(silu(w1 x) * w3 x), no biases.
 
-    `fuse_gate_up()` makes w1 and w3 one matrix product (their weights become two halves of one
-    [2·hidden, dim] buffer, so the parameters and the checkpoint keys stay as LlamaGen's). Why: a
-    decode step multiplies 2-16 rows, and a GPU's matrix product for so few rows splits the weight
-    into column tiles, one per streaming multiprocessor; w1 alone is 54 tiles of 64 columns on an
-    H100's 132 (GPT-XL), and the step read its weights at half the bandwidth. One product over both
-    halves is one launch with twice the tiles."""
+    `fuse_projections()` makes w1 and w3 one matrix product (models.fused_linears: their weights
+    become two halves of one [2·hidden, dim] buffer, the checkpoint keys stay as LlamaGen's). Why:
+    w1 alone is 54 tiles of 64 columns on an H100's 132 multiprocessors (GPT-XL), and the step
+    read its weights at half the bandwidth; one product over both halves is one launch with twice
+    the tiles."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -137,29 +137,18 @@ class FeedForward(nn.Module):
         self.register_buffer("gate_up", None, persistent=False)  # [w1; w3] once fused
         self.skinny_matmuls = False  # step_setup.use_skinny_matmuls
 
-    def fuse_gate_up(self, on: bool = True) -> None:
-        """Put w1's and w3's weights in one buffer, each parameter a view of its half (no copy
-        kept): forward then runs one product (`on`), or two again (the parameters stay views).
-        Call it after the module reached its device and dtype (moving it later gives each its
-        own storage again, correct but twice the memory); a state dict loaded afterwards writes
-        through the views."""
+    def fuse_projections(self, on: bool = True) -> None:
+        """w1 and w3 as one product over one buffer (models.fused_linears), or apart again (`on`)."""
         if not on:
             self.gate_up = None
-            return
-        if self.gate_up is not None:
-            return
-        hidden = self.w1.out_features
-        fused = torch.cat([self.w1.weight.detach(), self.w3.weight.detach()])
-        self.w1.weight.data = fused[:hidden]
-        self.w3.weight.data = fused[hidden:]
-        self.gate_up = fused
+        elif self.gate_up is None:
+            self.gate_up = fuse_linears([self.w1, self.w3])[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is None or (torch.is_grad_enabled() and self.w1.weight.requires_grad):
-            # apart: not fused, or training (the fused buffer would take the gradient w1 and w3 need)
-            gate, up = project(x, self.w1.weight, self.skinny_matmuls), project(x, self.w3.weight, self.skinny_matmuls)
-        else:
+        if runs_fused(self.gate_up, self.w1.weight):
             gate, up = project(x, self.gate_up, self.skinny_matmuls).chunk(2, dim=-1)
+        else:
+            gate, up = project(x, self.w1.weight, self.skinny_matmuls), project(x, self.w3.weight, self.skinny_matmuls)
         return self.dropout(project(F.silu(gate) * up, self.w2.weight, self.skinny_matmuls))
 
 

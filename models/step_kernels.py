@@ -3,10 +3,11 @@ to name the choices).
 
 Matrix products (STEP_MATMULS):
 
-- "separate": the feed-forward's w1 and w3 as two products, as LlamaGen runs them;
-- "fused": w1 and w3 as one product over one buffer (llamagen_gpt.FeedForward.fuse_gate_up), the
-  default on CUDA: the same numbers, one launch fewer a layer, twice the column tiles for the GPU's
-  multiprocessors (on a CPU the demo's eager step was about 3% slower fused: `separate` there);
+- "separate": each layer its own product, as the checkpoints' own code runs them;
+- "fused": the products that read one input as one product over one buffer (fused_linears: a
+  SwiGLU's gate and up; the unified-vocabulary LM's q, k and v too), the default on CUDA: the
+  same numbers, fewer launches, more column tiles for the GPU's multiprocessors (on a CPU the
+  demo's eager step was about 3% slower fused: `separate` there);
 - "skinny": fused, and every block product of a step's few rows (≤ 16) through specrt's Triton
   kernel (skinny_matmul), which also splits the inner dimension: for CUDA, where it is measured
   against cuBLAS before it becomes a default.

@@ -1,5 +1,5 @@
 """How a LlamaGen-layout model's decode step runs its blocks (models/step_kernels.py names the
-choices): its feed-forward's w1 and w3 fused or apart, its products through the skinny-row Triton
+choices): its products over one input fused or apart, its products through the skinny-row Triton
 kernel or F.linear, its attention through scaled_dot_product_attention or the split-cache kernel.
 
 Why a module of its own: the choices are set on a model once, by whoever runs its steps (the PyTorch
@@ -16,14 +16,14 @@ from specrt.models.step_kernels import STEP_ATTENTION, STEP_MATMULS
 
 def set_step_matmuls(model: nn.Module, matmuls: str) -> None:
     """How `model`'s blocks run their products: "separate" (w1 and w3 apart, as in LlamaGen),
-    "fused" (w1 and w3 as one product: FeedForward.fuse_gate_up) or "skinny" (fused, and every
+    "fused" (products over one input as one: fuse_projections) or "skinny" (fused, and every
     block product of a step's few rows through the Triton kernel of models.skinny_matmul). A
     model without LlamaGen's blocks is left as it is."""
     if matmuls not in STEP_MATMULS:
         raise ValueError(f"step matmuls {matmuls!r}: choose from {', '.join(STEP_MATMULS)}")
     if matmuls == "skinny" and any(parameter.is_cuda for parameter in model.parameters()):
         require("triton", "the skinny step matmuls")  # one line now, not an ImportError inside a compiled step
-    fuse_gate_up(model, matmuls != "separate")
+    fuse_projections(model, matmuls != "separate")
     use_skinny_matmuls(model, matmuls == "skinny")
 
 
@@ -49,11 +49,11 @@ def use_skinny_matmuls(model: nn.Module, on: bool = True) -> int:
     return len(modules)
 
 
-def fuse_gate_up(model: nn.Module, on: bool = True) -> int:
-    """Every SwiGLU feed-forward of `model` with its w1 and w3 fused (FeedForward.fuse_gate_up),
-    or apart again: how many. For inference on the model's final device and dtype; training
-    keeps them apart (a fused buffer's gradient would not reach the parameters)."""
-    blocks = [module for module in model.modules() if isinstance(module, FeedForward)]
-    for block in blocks:
-        block.fuse_gate_up(on)
-    return len(blocks)
+def fuse_projections(model: nn.Module, on: bool = True) -> int:
+    """Every module of `model` that can run its products over one input as one (a `fuse_projections(on)`
+    method: LlamaGen's feed-forward, the unified-vocabulary LM's attention and MLP) fused, or apart
+    again: how many. For inference on the model's final device and dtype (models.fused_linears)."""
+    modules = [module for module in model.modules() if hasattr(module, "fuse_projections")]
+    for module in modules:
+        module.fuse_projections(on)
+    return len(modules)

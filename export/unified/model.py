@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from specrt.export.unified.config import CHAMELEON_QK_NORM_EPS, UnifiedConfig
+from specrt.models.fused_linears import fuse_linears, runs_fused
 from specrt.models.kv_cache import Cache, LayerCall, attend, run_layers
 from specrt.models.llamagen_gpt import RMSNorm
 from specrt.runtime.grammar import FORCED_LOGIT
@@ -71,15 +72,29 @@ class Attention(nn.Module):
             self.q_norm = HeadNorm(c.n_head, c.head_dim)
             self.k_norm = HeadNorm(c.n_kv_head, c.head_dim)
         self.qk_norm = c.qk_norm
+        self.register_buffer("qkv_weight", None, persistent=False)  # [q; k; v] once fused
+        self.register_buffer("qkv_bias", None, persistent=False)
+
+    def fuse_projections(self, on: bool = True) -> None:
+        """q, k and v as one product over one buffer (models.fused_linears), or apart again (`on`)."""
+        if not on:
+            self.qkv_weight = self.qkv_bias = None
+        elif self.qkv_weight is None:
+            self.qkv_weight, self.qkv_bias = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past_k: Optional[torch.Tensor],
                 past_v: Optional[torch.Tensor], mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B,W,dim]; cos/sin [B,1,W,D]; past_k/v [B,Hkv,C,D] or None; mask bool [B,1,W,C+W].
         Returns (output [B,W,dim], rotated k [B,Hkv,W,D], v [B,Hkv,W,D])."""
         bsz, width, _ = x.shape
-        q = self.q_proj(x).view(bsz, width, self.n_head, self.head_dim)
-        k = self.k_proj(x).view(bsz, width, self.n_kv_head, self.head_dim)
-        v = self.v_proj(x).view(bsz, width, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if runs_fused(self.qkv_weight, self.q_proj.weight):
+            sizes = [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features]
+            q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(bsz, width, self.n_head, self.head_dim)
+        k = k.view(bsz, width, self.n_kv_head, self.head_dim)
+        v = v.view(bsz, width, self.n_kv_head, self.head_dim).transpose(1, 2)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
@@ -98,9 +113,22 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(c.dim, c.ffn_hidden, bias=c.mlp_bias)
         self.down_proj = nn.Linear(c.ffn_hidden, c.dim, bias=c.mlp_bias)
         self.act = activation(c.hidden_act)
+        self.register_buffer("gate_up_weight", None, persistent=False)  # [gate; up] once fused
+        self.register_buffer("gate_up_bias", None, persistent=False)
+
+    def fuse_projections(self, on: bool = True) -> None:
+        """gate and up as one product over one buffer (models.fused_linears), or apart again (`on`)."""
+        if not on:
+            self.gate_up_weight = self.gate_up_bias = None
+        elif self.gate_up_weight is None:
+            self.gate_up_weight, self.gate_up_bias = fuse_linears([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        if runs_fused(self.gate_up_weight, self.gate_proj.weight):
+            gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(self.act(gate) * up)
 
 
 class DecoderLayer(nn.Module):

@@ -68,8 +68,8 @@ class TorchRunner(ModelRunner):
     `compile` (default: on for CUDA devices) runs the step's transformer blocks compiled by
     torch.compile (compiled_step.CompiledStep, `compile_mode` one of its COMPILE_MODES).
     `step_matmuls` (models.step_kernels.STEP_MATMULS) says how the blocks run their products:
-    "fused" (the feed-forward's w1 and w3 as one; the default on CUDA), "separate" (the default
-    elsewhere), or "skinny" (fused, and a step's few rows through the Triton kernel of
+    "fused" (the products that read one input as one: models.fused_linears; the default on CUDA),
+    "separate" (the default elsewhere), or "skinny" (fused, and a step's few rows through the Triton kernel of
     models.skinny_matmul: for CUDA, with Triton); `step_attention` (STEP_ATTENTION) how they
     attend over the static cache: "sdpa" (default) or "triton" (models.window_attention, for CUDA).
 

@@ -1,4 +1,4 @@
-"""The skinny-row matrix product (models/skinny_matmul.py) and the fused feed-forward product.
+"""The skinny-row matrix product (models/skinny_matmul.py) and LlamaGen's fused feed-forward product.
 
 The Triton kernel runs here under TRITON_INTERPRET=1 (a CPU executes it program by program, in
 float16: the interpreter has no bfloat16 arithmetic; in a process of its own, conftest's
@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 from specrt.models import skinny_matmul  # noqa: E402
 from specrt.models.kv_cache import call_layer  # noqa: E402
 from specrt.models.llamagen_gpt import GPT, gpt_config  # noqa: E402
-from specrt.models.step_setup import fuse_gate_up, set_step_matmuls  # noqa: E402
+from specrt.models.step_setup import fuse_projections, set_step_matmuls  # noqa: E402
 from specrt.models.skinny_matmul import LaunchPlan, launch_plan, triton_partials  # noqa: E402
 from kernel_cases import SHAPES  # noqa: E402
 
@@ -101,7 +101,7 @@ def test_fused_gate_up_gives_the_same_block_and_keeps_the_checkpoint():
     with torch.inference_mode():
         apart = model.layers[0](*args)[0]
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    assert fuse_gate_up(model) == 2
+    assert fuse_projections(model) == 2
     feed_forward = model.layers[0].feed_forward
     assert feed_forward.w1.weight.data_ptr() == feed_forward.gate_up.data_ptr()  # views, no second copy
     with torch.inference_mode():
@@ -126,7 +126,7 @@ def test_a_fused_model_still_trains_its_w1_and_w3():
     """With gradients on, the feed-forward runs w1 and w3 apart (their halves of the fused buffer),
     so a backward pass reaches both parameters."""
     model, args = _block_and_inputs(torch.float32)
-    fuse_gate_up(model)
+    fuse_projections(model)
     model.layers[0](*args)[0].sum().backward()
     feed_forward = model.layers[0].feed_forward
     assert feed_forward.w1.weight.grad is not None and feed_forward.w3.weight.grad is not None
