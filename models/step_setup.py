@@ -29,10 +29,11 @@ def set_step_matmuls(model: nn.Module, matmuls: str) -> None:
 
 def set_step_attention(model: nn.Module, attention: str) -> int:
     """How `model`'s blocks attend over a static KV cache: "sdpa" (scaled_dot_product_attention)
-    or "triton" (a step's few query rows through models.window_attention): how many blocks."""
+    or "triton" (a step's few query rows through models.window_attention): how many attention
+    modules (those with a `triton_attention` flag: LlamaGen's and the unified-vocabulary LM's)."""
     if attention not in STEP_ATTENTION:
         raise ValueError(f"step attention {attention!r}: choose from {', '.join(STEP_ATTENTION)}")
-    modules = [module for module in model.modules() if isinstance(module, Attention)]
+    modules = [module for module in model.modules() if hasattr(module, "triton_attention")]
     if attention == "triton" and any(parameter.is_cuda for parameter in model.parameters()):
         require("triton", "the Triton step attention")
     for module in modules:

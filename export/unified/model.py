@@ -74,6 +74,7 @@ class Attention(nn.Module):
         self.qk_norm = c.qk_norm
         self.register_buffer("qkv_weight", None, persistent=False)  # [q; k; v] once fused
         self.register_buffer("qkv_bias", None, persistent=False)
+        self.triton_attention = False  # models.step_setup.set_step_attention
 
     def fuse_projections(self, on: bool = True) -> None:
         """q, k and v as one product over one buffer (models.fused_linears), or apart again (`on`)."""
@@ -100,7 +101,7 @@ class Attention(nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        out = attend(q, k, v, past_k, past_v, mask).transpose(1, 2).reshape(bsz, width, -1)
+        out = attend(q, k, v, past_k, past_v, mask, self.triton_attention).transpose(1, 2).reshape(bsz, width, -1)
         return self.o_proj(out), k, v
 
 

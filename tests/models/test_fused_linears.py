@@ -73,3 +73,32 @@ def test_a_fused_unified_lm_still_trains_its_projections():
 def test_layers_with_and_without_biases_are_not_fused_together():
     with pytest.raises(ValueError, match="all have biases or none"):
         fuse_linears([torch.nn.Linear(4, 3), torch.nn.Linear(4, 3, bias=False)])
+
+
+def test_the_unified_lm_attends_through_the_triton_kernel_where_asked(monkeypatch):
+    """One decode step of the unified LM over a static cache in bfloat16: with step attention
+    "triton" its attention runs the kernel's operator (its CPU kernel, the torch reference, counted),
+    and the step's output matches scaled_dot_product_attention's."""
+    from specrt.models import window_attention
+    from specrt.models.kv_cache import CacheWrite, additive_mask
+    from specrt.models.step_setup import set_step_attention
+
+    model = tiny_unified(bias=True).to(torch.bfloat16)
+    layer, config = model.layers[0], model.config
+    calls = []
+    reference = window_attention.reference_partials
+    monkeypatch.setattr(window_attention, "reference_partials", lambda *args: calls.append(1) or reference(*args))
+    rows, capacity = 2, 5
+    cache = torch.randn(rows, config.n_kv_head, capacity + 1, config.head_dim, dtype=torch.bfloat16)
+    x = torch.randn(rows, 1, config.dim, dtype=torch.bfloat16)
+    cos = torch.ones(rows, 1, 1, config.head_dim, dtype=torch.bfloat16)
+    sin = torch.zeros(rows, 1, 1, config.head_dim, dtype=torch.bfloat16)
+    mask = additive_mask(torch.ones(rows, 1, 1, capacity + 1, dtype=torch.bool), torch.bfloat16)
+    outputs = []
+    for attention in ("sdpa", "triton"):
+        assert set_step_attention(model, attention) == config.n_layer
+        with torch.no_grad():
+            outputs.append(layer(x, cos, sin, CacheWrite(cache.clone(), capacity), CacheWrite(cache.clone(), capacity),
+                                 mask)[0].float())
+    assert len(calls) == 1
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=0.02, atol=0.05)
