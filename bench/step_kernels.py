@@ -156,7 +156,7 @@ def _time_attention(torch: Any, arch: str, image_size: int, rows_list: list[int]
     from specrt.models.window_attention import combine_splits, split_count, window_partials
 
     config = gpt_config(arch, image_size=image_size)
-    join = torch.compile(combine_splits, dynamic=False)
+    join = torch.compile(combine_splits, dynamic=True)  # one compile for every shape below (dynamo keeps 8 static ones)
     click.echo(f"\nattention of one layer, {config.n_head} heads of {config.head_dim}, cache half full: us a call")
     for rows in rows_list:
         for width in (1, 16):
