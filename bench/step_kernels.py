@@ -60,24 +60,23 @@ def graph_seconds(torch: Any, run: Callable[[], Any], calls: int, repeats: int) 
 
 def plans_around(plan: Any, depth: int) -> list[Any]:
     """The chosen plan and its neighbours: columns per program, K per iteration, splits halved and doubled."""
-    from specrt.models.skinny_matmul import LaunchPlan
+    from specrt.models.skinny_matmul import LaunchPlan, covering_splits
 
     options = {plan}
     for block_n, block_k in itertools.product((16, 32, 64), (64, 128, 256)):
         for splits in {max(1, plan.splits // 2), plan.splits, plan.splits * 2}:
-            candidate = LaunchPlan(block_n, block_k, splits)
-            chunk = candidate.chunk(depth)
-            options.add(LaunchPlan(block_n, block_k, -(-depth // chunk)))  # no empty split
+            options.add(LaunchPlan(block_n, block_k, covering_splits(depth, splits, block_k)))
     return sorted(options)
 
 
 def attention_splits(programs: int, columns: int, multiprocessors: int) -> list[int]:
     """The split count the kernel chooses and its neighbours (none empty)."""
-    from specrt.models.window_attention import split_chunk, split_count
+    from specrt.models.skinny_matmul import covering_splits
+    from specrt.models.window_attention import BLOCK_COLUMNS, split_count
 
     chosen = split_count(programs, columns, multiprocessors)
-    counts = {-(-columns // split_chunk(columns, splits)) for splits in (1, max(1, chosen // 2), chosen, 2 * chosen)}
-    return sorted(counts)
+    return sorted({covering_splits(columns, splits, BLOCK_COLUMNS) for splits in (1, max(1, chosen // 2), chosen,
+                                                                                  2 * chosen)})
 
 
 @click.command()

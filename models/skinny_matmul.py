@@ -55,6 +55,13 @@ def split_length(total: int, splits: int, block: int) -> int:
     return -(-per_split // block) * block
 
 
+def covering_splits(total: int, splits: int, block: int) -> int:
+    """How many of `splits` whole-block ranges (split_length) `total` reaches: the split count
+    with no empty range, which a kernel launches instead (rounding up to whole blocks can leave
+    the last ranges with nothing)."""
+    return -(-total // split_length(total, splits, block))
+
+
 def launch_plan(n: int, k: int, multiprocessors: int, block_n: int = 32, block_k: int = 128) -> LaunchPlan:
     """Splits of K so that the product runs as at least about four programs a multiprocessor,
     while each program still streams at least two block_k iterations of its K range; every split
@@ -62,13 +69,12 @@ def launch_plan(n: int, k: int, multiprocessors: int, block_n: int = 32, block_k
     column_blocks = -(-n // block_n)
     wanted = -(-4 * multiprocessors // column_blocks)
     most = max(1, k // (2 * block_k))
-    chunk = LaunchPlan(block_n, block_k, max(1, min(wanted, most))).chunk(k)
-    return LaunchPlan(block_n, block_k, -(-k // chunk))
+    return LaunchPlan(block_n, block_k, covering_splits(k, max(1, min(wanted, most)), block_k))
 
 
 def fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the product of `x` [..., K] and `weight` [N, K] is one this kernel takes: few rows,
-    half precision, both on the same device."""
+    both in half precision."""
     rows = x.numel() // x.shape[-1]
     return rows <= SKINNY_ROWS and x.dtype in SKINNY_DTYPES and weight.dtype == x.dtype
 
@@ -80,13 +86,9 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.linear(x, weight)
     rows, k = x.numel() // x.shape[-1], x.shape[-1]
     n = weight.shape[0]
-    plan = _plan(n, k, x.device)
+    plan = launch_plan(n, k, multiprocessors(str(x.device)))
     partials = skinny_partials(x.reshape(rows, k), weight, plan.block_n, plan.block_k, plan.splits)
     return partials.sum(0).to(x.dtype).reshape(*x.shape[:-1], n)
-
-
-def _plan(n: int, k: int, device: torch.device) -> LaunchPlan:
-    return launch_plan(n, k, multiprocessors(str(device)))
 
 
 @torch.compiler.assume_constant_result  # compiled, read once while tracing: a number in the graph

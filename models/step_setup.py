@@ -1,10 +1,11 @@
-"""How a LlamaGen-layout model's decode step runs its blocks (models/step_kernels.py names the
-choices): its products over one input fused or apart, its products through the skinny-row Triton
-kernel or F.linear, its attention through scaled_dot_product_attention or the split-cache kernel.
+"""How a model's decode step runs its blocks (models/step_kernels.py names the choices): its
+products over one input fused or apart, LlamaGen's products through the skinny-row Triton kernel
+or F.linear, its attention through scaled_dot_product_attention or the split-cache kernel.
 
 Why a module of its own: the choices are set on a model once, by whoever runs its steps (the PyTorch
 runner, the step profile), after the model reached its device and dtype; the blocks only read the
-flags these functions set (llamagen_gpt.FeedForward, Attention)."""
+flags and buffers these functions set (LlamaGen's FeedForward and Attention, the unified-vocabulary
+LM's attention and MLP)."""
 from __future__ import annotations
 
 import torch.nn as nn
@@ -15,14 +16,13 @@ from specrt.models.step_kernels import STEP_ATTENTION, STEP_MATMULS
 
 
 def set_step_matmuls(model: nn.Module, matmuls: str) -> None:
-    """How `model`'s blocks run their products: "separate" (w1 and w3 apart, as in LlamaGen),
-    "fused" (products over one input as one: fuse_projections) or "skinny" (fused, and every
-    block product of a step's few rows through the Triton kernel of models.skinny_matmul). A
-    model without LlamaGen's blocks is left as it is."""
+    """How `model`'s blocks run their products: "separate" (each layer its own), "fused" (products
+    over one input as one: fuse_projections) or "skinny" (fused, and every LlamaGen block product
+    of a step's few rows through the Triton kernel of models.skinny_matmul)."""
     if matmuls not in STEP_MATMULS:
         raise ValueError(f"step matmuls {matmuls!r}: choose from {', '.join(STEP_MATMULS)}")
-    if matmuls == "skinny" and any(parameter.is_cuda for parameter in model.parameters()):
-        require("triton", "the skinny step matmuls")  # one line now, not an ImportError inside a compiled step
+    if matmuls == "skinny":
+        _require_triton_on_gpu(model, "the skinny step matmuls")
     fuse_projections(model, matmuls != "separate")
     use_skinny_matmuls(model, matmuls == "skinny")
 
@@ -34,8 +34,8 @@ def set_step_attention(model: nn.Module, attention: str) -> int:
     if attention not in STEP_ATTENTION:
         raise ValueError(f"step attention {attention!r}: choose from {', '.join(STEP_ATTENTION)}")
     modules = [module for module in model.modules() if hasattr(module, "triton_attention")]
-    if attention == "triton" and any(parameter.is_cuda for parameter in model.parameters()):
-        require("triton", "the Triton step attention")
+    if attention == "triton":
+        _require_triton_on_gpu(model, "the Triton step attention")
     for module in modules:
         module.triton_attention = attention == "triton"
     return len(modules)
@@ -58,3 +58,10 @@ def fuse_projections(model: nn.Module, on: bool = True) -> int:
     for module in modules:
         module.fuse_projections(on)
     return len(modules)
+
+
+def _require_triton_on_gpu(model: nn.Module, what: str) -> None:
+    """Triton, where `model` runs on CUDA and `what` needs it: one line when it is missing, not an
+    ImportError inside a compiled step (a CPU runs the kernels' torch references and needs none)."""
+    if any(parameter.is_cuda for parameter in model.parameters()):
+        require("triton", what)

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from specrt.models.skinny_matmul import SKINNY_DTYPES, SKINNY_ROWS, multiprocessors, split_length
+from specrt.models.skinny_matmul import SKINNY_DTYPES, SKINNY_ROWS, covering_splits, multiprocessors, split_length
 
 HIDDEN = -1e30  # a running maximum that no score lowers: a split a row cannot see adds exp(−1e30 − M) = 0
 BLOCK_COLUMNS = 64  # cache columns a loop iteration reads
@@ -58,8 +58,7 @@ def split_count(programs: int, columns: int, multiprocessors: int) -> int:
     BLOCK_COLUMNS long, none empty."""
     wanted = max(1, -(-2 * multiprocessors // max(1, programs)))
     most = max(1, columns // (2 * BLOCK_COLUMNS))
-    chunk = split_chunk(columns, min(wanted, most))
-    return -(-columns // chunk)
+    return covering_splits(columns, min(wanted, most), BLOCK_COLUMNS)
 
 
 def split_chunk(columns: int, splits: int) -> int:

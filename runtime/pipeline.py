@@ -130,7 +130,8 @@ class Pipeline:
         the eager step, the reference the compiled one is tested against.
         `step_matmuls`: how LlamaGen's blocks run their products (TorchRunner: "fused", the default
         on CUDA, "separate", the default elsewhere, or "skinny" for CUDA with Triton); a
-        unified-vocabulary model's runner takes its device's default. `step_attention`: "sdpa" (default) or "triton" (TorchRunner).
+        unified-vocabulary model's runner takes its device's default. `step_attention`: "sdpa"
+        (default) or "triton" (TorchRunner).
         `threads`: torch's intra-op threads, as from_bundle's for onnxruntime (torch's setting
         is process-wide; None leaves it as it is, by default one per core).
         `text_encoder` (t2i) turns prompts into caption embeddings (runtime.text).

@@ -69,8 +69,8 @@ class TorchRunner(ModelRunner):
     torch.compile (compiled_step.CompiledStep, `compile_mode` one of its COMPILE_MODES).
     `step_matmuls` (models.step_kernels.STEP_MATMULS) says how the blocks run their products:
     "fused" (the products that read one input as one: models.fused_linears; the default on CUDA),
-    "separate" (the default elsewhere), or "skinny" (fused, and a step's few rows through the Triton kernel of
-    models.skinny_matmul: for CUDA, with Triton); `step_attention` (STEP_ATTENTION) how they
+    "separate" (the default elsewhere), or "skinny" (fused, and a step's few rows through the
+    Triton kernel of models.skinny_matmul: for CUDA, with Triton); `step_attention` (STEP_ATTENTION) how they
     attend over the static cache: "sdpa" (default) or "triton" (models.window_attention, for CUDA).
 
     The KV buffer holds `max_window` scratch columns after the capacity: a step writes its

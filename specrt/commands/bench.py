@@ -113,7 +113,8 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
                         "target_step_s": curve.target_s, "draft_step_s": curve.draft_s,
                         "bytes_per_step": curve.bytes_per_step, "memory_bound_floor_s": floor,
                         "ops_per_step": curve.ops_per_step, "ops_per_layer": curve.ops_per_layer,
-                        "compiled": curve.compiled, "compile_s": curve.compile_s, "step_matmuls": step_matmuls, "step_attention": step_attention,
+                        "compiled": curve.compiled, "compile_s": curve.compile_s,
+                        "step_matmuls": step_matmuls, "step_attention": step_attention,
                         "predictions": predictions})
     click.echo(f"\npredicted speed-up = accepted length x t(1) / (straggle x (t(W) + drafts x t_draft)), straggle = "
                f"target steps a batch ran per image round in the --batch run (1 at batch 1); accepted lengths from "
@@ -286,8 +287,9 @@ def _batches(text: str) -> tuple[int, ...]:
 @click.option("--compile-mode", type=click.Choice(COMPILE_MODES), default="default",
               show_default=True, help="torch.compile's mode for --compile.")
 @click.option("--step-matmuls", type=click.Choice(STEP_MATMULS), default=None,
-              help="--profile-arch: how the blocks run their matrix products: fused (the feed-forward's w1 and w3 "
-                   "as one product; the default on CUDA), separate (apart, as LlamaGen; the default on a CPU), "
+              help="--profile-arch: how the blocks run their matrix products: fused (products that read one "
+                   "input as one, as the feed-forward's w1 and w3; the default on CUDA), separate (each its own, "
+                   "as LlamaGen; the default on a CPU), "
                    "skinny (fused, and a step's few rows through specrt's Triton kernel; CUDA).")
 @click.option("--step-attention", type=click.Choice(STEP_ATTENTION), default=DEFAULT_STEP_ATTENTION, show_default=True,
               help="--profile-arch: how the blocks attend over the static KV cache: sdpa (torch's "
