@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from specrt.models.fused_linears import fuse_linears, runs_fused
 from specrt.models.kv_cache import Cache, LayerCall, LayerPast, attend, run_layers
 from specrt.models.rope import apply_rope, rope_2d_tables
-from specrt.models.skinny_matmul import skinny_linear
+from specrt.models.skinny_matmul import block_linear
 
 # name -> (dim, n_layer, n_head), as LlamaGen's GPT_models.
 GPT_ARCHS: dict[str, tuple[int, int, int]] = {
@@ -146,16 +146,11 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if runs_fused(self.gate_up, self.w1.weight):
-            gate, up = project(x, self.gate_up, self.skinny_matmuls).chunk(2, dim=-1)
+            gate, up = block_linear(x, self.gate_up, None, self.skinny_matmuls).chunk(2, dim=-1)
         else:
-            gate, up = project(x, self.w1.weight, self.skinny_matmuls), project(x, self.w3.weight, self.skinny_matmuls)
-        return self.dropout(project(F.silu(gate) * up, self.w2.weight, self.skinny_matmuls))
-
-
-def project(x: torch.Tensor, weight: torch.Tensor, skinny: bool) -> torch.Tensor:
-    """x @ weightᵀ (the blocks' projections have no bias): through the skinny-row Triton kernel
-    where `skinny` and the product fits it (models.skinny_matmul), else F.linear."""
-    return skinny_linear(x, weight) if skinny else F.linear(x, weight)
+            gate, up = (block_linear(x, self.w1.weight, None, self.skinny_matmuls),
+                        block_linear(x, self.w3.weight, None, self.skinny_matmuls))
+        return self.dropout(block_linear(F.silu(gate) * up, self.w2.weight, None, self.skinny_matmuls))
 
 
 class Attention(nn.Module):
@@ -180,13 +175,13 @@ class Attention(nn.Module):
         """
         bsz, width, _ = x.shape
         q_size, kv_size = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
-        q, k, v = project(x, self.wqkv.weight, self.skinny_matmuls).split([q_size, kv_size, kv_size], dim=-1)
+        q, k, v = block_linear(x, self.wqkv.weight, None, self.skinny_matmuls).split([q_size, kv_size, kv_size], dim=-1)
         q = apply_rope(q.view(bsz, width, self.n_head, self.head_dim), cos, sin).transpose(1, 2)
         k = apply_rope(k.view(bsz, width, self.n_kv_head, self.head_dim), cos, sin).transpose(1, 2)
         v = v.view(bsz, width, self.n_kv_head, self.head_dim).transpose(1, 2)
 
         out = attend(q, k, v, past_k, past_v, mask, self.triton_attention).transpose(1, 2).reshape(bsz, width, q_size)
-        return self.dropout(project(out, self.wo.weight, self.skinny_matmuls)), k, v
+        return self.dropout(block_linear(out, self.wo.weight, None, self.skinny_matmuls)), k, v
 
 
 class TransformerBlock(nn.Module):

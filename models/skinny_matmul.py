@@ -24,7 +24,7 @@ the other configurations on a GPU.
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -79,16 +79,25 @@ def fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return rows <= SKINNY_ROWS and x.dtype in SKINNY_DTYPES and weight.dtype == x.dtype
 
 
-def skinny_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, weight) (no bias) for x [..., K] through the skinny kernel where it `fits`,
-    else the ordinary product."""
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for x [..., K] through the skinny kernel where it `fits`, else the
+    ordinary product. The bias joins the float32 sum of the partials before the one cast, so it
+    costs no pass of its own once compiled (the unified-vocabulary LM's projections may have one)."""
     if not fits(x, weight):
-        return F.linear(x, weight)
+        return F.linear(x, weight, bias)
     rows, k = x.numel() // x.shape[-1], x.shape[-1]
     n = weight.shape[0]
     plan = launch_plan(n, k, multiprocessors(str(x.device)))
-    partials = skinny_partials(x.reshape(rows, k), weight, plan.block_n, plan.block_k, plan.splits)
-    return partials.sum(0).to(x.dtype).reshape(*x.shape[:-1], n)
+    total = skinny_partials(x.reshape(rows, k), weight, plan.block_n, plan.block_k, plan.splits).sum(0)
+    if bias is not None:
+        total = total + bias.float()
+    return total.to(x.dtype).reshape(*x.shape[:-1], n)
+
+
+def block_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], skinny: bool) -> torch.Tensor:
+    """A block's projection: through the skinny kernel where the model's step matmuls are "skinny"
+    (models.step_setup.use_skinny_matmuls sets the blocks' flag), else F.linear."""
+    return skinny_linear(x, weight, bias) if skinny else F.linear(x, weight, bias)
 
 
 @torch.compiler.assume_constant_result  # compiled, read once while tracing: a number in the graph

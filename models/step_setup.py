@@ -1,6 +1,6 @@
 """How a model's decode step runs its blocks (models/step_kernels.py names the choices): its
-products over one input fused or apart, LlamaGen's products through the skinny-row Triton kernel
-or F.linear, its attention through scaled_dot_product_attention or the split-cache kernel.
+products over one input fused or apart, their products through the skinny-row Triton kernel or
+F.linear, its attention through scaled_dot_product_attention or the split-cache kernel.
 
 Why a module of its own: the choices are set on a model once, by whoever runs its steps (the PyTorch
 runner, the step profile), after the model reached its device and dtype; the blocks only read the
@@ -11,14 +11,13 @@ from __future__ import annotations
 import torch.nn as nn
 
 from specrt.lazy import require
-from specrt.models.llamagen_gpt import Attention, FeedForward
 from specrt.models.step_kernels import STEP_ATTENTION, STEP_MATMULS
 
 
 def set_step_matmuls(model: nn.Module, matmuls: str) -> None:
     """How `model`'s blocks run their products: "separate" (each layer its own), "fused" (products
-    over one input as one: fuse_projections) or "skinny" (fused, and every LlamaGen block product
-    of a step's few rows through the Triton kernel of models.skinny_matmul)."""
+    over one input as one: fuse_projections) or "skinny" (fused, and every block product of a
+    step's few rows through the Triton kernel of models.skinny_matmul)."""
     if matmuls not in STEP_MATMULS:
         raise ValueError(f"step matmuls {matmuls!r}: choose from {', '.join(STEP_MATMULS)}")
     if matmuls == "skinny":
@@ -42,9 +41,10 @@ def set_step_attention(model: nn.Module, attention: str) -> int:
 
 
 def use_skinny_matmuls(model: nn.Module, on: bool = True) -> int:
-    """Every block projection of `model` (attention's wqkv and wo, the feed-forward's) through the
-    skinny-row kernel where a step's rows fit it (`on`), or back to F.linear: how many modules."""
-    modules = [module for module in model.modules() if isinstance(module, (Attention, FeedForward))]
+    """Every block projection of `model` through the skinny-row kernel where a step's rows fit it
+    (`on`), or back to F.linear: how many modules (those with a `skinny_matmuls` flag: LlamaGen's
+    attention and feed-forward, the unified-vocabulary LM's attention and MLP, biases included)."""
+    modules = [module for module in model.modules() if hasattr(module, "skinny_matmuls")]
     for module in modules:
         module.skinny_matmuls = on
     return len(modules)

@@ -508,15 +508,7 @@ class ModelRunner(KVRows):
         start = time.perf_counter()
         old_images, pairs = self.images, self.batch // self.images
         rows = np.concatenate([keep + old_images * k for k in range(pairs)])
-        self.mix = np.ascontiguousarray(self.mix[np.ix_(keep, rows)])
-        self.lengths = self.lengths[keep]
-        self.staged = self.staged[keep]
-        if self._caption_mask is not None:
-            self._caption_mask = self._caption_mask[rows]
-        self._retain(rows)
-        self.batch = len(rows)
-        self._views = {}
-        self.cache_seconds += time.perf_counter() - start
+        self._regroup(rows, self.mix[np.ix_(keep, rows)], self.lengths[keep], self.staged[keep], start)
 
     def grow(self, mix: np.ndarray) -> None:
         """One more image at the end of the batch, for in-flight batching to admit a request into
@@ -537,9 +529,14 @@ class ModelRunner(KVRows):
         start = time.perf_counter()
         # the new image's rows take a copy of image 0's (any row would do: admit overwrites what is read)
         rows = np.concatenate([np.append(np.arange(old_images) + old_images * k, old_images * k) for k in range(pairs)])
-        self.mix = mix
-        self.lengths = np.append(self.lengths, 0)
-        self.staged = np.append(self.staged, 0)
+        self._regroup(rows, mix, np.append(self.lengths, 0), np.append(self.staged, 0), start)
+
+    def _regroup(self, rows: np.ndarray, mix: np.ndarray, lengths: np.ndarray, staged: np.ndarray,
+                 start: float) -> None:
+        """The batch becomes model rows `rows` of the old one (retain and grow), with the images'
+        new guidance matrix, lengths and staged counts; the time since `start` counts as cache work."""
+        self.mix = np.ascontiguousarray(mix)
+        self.lengths, self.staged = lengths, staged
         if self._caption_mask is not None:
             self._caption_mask = self._caption_mask[rows]
         self._retain(rows)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from specrt.export.unified.config import CHAMELEON_QK_NORM_EPS, UnifiedConfig
 from specrt.models.fused_linears import fuse_linears, runs_fused
+from specrt.models.skinny_matmul import block_linear
 from specrt.models.kv_cache import Cache, LayerCall, attend, run_layers
 from specrt.models.llamagen_gpt import RMSNorm
 from specrt.runtime.grammar import FORCED_LOGIT
@@ -75,6 +76,7 @@ class Attention(nn.Module):
         self.register_buffer("qkv_weight", None, persistent=False)  # [q; k; v] once fused
         self.register_buffer("qkv_bias", None, persistent=False)
         self.triton_attention = False  # models.step_setup.set_step_attention
+        self.skinny_matmuls = False  # models.step_setup.use_skinny_matmuls
 
     def fuse_projections(self, on: bool = True) -> None:
         """q, k and v as one product over one buffer (models.fused_linears), or apart again (`on`)."""
@@ -88,11 +90,13 @@ class Attention(nn.Module):
         """x [B,W,dim]; cos/sin [B,1,W,D]; past_k/v [B,Hkv,C,D] or None; mask bool [B,1,W,C+W].
         Returns (output [B,W,dim], rotated k [B,Hkv,W,D], v [B,Hkv,W,D])."""
         bsz, width, _ = x.shape
+        skinny = self.skinny_matmuls
         if runs_fused(self.qkv_weight, self.q_proj.weight):
             sizes = [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features]
-            q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(sizes, dim=-1)
+            q, k, v = block_linear(x, self.qkv_weight, self.qkv_bias, skinny).split(sizes, dim=-1)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q, k, v = (block_linear(x, layer.weight, layer.bias, skinny)
+                       for layer in (self.q_proj, self.k_proj, self.v_proj))
         q = q.view(bsz, width, self.n_head, self.head_dim)
         k = k.view(bsz, width, self.n_kv_head, self.head_dim)
         v = v.view(bsz, width, self.n_kv_head, self.head_dim).transpose(1, 2)
@@ -102,7 +106,7 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         out = attend(q, k, v, past_k, past_v, mask, self.triton_attention).transpose(1, 2).reshape(bsz, width, -1)
-        return self.o_proj(out), k, v
+        return block_linear(out, self.o_proj.weight, self.o_proj.bias, skinny), k, v
 
 
 class MLP(nn.Module):
@@ -116,6 +120,7 @@ class MLP(nn.Module):
         self.act = activation(c.hidden_act)
         self.register_buffer("gate_up_weight", None, persistent=False)  # [gate; up] once fused
         self.register_buffer("gate_up_bias", None, persistent=False)
+        self.skinny_matmuls = False  # models.step_setup.use_skinny_matmuls
 
     def fuse_projections(self, on: bool = True) -> None:
         """gate and up as one product over one buffer (models.fused_linears), or apart again (`on`)."""
@@ -125,11 +130,12 @@ class MLP(nn.Module):
             self.gate_up_weight, self.gate_up_bias = fuse_linears([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skinny = self.skinny_matmuls
         if runs_fused(self.gate_up_weight, self.gate_proj.weight):
-            gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+            gate, up = block_linear(x, self.gate_up_weight, self.gate_up_bias, skinny).chunk(2, dim=-1)
         else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(self.act(gate) * up)
+            gate, up = (block_linear(x, layer.weight, layer.bias, skinny) for layer in (self.gate_proj, self.up_proj))
+        return block_linear(self.act(gate) * up, self.down_proj.weight, self.down_proj.bias, skinny)
 
 
 class DecoderLayer(nn.Module):

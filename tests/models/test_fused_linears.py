@@ -102,3 +102,36 @@ def test_the_unified_lm_attends_through_the_triton_kernel_where_asked(monkeypatc
                                  mask)[0].float())
     assert len(calls) == 1
     torch.testing.assert_close(outputs[1], outputs[0], rtol=0.02, atol=0.05)
+
+
+def test_the_unified_lm_runs_its_biased_products_through_the_skinny_operator(monkeypatch):
+    """A decode step's layer of the unified LM in bfloat16, biases on: with step matmuls "skinny"
+    its four products (q/k/v fused, o, gate/up fused, down) run the skinny operator (its CPU kernel,
+    the torch reference, counted) and the layer's output matches the separate products'."""
+    from specrt.models import skinny_matmul
+    from specrt.models.kv_cache import CacheWrite, additive_mask
+
+    model = tiny_unified(bias=True).to(torch.bfloat16)
+    layer, config = model.layers[0], model.config
+    calls = []
+    reference = skinny_matmul.reference_partials
+    monkeypatch.setattr(skinny_matmul, "reference_partials", lambda *args: calls.append(1) or reference(*args))
+    rows, capacity = 2, 5
+    torch.manual_seed(4)
+    cache = torch.randn(rows, config.n_kv_head, capacity + 1, config.head_dim, dtype=torch.bfloat16)
+    x = torch.randn(rows, 1, config.dim, dtype=torch.bfloat16)
+    cos = torch.ones(rows, 1, 1, config.head_dim, dtype=torch.bfloat16)
+    sin = torch.zeros(rows, 1, 1, config.head_dim, dtype=torch.bfloat16)
+    mask = additive_mask(torch.ones(rows, 1, 1, capacity + 1, dtype=torch.bool), torch.bfloat16)
+    outputs = []
+    for matmuls in ("separate", "skinny"):
+        set_step_matmuls(model, matmuls)
+        with torch.no_grad():
+            outputs.append(layer(x, cos, sin, CacheWrite(cache.clone(), capacity), CacheWrite(cache.clone(), capacity),
+                                 mask)[0].float())
+    assert len(calls) == 4
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=0.02, atol=0.05)
+    set_step_matmuls(model, "separate")
+    with torch.no_grad():
+        again = layer(x, cos, sin, CacheWrite(cache.clone(), capacity), CacheWrite(cache.clone(), capacity), mask)[0]
+    assert len(calls) == 4 and torch.equal(again.float(), outputs[0])

@@ -64,6 +64,20 @@ def test_products_too_wide_or_in_float32_take_the_ordinary_matmul():
     torch.testing.assert_close(skinny_matmul.skinny_linear(x, weight.float()), x @ weight.float().T)
 
 
+def test_a_bias_joins_the_float32_sum_before_the_one_cast():
+    """The unified-vocabulary LM's projections may carry a bias: the skinny product adds it to the
+    float32 sum of the planes, then casts once, so it lands within one half-precision rounding of
+    F.linear in float32; a bias left out (the planted bug) misses by the bias itself."""
+    torch.manual_seed(1)
+    x, weight, bias = torch.randn(2, 1, 64).half(), torch.randn(48, 64).half(), 4 + torch.randn(48).half()
+    exact = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
+    out = skinny_matmul.skinny_linear(x, weight, bias)
+    assert out.dtype == torch.float16 and out.shape == (2, 1, 48)
+    torch.testing.assert_close(out.float(), exact, rtol=2e-3, atol=2e-2)
+    without = skinny_matmul.skinny_linear(x, weight)
+    assert (without.float() - exact).abs().min() > 1.0
+
+
 def _block_and_inputs(dtype):
     torch.manual_seed(0)
     config = gpt_config("GPT-B")
