@@ -22,7 +22,8 @@
 # ready to be copied into bench/results/ as it is. The machine has torch, onnx, onnxruntime, click
 # and numpy but nothing can be fetched there, so specrt is installed from this checkout without
 # dependencies. IMAGES and DEVICE override the image counts and the torch device, LOAD_SECONDS the serve
-# stage's seconds a load (default 15), PLAN_ARGS adds
+# stage's seconds a load (default 15), STEP_MATMULS the torch step's block products (separate, fused or
+# skinny; CUDA's default is fused: STEP_MATMULS=separate reruns a stage with LlamaGen's own), PLAN_ARGS adds
 # plan-tree flags, STEP_ARCHS the step stage's profiles (IMAGES=2 DEVICE=cpu STEP_ARCHS=B
 # PLAN_ARGS='--max-nodes 6 --repeats 2 --probe-width 2 --probe-depth 2' checks the script itself
 # on a machine without a GPU, into a cpu-... folder). The step stage compiles
@@ -49,7 +50,7 @@ else
 fi
 out="${OUT:-bench/results}/$named-$(date -u +%F)-$stage"
 mkdir -p "$out"
-bench=(python3 -m specrt.cli bench --backend torch --device "$device" --threads 1)
+bench=(python3 -m specrt.cli bench --backend torch --device "$device" --threads 1 ${STEP_MATMULS:+--step-matmuls "$STEP_MATMULS"})
 plan=(python3 -m specrt.cli plan-tree --backend torch --device "$device" --threads 1 ${PLAN_ARGS:-})
 
 # run NAME COMMAND...: the command's cleaned output into $out/NAME.txt, headed by itself and the machine

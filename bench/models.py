@@ -9,12 +9,13 @@ runs the demo's PyTorch modules directly (no export) for comparison.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from specrt.errors import SpecrtError
+from specrt.models.step_kernels import DEFAULT_STEP_ATTENTION, step_matmuls_for
 from specrt.paths import cache_root  # noqa: F401  (bench's callers import it from here)
 from specrt.runtime.backends.bundle_backends import BUNDLE_BACKENDS
 from specrt.runtime.pipeline import Pipeline
@@ -165,16 +166,18 @@ def open_models(bundle: Optional[Path] = None, backend: str = "ort", demo_weight
                 progress: Optional[Progress] = None, device: str = "cpu",
                 cuda_graphs: Optional[bool] = None, drafts: Sequence[str] = (), demo: Optional[str] = None,
                 prompts: Optional[list[str]] = None, compile: Optional[bool] = None,
-                compile_mode: str = "default") -> BenchModels:
+                compile_mode: str = "default", step_matmuls: Optional[str] = None,
+                step_attention: str = DEFAULT_STEP_ATTENTION) -> BenchModels:
     """A BUNDLE on onnxruntime, or the demo `demo` (export.demo.registry; default c2i) on
     onnxruntime (cached export) or PyTorch. `prompts`: a t2i model's prompts (bench_prompts).
 
-    `device`, `cuda_graphs`, `compile` and `compile_mode` are the torch backend's (Pipeline.from_torch); the backend is
+    `device`, `cuda_graphs`, `compile`, `compile_mode`, `step_matmuls` and `step_attention` are the torch
+    backend's (Pipeline.from_torch; the source names the step choices); the backend is
     reported as 'torch-cuda' on a GPU so the run names the GPU. `drafts` (the demo only):
     the draft kinds to compare, each a pipeline of its own (`independent`: the demo's draft
     GPT; `eagle`: the packaged EAGLE head, on the same target)."""
-    models = _open_models(bundle, backend, demo_weights, threads, cache_dir, judge, progress, device, cuda_graphs,
-                          demo, compile, compile_mode)
+    torch_step = TorchStep(cuda_graphs, compile, compile_mode, step_matmuls, step_attention)
+    models = _open_models(bundle, backend, demo_weights, threads, cache_dir, judge, progress, device, torch_step, demo)
     models.prompts = bench_prompts(models.pipeline, prompts)
     if drafts:
         if bundle is not None or demo_weights is not None or demo not in (None, "c2i"):
@@ -182,14 +185,13 @@ def open_models(bundle: Optional[Path] = None, backend: str = "ort", demo_weight
                               "--demo-weights (or benchmark each bundle on its own)")
         for kind in drafts:
             models.drafts[kind] = models.pipeline if kind == "independent" else \
-                _eagle_demo_pipeline(backend, threads, cache_dir, progress, device, cuda_graphs, compile, compile_mode)
+                _eagle_demo_pipeline(backend, threads, cache_dir, progress, device, torch_step)
             models.draft_sources[kind] = "demo draft GPT" if kind == "independent" else "demo EAGLE head (eagle.safetensors)"
     return models
 
 
 def _eagle_demo_pipeline(backend: str, threads: Optional[int], cache_dir: Optional[Path],
-                         progress: Optional[Progress], device: str, cuda_graphs: Optional[bool] = None,
-                         compile: Optional[bool] = None, compile_mode: str = "default") -> Pipeline:
+                         progress: Optional[Progress], device: str, torch_step: "TorchStep") -> Pipeline:
     """The demo target with its packaged EAGLE head as the draft, on the run's backend. On torch it
     takes the run's CUDA-graph setting, as the demo's own pipeline does, so its device round runs
     captured on a GPU (the head's own steps stay eager: TorchHeadRunner)."""
@@ -200,12 +202,11 @@ def _eagle_demo_pipeline(backend: str, threads: Optional[int], cache_dir: Option
 
     demo = load_demo()
     return Pipeline.from_torch(demo.target, load_eagle_head(packaged_demo_head(), demo.target), demo.vq,
-                               device=device, threads=threads, cuda_graphs=cuda_graphs, compile=compile,
-                               compile_mode=compile_mode)
+                               device=device, threads=threads, **torch_step.options())
 
 
-def _open_models(bundle, backend, demo_weights, threads, cache_dir, judge, progress, device, cuda_graphs,
-                 demo=None, compile=None, compile_mode="default") -> BenchModels:
+def _open_models(bundle, backend, demo_weights, threads, cache_dir, judge, progress, device, torch_step: "TorchStep",
+                 demo=None) -> BenchModels:
     from specrt.export.demo.registry import DEFAULT_DEMO, get_demo
 
     if backend not in BACKENDS:
@@ -228,8 +229,24 @@ def _open_models(bundle, backend, demo_weights, threads, cache_dir, judge, progr
                            f"{where} (exported to {path})", fidelity)
 
     # the demo's own sampling defaults
-    pipe = entry.hook("torch_pipeline")(demo_weights, device=device, threads=threads, cuda_graphs=cuda_graphs,
-                                        compile=compile, compile_mode=compile_mode)
+    pipe = entry.hook("torch_pipeline")(demo_weights, device=device, threads=threads, **torch_step.options())
     on_gpu = device.startswith("cuda")
     graphs = " with CUDA graphs" if on_gpu and pipe.target.cuda_graphs else ""
-    return BenchModels(pipe, "torch-cuda" if on_gpu else "torch", f"{where} (PyTorch modules{graphs})", fidelity)
+    step = (f"{step_matmuls_for('cuda' if on_gpu else 'cpu', torch_step.step_matmuls)} matmuls, "
+            f"{torch_step.step_attention} attention")
+    return BenchModels(pipe, "torch-cuda" if on_gpu else "torch", f"{where} (PyTorch modules{graphs}; {step})",
+                       fidelity)
+
+
+@dataclass(frozen=True)
+class TorchStep:
+    """How the torch backend runs a step (Pipeline.from_torch's options of the same names)."""
+
+    cuda_graphs: Optional[bool] = None
+    compile: Optional[bool] = None
+    compile_mode: str = "default"
+    step_matmuls: Optional[str] = None
+    step_attention: str = DEFAULT_STEP_ATTENTION
+
+    def options(self) -> dict:
+        return asdict(self)

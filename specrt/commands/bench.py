@@ -54,12 +54,7 @@ def _profile(arch: str, results_path: Optional[Path], windows: str, repeats: int
     from specrt.manifest import DEFAULT_MAX_IMAGES
     from specrt.runtime.methods import checked_max_window
 
-    for flag, triton in (("--step-matmuls skinny", step_matmuls == "skinny"),
-                         ("--step-attention triton", step_attention == "triton")):
-        if triton and not device.startswith("cuda"):
-            raise SpecrtError(f"{flag} times a Triton kernel on a CUDA --device; on a CPU its torch reference "
-                              f"would be timed instead")
-    step_matmuls = step_matmuls_for("cuda" if device.startswith("cuda") else "cpu", step_matmuls)
+    step_matmuls = _step_kernels(device, step_matmuls, step_attention)
     window_list = parse_windows(windows)
     checked_max_window(max(window_list), profile_config(arch).num_image_tokens, "--windows")
     batches = parse_windows(images_list, "--profile-images")  # the same rule: positive integers
@@ -197,6 +192,17 @@ def _precisions(text: str) -> tuple[str, ...]:
     return names
 
 
+def _step_kernels(device: str, step_matmuls: Optional[str], step_attention: str) -> str:
+    """The step matmuls the torch step runs on `device` (the device's default where none is asked),
+    after refusing a Triton kernel off CUDA: on a CPU its torch reference would be timed instead."""
+    for flag, triton in (("--step-matmuls skinny", step_matmuls == "skinny"),
+                         ("--step-attention triton", step_attention == "triton")):
+        if triton and not device.startswith("cuda"):
+            raise SpecrtError(f"{flag} times a Triton kernel on a CUDA --device; on a CPU its torch reference "
+                              f"would be timed instead")
+    return step_matmuls_for("cuda" if device.startswith("cuda") else "cpu", step_matmuls)
+
+
 def _batches(text: str) -> tuple[int, ...]:
     """'1,4,16' -> (1, 4, 16): images per generate call, each a positive integer."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
@@ -210,9 +216,10 @@ def _batches(text: str) -> tuple[int, ...]:
     ("Models and inputs", ["drafts", "demo_weights", "prompts_path", "cache_dir"]),
     ("Runs", ["batch_text", "precision"]),
     ("Output", ["keep_tokens", "markdown_path", "progress"]),
-    ("Performance", ["backend", "threads", "device", "loop_text", "cuda_graphs", "compile_step", "compile_mode"]),
+    ("Performance", ["backend", "threads", "device", "loop_text", "cuda_graphs", "compile_step", "compile_mode",
+                     "step_matmuls", "step_attention"]),
     ("Step profile (--profile-arch)", ["profile_arch", "results_path", "windows", "repeats", "profile_images",
-                                       "profile_dtypes", "step_matmuls", "step_attention"]),
+                                       "profile_dtypes"]),
     ("Serving under load (--serve)", ["serve", "serve_url", "in_process", "loads", "rate_seconds",
                                       "overload_seconds", "saturation_seconds", "slots", "groups", "max_queue"]),
 ])
@@ -287,12 +294,12 @@ def _batches(text: str) -> tuple[int, ...]:
 @click.option("--compile-mode", type=click.Choice(COMPILE_MODES), default="default",
               show_default=True, help="torch.compile's mode for --compile.")
 @click.option("--step-matmuls", type=click.Choice(STEP_MATMULS), default=None,
-              help="--profile-arch: how the blocks run their matrix products: fused (products that read one "
+              help="--backend torch and --profile-arch: how the blocks run their matrix products: fused (products that read one "
                    "input as one, as the feed-forward's w1 and w3; the default on CUDA), separate (each its own, "
                    "as LlamaGen; the default on a CPU), "
                    "skinny (fused, and a step's few rows through specrt's Triton kernel; CUDA).")
 @click.option("--step-attention", type=click.Choice(STEP_ATTENTION), default=DEFAULT_STEP_ATTENTION, show_default=True,
-              help="--profile-arch: how the blocks attend over the static KV cache: sdpa (torch's "
+              help="--backend torch and --profile-arch: how the blocks attend over the static KV cache: sdpa (torch's "
                    "scaled_dot_product_attention) or triton (a step's few query rows through specrt's split-cache "
                    "Triton kernel; CUDA).")
 @click.option("--precision", "precision", default=None, metavar="LIST",
@@ -360,7 +367,14 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
     loops = _loops(loop_text, backend, profile_arch, precision)
     family = family_for(bundle, demo)  # a damaged manifest is one line here, before anything runs
     batches = _batches(batch_text)
+    step_kernels_asked = step_matmuls is not None or step_attention != DEFAULT_STEP_ATTENTION
+    if step_kernels_asked and not (profile_arch or backend == "torch"):
+        raise SpecrtError(f"--step-matmuls / --step-attention choose how the PyTorch step runs: they apply to "
+                          f"--backend torch and --profile-arch, not to --backend {backend}")
     if family.bench_runner is not None:  # a family with its own bench (runtime/families)
+        if step_kernels_asked:
+            raise SpecrtError("--step-matmuls / --step-attention choose how LlamaGen-style blocks run; this family's "
+                              "bench has no such blocks")
         module, _, function = family.bench_runner.partition(":")
         getattr(importlib.import_module(module), function)(
             bundle=bundle, demo=demo, methods=methods, sweeps=sweeps, backend=backend, device=device, images=images,
@@ -401,10 +415,13 @@ def command(bundle, methods, sweeps, drafts, backend, images, seed, batch_text, 
         raise SpecrtError(f"--device {device} applies to --backend torch (and --profile-arch); "
                           f"--backend {backend} picks its device itself")
     device = validation.torch_device(device)  # a CPU-only torch and --device cuda: one line, before loading
+    if backend == "torch":
+        step_matmuls = _step_kernels(device, step_matmuls, step_attention)
     prompts = _read_prompts(prompts_path) if prompts_path else None
     models = open_models(bundle, backend, demo_weights, threads, cache_dir, progress=say, device=device,
                          cuda_graphs=cuda_graphs and device.startswith("cuda"), drafts=drafts,
-                         demo=demo, prompts=prompts, compile=compile_step, compile_mode=compile_mode)
+                         demo=demo, prompts=prompts, compile=compile_step, compile_mode=compile_mode,
+                         step_matmuls=step_matmuls, step_attention=step_attention)
     if bundle is not None:  # a quantized bundle on a backend its graphs were not made for: one line
         from specrt.commands._backend_advice import warn_bundle_backend
 

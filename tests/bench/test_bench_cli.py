@@ -109,6 +109,19 @@ def test_interleaving_does_not_change_images(demo_dir):
         assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("demo, matmuls", [("c2i", None), ("c2i", "fused"), ("chameleon", "fused")])
+def test_the_torch_step_choices_reach_the_demos_runners_and_are_named(demo, matmuls):
+    """`specrt bench --backend torch --step-matmuls` (the device round's stage on a GPU compares
+    them): the demo's runners fuse their products where asked (a CPU keeps them apart by default),
+    and the run's source names the choices."""
+    from specrt.bench.models import open_models
+
+    models = open_models(backend="torch", judge=False, demo=demo, step_matmuls=matmuls)
+    fused = [name for name, buffer in models.pipeline.target.gpt.named_buffers() if "gate_up" in name]
+    assert bool(fused) == (matmuls == "fused")
+    assert f"{matmuls or 'separate'} matmuls, sdpa attention" in models.bundle
+
+
 def test_batch_sizes_in_one_run(demo_dir, tmp_path, capsys):
     """--batch 1,2: every setting at both sizes, the speed-up against ar at the same size, images/s."""
     code, out, _ = run_cli(["bench", "--backend", "torch", "--demo-weights", str(demo_dir), "--images", "2",
@@ -136,6 +149,10 @@ def test_batch_sizes_in_one_run(demo_dir, tmp_path, capsys):
     (["bench", "--profile-arch", "llamagen-c2i-B", "--profile-dtypes", "fp32,fp64"], "choose from fp32, bf16"),
     (["bench", "--device", "cuda"], "applies to --backend torch"),
     (["bench", "--batch", "1,0"], "--batch must be an integer in [1,"),
+    (["bench", "--step-matmuls", "fused"], "apply to --backend torch and --profile-arch, not to --backend ort"),
+    (["bench", "--backend", "torch", "--step-matmuls", "skinny"], "times a Triton kernel on a CUDA --device"),
+    (["bench", "--backend", "torch", "--step-attention", "triton"], "times a Triton kernel on a CUDA --device"),
+    (["bench", "--demo", "mar", "--backend", "torch", "--step-matmuls", "fused"], "this family's bench has no such"),
 ])
 def test_user_errors_exit_2_with_one_line(argv, fragment, capsys):
     code, out, err = run_cli(argv, capsys)

@@ -80,26 +80,17 @@ def test_the_unified_lm_attends_through_the_triton_kernel_where_asked(monkeypatc
     "triton" its attention runs the kernel's operator (its CPU kernel, the torch reference, counted),
     and the step's output matches scaled_dot_product_attention's."""
     from specrt.models import window_attention
-    from specrt.models.kv_cache import CacheWrite, additive_mask
     from specrt.models.step_setup import set_step_attention
 
     model = tiny_unified(bias=True).to(torch.bfloat16)
-    layer, config = model.layers[0], model.config
     calls = []
     reference = window_attention.reference_partials
     monkeypatch.setattr(window_attention, "reference_partials", lambda *args: calls.append(1) or reference(*args))
-    rows, capacity = 2, 5
-    cache = torch.randn(rows, config.n_kv_head, capacity + 1, config.head_dim, dtype=torch.bfloat16)
-    x = torch.randn(rows, 1, config.dim, dtype=torch.bfloat16)
-    cos = torch.ones(rows, 1, 1, config.head_dim, dtype=torch.bfloat16)
-    sin = torch.zeros(rows, 1, 1, config.head_dim, dtype=torch.bfloat16)
-    mask = additive_mask(torch.ones(rows, 1, 1, capacity + 1, dtype=torch.bool), torch.bfloat16)
+    step = one_decode_step(model)
     outputs = []
     for attention in ("sdpa", "triton"):
-        assert set_step_attention(model, attention) == config.n_layer
-        with torch.no_grad():
-            outputs.append(layer(x, cos, sin, CacheWrite(cache.clone(), capacity), CacheWrite(cache.clone(), capacity),
-                                 mask)[0].float())
+        assert set_step_attention(model, attention) == model.config.n_layer
+        outputs.append(step())
     assert len(calls) == 1
     torch.testing.assert_close(outputs[1], outputs[0], rtol=0.02, atol=0.05)
 
@@ -109,29 +100,37 @@ def test_the_unified_lm_runs_its_biased_products_through_the_skinny_operator(mon
     its four products (q/k/v fused, o, gate/up fused, down) run the skinny operator (its CPU kernel,
     the torch reference, counted) and the layer's output matches the separate products'."""
     from specrt.models import skinny_matmul
-    from specrt.models.kv_cache import CacheWrite, additive_mask
 
     model = tiny_unified(bias=True).to(torch.bfloat16)
-    layer, config = model.layers[0], model.config
     calls = []
     reference = skinny_matmul.reference_partials
     monkeypatch.setattr(skinny_matmul, "reference_partials", lambda *args: calls.append(1) or reference(*args))
-    rows, capacity = 2, 5
-    torch.manual_seed(4)
-    cache = torch.randn(rows, config.n_kv_head, capacity + 1, config.head_dim, dtype=torch.bfloat16)
-    x = torch.randn(rows, 1, config.dim, dtype=torch.bfloat16)
-    cos = torch.ones(rows, 1, 1, config.head_dim, dtype=torch.bfloat16)
-    sin = torch.zeros(rows, 1, 1, config.head_dim, dtype=torch.bfloat16)
-    mask = additive_mask(torch.ones(rows, 1, 1, capacity + 1, dtype=torch.bool), torch.bfloat16)
+    step = one_decode_step(model)
     outputs = []
     for matmuls in ("separate", "skinny"):
         set_step_matmuls(model, matmuls)
-        with torch.no_grad():
-            outputs.append(layer(x, cos, sin, CacheWrite(cache.clone(), capacity), CacheWrite(cache.clone(), capacity),
-                                 mask)[0].float())
+        outputs.append(step())
     assert len(calls) == 4
     torch.testing.assert_close(outputs[1], outputs[0], rtol=0.02, atol=0.05)
     set_step_matmuls(model, "separate")
-    with torch.no_grad():
-        again = layer(x, cos, sin, CacheWrite(cache.clone(), capacity), CacheWrite(cache.clone(), capacity), mask)[0]
-    assert len(calls) == 4 and torch.equal(again.float(), outputs[0])
+    assert torch.equal(step(), outputs[0]) and len(calls) == 4
+
+
+def one_decode_step(model: UnifiedLM, rows: int = 2, capacity: int = 5):
+    """A function running one decode step of `model`'s first layer (bfloat16) over a static cache of
+    `capacity` positions, the same random inputs every call: its output in float32."""
+    from specrt.models.kv_cache import CacheWrite, additive_mask
+
+    config = model.config
+    generator = torch.Generator().manual_seed(4)
+    cache = torch.randn(rows, config.n_kv_head, capacity + 1, config.head_dim, generator=generator).bfloat16()
+    x = torch.randn(rows, 1, config.dim, generator=generator).bfloat16()
+    cos = torch.ones(rows, 1, 1, config.head_dim, dtype=torch.bfloat16)
+    sin = torch.zeros(rows, 1, 1, config.head_dim, dtype=torch.bfloat16)
+    mask = additive_mask(torch.ones(rows, 1, 1, capacity + 1, dtype=torch.bool), torch.bfloat16)
+
+    def step() -> torch.Tensor:
+        with torch.no_grad():
+            return model.layers[0](x, cos, sin, CacheWrite(cache.clone(), capacity),
+                                   CacheWrite(cache.clone(), capacity), mask)[0].float()
+    return step

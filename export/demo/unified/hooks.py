@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from specrt.export.demo.unified.store import WEIGHTS, sampling_defaults
+from specrt.models.step_kernels import DEFAULT_STEP_ATTENTION
 
 # the longest demo prompt is 29 tokens (template, ten caption words, end of turn, image start and
 # two size tokens): the bundle's cond_len, so the prefill pads little
@@ -58,7 +59,8 @@ def model_set(weights: Optional[Path] = None, dtype: str = "float32") -> Any:
 
 def torch_pipeline(weights: Optional[Path] = None, max_window: Optional[int] = None, device: Optional[str] = None,
                    threads: Optional[int] = None, cuda_graphs: Optional[bool] = None, compile: Optional[bool] = None,
-                   compile_mode: str = "default", **_: Any) -> Any:
+                   compile_mode: str = "default", step_matmuls: Optional[str] = None, step_attention: str = DEFAULT_STEP_ATTENTION,
+                   **_: Any) -> Any:
     """UnifiedPipeline.from_torch over the demo's modules (what `specrt generate --demo chameleon` runs)."""
     from specrt.export.demo.unified import store
     from specrt.export.unified.tokenizer import read_tokenizer
@@ -75,7 +77,8 @@ def torch_pipeline(weights: Optional[Path] = None, max_window: Optional[int] = N
     return UnifiedPipeline.from_torch(models.target, models.draft, models.vq, prompts=prompts,
                                       max_window=max_window or DEFAULT_MAX_WINDOW, device=device,
                                       sampling_defaults=models.sampling_defaults, cuda_graphs=cuda_graphs,
-                                      compile=compile, compile_mode=compile_mode)
+                                      compile=compile, compile_mode=compile_mode, step_matmuls=step_matmuls,
+                                      step_attention=step_attention)
 
 
 def fidelity_judge(weights: Optional[Path] = None) -> Any:

@@ -27,6 +27,7 @@ from specrt.runtime.families.unified.bundle import grammar_of, prompt_recipe_of
 from specrt.runtime.families.unified.prompts import PromptEncoder
 from specrt.runtime.grammar import ImageGrammar, head_neighbours
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Method, checked_max_window
+from specrt.models.step_kernels import DEFAULT_STEP_ATTENTION
 from specrt.runtime.pipeline import GenerationResult, Pipeline, image_seeds
 from specrt.runtime.token_embeddings import embedding_table_of
 
@@ -70,7 +71,8 @@ class UnifiedPipeline(Pipeline):
                    neighbours: Optional[np.ndarray] = None, max_window: int = DEFAULT_MAX_WINDOW,
                    device: Optional[str] = None, sampling_defaults: Optional[dict] = None,
                    cuda_graphs: Optional[bool] = None, max_images: int = 32, compile: Optional[bool] = None,
-                   compile_mode: str = "default", **_: Any) -> "UnifiedPipeline":
+                   compile_mode: str = "default", step_matmuls: Optional[str] = None,
+                   step_attention: str = DEFAULT_STEP_ATTENTION, **_: Any) -> "UnifiedPipeline":
         """specrt.export.unified.UnifiedLM modules (target, optional draft of the same vocabulary and
         grammar) and a VQ decoder module (decode_codes); the PyTorch backend runs them as the graphs."""
         from specrt.runtime.backends.torch_backend import TorchRunner, TorchVQ
@@ -79,9 +81,9 @@ class UnifiedPipeline(Pipeline):
         if draft is not None and (draft.config.grammar != grammar or draft.config.cond_len != target.config.cond_len):
             raise SpecrtError("the draft's image grammar or prompt length differs from the target's")
         max_window = checked_max_window(validation.count("max_window", max_window), grammar.stream_len, "max_window")
-        runner = TorchRunner(target, max_window, device, cuda_graphs, compile, compile_mode)
-        draft_runner = (TorchRunner(draft, max_window, device, cuda_graphs, compile, compile_mode)
-                        if draft is not None else None)
+        step = (cuda_graphs, compile, compile_mode, step_matmuls, step_attention)
+        runner = TorchRunner(target, max_window, device, *step)
+        draft_runner = TorchRunner(draft, max_window, device, *step) if draft is not None else None
         if neighbours is None and vq is not None:
             codes = TorchVQ.neighbours_of(vq)
             neighbours = None if codes is None else head_neighbours(codes, grammar)
