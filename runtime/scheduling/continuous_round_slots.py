@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from specrt.runtime.scheduling.round_slots import advance
+from specrt.runtime.scheduling.round_slots import advance, start_reading
 
 COUNTERS = ("rounds", "drafted", "accepted", "proposals")  # the state's per-image counters a read brings
 
@@ -94,12 +94,8 @@ class ContinuousRoundSlots:
             self._take(slot, row)
 
     def _start(self, class_id: int, seed: int) -> None:
-        torch = self.torch
         self.state = self.round_.start(np.full(self.slots, class_id, dtype=np.int64), [seed] * self.slots)
-        for slot in range(self.slots):
-            self.state.release(slot)
-        self._reach = torch.arange(self.round_.window, device=self.state.length.device)
-        self._read_from = torch.zeros_like(self.state.length)
+        start_reading(self, self.round_.window)
 
     def _take(self, slot: int, row: list[float]) -> None:
         """Slot `slot`'s part of a read: its committed length, its counters, and its tokens from the

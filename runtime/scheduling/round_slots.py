@@ -102,13 +102,9 @@ class RoundSlots:
                 self._take(slot, read[slot][0], read[slot][1:])
 
     def _start(self, conditions: Conditions, seed: int) -> None:
-        torch = self.torch
         rows = self.ctx.condition_rows(conditions.take([0] * self.slots))
         self.state = self.round_.start(rows, [seed] * self.slots, self.total)
-        for slot in range(self.slots):
-            self.state.release(slot)
-        self._reach = torch.arange(self.round_.window + 1, device=self.state.length.device)
-        self._read_from = torch.zeros_like(self.state.length)
+        start_reading(self, self.round_.window + 1)
 
     def _take(self, slot: int, length: int, window: list[int]) -> None:
         """Slot `slot`'s part of a read: its committed `length`, and its tokens from the first the
@@ -130,6 +126,16 @@ def advance(slots: Any) -> None:
     else:
         slots.step(slots.state)
     slots.runs += 1
+
+
+def start_reading(slots: Any, reach: int) -> None:
+    """A slot batch's round just started over copies of its first image: every slot freed (padding
+    until admitted), and its reads set to cover `reach` columns past what the host has. Shared by
+    the discrete and the continuous families' slot batches (RoundSlots, ContinuousRoundSlots)."""
+    for slot in range(slots.slots):
+        slots.state.release(slot)
+    slots._reach = slots.torch.arange(reach, device=slots.state.length.device)
+    slots._read_from = slots.torch.zeros_like(slots.state.length)
 
 
 def round_slots(pipeline: Any, decoder: Any, sampling: Any, mix: Any, slots: int) -> Optional[RoundSlots]:
