@@ -75,45 +75,39 @@ def test_layers_with_and_without_biases_are_not_fused_together():
         fuse_linears([torch.nn.Linear(4, 3), torch.nn.Linear(4, 3, bias=False)])
 
 
-def test_the_unified_lm_attends_through_the_triton_kernel_where_asked(monkeypatch):
-    """One decode step of the unified LM over a static cache in bfloat16: with step attention
-    "triton" its attention runs the kernel's operator (its CPU kernel, the torch reference, counted),
-    and the step's output matches scaled_dot_product_attention's."""
-    from specrt.models import window_attention
+# (what is set, its choices: plain then the kernel's, the kernel's module, the operator's calls a step)
+KERNEL_CHOICES = {"triton-attention": ("attention", ("sdpa", "triton"), "window_attention", 1),
+                  # q/k/v fused, o, gate/up fused, down
+                  "skinny-biased-products": ("matmuls", ("separate", "skinny"), "skinny_matmul", 4)}
+
+
+@pytest.mark.parametrize("choice", list(KERNEL_CHOICES))
+def test_the_unified_lm_runs_a_step_through_the_triton_kernels_where_asked(monkeypatch, choice):
+    """One decode step of the unified LM's first layer over a static cache in bfloat16, biases on:
+    with step attention "triton" its attention, with step matmuls "skinny" its four products, run
+    the kernel's operator (its CPU kernel, the torch reference, counted), and the step's output
+    matches the plain one's (scaled_dot_product_attention, F.linear); set back, the plain step
+    again, bit for bit."""
+    import importlib
+
     from specrt.models.step_setup import set_step_attention
 
-    model = tiny_unified(bias=True).to(torch.bfloat16)
+    what, choices, module_name, calls_a_step = KERNEL_CHOICES[choice]
+    setter = set_step_attention if what == "attention" else set_step_matmuls
+    kernel = importlib.import_module(f"specrt.models.{module_name}")
     calls = []
-    reference = window_attention.reference_partials
-    monkeypatch.setattr(window_attention, "reference_partials", lambda *args: calls.append(1) or reference(*args))
+    reference = kernel.reference_partials
+    monkeypatch.setattr(kernel, "reference_partials", lambda *args: calls.append(1) or reference(*args))
+    model = tiny_unified(bias=True).to(torch.bfloat16)
     step = one_decode_step(model)
     outputs = []
-    for attention in ("sdpa", "triton"):
-        assert set_step_attention(model, attention) == model.config.n_layer
+    for name in choices:
+        setter(model, name)
         outputs.append(step())
-    assert len(calls) == 1
+    assert len(calls) == calls_a_step
     torch.testing.assert_close(outputs[1], outputs[0], rtol=0.02, atol=0.05)
-
-
-def test_the_unified_lm_runs_its_biased_products_through_the_skinny_operator(monkeypatch):
-    """A decode step's layer of the unified LM in bfloat16, biases on: with step matmuls "skinny"
-    its four products (q/k/v fused, o, gate/up fused, down) run the skinny operator (its CPU kernel,
-    the torch reference, counted) and the layer's output matches the separate products'."""
-    from specrt.models import skinny_matmul
-
-    model = tiny_unified(bias=True).to(torch.bfloat16)
-    calls = []
-    reference = skinny_matmul.reference_partials
-    monkeypatch.setattr(skinny_matmul, "reference_partials", lambda *args: calls.append(1) or reference(*args))
-    step = one_decode_step(model)
-    outputs = []
-    for matmuls in ("separate", "skinny"):
-        set_step_matmuls(model, matmuls)
-        outputs.append(step())
-    assert len(calls) == 4
-    torch.testing.assert_close(outputs[1], outputs[0], rtol=0.02, atol=0.05)
-    set_step_matmuls(model, "separate")
-    assert torch.equal(step(), outputs[0]) and len(calls) == 4
+    setter(model, choices[0])
+    assert torch.equal(step(), outputs[0]) and len(calls) == calls_a_step
 
 
 def one_decode_step(model: UnifiedLM, rows: int = 2, capacity: int = 5):
