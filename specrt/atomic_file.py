@@ -4,7 +4,7 @@ Why: a reader (a user, a script, a bench run reading a tree plan) must never see
 so every file specrt writes goes through here — the rename within one folder is atomic on
 POSIX filesystems. The sibling is created with open()'s own mode (0666 less the umask), not
 tempfile.mkstemp's 0600: a JSON or PNG a user asked for is readable by others exactly when a
-file they made with any other tool would be. Pure os/pathlib, so every layer can use it.
+file they made with any other tool would be. Pure os/pathlib (and specrt.termination's flag), so every layer can use it.
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Union
+
+from specrt.termination import stop_if_requested
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -26,6 +28,7 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
         yield partial
+        stop_if_requested()  # a SIGTERM whose exception was swallowed while the block wrote
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)

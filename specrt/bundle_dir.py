@@ -30,6 +30,7 @@ except ImportError:  # Windows: no advisory locks, no stale-directory cleanup
 
 from specrt.errors import SpecrtError
 from specrt.manifest import MANIFEST_NAME
+from specrt.termination import stop_if_requested
 
 
 def is_bundle(path: Path) -> bool:
@@ -158,6 +159,7 @@ def move_into_place(work: Path, out: Path, force: bool, is_ours: Callable[[Path]
                     kind: str = "specrt bundle") -> None:
     """Rename work -> out; with force, the old `out` (one refuse_existing allows) is moved aside
     first and deleted after, so `out` is at every moment the old output or the new one, whole."""
+    stop_if_requested()  # a SIGTERM whose exception was swallowed while the work was written
     refuse_existing(out, force, is_ours, kind)  # it may have appeared while we worked
     old = None
     if out.exists() or out.is_symlink():

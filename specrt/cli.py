@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from specrt import __version__
+from specrt import __version__, termination
 from specrt.commands._count_flags import bound_integers
 from specrt.commands._path_flags import refuse_blank_paths
 from specrt.commands import bench, build, demo, export, generate, inspect, plan_tree, quantize, serve, train_draft
@@ -49,6 +49,7 @@ bound_integers(cli)  # every integer a user types has a ceiling before any comma
 
 
 def _terminate(signum, frame) -> None:
+    termination.request()  # read again where a writer commits, should this exception be swallowed
     raise Terminated()
 
 
@@ -74,10 +75,12 @@ def _redeliver_swallowed(previous_hook: Callable[[Any], None]) -> Callable[[Any]
 def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM raises Terminated (a KeyboardInterrupt) while the block runs, so it unwinds like
     Ctrl-C: temporary folders are removed, servers stop; the previous handler comes back after.
-    A Terminated that lands where Python swallows exceptions is raised again (_redeliver_swallowed)."""
+    A Terminated that lands where Python swallows exceptions is raised again (_redeliver_swallowed),
+    and one that code swallows is raised again where a writer commits its output (specrt.termination)."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be set from the main thread
         return
+    termination.clear()
     previous, previous_hook = signal.signal(signal.SIGTERM, _terminate), sys.unraisablehook
     sys.unraisablehook = _redeliver_swallowed(previous_hook)
     try:
@@ -85,6 +88,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGTERM, previous)
         sys.unraisablehook = previous_hook
+        termination.clear()
 
 
 @contextmanager
