@@ -17,17 +17,26 @@ def _ms(seconds: float) -> str:
     return "-" if seconds is None or math.isnan(seconds) else f"{1000 * seconds:.0f}"
 
 
+def _interval(bounds: Any) -> str:
+    """'412-455' (ms); an open side (too few answers to bound it) is left blank: '412-'."""
+    if not bounds:
+        return "-"
+    low, high = (_ms(b) for b in bounds)
+    return "-" if low == high == "-" else f"{'' if low == '-' else low}-{'' if high == '-' else high}"
+
+
 def table(results: dict[str, Any]) -> str:
-    """One line per mode and offered rate: counts, throughput, latency percentiles (ms), the slowest
+    """One line per mode and offered rate: counts, throughput, latency percentiles (ms) with the
+    p99's 95% confidence bounds (serve_load.percentile_interval), the slowest
     refusal (ms), answers with the same tokens as alone, the server's memory growth."""
     headers = ["mode", "load", "offered/s", "sent", "ok", "refused", "errors", "images/s", "p50 ms", "p95 ms",
-               "p99 ms", "refusal max ms", "same tokens", "memory growth"]
+               "p99 ms", "p99 95% CI", "refusal max ms", "same tokens", "memory growth"]
     rows = []
     for r in results["rates"]:
         memory = r.get("memory") or {}
         rows.append([r["mode"], f"{r['fraction']:g}x", f"{r['offered_per_s']:.2f}", r["sent"], r["ok"], r["refused"],
                      r["errors"], f"{r['throughput_per_s']:.2f}", _ms(r["p50_s"]), _ms(r["p95_s"]), _ms(r["p99_s"]),
-                     _ms(r["refused_max_s"]), f"{r['same_tokens']}/{r['ok']}",
+                     _interval(r.get("p99_interval_s")), _ms(r["refused_max_s"]), f"{r['same_tokens']}/{r['ok']}",
                      f"{100 * memory['growth']:+.1f}%" if "growth" in memory else "-"])
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
 

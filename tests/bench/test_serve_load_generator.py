@@ -13,7 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from specrt.bench.serve_load import Outcome, percentile, poisson_arrivals, request_pool, summarise
+from specrt.bench.serve_load import (Outcome, percentile, percentile_interval, percentile_ranks, poisson_arrivals,
+                                    request_pool, summarise)
 from specrt.commands._serve_bench import check_url, parse_loads, parse_methods
 from specrt.errors import SpecrtError
 
@@ -52,6 +53,49 @@ def test_percentiles_are_nearest_rank():
     assert math.isnan(percentile([], 50))
 
 
+def _binomial_cdf(count: int, p: float, k: int) -> float:
+    """P(B <= k) for B ~ binomial(count, p), summed exactly in fractions (the test's own formula)."""
+    from fractions import Fraction
+
+    p = Fraction(p).limit_denominator(10**6)
+    return float(sum(math.comb(count, i) * p**i * (1 - p)**(count - i) for i in range(k + 1)))
+
+
+@pytest.mark.parametrize("count", [600, 1791])
+def test_p99_ranks_miss_at_most_the_tails_asked_and_are_the_tightest(count):
+    low, high = percentile_ranks(count, 99)
+    below, above = _binomial_cdf(count, 0.99, low - 1), 1 - _binomial_cdf(count, 0.99, high - 1)
+    assert below <= 0.025 and above <= 0.025          # P(X_(low) > p99), P(X_(high) < p99)
+    assert _binomial_cdf(count, 0.99, low) > 0.025     # one rank higher would miss more often
+    assert 1 - _binomial_cdf(count, 0.99, high - 2) > 0.025
+    assert low < math.ceil(0.99 * count) < high
+
+
+def test_p99_intervals_cover_the_true_p99_as_often_as_the_ranks_say():
+    """2,000 samples of 600 exponential latencies (fixed seed): the share of intervals holding the
+    true p99 (ln 100) is the ranks' exact coverage within 4 standard errors; a planted bug (the
+    p95's ranks) lands far outside that band."""
+    rng = np.random.default_rng(7)
+    trials, count, truth = 2000, 600, math.log(100)
+    samples = rng.exponential(1.0, size=(trials, count))
+
+    def coverage(q: float) -> float:
+        return float(np.mean([low <= truth <= high for low, high in (percentile_interval(row, q) for row in samples)]))
+
+    low, high = percentile_ranks(count, 99)
+    exact = _binomial_cdf(count, 0.99, high - 1) - _binomial_cdf(count, 0.99, low - 1)
+    band = 4 * math.sqrt(exact * (1 - exact) / trials)
+    assert exact >= 0.95
+    assert abs(coverage(99) - exact) <= band
+    assert abs(coverage(95) - exact) > band
+
+
+def test_too_few_latencies_leave_the_p99s_upper_side_open():
+    low, high = percentile_interval([float(i) for i in range(1, 51)], 99)
+    assert low == 48.0 and math.isnan(high)  # 50 draws: even the slowest is below the p99 too often
+    assert all(math.isnan(b) for b in percentile_interval([], 99))
+
+
 def test_summarise_counts_latencies_and_same_tokens():
     reference = {0: np.array([1, 2]), 1: np.array([3, 4])}
     outcomes = [Outcome(0, 0.0, 0.5, "ok", tokens=np.array([1, 2])),
@@ -61,6 +105,7 @@ def test_summarise_counts_latencies_and_same_tokens():
     row = summarise("inflight", 0.5, 4.0, outcomes, reference)
     assert (row.sent, row.ok, row.refused, row.errors, row.same_tokens) == (4, 2, 1, 1, 1)
     assert row.p50_s == 0.5 and row.p99_s == 1.5 and row.refused_max_s == 0.01
+    assert math.isnan(row.p99_interval_s[1])  # two answers bound no p99 from above
     assert row.seconds == pytest.approx(1.6) and row.throughput_per_s == pytest.approx(2 / 1.6)
     assert row.error_messages == ["boom"]
 
