@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from specrt.errors import SpecrtError
-from specrt.models.step_kernels import DEFAULT_STEP_ATTENTION, step_matmuls_for
+from specrt.models.step_kernels import DEFAULT_STEP_ATTENTION
 from specrt.paths import cache_root  # noqa: F401  (bench's callers import it from here)
 from specrt.runtime.backends.bundle_backends import BUNDLE_BACKENDS
 from specrt.runtime.pipeline import Pipeline
@@ -232,8 +232,7 @@ def _open_models(bundle, backend, demo_weights, threads, cache_dir, judge, progr
     pipe = entry.hook("torch_pipeline")(demo_weights, device=device, threads=threads, **torch_step.options())
     on_gpu = device.startswith("cuda")
     graphs = " with CUDA graphs" if on_gpu and pipe.target.cuda_graphs else ""
-    step = (f"{step_matmuls_for('cuda' if on_gpu else 'cpu', torch_step.step_matmuls)} matmuls, "
-            f"{torch_step.step_attention} attention")
+    step = f"{pipe.target.step_matmuls} matmuls, {pipe.target.step_attention} attention"  # what the runner chose
     return BenchModels(pipe, "torch-cuda" if on_gpu else "torch", f"{where} (PyTorch modules{graphs}; {step})",
                        fidelity)
 

@@ -129,9 +129,9 @@ class Pipeline:
         steps compile, a second shape once more (runtime/backends/compiled_step.py); False keeps
         the eager step, the reference the compiled one is tested against.
         `step_matmuls`: how LlamaGen's blocks run their products (TorchRunner: "fused", the default
-        on CUDA, "separate", the default elsewhere, or "skinny" for CUDA with Triton); a
-        unified-vocabulary model's runner takes its device's default. `step_attention`: "sdpa"
-        (default) or "triton" (TorchRunner).
+        on CUDA, "separate", the default elsewhere, or "skinny" for CUDA with Triton; a
+        unified-vocabulary model takes the same choices through UnifiedPipeline.from_torch).
+        `step_attention`: "sdpa" (default) or "triton" (TorchRunner).
         `threads`: torch's intra-op threads, as from_bundle's for onnxruntime (torch's setting
         is process-wide; None leaves it as it is, by default one per core).
         `text_encoder` (t2i) turns prompts into caption embeddings (runtime.text).

@@ -21,13 +21,13 @@ import numpy as np
 from specrt import validation
 from specrt.errors import SpecrtError
 from specrt.manifest import Manifest, as_manifest
+from specrt.models.step_kernels import DEFAULT_STEP_ATTENTION
 from specrt.runtime.backends.bundle_backends import bundle_parts
 from specrt.runtime.conditions import Conditions
 from specrt.runtime.families.unified.bundle import grammar_of, prompt_recipe_of
 from specrt.runtime.families.unified.prompts import PromptEncoder
 from specrt.runtime.grammar import ImageGrammar, head_neighbours
 from specrt.runtime.methods import DEFAULT_MAX_WINDOW, Method, checked_max_window
-from specrt.models.step_kernels import DEFAULT_STEP_ATTENTION
 from specrt.runtime.pipeline import GenerationResult, Pipeline, image_seeds
 from specrt.runtime.token_embeddings import embedding_table_of
 
